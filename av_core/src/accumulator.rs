@@ -1,0 +1,332 @@
+//! One round's IRLS sufficient statistics, and the lock-free accumulator that collects them.
+//!
+//! For an observation at position `k` with feature `x`, prediction `p` (the one made at draft
+//! time when the caller has it) and label `y`, the IRLS weight is `w = p(1 − p)` and the residual
+//! `r = y − p`. Per position the round keeps
+//!
+//! ```text
+//! a_k = Σ w x²   b_k = Σ w x   c_k = Σ w   g0_k = Σ r x   g1_k = Σ r   n_k = count
+//! ```
+//!
+//! which is all the Newton step needs: `XᵀWX` is the arrowhead `[[Σ a_k, b ᵀ], [b, diag(c)]]` and
+//! `Xᵀr = [Σ g0_k, g1]`. State is O(K) numbers whatever the traffic.
+//!
+//! Sums are kept in fixed point ([`crate::fixed_point`]), so the same set of observations gives
+//! the same bits in any order, on any thread, in any split into calls.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crate::fixed_point::{to_f64, to_fixed, AtomicI128};
+
+/// One position's statistics in fixed point (units of `2^-FRACTION_BITS`), plus its count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PositionSums {
+    /// `Σ w x²`.
+    pub a: i128,
+    /// `Σ w x`.
+    pub b: i128,
+    /// `Σ w`.
+    pub c: i128,
+    /// `Σ r x`.
+    pub g0: i128,
+    /// `Σ r`.
+    pub g1: i128,
+    /// Number of labeled observations.
+    pub n: u64,
+}
+
+impl PositionSums {
+    /// Adds one observation with feature `x`, IRLS prediction `p` and label `y`.
+    #[inline]
+    pub fn add_observation(&mut self, x: f64, p: f64, y: bool) {
+        let w = p * (1.0 - p);
+        let r = f64::from(u8::from(y)) - p;
+        let wx = w * x;
+        self.a += i128::from(to_fixed(wx * x));
+        self.b += i128::from(to_fixed(wx));
+        self.c += i128::from(to_fixed(w));
+        self.g0 += i128::from(to_fixed(r * x));
+        self.g1 += i128::from(to_fixed(r));
+        self.n += 1;
+    }
+
+    /// Adds another position's sums (exact).
+    #[inline]
+    pub fn merge(&mut self, other: &PositionSums) {
+        self.a += other.a;
+        self.b += other.b;
+        self.c += other.c;
+        self.g0 += other.g0;
+        self.g1 += other.g1;
+        self.n += other.n;
+    }
+}
+
+/// A round's statistics for every position, in fixed point.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundStats {
+    /// One entry per draft position.
+    pub positions: Vec<PositionSums>,
+}
+
+impl RoundStats {
+    /// Empty statistics for `num_positions` positions.
+    pub fn new(num_positions: usize) -> Self {
+        RoundStats {
+            positions: vec![PositionSums::default(); num_positions],
+        }
+    }
+
+    /// Total labeled observations over all positions.
+    pub fn total_count(&self) -> u64 {
+        self.positions.iter().map(|p| p.n).sum()
+    }
+
+    /// The statistics as floats, for the solve.
+    pub fn to_float(&self) -> FloatStats {
+        let column = |f: fn(&PositionSums) -> i128| -> Vec<f64> {
+            self.positions.iter().map(|p| to_f64(f(p))).collect()
+        };
+        FloatStats {
+            a: column(|p| p.a),
+            b: column(|p| p.b),
+            c: column(|p| p.c),
+            g0: column(|p| p.g0),
+            g1: column(|p| p.g1),
+            n: self.positions.iter().map(|p| p.n as f64).collect(),
+        }
+    }
+}
+
+/// A round's statistics as `f64` columns (one entry per position).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FloatStats {
+    /// `Σ w x²` per position.
+    pub a: Vec<f64>,
+    /// `Σ w x` per position.
+    pub b: Vec<f64>,
+    /// `Σ w` per position.
+    pub c: Vec<f64>,
+    /// `Σ r x` per position.
+    pub g0: Vec<f64>,
+    /// `Σ r` per position.
+    pub g1: Vec<f64>,
+    /// Observation count per position.
+    pub n: Vec<f64>,
+}
+
+/// One buffer of atomic per-position sums.
+#[derive(Debug)]
+struct AtomicRound {
+    sums: Box<[[AtomicI128; 5]]>,
+    counts: Box<[AtomicU64]>,
+}
+
+impl AtomicRound {
+    fn new(num_positions: usize) -> Self {
+        AtomicRound {
+            sums: (0..num_positions).map(|_| Default::default()).collect(),
+            counts: (0..num_positions).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn add(&self, stats: &RoundStats) {
+        for ((sums, count), p) in self.sums.iter().zip(&*self.counts).zip(&stats.positions) {
+            if *p == PositionSums::default() {
+                continue;
+            }
+            for (sum, value) in sums.iter().zip([p.a, p.b, p.c, p.g0, p.g1]) {
+                sum.add(value);
+            }
+            count.fetch_add(p.n, Ordering::Relaxed);
+        }
+    }
+
+    fn load(&self) -> RoundStats {
+        let positions = self
+            .sums
+            .iter()
+            .zip(&*self.counts)
+            .map(|(s, n)| PositionSums {
+                a: s[0].load(),
+                b: s[1].load(),
+                c: s[2].load(),
+                g0: s[3].load(),
+                g1: s[4].load(),
+                n: n.load(Ordering::Relaxed),
+            })
+            .collect();
+        RoundStats { positions }
+    }
+
+    fn clear(&self) {
+        for (sums, count) in self.sums.iter().zip(&*self.counts) {
+            sums.iter().for_each(AtomicI128::clear);
+            count.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The round accumulator: any number of threads add, one thread at a time takes.
+///
+/// Two buffers; writers add to the active one. A writer announces itself in the buffer's
+/// in-flight counter, re-checks that the buffer is still active (if not, it retries on the new
+/// one), adds, and leaves. [`Accumulator::take`] flips the active buffer, waits for the old
+/// buffer's in-flight writers to leave (they never wait for anything, so this is a few atomic
+/// adds long), reads it and clears it. Every addition lands in exactly one round: the one
+/// active when it committed. Writers never block.
+#[derive(Debug)]
+pub struct Accumulator {
+    buffers: [AtomicRound; 2],
+    in_flight: [AtomicUsize; 2],
+    active: AtomicUsize,
+    num_positions: usize,
+}
+
+impl Accumulator {
+    /// An empty accumulator for `num_positions` positions.
+    pub fn new(num_positions: usize) -> Self {
+        Accumulator {
+            buffers: [
+                AtomicRound::new(num_positions),
+                AtomicRound::new(num_positions),
+            ],
+            in_flight: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            active: AtomicUsize::new(0),
+            num_positions,
+        }
+    }
+
+    /// Number of positions.
+    pub fn num_positions(&self) -> usize {
+        self.num_positions
+    }
+
+    /// Adds a batch's statistics to the current round. Lock-free; safe from any thread.
+    pub fn add(&self, stats: &RoundStats) {
+        debug_assert_eq!(stats.positions.len(), self.num_positions);
+        loop {
+            let index = self.active.load(Ordering::SeqCst);
+            self.in_flight[index].fetch_add(1, Ordering::SeqCst);
+            // Dekker-style handshake with `take`: either `take` flipped `active` before this
+            // load (we see it and retry), or our in-flight increment precedes its flip in the
+            // SeqCst order and `take` waits for us.
+            if self.active.load(Ordering::SeqCst) == index {
+                self.buffers[index].add(stats);
+                self.in_flight[index].fetch_sub(1, Ordering::Release);
+                return;
+            }
+            self.in_flight[index].fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    /// Ends the round: returns its statistics and starts an empty one.
+    ///
+    /// Callers must not run two `take`s at once (the estimator serializes them with its refit
+    /// lock); adds may run concurrently.
+    pub fn take(&self) -> RoundStats {
+        let old = self.active.load(Ordering::SeqCst);
+        self.active.store(1 - old, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while self.in_flight[old].load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let stats = self.buffers[old].load();
+        self.buffers[old].clear();
+        stats
+    }
+
+    /// The current round's statistics without ending it (same serialization rule as `take`).
+    pub fn snapshot(&self) -> RoundStats {
+        let stats = self.take();
+        self.add(&stats);
+        stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn sample_stats(seed: u64, num_positions: usize) -> RoundStats {
+        let mut stats = RoundStats::new(num_positions);
+        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        for k in 0..num_positions {
+            for _ in 0..3 {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let x = ((state >> 11) as f64 / (1u64 << 53) as f64) * 20.0 - 10.0;
+                let p = 1.0 / (1.0 + (-x).exp());
+                stats.positions[k].add_observation(x, p, state & 1 == 1);
+            }
+        }
+        stats
+    }
+
+    #[test]
+    fn concurrent_adds_and_takes_lose_nothing() {
+        let num_positions = 4;
+        let acc = Arc::new(Accumulator::new(num_positions));
+        let threads = 4;
+        let per_thread = 2000;
+        let mut expected = RoundStats::new(num_positions);
+        for t in 0..threads {
+            for i in 0..per_thread {
+                let s = sample_stats((t * per_thread + i) as u64, num_positions);
+                for (e, p) in expected.positions.iter_mut().zip(&s.positions) {
+                    e.merge(p);
+                }
+            }
+        }
+        let taker = {
+            let acc = Arc::clone(&acc);
+            std::thread::spawn(move || {
+                let mut total = RoundStats::new(num_positions);
+                for _ in 0..200 {
+                    let s = acc.take();
+                    for (e, p) in total.positions.iter_mut().zip(&s.positions) {
+                        e.merge(p);
+                    }
+                    std::thread::yield_now();
+                }
+                total
+            })
+        };
+        let writers: Vec<_> = (0..threads)
+            .map(|t| {
+                let acc = Arc::clone(&acc);
+                std::thread::spawn(move || {
+                    for i in 0..per_thread {
+                        acc.add(&sample_stats((t * per_thread + i) as u64, num_positions));
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        let mut total = taker.join().unwrap();
+        let rest = acc.take();
+        for (e, p) in total.positions.iter_mut().zip(&rest.positions) {
+            e.merge(p);
+        }
+        assert_eq!(total, expected);
+    }
+
+    #[test]
+    fn snapshot_does_not_end_the_round() {
+        let acc = Accumulator::new(2);
+        let s = sample_stats(7, 2);
+        acc.add(&s);
+        assert_eq!(acc.snapshot(), s);
+        assert_eq!(acc.take(), s);
+        assert_eq!(acc.take(), RoundStats::new(2));
+    }
+}

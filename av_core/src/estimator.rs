@@ -1,0 +1,643 @@
+//! The online acceptance estimator.
+//!
+//! Predicts, for every drafted token, the probability that the target accepts it:
+//! `p = σ(ω·x + β_k)` with `x = logit(q_max)` of the drafter's distribution at position `k`.
+//! One slope is shared by all positions (it measures how well the drafter knows when it is
+//! right, a property of the model pair) and each position has its own intercept (the base
+//! acceptance rate, which falls with depth and with unpredictable content): `K + 1` parameters.
+//!
+//! The coefficients are fitted online from the target's own verdicts: every
+//! [`AcceptanceEstimator::observe`] folds one decode step of labels into the round's sufficient
+//! statistics ([`crate::accumulator`]); every `refit_interval` steps a damped Newton step
+//! ([`crate::refit`]) replaces the coefficients and the statistics start over.
+//!
+//! Concurrency: `predict`, `observe`, `refit` and the accessors take `&self` and may run on any
+//! number of threads at once. Observations are accumulated lock-free and order-independently
+//! (bit-identical results for the same set of observations); refits are serialized among
+//! themselves; readers see either the old or the new coefficient vector, never a mix.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::accumulator::{Accumulator, RoundStats};
+use crate::coefficients::{Coefficients, SharedCoefficients};
+use crate::error::{ensure_finite, Error, Result};
+use crate::labels::{label, num_labeled, validate_counts};
+use crate::matrix::MatrixView;
+use crate::refit::{newton_step, NewtonStep};
+
+/// Configuration of an [`AcceptanceEstimator`]. Defaults are vLLM 0.33.0's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EstimatorConfig {
+    /// Draft positions K (1 ≤ K ≤ [`EstimatorConfig::MAX_POSITIONS`]).
+    pub num_positions: usize,
+    /// Observe calls (decode steps) per round; a refit ends each round.
+    pub refit_interval: u64,
+    /// D: a round with D observations moves a coefficient half of a full Newton step.
+    pub damping: f64,
+    /// λ: ridge added to every diagonal entry of the Newton system.
+    pub l2: f64,
+    /// Cold-start slope ω.
+    pub init_slope: f64,
+    /// Cold-start intercept β_k, the same for every position.
+    pub init_intercept: f64,
+    /// Features are clamped to `[-max_log_odds, max_log_odds]`.
+    pub max_log_odds: f64,
+}
+
+impl EstimatorConfig {
+    /// Largest supported K (the Newton system has K + 1 ≤ 65 unknowns).
+    pub const MAX_POSITIONS: usize = 64;
+    /// vLLM refits every 100 decode steps.
+    pub const DEFAULT_REFIT_INTERVAL: u64 = 100;
+    /// vLLM's `DAMPING_OBSERVATIONS`.
+    pub const DEFAULT_DAMPING: f64 = 50.0;
+    /// vLLM's ridge `L2`.
+    pub const DEFAULT_L2: f64 = 1e-3;
+    /// Median slope fitted online across five model pairs (vLLM's cold start).
+    pub const DEFAULT_INIT_SLOPE: f64 = 0.5;
+    /// Median intercept fitted online across the same five pairs (vLLM's cold start).
+    pub const DEFAULT_INIT_INTERCEPT: f64 = -0.2;
+    /// vLLM's clamp of the log-odds feature.
+    pub const DEFAULT_MAX_LOG_ODDS: f64 = 40.0;
+    /// Upper bound on `max_log_odds`: keeps every accumulated term inside the fixed-point range.
+    pub const MAX_LOG_ODDS_LIMIT: f64 = 100.0;
+
+    /// The defaults for `num_positions` draft positions.
+    pub fn new(num_positions: usize) -> Self {
+        EstimatorConfig {
+            num_positions,
+            refit_interval: Self::DEFAULT_REFIT_INTERVAL,
+            damping: Self::DEFAULT_DAMPING,
+            l2: Self::DEFAULT_L2,
+            init_slope: Self::DEFAULT_INIT_SLOPE,
+            init_intercept: Self::DEFAULT_INIT_INTERCEPT,
+            max_log_odds: Self::DEFAULT_MAX_LOG_ODDS,
+        }
+    }
+
+    /// Checks every field, naming the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        if self.num_positions == 0 || self.num_positions > Self::MAX_POSITIONS {
+            return Err(Error::value(
+                "num_positions",
+                format!(
+                    "must be between 1 and {}, got {}",
+                    Self::MAX_POSITIONS,
+                    self.num_positions
+                ),
+            ));
+        }
+        if self.refit_interval == 0 {
+            return Err(Error::value("refit_interval", "must be at least 1, got 0"));
+        }
+        ensure_finite("damping", self.damping)?;
+        if self.damping < 0.0 {
+            return Err(Error::value(
+                "damping",
+                format!("must be non-negative, got {}", self.damping),
+            ));
+        }
+        ensure_finite("l2", self.l2)?;
+        if self.l2 < 0.0 {
+            return Err(Error::value(
+                "l2",
+                format!("must be non-negative, got {}", self.l2),
+            ));
+        }
+        ensure_finite("init_slope", self.init_slope)?;
+        if self.init_slope < 0.0 {
+            return Err(Error::value(
+                "init_slope",
+                format!("must be non-negative, got {}", self.init_slope),
+            ));
+        }
+        ensure_finite("init_intercept", self.init_intercept)?;
+        if !(self.max_log_odds > 0.0 && self.max_log_odds <= Self::MAX_LOG_ODDS_LIMIT) {
+            return Err(Error::value(
+                "max_log_odds",
+                format!(
+                    "must be in (0, {}], got {}",
+                    Self::MAX_LOG_ODDS_LIMIT,
+                    self.max_log_odds
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Everything an estimator is: config, coefficients, the open round and its counters.
+/// [`AcceptanceEstimator::state`] and [`AcceptanceEstimator::from_state`] round-trip it bit-exactly.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EstimatorState {
+    /// The configuration.
+    pub config: EstimatorConfig,
+    /// Slope ω.
+    pub slope: f64,
+    /// Intercepts β_k.
+    pub intercepts: Vec<f64>,
+    /// The open round's statistics.
+    pub stats: RoundStats,
+    /// Observe calls since the last refit.
+    pub steps_since_refit: u64,
+    /// Refits so far.
+    pub num_refits: u64,
+}
+
+/// The online acceptance estimator. See the [module documentation](self).
+#[derive(Debug)]
+pub struct AcceptanceEstimator {
+    config: EstimatorConfig,
+    coefficients: SharedCoefficients,
+    accumulator: Accumulator,
+    steps_since_refit: AtomicU64,
+    refit_lock: Mutex<()>,
+}
+
+#[inline]
+fn sigmoid(z: f64) -> f64 {
+    1.0 / (1.0 + (-z).exp())
+}
+
+impl AcceptanceEstimator {
+    /// A cold-started estimator.
+    pub fn new(config: EstimatorConfig) -> Result<Self> {
+        config.validate()?;
+        let intercepts = vec![config.init_intercept; config.num_positions];
+        Ok(Self::assemble(
+            config.clone(),
+            config.init_slope,
+            &intercepts,
+            0,
+            0,
+        ))
+    }
+
+    fn assemble(
+        config: EstimatorConfig,
+        slope: f64,
+        intercepts: &[f64],
+        num_refits: u64,
+        steps_since_refit: u64,
+    ) -> Self {
+        AcceptanceEstimator {
+            coefficients: SharedCoefficients::new(slope, intercepts, num_refits),
+            accumulator: Accumulator::new(config.num_positions),
+            steps_since_refit: AtomicU64::new(steps_since_refit),
+            refit_lock: Mutex::new(()),
+            config,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EstimatorConfig {
+        &self.config
+    }
+
+    /// Number of draft positions K.
+    pub fn num_positions(&self) -> usize {
+        self.config.num_positions
+    }
+
+    /// A consistent copy of the current coefficients.
+    pub fn coefficients(&self) -> Coefficients {
+        self.coefficients.read()
+    }
+
+    /// Refits so far.
+    pub fn num_refits(&self) -> u64 {
+        self.coefficients.read().version
+    }
+
+    /// Observe calls since the last refit.
+    pub fn steps_since_refit(&self) -> u64 {
+        self.steps_since_refit.load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        // The guarded data is `()`; a panic elsewhere cannot leave it inconsistent.
+        self.refit_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The open round's statistics (a consistent snapshot; the round goes on).
+    pub fn round_stats(&self) -> RoundStats {
+        let _guard = self.lock();
+        self.accumulator.snapshot()
+    }
+
+    /// Clamps a feature, failing on a non-finite one.
+    #[inline]
+    fn clamp_feature(&self, argument: &'static str, index: usize, x: f64) -> Result<f64> {
+        if !x.is_finite() {
+            return Err(Error::value(
+                argument,
+                format!("must be finite, got {x} at flat index {index}"),
+            ));
+        }
+        let limit = self.config.max_log_odds;
+        Ok(x.clamp(-limit, limit))
+    }
+
+    /// Acceptance probabilities `σ(ω·x + β_k)` for features `[R, K]`, written to `out` (`R·K`).
+    pub fn predict<T: Copy + Into<f64>>(
+        &self,
+        features: MatrixView<'_, T>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        features.expect_cols("features", self.config.num_positions)?;
+        if out.len() != features.data().len() {
+            return Err(Error::value(
+                "out",
+                format!(
+                    "has {} elements, features have {}",
+                    out.len(),
+                    features.data().len()
+                ),
+            ));
+        }
+        let mut intercepts = Vec::with_capacity(self.config.num_positions);
+        let (slope, _) = self.coefficients.read_into(&mut intercepts);
+        let k = self.config.num_positions;
+        for (index, (&x, p)) in features.data().iter().zip(out.iter_mut()).enumerate() {
+            let x = self.clamp_feature("features", index, x.into())?;
+            *p = sigmoid(slope * x + intercepts[index % k]) as f32;
+        }
+        Ok(())
+    }
+
+    /// One decode step's statistics without adding them anywhere: validates every argument and
+    /// returns what [`observe`](Self::observe) would accumulate.
+    ///
+    /// `features` `[R, K]`; `num_admitted[r]` drafts of request `r` were verified and the first
+    /// `num_accepted[r]` of them accepted; `predictions` `[R, K]` are the probabilities made at
+    /// draft time, used as IRLS weights (without them the current coefficients predict).
+    pub fn step_stats<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        features: MatrixView<'_, T>,
+        num_admitted: &[i64],
+        num_accepted: &[i64],
+        predictions: Option<MatrixView<'_, P>>,
+    ) -> Result<RoundStats> {
+        let k = self.config.num_positions;
+        features.expect_cols("features", k)?;
+        let rows = features.rows();
+        if num_admitted.len() != rows {
+            return Err(Error::value(
+                "num_admitted",
+                format!(
+                    "has {} entries, features have {rows} rows",
+                    num_admitted.len()
+                ),
+            ));
+        }
+        if num_accepted.len() != rows {
+            return Err(Error::value(
+                "num_accepted",
+                format!(
+                    "has {} entries, features have {rows} rows",
+                    num_accepted.len()
+                ),
+            ));
+        }
+        if let Some(predictions) = &predictions {
+            predictions.expect_cols("predictions", k)?;
+            predictions.expect_rows("predictions", rows)?;
+            for (index, &p) in predictions.data().iter().enumerate() {
+                let p: f64 = p.into();
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(Error::value(
+                        "predictions",
+                        format!("must be finite and in [0, 1], got {p} at flat index {index}"),
+                    ));
+                }
+            }
+        }
+        let mut features_clamped = Vec::with_capacity(features.data().len());
+        for (index, &x) in features.data().iter().enumerate() {
+            features_clamped.push(self.clamp_feature("features", index, x.into())?);
+        }
+        let mut counts = Vec::with_capacity(rows);
+        for row in 0..rows {
+            counts.push(validate_counts(
+                row,
+                num_admitted[row],
+                num_accepted[row],
+                k,
+            )?);
+        }
+
+        let mut intercepts = Vec::with_capacity(k);
+        let (slope, _) = self.coefficients.read_into(&mut intercepts);
+        let mut stats = RoundStats::new(k);
+        for (row, &(admitted, accepted)) in counts.iter().enumerate() {
+            for position in 0..num_labeled(admitted, accepted) {
+                let index = row * k + position;
+                let x = features_clamped[index];
+                let p = match &predictions {
+                    Some(predictions) => predictions.data()[index].into(),
+                    None => sigmoid(slope * x + intercepts[position]),
+                };
+                let y = label(position, admitted, accepted) == Some(true);
+                stats.positions[position].add_observation(x, p, y);
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Folds one decode step of verdicts into the round (see [`step_stats`](Self::step_stats)
+    /// for the arguments). Returns `true` when this call completed a round and refitted.
+    ///
+    /// Lock-free with respect to other observers; on a bad argument nothing changes.
+    pub fn observe<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        features: MatrixView<'_, T>,
+        num_admitted: &[i64],
+        num_accepted: &[i64],
+        predictions: Option<MatrixView<'_, P>>,
+    ) -> Result<bool> {
+        let stats = self.step_stats(features, num_admitted, num_accepted, predictions)?;
+        Ok(self.add_step(&stats))
+    }
+
+    /// Adds one step's already-validated statistics and counts the step; refits when the round
+    /// is complete. Returns `true` when it refitted.
+    pub fn add_step(&self, stats: &RoundStats) -> bool {
+        assert_eq!(stats.positions.len(), self.config.num_positions);
+        self.accumulator.add(stats);
+        let steps = self.steps_since_refit.fetch_add(1, Ordering::SeqCst) + 1;
+        if steps < self.config.refit_interval {
+            return false;
+        }
+        // Another thread may be refitting right now; then it ends this round and we are done.
+        let Ok(_guard) = self.refit_lock.try_lock() else {
+            return false;
+        };
+        if self.steps_since_refit.load(Ordering::SeqCst) < self.config.refit_interval {
+            return false;
+        }
+        self.steps_since_refit
+            .fetch_sub(self.config.refit_interval, Ordering::SeqCst);
+        self.refit_locked();
+        true
+    }
+
+    /// Ends the round now: refits on whatever it holds and clears it. Returns the step applied.
+    pub fn refit(&self) -> NewtonStep {
+        let _guard = self.lock();
+        let steps = self.steps_since_refit.load(Ordering::SeqCst);
+        self.steps_since_refit.fetch_sub(steps, Ordering::SeqCst);
+        self.refit_locked()
+    }
+
+    fn refit_locked(&self) -> NewtonStep {
+        let stats = self.accumulator.take().to_float();
+        let mut intercepts = Vec::with_capacity(self.config.num_positions);
+        let (slope, version) = self.coefficients.read_into(&mut intercepts);
+        let step = newton_step(slope, &stats, self.config.l2, self.config.damping);
+        for (beta, delta) in intercepts.iter_mut().zip(&step.intercepts) {
+            *beta += delta;
+        }
+        self.coefficients
+            .write(slope + step.slope, &intercepts, version + 1);
+        step
+    }
+
+    /// The full state, consistent at one instant (observations racing the call land either in
+    /// it or after it, never half).
+    pub fn state(&self) -> EstimatorState {
+        let _guard = self.lock();
+        let stats = self.accumulator.snapshot();
+        let coefficients = self.coefficients.read();
+        EstimatorState {
+            config: self.config.clone(),
+            slope: coefficients.slope,
+            intercepts: coefficients.intercepts,
+            stats,
+            steps_since_refit: self.steps_since_refit.load(Ordering::SeqCst),
+            num_refits: coefficients.version,
+        }
+    }
+
+    /// Rebuilds an estimator from [`state`](Self::state), validating every field.
+    pub fn from_state(state: &EstimatorState) -> Result<Self> {
+        state.config.validate()?;
+        let k = state.config.num_positions;
+        ensure_finite("slope", state.slope)?;
+        if state.slope < 0.0 {
+            return Err(Error::value(
+                "slope",
+                format!("must be non-negative, got {}", state.slope),
+            ));
+        }
+        if state.intercepts.len() != k {
+            return Err(Error::value(
+                "intercepts",
+                format!(
+                    "expected {k} entries for num_positions = {k}, got {}",
+                    state.intercepts.len()
+                ),
+            ));
+        }
+        for &b in &state.intercepts {
+            ensure_finite("intercepts", b)?;
+        }
+        if state.stats.positions.len() != k {
+            return Err(Error::value(
+                "round_stats",
+                format!(
+                    "expected {k} positions, got {}",
+                    state.stats.positions.len()
+                ),
+            ));
+        }
+        let estimator = Self::assemble(
+            state.config.clone(),
+            state.slope,
+            &state.intercepts,
+            state.num_refits,
+            state.steps_since_refit,
+        );
+        estimator.accumulator.add(&state.stats);
+        Ok(estimator)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn view<T>(data: &[T], cols: usize) -> MatrixView<'_, T> {
+        MatrixView::new("features", data, data.len() / cols, cols).unwrap()
+    }
+
+    const NO_PREDICTIONS: Option<MatrixView<'static, f32>> = None;
+
+    #[test]
+    fn cold_start_predicts_the_configured_curve() {
+        let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+        let mut out = [0.0f32; 4];
+        est.predict(view(&[0.0f32, 2.0, -1.0, 100.0], 2), &mut out)
+            .unwrap();
+        let expect = |x: f64| (1.0 / (1.0 + (-(0.5 * x - 0.2)).exp())) as f32;
+        assert_eq!(out, [expect(0.0), expect(2.0), expect(-1.0), expect(40.0)]);
+    }
+
+    #[test]
+    fn bad_config_is_rejected() {
+        let mut c = EstimatorConfig::new(0);
+        assert_eq!(c.validate().unwrap_err().argument, "num_positions");
+        c.num_positions = 4;
+        c.refit_interval = 0;
+        assert_eq!(c.validate().unwrap_err().argument, "refit_interval");
+        c.refit_interval = 1;
+        c.damping = -1.0;
+        assert_eq!(c.validate().unwrap_err().argument, "damping");
+        c.damping = 1.0;
+        c.l2 = f64::NAN;
+        assert_eq!(c.validate().unwrap_err().argument, "l2");
+    }
+
+    #[test]
+    fn refits_every_interval() {
+        let mut config = EstimatorConfig::new(3);
+        config.refit_interval = 3;
+        let est = AcceptanceEstimator::new(config).unwrap();
+        let features = [1.0f32, 2.0, 3.0];
+        let mut refits = vec![];
+        for _ in 0..7 {
+            refits.push(
+                est.observe(view(&features, 3), &[3], &[2], NO_PREDICTIONS)
+                    .unwrap(),
+            );
+        }
+        assert_eq!(refits, [false, false, true, false, false, true, false]);
+        assert_eq!(est.num_refits(), 2);
+        assert_eq!(est.steps_since_refit(), 1);
+    }
+
+    #[test]
+    fn rejected_calls_change_nothing() {
+        let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+        est.observe(view(&[1.0f64, 2.0], 2), &[2], &[1], NO_PREDICTIONS)
+            .unwrap();
+        let before = est.state();
+        let bad_calls: Vec<Result<bool>> = vec![
+            est.observe(view(&[f64::NAN, 2.0], 2), &[2], &[1], NO_PREDICTIONS),
+            est.observe(view(&[1.0f64, 2.0], 2), &[1], &[2], NO_PREDICTIONS),
+            est.observe(view(&[1.0f64, 2.0], 2), &[3], &[1], NO_PREDICTIONS),
+            est.observe(view(&[1.0f64, 2.0], 2), &[-1], &[0], NO_PREDICTIONS),
+            est.observe(view(&[1.0f64, 2.0], 2), &[2, 2], &[1, 1], NO_PREDICTIONS),
+            est.observe(
+                view(&[1.0f64, 2.0], 2),
+                &[2],
+                &[1],
+                Some(view(&[0.5f32, 1.5], 2)),
+            ),
+            est.observe(view(&[1.0f64, 2.0, 3.0], 3), &[2], &[1], NO_PREDICTIONS),
+        ];
+        for result in bad_calls {
+            assert!(result.is_err());
+        }
+        assert_eq!(est.state(), before);
+    }
+
+    /// Deterministic pseudo-random observations for the properties below.
+    fn workload(seed: u64, rows: usize, k: usize) -> (Vec<f32>, Vec<i64>, Vec<i64>) {
+        let mut state = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let features = (0..rows * k)
+            .map(|_| (next() % 4000) as f32 / 100.0 - 20.0)
+            .collect();
+        let admitted: Vec<i64> = (0..rows)
+            .map(|_| (next() % (k as u64 + 1)) as i64)
+            .collect();
+        let accepted = admitted
+            .iter()
+            .map(|&a| (next() % (a as u64 + 1)) as i64)
+            .collect();
+        (features, admitted, accepted)
+    }
+
+    proptest! {
+        #[test]
+        fn statistics_do_not_depend_on_row_order_or_split(
+            seed in any::<u64>(), rows in 1usize..40, split in 0usize..40, k in 1usize..6,
+        ) {
+            let (features, admitted, accepted) = workload(seed, rows, k);
+            let whole = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+            whole.observe(view(&features, k), &admitted, &accepted, NO_PREDICTIONS).unwrap();
+
+            // Reversed rows, split into two calls.
+            let order: Vec<usize> = (0..rows).rev().collect();
+            let f: Vec<f32> = order.iter().flat_map(|&r| features[r * k..(r + 1) * k].to_vec()).collect();
+            let ad: Vec<i64> = order.iter().map(|&r| admitted[r]).collect();
+            let ac: Vec<i64> = order.iter().map(|&r| accepted[r]).collect();
+            let cut = split.min(rows);
+            let parts = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+            parts.observe(view(&f[..cut * k], k), &ad[..cut], &ac[..cut], NO_PREDICTIONS).unwrap();
+            parts.observe(view(&f[cut * k..], k), &ad[cut..], &ac[cut..], NO_PREDICTIONS).unwrap();
+
+            prop_assert_eq!(whole.round_stats(), parts.round_stats());
+            whole.refit();
+            parts.refit();
+            let (a, b) = (whole.coefficients(), parts.coefficients());
+            prop_assert_eq!(a.slope.to_bits(), b.slope.to_bits());
+            for (x, y) in a.intercepts.iter().zip(&b.intercepts) {
+                prop_assert_eq!(x.to_bits(), y.to_bits());
+            }
+        }
+
+        #[test]
+        fn state_round_trips(seed in any::<u64>(), rows in 0usize..20, k in 1usize..5) {
+            let (features, admitted, accepted) = workload(seed, rows, k);
+            let est = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+            est.observe(view(&features, k), &admitted, &accepted, NO_PREDICTIONS).unwrap();
+            est.refit();
+            est.observe(view(&features, k), &admitted, &accepted, NO_PREDICTIONS).unwrap();
+            let state = est.state();
+            let back = AcceptanceEstimator::from_state(&state).unwrap();
+            prop_assert_eq!(back.state(), state);
+        }
+    }
+
+    #[test]
+    fn threads_give_the_serial_bits() {
+        let k = 4;
+        let batches: Vec<_> = (0..64).map(|s| workload(s, 16, k)).collect();
+        let serial = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+        for (f, ad, ac) in &batches {
+            serial.observe(view(f, k), ad, ac, NO_PREDICTIONS).unwrap();
+        }
+        let parallel = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+        std::thread::scope(|scope| {
+            for chunk in batches.chunks(16) {
+                let parallel = &parallel;
+                scope.spawn(move || {
+                    for (f, ad, ac) in chunk.iter().rev() {
+                        parallel
+                            .observe(view(f, k), ad, ac, NO_PREDICTIONS)
+                            .unwrap();
+                    }
+                });
+            }
+            scope.spawn(|| {
+                let mut out = vec![0.0f32; 4 * k];
+                for _ in 0..1000 {
+                    parallel
+                        .predict(view(&vec![1.0f64; 4 * k], k), &mut out)
+                        .unwrap();
+                }
+            });
+        });
+        assert_eq!(serial.state(), parallel.state());
+    }
+}

@@ -1,0 +1,149 @@
+//! The end-of-round refit: one damped Newton (IRLS) step on the round's statistics.
+//!
+//! vLLM-compatible, step by step:
+//!
+//! 1. Solve `(H + λI) Δ = g` for the full Newton step, `H` the arrowhead `XᵀWX`, by Cholesky.
+//! 2. Slope: `Δω ← Δω · N/(N + D)` with `N = Σ n_k`, because the shared slope learns from every
+//!    position. Keep `Δω = 0` if it is not finite, or if `ω + Δω < 0`: a negative slope would
+//!    say a more confident drafter is *less* likely to be right, which no drafter does; it only
+//!    appears when a round's data are too thin to pin the slope.
+//! 3. Intercepts, conditioned on that damped slope step:
+//!    `Δβ_k = (g1_k − b_k Δω) / (c_k + λ) · n_k / (n_k + D)`; a non-finite `Δβ_k` is 0. Damping by
+//!    the position's own count keeps thin deep positions learning slowly instead of freezing
+//!    behind a minimum-sample gate.
+//!
+//! The caller then clears the statistics: each round fits its own window, which is what lets
+//! the estimator follow a drifting workload.
+
+use crate::accumulator::FloatStats;
+use crate::cholesky::solve_spd;
+
+/// The change a refit applies to the coefficients.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewtonStep {
+    /// Damped, guarded slope change `Δω`.
+    pub slope: f64,
+    /// Damped intercept changes `Δβ_k`.
+    pub intercepts: Vec<f64>,
+}
+
+/// The damped Newton step from the current `slope` on a round's `stats`, with ridge `l2` (λ)
+/// and `damping` (D, in observations).
+pub fn newton_step(slope: f64, stats: &FloatStats, l2: f64, damping: f64) -> NewtonStep {
+    let k = stats.n.len();
+    let n = k + 1;
+    let mut matrix = vec![0.0; n * n];
+    let mut rhs = vec![0.0; n];
+    matrix[0] = stats.a.iter().sum::<f64>() + l2;
+    rhs[0] = stats.g0.iter().sum::<f64>();
+    for position in 0..k {
+        let row = position + 1;
+        matrix[row * n] = stats.b[position];
+        matrix[row] = stats.b[position];
+        matrix[row * n + row] = stats.c[position] + l2;
+        rhs[row] = stats.g1[position];
+    }
+    let full_slope_step = if solve_spd(&mut matrix, &mut rhs) {
+        rhs[0]
+    } else {
+        f64::NAN
+    };
+
+    let total: f64 = stats.n.iter().sum();
+    let mut slope_step = full_slope_step * (total / (total + damping));
+    if !slope_step.is_finite() || slope + slope_step < 0.0 {
+        slope_step = 0.0;
+    }
+
+    let intercepts = (0..k)
+        .map(|position| {
+            let count = stats.n[position];
+            let step = (stats.g1[position] - stats.b[position] * slope_step)
+                / (stats.c[position] + l2)
+                * (count / (count + damping));
+            if step.is_finite() {
+                step
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    NewtonStep {
+        slope: slope_step,
+        intercepts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(k: usize) -> FloatStats {
+        FloatStats {
+            a: vec![0.0; k],
+            b: vec![0.0; k],
+            c: vec![0.0; k],
+            g0: vec![0.0; k],
+            g1: vec![0.0; k],
+            n: vec![0.0; k],
+        }
+    }
+
+    #[test]
+    fn damping_example_from_the_reference() {
+        // b = 0, c = s, g1 = 0.5 s, a = 30 s, g0 = 2 s, n = 20 s on K = 4 (λ = 0 so the
+        // closed form is exact): Δω = (2/30)·N/(N+50), N = 80 s; Δβ = 0.5·20s/(20s+50).
+        let s = 3.0;
+        let mut st = stats(4);
+        st.c = vec![s; 4];
+        st.g1 = vec![0.5 * s; 4];
+        st.a = vec![30.0 * s / 4.0; 4];
+        st.g0 = vec![2.0 * s / 4.0; 4];
+        st.n = vec![20.0 * s; 4];
+        let step = newton_step(0.5, &st, 0.0, 50.0);
+        let total = 80.0 * s;
+        assert!((step.slope - (2.0 / 30.0) * total / (total + 50.0)).abs() < 1e-15);
+        for d in step.intercepts {
+            assert!((d - 0.5 * 20.0 * s / (20.0 * s + 50.0)).abs() < 1e-15);
+        }
+    }
+
+    #[test]
+    fn empty_round_is_a_zero_step() {
+        let step = newton_step(0.5, &stats(3), 1e-3, 50.0);
+        assert_eq!(step.slope, 0.0);
+        assert!(step.intercepts.iter().all(|&d| d == 0.0));
+        // Without ridge the matrix is singular: the guards turn NaN into no step at all.
+        let step = newton_step(0.5, &stats(3), 0.0, 0.0);
+        assert_eq!(step.slope, 0.0);
+        assert!(step.intercepts.iter().all(|&d| d == 0.0));
+    }
+
+    #[test]
+    fn slope_may_not_go_negative() {
+        let mut st = stats(1);
+        st.a = vec![1.0];
+        st.c = vec![1.0];
+        st.g0 = vec![-10.0];
+        st.n = vec![1000.0];
+        let step = newton_step(0.5, &st, 1e-3, 50.0);
+        assert_eq!(step.slope, 0.0);
+        // The intercept step is then conditioned on Δω = 0.
+        assert_eq!(step.intercepts[0], 0.0);
+    }
+
+    #[test]
+    fn unreached_positions_get_exactly_zero() {
+        let mut st = stats(3);
+        st.a[0] = 5.0;
+        st.b[0] = 1.0;
+        st.c[0] = 2.0;
+        st.g0[0] = 0.7;
+        st.g1[0] = -0.4;
+        st.n[0] = 40.0;
+        let step = newton_step(0.5, &st, 1e-3, 50.0);
+        assert!(step.slope != 0.0);
+        assert_eq!(step.intercepts[1].to_bits() & !(1 << 63), 0);
+        assert_eq!(step.intercepts[2].to_bits() & !(1 << 63), 0);
+    }
+}

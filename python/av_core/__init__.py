@@ -1,0 +1,18 @@
+"""av_core: adaptive verification for speculative decoding with any drafter.
+
+Each decode step a serving engine asks two questions, and av_core answers both fast enough for
+a scheduler's critical path:
+
+1. How likely is each drafted token to be accepted by the target? :class:`AcceptanceEstimator`
+   fits ``p = sigmoid(slope * x + intercept[k])`` online on the drafter's ``x = logit(q_max)``,
+   recalibrated from the target's own verdicts.
+2. Which drafts are worth verifying? The planner weighs expected accepted tokens against
+   measured step costs.
+
+``import av_core`` needs only numpy; torch is imported by :mod:`av_core.features` and
+:mod:`av_core.vllm` alone.
+"""
+
+from av_core._native import AcceptanceEstimator, __version__
+
+__all__ = ["AcceptanceEstimator", "__version__"]

@@ -1,0 +1,5 @@
+"""``python -m av_core`` runs the ``av-core`` command line."""
+
+from av_core.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,371 @@
+//! `av_core._native.AcceptanceEstimator`: conversion around `av_core::AcceptanceEstimator`.
+
+use av_core::accumulator::{PositionSums, RoundStats};
+use av_core::fixed_point::FRACTION_BITS;
+use av_core::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MatrixView};
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray1, PyArray2};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyType};
+
+use crate::convert::{
+    float_matrix, int_vector, to_py_err, type_error, value_error, FloatMatrix, FloatView,
+};
+
+/// Name and version of the `state_dict` layout.
+const STATE_FORMAT: &str = "av_core.AcceptanceEstimator";
+const STATE_FORMAT_VERSION: u32 = 1;
+
+/// Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
+/// refitted every `refit_interval` observe calls by a damped Newton step.
+#[pyclass(module = "av_core._native", name = "AcceptanceEstimator", frozen)]
+pub struct PyAcceptanceEstimator {
+    inner: AcceptanceEstimator,
+}
+
+fn non_negative(argument: &'static str, value: i64) -> PyResult<usize> {
+    usize::try_from(value).map_err(|_| value_error(argument, format!("must be non-negative, got {value}")))
+}
+
+#[pymethods]
+impl PyAcceptanceEstimator {
+    #[new]
+    #[pyo3(signature = (
+        num_positions,
+        *,
+        refit_interval = EstimatorConfig::DEFAULT_REFIT_INTERVAL as i64,
+        damping = EstimatorConfig::DEFAULT_DAMPING,
+        l2 = EstimatorConfig::DEFAULT_L2,
+        init_slope = EstimatorConfig::DEFAULT_INIT_SLOPE,
+        init_intercept = EstimatorConfig::DEFAULT_INIT_INTERCEPT,
+        max_log_odds = EstimatorConfig::DEFAULT_MAX_LOG_ODDS,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        num_positions: i64,
+        refit_interval: i64,
+        damping: f64,
+        l2: f64,
+        init_slope: f64,
+        init_intercept: f64,
+        max_log_odds: f64,
+    ) -> PyResult<Self> {
+        let config = EstimatorConfig {
+            num_positions: non_negative("num_positions", num_positions)?,
+            refit_interval: non_negative("refit_interval", refit_interval)? as u64,
+            damping,
+            l2,
+            init_slope,
+            init_intercept,
+            max_log_odds,
+        };
+        let inner = AcceptanceEstimator::new(config).map_err(to_py_err)?;
+        Ok(PyAcceptanceEstimator { inner })
+    }
+
+    /// Acceptance probabilities, float32 [R, K], for features [R, K] (float32 or float64).
+    fn predict<'py>(
+        &self,
+        py: Python<'py>,
+        features: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let matrix = float_matrix(features, "features")?;
+        let (rows, cols) = (matrix.rows(), matrix.cols());
+        let view = matrix.view("features")?;
+        let inner = &self.inner;
+        let out = py
+            .detach(|| {
+                let mut out = vec![0.0f32; rows * cols];
+                match view {
+                    FloatView::F32(v) => inner.predict(v, &mut out),
+                    FloatView::F64(v) => inner.predict(v, &mut out),
+                }
+                .map(|()| out)
+            })
+            .map_err(to_py_err)?;
+        let array = Array2::from_shape_vec((rows, cols), out).expect("length is rows * cols");
+        Ok(array.into_pyarray(py))
+    }
+
+    /// Folds one decode step of verdicts into the round; True when it completed a round and
+    /// refitted.
+    #[pyo3(signature = (features, num_admitted, num_accepted, predictions = None))]
+    fn observe(
+        &self,
+        py: Python<'_>,
+        features: &Bound<'_, PyAny>,
+        num_admitted: &Bound<'_, PyAny>,
+        num_accepted: &Bound<'_, PyAny>,
+        predictions: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let features = float_matrix(features, "features")?;
+        let num_admitted = int_vector(num_admitted, "num_admitted")?;
+        let num_accepted = int_vector(num_accepted, "num_accepted")?;
+        let predictions: Option<FloatMatrix<'_>> = predictions
+            .filter(|p| !p.is_none())
+            .map(|p| float_matrix(p, "predictions"))
+            .transpose()?;
+        let features = features.view("features")?;
+        let predictions = predictions
+            .as_ref()
+            .map(|p| p.view("predictions"))
+            .transpose()?;
+        let inner = &self.inner;
+        py.detach(|| observe_views(inner, features, &num_admitted, &num_accepted, predictions))
+            .map_err(to_py_err)
+    }
+
+    /// Ends the round now: refits on whatever it holds and clears it.
+    fn refit(&self, py: Python<'_>) {
+        let inner = &self.inner;
+        py.detach(|| inner.refit());
+    }
+
+    /// Shared slope.
+    #[getter]
+    fn slope(&self) -> f64 {
+        self.inner.coefficients().slope
+    }
+
+    /// Per-position intercepts, float64 [K] (a copy).
+    #[getter]
+    fn intercepts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f64>> {
+        self.inner.coefficients().intercepts.into_pyarray(py)
+    }
+
+    /// Number of draft positions K.
+    #[getter]
+    fn num_positions(&self) -> usize {
+        self.inner.num_positions()
+    }
+
+    /// Refits so far.
+    #[getter]
+    fn num_refits(&self) -> u64 {
+        self.inner.num_refits()
+    }
+
+    /// Observe calls since the last refit.
+    #[getter]
+    fn steps_since_refit(&self) -> u64 {
+        self.inner.steps_since_refit()
+    }
+
+    /// Observe calls per round.
+    #[getter]
+    fn refit_interval(&self) -> u64 {
+        self.inner.config().refit_interval
+    }
+
+    /// Damping D, in observations.
+    #[getter]
+    fn damping(&self) -> f64 {
+        self.inner.config().damping
+    }
+
+    /// Ridge λ.
+    #[getter]
+    fn l2(&self) -> f64 {
+        self.inner.config().l2
+    }
+
+    /// Feature clamp.
+    #[getter]
+    fn max_log_odds(&self) -> f64 {
+        self.inner.config().max_log_odds
+    }
+
+    /// Labeled observations per position in the open round, int64 [K].
+    fn round_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        let counts: Vec<i64> = self
+            .inner
+            .round_stats()
+            .positions
+            .iter()
+            .map(|p| p.n as i64)
+            .collect();
+        counts.into_pyarray(py)
+    }
+
+    /// Everything (config, coefficients, round statistics, counters) as plain Python values;
+    /// `from_state_dict` restores it bit-exactly. Statistics are exact fixed-point integers in
+    /// units of 2**-fraction_bits.
+    fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let state = self.inner.state();
+        let config = PyDict::new(py);
+        config.set_item("num_positions", state.config.num_positions)?;
+        config.set_item("refit_interval", state.config.refit_interval)?;
+        config.set_item("damping", state.config.damping)?;
+        config.set_item("l2", state.config.l2)?;
+        config.set_item("init_slope", state.config.init_slope)?;
+        config.set_item("init_intercept", state.config.init_intercept)?;
+        config.set_item("max_log_odds", state.config.max_log_odds)?;
+        let stats = PyDict::new(py);
+        stats.set_item("fraction_bits", FRACTION_BITS)?;
+        let column = |f: fn(&PositionSums) -> i128| -> Vec<i128> {
+            state.stats.positions.iter().map(f).collect()
+        };
+        stats.set_item("a", column(|p| p.a))?;
+        stats.set_item("b", column(|p| p.b))?;
+        stats.set_item("c", column(|p| p.c))?;
+        stats.set_item("g0", column(|p| p.g0))?;
+        stats.set_item("g1", column(|p| p.g1))?;
+        stats.set_item(
+            "n",
+            state.stats.positions.iter().map(|p| p.n).collect::<Vec<u64>>(),
+        )?;
+        let d = PyDict::new(py);
+        d.set_item("format", STATE_FORMAT)?;
+        d.set_item("format_version", STATE_FORMAT_VERSION)?;
+        d.set_item("config", config)?;
+        d.set_item("slope", state.slope)?;
+        d.set_item("intercepts", state.intercepts)?;
+        d.set_item("round_stats", stats)?;
+        d.set_item("steps_since_refit", state.steps_since_refit)?;
+        d.set_item("num_refits", state.num_refits)?;
+        Ok(d)
+    }
+
+    /// Rebuilds an estimator from `state_dict()`, validating every field.
+    #[classmethod]
+    fn from_state_dict(_cls: &Bound<'_, PyType>, state: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let state = parse_state(state)?;
+        let inner = AcceptanceEstimator::from_state(&state).map_err(to_py_err)?;
+        Ok(PyAcceptanceEstimator { inner })
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyDict>,))> {
+        let constructor = slf.get_type().getattr("from_state_dict")?;
+        Ok((constructor, (slf.get().state_dict(py)?,)))
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.inner.coefficients();
+        format!(
+            "AcceptanceEstimator(num_positions={}, slope={:.4}, intercepts={:?}, num_refits={})",
+            self.inner.num_positions(),
+            c.slope,
+            c.intercepts
+                .iter()
+                .map(|b| (b * 1e4).round() / 1e4)
+                .collect::<Vec<_>>(),
+            c.version
+        )
+    }
+}
+
+/// Dispatches `observe` over the dtype combinations.
+fn observe_views(
+    inner: &AcceptanceEstimator,
+    features: FloatView<'_>,
+    num_admitted: &[i64],
+    num_accepted: &[i64],
+    predictions: Option<FloatView<'_>>,
+) -> av_core::Result<bool> {
+    fn with<T: Copy + Into<f64>>(
+        inner: &AcceptanceEstimator,
+        features: MatrixView<'_, T>,
+        num_admitted: &[i64],
+        num_accepted: &[i64],
+        predictions: Option<FloatView<'_>>,
+    ) -> av_core::Result<bool> {
+        match predictions {
+            None => inner.observe::<T, f32>(features, num_admitted, num_accepted, None),
+            Some(FloatView::F32(p)) => inner.observe(features, num_admitted, num_accepted, Some(p)),
+            Some(FloatView::F64(p)) => inner.observe(features, num_admitted, num_accepted, Some(p)),
+        }
+    }
+    match features {
+        FloatView::F32(f) => with(inner, f, num_admitted, num_accepted, predictions),
+        FloatView::F64(f) => with(inner, f, num_admitted, num_accepted, predictions),
+    }
+}
+
+fn get_item<'py>(d: &Bound<'py, PyDict>, key: &str, argument: &str) -> PyResult<Bound<'py, PyAny>> {
+    d.get_item(key)?
+        .ok_or_else(|| value_error(argument, format!("missing key {key:?}")))
+}
+
+fn extract<'py, T: FromPyObjectOwned<'py>>(
+    d: &Bound<'py, PyDict>,
+    key: &str,
+    argument: &str,
+) -> PyResult<T> {
+    get_item(d, key, argument)?
+        .extract::<T>()
+        .map_err(|e| {
+            let e: PyErr = e.into();
+            type_error(argument, format!("key {key:?}: {e}"))
+        })
+}
+
+fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
+    let arg = "state";
+    let d = state
+        .cast::<PyDict>()
+        .map_err(|_| type_error(arg, "expected a dict from state_dict()"))?;
+    let format: String = extract(d, "format", arg)?;
+    if format != STATE_FORMAT {
+        return Err(value_error(arg, format!("format is {format:?}, expected {STATE_FORMAT:?}")));
+    }
+    let version: u32 = extract(d, "format_version", arg)?;
+    if version != STATE_FORMAT_VERSION {
+        return Err(value_error(
+            arg,
+            format!("format_version {version} is not supported (this build reads {STATE_FORMAT_VERSION})"),
+        ));
+    }
+    let config_item = get_item(d, "config", arg)?;
+    let c = config_item
+        .cast::<PyDict>()
+        .map_err(|_| type_error(arg, "key \"config\" must be a dict"))?;
+    let config = EstimatorConfig {
+        num_positions: extract(c, "num_positions", arg)?,
+        refit_interval: extract(c, "refit_interval", arg)?,
+        damping: extract(c, "damping", arg)?,
+        l2: extract(c, "l2", arg)?,
+        init_slope: extract(c, "init_slope", arg)?,
+        init_intercept: extract(c, "init_intercept", arg)?,
+        max_log_odds: extract(c, "max_log_odds", arg)?,
+    };
+    let stats_item = get_item(d, "round_stats", arg)?;
+    let s = stats_item
+        .cast::<PyDict>()
+        .map_err(|_| type_error(arg, "key \"round_stats\" must be a dict"))?;
+    let bits: u32 = extract(s, "fraction_bits", arg)?;
+    if bits != FRACTION_BITS {
+        return Err(value_error(
+            arg,
+            format!("round_stats use {bits} fraction bits, this build uses {FRACTION_BITS}"),
+        ));
+    }
+    let columns: Vec<Vec<i128>> = ["a", "b", "c", "g0", "g1"]
+        .iter()
+        .map(|key| extract::<Vec<i128>>(s, key, arg))
+        .collect::<PyResult<_>>()?;
+    let n: Vec<u64> = extract(s, "n", arg)?;
+    if columns.iter().any(|col| col.len() != n.len()) {
+        return Err(value_error(arg, "round_stats columns have different lengths"));
+    }
+    let positions = (0..n.len())
+        .map(|k| PositionSums {
+            a: columns[0][k],
+            b: columns[1][k],
+            c: columns[2][k],
+            g0: columns[3][k],
+            g1: columns[4][k],
+            n: n[k],
+        })
+        .collect();
+    Ok(EstimatorState {
+        config,
+        slope: extract(d, "slope", arg)?,
+        intercepts: extract(d, "intercepts", arg)?,
+        stats: RoundStats { positions },
+        steps_since_refit: extract(d, "steps_since_refit", arg)?,
+        num_refits: extract(d, "num_refits", arg)?,
+    })
+}
