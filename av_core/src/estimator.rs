@@ -333,9 +333,9 @@ impl AcceptanceEstimator {
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
         let mut stats = RoundStats::new(k);
         for (row, &(admitted, accepted)) in counts.iter().enumerate() {
-            for position in 0..num_labeled(admitted, accepted) {
+            let labeled = &features_clamped[row * k..row * k + num_labeled(admitted, accepted)];
+            for (position, &x) in labeled.iter().enumerate() {
                 let index = row * k + position;
-                let x = features_clamped[index];
                 let p = match &predictions {
                     Some(predictions) => predictions.data()[index].into(),
                     None => sigmoid(slope * x + intercepts[position]),

@@ -4,6 +4,8 @@ from typing import Any, final
 import numpy as np
 import numpy.typing as npt
 
+__all__ = ["__version__", "AcceptanceEstimator"]
+
 __version__: str
 
 @final

@@ -161,10 +161,7 @@ pub fn float_matrix<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Fl
     if array.ndim() != 2 {
         return Err(value_error(
             argument,
-            format!(
-                "expected a 2-D array [R, K], got shape {:?}",
-                array.shape()
-            ),
+            format!("expected a 2-D array [R, K], got shape {:?}", array.shape()),
         ));
     }
     let (rows, cols) = (array.shape()[0], array.shape()[1]);
@@ -183,7 +180,8 @@ pub fn float_matrix<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Fl
     ))
 }
 
-/// Extracts a 1-D float64 vector (any float dtype is converted).
+/// Extracts a 1-D float64 vector (any float or integer dtype is converted).
+#[allow(dead_code)] // for the planner bindings (cost curves)
 pub fn float_vector<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Cow<'py, [f64]>> {
     let array = as_ndarray(obj, argument)?;
     if array.ndim() != 1 {

@@ -24,7 +24,8 @@ pub struct PyAcceptanceEstimator {
 }
 
 fn non_negative(argument: &'static str, value: i64) -> PyResult<usize> {
-    usize::try_from(value).map_err(|_| value_error(argument, format!("must be non-negative, got {value}")))
+    usize::try_from(value)
+        .map_err(|_| value_error(argument, format!("must be non-negative, got {value}")))
 }
 
 #[pymethods]
@@ -212,7 +213,12 @@ impl PyAcceptanceEstimator {
         stats.set_item("g1", column(|p| p.g1))?;
         stats.set_item(
             "n",
-            state.stats.positions.iter().map(|p| p.n).collect::<Vec<u64>>(),
+            state
+                .stats
+                .positions
+                .iter()
+                .map(|p| p.n)
+                .collect::<Vec<u64>>(),
         )?;
         let d = PyDict::new(py);
         d.set_item("format", STATE_FORMAT)?;
@@ -294,12 +300,10 @@ fn extract<'py, T: FromPyObjectOwned<'py>>(
     key: &str,
     argument: &str,
 ) -> PyResult<T> {
-    get_item(d, key, argument)?
-        .extract::<T>()
-        .map_err(|e| {
-            let e: PyErr = e.into();
-            type_error(argument, format!("key {key:?}: {e}"))
-        })
+    get_item(d, key, argument)?.extract::<T>().map_err(|e| {
+        let e: PyErr = e.into();
+        type_error(argument, format!("key {key:?}: {e}"))
+    })
 }
 
 fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
@@ -309,7 +313,10 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         .map_err(|_| type_error(arg, "expected a dict from state_dict()"))?;
     let format: String = extract(d, "format", arg)?;
     if format != STATE_FORMAT {
-        return Err(value_error(arg, format!("format is {format:?}, expected {STATE_FORMAT:?}")));
+        return Err(value_error(
+            arg,
+            format!("format is {format:?}, expected {STATE_FORMAT:?}"),
+        ));
     }
     let version: u32 = extract(d, "format_version", arg)?;
     if version != STATE_FORMAT_VERSION {
@@ -348,7 +355,10 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         .collect::<PyResult<_>>()?;
     let n: Vec<u64> = extract(s, "n", arg)?;
     if columns.iter().any(|col| col.len() != n.len()) {
-        return Err(value_error(arg, "round_stats columns have different lengths"));
+        return Err(value_error(
+            arg,
+            "round_stats columns have different lengths",
+        ));
     }
     let positions = (0..n.len())
         .map(|k| PositionSums {
