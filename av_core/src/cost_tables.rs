@@ -1,0 +1,1 @@
+//! Cost tables: filled in by the planner work.

@@ -1,0 +1,1 @@
+//! The verification planner: filled in by the planner work.
