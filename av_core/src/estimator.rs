@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use crate::accumulator::{Accumulator, RoundStats};
 use crate::coefficients::{Coefficients, SharedCoefficients};
 use crate::error::{ensure_finite, Error, Result};
-use crate::labels::{label, num_labeled, validate_counts};
+use crate::labels::{num_labeled, validate_counts};
 use crate::matrix::MatrixView;
 use crate::refit::{newton_step, NewtonStep};
 
@@ -155,6 +155,15 @@ pub struct AcceptanceEstimator {
     refit_lock: Mutex<()>,
 }
 
+/// The first element failing `ok`, with its index (call only when one fails).
+fn first_failure<T: Copy + Into<f64>>(data: &[T], ok: impl Fn(T) -> bool) -> (usize, f64) {
+    data.iter()
+        .enumerate()
+        .find(|(_, &v)| !ok(v))
+        .map(|(i, &v)| (i, v.into()))
+        .expect("called only when some element fails")
+}
+
 #[inline]
 fn sigmoid(z: f64) -> f64 {
     1.0 / (1.0 + (-z).exp())
@@ -228,17 +237,17 @@ impl AcceptanceEstimator {
         self.accumulator.snapshot()
     }
 
-    /// Clamps a feature, failing on a non-finite one.
-    #[inline]
-    fn clamp_feature(&self, argument: &'static str, index: usize, x: f64) -> Result<f64> {
-        if !x.is_finite() {
-            return Err(Error::value(
-                argument,
-                format!("must be finite, got {x} at flat index {index}"),
-            ));
+    /// Fails on the first non-finite feature.
+    fn check_features<T: Copy + Into<f64>>(&self, features: &[T]) -> Result<()> {
+        let finite = |x: T| x.into().is_finite();
+        if features.iter().fold(true, |ok, &x| ok & finite(x)) {
+            return Ok(());
         }
-        let limit = self.config.max_log_odds;
-        Ok(x.clamp(-limit, limit))
+        let (index, x) = first_failure(features, finite);
+        Err(Error::value(
+            "features",
+            format!("must be finite, got {x} at flat index {index}"),
+        ))
     }
 
     /// Acceptance probabilities `σ(ω·x + β_k)` for features `[R, K]`, written to `out` (`R·K`).
@@ -258,12 +267,16 @@ impl AcceptanceEstimator {
                 ),
             ));
         }
+        self.check_features(features.data())?;
         let mut intercepts = Vec::with_capacity(self.config.num_positions);
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
+        let limit = self.config.max_log_odds;
         let k = self.config.num_positions;
-        for (index, (&x, p)) in features.data().iter().zip(out.iter_mut()).enumerate() {
-            let x = self.clamp_feature("features", index, x.into())?;
-            *p = sigmoid(slope * x + intercepts[index % k]) as f32;
+        for (xs, ps) in features.data().chunks_exact(k).zip(out.chunks_exact_mut(k)) {
+            for ((&x, p), &beta) in xs.iter().zip(ps).zip(&intercepts) {
+                let x = x.into().clamp(-limit, limit);
+                *p = sigmoid(slope * x + beta) as f32;
+            }
         }
         Ok(())
     }
@@ -305,20 +318,21 @@ impl AcceptanceEstimator {
         if let Some(predictions) = &predictions {
             predictions.expect_cols("predictions", k)?;
             predictions.expect_rows("predictions", rows)?;
-            for (index, &p) in predictions.data().iter().enumerate() {
-                let p: f64 = p.into();
-                if !(0.0..=1.0).contains(&p) {
-                    return Err(Error::value(
-                        "predictions",
-                        format!("must be finite and in [0, 1], got {p} at flat index {index}"),
-                    ));
-                }
+            // One branch-free pass; the slow search for the culprit runs only on failure.
+            let in_range = |p: P| (0.0..=1.0).contains(&p.into());
+            if !predictions
+                .data()
+                .iter()
+                .fold(true, |ok, &p| ok & in_range(p))
+            {
+                let (index, p) = first_failure(predictions.data(), in_range);
+                return Err(Error::value(
+                    "predictions",
+                    format!("must be finite and in [0, 1], got {p} at flat index {index}"),
+                ));
             }
         }
-        let mut features_clamped = Vec::with_capacity(features.data().len());
-        for (index, &x) in features.data().iter().enumerate() {
-            features_clamped.push(self.clamp_feature("features", index, x.into())?);
-        }
+        self.check_features(features.data())?;
         let mut counts = Vec::with_capacity(rows);
         for row in 0..rows {
             counts.push(validate_counts(
@@ -331,17 +345,18 @@ impl AcceptanceEstimator {
 
         let mut intercepts = Vec::with_capacity(k);
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
+        let limit = self.config.max_log_odds;
         let mut stats = RoundStats::new(k);
         for (row, &(admitted, accepted)) in counts.iter().enumerate() {
-            let labeled = &features_clamped[row * k..row * k + num_labeled(admitted, accepted)];
-            for (position, &x) in labeled.iter().enumerate() {
-                let index = row * k + position;
+            let labeled = num_labeled(admitted, accepted);
+            let xs = &features.row(row)[..labeled];
+            for (position, (&x, sums)) in xs.iter().zip(&mut stats.positions).enumerate() {
+                let x = x.into().clamp(-limit, limit);
                 let p = match &predictions {
-                    Some(predictions) => predictions.data()[index].into(),
+                    Some(predictions) => predictions.row(row)[position].into(),
                     None => sigmoid(slope * x + intercepts[position]),
                 };
-                let y = label(position, admitted, accepted) == Some(true);
-                stats.positions[position].add_observation(x, p, y);
+                sums.add_observation(x, p, position < accepted);
             }
         }
         Ok(stats)
