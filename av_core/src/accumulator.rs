@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::fixed_point::{to_f64, to_fixed, AtomicI128};
+use crate::fixed_point::{to_f64, AtomicI128, MAGIC, MAGIC_BITS, SCALE};
 
 /// One position's statistics in fixed point (units of `2^-FRACTION_BITS`), plus its count.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,14 +39,12 @@ impl PositionSums {
     /// Adds one observation with feature `x`, IRLS prediction `p` and label `y`.
     #[inline]
     pub fn add_observation(&mut self, x: f64, p: f64, y: bool) {
-        let w = p * (1.0 - p);
-        let r = f64::from(u8::from(y)) - p;
-        let wx = w * x;
-        self.a += i128::from(to_fixed(wx * x));
-        self.b += i128::from(to_fixed(wx));
-        self.c += i128::from(to_fixed(w));
-        self.g0 += i128::from(to_fixed(r * x));
-        self.g1 += i128::from(to_fixed(r));
+        let [a, b, c, g0, g1] = terms(x, p, f64::from(u8::from(y)), 1.0);
+        self.a += i128::from(a);
+        self.b += i128::from(b);
+        self.c += i128::from(c);
+        self.g0 += i128::from(g0);
+        self.g1 += i128::from(g1);
         self.n += 1;
     }
 
@@ -60,6 +58,23 @@ impl PositionSums {
         self.g1 += other.g1;
         self.n += other.n;
     }
+}
+
+/// The fixed-point terms `[w x², w x, w, r x, r]` of one observation, times `mask` (1 for a
+/// labeled position, 0 for an unlabeled one, so that a branch-free loop can skip it).
+#[inline(always)]
+pub fn terms(x: f64, p: f64, y: f64, mask: f64) -> [i64; 5] {
+    scaled_term_bits(x, p, y, mask).map(|bits| bits.wrapping_sub(MAGIC_BITS))
+}
+
+/// [`terms`] before the final subtraction of `MAGIC_BITS`. The scale `2^F` is applied once to
+/// `w` and `r` (a power of two, so exact) instead of to each product.
+#[inline(always)]
+pub(crate) fn scaled_term_bits(x: f64, p: f64, y: f64, mask: f64) -> [i64; 5] {
+    let w = p * (1.0 - p) * mask * SCALE;
+    let r = (y - p) * mask * SCALE;
+    let wx = w * x;
+    [wx * x, wx, w, r * x, r].map(|v| (v + MAGIC).to_bits() as i64)
 }
 
 /// A round's statistics for every position, in fixed point.

@@ -20,9 +20,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::accumulator::{Accumulator, RoundStats};
+use crate::batch::{batch_stats, Predictions};
 use crate::coefficients::{Coefficients, SharedCoefficients};
 use crate::error::{ensure_finite, Error, Result};
-use crate::labels::{num_labeled, validate_counts};
+use crate::labels::validate_counts;
 use crate::matrix::MatrixView;
 use crate::refit::{newton_step, NewtonStep};
 
@@ -345,20 +346,20 @@ impl AcceptanceEstimator {
 
         let mut intercepts = Vec::with_capacity(k);
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
-        let limit = self.config.max_log_odds;
-        let mut stats = RoundStats::new(k);
-        for (row, &(admitted, accepted)) in counts.iter().enumerate() {
-            let labeled = num_labeled(admitted, accepted);
-            let xs = &features.row(row)[..labeled];
-            for (position, (&x, sums)) in xs.iter().zip(&mut stats.positions).enumerate() {
-                let x = x.into().clamp(-limit, limit);
-                let p = match &predictions {
-                    Some(predictions) => predictions.row(row)[position].into(),
-                    None => sigmoid(slope * x + intercepts[position]),
-                };
-                sums.add_observation(x, p, position < accepted);
-            }
-        }
+        let predictions = match &predictions {
+            Some(given) => Predictions::Given(given.data()),
+            None => Predictions::Current {
+                slope,
+                intercepts: &intercepts,
+            },
+        };
+        let stats = batch_stats(
+            k,
+            features.data(),
+            &counts,
+            predictions,
+            self.config.max_log_odds,
+        );
         Ok(stats)
     }
 

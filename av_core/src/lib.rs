@@ -14,6 +14,7 @@
 //! convert arguments and map [`Error`]s.
 
 pub mod accumulator;
+pub mod batch;
 pub mod cholesky;
 pub mod coefficients;
 pub mod cost_tables;
