@@ -20,6 +20,10 @@ import reference
 FRACTION = 2.0 ** AcceptanceEstimator(1).state_dict()["round_stats"]["fraction_bits"]
 
 
+# vLLM's update has no step or range limits; these switch av_core's off for exact comparisons.
+UNBOUNDED = {"max_step": np.inf, "max_slope": np.inf, "max_intercept": np.inf}
+
+
 def float_stats(estimator: AcceptanceEstimator) -> dict[str, np.ndarray]:
     raw = estimator.state_dict()["round_stats"]
     out = {key: np.array([v / FRACTION for v in raw[key]]) for key in ("a", "b", "c", "g0", "g1")}
@@ -103,7 +107,7 @@ def test_statistics_match_float64_reference(
 @given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 8), interval=st.integers(1, 6))
 def test_refit_matches_vllm_update(seed: int, k: int, interval: int) -> None:
     rng = np.random.default_rng(seed)
-    est = AcceptanceEstimator(k, refit_interval=interval)
+    est = AcceptanceEstimator(k, refit_interval=interval, **UNBOUNDED)
     slope, intercepts = 0.5, np.full(k, -0.2)
     for _ in range(3):
         total = {key: np.zeros(k) for key in ("a", "b", "c", "g0", "g1", "n")}
@@ -130,7 +134,7 @@ def observed_stats(seed: int, k: int) -> dict[str, np.ndarray]:
 def test_cholesky_step_equals_numpy_solve(seed: int, k: int) -> None:
     # With damping 0 the refit applies the full Newton step, which must solve (H + lambda I) d = g.
     stats = observed_stats(seed, k)
-    est = inject(AcceptanceEstimator(k, damping=0.0, init_slope=1e3), stats)
+    est = inject(AcceptanceEstimator(k, damping=0.0, init_slope=1e3, **UNBOUNDED), stats)
     h, g = reference.newton_system(stats, 1e-3)
     step = np.linalg.solve(h, g)
     est.refit()
@@ -151,7 +155,7 @@ def test_damping_arithmetic_on_injected_statistics(s: float) -> None:
         "g1": np.full(k, 0.5 * s),
         "n": np.full(k, 20 * s),
     }
-    est = inject(AcceptanceEstimator(k, l2=0.0), stats)
+    est = inject(AcceptanceEstimator(k, l2=0.0, **UNBOUNDED), stats)
     est.refit()
     n_total = 80 * s
     assert est.slope - 0.5 == pytest.approx((2 / 30) * n_total / (n_total + 50), rel=1e-10)
@@ -502,3 +506,18 @@ def test_bad_state_dict_is_refused() -> None:
             AcceptanceEstimator.from_state_dict(broken)
     with pytest.raises(TypeError, match="state"):
         AcceptanceEstimator.from_state_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_one_adversarial_round_cannot_throw_an_intercept_out_of_reach() -> None:
+    # Feature 30 everywhere, every draft rejected at position 0: w = p(1-p) is ~1e-7, so the
+    # unbounded Newton step on the first intercept is about -1e6.
+    x = np.full((64, 4), 30.0, dtype=np.float32)
+    zeros, fours = np.zeros(64, np.int64), np.full(64, 4, np.int64)
+    unbounded = AcceptanceEstimator(4, refit_interval=1, **UNBOUNDED)
+    unbounded.observe(x, fours, zeros)
+    assert unbounded.intercepts[0] < -1e4
+    bounded = AcceptanceEstimator(4, refit_interval=1)
+    bounded.observe(x, fours, zeros)
+    assert bounded.intercepts[0] == pytest.approx(-0.2 - bounded.max_step)
+    assert bounded.intercepts[1:].tolist() == [-0.2, -0.2, -0.2]
+    assert 0.0 <= bounded.slope <= bounded.max_slope

@@ -25,7 +25,7 @@ use crate::coefficients::{Coefficients, SharedCoefficients};
 use crate::error::{ensure_finite, Error, Result};
 use crate::labels::validate_counts;
 use crate::matrix::MatrixView;
-use crate::refit::{newton_step, NewtonStep};
+use crate::refit::{newton_step, Bounds, NewtonStep};
 
 /// Configuration of an [`AcceptanceEstimator`]. Defaults are vLLM 0.33.0's.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,6 +44,12 @@ pub struct EstimatorConfig {
     pub init_intercept: f64,
     /// Features are clamped to `[-max_log_odds, max_log_odds]`.
     pub max_log_odds: f64,
+    /// Largest change of any coefficient in one refit (log-odds; `inf` = vLLM's unbounded step).
+    pub max_step: f64,
+    /// Largest slope (`inf` = unbounded).
+    pub max_slope: f64,
+    /// Largest absolute intercept (`inf` = unbounded).
+    pub max_intercept: f64,
 }
 
 impl EstimatorConfig {
@@ -63,6 +69,13 @@ impl EstimatorConfig {
     pub const DEFAULT_MAX_LOG_ODDS: f64 = 40.0;
     /// Upper bound on `max_log_odds`: keeps every accumulated term inside the fixed-point range.
     pub const MAX_LOG_ODDS_LIMIT: f64 = 100.0;
+    /// Default step cap: healthy rounds move coefficients by a fraction of this, while one
+    /// adversarial round can no longer throw an intercept to −10⁶ (see [`crate::refit::Bounds`]).
+    pub const DEFAULT_MAX_STEP: f64 = 4.0;
+    /// Default slope cap (fitted slopes across model pairs are 0.45–0.59).
+    pub const DEFAULT_MAX_SLOPE: f64 = 10.0;
+    /// Default intercept cap: σ(±15) is within 3e-7 of 0 or 1.
+    pub const DEFAULT_MAX_INTERCEPT: f64 = 15.0;
 
     /// The defaults for `num_positions` draft positions.
     pub fn new(num_positions: usize) -> Self {
@@ -74,6 +87,18 @@ impl EstimatorConfig {
             init_slope: Self::DEFAULT_INIT_SLOPE,
             init_intercept: Self::DEFAULT_INIT_INTERCEPT,
             max_log_odds: Self::DEFAULT_MAX_LOG_ODDS,
+            max_step: Self::DEFAULT_MAX_STEP,
+            max_slope: Self::DEFAULT_MAX_SLOPE,
+            max_intercept: Self::DEFAULT_MAX_INTERCEPT,
+        }
+    }
+
+    /// The refit limits of this configuration.
+    pub fn bounds(&self) -> Bounds {
+        Bounds {
+            max_step: self.max_step,
+            max_slope: self.max_slope,
+            max_intercept: self.max_intercept,
         }
     }
 
@@ -121,6 +146,36 @@ impl EstimatorConfig {
                     "must be in (0, {}], got {}",
                     Self::MAX_LOG_ODDS_LIMIT,
                     self.max_log_odds
+                ),
+            ));
+        }
+        for (argument, value) in [
+            ("max_step", self.max_step),
+            ("max_slope", self.max_slope),
+            ("max_intercept", self.max_intercept),
+        ] {
+            if !(value > 0.0) {
+                return Err(Error::value(
+                    argument,
+                    format!("must be positive (inf for no limit), got {value}"),
+                ));
+            }
+        }
+        if self.init_slope > self.max_slope {
+            return Err(Error::value(
+                "init_slope",
+                format!(
+                    "must be at most max_slope = {}, got {}",
+                    self.max_slope, self.init_slope
+                ),
+            ));
+        }
+        if self.init_intercept.abs() > self.max_intercept {
+            return Err(Error::value(
+                "init_intercept",
+                format!(
+                    "must be within ±max_intercept = {}, got {}",
+                    self.max_intercept, self.init_intercept
                 ),
             ));
         }
@@ -413,11 +468,8 @@ impl AcceptanceEstimator {
         let mut intercepts = Vec::with_capacity(self.config.num_positions);
         let (slope, version) = self.coefficients.read_into(&mut intercepts);
         let step = newton_step(slope, &stats, self.config.l2, self.config.damping);
-        for (beta, delta) in intercepts.iter_mut().zip(&step.intercepts) {
-            *beta += delta;
-        }
-        self.coefficients
-            .write(slope + step.slope, &intercepts, version + 1);
+        let slope = self.config.bounds().apply(slope, &mut intercepts, &step);
+        self.coefficients.write(slope, &intercepts, version + 1);
         step
     }
 
@@ -435,6 +487,17 @@ impl AcceptanceEstimator {
             steps_since_refit: self.steps_since_refit.load(Ordering::SeqCst),
             num_refits: coefficients.version,
         }
+    }
+
+    /// The state as versioned, checksummed bytes ([`crate::snapshot`]).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        crate::snapshot::encode(&self.state())
+    }
+
+    /// Rebuilds an estimator from [`to_bytes`](Self::to_bytes); corrupt, truncated or
+    /// future-version data is refused.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        Self::from_state(&crate::snapshot::decode(bytes)?)
     }
 
     /// Rebuilds an estimator from [`state`](Self::state), validating every field.
@@ -457,8 +520,26 @@ impl AcceptanceEstimator {
                 ),
             ));
         }
+        if state.slope > state.config.max_slope {
+            return Err(Error::value(
+                "slope",
+                format!(
+                    "must be at most max_slope = {}, got {}",
+                    state.config.max_slope, state.slope
+                ),
+            ));
+        }
         for &b in &state.intercepts {
             ensure_finite("intercepts", b)?;
+            if b.abs() > state.config.max_intercept {
+                return Err(Error::value(
+                    "intercepts",
+                    format!(
+                        "must be within ±max_intercept = {}, got {b}",
+                        state.config.max_intercept
+                    ),
+                ));
+            }
         }
         if state.stats.positions.len() != k {
             return Err(Error::value(

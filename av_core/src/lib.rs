@@ -25,6 +25,7 @@ pub mod labels;
 pub mod matrix;
 pub mod planner;
 pub mod refit;
+pub mod snapshot;
 
 pub use error::{Error, ErrorKind, Result};
 pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState};

@@ -14,6 +14,13 @@
 //!
 //! The caller then clears the statistics: each round fits its own window, which is what lets
 //! the estimator follow a drifting workload.
+//!
+//! Past vLLM, [`Bounds`] cap each step and the coefficients' range. One confidently wrong round
+//! (features near +30, every draft rejected) makes `w = p(1 − p)` tiny and the intercept step
+//! `g1/c` enormous; with trimming on, a position pushed to −10⁶ is never verified again, never
+//! labeled again, and never recovers. Bounded, it lands a few log-odds lower and the next labels
+//! (the planner's exploration floor guarantees some) pull it back within a few rounds. The
+//! defaults never bind on a healthy workload, where steps are a fraction of a log-odd.
 
 use crate::accumulator::FloatStats;
 use crate::cholesky::solve_spd;
@@ -74,9 +81,59 @@ pub fn newton_step(slope: f64, stats: &FloatStats, l2: f64, damping: f64) -> New
     }
 }
 
+/// Limits on one refit: `|Δ| ≤ max_step` for every coefficient, `0 ≤ ω ≤ max_slope` and
+/// `|β_k| ≤ max_intercept`. Infinite limits give vLLM's unbounded update.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bounds {
+    /// Largest change of any coefficient in one refit, in log-odds.
+    pub max_step: f64,
+    /// Largest slope.
+    pub max_slope: f64,
+    /// Largest absolute intercept.
+    pub max_intercept: f64,
+}
+
+impl Bounds {
+    /// No limits: exactly vLLM's update.
+    pub const UNBOUNDED: Bounds = Bounds {
+        max_step: f64::INFINITY,
+        max_slope: f64::INFINITY,
+        max_intercept: f64::INFINITY,
+    };
+
+    /// Applies `step` to `slope` and `intercepts` within the limits; returns the new slope.
+    pub fn apply(&self, slope: f64, intercepts: &mut [f64], step: &NewtonStep) -> f64 {
+        let limit = |delta: f64| delta.clamp(-self.max_step, self.max_step);
+        for (beta, &delta) in intercepts.iter_mut().zip(&step.intercepts) {
+            *beta = (*beta + limit(delta)).clamp(-self.max_intercept, self.max_intercept);
+        }
+        (slope + limit(step.slope)).clamp(0.0, self.max_slope)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bounds_cap_the_step_and_the_range() {
+        let bounds = Bounds {
+            max_step: 2.0,
+            max_slope: 3.0,
+            max_intercept: 5.0,
+        };
+        let step = NewtonStep {
+            slope: 10.0,
+            intercepts: vec![-1e6, 0.5, 3.0],
+        };
+        let mut intercepts = vec![-0.2, 1.0, 4.0];
+        let slope = bounds.apply(2.5, &mut intercepts, &step);
+        assert_eq!(slope, 3.0);
+        assert_eq!(intercepts, vec![-2.2, 1.5, 5.0]);
+        let mut same = vec![-0.2, 1.0, 4.0];
+        assert_eq!(Bounds::UNBOUNDED.apply(2.5, &mut same, &step), 12.5);
+        assert_eq!(same, vec![-0.2 - 1e6, 1.5, 7.0]);
+    }
 
     fn stats(k: usize) -> FloatStats {
         FloatStats {

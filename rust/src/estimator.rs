@@ -5,8 +5,11 @@ use av_core::fixed_point::FRACTION_BITS;
 use av_core::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MatrixView};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
+use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyType};
+use pyo3::types::{PyBytes, PyDict, PyType};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use crate::convert::{
     float_matrix, int_vector, to_py_err, type_error, value_error, FloatMatrix, FloatView,
@@ -40,6 +43,9 @@ impl PyAcceptanceEstimator {
         init_slope = EstimatorConfig::DEFAULT_INIT_SLOPE,
         init_intercept = EstimatorConfig::DEFAULT_INIT_INTERCEPT,
         max_log_odds = EstimatorConfig::DEFAULT_MAX_LOG_ODDS,
+        max_step = EstimatorConfig::DEFAULT_MAX_STEP,
+        max_slope = EstimatorConfig::DEFAULT_MAX_SLOPE,
+        max_intercept = EstimatorConfig::DEFAULT_MAX_INTERCEPT,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -50,6 +56,9 @@ impl PyAcceptanceEstimator {
         init_slope: f64,
         init_intercept: f64,
         max_log_odds: f64,
+        max_step: f64,
+        max_slope: f64,
+        max_intercept: f64,
     ) -> PyResult<Self> {
         let config = EstimatorConfig {
             num_positions: non_negative("num_positions", num_positions)?,
@@ -59,6 +68,9 @@ impl PyAcceptanceEstimator {
             init_slope,
             init_intercept,
             max_log_odds,
+            max_step,
+            max_slope,
+            max_intercept,
         };
         let inner = AcceptanceEstimator::new(config).map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
@@ -176,6 +188,57 @@ impl PyAcceptanceEstimator {
         self.inner.config().max_log_odds
     }
 
+    /// Largest change of a coefficient in one refit.
+    #[getter]
+    fn max_step(&self) -> f64 {
+        self.inner.config().max_step
+    }
+
+    /// Largest slope.
+    #[getter]
+    fn max_slope(&self) -> f64 {
+        self.inner.config().max_slope
+    }
+
+    /// Largest absolute intercept.
+    #[getter]
+    fn max_intercept(&self) -> f64 {
+        self.inner.config().max_intercept
+    }
+
+    /// The state as versioned, checksummed bytes (see `from_bytes`).
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.inner.to_bytes())
+    }
+
+    /// Rebuilds an estimator from `to_bytes()`; corrupt, truncated or future-version data
+    /// raises ValueError.
+    #[classmethod]
+    fn from_bytes(_cls: &Bound<'_, PyType>, data: &[u8]) -> PyResult<Self> {
+        let inner = AcceptanceEstimator::from_bytes(data).map_err(to_py_err)?;
+        Ok(PyAcceptanceEstimator { inner })
+    }
+
+    /// Writes `to_bytes()` to `path` atomically: a temporary file in the same directory,
+    /// flushed to disk, then renamed over `path`, so a crash leaves the old file intact.
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        let bytes = self.inner.to_bytes();
+        py.detach(|| atomic_write(&path, &bytes))
+            .map_err(|e| PyOSError::new_err(format!("path: cannot write {}: {e}", path.display())))
+    }
+
+    /// Loads an estimator written by `save`. A corrupt, truncated or future-version file raises
+    /// ValueError naming the path.
+    #[classmethod]
+    fn load(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let bytes = py.detach(|| std::fs::read(&path)).map_err(|e| {
+            PyOSError::new_err(format!("path: cannot read {}: {e}", path.display()))
+        })?;
+        let inner = AcceptanceEstimator::from_bytes(&bytes)
+            .map_err(|e| value_error("path", format!("{}: {e}", path.display())))?;
+        Ok(PyAcceptanceEstimator { inner })
+    }
+
     /// Labeled observations per position in the open round, int64 [K].
     fn round_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
         let counts: Vec<i64> = self
@@ -201,6 +264,9 @@ impl PyAcceptanceEstimator {
         config.set_item("init_slope", state.config.init_slope)?;
         config.set_item("init_intercept", state.config.init_intercept)?;
         config.set_item("max_log_odds", state.config.max_log_odds)?;
+        config.set_item("max_step", state.config.max_step)?;
+        config.set_item("max_slope", state.config.max_slope)?;
+        config.set_item("max_intercept", state.config.max_intercept)?;
         let stats = PyDict::new(py);
         stats.set_item("fraction_bits", FRACTION_BITS)?;
         let column = |f: fn(&PositionSums) -> i128| -> Vec<i128> {
@@ -337,6 +403,9 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         init_slope: extract(c, "init_slope", arg)?,
         init_intercept: extract(c, "init_intercept", arg)?,
         max_log_odds: extract(c, "max_log_odds", arg)?,
+        max_step: extract(c, "max_step", arg)?,
+        max_slope: extract(c, "max_slope", arg)?,
+        max_intercept: extract(c, "max_intercept", arg)?,
     };
     let stats_item = get_item(d, "round_stats", arg)?;
     let s = stats_item
@@ -378,4 +447,34 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         steps_since_refit: extract(d, "steps_since_refit", arg)?,
         num_refits: extract(d, "num_refits", arg)?,
     })
+}
+
+/// Writes `bytes` to `path` through a temporary sibling file, `fsync`, and `rename`.
+fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("the path names no file"))?;
+    let mut temporary_name = std::ffi::OsString::from(".");
+    temporary_name.push(name);
+    temporary_name.push(format!(".tmp{}", std::process::id()));
+    let temporary = directory.join(temporary_name);
+    let result = (|| {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)?;
+        // Make the rename itself durable where the platform allows syncing a directory.
+        if let Ok(dir) = std::fs::File::open(directory) {
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    result
 }

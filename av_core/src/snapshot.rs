@@ -1,0 +1,329 @@
+//! A versioned, checksummed byte encoding of [`EstimatorState`], for persistence and the C ABI.
+//!
+//! Layout (little-endian):
+//!
+//! ```text
+//! magic  "AVCORE\0E"            8 bytes
+//! format version                u32   (currently 1)
+//! payload length                u64
+//! payload                       config, coefficients, fixed-point statistics, counters
+//! CRC-32 (IEEE) of all the above u32
+//! ```
+//!
+//! Decoding checks magic, version, length and checksum before it reads a field, then validates
+//! the state like any other input ([`AcceptanceEstimator::from_state`]); arbitrary bytes give an
+//! error, never a panic.
+//!
+//! [`AcceptanceEstimator::from_state`]: crate::AcceptanceEstimator::from_state
+
+use crate::accumulator::{PositionSums, RoundStats};
+use crate::error::{Error, Result};
+use crate::estimator::{EstimatorConfig, EstimatorState};
+use crate::fixed_point::FRACTION_BITS;
+
+/// First bytes of an encoded estimator state.
+pub const MAGIC: &[u8; 8] = b"AVCORE\0E";
+/// Version written by this build (and the only one it reads).
+pub const FORMAT_VERSION: u32 = 1;
+
+const ARGUMENT: &str = "data";
+
+/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) of `bytes`.
+pub fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            let mask = (crc & 1).wrapping_neg();
+            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
+        }
+    }
+    !crc
+}
+
+/// Encodes `state`.
+pub fn encode(state: &EstimatorState) -> Vec<u8> {
+    let mut payload = Vec::with_capacity(128 + state.intercepts.len() * 96);
+    let c = &state.config;
+    payload.extend((c.num_positions as u64).to_le_bytes());
+    payload.extend(c.refit_interval.to_le_bytes());
+    for value in [
+        c.damping,
+        c.l2,
+        c.init_slope,
+        c.init_intercept,
+        c.max_log_odds,
+        c.max_step,
+        c.max_slope,
+        c.max_intercept,
+        state.slope,
+    ] {
+        payload.extend(value.to_le_bytes());
+    }
+    for beta in &state.intercepts {
+        payload.extend(beta.to_le_bytes());
+    }
+    payload.extend(FRACTION_BITS.to_le_bytes());
+    for p in &state.stats.positions {
+        for value in [p.a, p.b, p.c, p.g0, p.g1] {
+            payload.extend(value.to_le_bytes());
+        }
+        payload.extend(p.n.to_le_bytes());
+    }
+    payload.extend(state.steps_since_refit.to_le_bytes());
+    payload.extend(state.num_refits.to_le_bytes());
+
+    let mut out = Vec::with_capacity(payload.len() + 24);
+    out.extend(MAGIC);
+    out.extend(FORMAT_VERSION.to_le_bytes());
+    out.extend((payload.len() as u64).to_le_bytes());
+    out.extend(payload);
+    let checksum = crc32(&out);
+    out.extend(checksum.to_le_bytes());
+    out
+}
+
+/// A cursor that fails with a value error instead of reading past the end.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        if self.bytes.len() < N {
+            return Err(Error::value(
+                ARGUMENT,
+                format!("truncated while reading {what}"),
+            ));
+        }
+        let (head, rest) = self.bytes.split_at(N);
+        self.bytes = rest;
+        Ok(head.try_into().expect("split at N"))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        self.take::<4>(what).map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        self.take::<8>(what).map(u64::from_le_bytes)
+    }
+
+    fn f64(&mut self, what: &str) -> Result<f64> {
+        self.take::<8>(what).map(f64::from_le_bytes)
+    }
+
+    fn i128(&mut self, what: &str) -> Result<i128> {
+        self.take::<16>(what).map(i128::from_le_bytes)
+    }
+}
+
+/// Decodes bytes written by [`encode`]; the state still has to pass
+/// [`AcceptanceEstimator::from_state`](crate::AcceptanceEstimator::from_state).
+pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
+    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(Error::value(
+            ARGUMENT,
+            "not an av_core estimator state (bad magic bytes)",
+        ));
+    }
+    let mut header = Reader {
+        bytes: &bytes[MAGIC.len()..],
+    };
+    let version = header.u32("the format version")?;
+    if version != FORMAT_VERSION {
+        return Err(Error::value(
+            ARGUMENT,
+            format!(
+                "format version {version} is not supported (this build reads {FORMAT_VERSION})"
+            ),
+        ));
+    }
+    let length = header.u64("the payload length")?;
+    let expected = (MAGIC.len() as u64 + 12)
+        .checked_add(length)
+        .and_then(|n| n.checked_add(4));
+    if expected != Some(bytes.len() as u64) {
+        return Err(Error::value(
+            ARGUMENT,
+            format!(
+                "length mismatch: header promises a {length}-byte payload, the data has {} bytes \
+                 in all (truncated or padded)",
+                bytes.len()
+            ),
+        ));
+    }
+    let (body, tail) = bytes.split_at(bytes.len() - 4);
+    let stored = u32::from_le_bytes(tail.try_into().expect("4 bytes"));
+    let actual = crc32(body);
+    if stored != actual {
+        return Err(Error::value(
+            ARGUMENT,
+            format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x}): corrupt"),
+        ));
+    }
+
+    let mut r = Reader {
+        bytes: &body[MAGIC.len() + 12..],
+    };
+    let num_positions = r.u64("num_positions")?;
+    if num_positions == 0 || num_positions > EstimatorConfig::MAX_POSITIONS as u64 {
+        return Err(Error::value(
+            ARGUMENT,
+            format!("num_positions {num_positions} out of range"),
+        ));
+    }
+    let k = num_positions as usize;
+    let refit_interval = r.u64("refit_interval")?;
+    let mut floats = [0.0; 9];
+    for (slot, name) in floats.iter_mut().zip([
+        "damping",
+        "l2",
+        "init_slope",
+        "init_intercept",
+        "max_log_odds",
+        "max_step",
+        "max_slope",
+        "max_intercept",
+        "slope",
+    ]) {
+        *slot = r.f64(name)?;
+    }
+    let [damping, l2, init_slope, init_intercept, max_log_odds, max_step, max_slope, max_intercept, slope] =
+        floats;
+    let intercepts = (0..k)
+        .map(|_| r.f64("intercepts"))
+        .collect::<Result<Vec<_>>>()?;
+    let bits = r.u32("fraction_bits")?;
+    if bits != FRACTION_BITS {
+        return Err(Error::value(
+            ARGUMENT,
+            format!("statistics use {bits} fraction bits, this build uses {FRACTION_BITS}"),
+        ));
+    }
+    let mut positions = Vec::with_capacity(k);
+    for _ in 0..k {
+        positions.push(PositionSums {
+            a: r.i128("statistics")?,
+            b: r.i128("statistics")?,
+            c: r.i128("statistics")?,
+            g0: r.i128("statistics")?,
+            g1: r.i128("statistics")?,
+            n: r.u64("statistics")?,
+        });
+    }
+    let steps_since_refit = r.u64("steps_since_refit")?;
+    let num_refits = r.u64("num_refits")?;
+    if !r.bytes.is_empty() {
+        return Err(Error::value(
+            ARGUMENT,
+            format!("{} unexpected bytes after the last field", r.bytes.len()),
+        ));
+    }
+    Ok(EstimatorState {
+        config: EstimatorConfig {
+            num_positions: k,
+            refit_interval,
+            damping,
+            l2,
+            init_slope,
+            init_intercept,
+            max_log_odds,
+            max_step,
+            max_slope,
+            max_intercept,
+        },
+        slope,
+        intercepts,
+        stats: RoundStats { positions },
+        steps_since_refit,
+        num_refits,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AcceptanceEstimator, MatrixView};
+    use proptest::prelude::*;
+
+    fn sample_state() -> EstimatorState {
+        let est = AcceptanceEstimator::new(EstimatorConfig::new(3)).unwrap();
+        let x = [1.0f32, -2.0, 3.5, 0.25, 8.0, -1.0];
+        est.observe::<f32, f32>(
+            MatrixView::new("f", &x, 2, 3).unwrap(),
+            &[3, 2],
+            &[1, 2],
+            None,
+        )
+        .unwrap();
+        est.refit();
+        est.observe::<f32, f32>(
+            MatrixView::new("f", &x, 2, 3).unwrap(),
+            &[2, 1],
+            &[0, 1],
+            None,
+        )
+        .unwrap();
+        est.state()
+    }
+
+    #[test]
+    fn crc32_matches_the_standard_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+    }
+
+    #[test]
+    fn round_trips() {
+        let state = sample_state();
+        let bytes = encode(&state);
+        assert_eq!(decode(&bytes).unwrap(), state);
+    }
+
+    #[test]
+    fn every_truncation_and_every_bit_flip_is_refused() {
+        let bytes = encode(&sample_state());
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "truncated at {cut}");
+        }
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut corrupt = bytes.clone();
+                corrupt[i] ^= 1 << bit;
+                assert!(decode(&corrupt).is_err(), "flip at byte {i} bit {bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn future_versions_are_refused_by_name() {
+        let mut bytes = encode(&sample_state());
+        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let err = decode(&bytes).unwrap_err();
+        assert!(err.message.contains("format version 2"), "{err}");
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            if let Ok(state) = decode(&bytes) {
+                let _ = AcceptanceEstimator::from_state(&state);
+            }
+        }
+
+        #[test]
+        fn arbitrary_payloads_behind_a_valid_header_never_panic(
+            payload in proptest::collection::vec(any::<u8>(), 0..600),
+        ) {
+            let mut bytes = MAGIC.to_vec();
+            bytes.extend(FORMAT_VERSION.to_le_bytes());
+            bytes.extend((payload.len() as u64).to_le_bytes());
+            bytes.extend(&payload);
+            let checksum = crc32(&bytes);
+            bytes.extend(checksum.to_le_bytes());
+            if let Ok(state) = decode(&bytes) {
+                let _ = AcceptanceEstimator::from_state(&state);
+            }
+        }
+    }
+}
