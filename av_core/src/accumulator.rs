@@ -14,7 +14,7 @@
 //! Sums are kept in fixed point ([`crate::fixed_point`]), so the same set of observations gives
 //! the same bits in any order, on any thread, in any split into calls.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{backoff, AtomicU64, Ordering};
 
 use crate::fixed_point::{to_f64, AtomicI128, MAGIC, MAGIC_BITS, SCALE};
 
@@ -184,18 +184,36 @@ impl AtomicRound {
 
 /// The round accumulator: any number of threads add, one thread at a time takes.
 ///
-/// Two buffers; writers add to the active one. A writer announces itself in the buffer's
-/// in-flight counter, re-checks that the buffer is still active (if not, it retries on the new
-/// one), adds, and leaves. [`Accumulator::take`] flips the active buffer, waits for the old
-/// buffer's in-flight writers to leave (they never wait for anything, so this is a few atomic
-/// adds long), reads it and clears it. Every addition lands in exactly one round: the one
-/// active when it committed. Writers never block.
+/// Two buffers; writers add to the active one. One atomic word holds the index of the active
+/// buffer (bit 0) and each buffer's number of writers in flight (bits 1–31 and 32–62). A writer
+/// registers on the active buffer with one compare-and-swap, so it learns the buffer and
+/// announces itself in the same indivisible step; it adds, then deregisters.
+/// [`Accumulator::take`] flips bit 0, waits for the old buffer's writers to leave (they never
+/// wait for anything, so this is a few atomic adds long), reads the buffer and clears it. Every
+/// addition lands in exactly one round: the one active when it registered. Writers never block.
 #[derive(Debug)]
 pub struct Accumulator {
     buffers: [AtomicRound; 2],
-    in_flight: [AtomicUsize; 2],
-    active: AtomicUsize,
+    state: AtomicU64,
     num_positions: usize,
+}
+
+/// One writer in flight on buffer `index`, as an increment of the state word.
+const fn writer(index: usize) -> u64 {
+    if index == 0 {
+        1 << 1
+    } else {
+        1 << 32
+    }
+}
+
+/// Writers in flight on buffer `index` in state word `state`.
+const fn writers(state: u64, index: usize) -> u64 {
+    if index == 0 {
+        (state >> 1) & 0x7FFF_FFFF
+    } else {
+        (state >> 32) & 0x7FFF_FFFF
+    }
 }
 
 impl Accumulator {
@@ -206,8 +224,7 @@ impl Accumulator {
                 AtomicRound::new(num_positions),
                 AtomicRound::new(num_positions),
             ],
-            in_flight: [AtomicUsize::new(0), AtomicUsize::new(0)],
-            active: AtomicUsize::new(0),
+            state: AtomicU64::new(0),
             num_positions,
         }
     }
@@ -220,19 +237,23 @@ impl Accumulator {
     /// Adds a batch's statistics to the current round. Lock-free; safe from any thread.
     pub fn add(&self, stats: &RoundStats) {
         debug_assert_eq!(stats.positions.len(), self.num_positions);
-        loop {
-            let index = self.active.load(Ordering::SeqCst);
-            self.in_flight[index].fetch_add(1, Ordering::SeqCst);
-            // Dekker-style handshake with `take`: either `take` flipped `active` before this
-            // load (we see it and retry), or our in-flight increment precedes its flip in the
-            // SeqCst order and `take` waits for us.
-            if self.active.load(Ordering::SeqCst) == index {
-                self.buffers[index].add(stats);
-                self.in_flight[index].fetch_sub(1, Ordering::Release);
-                return;
+        let mut current = self.state.load(Ordering::Relaxed);
+        let index = loop {
+            let index = (current & 1) as usize;
+            // Acquire pairs with the clearing `take` released, so our adds land on zeros.
+            match self.state.compare_exchange_weak(
+                current,
+                current + writer(index),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break index,
+                Err(actual) => current = actual,
             }
-            self.in_flight[index].fetch_sub(1, Ordering::Release);
-        }
+        };
+        self.buffers[index].add(stats);
+        // Release publishes our adds to the `take` that waits for this count to drop.
+        self.state.fetch_sub(writer(index), Ordering::Release);
     }
 
     /// Ends the round: returns its statistics and starts an empty one.
@@ -240,18 +261,15 @@ impl Accumulator {
     /// Callers must not run two `take`s at once (the estimator serializes them with its refit
     /// lock); adds may run concurrently.
     pub fn take(&self) -> RoundStats {
-        let old = self.active.load(Ordering::SeqCst);
-        self.active.store(1 - old, Ordering::SeqCst);
+        let previous = self.state.fetch_xor(1, Ordering::AcqRel);
+        let old = (previous & 1) as usize;
         let mut spins = 0u32;
-        while self.in_flight[old].load(Ordering::SeqCst) != 0 {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+        while writers(self.state.load(Ordering::Acquire), old) != 0 {
+            backoff(&mut spins);
         }
         let stats = self.buffers[old].load();
+        // Writers return to this buffer only after the next `take` flips back; that flip is a
+        // release (and follows this one through the caller's lock), so they see it cleared.
         self.buffers[old].clear();
         stats
     }

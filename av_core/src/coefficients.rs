@@ -6,7 +6,7 @@
 //! mixes two refits. Every field is an atomic, so a racing read is a retry, not undefined
 //! behaviour.
 
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use crate::sync::{backoff, fence, AtomicU64, Ordering};
 
 /// A consistent copy of the coefficients.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,12 +70,7 @@ impl SharedCoefficients {
                     return (slope, version);
                 }
             }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+            backoff(&mut spins);
         }
     }
 

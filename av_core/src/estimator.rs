@@ -201,6 +201,15 @@ pub struct EstimatorState {
     pub num_refits: u64,
 }
 
+/// What one refit consumed and did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RefitReport {
+    /// The round's statistics (now cleared from the estimator).
+    pub stats: RoundStats,
+    /// The Newton step computed from them, before [`Bounds`] applied.
+    pub step: NewtonStep,
+}
+
 /// The online acceptance estimator. See the [module documentation](self).
 #[derive(Debug)]
 pub struct AcceptanceEstimator {
@@ -456,21 +465,26 @@ impl AcceptanceEstimator {
     }
 
     /// Ends the round now: refits on whatever it holds and clears it. Returns the step applied.
-    pub fn refit(&self) -> NewtonStep {
+    pub fn refit(&self) -> RefitReport {
         let _guard = self.lock();
         let steps = self.steps_since_refit.load(Ordering::SeqCst);
         self.steps_since_refit.fetch_sub(steps, Ordering::SeqCst);
         self.refit_locked()
     }
 
-    fn refit_locked(&self) -> NewtonStep {
-        let stats = self.accumulator.take().to_float();
+    fn refit_locked(&self) -> RefitReport {
+        let stats = self.accumulator.take();
         let mut intercepts = Vec::with_capacity(self.config.num_positions);
         let (slope, version) = self.coefficients.read_into(&mut intercepts);
-        let step = newton_step(slope, &stats, self.config.l2, self.config.damping);
+        let step = newton_step(
+            slope,
+            &stats.to_float(),
+            self.config.l2,
+            self.config.damping,
+        );
         let slope = self.config.bounds().apply(slope, &mut intercepts, &step);
         self.coefficients.write(slope, &intercepts, version + 1);
-        step
+        RefitReport { stats, step }
     }
 
     /// The full state, consistent at one instant (observations racing the call land either in

@@ -13,7 +13,7 @@
 //! integer for any `|value·2^36| < 2^51` with two plain SIMD-friendly operations (no saturating
 //! float-to-int cast), so the accumulation loop vectorizes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// Fractional bits of the fixed-point representation.
 pub const FRACTION_BITS: u32 = 36;

@@ -26,6 +26,7 @@ pub mod matrix;
 pub mod planner;
 pub mod refit;
 pub mod snapshot;
+mod sync;
 
 pub use error::{Error, ErrorKind, Result};
 pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState};

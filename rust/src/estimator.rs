@@ -128,10 +128,16 @@ impl PyAcceptanceEstimator {
             .map_err(to_py_err)
     }
 
-    /// Ends the round now: refits on whatever it holds and clears it.
-    fn refit(&self, py: Python<'_>) {
+    /// Ends the round now: refits on whatever it holds and clears it. Returns the round's
+    /// statistics (as in `state_dict()["round_stats"]`) and the Newton step taken from them
+    /// (`slope_step`, `intercept_steps`, before the step and range bounds).
+    fn refit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let inner = &self.inner;
-        py.detach(|| inner.refit());
+        let report = py.detach(|| inner.refit());
+        let d = stats_dict(py, &report.stats)?;
+        d.set_item("slope_step", report.step.slope)?;
+        d.set_item("intercept_steps", report.step.intercepts)?;
+        Ok(d)
     }
 
     /// Shared slope.
@@ -267,25 +273,7 @@ impl PyAcceptanceEstimator {
         config.set_item("max_step", state.config.max_step)?;
         config.set_item("max_slope", state.config.max_slope)?;
         config.set_item("max_intercept", state.config.max_intercept)?;
-        let stats = PyDict::new(py);
-        stats.set_item("fraction_bits", FRACTION_BITS)?;
-        let column = |f: fn(&PositionSums) -> i128| -> Vec<i128> {
-            state.stats.positions.iter().map(f).collect()
-        };
-        stats.set_item("a", column(|p| p.a))?;
-        stats.set_item("b", column(|p| p.b))?;
-        stats.set_item("c", column(|p| p.c))?;
-        stats.set_item("g0", column(|p| p.g0))?;
-        stats.set_item("g1", column(|p| p.g1))?;
-        stats.set_item(
-            "n",
-            state
-                .stats
-                .positions
-                .iter()
-                .map(|p| p.n)
-                .collect::<Vec<u64>>(),
-        )?;
+        let stats = stats_dict(py, &state.stats)?;
         let d = PyDict::new(py);
         d.set_item("format", STATE_FORMAT)?;
         d.set_item("format_version", STATE_FORMAT_VERSION)?;
@@ -327,6 +315,22 @@ impl PyAcceptanceEstimator {
             c.version
         )
     }
+}
+
+/// A round's fixed-point statistics as a dict of per-position integer lists.
+fn stats_dict<'py>(py: Python<'py>, stats: &RoundStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("fraction_bits", FRACTION_BITS)?;
+    let column =
+        |f: fn(&PositionSums) -> i128| -> Vec<i128> { stats.positions.iter().map(f).collect() };
+    d.set_item("a", column(|p| p.a))?;
+    d.set_item("b", column(|p| p.b))?;
+    d.set_item("c", column(|p| p.c))?;
+    d.set_item("g0", column(|p| p.g0))?;
+    d.set_item("g1", column(|p| p.g1))?;
+    let counts: Vec<u64> = stats.positions.iter().map(|p| p.n).collect();
+    d.set_item("n", counts)?;
+    Ok(d)
 }
 
 /// Dispatches `observe` over the dtype combinations.

@@ -1,0 +1,69 @@
+//! Model-checks the lock-free protocols under every interleaving loom can produce.
+//!
+//! Run with `RUSTFLAGS="--cfg loom" cargo test -p av_core --release --test loom` (scripts in
+//! benches/ do; it is too slow for every CI run). Without `--cfg loom` this file is empty.
+#![cfg(loom)]
+
+use av_core::accumulator::{Accumulator, PositionSums, RoundStats};
+use av_core::coefficients::SharedCoefficients;
+use loom::sync::Arc;
+use loom::thread;
+
+/// Exhaustive up to two preemptions per execution: the classic bound under which almost all
+/// real concurrency bugs show up, and small enough to finish in seconds.
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(f);
+}
+
+fn one(value: i128) -> RoundStats {
+    // One statistic that carries into the high word, the rest zero (fewer atomic operations
+    // for the model checker to interleave).
+    RoundStats {
+        positions: vec![PositionSums {
+            a: value,
+            n: 1,
+            ..PositionSums::default()
+        }],
+    }
+}
+
+fn merge(total: &mut RoundStats, part: &RoundStats) {
+    for (t, p) in total.positions.iter_mut().zip(&part.positions) {
+        t.merge(p);
+    }
+}
+
+#[test]
+fn every_add_lands_in_exactly_one_round() {
+    model(|| {
+        let acc = Arc::new(Accumulator::new(1));
+        let writer = {
+            let acc = Arc::clone(&acc);
+            thread::spawn(move || acc.add(&one(-(1 << 70))))
+        };
+        acc.add(&one(3));
+        let mut total = acc.take();
+        writer.join().unwrap();
+        merge(&mut total, &acc.take());
+        let mut expected = one(3);
+        merge(&mut expected, &one(-(1 << 70)));
+        assert_eq!(total, expected);
+    });
+}
+
+#[test]
+fn readers_never_see_a_mixed_coefficient_vector() {
+    model(|| {
+        let shared = Arc::new(SharedCoefficients::new(0.0, &[0.0, 0.0], 0));
+        let writer = {
+            let shared = Arc::clone(&shared);
+            thread::spawn(move || shared.write(1.0, &[1.0, 1.0], 1))
+        };
+        let c = shared.read();
+        assert!(c.intercepts.iter().all(|&b| b == c.slope));
+        assert_eq!(c.slope, c.version as f64);
+        writer.join().unwrap();
+    });
+}

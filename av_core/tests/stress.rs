@@ -1,0 +1,163 @@
+//! Concurrency stress: 8 producers × 10⁶ labeled observations while another thread predicts
+//! and a third refits. Totals must equal the serial totals bit for bit, every round must add
+//! up, and no prediction may mix two coefficient vectors.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use av_core::accumulator::RoundStats;
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+
+const K: usize = 4;
+const ROWS: usize = 500;
+const PRODUCERS: usize = 8;
+
+/// One deterministic batch: every row verifies all K drafts and accepts `r % (K + 1)`.
+fn batch(seed: u64) -> (Vec<f32>, Vec<f32>, Vec<i64>, Vec<i64>) {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let features = (0..ROWS * K)
+        .map(|_| (next() * 16.0 - 6.0) as f32)
+        .collect();
+    let predictions = (0..ROWS * K)
+        .map(|_| (0.05 + 0.9 * next()) as f32)
+        .collect();
+    let admitted = vec![K as i64; ROWS];
+    let accepted = (0..ROWS).map(|r| (r % (K + 1)) as i64).collect();
+    (features, predictions, admitted, accepted)
+}
+
+fn merge(total: &mut RoundStats, part: &RoundStats) {
+    for (t, p) in total.positions.iter_mut().zip(&part.positions) {
+        t.merge(p);
+    }
+}
+
+#[test]
+fn eight_producers_a_predictor_and_a_refitter() {
+    let mut config = EstimatorConfig::new(K);
+    config.refit_interval = u64::MAX; // only the refitter thread ends rounds
+    let estimator = AcceptanceEstimator::new(config.clone()).unwrap();
+    let batches: Vec<_> = (0..16).map(batch).collect();
+    let per_batch: u64 = {
+        let (f, p, ad, ac) = &batches[0];
+        let s = estimator
+            .step_stats(
+                MatrixView::new("f", f, ROWS, K).unwrap(),
+                ad,
+                ac,
+                Some(MatrixView::new("p", p, ROWS, K).unwrap()),
+            )
+            .unwrap();
+        s.total_count()
+    };
+    let calls_per_producer = 1_000_000u64.div_ceil(per_batch) as usize;
+
+    // The serial reference: every call's statistics summed on one thread.
+    let mut serial = RoundStats::new(K);
+    for call in 0..calls_per_producer * PRODUCERS {
+        let (f, p, ad, ac) = &batches[call % batches.len()];
+        let s = estimator
+            .step_stats(
+                MatrixView::new("f", f, ROWS, K).unwrap(),
+                ad,
+                ac,
+                Some(MatrixView::new("p", p, ROWS, K).unwrap()),
+            )
+            .unwrap();
+        merge(&mut serial, &s);
+    }
+
+    let done = AtomicBool::new(false);
+    let rounds = Mutex::new(Vec::new());
+    let published = Mutex::new(BTreeMap::new());
+    let seen = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let producers: Vec<_> = (0..PRODUCERS)
+            .map(|t| {
+                let (estimator, batches) = (&estimator, &batches);
+                scope.spawn(move || {
+                    for i in 0..calls_per_producer {
+                        let (f, p, ad, ac) = &batches[(t * calls_per_producer + i) % batches.len()];
+                        estimator
+                            .observe(
+                                MatrixView::new("f", f, ROWS, K).unwrap(),
+                                ad,
+                                ac,
+                                Some(MatrixView::new("p", p, ROWS, K).unwrap()),
+                            )
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        scope.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                let report = estimator.refit();
+                let c = estimator.coefficients();
+                published.lock().unwrap().insert(c.version, c);
+                rounds.lock().unwrap().push(report.stats);
+                std::thread::yield_now();
+            }
+        });
+        scope.spawn(|| {
+            // Features 0 and 1 per position: outputs σ(β_k) and σ(ω + β_k) of one vector.
+            let probe = [[0.0f64; K], [1.0f64; K]].concat();
+            let mut out = vec![0.0f32; 2 * K];
+            while !done.load(Ordering::Acquire) {
+                estimator
+                    .predict(MatrixView::new("f", &probe, 2, K).unwrap(), &mut out)
+                    .unwrap();
+                seen.lock().unwrap().push(out.clone());
+            }
+        });
+        for p in producers {
+            p.join().unwrap();
+        }
+        done.store(true, Ordering::Release);
+    });
+
+    // Totals: every round the refitter took, plus the open round, equal the serial sum.
+    let mut total = estimator.round_stats();
+    let rounds = rounds.into_inner().unwrap();
+    for round in &rounds {
+        merge(&mut total, round);
+    }
+    assert_eq!(total, serial);
+    assert!(total.total_count() >= PRODUCERS as u64 * 1_000_000);
+    assert!(
+        rounds.len() > 1,
+        "the refitter must have ended rounds during the run"
+    );
+    for round in &rounds {
+        // Every round is a whole number of calls: counts add up per call.
+        assert_eq!(round.total_count() % per_batch, 0);
+    }
+
+    // No prediction mixes two coefficient vectors: each matches one published (or the initial)
+    // vector on every position.
+    let mut vectors: Vec<_> = published.into_inner().unwrap().into_values().collect();
+    vectors.push(av_core::coefficients::Coefficients {
+        slope: config.init_slope,
+        intercepts: vec![config.init_intercept; K],
+        version: 0,
+    });
+    let sigmoid = |z: f64| (1.0 / (1.0 + (-z).exp())) as f32;
+    let seen = seen.into_inner().unwrap();
+    assert!(!seen.is_empty());
+    for out in seen {
+        let consistent = vectors.iter().any(|c| {
+            (0..K).all(|k| {
+                out[k] == sigmoid(c.intercepts[k])
+                    && out[K + k] == sigmoid(c.slope + c.intercepts[k])
+            })
+        });
+        assert!(consistent, "prediction {out:?} mixes coefficient vectors");
+    }
+}
