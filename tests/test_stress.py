@@ -52,7 +52,7 @@ def test_eight_producers_with_concurrent_predict_and_refit_lose_nothing() -> Non
 
     def refit() -> None:
         while not done.is_set():
-            rounds.append(est.refit())
+            rounds.append(est.refit(report=True))
 
     def predict() -> None:
         x = data[0][0][:64]

@@ -1,6 +1,6 @@
 # Stub of the compiled module av_core._native; tests/test_stubs.py checks it with mypy.stubtest.
 import os
-from typing import Any, final
+from typing import Any, Literal, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +33,10 @@ class AcceptanceEstimator:
         num_accepted: npt.ArrayLike,
         predictions: npt.ArrayLike | None = None,
     ) -> bool: ...
-    def refit(self) -> dict[str, Any]: ...
+    @overload
+    def refit(self, *, report: Literal[False] = False) -> None: ...
+    @overload
+    def refit(self, *, report: Literal[True]) -> dict[str, Any]: ...
     @property
     def slope(self) -> float: ...
     @property

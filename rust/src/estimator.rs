@@ -128,16 +128,20 @@ impl PyAcceptanceEstimator {
             .map_err(to_py_err)
     }
 
-    /// Ends the round now: refits on whatever it holds and clears it. Returns the round's
-    /// statistics (as in `state_dict()["round_stats"]`) and the Newton step taken from them
-    /// (`slope_step`, `intercept_steps`, before the step and range bounds).
-    fn refit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// Ends the round now: refits on whatever it holds and clears it. With `report=True`,
+    /// returns the round's statistics (as in `state_dict()["round_stats"]`) and the Newton step
+    /// taken from them (`slope_step`, `intercept_steps`, before the step and range bounds).
+    #[pyo3(signature = (*, report = false))]
+    fn refit<'py>(&self, py: Python<'py>, report: bool) -> PyResult<Option<Bound<'py, PyDict>>> {
         let inner = &self.inner;
-        let report = py.detach(|| inner.refit());
-        let d = stats_dict(py, &report.stats)?;
-        d.set_item("slope_step", report.step.slope)?;
-        d.set_item("intercept_steps", report.step.intercepts)?;
-        Ok(d)
+        let outcome = py.detach(|| inner.refit());
+        if !report {
+            return Ok(None);
+        }
+        let d = stats_dict(py, &outcome.stats)?;
+        d.set_item("slope_step", outcome.step.slope)?;
+        d.set_item("intercept_steps", outcome.step.intercepts)?;
+        Ok(Some(d))
     }
 
     /// Shared slope.
