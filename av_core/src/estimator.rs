@@ -25,6 +25,7 @@ use crate::coefficients::{Coefficients, SharedCoefficients};
 use crate::error::{ensure_finite, Error, Result};
 use crate::labels::validate_counts;
 use crate::matrix::MatrixView;
+use crate::memory::Memory;
 use crate::refit::{newton_step, Bounds, NewtonStep};
 
 /// Configuration of an [`AcceptanceEstimator`]. Defaults are vLLM 0.33.0's.
@@ -50,6 +51,12 @@ pub struct EstimatorConfig {
     pub max_slope: f64,
     /// Largest absolute intercept (`inf` = unbounded).
     pub max_intercept: f64,
+    /// γ: discount per round of the memory of past rounds' quadratic models (0 = vLLM's
+    /// memoryless update; see [`crate::memory`]).
+    pub memory: f64,
+    /// Drift test threshold, in standard deviations of the round's χ² statistic: a round beyond
+    /// it drops the memory (`inf` = never; see [`crate::memory`]).
+    pub drift_z: f64,
 }
 
 impl EstimatorConfig {
@@ -74,6 +81,8 @@ impl EstimatorConfig {
     pub const DEFAULT_MAX_STEP: f64 = 4.0;
     /// Default slope cap (fitted slopes across model pairs are 0.45–0.59).
     pub const DEFAULT_MAX_SLOPE: f64 = 10.0;
+    /// Default drift test: a 0.1% false alarm per round under a stationary workload.
+    pub const DEFAULT_DRIFT_Z: f64 = 3.09;
     /// Default intercept cap: σ(±15) is within 3e-7 of 0 or 1.
     pub const DEFAULT_MAX_INTERCEPT: f64 = 15.0;
 
@@ -90,6 +99,8 @@ impl EstimatorConfig {
             max_step: Self::DEFAULT_MAX_STEP,
             max_slope: Self::DEFAULT_MAX_SLOPE,
             max_intercept: Self::DEFAULT_MAX_INTERCEPT,
+            memory: 0.0,
+            drift_z: Self::DEFAULT_DRIFT_Z,
         }
     }
 
@@ -161,6 +172,21 @@ impl EstimatorConfig {
                 ));
             }
         }
+        if self.drift_z.is_nan() || self.drift_z <= 0.0 {
+            return Err(Error::value(
+                "drift_z",
+                format!(
+                    "must be positive (inf disables the test), got {}",
+                    self.drift_z
+                ),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.memory) {
+            return Err(Error::value(
+                "memory",
+                format!("must be in [0, 1), got {}", self.memory),
+            ));
+        }
         if self.init_slope > self.max_slope {
             return Err(Error::value(
                 "init_slope",
@@ -199,6 +225,8 @@ pub struct EstimatorState {
     pub steps_since_refit: u64,
     /// Refits so far.
     pub num_refits: u64,
+    /// The memory of past rounds (all zeros when `config.memory` is 0).
+    pub memory: Memory,
 }
 
 /// What one refit consumed and did.
@@ -217,7 +245,8 @@ pub struct AcceptanceEstimator {
     coefficients: SharedCoefficients,
     accumulator: Accumulator,
     steps_since_refit: AtomicU64,
-    refit_lock: Mutex<()>,
+    /// Serializes refits and guards the memory of past rounds.
+    refit_lock: Mutex<Memory>,
 }
 
 /// The first element failing `ok`, with its index (call only when one fails).
@@ -239,12 +268,14 @@ impl AcceptanceEstimator {
     pub fn new(config: EstimatorConfig) -> Result<Self> {
         config.validate()?;
         let intercepts = vec![config.init_intercept; config.num_positions];
+        let memory = Memory::new(config.num_positions);
         Ok(Self::assemble(
             config.clone(),
             config.init_slope,
             &intercepts,
             0,
             0,
+            memory,
         ))
     }
 
@@ -254,12 +285,13 @@ impl AcceptanceEstimator {
         intercepts: &[f64],
         num_refits: u64,
         steps_since_refit: u64,
+        memory: Memory,
     ) -> Self {
         AcceptanceEstimator {
             coefficients: SharedCoefficients::new(slope, intercepts, num_refits),
             accumulator: Accumulator::new(config.num_positions),
             steps_since_refit: AtomicU64::new(steps_since_refit),
-            refit_lock: Mutex::new(()),
+            refit_lock: Mutex::new(memory),
             config,
         }
     }
@@ -289,8 +321,9 @@ impl AcceptanceEstimator {
         self.steps_since_refit.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> MutexGuard<'_, ()> {
-        // The guarded data is `()`; a panic elsewhere cannot leave it inconsistent.
+    fn lock(&self) -> MutexGuard<'_, Memory> {
+        // Nothing that holds the lock can panic halfway through updating the memory (plain
+        // float arithmetic), so a poisoned lock still guards a consistent value.
         self.refit_lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -298,7 +331,7 @@ impl AcceptanceEstimator {
 
     /// The open round's statistics (a consistent snapshot; the round goes on).
     pub fn round_stats(&self) -> RoundStats {
-        let _guard = self.lock();
+        let _memory = self.lock();
         self.accumulator.snapshot()
     }
 
@@ -452,7 +485,7 @@ impl AcceptanceEstimator {
             return false;
         }
         // Another thread may be refitting right now; then it ends this round and we are done.
-        let Ok(_guard) = self.refit_lock.try_lock() else {
+        let Ok(mut memory) = self.refit_lock.try_lock() else {
             return false;
         };
         if self.steps_since_refit.load(Ordering::SeqCst) < self.config.refit_interval {
@@ -460,28 +493,36 @@ impl AcceptanceEstimator {
         }
         self.steps_since_refit
             .fetch_sub(self.config.refit_interval, Ordering::SeqCst);
-        self.refit_locked();
+        self.refit_locked(&mut memory);
         true
     }
 
     /// Ends the round now: refits on whatever it holds and clears it. Returns the step applied.
     pub fn refit(&self) -> RefitReport {
-        let _guard = self.lock();
+        let mut memory = self.lock();
         let steps = self.steps_since_refit.load(Ordering::SeqCst);
         self.steps_since_refit.fetch_sub(steps, Ordering::SeqCst);
-        self.refit_locked()
+        self.refit_locked(&mut memory)
     }
 
-    fn refit_locked(&self) -> RefitReport {
+    fn refit_locked(&self, memory: &mut Memory) -> RefitReport {
         let stats = self.accumulator.take();
         let mut intercepts = Vec::with_capacity(self.config.num_positions);
         let (slope, version) = self.coefficients.read_into(&mut intercepts);
-        let step = newton_step(
-            slope,
-            &stats.to_float(),
-            self.config.l2,
-            self.config.damping,
-        );
+        let (l2, damping) = (self.config.l2, self.config.damping);
+        let float_stats = stats.to_float();
+        let step = if self.config.memory == 0.0 {
+            newton_step(slope, &float_stats, l2, damping)
+        } else {
+            let (gamma, z) = (self.config.memory, self.config.drift_z);
+            match memory.fold(gamma, z, &float_stats, l2, slope, &intercepts) {
+                Some(system) => system.damped_step(slope, damping),
+                None => NewtonStep {
+                    slope: 0.0,
+                    intercepts: vec![0.0; self.config.num_positions],
+                },
+            }
+        };
         let slope = self.config.bounds().apply(slope, &mut intercepts, &step);
         self.coefficients.write(slope, &intercepts, version + 1);
         RefitReport { stats, step }
@@ -490,7 +531,7 @@ impl AcceptanceEstimator {
     /// The full state, consistent at one instant (observations racing the call land either in
     /// it or after it, never half).
     pub fn state(&self) -> EstimatorState {
-        let _guard = self.lock();
+        let memory = self.lock();
         let stats = self.accumulator.snapshot();
         let coefficients = self.coefficients.read();
         EstimatorState {
@@ -500,6 +541,7 @@ impl AcceptanceEstimator {
             stats,
             steps_since_refit: self.steps_since_refit.load(Ordering::SeqCst),
             num_refits: coefficients.version,
+            memory: memory.clone(),
         }
     }
 
@@ -564,12 +606,33 @@ impl AcceptanceEstimator {
                 ),
             ));
         }
+        let m = &state.memory;
+        if m.b.len() != k || m.c.len() != k || m.counts.len() != k || m.rhs.len() != k + 1 {
+            return Err(Error::value(
+                "memory",
+                format!(
+                    "expected {k} positions ({} slope-and-intercept entries)",
+                    k + 1
+                ),
+            ));
+        }
+        let memory_values = [m.a, m.total].into_iter().chain(
+            m.b.iter()
+                .chain(&m.c)
+                .chain(&m.rhs)
+                .chain(&m.counts)
+                .copied(),
+        );
+        for value in memory_values {
+            ensure_finite("memory", value)?;
+        }
         let estimator = Self::assemble(
             state.config.clone(),
             state.slope,
             &state.intercepts,
             state.num_refits,
             state.steps_since_refit,
+            state.memory.clone(),
         );
         estimator.accumulator.add(&state.stats);
         Ok(estimator)

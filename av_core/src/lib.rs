@@ -23,6 +23,7 @@ pub mod estimator;
 pub mod fixed_point;
 pub mod labels;
 pub mod matrix;
+pub mod memory;
 pub mod planner;
 pub mod refit;
 pub mod snapshot;

@@ -34,51 +34,89 @@ pub struct NewtonStep {
     pub intercepts: Vec<f64>,
 }
 
+/// A Newton system with the estimator's arrowhead structure, ridge included:
+/// `[[a, bᵀ], [b, diag(c)]] Δ = [g0; g1]`, plus the observation counts that damp its step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArrowheadSystem {
+    /// Slope–slope entry (`Σ a_k + λ`).
+    pub a: f64,
+    /// Slope–intercept entries `b_k`.
+    pub b: Vec<f64>,
+    /// Intercept diagonal (`c_k + λ`).
+    pub c: Vec<f64>,
+    /// Slope component of the right-hand side.
+    pub g0: f64,
+    /// Intercept components of the right-hand side.
+    pub g1: Vec<f64>,
+    /// Observations behind the slope (`N`).
+    pub total: f64,
+    /// Observations behind each intercept (`n_k`).
+    pub counts: Vec<f64>,
+}
+
+impl ArrowheadSystem {
+    /// One round's system: `XᵀWX + λI` and `Xᵀr` from its statistics.
+    pub fn from_round(stats: &FloatStats, l2: f64) -> Self {
+        ArrowheadSystem {
+            a: stats.a.iter().sum::<f64>() + l2,
+            b: stats.b.clone(),
+            c: stats.c.iter().map(|c| c + l2).collect(),
+            g0: stats.g0.iter().sum(),
+            g1: stats.g1.clone(),
+            total: stats.n.iter().sum(),
+            counts: stats.n.clone(),
+        }
+    }
+
+    /// The damped, guarded step of this system from the current `slope` (steps 1–3 above).
+    pub fn damped_step(&self, slope: f64, damping: f64) -> NewtonStep {
+        let k = self.b.len();
+        let n = k + 1;
+        let mut matrix = vec![0.0; n * n];
+        let mut rhs = vec![0.0; n];
+        matrix[0] = self.a;
+        rhs[0] = self.g0;
+        for position in 0..k {
+            let row = position + 1;
+            matrix[row * n] = self.b[position];
+            matrix[row] = self.b[position];
+            matrix[row * n + row] = self.c[position];
+            rhs[row] = self.g1[position];
+        }
+        let full_slope_step = if solve_spd(&mut matrix, &mut rhs) {
+            rhs[0]
+        } else {
+            f64::NAN
+        };
+
+        let mut slope_step = full_slope_step * (self.total / (self.total + damping));
+        if !slope_step.is_finite() || slope + slope_step < 0.0 {
+            slope_step = 0.0;
+        }
+
+        let intercepts = (0..k)
+            .map(|position| {
+                let count = self.counts[position];
+                let step = (self.g1[position] - self.b[position] * slope_step) / self.c[position]
+                    * (count / (count + damping));
+                if step.is_finite() {
+                    step
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        NewtonStep {
+            slope: slope_step,
+            intercepts,
+        }
+    }
+}
+
 /// The damped Newton step from the current `slope` on a round's `stats`, with ridge `l2` (λ)
-/// and `damping` (D, in observations).
+/// and `damping` (D, in observations): vLLM's update.
 pub fn newton_step(slope: f64, stats: &FloatStats, l2: f64, damping: f64) -> NewtonStep {
-    let k = stats.n.len();
-    let n = k + 1;
-    let mut matrix = vec![0.0; n * n];
-    let mut rhs = vec![0.0; n];
-    matrix[0] = stats.a.iter().sum::<f64>() + l2;
-    rhs[0] = stats.g0.iter().sum::<f64>();
-    for position in 0..k {
-        let row = position + 1;
-        matrix[row * n] = stats.b[position];
-        matrix[row] = stats.b[position];
-        matrix[row * n + row] = stats.c[position] + l2;
-        rhs[row] = stats.g1[position];
-    }
-    let full_slope_step = if solve_spd(&mut matrix, &mut rhs) {
-        rhs[0]
-    } else {
-        f64::NAN
-    };
-
-    let total: f64 = stats.n.iter().sum();
-    let mut slope_step = full_slope_step * (total / (total + damping));
-    if !slope_step.is_finite() || slope + slope_step < 0.0 {
-        slope_step = 0.0;
-    }
-
-    let intercepts = (0..k)
-        .map(|position| {
-            let count = stats.n[position];
-            let step = (stats.g1[position] - stats.b[position] * slope_step)
-                / (stats.c[position] + l2)
-                * (count / (count + damping));
-            if step.is_finite() {
-                step
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    NewtonStep {
-        slope: slope_step,
-        intercepts,
-    }
+    ArrowheadSystem::from_round(stats, l2).damped_step(slope, damping)
 }
 
 /// Limits on one refit: `|Δ| ≤ max_step` for every coefficient, `0 ≤ ω ≤ max_slope` and

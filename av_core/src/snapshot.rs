@@ -6,7 +6,8 @@
 //! magic  "AVCORE\0E"            8 bytes
 //! format version                u32   (currently 1)
 //! payload length                u64
-//! payload                       config, coefficients, fixed-point statistics, counters
+//! payload                       config, coefficients, fixed-point statistics, counters,
+//!                               memory of past rounds
 //! CRC-32 (IEEE) of all the above u32
 //! ```
 //!
@@ -20,6 +21,7 @@ use crate::accumulator::{PositionSums, RoundStats};
 use crate::error::{Error, Result};
 use crate::estimator::{EstimatorConfig, EstimatorState};
 use crate::fixed_point::FRACTION_BITS;
+use crate::memory::Memory;
 
 /// First bytes of an encoded estimator state.
 pub const MAGIC: &[u8; 8] = b"AVCORE\0E";
@@ -56,6 +58,8 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
         c.max_step,
         c.max_slope,
         c.max_intercept,
+        c.memory,
+        c.drift_z,
         state.slope,
     ] {
         payload.extend(value.to_le_bytes());
@@ -72,6 +76,18 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
     }
     payload.extend(state.steps_since_refit.to_le_bytes());
     payload.extend(state.num_refits.to_le_bytes());
+    payload.extend(state.memory.resets.to_le_bytes());
+    let m = &state.memory;
+    let memory = [m.a, m.total].into_iter().chain(
+        m.b.iter()
+            .chain(&m.c)
+            .chain(&m.rhs)
+            .chain(&m.counts)
+            .copied(),
+    );
+    for value in memory {
+        payload.extend(value.to_le_bytes());
+    }
 
     let mut out = Vec::with_capacity(payload.len() + 24);
     out.extend(MAGIC);
@@ -175,7 +191,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     }
     let k = num_positions as usize;
     let refit_interval = r.u64("refit_interval")?;
-    let mut floats = [0.0; 9];
+    let mut floats = [0.0; 11];
     for (slot, name) in floats.iter_mut().zip([
         "damping",
         "l2",
@@ -185,11 +201,13 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         "max_step",
         "max_slope",
         "max_intercept",
+        "memory",
+        "drift_z",
         "slope",
     ]) {
         *slot = r.f64(name)?;
     }
-    let [damping, l2, init_slope, init_intercept, max_log_odds, max_step, max_slope, max_intercept, slope] =
+    let [damping, l2, init_slope, init_intercept, max_log_odds, max_step, max_slope, max_intercept, memory, drift_z, slope] =
         floats;
     let intercepts = (0..k)
         .map(|_| r.f64("intercepts"))
@@ -214,6 +232,19 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     }
     let steps_since_refit = r.u64("steps_since_refit")?;
     let num_refits = r.u64("num_refits")?;
+    let resets = r.u64("memory")?;
+    let mut floats = |n: usize| (0..n).map(|_| r.f64("memory")).collect::<Result<Vec<_>>>();
+    let head = floats(2)?;
+    let (b, c, rhs, counts) = (floats(k)?, floats(k)?, floats(k + 1)?, floats(k)?);
+    let memory_state = Memory {
+        a: head[0],
+        total: head[1],
+        b,
+        c,
+        rhs,
+        counts,
+        resets,
+    };
     if !r.bytes.is_empty() {
         return Err(Error::value(
             ARGUMENT,
@@ -232,12 +263,15 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
             max_step,
             max_slope,
             max_intercept,
+            memory,
+            drift_z,
         },
         slope,
         intercepts,
         stats: RoundStats { positions },
         steps_since_refit,
         num_refits,
+        memory: memory_state,
     })
 }
 

@@ -2,6 +2,7 @@
 
 use av_core::accumulator::{PositionSums, RoundStats};
 use av_core::fixed_point::FRACTION_BITS;
+use av_core::memory::Memory;
 use av_core::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MatrixView};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
@@ -46,6 +47,8 @@ impl PyAcceptanceEstimator {
         max_step = EstimatorConfig::DEFAULT_MAX_STEP,
         max_slope = EstimatorConfig::DEFAULT_MAX_SLOPE,
         max_intercept = EstimatorConfig::DEFAULT_MAX_INTERCEPT,
+        memory = 0.0,
+        drift_z = EstimatorConfig::DEFAULT_DRIFT_Z,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -59,6 +62,8 @@ impl PyAcceptanceEstimator {
         max_step: f64,
         max_slope: f64,
         max_intercept: f64,
+        memory: f64,
+        drift_z: f64,
     ) -> PyResult<Self> {
         let config = EstimatorConfig {
             num_positions: non_negative("num_positions", num_positions)?,
@@ -71,6 +76,8 @@ impl PyAcceptanceEstimator {
             max_step,
             max_slope,
             max_intercept,
+            memory,
+            drift_z,
         };
         let inner = AcceptanceEstimator::new(config).map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
@@ -216,6 +223,18 @@ impl PyAcceptanceEstimator {
         self.inner.config().max_intercept
     }
 
+    /// Discount γ per round of the memory of past rounds (0 = vLLM's memoryless refit).
+    #[getter]
+    fn memory(&self) -> f64 {
+        self.inner.config().memory
+    }
+
+    /// Drift test threshold (standard deviations); inf disables the test.
+    #[getter]
+    fn drift_z(&self) -> f64 {
+        self.inner.config().drift_z
+    }
+
     /// The state as versioned, checksummed bytes (see `from_bytes`).
     fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.inner.to_bytes())
@@ -277,6 +296,8 @@ impl PyAcceptanceEstimator {
         config.set_item("max_step", state.config.max_step)?;
         config.set_item("max_slope", state.config.max_slope)?;
         config.set_item("max_intercept", state.config.max_intercept)?;
+        config.set_item("memory", state.config.memory)?;
+        config.set_item("drift_z", state.config.drift_z)?;
         let stats = stats_dict(py, &state.stats)?;
         let d = PyDict::new(py);
         d.set_item("format", STATE_FORMAT)?;
@@ -287,6 +308,16 @@ impl PyAcceptanceEstimator {
         d.set_item("round_stats", stats)?;
         d.set_item("steps_since_refit", state.steps_since_refit)?;
         d.set_item("num_refits", state.num_refits)?;
+        let m = &state.memory;
+        let memory = PyDict::new(py);
+        memory.set_item("a", m.a)?;
+        memory.set_item("b", m.b.clone())?;
+        memory.set_item("c", m.c.clone())?;
+        memory.set_item("rhs", m.rhs.clone())?;
+        memory.set_item("total", m.total)?;
+        memory.set_item("counts", m.counts.clone())?;
+        memory.set_item("resets", m.resets)?;
+        d.set_item("memory_state", memory)?;
         Ok(d)
     }
 
@@ -414,6 +445,8 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         max_step: extract(c, "max_step", arg)?,
         max_slope: extract(c, "max_slope", arg)?,
         max_intercept: extract(c, "max_intercept", arg)?,
+        memory: extract(c, "memory", arg)?,
+        drift_z: extract(c, "drift_z", arg)?,
     };
     let stats_item = get_item(d, "round_stats", arg)?;
     let s = stats_item
@@ -431,6 +464,10 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         .map(|key| extract::<Vec<i128>>(s, key, arg))
         .collect::<PyResult<_>>()?;
     let n: Vec<u64> = extract(s, "n", arg)?;
+    let memory_item = get_item(d, "memory_state", arg)?;
+    let m = memory_item
+        .cast::<PyDict>()
+        .map_err(|_| type_error(arg, "key \"memory_state\" must be a dict"))?;
     if columns.iter().any(|col| col.len() != n.len()) {
         return Err(value_error(
             arg,
@@ -454,6 +491,15 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         stats: RoundStats { positions },
         steps_since_refit: extract(d, "steps_since_refit", arg)?,
         num_refits: extract(d, "num_refits", arg)?,
+        memory: Memory {
+            a: extract(m, "a", arg)?,
+            b: extract(m, "b", arg)?,
+            c: extract(m, "c", arg)?,
+            rhs: extract(m, "rhs", arg)?,
+            total: extract(m, "total", arg)?,
+            counts: extract(m, "counts", arg)?,
+            resets: extract(m, "resets", arg)?,
+        },
     })
 }
 

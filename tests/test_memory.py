@@ -1,0 +1,115 @@
+"""Newton steps with memory across rounds: lower jitter, same drift tracking, same state rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from av_core import AcceptanceEstimator
+from av_core.synthetic import SyntheticWorkload
+
+STATIONARY = SyntheticWorkload(slope=0.55, intercepts=(1.4, 0.9, 0.5, 0.1))
+HIGH = SyntheticWorkload(slope=0.55, intercepts=(2.0, 1.5, 1.0, 0.5))
+LOW = SyntheticWorkload(slope=0.55, intercepts=(-0.5, -1.0, -1.5, -2.0))
+
+
+def run_rounds(
+    est: AcceptanceEstimator, workload: SyntheticWorkload, rounds: int, rng: np.random.Generator
+) -> np.ndarray:
+    history = []
+    while len(history) < rounds:
+        s = workload.step(rng, 10)
+        if est.observe(s.features, s.num_admitted, s.num_accepted, est.predict(s.features)):
+            history.append((est.slope, *est.intercepts))
+    return np.array(history)
+
+
+def log_loss(
+    est: AcceptanceEstimator, workload: SyntheticWorkload, use_truth: bool = False
+) -> float:
+    """Mean log-loss over labeled positions of a fixed evaluation sample (truth: optimum)."""
+    s = workload.step(np.random.default_rng(99), 3000)
+    p = s.true_probabilities if use_truth else est.predict(s.features).astype(np.float64)
+    p = np.clip(p, 1e-15, 1 - 1e-15)
+    k = np.arange(4)[None, :]
+    acc, adm = s.num_accepted[:, None], s.num_admitted[:, None]
+    labeled = (k < acc) | ((k == acc) & (acc < adm))
+    y = k < acc
+    return float(-np.where(y, np.log(p), np.log1p(-p))[labeled].mean())
+
+
+def test_memory_cuts_coefficient_jitter_at_least_twofold() -> None:
+    stds = {}
+    for gamma in (0.0, 0.9):
+        est = AcceptanceEstimator(4, memory=gamma)
+        history = run_rounds(est, STATIONARY, 50, np.random.default_rng(1))[15:]
+        stds[gamma] = history.std(axis=0)
+        np.testing.assert_allclose(history.mean(axis=0)[1:], STATIONARY.intercepts, atol=0.1)
+    assert np.all(stds[0.9] * 2 <= stds[0.0]), stds
+
+
+def rounds_to_recover(gamma: float) -> int:
+    est = AcceptanceEstimator(4, memory=gamma)
+    rng = np.random.default_rng(2)
+    run_rounds(est, HIGH, 30, rng)
+    optimum = log_loss(est, LOW, use_truth=True)
+    for r in range(1, 40):
+        run_rounds(est, LOW, 1, rng)
+        if log_loss(est, LOW) <= 1.05 * optimum:
+            return r
+    raise AssertionError(f"memory={gamma} never recovered")
+
+
+def test_drift_is_tracked_as_fast_as_without_memory() -> None:
+    without = rounds_to_recover(0.0)
+    with_memory = rounds_to_recover(0.9)
+    assert with_memory <= 1.5 * without, (with_memory, without)
+
+
+def test_without_the_drift_test_fixed_memory_tracks_drift_slowly() -> None:
+    # The counterfactual the drift test exists for: the same memory, never dropped.
+    est = AcceptanceEstimator(4, memory=0.9, drift_z=float("inf"))
+    rng = np.random.default_rng(2)
+    run_rounds(est, HIGH, 30, rng)
+    run_rounds(est, LOW, 2, rng)
+    assert log_loss(est, LOW) > 1.05 * log_loss(est, LOW, use_truth=True)
+
+
+def test_memory_zero_is_the_memoryless_update_bit_for_bit() -> None:
+    a = AcceptanceEstimator(4)
+    b = AcceptanceEstimator(4, memory=0.0, drift_z=1.0)
+    ha = run_rounds(a, STATIONARY, 5, np.random.default_rng(3))
+    hb = run_rounds(b, STATIONARY, 5, np.random.default_rng(3))
+    assert ha.tobytes() == hb.tobytes()
+    assert b.state_dict()["memory_state"]["total"] == 0.0
+
+
+def test_memory_state_round_trips() -> None:
+    est = AcceptanceEstimator(4, memory=0.8)
+    run_rounds(est, STATIONARY, 4, np.random.default_rng(4))
+    state = est.state_dict()
+    assert state["memory_state"]["total"] > 0
+    copies = [
+        AcceptanceEstimator.from_state_dict(state),
+        AcceptanceEstimator.from_bytes(est.to_bytes()),
+    ]
+    assert all(c.state_dict() == state for c in copies)
+    x = np.linspace(-3, 3, 8, dtype=np.float32).reshape(2, 4)
+    for e in (est, *copies):
+        e.observe(x, [4, 2], [3, 1])
+        e.refit()
+    assert all(c.state_dict() == est.state_dict() for c in copies)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        ({"memory": -0.1}, "memory"),
+        ({"memory": 1.0}, "memory"),
+        ({"memory": float("nan")}, "memory"),
+        ({"drift_z": 0.0}, "drift_z"),
+    ],
+)
+def test_bad_memory_settings_are_refused(kwargs: dict[str, float], text: str) -> None:
+    with pytest.raises(ValueError, match=text):
+        AcceptanceEstimator(4, **kwargs)
