@@ -165,7 +165,7 @@ impl EstimatorConfig {
             ("max_slope", self.max_slope),
             ("max_intercept", self.max_intercept),
         ] {
-            if !(value > 0.0) {
+            if value.is_nan() || value <= 0.0 {
                 return Err(Error::value(
                     argument,
                     format!("must be positive (inf for no limit), got {value}"),
