@@ -1,1 +1,662 @@
-//! Cost tables: filled in by the planner work.
+//! Step-cost tables: what one decode step costs, as a function of its shape.
+//!
+//! The planner weighs expected accepted tokens against time, so it needs two prices:
+//! `draft_ms[R]`, the drafter's cost for a batch of `R` requests, and `verify_ms[T]`, the
+//! target's cost for a forward pass over `T` tokens. Both come from profiling a handful of
+//! sizes; [`CostTables::from_curves`] turns those samples into dense tables exactly as vLLM
+//! 0.33.0 does (`build_cost_tables_from_curves`), so that budgets agree with vLLM's.
+
+use crate::error::{ensure_finite, Error, Result};
+
+/// Floor of every draft-table entry (ms): drafting is never cheaper than free.
+pub const DRAFT_COST_FLOOR_MS: f64 = 0.0;
+
+/// Floor of every verify-table entry (ms): keeps the planner's cost denominator positive
+/// (vLLM's value).
+pub const VERIFY_COST_FLOOR_MS: f64 = 1e-6;
+
+/// Largest table length accepted (entries), so a typo cannot allocate gigabytes.
+pub const MAX_TABLE_LEN: usize = 1 << 24;
+
+/// Dense step-cost tables, in milliseconds.
+///
+/// `draft_ms[r]` is the drafter's cost for `r` requests (`0..=max_num_reqs`); `verify_ms[t]`
+/// is the target's cost for `t` tokens (`0..=max_batch_tokens`). Entries are finite, draft
+/// entries are `≥ 0` and verify entries are `> 0`, so the planner's ratio is always defined.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostTables {
+    draft_ms: Vec<f64>,
+    verify_ms: Vec<f64>,
+    verify_nondecreasing: bool,
+}
+
+impl CostTables {
+    /// Tables from explicit arrays (for example measured offline, or loaded from disk).
+    ///
+    /// Fails unless both are non-empty and finite, draft costs are `≥ 0` and verify costs
+    /// are `> 0`.
+    pub fn new(draft_ms: Vec<f64>, verify_ms: Vec<f64>) -> Result<Self> {
+        check_table("draft_ms", &draft_ms, false)?;
+        check_table("verify_ms", &verify_ms, true)?;
+        let verify_nondecreasing = verify_ms.windows(2).all(|w| w[0] <= w[1]);
+        Ok(CostTables {
+            draft_ms,
+            verify_ms,
+            verify_nondecreasing,
+        })
+    }
+
+    /// Tables from profiled `(size, ms)` points, with vLLM 0.33.0's semantics.
+    ///
+    /// Costs first take their running maximum (a bigger batch never costs less). Up to
+    /// `cudagraph_limit` a size is charged at the next profiled size `≥` it: captured graphs
+    /// pad to the next captured size, so cost is a step function and interpolating would
+    /// invent marginal costs that do not exist. Above the limit nothing pads, so cost is
+    /// interpolated linearly between the profiled points that are themselves above the limit
+    /// (never blending across the limit, where cudagraphs are lost). Past the last point the
+    /// last segment is extended. `cudagraph_limit = 0` means no limit: a step function up to
+    /// the last point. Finally draft entries are floored at [`DRAFT_COST_FLOOR_MS`] and verify
+    /// entries at [`VERIFY_COST_FLOOR_MS`].
+    ///
+    /// Sizes must be finite, `≥ 0` and strictly increasing; costs finite; curves non-empty.
+    pub fn from_curves(
+        draft_curve: &[(f64, f64)],
+        verify_curve: &[(f64, f64)],
+        max_num_reqs: usize,
+        max_batch_tokens: usize,
+        cudagraph_limit: usize,
+    ) -> Result<Self> {
+        check_curve("draft_curve", draft_curve)?;
+        check_curve("verify_curve", verify_curve)?;
+        check_table_len("max_num_reqs", max_num_reqs)?;
+        check_table_len("max_batch_tokens", max_batch_tokens)?;
+        let mut draft_ms = build_table(draft_curve, max_num_reqs, cudagraph_limit);
+        let mut verify_ms = build_table(verify_curve, max_batch_tokens, cudagraph_limit);
+        for cost in &mut draft_ms {
+            *cost = cost.max(DRAFT_COST_FLOOR_MS);
+        }
+        for cost in &mut verify_ms {
+            *cost = cost.max(VERIFY_COST_FLOOR_MS);
+        }
+        CostTables::new(draft_ms, verify_ms)
+    }
+
+    /// Tables from raw timings: repeated `(size, ms)` samples in any order, reduced to the
+    /// median per size (vLLM replays each profiled size five times and takes the median,
+    /// which ignores the odd slow replay), then [`CostTables::from_curves`].
+    pub fn from_samples(
+        draft_samples: &[(f64, f64)],
+        verify_samples: &[(f64, f64)],
+        max_num_reqs: usize,
+        max_batch_tokens: usize,
+        cudagraph_limit: usize,
+    ) -> Result<Self> {
+        let draft_curve = median_curve("draft_samples", draft_samples)?;
+        let verify_curve = median_curve("verify_samples", verify_samples)?;
+        CostTables::from_curves(
+            &draft_curve,
+            &verify_curve,
+            max_num_reqs,
+            max_batch_tokens,
+            cudagraph_limit,
+        )
+    }
+
+    /// Drafter cost by number of requests, `draft_ms[r]` for `r` in `0..=max_num_reqs`.
+    pub fn draft_ms(&self) -> &[f64] {
+        &self.draft_ms
+    }
+
+    /// Target cost by number of tokens, `verify_ms[t]` for `t` in `0..=max_batch_tokens`.
+    pub fn verify_ms(&self) -> &[f64] {
+        &self.verify_ms
+    }
+
+    /// Whether `verify_ms` never decreases (true for every table built from curves): the
+    /// planner then finds the cheapest cost over a range at its start.
+    pub fn verify_is_nondecreasing(&self) -> bool {
+        self.verify_nondecreasing
+    }
+
+    /// Largest request count the draft table covers.
+    pub fn max_num_reqs(&self) -> usize {
+        self.draft_ms.len() - 1
+    }
+
+    /// Largest token count the verify table covers.
+    pub fn max_batch_tokens(&self) -> usize {
+        self.verify_ms.len() - 1
+    }
+
+    /// `{"draft_ms": [...], "verify_ms": [...]}`; every value round-trips bit-exactly through
+    /// [`CostTables::from_json`] (shortest round-trip decimal form).
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(24 * (self.draft_ms.len() + self.verify_ms.len()));
+        out.push_str("{\"draft_ms\": ");
+        push_json_array(&mut out, &self.draft_ms);
+        out.push_str(", \"verify_ms\": ");
+        push_json_array(&mut out, &self.verify_ms);
+        out.push('}');
+        out
+    }
+
+    /// Parses [`CostTables::to_json`]'s format (any JSON whitespace, keys in any order) and
+    /// validates as [`CostTables::new`] does.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let mut parser = JsonParser {
+            bytes: text.as_bytes(),
+            pos: 0,
+        };
+        let mut draft_ms = None;
+        let mut verify_ms = None;
+        parser.expect(b'{')?;
+        loop {
+            let key = parser.string()?;
+            parser.expect(b':')?;
+            let values = parser.number_array()?;
+            let slot = match key.as_str() {
+                "draft_ms" => &mut draft_ms,
+                "verify_ms" => &mut verify_ms,
+                other => return Err(json_error(format!("unknown key \"{other}\""))),
+            };
+            if slot.replace(values).is_some() {
+                return Err(json_error(format!("duplicate key \"{key}\"")));
+            }
+            if parser.peek() == Some(b',') {
+                parser.pos += 1;
+            } else {
+                break;
+            }
+        }
+        parser.expect(b'}')?;
+        parser.skip_whitespace();
+        if parser.pos != parser.bytes.len() {
+            return Err(json_error(format!(
+                "trailing characters at byte {}",
+                parser.pos
+            )));
+        }
+        match (draft_ms, verify_ms) {
+            (Some(draft_ms), Some(verify_ms)) => CostTables::new(draft_ms, verify_ms),
+            _ => Err(json_error(
+                "expected both \"draft_ms\" and \"verify_ms\"".to_owned(),
+            )),
+        }
+    }
+}
+
+/// The median cost per distinct size, sizes ascending (the mean of the two middle values for
+/// an even count, as numpy's median).
+pub fn median_curve(argument: &'static str, samples: &[(f64, f64)]) -> Result<Vec<(f64, f64)>> {
+    if samples.is_empty() {
+        return Err(Error::value(
+            argument,
+            "is empty; profile at least one size",
+        ));
+    }
+    for (i, &(size, cost)) in samples.iter().enumerate() {
+        if !size.is_finite() || size < 0.0 {
+            return Err(Error::value(
+                argument,
+                format!("size of sample {i} must be finite and >= 0, got {size}"),
+            ));
+        }
+        if !cost.is_finite() {
+            return Err(Error::value(
+                argument,
+                format!("cost of sample {i} must be finite, got {cost}"),
+            ));
+        }
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let mut curve = Vec::new();
+    for group in sorted.chunk_by(|a, b| a.0 == b.0) {
+        let n = group.len();
+        let median = if n % 2 == 1 {
+            group[n / 2].1
+        } else {
+            (group[n / 2 - 1].1 + group[n / 2].1) / 2.0
+        };
+        ensure_finite(argument, median)?;
+        curve.push((group[0].0, median));
+    }
+    Ok(curve)
+}
+
+fn check_table(argument: &'static str, table: &[f64], positive: bool) -> Result<()> {
+    if table.is_empty() {
+        return Err(Error::value(
+            argument,
+            "is empty; it needs the entry for size 0",
+        ));
+    }
+    if table.len() > MAX_TABLE_LEN {
+        return Err(Error::value(
+            argument,
+            format!("has {} entries, more than {MAX_TABLE_LEN}", table.len()),
+        ));
+    }
+    for (i, &cost) in table.iter().enumerate() {
+        let ok = cost.is_finite() && if positive { cost > 0.0 } else { cost >= 0.0 };
+        if !ok {
+            let bound = if positive { "> 0" } else { ">= 0" };
+            return Err(Error::value(
+                argument,
+                format!("[{i}] = {cost} must be finite and {bound}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_table_len(argument: &'static str, max_size: usize) -> Result<()> {
+    if max_size >= MAX_TABLE_LEN {
+        return Err(Error::value(
+            argument,
+            format!("= {max_size} is too large (at most {})", MAX_TABLE_LEN - 1),
+        ));
+    }
+    Ok(())
+}
+
+fn check_curve(argument: &'static str, curve: &[(f64, f64)]) -> Result<()> {
+    if curve.is_empty() {
+        return Err(Error::value(
+            argument,
+            "is empty; profile at least one size",
+        ));
+    }
+    for (i, &(size, cost)) in curve.iter().enumerate() {
+        if !size.is_finite() || size < 0.0 {
+            return Err(Error::value(
+                argument,
+                format!("size of point {i} must be finite and >= 0, got {size}"),
+            ));
+        }
+        if !cost.is_finite() {
+            return Err(Error::value(
+                argument,
+                format!("cost of point {i} must be finite, got {cost}"),
+            ));
+        }
+        if i > 0 && size <= curve[i - 1].0 {
+            return Err(Error::value(
+                argument,
+                format!(
+                    "sizes must be strictly increasing, got {} then {size} at point {i}",
+                    curve[i - 1].0
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One dense table, `0..=max_size`, before flooring (vLLM's `build_table`).
+fn build_table(curve: &[(f64, f64)], max_size: usize, cudagraph_limit: usize) -> Vec<f64> {
+    let xs: Vec<f64> = curve.iter().map(|p| p.0).collect();
+    let mut ys: Vec<f64> = Vec::with_capacity(curve.len());
+    for &(_, cost) in curve {
+        ys.push(ys.last().map_or(cost, |&prev: &f64| prev.max(cost)));
+    }
+    let n = xs.len();
+    // Profiled points above the capture limit (a suffix, since sizes increase).
+    let above = if cudagraph_limit > 0 {
+        xs.partition_point(|&x| x <= cudagraph_limit as f64)
+    } else {
+        n
+    };
+    let extrapolation_slope = (n > 1).then(|| (ys[n - 1] - ys[n - 2]) / (xs[n - 1] - xs[n - 2]));
+
+    let mut table = Vec::with_capacity(max_size + 1);
+    let mut next = 0; // first profiled index with xs[next] >= size
+    for size in 0..=max_size {
+        let x = size as f64;
+        while next < n && xs[next] < x {
+            next += 1;
+        }
+        let mut cost = ys[next.min(n - 1)];
+        if cudagraph_limit > 0 && size > cudagraph_limit && above < n {
+            cost = interpolate(x, &xs[above..], &ys[above..]);
+        }
+        if let Some(slope) = extrapolation_slope {
+            if x > xs[n - 1] {
+                cost = ys[n - 1] + slope * (x - xs[n - 1]);
+            }
+        }
+        table.push(cost);
+    }
+    table
+}
+
+/// `numpy.interp(x, xs, ys)` for strictly increasing `xs`, with numpy's arithmetic
+/// (`slope * (x - xs[j]) + ys[j]`), so tables match vLLM's bit for bit.
+fn interpolate(x: f64, xs: &[f64], ys: &[f64]) -> f64 {
+    let n = xs.len();
+    if x <= xs[0] {
+        return ys[0];
+    }
+    if x >= xs[n - 1] {
+        return ys[n - 1];
+    }
+    let j = xs.partition_point(|&p| p <= x) - 1;
+    if xs[j] == x {
+        return ys[j];
+    }
+    let slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]);
+    slope * (x - xs[j]) + ys[j]
+}
+
+fn push_json_array(out: &mut String, values: &[f64]) {
+    out.push('[');
+    for (i, value) in values.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        // `{:?}` is the shortest string that parses back to the same bits, and JSON-valid
+        // for finite values ("0.5", "1e-6", "100.0").
+        out.push_str(&format!("{value:?}"));
+    }
+    out.push(']');
+}
+
+fn json_error(message: String) -> Error {
+    Error::value("json", message)
+}
+
+/// Just enough JSON for `{"key": [numbers...], ...}`.
+struct JsonParser<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl JsonParser<'_> {
+    fn skip_whitespace(&mut self) {
+        while self.pos < self.bytes.len() && self.bytes[self.pos].is_ascii_whitespace() {
+            self.pos += 1;
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.skip_whitespace();
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn expect(&mut self, byte: u8) -> Result<()> {
+        match self.peek() {
+            Some(b) if b == byte => {
+                self.pos += 1;
+                Ok(())
+            }
+            found => Err(json_error(format!(
+                "expected '{}' at byte {}, found {}",
+                byte as char,
+                self.pos,
+                found.map_or("the end".to_owned(), |b| format!("'{}'", b as char))
+            ))),
+        }
+    }
+
+    fn string(&mut self) -> Result<String> {
+        self.expect(b'"')?;
+        let start = self.pos;
+        while self.pos < self.bytes.len() && self.bytes[self.pos] != b'"' {
+            if self.bytes[self.pos] == b'\\' {
+                return Err(json_error(format!(
+                    "unexpected escape at byte {}",
+                    self.pos
+                )));
+            }
+            self.pos += 1;
+        }
+        let text = std::str::from_utf8(&self.bytes[start..self.pos])
+            .map_err(|_| json_error(format!("invalid UTF-8 at byte {start}")))?
+            .to_owned();
+        self.expect(b'"')?;
+        Ok(text)
+    }
+
+    fn number(&mut self) -> Result<f64> {
+        self.skip_whitespace();
+        let start = self.pos;
+        while self.pos < self.bytes.len()
+            && matches!(
+                self.bytes[self.pos],
+                b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'
+            )
+        {
+            self.pos += 1;
+        }
+        let text = std::str::from_utf8(&self.bytes[start..self.pos]).unwrap_or("");
+        text.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| json_error(format!("expected a finite number at byte {start}")))
+    }
+
+    fn number_array(&mut self) -> Result<Vec<f64>> {
+        self.expect(b'[')?;
+        let mut values = Vec::new();
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(values);
+        }
+        loop {
+            values.push(self.number()?);
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                _ => break,
+            }
+        }
+        self.expect(b']')?;
+        Ok(values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn curve(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+        points.to_vec()
+    }
+
+    #[test]
+    fn profiled_points_are_reproduced() {
+        let verify = curve(&[(1.0, 2.0), (4.0, 3.0), (8.0, 5.0), (16.0, 9.0)]);
+        let t = CostTables::from_curves(&verify, &verify, 16, 16, 8).unwrap();
+        for &(x, y) in &verify {
+            assert_eq!(t.verify_ms()[x as usize], y);
+            assert_eq!(t.draft_ms()[x as usize], y);
+        }
+    }
+
+    #[test]
+    fn step_below_limit_linear_above_and_extrapolated() {
+        let verify = curve(&[(2.0, 1.0), (4.0, 2.0), (8.0, 4.0), (16.0, 6.0)]);
+        let t = CostTables::from_curves(&verify, &verify, 1, 20, 4).unwrap();
+        let v = t.verify_ms();
+        // Step up to the limit: sizes 0..=2 pay size 2's cost, 3..=4 pay size 4's.
+        assert_eq!(&v[0..5], &[1.0, 1.0, 1.0, 2.0, 2.0]);
+        // Above the limit: only points above it are blended (8 and 16); 5..=7 sit before the
+        // first of them and take its value.
+        assert_eq!(&v[5..9], &[4.0, 4.0, 4.0, 4.0]);
+        assert_eq!(v[12], 5.0);
+        // Past 16: extend the last segment, slope 2/8.
+        assert_eq!(v[20], 7.0);
+    }
+
+    #[test]
+    fn no_limit_means_steps_then_extrapolation() {
+        let verify = curve(&[(2.0, 1.0), (4.0, 3.0)]);
+        let t = CostTables::from_curves(&verify, &verify, 0, 6, 0).unwrap();
+        assert_eq!(t.verify_ms(), &[1.0, 1.0, 1.0, 3.0, 3.0, 4.0, 5.0]);
+        assert_eq!(t.draft_ms(), &[1.0]);
+    }
+
+    #[test]
+    fn running_maximum_and_floors() {
+        let draft = curve(&[(1.0, -3.0), (2.0, -5.0)]);
+        let verify = curve(&[(1.0, 0.0), (2.0, 0.0)]);
+        let t = CostTables::from_curves(&draft, &verify, 3, 3, 0).unwrap();
+        assert_eq!(t.draft_ms(), &[0.0; 4]);
+        assert_eq!(t.verify_ms(), &[VERIFY_COST_FLOOR_MS; 4]);
+        let bumpy = curve(&[(1.0, 5.0), (2.0, 3.0), (3.0, 4.0), (4.0, 7.0)]);
+        let t = CostTables::from_curves(&bumpy, &bumpy, 4, 4, 0).unwrap();
+        assert_eq!(t.verify_ms(), &[5.0, 5.0, 5.0, 5.0, 7.0]);
+    }
+
+    #[test]
+    fn single_point_is_constant() {
+        let one = curve(&[(8.0, 2.5)]);
+        let t = CostTables::from_curves(&one, &one, 3, 20, 4).unwrap();
+        assert!(t.verify_ms().iter().all(|&v| v == 2.5));
+    }
+
+    #[test]
+    fn bad_curves_name_the_argument() {
+        let good = curve(&[(1.0, 1.0)]);
+        let cases: Vec<(Vec<(f64, f64)>, &str)> = vec![
+            (vec![], "empty"),
+            (curve(&[(1.0, f64::NAN)]), "finite"),
+            (curve(&[(f64::INFINITY, 1.0)]), "finite"),
+            (curve(&[(-1.0, 1.0)]), ">= 0"),
+            (curve(&[(2.0, 1.0), (2.0, 3.0)]), "strictly increasing"),
+            (curve(&[(2.0, 1.0), (1.0, 3.0)]), "strictly increasing"),
+        ];
+        for (bad, needle) in cases {
+            let e = CostTables::from_curves(&good, &bad, 4, 4, 0).unwrap_err();
+            assert_eq!(e.argument, "verify_curve");
+            assert!(e.message.contains(needle), "{}", e.message);
+            let e = CostTables::from_curves(&bad, &good, 4, 4, 0).unwrap_err();
+            assert_eq!(e.argument, "draft_curve");
+        }
+        let e = CostTables::from_curves(&good, &good, 4, MAX_TABLE_LEN, 0).unwrap_err();
+        assert_eq!(e.argument, "max_batch_tokens");
+    }
+
+    #[test]
+    fn explicit_tables_are_validated() {
+        assert_eq!(
+            CostTables::new(vec![], vec![1.0]).unwrap_err().argument,
+            "draft_ms"
+        );
+        assert_eq!(
+            CostTables::new(vec![-1.0], vec![1.0]).unwrap_err().argument,
+            "draft_ms"
+        );
+        assert_eq!(
+            CostTables::new(vec![0.0], vec![0.0]).unwrap_err().argument,
+            "verify_ms"
+        );
+        assert_eq!(
+            CostTables::new(vec![0.0], vec![f64::NAN])
+                .unwrap_err()
+                .argument,
+            "verify_ms"
+        );
+        assert!(CostTables::new(vec![0.0], vec![1e-9]).is_ok());
+    }
+
+    #[test]
+    fn median_per_size() {
+        let samples = [
+            (4.0, 9.0),
+            (2.0, 1.0),
+            (4.0, 1.0),
+            (2.0, 3.0),
+            (4.0, 2.0),
+            (2.0, 100.0),
+        ];
+        assert_eq!(
+            median_curve("s", &samples).unwrap(),
+            vec![(2.0, 3.0), (4.0, 2.0)]
+        );
+        let even = [(1.0, 1.0), (1.0, 2.0)];
+        assert_eq!(median_curve("s", &even).unwrap(), vec![(1.0, 1.5)]);
+        let t = CostTables::from_samples(&samples, &samples, 4, 4, 0).unwrap();
+        let expected = CostTables::from_curves(
+            &[(2.0, 3.0), (4.0, 2.0)],
+            &[(2.0, 3.0), (4.0, 2.0)],
+            4,
+            4,
+            0,
+        )
+        .unwrap();
+        assert_eq!(t, expected);
+        assert_eq!(
+            CostTables::from_samples(&[], &samples, 4, 4, 0)
+                .unwrap_err()
+                .argument,
+            "draft_samples"
+        );
+    }
+
+    #[test]
+    fn json_round_trip_and_errors() {
+        let t = CostTables::new(vec![0.0, 0.1, 1e-300], vec![1e-6, 0.3, 12345.678, 1e22]).unwrap();
+        let text = t.to_json();
+        assert_eq!(CostTables::from_json(&text).unwrap(), t);
+        let spaced = "\n{ \"verify_ms\" : [ 1 , 2.5e0 ] ,\"draft_ms\":[0]}\n";
+        let parsed = CostTables::from_json(spaced).unwrap();
+        assert_eq!(parsed.verify_ms(), &[1.0, 2.5]);
+        for bad in [
+            "",
+            "{}",
+            "{\"draft_ms\": [0]}",
+            "{\"draft_ms\": [0], \"verify_ms\": [NaN]}",
+            "{\"draft_ms\": [0], \"verify_ms\": [1], \"x\": [1]}",
+            "{\"draft_ms\": [0], \"verify_ms\": [1]} extra",
+            "{\"draft_ms\": [0], \"draft_ms\": [0], \"verify_ms\": [1]}",
+        ] {
+            assert_eq!(
+                CostTables::from_json(bad).unwrap_err().argument,
+                "json",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            CostTables::from_json("{\"draft_ms\": [0], \"verify_ms\": [0]}")
+                .unwrap_err()
+                .argument,
+            "verify_ms"
+        );
+    }
+
+    fn arb_curve() -> impl Strategy<Value = Vec<(f64, f64)>> {
+        prop::collection::vec((1u32..40, 0.0f64..50.0), 1..7).prop_map(|steps| {
+            let mut size = 0.0;
+            steps
+                .into_iter()
+                .map(|(gap, cost)| {
+                    size += f64::from(gap);
+                    (size, cost)
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn tables_are_monotone_and_hit_profiled_maxima(
+            curve in arb_curve(), limit in 0usize..120, max_size in 0usize..200
+        ) {
+            let t = CostTables::from_curves(&curve, &curve, max_size, max_size, limit).unwrap();
+            let mut running = f64::NEG_INFINITY;
+            for &(x, y) in &curve {
+                running = running.max(y);
+                if (x as usize) <= max_size {
+                    prop_assert_eq!(t.verify_ms()[x as usize], running.max(VERIFY_COST_FLOOR_MS));
+                    prop_assert_eq!(t.draft_ms()[x as usize], running.max(DRAFT_COST_FLOOR_MS));
+                }
+            }
+            for w in t.verify_ms().windows(2) {
+                prop_assert!(w[0] <= w[1] + 1e-12 * w[1].abs().max(1.0));
+            }
+            let back = CostTables::from_json(&t.to_json()).unwrap();
+            prop_assert_eq!(back, t);
+        }
+    }
+}

@@ -1,1 +1,458 @@
-//! The verification planner: filled in by the planner work.
+//! The verification planner: how many drafts to verify this step, and whose.
+//!
+//! Inputs per step: `confidences[r, k]`, the probability that draft `k` of request `r` is
+//! accepted given that drafts `0..k` were (not yet multiplied), and `scheduled_drafts[r]`, how
+//! many drafts request `r` brought. The survival `S[r, k] = Π_{j≤k} confidences[r, j]` is the
+//! probability that the target accepts draft `k`, so verifying a set of prefixes is expected to
+//! yield the sum of their survivals in accepted drafts.
+//!
+//! * [`choose_draft_budget`] — how many drafts to verify in total (DESIGN.md "Budget",
+//!   vLLM-compatible bit for bit).
+//! * [`assign_draft_budget`] — which ones: the highest survivals, a prefix of every request.
+//! * [`plan_verification`] — both in one call, with the budget optionally sized from other
+//!   confidences (the previous step's), which is what keeps autoregressive drafters lossless.
+//! * [`VerificationPlanner`] — keeps the previous step's confidences per request slot and
+//!   plans with `budget_source = previous` (the default) or `current`.
+//!
+//! Cost: nothing sorts the `R·K` survivals. Each row is already descending, so one counting
+//! pass over value buckets bounds the budget's objective and only the few buckets that can hold
+//! the optimum are sorted and scanned (`planner::budget`); the assignment needs only the
+//! budget's threshold, found by the same scan or by one more counting pass
+//! (`planner::assignment`). `O(R·K)` passes plus a sort of a small candidate set.
+
+use std::cell::RefCell;
+
+use crate::cost_tables::CostTables;
+use crate::error::{Error, Result};
+use crate::matrix::MatrixView;
+
+mod assignment;
+mod budget;
+mod order;
+mod stateful;
+
+pub use stateful::VerificationPlanner;
+
+use assignment::AssignBuffers;
+use budget::BudgetBuffers;
+use order::Survivals;
+
+/// Which confidences size the draft budget.
+///
+/// Speculative sampling stays lossless only if the decision to verify draft `k` does not read
+/// the token drafted at `k`. For an autoregressive drafter (EAGLE, MTP, draft models) the
+/// confidences past `k` depend on that token, and the budget reads all of them; so the
+/// budget must come from the previous step's confidences (vLLM does this). Drafters whose
+/// positions do not depend on earlier draft tokens (parallel / block drafters) may use the
+/// current ones. The assignment always uses the current confidences; it is lossless either way
+/// (see `planner::assignment`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// Size the budget from each slot's confidences of the previous step (new slots: 1.0).
+    #[default]
+    Previous,
+    /// Size the budget from this step's confidences.
+    Current,
+}
+
+impl BudgetSource {
+    /// Parses `"previous"` or `"current"`.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "previous" => Ok(BudgetSource::Previous),
+            "current" => Ok(BudgetSource::Current),
+            other => Err(Error::value(
+                "budget_source",
+                format!("must be \"previous\" or \"current\", got \"{other}\""),
+            )),
+        }
+    }
+
+    /// `"previous"` or `"current"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetSource::Previous => "previous",
+            BudgetSource::Current => "current",
+        }
+    }
+}
+
+/// The step-level numbers the budget needs besides the confidences.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepTokens {
+    /// `T`: tokens scheduled this step that are not drafts (one per decode request, whole
+    /// chunks for prefills). The target's cost is read at `verify_ms[T + b]`.
+    pub num_non_draft_tokens: usize,
+    /// `s`: requests that sample a token this step whatever the budget (each yields one
+    /// token, so it is the numerator at `b = 0`).
+    pub num_sampling_requests: usize,
+    /// Largest budget to consider (vLLM caps it by the sampler's logits chunk); `None` means
+    /// every scheduled draft. Always capped at the number of scheduled drafts.
+    pub max_draft_budget: Option<usize>,
+}
+
+/// What [`plan_verification`] decided (the admitted counts are written to the caller's
+/// buffer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VerificationPlan {
+    /// Total drafts to verify; the admitted counts sum to it.
+    pub budget: usize,
+    /// `s + Σ` survivals of the admitted slots under the current confidences: the tokens this
+    /// step is expected to emit. Equals vLLM's `E(budget)` when the budget is sized from the
+    /// current confidences.
+    pub expected_accepted_tokens: f64,
+    /// `draft_ms[R] + verify_ms[T + budget]`, the step's predicted cost.
+    pub predicted_cost_ms: f64,
+}
+
+/// Reusable buffers for one planning call; their contents never outlive the call.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    scheduled: Vec<usize>,
+    survivals: Survivals,
+    budget_survivals: Survivals,
+    budget_buffers: BudgetBuffers,
+    assign_buffers: AssignBuffers,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|cell| f(&mut cell.borrow_mut()))
+}
+
+/// The draft budget: the first `b` maximising `E(b) / C(b)` (module docs of
+/// `planner::budget`), over the survivals of the scheduled slots of `confidences`.
+///
+/// Fails (naming the argument) on confidences outside `[0, 1]` or non-finite, scheduled counts
+/// outside `0..=K` or of the wrong length, more requests than the draft table covers,
+/// `num_sampling_requests > R`, or `T + max budget` beyond the verify table.
+pub fn choose_draft_budget<T: Copy + Into<f64>>(
+    confidences: MatrixView<'_, T>,
+    scheduled_drafts: &[i64],
+    step: &StepTokens,
+    cost_tables: &CostTables,
+) -> Result<usize> {
+    with_scratch(|scratch| {
+        let total = check_common(confidences, scheduled_drafts, scratch)?;
+        let limit = check_step(step, confidences.rows(), total, cost_tables)?;
+        let Scratch {
+            scheduled,
+            survivals,
+            budget_buffers,
+            ..
+        } = scratch;
+        if !survivals.compute(confidences, scheduled) {
+            return Err(probability_error("confidences", confidences));
+        }
+        Ok(budget_of(
+            survivals,
+            confidences.cols(),
+            scheduled,
+            step,
+            cost_tables,
+            limit,
+            budget_buffers,
+        )
+        .budget)
+    })
+}
+
+/// Admitted drafts per request: the `budget` highest survivals (ties to the shallower
+/// position, then the lower request), always a prefix of each request, never above
+/// `scheduled_drafts[r]`, summing to `min(budget, Σ scheduled_drafts)`. Written to `admitted`
+/// (length `R`).
+pub fn assign_draft_budget<T: Copy + Into<f64>>(
+    confidences: MatrixView<'_, T>,
+    scheduled_drafts: &[i64],
+    budget: usize,
+    admitted: &mut [i32],
+) -> Result<()> {
+    with_scratch(|scratch| {
+        check_common(confidences, scheduled_drafts, scratch)?;
+        check_admitted_len(admitted, confidences.rows())?;
+        let Scratch {
+            scheduled,
+            survivals,
+            assign_buffers,
+            ..
+        } = scratch;
+        if !survivals.compute(confidences, scheduled) {
+            return Err(probability_error("confidences", confidences));
+        }
+        assignment::admit(
+            survivals,
+            confidences.cols(),
+            scheduled,
+            budget,
+            None,
+            assign_buffers,
+            admitted,
+        );
+        Ok(())
+    })
+}
+
+/// Budget and assignment in one call.
+///
+/// The budget is sized from `budget_confidences` when given (same shape as `confidences`;
+/// [`VerificationPlanner`] passes the previous step's), else from `confidences`; the
+/// assignment always uses `confidences`. Admitted counts go to `admitted` (length `R`).
+/// Errors as [`choose_draft_budget`]; on error `admitted` is untouched.
+pub fn plan_verification<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+    confidences: MatrixView<'_, T>,
+    budget_confidences: Option<MatrixView<'_, P>>,
+    scheduled_drafts: &[i64],
+    step: &StepTokens,
+    cost_tables: &CostTables,
+    admitted: &mut [i32],
+) -> Result<VerificationPlan> {
+    with_scratch(|scratch| {
+        plan_with(
+            scratch,
+            confidences,
+            budget_confidences,
+            scheduled_drafts,
+            step,
+            cost_tables,
+            admitted,
+        )
+    })
+}
+
+/// [`plan_verification`] on explicit scratch buffers (the stateful planner owns its own).
+pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+    scratch: &mut Scratch,
+    confidences: MatrixView<'_, T>,
+    budget_confidences: Option<MatrixView<'_, P>>,
+    scheduled_drafts: &[i64],
+    step: &StepTokens,
+    cost_tables: &CostTables,
+    admitted: &mut [i32],
+) -> Result<VerificationPlan> {
+    let rows = confidences.rows();
+    let cols = confidences.cols();
+    let total = check_common(confidences, scheduled_drafts, scratch)?;
+    if let Some(other) = budget_confidences {
+        check_same_shape(other, rows, cols)?;
+    }
+    check_admitted_len(admitted, rows)?;
+    let limit = check_step(step, rows, total, cost_tables)?;
+
+    let Scratch {
+        scheduled,
+        survivals,
+        budget_survivals,
+        budget_buffers,
+        assign_buffers,
+    } = scratch;
+    if !survivals.compute(confidences, scheduled) {
+        return Err(probability_error("confidences", confidences));
+    }
+    let (chosen, current) = match budget_confidences {
+        Some(other) => {
+            if !budget_survivals.compute(other, scheduled) {
+                return Err(probability_error("budget_confidences", other));
+            }
+            let chosen = budget_of(
+                budget_survivals,
+                cols,
+                scheduled,
+                step,
+                cost_tables,
+                limit,
+                budget_buffers,
+            );
+            (chosen, false)
+        }
+        None => {
+            let chosen = budget_of(
+                survivals,
+                cols,
+                scheduled,
+                step,
+                cost_tables,
+                limit,
+                budget_buffers,
+            );
+            (chosen, true)
+        }
+    };
+    let budget = chosen.budget;
+    let admitted_sum = assignment::admit(
+        survivals,
+        cols,
+        scheduled,
+        budget,
+        current.then_some(chosen.threshold),
+        assign_buffers,
+        admitted,
+    );
+    let expected_accepted_tokens = if current {
+        chosen.expected_tokens
+    } else {
+        step.num_sampling_requests as f64 + admitted_sum
+    };
+    Ok(VerificationPlan {
+        budget,
+        expected_accepted_tokens,
+        predicted_cost_ms: cost_tables.draft_ms()[rows]
+            + cost_tables.verify_ms()[step.num_non_draft_tokens + budget],
+    })
+}
+
+/// The budget over the scheduled survivals, up to `limit`.
+fn budget_of(
+    survivals: &Survivals,
+    cols: usize,
+    scheduled: &[usize],
+    step: &StepTokens,
+    cost_tables: &CostTables,
+    limit: usize,
+    buffers: &mut BudgetBuffers,
+) -> budget::Budget {
+    let t = step.num_non_draft_tokens;
+    budget::best_budget(
+        survivals,
+        cols,
+        scheduled,
+        limit,
+        step.num_sampling_requests as f64,
+        cost_tables.draft_ms()[scheduled.len()],
+        &cost_tables.verify_ms()[t..=t + limit],
+        cost_tables.verify_is_nondecreasing(),
+        buffers,
+    )
+}
+
+/// Validates the shapes and scheduled drafts (the confidences' values are checked while their
+/// survivals are computed); fills `scratch.scheduled`; returns `Σ scheduled`.
+fn check_common<T>(
+    confidences: MatrixView<'_, T>,
+    scheduled_drafts: &[i64],
+    scratch: &mut Scratch,
+) -> Result<usize> {
+    let rows = confidences.rows();
+    let cols = confidences.cols();
+    if scheduled_drafts.len() != rows {
+        return Err(Error::value(
+            "scheduled_drafts",
+            format!(
+                "has length {} but confidences has {rows} rows",
+                scheduled_drafts.len()
+            ),
+        ));
+    }
+    let scheduled = &mut scratch.scheduled;
+    scheduled.clear();
+    let mut total = 0usize;
+    for (r, &n) in scheduled_drafts.iter().enumerate() {
+        if n < 0 || n as u64 > cols as u64 {
+            return Err(Error::value(
+                "scheduled_drafts",
+                format!("[{r}] = {n} is outside 0..={cols} (confidences has {cols} positions)"),
+            ));
+        }
+        scheduled.push(n as usize);
+        total += n as usize;
+    }
+    Ok(total)
+}
+
+/// The error for the first entry of `matrix` outside `[0, 1]` (call only when one is).
+fn probability_error<T: Copy + Into<f64>>(
+    argument: &'static str,
+    matrix: MatrixView<'_, T>,
+) -> Error {
+    let cols = matrix.cols().max(1);
+    let (i, p) = matrix
+        .data()
+        .iter()
+        .map(|&p| -> f64 { p.into() })
+        .enumerate()
+        .find(|&(_, p)| !(0.0..=1.0).contains(&p))
+        .unwrap_or((0, f64::NAN));
+    Error::value(
+        argument,
+        format!(
+            "[{}, {}] = {p} is not a probability in [0, 1]",
+            i / cols,
+            i % cols
+        ),
+    )
+}
+
+fn check_same_shape<P>(other: MatrixView<'_, P>, rows: usize, cols: usize) -> Result<()> {
+    if other.rows() != rows || other.cols() != cols {
+        return Err(Error::value(
+            "budget_confidences",
+            format!(
+                "has shape [{}, {}] but confidences has [{rows}, {cols}]",
+                other.rows(),
+                other.cols()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_admitted_len(admitted: &[i32], rows: usize) -> Result<()> {
+    if admitted.len() != rows {
+        return Err(Error::value(
+            "admitted",
+            format!(
+                "has length {} but there are {rows} requests",
+                admitted.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the step against the tables; returns the largest admissible budget.
+fn check_step(
+    step: &StepTokens,
+    rows: usize,
+    total: usize,
+    cost_tables: &CostTables,
+) -> Result<usize> {
+    if rows > cost_tables.max_num_reqs() {
+        return Err(Error::value(
+            "confidences",
+            format!(
+                "has {rows} requests, more than the cost tables cover (max_num_reqs = {})",
+                cost_tables.max_num_reqs()
+            ),
+        ));
+    }
+    if step.num_sampling_requests > rows {
+        return Err(Error::value(
+            "num_sampling_requests",
+            format!(
+                "= {} exceeds the number of requests ({rows})",
+                step.num_sampling_requests
+            ),
+        ));
+    }
+    let limit = step.max_draft_budget.map_or(total, |cap| cap.min(total));
+    let max_tokens = cost_tables.max_batch_tokens();
+    if step
+        .num_non_draft_tokens
+        .checked_add(limit)
+        .is_none_or(|t| t > max_tokens)
+    {
+        return Err(Error::value(
+            "num_non_draft_tokens",
+            format!(
+                "{} plus the largest budget {limit} exceeds the cost tables' max_batch_tokens = {max_tokens}",
+                step.num_non_draft_tokens
+            ),
+        ));
+    }
+    Ok(limit)
+}
+
+#[cfg(test)]
+mod tests;

@@ -9,10 +9,28 @@ a scheduler's critical path:
 2. Which drafts are worth verifying? The planner weighs expected accepted tokens against
    measured step costs.
 
-``import av_core`` needs only numpy; torch is imported by :mod:`av_core.features` and
-:mod:`av_core.vllm` alone.
+``import av_core`` needs only numpy; torch is imported by :mod:`av_core.features`,
+:mod:`av_core.planner_torch` and :mod:`av_core.vllm` alone.
 """
 
-from av_core._native import AcceptanceEstimator, __version__
+from av_core._native import (
+    AcceptanceEstimator,
+    CostTables,
+    VerificationPlan,
+    VerificationPlanner,
+    __version__,
+    assign_draft_budget,
+    choose_draft_budget,
+    plan_verification,
+)
 
-__all__ = ["AcceptanceEstimator", "__version__"]
+__all__ = [
+    "AcceptanceEstimator",
+    "CostTables",
+    "VerificationPlan",
+    "VerificationPlanner",
+    "__version__",
+    "assign_draft_budget",
+    "choose_draft_budget",
+    "plan_verification",
+]

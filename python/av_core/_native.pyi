@@ -5,7 +5,16 @@ from typing import Any, Literal, final, overload
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["__version__", "AcceptanceEstimator"]
+__all__ = [
+    "__version__",
+    "AcceptanceEstimator",
+    "CostTables",
+    "VerificationPlan",
+    "VerificationPlanner",
+    "assign_draft_budget",
+    "choose_draft_budget",
+    "plan_verification",
+]
 
 __version__: str
 
@@ -78,3 +87,111 @@ class AcceptanceEstimator:
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AcceptanceEstimator: ...
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
+
+# --- the verification planner (rust/src/planner.rs) ---
+
+@final
+class CostTables:
+    def __new__(cls, draft_ms: npt.ArrayLike, verify_ms: npt.ArrayLike) -> CostTables: ...
+    @classmethod
+    def from_curves(
+        cls,
+        draft_curve: npt.ArrayLike,
+        verify_curve: npt.ArrayLike,
+        *,
+        max_num_reqs: int,
+        max_batch_tokens: int,
+        cudagraph_limit: int = 0,
+    ) -> CostTables: ...
+    @classmethod
+    def from_samples(
+        cls,
+        draft_samples: npt.ArrayLike,
+        verify_samples: npt.ArrayLike,
+        *,
+        max_num_reqs: int,
+        max_batch_tokens: int,
+        cudagraph_limit: int = 0,
+    ) -> CostTables: ...
+    @property
+    def draft_ms(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def verify_ms(self) -> npt.NDArray[np.float64]: ...
+    @property
+    def max_num_reqs(self) -> int: ...
+    @property
+    def max_batch_tokens(self) -> int: ...
+    def to_json(self) -> str: ...
+    @classmethod
+    def from_json(cls, text: str) -> CostTables: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __reduce__(self) -> tuple[Any, tuple[str]]: ...
+
+@final
+class VerificationPlan:
+    @property
+    def budget(self) -> int: ...
+    @property
+    def admitted(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def expected_accepted_tokens(self) -> float: ...
+    @property
+    def predicted_cost_ms(self) -> float: ...
+    def __iter__(self) -> Any: ...
+
+@final
+class VerificationPlanner:
+    def __new__(
+        cls,
+        cost_tables: CostTables,
+        num_positions: int,
+        *,
+        num_slots: int | None = None,
+        budget_source: Literal["previous", "current"] | str = "previous",
+    ) -> VerificationPlanner: ...
+    def add_request(self, slot: int) -> None: ...
+    def plan(
+        self,
+        slots: npt.ArrayLike,
+        confidences: npt.ArrayLike,
+        scheduled_drafts: npt.ArrayLike,
+        *,
+        num_non_draft_tokens: int,
+        num_sampling_requests: int,
+        max_draft_budget: int | None = None,
+    ) -> VerificationPlan: ...
+    def previous_confidences(self, slot: int) -> npt.NDArray[np.float64]: ...
+    def copy(self) -> VerificationPlanner: ...
+    def __copy__(self) -> VerificationPlanner: ...
+    def __deepcopy__(self, memo: Any, /) -> VerificationPlanner: ...
+    @property
+    def cost_tables(self) -> CostTables: ...
+    @property
+    def num_slots(self) -> int: ...
+    @property
+    def num_positions(self) -> int: ...
+    @property
+    def budget_source(self) -> str: ...
+
+def choose_draft_budget(
+    confidences: npt.ArrayLike,
+    scheduled_drafts: npt.ArrayLike,
+    *,
+    num_non_draft_tokens: int,
+    num_sampling_requests: int,
+    cost_tables: CostTables,
+    max_draft_budget: int | None = None,
+) -> int: ...
+def assign_draft_budget(
+    confidences: npt.ArrayLike, scheduled_drafts: npt.ArrayLike, budget: int
+) -> npt.NDArray[np.int32]: ...
+def plan_verification(
+    confidences: npt.ArrayLike,
+    scheduled_drafts: npt.ArrayLike,
+    *,
+    num_non_draft_tokens: int,
+    num_sampling_requests: int,
+    cost_tables: CostTables,
+    max_draft_budget: int | None = None,
+    budget_confidences: npt.ArrayLike | None = None,
+) -> VerificationPlan: ...

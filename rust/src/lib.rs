@@ -7,11 +7,13 @@ use pyo3::prelude::*;
 
 mod convert;
 mod estimator;
+mod planner;
 
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<estimator::PyAcceptanceEstimator>()?;
+    planner::register(m)?;
     Ok(())
 }

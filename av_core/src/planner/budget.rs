@@ -1,0 +1,374 @@
+//! The draft budget: how many draft tokens are worth verifying this step.
+//!
+//! With survivals sorted descending (`v_1 ≥ v_2 ≥ …`), `s` sampling requests, `R` requests and
+//! `T` non-draft tokens, verifying the best `b` drafts is expected to yield
+//! `E(b) = s + Σ_{j≤b} v_j` tokens at a cost `C(b) = draft_ms[R] + verify_ms[T + b]`, and the
+//! budget is the first `b` maximising tokens per millisecond `E(b)/C(b)` (vLLM's rule).
+//!
+//! A full sort of the `N = R·K` survivals would dominate the step, and most of it is wasted:
+//! only the ranks near the optimum matter. So one pass buckets the survivals by value (count
+//! and sum per bucket, [`BucketMap`]), and the buckets bound the ratio: inside a bucket `E` is
+//! at most its value at the bucket's end and `C` at least its minimum over the bucket's ranks.
+//! The best ratio at any bucket boundary is attained by some budget, so every bucket whose
+//! bound falls short of it is skipped; the hull of the rest is gathered (one contiguous run per
+//! row, since rows are sorted), sorted and scanned exactly. `O(N)` plus the hull's sort.
+//!
+//! Ratios compare like numpy's `argmax` over rounded float64 quotients: by cross-multiplying
+//! when the products are far enough apart (relative `2^-48`) that the quotients must order the
+//! same way, by the quotients themselves otherwise. `E` is accumulated in float64 bucket by
+//! bucket, so it can differ from vLLM's sequential `cumsum` in the last bits; budgets then
+//! agree with vLLM's except where two budgets' ratios tie to within about `1e-15` relative.
+
+use super::order::{for_each_run, sort_descending, BucketMap, SortBuffers, Survivals};
+
+/// Products closer than this relative margin fall back to comparing rounded quotients.
+const LOW: f64 = 1.0 - 1.0 / (1u64 << 48) as f64;
+const HIGH: f64 = 1.0 + 1.0 / (1u64 << 48) as f64;
+/// Below this magnitude products may have lost relative precision to underflow.
+const TINY: f64 = 1e-290;
+/// Relative slack on bucket bounds, far above the float64 error of the bucket sums.
+const BOUND_SLACK: f64 = 1e-9;
+/// Batches of at most this many scheduled slots are sorted and scanned outright.
+const SMALL: usize = 64;
+/// Buckets hold about `2^COARSENESS` survivals on average.
+const COARSENESS: u32 = 4;
+
+/// The chosen budget, its expected token count `E(budget)`, and the `budget`-th largest
+/// survival (the assignment's threshold; meaningless for `budget = 0`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Budget {
+    pub budget: usize,
+    pub expected_tokens: f64,
+    pub threshold: f64,
+}
+
+/// Whether `e / c` beats `best_e / best_c` as rounded float64 quotients.
+#[inline]
+fn beats(e: f64, c: f64, best_e: f64, best_c: f64) -> bool {
+    let lhs = e * best_c;
+    let rhs = best_e * c;
+    if lhs < rhs * LOW && lhs > TINY && rhs.is_finite() {
+        return false;
+    }
+    if lhs > rhs * HIGH && rhs > TINY && lhs.is_finite() {
+        return true;
+    }
+    e / c > best_e / best_c
+}
+
+/// Running best of a scan in increasing `b` (ties keep the first).
+struct Best {
+    budget: usize,
+    e: f64,
+    c: f64,
+    threshold: f64,
+}
+
+impl Best {
+    fn start(s: f64, c0: f64) -> Self {
+        Best {
+            budget: 0,
+            e: s,
+            c: c0,
+            threshold: 0.0,
+        }
+    }
+
+    /// Scans `values` (sorted descending) as ranks `first_rank..`, with `E = s + prefix` just
+    /// before the first of them.
+    fn scan(
+        &mut self,
+        values: &[f64],
+        first_rank: usize,
+        s: f64,
+        prefix: f64,
+        draft_ms: f64,
+        verify: &[f64],
+    ) {
+        let costs = &verify[first_rank..first_rank + values.len()];
+        let mut cumulative = prefix;
+        for (t, (&v, &verify_b)) in values.iter().zip(costs).enumerate() {
+            cumulative += v;
+            let e = s + cumulative;
+            let c = draft_ms + verify_b;
+            if beats(e, c, self.e, self.c) {
+                self.budget = first_rank + t;
+                self.e = e;
+                self.c = c;
+                self.threshold = v;
+            }
+        }
+    }
+
+    fn finish(self) -> Budget {
+        Budget {
+            budget: self.budget,
+            expected_tokens: self.e,
+            threshold: self.threshold,
+        }
+    }
+}
+
+/// Reusable buffers of [`best_budget`].
+#[derive(Default)]
+pub(crate) struct BudgetBuffers {
+    indices: Vec<u32>,
+    counts: Vec<u32>,
+    sums: Vec<f64>,
+    members: Vec<f64>,
+    sort: SortBuffers,
+}
+
+/// The first `b` in `0..=limit` maximising `E(b) / C(b)`.
+///
+/// `verify` is `verify_ms[T..=T + limit]`; `verify_nondecreasing` lets the bound read a
+/// bucket's cheapest cost at its first rank instead of scanning for it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn best_budget(
+    survivals: &Survivals,
+    cols: usize,
+    scheduled: &[usize],
+    limit: usize,
+    sampling_requests: f64,
+    draft_ms: f64,
+    verify: &[f64],
+    verify_nondecreasing: bool,
+    buffers: &mut BudgetBuffers,
+) -> Budget {
+    debug_assert_eq!(verify.len(), limit + 1);
+    let s = sampling_requests;
+    let BudgetBuffers {
+        indices,
+        counts,
+        sums,
+        members,
+        sort,
+    } = buffers;
+    if survivals.count <= SMALL || survivals.max == survivals.min || limit == 0 {
+        survivals.gather(cols, scheduled, members);
+        sort_descending(members, sort);
+        return exact_scan(&members[..limit], s, draft_ms, verify);
+    }
+
+    // Count and sum per bucket.
+    let map = BucketMap::new(survivals, COARSENESS);
+    map.indices(survivals, indices);
+    map.histogram_with_sums(survivals, cols, scheduled, indices, counts, sums);
+
+    // The best ratio at any bucket boundary within the limit: some budget attains it.
+    let mut floor_e = s;
+    let mut floor_c = draft_ms + verify[0];
+    let mut end = 0usize;
+    let mut prefix = 0.0f64;
+    for (&count, &sum) in counts.iter().zip(sums.iter()) {
+        end += count as usize;
+        prefix += sum;
+        if end > limit {
+            break;
+        }
+        let e = s + prefix;
+        let c = draft_ms + verify[end];
+        if e * floor_c > floor_e * c {
+            floor_e = e;
+            floor_c = c;
+        }
+    }
+
+    // Buckets that may hold a budget reaching the floor, and their hull. A quick test first:
+    // E at the bucket's end over C at its cheapest. Then, for buckets that pass, per rank:
+    // E(start + t) ≤ s + prefix + t·(bucket's top value), against the exact C there.
+    let mut hull: Option<(usize, usize, f64)> = None; // (first bucket, its first rank, prefix)
+    let mut last_bucket = 0usize;
+    let mut start = 0usize;
+    let mut prefix = 0.0f64;
+    let reaches = |e: f64, c: f64| {
+        let reach = e * floor_c * (1.0 + BOUND_SLACK);
+        let need = floor_e * c * (1.0 - BOUND_SLACK);
+        reach >= need || !reach.is_finite() || !need.is_finite()
+    };
+    for (b, (&count, &sum)) in counts.iter().zip(sums.iter()).enumerate() {
+        if start >= limit {
+            break;
+        }
+        if count > 0 {
+            let end = (start + count as usize).min(limit);
+            let e_max = s + (prefix + sum);
+            let costs = &verify[start + 1..=end];
+            let c_min = draft_ms
+                + if verify_nondecreasing {
+                    costs[0]
+                } else {
+                    costs.iter().fold(f64::INFINITY, |m, &v| m.min(v))
+                };
+            let candidate = reaches(e_max, c_min) && {
+                let top = map.upper_bound(b).min(survivals.max);
+                costs.iter().enumerate().any(|(t, &v)| {
+                    let e = s + prefix + (t + 1) as f64 * top;
+                    reaches(e.min(e_max), draft_ms + v)
+                })
+            };
+            if candidate {
+                hull.get_or_insert((b, start, prefix));
+                last_bucket = b;
+            }
+        }
+        prefix += sum;
+        start += count as usize;
+    }
+
+    let mut best = Best::start(s, draft_ms + verify[0]);
+    if let Some((first_bucket, first_rank, prefix)) = hull {
+        // The hull's survivals: one contiguous run per row.
+        members.clear();
+        for_each_run(
+            indices,
+            cols,
+            scheduled,
+            first_bucket,
+            last_bucket,
+            |r, from, to| {
+                members.extend_from_slice(&survivals.values[r * cols + from..r * cols + to]);
+            },
+        );
+        sort_descending(members, sort);
+        let take = members.len().min(limit - first_rank);
+        best.scan(
+            &members[..take],
+            first_rank + 1,
+            s,
+            prefix,
+            draft_ms,
+            verify,
+        );
+    }
+    best.finish()
+}
+
+/// The first `b` in `0..=sorted.len()` maximising `E(b) / C(b)` over survivals already sorted
+/// descending, with `E` accumulated in order (exactly vLLM's `s + cumsum`).
+pub(crate) fn exact_scan(sorted: &[f64], s: f64, draft_ms: f64, verify: &[f64]) -> Budget {
+    debug_assert_eq!(verify.len(), sorted.len() + 1);
+    let mut best = Best::start(s, draft_ms + verify[0]);
+    best.scan(sorted, 1, s, 0.0, draft_ms, verify);
+    best.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matrix::MatrixView;
+    use proptest::prelude::*;
+
+    /// numpy's recipe written out: cumsum, quotients, first maximum.
+    fn reference(values: &[f64], s: f64, draft: f64, verify: &[f64]) -> usize {
+        let mut e = vec![s];
+        let mut cum = 0.0;
+        for &v in values {
+            cum += v;
+            e.push(s + cum);
+        }
+        let q: Vec<f64> = e.iter().zip(verify).map(|(e, v)| e / (draft + v)).collect();
+        let mut best = 0;
+        for (i, &x) in q.iter().enumerate() {
+            if x > q[best] {
+                best = i;
+            }
+        }
+        best
+    }
+
+    fn run(values: &[f64], s: f64, draft: f64, verify: &[f64]) -> usize {
+        exact_scan(values, s, draft, verify).budget
+    }
+
+    #[test]
+    fn hand_cases() {
+        // Flat costs: every positive survival pays for itself.
+        assert_eq!(run(&[0.9, 0.5, 0.1], 1.0, 0.0, &[1.0; 4]), 3);
+        // A cost cliff after one draft.
+        assert_eq!(run(&[0.9, 0.81], 2.0, 0.0, &[1.0, 1.0, 100.0]), 1);
+        // Zero survivals add nothing, so the first maximum stops before them.
+        assert_eq!(run(&[0.5, 0.0, 0.0], 1.0, 0.0, &[1.0; 4]), 1);
+        // Nothing to gain at all: b = 0.
+        assert_eq!(run(&[0.0, 0.0], 0.0, 0.0, &[1.0; 3]), 0);
+        // Exact tie between b = 0 and b = 1 in rounded quotients keeps the first.
+        assert_eq!(run(&[1.0], 1.0, 0.0, &[1.0, 2.0]), 0);
+        // Huge costs overflow the cross products; the quotient path still decides.
+        assert_eq!(run(&[1.0], 1.0, 0.0, &[1e308, 1e307]), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn exact_scan_matches_numpy_recipe_bit_for_bit(
+            mut values in prop::collection::vec(
+                prop_oneof![Just(0.0), Just(1.0), Just(0.25), 0.0f64..=1.0], 0..40),
+            s in 0u32..6,
+            draft in prop_oneof![Just(0.0), 0.0f64..5.0],
+            verify_seed in prop::collection::vec(
+                prop_oneof![Just(1.0), Just(2.0), 1e-6f64..10.0], 41),
+        ) {
+            values.sort_by(|a, b| b.total_cmp(a));
+            let verify = &verify_seed[..values.len() + 1];
+            prop_assert_eq!(
+                run(&values, f64::from(s), draft, verify),
+                reference(&values, f64::from(s), draft, verify)
+            );
+        }
+
+        /// On dyadic inputs every sum is exact, so the pruned search must equal the full scan.
+        #[test]
+        fn pruned_search_equals_full_scan_on_exact_inputs(
+            rows in 1usize..120,
+            cols in 1usize..9,
+            numerators in prop::collection::vec(0u32..=16, 1000),
+            sched_seed in prop::collection::vec(0usize..9, 120),
+            s_seed in 0usize..1000,
+            draft in 0u32..8,
+            steps in prop::collection::vec((1usize..300, 0u32..64), 1..6),
+            sloped in any::<bool>(),
+            dip in any::<bool>(),
+            cap_seed in 0usize..2000,
+        ) {
+            let conf: Vec<f64> = (0..rows * cols)
+                .map(|i| f64::from(numerators[i % numerators.len()]) / 16.0)
+                .collect();
+            let sched: Vec<usize> = (0..rows).map(|r| sched_seed[r] % (cols + 1)).collect();
+            let view = MatrixView::new("c", &conf, rows, cols).unwrap();
+            let mut surv = Survivals::default();
+            prop_assert!(surv.compute(view, &sched));
+            let limit = if cap_seed % 3 == 0 { cap_seed % (surv.count + 1) } else { surv.count };
+            // Piecewise costs in exact binary fractions: steps, optionally sloped inside,
+            // optionally with one dip (not monotone).
+            let mut verify = Vec::with_capacity(limit + 1);
+            let mut level = 1.0;
+            let mut i = 0;
+            while verify.len() <= limit {
+                let (len, rise) = steps[i % steps.len()];
+                for j in 0..len {
+                    verify.push(level + if sloped { j as f64 / 8.0 } else { 0.0 });
+                }
+                level += f64::from(rise) / 4.0 + if sloped { len as f64 / 8.0 } else { 0.0 };
+                i += 1;
+            }
+            verify.truncate(limit + 1);
+            if dip && limit > 2 {
+                verify[limit / 2] = 0.5;
+            }
+            let nondecreasing = verify.windows(2).all(|w| w[0] <= w[1]);
+            let s = (s_seed % (rows + 1)) as f64;
+            let pruned = best_budget(
+                &surv, cols, &sched, limit, s, f64::from(draft), &verify, nondecreasing,
+                &mut BudgetBuffers::default(),
+            );
+            let mut sorted = Vec::new();
+            surv.gather(cols, &sched, &mut sorted);
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let full = exact_scan(&sorted[..limit], s, f64::from(draft), &verify);
+            prop_assert_eq!(pruned.budget, full.budget);
+            prop_assert_eq!(pruned.expected_tokens, full.expected_tokens);
+            if full.budget > 0 {
+                prop_assert_eq!(pruned.threshold, full.threshold);
+            }
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! Survivals, and buckets that order them without sorting.
+//!
+//! Survival never increases along a request (`S_k = S_{k-1}·p_k` with `p_k ≤ 1`, and rounding
+//! is monotone), so each row is already sorted descending: the global maximum is among the
+//! row heads, the minimum among the row tails, and the slots of any value range form one
+//! contiguous run per row. The planner leans on this everywhere instead of sorting `R·K`
+//! values.
+//!
+//! [`BucketMap`] splits `[min, max]` into equal-width buckets of the IEEE-754 bit pattern (for
+//! non-negative doubles the bit order is the numeric order, and equal widths in bit space are a
+//! piecewise-linear log scale, which spreads products evenly).
+
+use crate::matrix::MatrixView;
+
+/// Row-major survivals `[R, K]`: whole rows, of which the first `scheduled[r]` count.
+pub(crate) struct Survivals {
+    /// `S[r, k]`, row-major, never `-0.0`.
+    pub values: Vec<f64>,
+    /// `Σ_{j ≤ k} S[r, j]`, row-major: the expected accepted drafts of a prefix.
+    pub cumulative: Vec<f64>,
+    /// Largest scheduled survival (0 when there is none).
+    pub max: f64,
+    /// Smallest scheduled survival (1 when there is none).
+    pub min: f64,
+    /// Number of scheduled slots.
+    pub count: usize,
+}
+
+impl Default for Survivals {
+    fn default() -> Self {
+        Survivals {
+            values: Vec::new(),
+            cumulative: Vec::new(),
+            max: 0.0,
+            min: 1.0,
+            count: 0,
+        }
+    }
+}
+
+impl Survivals {
+    /// `S[r, k] = Π_{j ≤ k} p[r, j]` in f64, multiplied left to right (as vLLM's `cumprod` over
+    /// float64), with their running sums. Whole rows are computed, a branch-free loop; only the
+    /// slots `k < scheduled[r]` count. Returns `false` if some confidence is outside `[0, 1]`
+    /// or NaN (the caller reports which).
+    #[must_use]
+    pub(crate) fn compute<T: Copy + Into<f64>>(
+        &mut self,
+        confidences: MatrixView<'_, T>,
+        scheduled: &[usize],
+    ) -> bool {
+        let cols = confidences.cols();
+        let len = confidences.rows() * cols;
+        self.values.resize(len, 0.0);
+        self.cumulative.resize(len, 0.0);
+        self.max = 0.0;
+        self.min = 1.0;
+        self.count = 0;
+        if cols == 0 {
+            return true;
+        }
+        let data = confidences.data();
+        // A separate, vectorized pass: fused into the loop below it costs more.
+        let valid = data
+            .iter()
+            .fold(true, |ok, &p| ok & (0.0..=1.0).contains(&p.into()));
+        let values = &mut self.values;
+        let cumulative = &mut self.cumulative;
+        // Common depths get a loop the compiler unrolls (independent rows then overlap).
+        let rows = (data, &mut values[..], &mut cumulative[..]);
+        match cols {
+            1 => fill_rows::<T, 1>(rows),
+            2 => fill_rows::<T, 2>(rows),
+            3 => fill_rows::<T, 3>(rows),
+            4 => fill_rows::<T, 4>(rows),
+            5 => fill_rows::<T, 5>(rows),
+            6 => fill_rows::<T, 6>(rows),
+            7 => fill_rows::<T, 7>(rows),
+            8 => fill_rows::<T, 8>(rows),
+            10 => fill_rows::<T, 10>(rows),
+            12 => fill_rows::<T, 12>(rows),
+            16 => fill_rows::<T, 16>(rows),
+            _ => fill_rows_any(cols, rows),
+        }
+        // Rows are sorted: the extremes are among the heads and the last scheduled entries.
+        let (mut max, mut min, mut count) = (0.0f64, 1.0f64, 0usize);
+        for (row, &n) in values.chunks_exact(cols).zip(scheduled) {
+            if let (Some(&head), Some(&tail)) = (row.first(), row[..n].last()) {
+                max = if head > max { head } else { max };
+                min = if tail < min { tail } else { min };
+            }
+            count += n;
+        }
+        (self.max, self.min, self.count) = (max, min, count);
+        valid
+    }
+
+    /// Sum of the survivals of the first `admitted[r]` slots of every row.
+    pub(crate) fn prefix_sum(&self, cols: usize, admitted: &[i32]) -> f64 {
+        admitted
+            .iter()
+            .enumerate()
+            .filter(|&(_, &a)| a > 0)
+            .map(|(r, &a)| self.cumulative[r * cols + a as usize - 1])
+            .sum()
+    }
+
+    /// The scheduled survivals of row `r`.
+    #[inline]
+    pub(crate) fn row(&self, r: usize, cols: usize, scheduled: usize) -> &[f64] {
+        &self.values[r * cols..r * cols + scheduled]
+    }
+
+    /// All `K` survivals of row `r`, sorted descending (only the first `scheduled[r]` count).
+    #[inline]
+    pub(crate) fn full_row(&self, r: usize, cols: usize) -> &[f64] {
+        &self.values[r * cols..(r + 1) * cols]
+    }
+
+    /// The scheduled survivals, row by row, into `out`.
+    pub(crate) fn gather(&self, cols: usize, scheduled: &[usize], out: &mut Vec<f64>) {
+        out.clear();
+        for (r, &n) in scheduled.iter().enumerate() {
+            out.extend_from_slice(self.row(r, cols, n));
+        }
+    }
+}
+
+/// Confidences in, survivals and running sums out.
+type Rows<'a, T> = (&'a [T], &'a mut [f64], &'a mut [f64]);
+
+/// Survivals and running sums of rows of `K` confidences.
+fn fill_rows<T: Copy + Into<f64>, const K: usize>((data, values, cumulative): Rows<'_, T>) {
+    let rows = data
+        .chunks_exact(K)
+        .zip(values.chunks_exact_mut(K))
+        .zip(cumulative.chunks_exact_mut(K));
+    for ((row, out), sums) in rows {
+        let mut survival = 1.0f64;
+        let mut sum = 0.0f64;
+        for k in 0..K {
+            // `+ 0.0` folds a `-0.0` confidence onto `+0.0` (off the multiply chain).
+            survival *= row[k].into() + 0.0;
+            sum += survival;
+            out[k] = survival;
+            sums[k] = sum;
+        }
+    }
+}
+
+/// [`fill_rows`] for any row length.
+fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values, cumulative): Rows<'_, T>) {
+    let rows = data
+        .chunks_exact(cols)
+        .zip(values.chunks_exact_mut(cols))
+        .zip(cumulative.chunks_exact_mut(cols));
+    for ((row, out), sums) in rows {
+        let mut survival = 1.0f64;
+        let mut sum = 0.0f64;
+        for ((value, running), &p) in out.iter_mut().zip(sums.iter_mut()).zip(row) {
+            survival *= p.into() + 0.0;
+            sum += survival;
+            *value = survival;
+            *running = sum;
+        }
+    }
+}
+
+/// `#{k < n : row[k] > bound}` for a row sorted descending: a fixed-length, vectorizable
+/// count over the whole row.
+#[inline]
+pub(crate) fn count_above(full_row: &[f64], n: usize, bound: f64) -> usize {
+    full_row
+        .iter()
+        .fold(0usize, |c, &v| c + usize::from(v > bound))
+        .min(n)
+}
+
+/// For every row `r`, the run of scheduled slots whose bucket lies in `first..=last`: calls
+/// `f(r, from, to)` with `from = #{bucket < first}` and `to = #{bucket ≤ last}` (rows are
+/// sorted, so buckets never decrease along a row and the run is `from..to`). Counts over the
+/// `u32` bucket indices of [`BucketMap::indices`], a fixed-length loop the compiler vectorizes.
+#[inline]
+pub(crate) fn for_each_run(
+    indices: &[u32],
+    cols: usize,
+    scheduled: &[usize],
+    first: usize,
+    last: usize,
+    f: impl FnMut(usize, usize, usize),
+) {
+    let (first, last) = (first as u32, last as u32);
+    match cols {
+        0 => {}
+        4 => runs::<4>(indices, scheduled, first, last, f),
+        8 => runs::<8>(indices, scheduled, first, last, f),
+        16 => runs::<16>(indices, scheduled, first, last, f),
+        _ => runs_any(cols, indices, scheduled, first, last, f),
+    }
+}
+
+fn runs<const K: usize>(
+    indices: &[u32],
+    scheduled: &[usize],
+    first: u32,
+    last: u32,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    for (r, (row, &n)) in indices.chunks_exact(K).zip(scheduled).enumerate() {
+        let (mut from, mut to) = (0u32, 0u32);
+        for &b in &row[..K] {
+            from += u32::from(b < first);
+            to += u32::from(b <= last);
+        }
+        f(r, (from as usize).min(n), (to as usize).min(n));
+    }
+}
+
+fn runs_any(
+    cols: usize,
+    indices: &[u32],
+    scheduled: &[usize],
+    first: u32,
+    last: u32,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    for (r, (row, &n)) in indices.chunks_exact(cols).zip(scheduled).enumerate() {
+        let from = row.iter().filter(|&&b| b < first).count();
+        let to = row.iter().filter(|&&b| b <= last).count();
+        f(r, from.min(n), to.min(n));
+    }
+}
+
+/// Keys further below the maximum than this many binades share the last bucket, so one zero
+/// survival cannot stretch every bucket.
+const MAX_SPAN_BINADES: u64 = 40;
+
+/// Bucket index of a survival: equal-width buckets in bit-pattern space below the largest
+/// scheduled survival, bucket 0 holding the largest.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BucketMap {
+    top: u64,
+    shift: u32,
+    len: usize,
+    /// Values are clamped into `[floor, ceiling]` before bucketing: values below the floor
+    /// share the bucket farthest from the top, and unscheduled slots above the ceiling
+    /// (never counted) stay in range.
+    floor: f64,
+    ceiling: f64,
+}
+
+impl BucketMap {
+    /// About `N / 2^coarseness` buckets (at least 64, at most 2^15) over the survivals'
+    /// range. Requires at least one scheduled slot.
+    pub(crate) fn new(survivals: &Survivals, coarseness: u32) -> Self {
+        let n = survivals.count;
+        let top = survivals.max.to_bits();
+        let span = (top - survivals.min.to_bits()).min(MAX_SPAN_BINADES << 52);
+        let bucket_bits = (usize::BITS - n.leading_zeros())
+            .saturating_sub(coarseness)
+            .clamp(6, 15);
+        let span_bits = u64::BITS - span.leading_zeros();
+        let shift = span_bits.saturating_sub(bucket_bits);
+        BucketMap {
+            top,
+            shift,
+            // (top − bits(v)) ≤ span < 2^span_bits, so the index stays below 2^bucket_bits.
+            len: (span >> shift) as usize + 1,
+            floor: f64::from_bits(top - span),
+            ceiling: survivals.max,
+        }
+    }
+
+    /// Number of buckets.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bucket of `value`; larger values get smaller or equal buckets.
+    #[inline]
+    pub(crate) fn bucket(&self, value: f64) -> usize {
+        // Plain comparisons (`maxsd`/`minsd`, vectorizable): survivals are never NaN.
+        let low = if value > self.floor {
+            value
+        } else {
+            self.floor
+        };
+        let clamped = if low < self.ceiling {
+            low
+        } else {
+            self.ceiling
+        };
+        ((self.top - clamped.to_bits()) >> self.shift) as usize
+    }
+
+    /// The values in buckets `≥ bucket` (for `bucket ≤ len`) are exactly those `≤` this bound.
+    pub(crate) fn upper_bound(&self, bucket: usize) -> f64 {
+        if bucket == 0 {
+            return f64::INFINITY;
+        }
+        if bucket >= self.len {
+            return f64::NEG_INFINITY;
+        }
+        // bucket(v) ≥ j  ⟺  bits(max(v, floor)) ≤ top − (j << shift), and j < len keeps
+        // that at or above the floor.
+        f64::from_bits(self.top - ((bucket as u64) << self.shift))
+    }
+
+    /// Bucket indices of every slot, scheduled or not (one vectorizable pass; the scatter that
+    /// follows is cheaper without the index arithmetic in its loop).
+    pub(crate) fn indices(&self, survivals: &Survivals, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend(survivals.values.iter().map(|&v| self.bucket(v) as u32));
+    }
+
+    /// Counts per bucket of the scheduled survivals, into `counts` (length [`Self::len`]);
+    /// `indices` is [`Self::indices`]' output.
+    pub(crate) fn histogram(
+        &self,
+        survivals: &Survivals,
+        cols: usize,
+        scheduled: &[usize],
+        indices: &[u32],
+        counts: &mut Vec<u32>,
+    ) {
+        counts.clear();
+        counts.resize(self.len(), 0);
+        if survivals.count == indices.len() {
+            for &b in indices {
+                counts[b as usize] += 1;
+            }
+        } else {
+            for (row, &n) in indices.chunks_exact(cols).zip(scheduled) {
+                for &b in &row[..n] {
+                    counts[b as usize] += 1;
+                }
+            }
+        }
+    }
+
+    /// Counts and sums per bucket of the scheduled survivals.
+    pub(crate) fn histogram_with_sums(
+        &self,
+        survivals: &Survivals,
+        cols: usize,
+        scheduled: &[usize],
+        indices: &[u32],
+        counts: &mut Vec<u32>,
+        sums: &mut Vec<f64>,
+    ) {
+        counts.clear();
+        counts.resize(self.len(), 0);
+        sums.clear();
+        sums.resize(self.len(), 0.0);
+        if survivals.count == indices.len() {
+            for (&b, &v) in indices.iter().zip(&survivals.values) {
+                counts[b as usize] += 1;
+                sums[b as usize] += v;
+            }
+        } else {
+            let rows = indices
+                .chunks_exact(cols)
+                .zip(survivals.values.chunks_exact(cols))
+                .zip(scheduled);
+            for ((row, values), &n) in rows {
+                for (&b, &v) in row[..n].iter().zip(values) {
+                    counts[b as usize] += 1;
+                    sums[b as usize] += v;
+                }
+            }
+        }
+    }
+}
+
+/// Buffers reused by [`sort_descending`].
+#[derive(Default)]
+pub(crate) struct SortBuffers {
+    counts: Vec<u32>,
+    spill: Vec<f64>,
+}
+
+/// Up to this many values are sorted by insertion alone.
+const INSERTION: usize = 32;
+
+/// Sorts survivals (finite, `≥ 0`, never `-0.0`) descending.
+///
+/// One counting pass distributes them into about `n` equal-width buckets of bit-pattern space
+/// between their extremes, then a single insertion pass fixes the order inside buckets: linear
+/// on spread values, where a comparison sort pays `log n` mispredicted branches per element.
+pub(crate) fn sort_descending(values: &mut [f64], buffers: &mut SortBuffers) {
+    let n = values.len();
+    if n > INSERTION {
+        let (top, bottom) = values.iter().fold((0u64, u64::MAX), |(hi, lo), &v| {
+            (hi.max(v.to_bits()), lo.min(v.to_bits()))
+        });
+        let span = top - bottom;
+        if span == 0 {
+            return;
+        }
+        let bucket_bits = (usize::BITS - n.leading_zeros()).min(15);
+        let shift = (u64::BITS - span.leading_zeros()).saturating_sub(bucket_bits);
+        let bucket = |v: f64| ((top - v.to_bits()) >> shift) as usize;
+        let SortBuffers { counts, spill } = buffers;
+        counts.clear();
+        counts.resize((span >> shift) as usize + 2, 0);
+        for &v in values.iter() {
+            counts[bucket(v) + 1] += 1;
+        }
+        for b in 1..counts.len() {
+            counts[b] += counts[b - 1];
+        }
+        spill.clear();
+        spill.resize(n, 0.0);
+        for &v in values.iter() {
+            let slot = &mut counts[bucket(v)];
+            spill[*slot as usize] = v;
+            *slot += 1;
+        }
+        values.copy_from_slice(spill);
+        // A crowded bucket (values clustered far below the top) is sorted by comparison, so
+        // the insertion pass below stays linear whatever the distribution.
+        let mut start = 0usize;
+        for &end in counts.iter() {
+            let end = end as usize;
+            if end - start > INSERTION {
+                values[start..end].sort_unstable_by(|a, b| b.total_cmp(a));
+            }
+            start = end;
+        }
+    }
+    for i in 1..n {
+        let v = values[i];
+        let mut j = i;
+        while j > 0 && values[j - 1] < v {
+            values[j] = values[j - 1];
+            j -= 1;
+        }
+        values[j] = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn survivals(conf: &[f64], rows: usize, cols: usize, sched: &[usize]) -> Survivals {
+        let mut s = Survivals::default();
+        assert!(s.compute(MatrixView::new("c", conf, rows, cols).unwrap(), sched));
+        s
+    }
+
+    #[test]
+    fn negative_zero_becomes_zero() {
+        let s = survivals(&[-0.0, 0.5], 1, 2, &[2]);
+        assert_eq!(s.values[0].to_bits(), 0);
+        assert_eq!(s.values[1].to_bits(), 0);
+    }
+
+    #[test]
+    fn out_of_range_is_reported() {
+        for bad in [f64::NAN, 1.5, -0.5, f64::INFINITY] {
+            let mut s = Survivals::default();
+            let data = [0.5, bad];
+            let view = MatrixView::new("c", &data[..], 1, 2).unwrap();
+            assert!(!s.compute(view, &[1]));
+        }
+    }
+
+    #[test]
+    fn running_sums_give_prefix_sums() {
+        let s = survivals(&[0.5, 0.5, 1.0, 0.25, 0.0, 1.0], 2, 3, &[3, 2]);
+        assert_eq!(s.prefix_sum(3, &[2, 0]), 0.75);
+        assert_eq!(s.prefix_sum(3, &[3, 2]), 1.0 + 0.25);
+    }
+
+    proptest! {
+        /// Buckets are monotone, and `upper_bound` separates them exactly.
+        #[test]
+        fn buckets_are_monotone_and_bounds_exact(
+            rows in 1usize..60,
+            cols in 1usize..10,
+            seed in prop::collection::vec(
+                prop_oneof![Just(0.0), Just(1.0), Just(0.5), 0.0f64..=1.0, 0.9f64..=1.0],
+                600,
+            ),
+            sched_seed in prop::collection::vec(0usize..11, 60),
+            coarseness in 0u32..4,
+        ) {
+            let conf: Vec<f64> = (0..rows * cols).map(|i| seed[i % seed.len()]).collect();
+            let mut sched: Vec<usize> = (0..rows).map(|r| sched_seed[r] % (cols + 1)).collect();
+            sched[0] = cols;
+            let s = survivals(&conf, rows, cols, &sched);
+            let map = BucketMap::new(&s, coarseness);
+            let mut indices = Vec::new();
+            map.indices(&s, &mut indices);
+            let mut counts = Vec::new();
+            map.histogram(&s, cols, &sched, &indices, &mut counts);
+            prop_assert_eq!(counts.iter().map(|&c| c as usize).sum::<usize>(), s.count);
+            let mut all = Vec::new();
+            s.gather(cols, &sched, &mut all);
+            let mut plain = all.clone();
+            plain.sort_by(|a, b| b.total_cmp(a));
+            sort_descending(&mut all, &mut SortBuffers::default());
+            prop_assert_eq!(&all, &plain);
+            for w in all.windows(2) {
+                prop_assert!(map.bucket(w[0]) <= map.bucket(w[1]));
+            }
+            for &v in &all {
+                let b = map.bucket(v);
+                prop_assert!(b < map.len());
+                prop_assert!(v <= map.upper_bound(b));
+                prop_assert!(b == map.len() - 1 || v > map.upper_bound(b + 1));
+            }
+            let bound = all[all.len() / 2];
+            for (r, &n) in sched.iter().enumerate() {
+                let expected = s.row(r, cols, n).iter().filter(|&&v| v > bound).count();
+                prop_assert_eq!(count_above(s.full_row(r, cols), n, bound), expected);
+            }
+        }
+    }
+}

@@ -1,0 +1,231 @@
+"""Speed of the verification planner against numpy implementations of the same host math.
+
+``plan_verification`` (budget from the previous step's confidences, assignment from the current
+ones: what a scheduler calls every decode step) against numpy doing what vLLM 0.33.0 does in
+Python for the budget (float64 cumprod, mask, full sort, cumsum, argmax) plus the assignment
+(stable depth-major argsort, top ``budget``, counts per request), at R in {8, 64, 256, 1024} and
+K in {4, 8, 16}; the same with the budget from the current confidences; and the growth of the
+call with R at K = 8 (fitted exponent against N = R·K; a sort-based plan would be ``N log N``).
+Every av_core time is paired with the numpy reference timed interleaved in the same run.
+
+Target (DESIGN.md section 7): plan at R = 256, K = 8 >= 10x faster than numpy and <= 5 us.
+
+    python benches/bench_planner.py [--quick] [--json PATH]
+
+``run(quick)`` and ``scaling(quick)`` return the rows for ``benches/run.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from av_core import CostTables, plan_verification
+
+TARGET_US = 5.0
+TARGET_SPEEDUP = 10.0
+MAX_REQS = 4096
+MAX_TOKENS = MAX_REQS * 17
+
+
+def timed(
+    calls: dict[str, Callable[[], object]], repeats: int, inner: int
+) -> dict[str, list[float]]:
+    """Microseconds per call, `inner` calls per sample, the calls alternated sample by sample."""
+    for call in calls.values():
+        call()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                call()
+            samples[name].append((time.perf_counter() - start) / inner * 1e6)
+    return samples
+
+
+def summary(samples: list[float]) -> tuple[float, float, float]:
+    q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return median, q1, q3
+
+
+def profiled_tables() -> CostTables:
+    """A typical profile: cudagraphs captured up to 512 tokens (a step function there), eager
+    and piecewise above it, draft cost growing with the batch."""
+    capture = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    verify = [(n, 6.0 + 0.004 * n) for n in capture]
+    verify += [(n, 7.0 + 0.012 * n) for n in (768, 1024, 2048, 4096, 8192, 16384, 32768)]
+    draft = [(n, 1.0 + 0.002 * n) for n in (1, 8, 64, 256, 1024, 4096)]
+    return CostTables.from_curves(
+        draft, verify, max_num_reqs=MAX_REQS, max_batch_tokens=MAX_TOKENS, cudagraph_limit=512
+    )
+
+
+def workload(rows: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Float32 acceptance probabilities as an estimator predicts them (mostly 0.5-0.95), this
+    step's and the previous step's, and every request scheduling all K drafts."""
+    rng = np.random.default_rng(seed)
+    current = rng.beta(5.0, 1.5, size=(rows, k)).astype(np.float32)
+    previous = rng.beta(5.0, 1.5, size=(rows, k)).astype(np.float32)
+    return current, previous, np.full(rows, k, np.int64)
+
+
+def numpy_plan(
+    confidences: np.ndarray,
+    budget_confidences: np.ndarray,
+    scheduled: np.ndarray,
+    t: int,
+    s: int,
+    draft_ms: np.ndarray,
+    verify_ms: np.ndarray,
+) -> tuple[int, np.ndarray]:
+    """vLLM's host budget math, then the assignment, in numpy."""
+    rows, k = confidences.shape
+    valid = np.arange(k)[None, :] < scheduled[:, None]
+    scores = np.sort(np.cumprod(budget_confidences.astype(np.float64), axis=1)[valid])[::-1]
+    max_budget = int(scheduled.sum())
+    expected = np.concatenate(([s], s + np.cumsum(scores)))
+    costs = draft_ms[rows] + verify_ms[t : t + max_budget + 1]
+    budget = int(np.argmax(expected / costs))
+    survival = np.where(valid, np.cumprod(confidences.astype(np.float64), axis=1), -np.inf)
+    order = np.argsort(-survival.T.ravel(), kind="stable")[:budget]
+    admitted = np.bincount(order % rows, minlength=rows).astype(np.int32)
+    return budget, admitted
+
+
+def row(
+    name: str, samples: dict[str, list[float]], targeted: bool, group: str = "planner"
+) -> dict[str, Any]:
+    median, q1, q3 = summary(samples["av_core"])
+    reference, _, _ = summary(samples["numpy"])
+    speedup = reference / median
+    return {
+        "group": group,
+        "name": name,
+        "median_us": median,
+        "q1_us": q1,
+        "q3_us": q3,
+        "reference": "numpy, vLLM's host math + assignment",
+        "reference_median_us": reference,
+        "speedup": speedup,
+        "target": f">= {TARGET_SPEEDUP:g}x and <= {TARGET_US:g} us" if targeted else None,
+        "pass": (speedup >= TARGET_SPEEDUP and median <= TARGET_US) if targeted else None,
+    }
+
+
+def plan_rows(r: int, k: int, tables: CostTables, repeats: int, inner: int) -> list[dict[str, Any]]:
+    current, previous, scheduled = workload(r, k)
+    draft_ms, verify_ms = tables.draft_ms, tables.verify_ms
+    kwargs = {"num_non_draft_tokens": r, "num_sampling_requests": r, "cost_tables": tables}
+    ours = plan_verification(current, scheduled, budget_confidences=previous, **kwargs)
+    budget, admitted = numpy_plan(current, previous, scheduled, r, r, draft_ms, verify_ms)
+    if ours.budget != budget or not np.array_equal(ours.admitted, admitted):
+        raise AssertionError(f"R={r} K={k}: av_core and numpy disagree")
+    previous_samples = timed(
+        {
+            "av_core": lambda: plan_verification(
+                current, scheduled, budget_confidences=previous, **kwargs
+            ),
+            "numpy": lambda: numpy_plan(current, previous, scheduled, r, r, draft_ms, verify_ms),
+        },
+        repeats,
+        inner,
+    )
+    current_samples = timed(
+        {
+            "av_core": lambda: plan_verification(current, scheduled, **kwargs),
+            "numpy": lambda: numpy_plan(current, current, scheduled, r, r, draft_ms, verify_ms),
+        },
+        repeats,
+        inner,
+    )
+    return [
+        row(f"plan R={r} K={k}", previous_samples, (r, k) == (256, 8)),
+        row(f"plan (budget from current) R={r} K={k}", current_samples, False),
+    ]
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    repeats, inner = (7, 50) if quick else (21, 200)
+    tables = profiled_tables()
+    rows: list[dict[str, Any]] = []
+    for k in (4, 8, 16):
+        for r in (8, 64, 256, 1024):
+            rows += plan_rows(r, k, tables, repeats, max(5, inner * 256 // max(r, 256)))
+    return rows
+
+
+def plan_time(r: int, tables: CostTables, repeats: int, inner: int) -> float:
+    current, previous, scheduled = workload(r, 8)
+    kwargs = {"num_non_draft_tokens": r, "num_sampling_requests": r, "cost_tables": tables}
+    samples = timed(
+        {
+            "av_core": lambda: plan_verification(
+                current, scheduled, budget_confidences=previous, **kwargs
+            )
+        },
+        repeats,
+        inner,
+    )
+    return summary(samples["av_core"])[0]
+
+
+def scaling(quick: bool = False) -> list[dict[str, Any]]:
+    """Cost per call against R at K = 8, and the fitted exponent in N = R·K (R >= 128)."""
+    repeats, inner = (5, 20) if quick else (11, 50)
+    tables = profiled_tables()
+    sizes = (8, 32, 128, 512, 2048, 4096)
+    times = [plan_time(r, tables, repeats, max(3, inner * 256 // max(r, 256))) for r in sizes]
+    big = [i for i, r in enumerate(sizes) if r >= 128]
+    n = [sizes[i] * 8 for i in big]
+    exponent = float(np.polyfit(np.log(n), np.log([times[i] for i in big]), 1)[0])
+    # N log N between the smallest and largest fitted sizes, as an exponent on N.
+    n_log_n = float(np.log(n[-1] * np.log(n[-1]) / (n[0] * np.log(n[0]))) / np.log(n[-1] / n[0]))
+    return [
+        {
+            "group": "scaling",
+            "name": f"plan R={r} K=8",
+            "R": r,
+            "median_us": t,
+            "growth_exponent": exponent,
+            "n_log_n_exponent": n_log_n,
+            "pass": exponent <= n_log_n,
+        }
+        for r, t in zip(sizes, times, strict=True)
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    rows = run(args.quick)
+    print(f"{'call':44} {'median us':>10} {'IQR us':>15} {'numpy us':>10} {'speedup':>8}  target")
+    for r in rows:
+        verdict = "" if r["target"] is None else ("PASS" if r["pass"] else "MISS")
+        print(
+            f"{r['name']:44} {r['median_us']:10.2f} {r['q1_us']:7.2f}-{r['q3_us']:<7.2f}"
+            f" {r['reference_median_us']:10.2f} {r['speedup']:7.1f}x  {verdict}"
+            f" {r['target'] or ''}"
+        )
+    growth = scaling(args.quick)
+    print("\ngrowth with R at K = 8:")
+    for r in growth:
+        print(f"  R={r['R']:5d} {r['median_us']:9.2f} us")
+    exponent, bound = growth[0]["growth_exponent"], growth[0]["n_log_n_exponent"]
+    verdict = "PASS" if growth[0]["pass"] else "MISS"
+    print(f"  fitted exponent {exponent:.2f} in N = R*K (N log N here: {bound:.2f}) {verdict}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows + growth, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
