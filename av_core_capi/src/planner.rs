@@ -1,0 +1,470 @@
+//! The verification planner: the stateless `avc_choose_draft_budget`,
+//! `avc_assign_draft_budget` and `avc_plan_verification`, and the stateful `avc_planner`
+//! (`av_core::planner::VerificationPlanner`).
+//!
+//! Thread safety: the stateless functions are reentrant (they may share one cost-tables
+//! handle across threads). The core planner's `plan` needs exclusive access (it updates the
+//! remembered confidences), so the handle holds it behind a mutex: calls on one planner from
+//! several threads are safe and run one at a time. A serving engine normally plans from one
+//! scheduler thread and never contends on it.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, MutexGuard};
+
+use av_core::planner::{self, BudgetSource, StepTokens, VerificationPlan, VerificationPlanner};
+use av_core::MatrixView;
+
+use crate::cost_tables::AvcCostTables;
+use crate::handle::{borrow, destroy, publish, Handle};
+use crate::raw::{input, input_ref, out_value, output, OutSlice};
+use crate::status::{guard, AvcStatus, FfiError, FfiResult};
+
+/// Which confidences size the draft budget (an int32_t; pass one of the constants).
+pub type AvcBudgetSource = i32;
+
+/// Size the budget from each slot's confidences of the previous step (new slots: 1.0). The
+/// default, and the only lossless choice for autoregressive drafters (EAGLE, MTP, draft
+/// models), whose deeper confidences depend on the token drafted earlier.
+pub const AVC_BUDGET_SOURCE_PREVIOUS: AvcBudgetSource = 0;
+/// Size the budget from this step's confidences: lossless only for drafters whose positions
+/// do not depend on earlier draft tokens (parallel / block drafters).
+pub const AVC_BUDGET_SOURCE_CURRENT: AvcBudgetSource = 1;
+
+/// The step-level numbers the budget needs besides the confidences.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AvcStepTokens {
+    /// T: tokens scheduled this step that are not drafts (one per decode request, whole
+    /// chunks for prefills). The target's cost is read at verify_ms[T + budget].
+    pub num_non_draft_tokens: usize,
+    /// s: requests that sample a token this step whatever the budget.
+    pub num_sampling_requests: usize,
+    /// Largest budget to consider; SIZE_MAX for no cap (every scheduled draft). Always capped
+    /// at the number of scheduled drafts.
+    pub max_draft_budget: usize,
+}
+
+impl From<&AvcStepTokens> for StepTokens {
+    fn from(step: &AvcStepTokens) -> Self {
+        StepTokens {
+            num_non_draft_tokens: step.num_non_draft_tokens,
+            num_sampling_requests: step.num_sampling_requests,
+            max_draft_budget: (step.max_draft_budget != usize::MAX)
+                .then_some(step.max_draft_budget),
+        }
+    }
+}
+
+/// What a plan decided (the admitted counts go to the caller's array).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AvcVerificationPlan {
+    /// Total drafts to verify; the admitted counts sum to it.
+    pub budget: usize,
+    /// s + the survivals of the admitted drafts under the current confidences: the tokens the
+    /// step is expected to emit.
+    pub expected_accepted_tokens: f64,
+    /// draft_ms[R] + verify_ms[T + budget], the step's predicted cost.
+    pub predicted_cost_ms: f64,
+}
+
+impl From<VerificationPlan> for AvcVerificationPlan {
+    fn from(plan: VerificationPlan) -> Self {
+        AvcVerificationPlan {
+            budget: plan.budget,
+            expected_accepted_tokens: plan.expected_accepted_tokens,
+            predicted_cost_ms: plan.predicted_cost_ms,
+        }
+    }
+}
+
+/// A stateful verification planner: remembers each request slot's confidences of the previous
+/// step. Create with avc_planner_new, free with avc_planner_free. Calls on one planner are
+/// serialized by an internal lock, so it may be shared between threads.
+#[repr(C)]
+pub struct AvcPlanner {
+    tag: AtomicU64,
+    planner: Mutex<VerificationPlanner>,
+}
+
+impl Handle for AvcPlanner {
+    const MAGIC: u64 = u64::from_le_bytes(*b"avcPLANR");
+    const NAME: &'static str = "avc_planner";
+    fn tag(&self) -> &AtomicU64 {
+        &self.tag
+    }
+}
+
+impl AvcPlanner {
+    fn lock(&self) -> MutexGuard<'_, VerificationPlanner> {
+        // The planner stores its new state only after a plan succeeded, so a panic (caught at
+        // the boundary) cannot leave it half-updated; poisoning carries no information.
+        self.planner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The `[rows, cols]` confidences at `confidences`.
+///
+/// # Safety
+///
+/// `raw::input`'s contract for `rows * cols` floats.
+unsafe fn confidences_view<'a>(
+    confidences: *const f32,
+    num_rows: usize,
+    num_cols: usize,
+    argument: &'static str,
+) -> FfiResult<MatrixView<'a, f32>> {
+    let len = num_rows.checked_mul(num_cols).ok_or_else(|| {
+        FfiError::value(
+            argument,
+            format!("shape [{num_rows}, {num_cols}] overflows size_t"),
+        )
+    })?;
+    // SAFETY: forwarded contract.
+    let data = unsafe { input(confidences, len, argument)? };
+    Ok(MatrixView::new(argument, data, num_rows, num_cols)?)
+}
+
+/// Fails if `admitted` overlaps any of the inputs.
+fn admitted_disjoint(
+    admitted: &OutSlice<'_, i32>,
+    confidences: &[f32],
+    scheduled: &[i64],
+    other: Option<(&[i64], &str)>,
+) -> FfiResult {
+    admitted.ensure_disjoint("admitted", confidences, "confidences")?;
+    admitted.ensure_disjoint("admitted", scheduled, "scheduled_drafts")?;
+    if let Some((data, name)) = other {
+        admitted.ensure_disjoint("admitted", data, name)?;
+    }
+    Ok(())
+}
+
+/// The draft budget: the first b maximising (s + sum of the b highest survivals) /
+/// (draft_ms[R] + verify_ms[T + b]), vLLM-compatible bit for bit.
+///
+/// confidences [num_rows, num_cols] are per-position acceptance probabilities given the
+/// earlier drafts were accepted (what avc_estimator_predict returns), in [0, 1];
+/// scheduled_drafts[r] (scheduled_len = num_rows) in 0..=num_cols is how many drafts request
+/// r brought. Writes the budget to *budget_out.
+///
+/// Errors: AVC_ERR_NULL; AVC_ERR_VALUE for confidences outside [0, 1] or NaN, scheduled
+/// counts out of range or of the wrong length, more requests than the draft table covers,
+/// num_sampling_requests > num_rows, T + budget beyond the verify table.
+///
+/// # Safety
+///
+/// Arrays must point to their stated number of readable elements (or be NULL with length 0);
+/// step must be NULL or point to an initialized avc_step_tokens; tables must be NULL or live
+/// cost tables; budget_out must be NULL or point to a writable size_t.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_choose_draft_budget(
+    confidences: *const f32,
+    num_rows: usize,
+    num_cols: usize,
+    scheduled_drafts: *const i64,
+    scheduled_len: usize,
+    step: *const AvcStepTokens,
+    tables: *const AvcCostTables,
+    budget_out: *mut usize,
+) -> AvcStatus {
+    guard("avc_choose_draft_budget", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (confidences, scheduled, step, tables, out) = unsafe {
+            (
+                confidences_view(confidences, num_rows, num_cols, "confidences")?,
+                input(scheduled_drafts, scheduled_len, "scheduled_drafts")?,
+                input_ref(step, "step")?,
+                borrow(tables, "tables")?,
+                out_value(budget_out, "budget_out")?,
+            )
+        };
+        let budget =
+            planner::choose_draft_budget(confidences, scheduled, &step.into(), &tables.tables)?;
+        out.write(budget);
+        Ok(())
+    })
+}
+
+/// Admits the budget highest-survival drafts: writes to admitted[r] (admitted_len =
+/// num_rows) how many leading drafts of request r to verify. Always a prefix of each request,
+/// never above scheduled_drafts[r], summing to min(budget, total scheduled drafts).
+///
+/// # Safety
+///
+/// Arrays must point to their stated number of readable (inputs) or writable (admitted)
+/// elements, or be NULL with length 0; admitted must not overlap an input.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_assign_draft_budget(
+    confidences: *const f32,
+    num_rows: usize,
+    num_cols: usize,
+    scheduled_drafts: *const i64,
+    scheduled_len: usize,
+    budget: usize,
+    admitted: *mut i32,
+    admitted_len: usize,
+) -> AvcStatus {
+    guard("avc_assign_draft_budget", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (confidences, scheduled, out) = unsafe {
+            (
+                confidences_view(confidences, num_rows, num_cols, "confidences")?,
+                input(scheduled_drafts, scheduled_len, "scheduled_drafts")?,
+                output(admitted, admitted_len, "admitted")?,
+            )
+        };
+        admitted_disjoint(&out, confidences.data(), scheduled, None)?;
+        let mut result = vec![0i32; out.len()];
+        planner::assign_draft_budget(confidences, scheduled, budget, &mut result)?;
+        out.write(&result);
+        Ok(())
+    })
+}
+
+/// Budget and assignment in one call. The budget is sized from budget_confidences when it is
+/// not NULL (same shape as confidences, budget_confidences_len = num_rows * num_cols; pass
+/// the previous step's confidences for autoregressive drafters), else from confidences; the
+/// assignment always uses confidences. Writes admitted[r] and *plan_out.
+///
+/// # Safety
+///
+/// Arrays must point to their stated number of readable (inputs) or writable (admitted)
+/// elements, or be NULL with length 0; step must be NULL or point to an initialized
+/// avc_step_tokens; tables must be NULL or live cost tables; plan_out must be NULL or point
+/// to a writable avc_verification_plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_plan_verification(
+    confidences: *const f32,
+    num_rows: usize,
+    num_cols: usize,
+    budget_confidences: *const f32,
+    budget_confidences_len: usize,
+    scheduled_drafts: *const i64,
+    scheduled_len: usize,
+    step: *const AvcStepTokens,
+    tables: *const AvcCostTables,
+    admitted: *mut i32,
+    admitted_len: usize,
+    plan_out: *mut AvcVerificationPlan,
+) -> AvcStatus {
+    guard("avc_plan_verification", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (confidences, scheduled, step, tables, out, plan) = unsafe {
+            (
+                confidences_view(confidences, num_rows, num_cols, "confidences")?,
+                input(scheduled_drafts, scheduled_len, "scheduled_drafts")?,
+                input_ref(step, "step")?,
+                borrow(tables, "tables")?,
+                output(admitted, admitted_len, "admitted")?,
+                out_value(plan_out, "plan_out")?,
+            )
+        };
+        let budget_view = if budget_confidences.is_null() && budget_confidences_len == 0 {
+            None
+        } else {
+            // SAFETY: as above; NULL with a non-zero length is refused inside.
+            let data = unsafe {
+                input(
+                    budget_confidences,
+                    budget_confidences_len,
+                    "budget_confidences",
+                )?
+            };
+            Some(MatrixView::new(
+                "budget_confidences",
+                data,
+                num_rows,
+                num_cols,
+            )?)
+        };
+        admitted_disjoint(&out, confidences.data(), scheduled, None)?;
+        if let Some(view) = &budget_view {
+            out.ensure_disjoint("admitted", view.data(), "budget_confidences")?;
+        }
+        let mut result = vec![0i32; out.len()];
+        let decided = planner::plan_verification(
+            confidences,
+            budget_view,
+            scheduled,
+            &step.into(),
+            &tables.tables,
+            &mut result,
+        )?;
+        out.write(&result);
+        plan.write(decided.into());
+        Ok(())
+    })
+}
+
+/// Creates a planner for num_slots request slots of num_positions (K >= 1) drafts each, with
+/// a copy of tables (the tables handle may be freed afterwards). budget_source is
+/// AVC_BUDGET_SOURCE_PREVIOUS (lossless for every drafter) or AVC_BUDGET_SOURCE_CURRENT.
+/// Every slot starts with confidences 1.0. On success *planner_out is a new handle owned by
+/// the caller (free with avc_planner_free); on failure it is NULL.
+///
+/// # Safety
+///
+/// tables must be NULL or live cost tables; planner_out must be NULL (an error) or point to
+/// a writable avc_planner pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_new(
+    tables: *const AvcCostTables,
+    num_slots: usize,
+    num_positions: usize,
+    budget_source: AvcBudgetSource,
+    planner_out: *mut *mut AvcPlanner,
+) -> AvcStatus {
+    guard("avc_planner_new", || {
+        // SAFETY: the caller's contract is `out_value`'s and `borrow`'s.
+        let (out, tables) = unsafe {
+            let out = out_value(planner_out, "planner_out")?;
+            out.write(std::ptr::null_mut());
+            (out, borrow(tables, "tables")?)
+        };
+        let source = match budget_source {
+            AVC_BUDGET_SOURCE_PREVIOUS => BudgetSource::Previous,
+            AVC_BUDGET_SOURCE_CURRENT => BudgetSource::Current,
+            other => {
+                return Err(FfiError::value(
+                    "budget_source",
+                    format!(
+                        "must be AVC_BUDGET_SOURCE_PREVIOUS (0) or AVC_BUDGET_SOURCE_CURRENT (1), got {other}"
+                    ),
+                ))
+            }
+        };
+        let planner =
+            VerificationPlanner::new(tables.tables.clone(), num_slots, num_positions, source)?;
+        out.write(publish(AvcPlanner {
+            tag: AtomicU64::new(AvcPlanner::MAGIC),
+            planner: Mutex::new(planner),
+        }));
+        Ok(())
+    })
+}
+
+/// Frees a planner. NULL is a no-op; a pointer that is not a live planner (a second free)
+/// returns AVC_ERR_INVALID_HANDLE and frees nothing.
+///
+/// # Safety
+///
+/// No other call may be using the planner, on any thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_free(planner: *mut AvcPlanner) -> AvcStatus {
+    // SAFETY: the caller guarantees exclusive access, which is `destroy`'s contract.
+    guard("avc_planner_free", || unsafe {
+        destroy(planner, "planner")
+    })
+}
+
+/// A new request took slot: its remembered confidences restart at 1.0.
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_add_request(
+    planner: *mut AvcPlanner,
+    slot: usize,
+) -> AvcStatus {
+    guard("avc_planner_add_request", || {
+        // SAFETY: the caller's contract is `borrow`'s.
+        let handle = unsafe { borrow(planner, "planner")? };
+        handle.lock().add_request(slot)?;
+        Ok(())
+    })
+}
+
+/// Plans one step for the requests in slots (distinct slot indices, slots_len = num_rows, one
+/// per row of confidences) and remembers this step's confidences for the next. The budget
+/// comes from the budget source (previous step's confidences per slot, or the current ones);
+/// the assignment from the current confidences. Writes admitted[r] (admitted_len = num_rows)
+/// and *plan_out. A rejected call changes nothing.
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner; arrays must point to their stated number of
+/// readable (inputs) or writable (admitted) elements, or be NULL with length 0; step must be
+/// NULL or point to an initialized avc_step_tokens; plan_out must be NULL or point to a
+/// writable avc_verification_plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_plan(
+    planner: *mut AvcPlanner,
+    slots: *const i64,
+    slots_len: usize,
+    confidences: *const f32,
+    num_rows: usize,
+    num_cols: usize,
+    scheduled_drafts: *const i64,
+    scheduled_len: usize,
+    step: *const AvcStepTokens,
+    admitted: *mut i32,
+    admitted_len: usize,
+    plan_out: *mut AvcVerificationPlan,
+) -> AvcStatus {
+    guard("avc_planner_plan", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (handle, slots, confidences, scheduled, step, out, plan) = unsafe {
+            (
+                borrow(planner, "planner")?,
+                input(slots, slots_len, "slots")?,
+                confidences_view(confidences, num_rows, num_cols, "confidences")?,
+                input(scheduled_drafts, scheduled_len, "scheduled_drafts")?,
+                input_ref(step, "step")?,
+                output(admitted, admitted_len, "admitted")?,
+                out_value(plan_out, "plan_out")?,
+            )
+        };
+        admitted_disjoint(&out, confidences.data(), scheduled, Some((slots, "slots")))?;
+        let mut result = vec![0i32; out.len()];
+        let decided =
+            handle
+                .lock()
+                .plan(slots, confidences, scheduled, &step.into(), &mut result)?;
+        out.write(&result);
+        plan.write(decided.into());
+        Ok(())
+    })
+}
+
+/// Copies the confidences remembered for slot (what the next budget will read) to
+/// confidences (confidences_len = the planner's K).
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner; confidences must point to confidences_len
+/// writable doubles.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_previous_confidences(
+    planner: *const AvcPlanner,
+    slot: usize,
+    confidences: *mut f64,
+    confidences_len: usize,
+) -> AvcStatus {
+    guard("avc_planner_previous_confidences", || {
+        // SAFETY: the caller's contract is `borrow`'s and `output`'s.
+        let (handle, out) = unsafe {
+            (
+                borrow(planner, "planner")?,
+                output(confidences, confidences_len, "confidences")?,
+            )
+        };
+        let planner = handle.lock();
+        let remembered = planner.previous_confidences(slot)?;
+        if remembered.len() != out.len() {
+            return Err(FfiError::value(
+                "confidences_len",
+                format!(
+                    "must equal num_positions = {}, got {}",
+                    remembered.len(),
+                    out.len()
+                ),
+            ));
+        }
+        out.write(remembered);
+        Ok(())
+    })
+}

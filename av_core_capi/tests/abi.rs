@@ -1,0 +1,317 @@
+//! The C entry points, called from Rust: they give the core's bits, and they refuse what the
+//! C error-path tests (`examples/c/error_paths.c`) check from C.
+
+#![cfg(feature = "capi")]
+
+use std::ffi::CStr;
+use std::ptr::{null, null_mut};
+
+use av_core::cost_tables::CostTables;
+use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core_capi::cost_tables::*;
+use av_core_capi::estimator::*;
+use av_core_capi::planner::*;
+use av_core_capi::status::*;
+
+const K: usize = 3;
+
+fn last_error() -> String {
+    // SAFETY: avc_last_error returns a NUL-terminated string valid until the next failing call
+    // on this thread; it is copied at once.
+    unsafe { CStr::from_ptr(avc_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Deterministic features, counts and predictions for `rows` requests.
+fn batch(seed: u64, rows: usize) -> (Vec<f32>, Vec<i64>, Vec<i64>) {
+    let mut state = seed;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        state >> 33
+    };
+    let features = (0..rows * K)
+        .map(|_| (next() % 4001) as f32 / 100.0 - 20.0)
+        .collect();
+    let admitted: Vec<i64> = (0..rows)
+        .map(|_| (next() % (K as u64 + 1)) as i64)
+        .collect();
+    let accepted = admitted
+        .iter()
+        .map(|&a| (next() % (a as u64 + 1)) as i64)
+        .collect();
+    (features, admitted, accepted)
+}
+
+struct Estimator(*mut AvcEstimator);
+
+impl Estimator {
+    fn new(refit_interval: u64) -> Self {
+        let mut config = std::mem::MaybeUninit::<AvcEstimatorConfig>::uninit();
+        let mut handle = null_mut();
+        // SAFETY: valid out-pointers to locals; config is initialized by the first call.
+        unsafe {
+            assert_eq!(avc_estimator_config_default(K, config.as_mut_ptr()), AVC_OK);
+            let mut config = config.assume_init();
+            config.refit_interval = refit_interval;
+            assert_eq!(avc_estimator_new(&config, &mut handle), AVC_OK);
+        }
+        Estimator(handle)
+    }
+
+    fn observe(&self, features: &[f32], admitted: &[i64], accepted: &[i64]) -> AvcStatus {
+        let rows = features.len() / K;
+        // SAFETY: live handle; every slice is passed with its own length.
+        unsafe {
+            avc_estimator_observe(
+                self.0,
+                features.as_ptr(),
+                rows,
+                K,
+                admitted.as_ptr(),
+                admitted.len(),
+                accepted.as_ptr(),
+                accepted.len(),
+                null(),
+                0,
+                null_mut(),
+            )
+        }
+    }
+
+    fn save(&self) -> Vec<u8> {
+        let mut len = 0;
+        // SAFETY: live handle; NULL buffer with cap 0 is the size query.
+        let status = unsafe { avc_estimator_save(self.0, null_mut(), 0, &mut len) };
+        assert_eq!(status, AVC_ERR_BUFFER_TOO_SMALL);
+        let mut bytes = vec![0u8; len];
+        // SAFETY: `bytes` has exactly `len` writable bytes.
+        let status = unsafe { avc_estimator_save(self.0, bytes.as_mut_ptr(), len, &mut len) };
+        assert_eq!(status, AVC_OK);
+        bytes
+    }
+}
+
+impl Drop for Estimator {
+    fn drop(&mut self) {
+        // SAFETY: the handle is live and no other call uses it any more.
+        assert_eq!(unsafe { avc_estimator_free(self.0) }, AVC_OK);
+    }
+}
+
+#[test]
+fn observe_predict_and_save_give_the_cores_bits() {
+    let core = AcceptanceEstimator::new(EstimatorConfig {
+        refit_interval: 4,
+        ..EstimatorConfig::new(K)
+    })
+    .unwrap();
+    let capi = Estimator::new(4);
+    for seed in 0..10 {
+        let (features, admitted, accepted) = batch(seed, 5);
+        let view = MatrixView::new("features", &features, 5, K).unwrap();
+        core.observe::<f32, f32>(view, &admitted, &accepted, None)
+            .unwrap();
+        assert_eq!(capi.observe(&features, &admitted, &accepted), AVC_OK);
+
+        let mut expected = vec![0.0f32; features.len()];
+        core.predict(view, &mut expected).unwrap();
+        let mut got = vec![f32::NAN; features.len()];
+        // SAFETY: live handle; both arrays have rows * K elements.
+        let status = unsafe {
+            avc_estimator_predict(capi.0, features.as_ptr(), 5, K, got.as_mut_ptr(), got.len())
+        };
+        assert_eq!(status, AVC_OK);
+        assert_eq!(
+            got.iter().map(|p| p.to_bits()).collect::<Vec<_>>(),
+            expected.iter().map(|p| p.to_bits()).collect::<Vec<_>>()
+        );
+    }
+    assert_eq!(capi.save(), core.to_bytes());
+
+    let bytes = capi.save();
+    let mut loaded = null_mut();
+    // SAFETY: `bytes` is readable for its length; `loaded` is a writable local.
+    assert_eq!(
+        unsafe { avc_estimator_load(bytes.as_ptr(), bytes.len(), &mut loaded) },
+        AVC_OK
+    );
+    let loaded = Estimator(loaded);
+    assert_eq!(loaded.save(), bytes);
+}
+
+#[test]
+fn a_rejected_observe_changes_nothing_and_names_the_argument() {
+    let estimator = Estimator::new(100);
+    let (features, admitted, accepted) = batch(1, 4);
+    assert_eq!(estimator.observe(&features, &admitted, &accepted), AVC_OK);
+    let before = estimator.save();
+
+    let mut nan = features.clone();
+    nan[5] = f32::NAN;
+    assert_eq!(estimator.observe(&nan, &admitted, &accepted), AVC_ERR_VALUE);
+    assert_eq!(
+        last_error(),
+        "avc_estimator_observe: features: must be finite, got NaN at flat index 5"
+    );
+    assert_eq!(
+        estimator.observe(&features, &admitted[..3], &accepted),
+        AVC_ERR_VALUE
+    );
+    assert!(last_error().contains("num_admitted"), "{}", last_error());
+    let too_many: Vec<i64> = admitted.iter().map(|&a| a + 1).collect();
+    assert_eq!(
+        estimator.observe(&features, &admitted, &too_many),
+        AVC_ERR_VALUE
+    );
+    assert!(last_error().contains("num_accepted"), "{}", last_error());
+    // SAFETY: NULL with a non-zero length is refused before any read.
+    let status = unsafe {
+        avc_estimator_observe(
+            estimator.0,
+            null(),
+            4,
+            K,
+            admitted.as_ptr(),
+            4,
+            accepted.as_ptr(),
+            4,
+            null(),
+            0,
+            null_mut(),
+        )
+    };
+    assert_eq!(status, AVC_ERR_NULL);
+    assert_eq!(
+        last_error(),
+        "avc_estimator_observe: features: is NULL but its length is 12"
+    );
+    assert_eq!(estimator.save(), before);
+}
+
+#[test]
+fn double_free_is_refused_without_reading_the_pointer() {
+    let handle = Estimator::new(100);
+    let raw = handle.0;
+    drop(handle);
+    // SAFETY: the registry lookup happens before any dereference, so a freed pointer is only
+    // compared, never read.
+    assert_eq!(unsafe { avc_estimator_free(raw) }, AVC_ERR_INVALID_HANDLE);
+    assert!(last_error().contains("already freed"), "{}", last_error());
+    // SAFETY: NULL is a documented no-op.
+    assert_eq!(unsafe { avc_estimator_free(null_mut()) }, AVC_OK);
+}
+
+#[test]
+fn the_planner_handle_plans_like_the_core_planner() {
+    let draft = [
+        AvcCostPoint { size: 1.0, ms: 0.5 },
+        AvcCostPoint { size: 8.0, ms: 0.9 },
+    ];
+    let verify = [
+        AvcCostPoint { size: 1.0, ms: 5.0 },
+        AvcCostPoint {
+            size: 16.0,
+            ms: 5.5,
+        },
+        AvcCostPoint {
+            size: 32.0,
+            ms: 8.0,
+        },
+    ];
+    let mut tables = null_mut();
+    // SAFETY: both curves are readable for their lengths; `tables` is a writable local.
+    let status = unsafe {
+        avc_cost_tables_from_curves(
+            draft.as_ptr(),
+            2,
+            verify.as_ptr(),
+            3,
+            8,
+            40,
+            16,
+            &mut tables,
+        )
+    };
+    assert_eq!(status, AVC_OK);
+    let core_tables = CostTables::from_curves(
+        &[(1.0, 0.5), (8.0, 0.9)],
+        &[(1.0, 5.0), (16.0, 5.5), (32.0, 8.0)],
+        8,
+        40,
+        16,
+    )
+    .unwrap();
+    let mut core = VerificationPlanner::new(core_tables, 6, K, BudgetSource::Previous).unwrap();
+    let mut planner = null_mut();
+    // SAFETY: live tables; `planner` is a writable local.
+    let status = unsafe { avc_planner_new(tables, 6, K, AVC_BUDGET_SOURCE_PREVIOUS, &mut planner) };
+    assert_eq!(status, AVC_OK);
+    // SAFETY: the planner holds its own copy; nothing else uses the tables.
+    assert_eq!(unsafe { avc_cost_tables_free(tables) }, AVC_OK);
+
+    let slots = [4i64, 0, 2, 5];
+    let step = AvcStepTokens {
+        num_non_draft_tokens: 4,
+        num_sampling_requests: 4,
+        max_draft_budget: usize::MAX,
+    };
+    for seed in 0..20u64 {
+        let confidences: Vec<f32> = batch(seed, 4)
+            .0
+            .iter()
+            .map(|x| 1.0 / (1.0 + (-x / 4.0).exp()))
+            .collect();
+        let scheduled: Vec<i64> = (0..4).map(|r| (seed as i64 + r) % (K as i64 + 1)).collect();
+        let mut expected = [0i32; 4];
+        let view = MatrixView::new("confidences", &confidences, 4, K).unwrap();
+        let want = core
+            .plan(
+                &slots,
+                view,
+                &scheduled,
+                &StepTokens::from(&step),
+                &mut expected,
+            )
+            .unwrap();
+        let mut admitted = [-1i32; 4];
+        let mut plan = AvcVerificationPlan {
+            budget: 0,
+            expected_accepted_tokens: 0.0,
+            predicted_cost_ms: 0.0,
+        };
+        // SAFETY: live planner; every array is passed with its own length.
+        let status = unsafe {
+            avc_planner_plan(
+                planner,
+                slots.as_ptr(),
+                4,
+                confidences.as_ptr(),
+                4,
+                K,
+                scheduled.as_ptr(),
+                4,
+                &step,
+                admitted.as_mut_ptr(),
+                4,
+                &mut plan,
+            )
+        };
+        assert_eq!(status, AVC_OK, "{}", last_error());
+        assert_eq!(admitted, expected);
+        assert_eq!(plan.budget, want.budget);
+        assert_eq!(
+            plan.expected_accepted_tokens.to_bits(),
+            want.expected_accepted_tokens.to_bits()
+        );
+        assert_eq!(
+            plan.predicted_cost_ms.to_bits(),
+            want.predicted_cost_ms.to_bits()
+        );
+    }
+    // SAFETY: live planner, no other user.
+    assert_eq!(unsafe { avc_planner_free(planner) }, AVC_OK);
+}

@@ -1,0 +1,578 @@
+/*
+ * C-level tests of the av_core ABI's error paths: NULL handles, NULL arrays with a non-zero
+ * length, mismatched lengths, NaN and infinite inputs, invalid counts, too-small buffers,
+ * corrupt saved state, overlapping buffers, double free and wrong-kind handles, thread-local
+ * error messages, and "a rejected call changes nothing". Plus one law through the ABI:
+ * concurrent observers give the serial bytes.
+ *
+ * scripts/check_capi.sh compiles it against the static library and runs it under
+ * valgrind --error-exitcode=1 --leak-check=full, so leaks and invalid accesses fail too.
+ * Every case is defined behaviour: the double-free case relies on the library's registry of
+ * live handles, which refuses a freed pointer without reading it.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "av_core.h"
+
+static int failures = 0;
+static int checks = 0;
+
+#define CHECK(cond, ...)                                                                       \
+    do {                                                                                       \
+        checks++;                                                                              \
+        if (!(cond)) {                                                                         \
+            failures++;                                                                        \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                   \
+            fprintf(stderr, __VA_ARGS__);                                                      \
+            fprintf(stderr, "\n");                                                             \
+        }                                                                                      \
+    } while (0)
+
+/* The call returns `expected` and, if that is an error, the message contains `needle`. */
+#define EXPECT(call, expected, needle)                                                         \
+    do {                                                                                       \
+        avc_status status_ = (call);                                                           \
+        const char *message_ = avc_last_error();                                               \
+        CHECK(status_ == (expected), "%s returned %s, expected %s (last error: %s)", #call,   \
+              avc_status_name(status_), avc_status_name(expected), message_);                  \
+        if ((expected) != AVC_OK && status_ == (expected)) {                                   \
+            CHECK(strstr(message_, (needle)) != NULL, "%s: message \"%s\" lacks \"%s\"",      \
+                  #call, message_, (needle));                                                  \
+        }                                                                                      \
+    } while (0)
+
+#define OK(call) EXPECT(call, AVC_OK, "")
+
+enum { K = 3, ROWS = 2 };
+
+static avc_estimator *new_estimator(uint64_t refit_interval) {
+    avc_estimator_config config;
+    avc_estimator *estimator = NULL;
+    OK(avc_estimator_config_default(K, &config));
+    config.refit_interval = refit_interval;
+    OK(avc_estimator_new(&config, &estimator));
+    return estimator;
+}
+
+/* The estimator's saved bytes (caller frees), to compare states exactly. */
+static uint8_t *saved(const avc_estimator *estimator, size_t *len) {
+    size_t needed = 0;
+    EXPECT(avc_estimator_save(estimator, NULL, 0, &needed), AVC_ERR_BUFFER_TOO_SMALL, "buf");
+    uint8_t *bytes = malloc(needed);
+    if (bytes == NULL) {
+        abort();
+    }
+    OK(avc_estimator_save(estimator, bytes, needed, len));
+    CHECK(*len == needed, "saved %zu bytes, size query said %zu", *len, needed);
+    return bytes;
+}
+
+static int same_state(const avc_estimator *a, const avc_estimator *b) {
+    size_t len_a = 0, len_b = 0;
+    uint8_t *bytes_a = saved(a, &len_a);
+    uint8_t *bytes_b = saved(b, &len_b);
+    int same = len_a == len_b && memcmp(bytes_a, bytes_b, len_a) == 0;
+    free(bytes_a);
+    free(bytes_b);
+    return same;
+}
+
+static const float features[ROWS * K] = {1.0f, 0.5f, -2.0f, 3.0f, 2.0f, 1.0f};
+static const int64_t admitted[ROWS] = {3, 2};
+static const int64_t accepted[ROWS] = {1, 2};
+
+static void test_estimator_arguments(void) {
+    avc_estimator *estimator = new_estimator(100);
+    avc_estimator *before = new_estimator(100);
+    float out[ROWS * K];
+    float nan_features[ROWS * K];
+    memcpy(nan_features, features, sizeof features);
+    nan_features[4] = NAN;
+
+    /* NULL handle. */
+    EXPECT(avc_estimator_predict(NULL, features, ROWS, K, out, ROWS * K), AVC_ERR_NULL,
+           "estimator: must not be NULL");
+    EXPECT(avc_estimator_observe(NULL, features, ROWS, K, admitted, ROWS, accepted, ROWS, NULL, 0,
+                                 NULL),
+           AVC_ERR_NULL, "estimator");
+    EXPECT(avc_estimator_refit(NULL), AVC_ERR_NULL, "estimator");
+    EXPECT(avc_estimator_counters(NULL, NULL, NULL), AVC_ERR_NULL, "estimator");
+    size_t len = 0;
+    EXPECT(avc_estimator_save(NULL, NULL, 0, &len), AVC_ERR_NULL, "estimator");
+
+    /* NULL arrays with a non-zero length; NULL with length 0 is an empty array. */
+    EXPECT(avc_estimator_predict(estimator, NULL, ROWS, K, out, ROWS * K), AVC_ERR_NULL,
+           "features: is NULL but its length is 6");
+    EXPECT(avc_estimator_predict(estimator, features, ROWS, K, NULL, ROWS * K), AVC_ERR_NULL,
+           "probabilities");
+    OK(avc_estimator_predict(estimator, NULL, 0, K, NULL, 0));
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, NULL, ROWS, accepted, ROWS, NULL,
+                                 0, NULL),
+           AVC_ERR_NULL, "num_admitted");
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, NULL, ROWS, NULL,
+                                 0, NULL),
+           AVC_ERR_NULL, "num_accepted");
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS,
+                                 NULL, ROWS * K, NULL),
+           AVC_ERR_NULL, "predictions");
+    double slope;
+    double intercepts[K];
+    EXPECT(avc_estimator_coefficients(estimator, NULL, intercepts, K), AVC_ERR_NULL,
+           "slope_out");
+    EXPECT(avc_estimator_coefficients(estimator, &slope, NULL, K), AVC_ERR_NULL, "intercepts");
+
+    /* Mismatched lengths and shapes. */
+    EXPECT(avc_estimator_predict(estimator, features, 3, 2, out, ROWS * K), AVC_ERR_VALUE,
+           "features: expected shape [R, 3], got [3, 2]");
+    EXPECT(avc_estimator_predict(estimator, features, ROWS, K, out, ROWS * K - 1), AVC_ERR_VALUE,
+           "probabilities_len");
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, admitted, 1, accepted, ROWS, NULL,
+                                 0, NULL),
+           AVC_ERR_VALUE, "num_admitted: has 1 entries, features have 2 rows");
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, 1, NULL,
+                                 0, NULL),
+           AVC_ERR_VALUE, "num_accepted");
+    float predictions[ROWS * K] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS,
+                                 predictions, ROWS * K - 1, NULL),
+           AVC_ERR_VALUE, "predictions");
+    EXPECT(avc_estimator_coefficients(estimator, &slope, intercepts, K - 1), AVC_ERR_VALUE,
+           "intercepts_len: must equal num_positions = 3, got 2");
+
+    /* NaN and infinite inputs. */
+    EXPECT(avc_estimator_predict(estimator, nan_features, ROWS, K, out, ROWS * K), AVC_ERR_VALUE,
+           "features: must be finite, got NaN at flat index 4");
+    nan_features[4] = INFINITY;
+    EXPECT(avc_estimator_observe(estimator, nan_features, ROWS, K, admitted, ROWS, accepted, ROWS,
+                                 NULL, 0, NULL),
+           AVC_ERR_VALUE, "features: must be finite, got inf");
+    predictions[2] = NAN;
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS,
+                                 predictions, ROWS * K, NULL),
+           AVC_ERR_VALUE, "predictions: must be finite and in [0, 1]");
+
+    /* Invalid counts. */
+    const int64_t too_many_accepted[ROWS] = {1, 3};
+    const int64_t negative[ROWS] = {-1, 0};
+    const int64_t beyond_k[ROWS] = {4, 0};
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, too_many_accepted,
+                                 ROWS, NULL, 0, NULL),
+           AVC_ERR_VALUE, "num_accepted");
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, negative, ROWS, accepted, ROWS,
+                                 NULL, 0, NULL),
+           AVC_ERR_VALUE, "num_admitted: must be non-negative, got -1");
+    EXPECT(avc_estimator_observe(estimator, features, ROWS, K, beyond_k, ROWS, accepted, ROWS,
+                                 NULL, 0, NULL),
+           AVC_ERR_VALUE, "num_admitted: must be at most num_positions = 3");
+
+    /* Output overlapping an input. */
+    float in_place[ROWS * K];
+    memcpy(in_place, features, sizeof features);
+    EXPECT(avc_estimator_predict(estimator, in_place, ROWS, K, in_place, ROWS * K), AVC_ERR_VALUE,
+           "probabilities: overlaps features");
+    CHECK(memcmp(in_place, features, sizeof features) == 0, "a rejected predict wrote output");
+
+    /* None of the rejected calls changed the estimator. */
+    CHECK(same_state(estimator, before), "a rejected call changed the state");
+
+    /* A rejected call leaves output buffers alone. */
+    for (int i = 0; i < ROWS * K; i++) {
+        out[i] = -7.0f;
+    }
+    nan_features[4] = NAN;
+    EXPECT(avc_estimator_predict(estimator, nan_features, ROWS, K, out, ROWS * K), AVC_ERR_VALUE,
+           "features");
+    for (int i = 0; i < ROWS * K; i++) {
+        CHECK(out[i] == -7.0f, "out[%d] = %g after a rejected predict", i, out[i]);
+    }
+
+    /* The same valid call then succeeds, and refitted_out is optional. */
+    bool refitted = true;
+    OK(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS, NULL, 0,
+                             &refitted));
+    CHECK(!refitted, "refitted after one of 100 steps");
+    OK(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS,
+                             (const float[]){0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f}, ROWS * K, NULL));
+    uint64_t refits = 9, steps = 9;
+    OK(avc_estimator_counters(estimator, &refits, &steps));
+    CHECK(refits == 0 && steps == 2, "counters %llu %llu", (unsigned long long)refits,
+          (unsigned long long)steps);
+    OK(avc_estimator_refit(estimator));
+    OK(avc_estimator_counters(estimator, &refits, &steps));
+    CHECK(refits == 1 && steps == 0, "counters after refit %llu %llu",
+          (unsigned long long)refits, (unsigned long long)steps);
+
+    OK(avc_estimator_free(before));
+    OK(avc_estimator_free(estimator));
+}
+
+static void test_config(void) {
+    avc_estimator_config config;
+    avc_estimator *estimator = (avc_estimator *)&config; /* must be overwritten with NULL */
+    EXPECT(avc_estimator_config_default(K, NULL), AVC_ERR_NULL, "config_out");
+    OK(avc_estimator_config_default(0, &config));
+    EXPECT(avc_estimator_new(&config, &estimator), AVC_ERR_VALUE,
+           "num_positions: must be between 1 and 64, got 0");
+    CHECK(estimator == NULL, "estimator_out not NULL after a failure");
+    OK(avc_estimator_config_default(K, &config));
+    config.damping = NAN;
+    EXPECT(avc_estimator_new(&config, &estimator), AVC_ERR_VALUE, "damping: must be finite");
+    config.damping = 50;
+    config.refit_interval = 0;
+    EXPECT(avc_estimator_new(&config, &estimator), AVC_ERR_VALUE, "refit_interval");
+    EXPECT(avc_estimator_new(NULL, &estimator), AVC_ERR_NULL, "config");
+    EXPECT(avc_estimator_new(&config, NULL), AVC_ERR_NULL, "estimator_out");
+
+    config.refit_interval = 7;
+    OK(avc_estimator_new(&config, &estimator));
+    avc_estimator_config back;
+    OK(avc_estimator_get_config(estimator, &back));
+    CHECK(back.num_positions == K && back.refit_interval == 7 && back.damping == 50 &&
+              back.l2 == config.l2 && back.init_slope == config.init_slope &&
+              back.init_intercept == config.init_intercept &&
+              back.max_log_odds == config.max_log_odds && back.max_step == config.max_step &&
+              back.max_slope == config.max_slope && back.max_intercept == config.max_intercept &&
+              back.memory == config.memory && back.drift_z == config.drift_z,
+          "config did not round-trip");
+    OK(avc_estimator_free(estimator));
+}
+
+static void test_save_load(void) {
+    avc_estimator *estimator = new_estimator(100);
+    OK(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS, NULL, 0,
+                             NULL));
+    size_t needed = 0;
+    EXPECT(avc_estimator_save(estimator, NULL, 0, &needed), AVC_ERR_BUFFER_TOO_SMALL,
+           "buf: cap = 0 bytes");
+    CHECK(needed > 24, "state size %zu", needed);
+    EXPECT(avc_estimator_save(estimator, NULL, 0, NULL), AVC_ERR_NULL, "len_out");
+    EXPECT(avc_estimator_save(estimator, NULL, 5, &needed), AVC_ERR_NULL, "buf");
+
+    /* A short buffer is reported and left untouched. */
+    uint8_t *bytes = malloc(needed);
+    if (bytes == NULL) {
+        abort();
+    }
+    memset(bytes, 0xAB, needed);
+    size_t len = 0;
+    EXPECT(avc_estimator_save(estimator, bytes, needed - 1, &len), AVC_ERR_BUFFER_TOO_SMALL,
+           "the state needs");
+    CHECK(len == needed, "len_out %zu, needed %zu", len, needed);
+    int untouched = 1;
+    for (size_t i = 0; i < needed; i++) {
+        untouched &= bytes[i] == 0xAB;
+    }
+    CHECK(untouched, "a too-small save wrote to buf");
+    OK(avc_estimator_save(estimator, bytes, needed, &len));
+
+    avc_estimator *restored = (avc_estimator *)bytes;
+    EXPECT(avc_estimator_load(NULL, needed, &restored), AVC_ERR_NULL, "data");
+    CHECK(restored == NULL, "estimator_out not NULL after a failure");
+    EXPECT(avc_estimator_load(bytes, needed, NULL), AVC_ERR_NULL, "estimator_out");
+    EXPECT(avc_estimator_load(bytes, 0, &restored), AVC_ERR_VALUE, "data: not an av_core");
+    EXPECT(avc_estimator_load(bytes, needed - 1, &restored), AVC_ERR_VALUE, "data: length");
+    bytes[needed / 2] ^= 0x10;
+    EXPECT(avc_estimator_load(bytes, needed, &restored), AVC_ERR_VALUE, "data: checksum");
+    bytes[needed / 2] ^= 0x10;
+    OK(avc_estimator_load(bytes, needed, &restored));
+    CHECK(restored != NULL && same_state(estimator, restored), "load did not restore the state");
+
+    free(bytes);
+    OK(avc_estimator_free(restored));
+    OK(avc_estimator_free(estimator));
+}
+
+static void test_handles(void) {
+    /* NULL free is a no-op. */
+    OK(avc_estimator_free(NULL));
+    OK(avc_cost_tables_free(NULL));
+    OK(avc_planner_free(NULL));
+
+    /* Double free is refused without touching the freed memory (a registry lookup). */
+    avc_estimator *estimator = new_estimator(100);
+    OK(avc_estimator_free(estimator));
+    EXPECT(avc_estimator_free(estimator), AVC_ERR_INVALID_HANDLE,
+           "estimator: is not a live avc_estimator (already freed, or never created)");
+
+    /* A live handle of another kind is refused by free and by the tag check. */
+    const double draft_ms[] = {0.0, 1.0};
+    const double verify_ms[] = {1.0, 2.0, 3.0};
+    avc_cost_tables *tables = NULL;
+    OK(avc_cost_tables_new(draft_ms, 2, verify_ms, 3, &tables));
+    EXPECT(avc_estimator_free((avc_estimator *)tables), AVC_ERR_INVALID_HANDLE,
+           "a handle of a different kind");
+    EXPECT(avc_planner_add_request((avc_planner *)tables, 0), AVC_ERR_INVALID_HANDLE,
+           "planner: is not a live avc_planner");
+    float out[K];
+    EXPECT(avc_estimator_predict((const avc_estimator *)tables, features, 1, K, out, K),
+           AVC_ERR_INVALID_HANDLE, "estimator: is not a live avc_estimator");
+    OK(avc_cost_tables_free(tables));
+    EXPECT(avc_cost_tables_free(tables), AVC_ERR_INVALID_HANDLE, "tables");
+}
+
+static void test_cost_tables(void) {
+    const double draft_ms[] = {0.0, 1.0, 1.5};
+    const double verify_ms[] = {1.0, 2.0, 3.0, 4.0};
+    double bad[] = {0.0, NAN, 1.0};
+    avc_cost_tables *tables = NULL;
+    EXPECT(avc_cost_tables_new(NULL, 3, verify_ms, 4, &tables), AVC_ERR_NULL, "draft_ms");
+    EXPECT(avc_cost_tables_new(draft_ms, 3, verify_ms, 0, &tables), AVC_ERR_VALUE,
+           "verify_ms: is empty");
+    EXPECT(avc_cost_tables_new(bad, 3, verify_ms, 4, &tables), AVC_ERR_VALUE,
+           "draft_ms: [1] = NaN");
+    EXPECT(avc_cost_tables_new(draft_ms, 3, bad, 3, &tables), AVC_ERR_VALUE, "verify_ms: [0]");
+    CHECK(tables == NULL, "tables_out not NULL after a failure");
+
+    const avc_cost_point curve[] = {{1, 1.0}, {4, 2.0}};
+    const avc_cost_point unsorted[] = {{4, 1.0}, {1, 2.0}};
+    const avc_cost_point nan_cost[] = {{1, NAN}};
+    EXPECT(avc_cost_tables_from_curves(curve, 2, unsorted, 2, 4, 8, 0, &tables), AVC_ERR_VALUE,
+           "verify_curve");
+    EXPECT(avc_cost_tables_from_curves(NULL, 2, curve, 2, 4, 8, 0, &tables), AVC_ERR_NULL,
+           "draft_curve");
+    EXPECT(avc_cost_tables_from_samples(nan_cost, 1, curve, 2, 4, 8, 0, &tables), AVC_ERR_VALUE,
+           "draft_samples");
+    OK(avc_cost_tables_from_samples(unsorted, 2, curve, 2, 4, 8, 0, &tables));
+
+    size_t reqs = 0, tokens = 0;
+    OK(avc_cost_tables_sizes(tables, &reqs, &tokens));
+    CHECK(reqs == 4 && tokens == 8, "sizes %zu %zu", reqs, tokens);
+    double draft_copy[5], verify_copy[9];
+    EXPECT(avc_cost_tables_copy(tables, draft_copy, 4, verify_copy, 9), AVC_ERR_VALUE,
+           "draft_len: must be 5");
+    OK(avc_cost_tables_copy(tables, draft_copy, 5, verify_copy, 9));
+    CHECK(verify_copy[0] >= 1e-6 && verify_copy[8] >= verify_copy[0], "verify table %g..%g",
+          verify_copy[0], verify_copy[8]);
+    OK(avc_cost_tables_free(tables));
+}
+
+static void test_planner(void) {
+    const double draft_ms[] = {0.5, 0.6, 0.7, 0.8};
+    const double verify_ms[] = {5, 5, 5, 5, 5, 5, 5, 5, 5, 6, 7, 8, 9};
+    avc_cost_tables *tables = NULL;
+    OK(avc_cost_tables_new(draft_ms, 4, verify_ms, 13, &tables));
+    const float confidences[ROWS * K] = {0.9f, 0.8f, 0.5f, 0.7f, 0.2f, 0.1f};
+    float nan_confidences[ROWS * K];
+    memcpy(nan_confidences, confidences, sizeof confidences);
+    nan_confidences[1] = NAN;
+    const int64_t scheduled[ROWS] = {3, 3};
+    const int64_t slots[ROWS] = {0, 1};
+    avc_step_tokens step = {ROWS, ROWS, SIZE_MAX};
+    size_t budget = 0;
+
+    EXPECT(avc_choose_draft_budget(confidences, ROWS, K, scheduled, ROWS, &step, NULL, &budget),
+           AVC_ERR_NULL, "tables");
+    EXPECT(avc_choose_draft_budget(confidences, ROWS, K, scheduled, ROWS, NULL, tables, &budget),
+           AVC_ERR_NULL, "step");
+    EXPECT(avc_choose_draft_budget(confidences, ROWS, K, scheduled, ROWS, &step, tables, NULL),
+           AVC_ERR_NULL, "budget_out");
+    EXPECT(avc_choose_draft_budget(nan_confidences, ROWS, K, scheduled, ROWS, &step, tables,
+                                   &budget),
+           AVC_ERR_VALUE, "confidences: [0, 1] = NaN");
+    EXPECT(avc_choose_draft_budget(confidences, ROWS, K, scheduled, 1, &step, tables, &budget),
+           AVC_ERR_VALUE, "scheduled_drafts: has length 1");
+    step.num_sampling_requests = 3;
+    EXPECT(avc_choose_draft_budget(confidences, ROWS, K, scheduled, ROWS, &step, tables, &budget),
+           AVC_ERR_VALUE, "num_sampling_requests");
+    step.num_sampling_requests = ROWS;
+    step.num_non_draft_tokens = 10;
+    EXPECT(avc_choose_draft_budget(confidences, ROWS, K, scheduled, ROWS, &step, tables, &budget),
+           AVC_ERR_VALUE, "num_non_draft_tokens");
+    step.num_non_draft_tokens = ROWS;
+    OK(avc_choose_draft_budget(confidences, ROWS, K, scheduled, ROWS, &step, tables, &budget));
+
+    int32_t assigned[ROWS] = {-1, -1};
+    EXPECT(avc_assign_draft_budget(confidences, ROWS, K, scheduled, ROWS, budget, assigned, 1),
+           AVC_ERR_VALUE, "admitted");
+    EXPECT(avc_assign_draft_budget(confidences, ROWS, K, scheduled, ROWS, budget, NULL, ROWS),
+           AVC_ERR_NULL, "admitted");
+    CHECK(assigned[0] == -1 && assigned[1] == -1, "rejected assign wrote admitted");
+    OK(avc_assign_draft_budget(confidences, ROWS, K, scheduled, ROWS, budget, assigned, ROWS));
+    CHECK(assigned[0] + assigned[1] == (int32_t)budget, "assigned %d + %d != budget %zu",
+          assigned[0], assigned[1], budget);
+
+    avc_verification_plan plan;
+    int32_t admitted_plan[ROWS];
+    OK(avc_plan_verification(confidences, ROWS, K, NULL, 0, scheduled, ROWS, &step, tables,
+                             admitted_plan, ROWS, &plan));
+    CHECK(plan.budget == budget, "plan budget %zu, chosen %zu", plan.budget, budget);
+    EXPECT(avc_plan_verification(confidences, ROWS, K, confidences, ROWS * K - 1, scheduled, ROWS,
+                                 &step, tables, admitted_plan, ROWS, &plan),
+           AVC_ERR_VALUE, "budget_confidences");
+
+    avc_planner *planner = (avc_planner *)&plan;
+    EXPECT(avc_planner_new(tables, 4, K, 7, &planner), AVC_ERR_VALUE, "budget_source");
+    CHECK(planner == NULL, "planner_out not NULL after a failure");
+    EXPECT(avc_planner_new(tables, 4, 0, AVC_BUDGET_SOURCE_PREVIOUS, &planner), AVC_ERR_VALUE,
+           "num_positions");
+    OK(avc_planner_new(tables, 4, K, AVC_BUDGET_SOURCE_PREVIOUS, &planner));
+    /* The planner keeps its own copy of the tables. */
+    OK(avc_cost_tables_free(tables));
+
+    int32_t admitted_out[ROWS];
+    const int64_t duplicate[ROWS] = {1, 1};
+    const int64_t out_of_range[ROWS] = {0, 4};
+    EXPECT(avc_planner_plan(planner, duplicate, ROWS, confidences, ROWS, K, scheduled, ROWS,
+                            &step, admitted_out, ROWS, &plan),
+           AVC_ERR_VALUE, "slots: [1] = 1 appears twice");
+    EXPECT(avc_planner_plan(planner, out_of_range, ROWS, confidences, ROWS, K, scheduled, ROWS,
+                            &step, admitted_out, ROWS, &plan),
+           AVC_ERR_VALUE, "slots: [1] = 4 is outside 0..4");
+    EXPECT(avc_planner_plan(planner, slots, 1, confidences, ROWS, K, scheduled, ROWS, &step,
+                            admitted_out, ROWS, &plan),
+           AVC_ERR_VALUE, "slots");
+    EXPECT(avc_planner_plan(planner, slots, ROWS, confidences, ROWS, 2, scheduled, ROWS, &step,
+                            admitted_out, ROWS, &plan),
+           AVC_ERR_VALUE, "confidences");
+    EXPECT(avc_planner_plan(planner, slots, ROWS, nan_confidences, ROWS, K, scheduled, ROWS,
+                            &step, admitted_out, ROWS, &plan),
+           AVC_ERR_VALUE, "confidences");
+    EXPECT(avc_planner_plan(planner, slots, ROWS, confidences, ROWS, K, scheduled, ROWS, &step,
+                            admitted_out, ROWS, NULL),
+           AVC_ERR_NULL, "plan_out");
+    EXPECT(avc_planner_plan(planner, slots, ROWS, confidences, ROWS, K, scheduled, ROWS, &step,
+                            (int32_t *)(void *)scheduled, ROWS, &plan),
+           AVC_ERR_VALUE, "admitted: overlaps scheduled_drafts");
+
+    /* Rejected plans remembered nothing: every slot still holds the initial 1.0. */
+    double remembered[K];
+    OK(avc_planner_previous_confidences(planner, 0, remembered, K));
+    CHECK(remembered[0] == 1.0 && remembered[2] == 1.0, "slot 0 remembers %g", remembered[0]);
+    EXPECT(avc_planner_previous_confidences(planner, 4, remembered, K), AVC_ERR_VALUE, "slot");
+    EXPECT(avc_planner_previous_confidences(planner, 0, remembered, 2), AVC_ERR_VALUE,
+           "confidences_len");
+
+    OK(avc_planner_plan(planner, slots, ROWS, confidences, ROWS, K, scheduled, ROWS, &step,
+                        admitted_out, ROWS, &plan));
+    OK(avc_planner_previous_confidences(planner, 1, remembered, K));
+    CHECK(remembered[0] == (double)0.7f, "slot 1 remembers %g, expected 0.7", remembered[0]);
+    EXPECT(avc_planner_add_request(planner, 99), AVC_ERR_VALUE, "slot");
+    OK(avc_planner_add_request(planner, 1));
+    OK(avc_planner_previous_confidences(planner, 1, remembered, K));
+    CHECK(remembered[0] == 1.0, "slot 1 after add_request remembers %g", remembered[0]);
+    EXPECT(avc_planner_add_request(NULL, 0), AVC_ERR_NULL, "planner");
+
+    OK(avc_planner_free(planner));
+    EXPECT(avc_planner_free(planner), AVC_ERR_INVALID_HANDLE, "planner");
+}
+
+static void test_misc(void) {
+    uint32_t major = 0, minor = 0, patch = 0;
+    OK(avc_version(&major, &minor, &patch));
+    EXPECT(avc_version(NULL, &minor, &patch), AVC_ERR_NULL, "major_out");
+    char expected[64];
+    snprintf(expected, sizeof expected, "%u.%u.%u", major, minor, patch);
+    CHECK(strcmp(expected, avc_version_string()) == 0, "%s vs %s", expected,
+          avc_version_string());
+    CHECK(avc_abi_version() == AVC_ABI_VERSION, "ABI %u", avc_abi_version());
+    CHECK(strcmp(avc_status_name(AVC_ERR_NULL), "AVC_ERR_NULL") == 0, "status name");
+    CHECK(strcmp(avc_status_name(1234), "AVC_UNKNOWN_STATUS") == 0, "unknown status name");
+
+    /* Errors are like errno: a success leaves the last message in place. */
+    EXPECT(avc_estimator_refit(NULL), AVC_ERR_NULL, "avc_estimator_refit: estimator");
+    OK(avc_version(&major, &minor, &patch));
+    CHECK(strstr(avc_last_error(), "avc_estimator_refit") != NULL, "message lost: %s",
+          avc_last_error());
+}
+
+/* Error messages are thread-local: another thread's failure does not replace ours. */
+static void *fail_elsewhere(void *unused) {
+    (void)unused;
+    avc_status status = avc_cost_tables_free((avc_cost_tables *)&status);
+    return (void *)(intptr_t)(status == AVC_ERR_INVALID_HANDLE &&
+                              strstr(avc_last_error(), "avc_cost_tables_free") != NULL);
+}
+
+static void test_thread_local_errors(void) {
+    EXPECT(avc_estimator_refit(NULL), AVC_ERR_NULL, "estimator");
+    pthread_t thread;
+    void *result = NULL;
+    CHECK(pthread_create(&thread, NULL, fail_elsewhere, NULL) == 0, "pthread_create");
+    CHECK(pthread_join(thread, &result) == 0, "pthread_join");
+    CHECK(result == (void *)1, "the other thread did not see its own error");
+    CHECK(strstr(avc_last_error(), "avc_estimator_refit") != NULL, "our message changed: %s",
+          avc_last_error());
+}
+
+/* Concurrent observers on one handle give exactly the serial bytes (DESIGN.md section 5). */
+enum { THREADS = 4, BATCHES = 64, BATCH_ROWS = 8 };
+static float batch_features[BATCHES][BATCH_ROWS * K];
+static int64_t batch_admitted[BATCHES][BATCH_ROWS];
+static int64_t batch_accepted[BATCHES][BATCH_ROWS];
+
+struct worker {
+    avc_estimator *estimator;
+    int first;
+    int failed;
+};
+
+static void *observe_batches(void *arg) {
+    struct worker *w = arg;
+    float probabilities[BATCH_ROWS * K];
+    for (int b = w->first; b < BATCHES; b += THREADS) {
+        w->failed |= avc_estimator_observe(w->estimator, batch_features[b], BATCH_ROWS, K,
+                                           batch_admitted[b], BATCH_ROWS, batch_accepted[b],
+                                           BATCH_ROWS, NULL, 0, NULL) != AVC_OK;
+        w->failed |= avc_estimator_predict(w->estimator, batch_features[b], BATCH_ROWS, K,
+                                           probabilities, BATCH_ROWS * K) != AVC_OK;
+    }
+    return NULL;
+}
+
+static void test_concurrent_observe(void) {
+    uint64_t state = 7;
+    for (int b = 0; b < BATCHES; b++) {
+        for (int i = 0; i < BATCH_ROWS * K; i++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            batch_features[b][i] = (float)((int)((state >> 33) % 4001) - 2000) / 100.0f;
+        }
+        for (int r = 0; r < BATCH_ROWS; r++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            batch_admitted[b][r] = (int64_t)((state >> 33) % (K + 1));
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            batch_accepted[b][r] = (int64_t)((state >> 33) % (uint64_t)(batch_admitted[b][r] + 1));
+        }
+    }
+    /* refit_interval above the number of batches: one round, so interleaving cannot matter. */
+    avc_estimator *serial = new_estimator(1000);
+    for (int b = 0; b < BATCHES; b++) {
+        OK(avc_estimator_observe(serial, batch_features[b], BATCH_ROWS, K, batch_admitted[b],
+                                 BATCH_ROWS, batch_accepted[b], BATCH_ROWS, NULL, 0, NULL));
+    }
+    avc_estimator *shared = new_estimator(1000);
+    pthread_t threads[THREADS];
+    struct worker workers[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        workers[t] = (struct worker){shared, t, 0};
+        CHECK(pthread_create(&threads[t], NULL, observe_batches, &workers[t]) == 0, "create");
+    }
+    for (int t = 0; t < THREADS; t++) {
+        CHECK(pthread_join(threads[t], NULL) == 0, "join");
+        CHECK(!workers[t].failed, "worker %d saw an error", t);
+    }
+    CHECK(same_state(serial, shared), "concurrent observe differs from serial");
+    OK(avc_estimator_refit(serial));
+    OK(avc_estimator_refit(shared));
+    CHECK(same_state(serial, shared), "refit after concurrent observe differs from serial");
+    OK(avc_estimator_free(serial));
+    OK(avc_estimator_free(shared));
+}
+
+int main(void) {
+    test_estimator_arguments();
+    test_config();
+    test_save_load();
+    test_handles();
+    test_cost_tables();
+    test_planner();
+    test_misc();
+    test_thread_local_errors();
+    test_concurrent_observe();
+    printf("error_paths: %d checks, %d failures\n", checks, failures);
+    return failures == 0 ? 0 : 1;
+}
