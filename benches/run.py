@@ -1,0 +1,170 @@
+"""Runs every benchmark, writes benches/results.json and benches/results.md, and (with
+--update-readme) replaces the benchmark table in README.md between its markers.
+
+    python benches/run.py [--quick] [--update-readme]
+
+Each benchmark module exposes ``run(quick) -> list[dict]``; every row times av_core and a
+reference implementation of the same math in the same run. Rows are normalized here to: name,
+median and interquartile range (microseconds), the reference and its median, the figure of merit
+(speedup = reference / av_core, or ratio = av_core / reference where the target is a ratio), the
+DESIGN.md target and pass/miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+MODULES = ["bench_estimator", "bench_planner", "bench_features", "bench_vllm", "bench_stress"]
+README_START = "<!-- benchmarks:start -->"
+README_END = "<!-- benchmarks:end -->"
+
+
+def _us(row: dict[str, Any], stem: str) -> float | None:
+    if f"{stem}_us" in row:
+        return float(row[f"{stem}_us"])
+    if f"{stem}_ms" in row:
+        return float(row[f"{stem}_ms"]) * 1e3
+    return None
+
+
+def normalize(module: str, row: dict[str, Any]) -> dict[str, Any]:
+    reference_median = _us(row, "reference_median")
+    if reference_median is None:
+        reference_median = _us(row, "baseline_median")
+    figure, value = None, None
+    if "speedup" in row:
+        figure, value = "speedup", float(row["speedup"])
+    elif "ratio" in row:
+        figure, value = "ratio", float(row["ratio"])
+    target = row.get("target")
+    return {
+        "module": module,
+        "group": row.get("group", module.removeprefix("bench_")),
+        "name": row["name"],
+        "median_us": _us(row, "median"),
+        "q1_us": _us(row, "q1"),
+        "q3_us": _us(row, "q3"),
+        "reference": row.get("reference", row.get("baseline")),
+        "reference_median_us": reference_median,
+        "figure": figure,
+        "value": value,
+        "target": None if target is None else str(target),
+        "pass": row.get("pass"),
+        "raw": row,
+    }
+
+
+def run_all(quick: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    sys.path.insert(0, str(HERE))
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for name in MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as error:
+            notes.append(f"{name}: skipped ({error})")
+            continue
+        start = time.perf_counter()
+        module_rows = module.run(quick)
+        if hasattr(module, "scaling"):
+            module_rows = module_rows + module.scaling(quick)
+        rows += [normalize(name, r) for r in module_rows]
+        notes.append(f"{name}: {len(module_rows)} rows in {time.perf_counter() - start:.0f} s")
+    return rows, notes
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def markdown(rows: list[dict[str, Any]], notes: list[str]) -> str:
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} "
+        f"({os.cpu_count()} CPUs), Python {platform.python_version()}; "
+        "medians of interleaved repeats, IQR in brackets.",
+        "",
+        "| benchmark | av_core µs | reference | reference µs | figure | target | |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["group"] in ("scaling", "stress"):
+            continue
+        spread = f" [{_fmt(r['q1_us'])}, {_fmt(r['q3_us'])}]" if r["q1_us"] is not None else ""
+        figure = "-" if r["figure"] is None else f"{r['figure']} {_fmt(r['value'])}"
+        verdict = {True: "pass", False: "**miss**", None: ""}[r["pass"]]
+        lines.append(
+            f"| {r['name']} | {_fmt(r['median_us'])}{spread} | {r['reference'] or '-'} | "
+            f"{_fmt(r['reference_median_us'])} | {figure} | {r['target'] or '-'} | {verdict} |"
+        )
+    scaling = [r for r in rows if r["group"] == "scaling"]
+    if scaling:
+        exponents = {r["raw"].get("growth_exponent") for r in scaling}
+        lines += ["", "Scaling with R (cost per call, µs):", ""]
+        lines.append("| " + " | ".join(r["name"] for r in scaling) + " |")
+        lines.append("|" + "---|" * len(scaling))
+        lines.append("| " + " | ".join(_fmt(r["median_us"]) for r in scaling) + " |")
+        lines.append("")
+        lines.append(
+            "Fitted growth exponents (log cost vs log R, R >= 128): "
+            + ", ".join(f"{e:.2f}" for e in sorted(e for e in exponents if e is not None))
+            + " (1.0 = linear)."
+        )
+    stress = [r for r in rows if r["group"] == "stress"]
+    if stress:
+        lines += [
+            "",
+            "Observation throughput (labeled observations per second, one estimator):",
+            "",
+        ]
+        lines += ["| producers | av_core | numpy, 1 thread |", "|---|---|---|"]
+        for r in stress:
+            raw = r["raw"]
+            lines.append(
+                f"| {r['name']} | {raw['observations_per_s'] / 1e6:.1f} M/s | "
+                f"{raw['reference_observations_per_s'] / 1e6:.2f} M/s |"
+            )
+    lines += ["", *[f"- {n}" for n in notes]]
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(table: str) -> None:
+    readme = HERE.parent / "README.md"
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"README.md lacks the markers {README_START} / {README_END}")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_START}\n{table}{README_END}{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--update-readme", action="store_true")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    rows, notes = run_all(args.quick)
+    notes.append(f"total {time.perf_counter() - start:.0f} s")
+    (HERE / "results.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
+    table = markdown(rows, notes)
+    (HERE / "results.md").write_text(table)
+    print(table)
+    if args.update_readme:
+        update_readme(table)
+
+
+if __name__ == "__main__":
+    main()

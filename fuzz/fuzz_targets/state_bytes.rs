@@ -1,0 +1,24 @@
+//! Arbitrary bytes as a saved estimator state: an error or a working estimator, never a panic,
+//! and a state that loads must save back to the same bytes and keep working.
+#![no_main]
+
+use av_core::{AcceptanceEstimator, MatrixView};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(est) = AcceptanceEstimator::from_bytes(data) {
+        let bytes = est.to_bytes();
+        assert_eq!(bytes, data, "a loaded state must re-encode to its own bytes");
+        let k = est.num_positions();
+        let x = vec![0.5f32; 2 * k];
+        let mut out = vec![0.0f32; 2 * k];
+        est.predict(MatrixView::new("f", &x, 2, k).unwrap(), &mut out).unwrap();
+        assert!(out.iter().all(|p| (0.0..=1.0).contains(p)));
+        est.observe::<f32, f32>(MatrixView::new("f", &x, 2, k).unwrap(), &[1, 0], &[0, 0], None)
+            .unwrap();
+        est.refit();
+        let c = est.coefficients();
+        assert!(c.slope.is_finite() && c.slope >= 0.0);
+        assert!(c.intercepts.iter().all(|b| b.is_finite()));
+    }
+});
