@@ -148,7 +148,11 @@ class VerificationPlanner:
         *,
         num_slots: int | None = None,
         budget_source: Literal["previous", "current"] | str = "previous",
+        exploration: float = ...,
+        exploration_seed: int = 0,
     ) -> VerificationPlanner: ...
+    @property
+    def exploration(self) -> float: ...
     def add_request(self, slot: int) -> None: ...
     def plan(
         self,

@@ -405,12 +405,22 @@ impl PyVerificationPlanner {
 #[pymethods]
 impl PyVerificationPlanner {
     #[new]
-    #[pyo3(signature = (cost_tables, num_positions, *, num_slots = None, budget_source = "previous"))]
+    #[pyo3(signature = (
+        cost_tables,
+        num_positions,
+        *,
+        num_slots = None,
+        budget_source = "previous",
+        exploration = VerificationPlanner::DEFAULT_EXPLORATION,
+        exploration_seed = 0,
+    ))]
     fn new(
         cost_tables: Bound<'_, PyCostTables>,
         num_positions: i64,
         num_slots: Option<i64>,
         budget_source: &str,
+        exploration: f64,
+        exploration_seed: u64,
     ) -> PyResult<Self> {
         let source = BudgetSource::parse(budget_source).map_err(to_py_err)?;
         let tables = cost_tables.get().inner.clone();
@@ -418,17 +428,26 @@ impl PyVerificationPlanner {
             Some(n) => non_negative("num_slots", n)?,
             None => tables.max_num_reqs(),
         };
-        let inner = VerificationPlanner::new(
+        let mut inner = VerificationPlanner::new(
             tables,
             num_slots,
             non_negative("num_positions", num_positions)?,
             source,
         )
         .map_err(to_py_err)?;
+        inner
+            .set_exploration(exploration, exploration_seed)
+            .map_err(to_py_err)?;
         Ok(PyVerificationPlanner {
             inner: Mutex::new(inner),
             cost_tables: cost_tables.unbind(),
         })
+    }
+
+    /// Probability that a request verifies its whole draft block in a step (exploration floor).
+    #[getter]
+    fn exploration(&self) -> f64 {
+        self.lock().exploration()
     }
 
     /// A new request took `slot`: its remembered confidences restart at 1.0.

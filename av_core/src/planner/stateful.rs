@@ -19,6 +19,49 @@ const MAX_STATE_ENTRIES: usize = 1 << 26;
 /// request: optimistic, so a fresh request is not starved of verification on its first step).
 /// Each successful [`VerificationPlanner::plan`] stores the current rows of its slots for the
 /// next step; a rejected call changes nothing.
+///
+/// # Concurrency
+///
+/// The planner is `Send + Sync` (checked at compile time), so it can move to, or be shared
+/// with, another thread, but it is not concurrently mutable: [`plan`](Self::plan),
+/// [`add_request`](Self::add_request) and [`set_exploration`](Self::set_exploration) take
+/// `&mut self` and need exclusive access. Keep one planner per scheduler thread, or wrap a
+/// shared one in a `Mutex`. The `&self` accessors (`cost_tables`, `num_slots`,
+/// `num_positions`, `budget_source`, `exploration`, `previous_confidences`) may run from any
+/// number of threads at once while no `&mut self` call is in progress. Its [`CostTables`] are
+/// immutable; clone them (or the planner) freely.
+///
+/// # Example
+///
+/// ```rust
+/// use std::sync::{Arc, Mutex};
+/// use av_core::cost_tables::CostTables;
+/// use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+/// use av_core::MatrixView;
+///
+/// let tables = CostTables::new(vec![0.0; 9], vec![1.0; 64])?;
+/// let planner = VerificationPlanner::new(tables, 16, 3, BudgetSource::Previous)?;
+/// assert_eq!((planner.num_slots(), planner.num_positions()), (16, 3));
+/// let planner = Arc::new(Mutex::new(planner));
+/// let scheduler = {
+///     let planner = Arc::clone(&planner);
+///     std::thread::spawn(move || {
+///         let confidences = [0.9, 0.8, 0.7];
+///         let view = MatrixView::new("confidences", &confidences, 1, 3).unwrap();
+///         let step = StepTokens {
+///             num_non_draft_tokens: 1,
+///             num_sampling_requests: 1,
+///             ..Default::default()
+///         };
+///         let mut admitted = [0; 1];
+///         planner.lock().unwrap().plan(&[4], view, &[3], &step, &mut admitted).unwrap();
+///         admitted
+///     })
+/// };
+/// assert_eq!(scheduler.join().unwrap(), [3]); // verifying is flat-priced: take everything
+/// assert_eq!(planner.lock().unwrap().previous_confidences(4)?, [0.9, 0.8, 0.7]);
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub struct VerificationPlanner {
     cost_tables: CostTables,
     num_positions: usize,
@@ -28,10 +71,28 @@ pub struct VerificationPlanner {
     slot_stamps: Vec<u64>,
     stamp: u64,
     scratch: Scratch,
+    exploration: f64,
+    exploration_seed: u64,
 }
 
 impl VerificationPlanner {
     /// A planner for `num_slots` request slots of `num_positions` (`K ≥ 1`) drafts each.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    /// use av_core::planner::{BudgetSource, VerificationPlanner};
+    ///
+    /// let tables = CostTables::new(vec![0.2; 257], vec![5.0; 2049])?;
+    /// let planner = VerificationPlanner::new(tables, 256, 4, BudgetSource::Previous)?;
+    /// assert_eq!(planner.budget_source(), BudgetSource::Previous);
+    /// assert_eq!(planner.previous_confidences(0)?, [1.0; 4]); // optimistic start
+    /// assert_eq!(planner.cost_tables().max_num_reqs(), 256);
+    /// let tables = planner.cost_tables().clone();
+    /// assert!(VerificationPlanner::new(tables, 8, 0, BudgetSource::Current).is_err());
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn new(
         cost_tables: CostTables,
         num_slots: usize,
@@ -61,7 +122,116 @@ impl VerificationPlanner {
             slot_stamps: vec![0; num_slots],
             stamp: 0,
             scratch: Scratch::default(),
+            exploration: Self::DEFAULT_EXPLORATION,
+            exploration_seed: 0,
         })
+    }
+
+    /// Default exploration floor: one request in a hundred verifies its whole draft block.
+    pub const DEFAULT_EXPLORATION: f64 = 0.01;
+
+    /// Sets the exploration floor: each step, each request independently verifies its whole
+    /// scheduled draft block with probability `probability`, whatever the budget.
+    ///
+    /// Why: with trimming on, a position whose estimate collapsed (one confidently wrong round)
+    /// is never admitted again, so it never gets another label and never recovers. A floor of
+    /// full verifications keeps labels coming. It stays lossless because the draw is a hash of
+    /// (`seed`, step number, slot): fixed before any token is drafted and independent of them.
+    /// The extra drafts never push the step past `max_draft_budget` or the cost tables. 0 turns
+    /// it off (vLLM's behaviour).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    /// use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+    /// use av_core::MatrixView;
+    ///
+    /// let verify_ms: Vec<f64> = (0..=8).map(|t| 0.5 + 0.25 * t as f64).collect();
+    /// let tables = CostTables::new(vec![0.0; 9], verify_ms)?;
+    /// let mut planner = VerificationPlanner::new(tables, 8, 2, BudgetSource::Current)?;
+    /// assert_eq!(planner.exploration(), VerificationPlanner::DEFAULT_EXPLORATION);
+    /// // Low confidences: the budget is 0, but with probability 1 every request explores.
+    /// planner.set_exploration(1.0, 42)?;
+    /// let view = MatrixView::new("confidences", &[0.1, 0.1, 0.1, 0.1], 2, 2)?;
+    /// let step = StepTokens {
+    ///     num_non_draft_tokens: 2,
+    ///     num_sampling_requests: 2,
+    ///     ..Default::default()
+    /// };
+    /// let mut admitted = [0; 2];
+    /// assert_eq!(planner.plan(&[0, 1], view, &[2, 2], &step, &mut admitted)?.budget, 4);
+    /// assert_eq!(admitted, [2, 2]);
+    /// assert_eq!(planner.set_exploration(1.5, 0).unwrap_err().argument, "exploration");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn set_exploration(&mut self, probability: f64, seed: u64) -> Result<()> {
+        if !(0.0..=1.0).contains(&probability) {
+            return Err(Error::value(
+                "exploration",
+                format!("must be a probability in [0, 1], got {probability}"),
+            ));
+        }
+        self.exploration = probability;
+        self.exploration_seed = seed;
+        Ok(())
+    }
+
+    /// The exploration probability.
+    pub fn exploration(&self) -> f64 {
+        self.exploration
+    }
+
+    /// Whether `slot` explores at the current step: a deterministic draw from (seed, step, slot).
+    fn explores(&self, slot: u64) -> bool {
+        fn mix(mut z: u64) -> u64 {
+            // splitmix64's finalizer: a well-mixed 64-bit hash.
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        let draw = mix(self.exploration_seed ^ mix(self.stamp ^ mix(slot)));
+        ((draw >> 11) as f64) * (1.0 / (1u64 << 53) as f64) < self.exploration
+    }
+
+    /// Widens `plan` to whole draft blocks for the requests that explore this step, within the
+    /// step's draft limit; updates the plan's totals.
+    fn explore<T: Copy + Into<f64>>(
+        &self,
+        slots: &[i64],
+        confidences: MatrixView<'_, T>,
+        scheduled_drafts: &[i64],
+        step: &StepTokens,
+        admitted: &mut [i32],
+        plan: &mut VerificationPlan,
+    ) {
+        if self.exploration == 0.0 {
+            return;
+        }
+        let total: usize = scheduled_drafts.iter().map(|&s| s.max(0) as usize).sum();
+        let limit = step.max_draft_budget.map_or(total, |cap| cap.min(total));
+        let mut added = false;
+        for (r, (&slot, &scheduled)) in slots.iter().zip(scheduled_drafts).enumerate() {
+            let (from, to) = (admitted[r] as usize, scheduled.max(0) as usize);
+            if to <= from || plan.budget + (to - from) > limit || !self.explores(slot as u64) {
+                continue;
+            }
+            let row = confidences.row(r);
+            let mut survival: f64 = row[..from].iter().map(|&p| p.into()).product();
+            for &p in &row[from..to] {
+                survival *= p.into();
+                plan.expected_accepted_tokens += survival;
+            }
+            plan.budget += to - from;
+            admitted[r] = to as i32;
+            added = true;
+        }
+        if added {
+            let tables = &self.cost_tables;
+            plan.predicted_cost_ms = tables.draft_ms()[slots.len()]
+                + tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
+        }
     }
 
     /// The cost tables the planner prices steps with.
@@ -91,6 +261,29 @@ impl VerificationPlanner {
     }
 
     /// A new request took `slot`: forget the old request's confidences (back to 1.0).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    /// use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+    /// use av_core::MatrixView;
+    ///
+    /// let tables = CostTables::new(vec![0.0; 5], vec![1.0; 16])?;
+    /// let mut planner = VerificationPlanner::new(tables, 4, 2, BudgetSource::Previous)?;
+    /// let view = MatrixView::new("confidences", &[0.3, 0.2], 1, 2)?;
+    /// let step = StepTokens {
+    ///     num_non_draft_tokens: 1,
+    ///     num_sampling_requests: 1,
+    ///     ..Default::default()
+    /// };
+    /// planner.plan(&[2], view, &[2], &step, &mut [0])?;
+    /// assert_eq!(planner.previous_confidences(2)?, [0.3, 0.2]);
+    /// planner.add_request(2)?; // the request finished; a new one reuses slot 2
+    /// assert_eq!(planner.previous_confidences(2)?, [1.0, 1.0]);
+    /// assert!(planner.add_request(4).is_err()); // only slots 0..4
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn add_request(&mut self, slot: usize) -> Result<()> {
         self.check_slot("slot", slot)?;
         let k = self.num_positions;
@@ -101,6 +294,35 @@ impl VerificationPlanner {
     /// Plans one step for the requests in `slots` (distinct slot indices, one per row of
     /// `confidences`), writes the admitted counts to `admitted`, and remembers this step's
     /// confidences for the next. See [`super::plan_verification`] for the arguments.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    /// use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+    /// use av_core::MatrixView;
+    ///
+    /// // Drafting is free; verifying costs 0.5 ms + 0.25 ms per token.
+    /// let verify_ms: Vec<f64> = (0..=8).map(|t| 0.5 + 0.25 * t as f64).collect();
+    /// let tables = CostTables::new(vec![0.0; 9], verify_ms)?;
+    /// let mut planner = VerificationPlanner::new(tables, 8, 2, BudgetSource::Previous)?;
+    /// planner.set_exploration(0.0, 0)?; // no exploration floor: the budget alone decides
+    /// let step = StepTokens {
+    ///     num_non_draft_tokens: 2,
+    ///     num_sampling_requests: 2,
+    ///     ..Default::default()
+    /// };
+    /// let confidences = [0.1, 0.1, 0.1, 0.1]; // slots 3 and 5, two drafts each
+    /// let view = MatrixView::new("confidences", &confidences, 2, 2)?;
+    /// let mut admitted = [0; 2];
+    /// // First step: the budget reads the optimistic 1.0s, so the new requests are verified.
+    /// assert_eq!(planner.plan(&[3, 5], view, &[2, 2], &step, &mut admitted)?.budget, 4);
+    /// assert_eq!(admitted, [2, 2]);
+    /// // Next step: it reads last step's 0.1s, and nothing is worth verifying.
+    /// assert_eq!(planner.plan(&[3, 5], view, &[2, 2], &step, &mut admitted)?.budget, 0);
+    /// assert_eq!(admitted, [0, 0]);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn plan<T: Copy + Into<f64>>(
         &mut self,
         slots: &[i64],
@@ -137,7 +359,7 @@ impl VerificationPlanner {
             }
             self.slot_stamps[index] = self.stamp;
         }
-        let plan = match self.budget_source {
+        let mut plan = match self.budget_source {
             BudgetSource::Previous => {
                 self.gathered.clear();
                 for &slot in slots {
@@ -166,6 +388,14 @@ impl VerificationPlanner {
                 admitted,
             )?,
         };
+        self.explore(
+            slots,
+            confidences,
+            scheduled_drafts,
+            step,
+            admitted,
+            &mut plan,
+        );
         for (r, &slot) in slots.iter().enumerate() {
             let slot = slot as usize;
             for (stored, &p) in self.previous[slot * k..(slot + 1) * k]
@@ -200,8 +430,12 @@ impl Clone for VerificationPlanner {
             previous: self.previous.clone(),
             gathered: Vec::new(),
             slot_stamps: vec![0; self.slot_stamps.len()],
-            stamp: 0,
+            // The step count drives the exploration draws, so a copy continues the same sequence
+            // (fresh slot stamps of 0 never collide with a later, larger stamp).
+            stamp: self.stamp,
             scratch: Scratch::default(),
+            exploration: self.exploration,
+            exploration_seed: self.exploration_seed,
         }
     }
 }
