@@ -19,6 +19,22 @@ use crate::sync::{backoff, AtomicU64, Ordering};
 use crate::fixed_point::{to_f64, AtomicI128, MAGIC, MAGIC_BITS, SCALE};
 
 /// One position's statistics in fixed point (units of `2^-FRACTION_BITS`), plus its count.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::accumulator::PositionSums;
+/// use av_core::fixed_point::to_f64;
+///
+/// let mut sums = PositionSums::default();
+/// sums.add_observation(2.0, 0.5, true); // w = 0.25, r = 0.5
+/// let mut other = PositionSums::default();
+/// other.add_observation(-1.0, 0.5, false); // w = 0.25, r = -0.5
+/// sums.merge(&other);
+/// assert_eq!(sums.n, 2);
+/// assert_eq!(to_f64(sums.a), 1.25); // Σ w x² = 0.25·4 + 0.25·1
+/// assert_eq!(to_f64(sums.g1), 0.0); // Σ r
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PositionSums {
     /// `Σ w x²`.
@@ -62,6 +78,17 @@ impl PositionSums {
 
 /// The fixed-point terms `[w x², w x, w, r x, r]` of one observation, times `mask` (1 for a
 /// labeled position, 0 for an unlabeled one, so that a branch-free loop can skip it).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::accumulator::terms;
+/// use av_core::fixed_point::to_fixed;
+///
+/// let [a, b, c, g0, g1] = terms(2.0, 0.5, 1.0, 1.0);
+/// assert_eq!([a, b, c, g0, g1], [1.0, 0.5, 0.25, 1.0, 0.5].map(to_fixed));
+/// assert_eq!(terms(2.0, 0.5, 1.0, 0.0), [0; 5]); // masked out
+/// ```
 #[inline(always)]
 pub fn terms(x: f64, p: f64, y: f64, mask: f64) -> [i64; 5] {
     scaled_term_bits(x, p, y, mask).map(|bits| bits.wrapping_sub(MAGIC_BITS))
@@ -78,6 +105,20 @@ pub(crate) fn scaled_term_bits(x: f64, p: f64, y: f64, mask: f64) -> [i64; 5] {
 }
 
 /// A round's statistics for every position, in fixed point.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::accumulator::RoundStats;
+///
+/// let mut stats = RoundStats::new(3);
+/// stats.positions[0].add_observation(1.0, 0.8, true);
+/// stats.positions[1].add_observation(0.5, 0.6, false);
+/// assert_eq!(stats.total_count(), 2);
+/// let floats = stats.to_float();
+/// assert_eq!(floats.n, [1.0, 1.0, 0.0]);
+/// assert!((floats.c[0] - 0.16).abs() < 1e-10); // w = p(1 − p)
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RoundStats {
     /// One entry per draft position.
@@ -191,6 +232,28 @@ impl AtomicRound {
 /// [`Accumulator::take`] flips bit 0, waits for the old buffer's writers to leave (they never
 /// wait for anything, so this is a few atomic adds long), reads the buffer and clears it. Every
 /// addition lands in exactly one round: the one active when it registered. Writers never block.
+///
+/// `add` may run on any number of threads at once, and concurrently with `take`/`snapshot`;
+/// `take` and `snapshot` must not overlap each other (the estimator runs them under its refit
+/// lock).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::accumulator::{Accumulator, RoundStats};
+///
+/// let acc = Accumulator::new(2);
+/// let mut step = RoundStats::new(2);
+/// step.positions[0].add_observation(1.5, 0.7, true);
+/// std::thread::scope(|s| {
+///     for _ in 0..4 {
+///         s.spawn(|| acc.add(&step));
+///     }
+/// });
+/// assert_eq!(acc.snapshot().total_count(), 4); // the round goes on
+/// assert_eq!(acc.take().positions[0].n, 4); // ends the round
+/// assert_eq!(acc.take().total_count(), 0);
+/// ```
 #[derive(Debug)]
 pub struct Accumulator {
     buffers: [AtomicRound; 2],
@@ -235,6 +298,19 @@ impl Accumulator {
     }
 
     /// Adds a batch's statistics to the current round. Lock-free; safe from any thread.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::accumulator::{Accumulator, RoundStats};
+    ///
+    /// let acc = Accumulator::new(1);
+    /// let mut batch = RoundStats::new(1);
+    /// batch.positions[0].add_observation(0.3, 0.6, true);
+    /// acc.add(&batch);
+    /// acc.add(&batch);
+    /// assert_eq!(acc.snapshot().positions[0].n, 2);
+    /// ```
     pub fn add(&self, stats: &RoundStats) {
         debug_assert_eq!(stats.positions.len(), self.num_positions);
         let mut current = self.state.load(Ordering::Relaxed);
@@ -260,6 +336,19 @@ impl Accumulator {
     ///
     /// Callers must not run two `take`s at once (the estimator serializes them with its refit
     /// lock); adds may run concurrently.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::accumulator::{Accumulator, RoundStats};
+    ///
+    /// let acc = Accumulator::new(2);
+    /// let mut batch = RoundStats::new(2);
+    /// batch.positions[1].add_observation(-2.0, 0.3, false);
+    /// acc.add(&batch);
+    /// assert_eq!(acc.take(), batch); // exactly what was added
+    /// assert_eq!(acc.take(), RoundStats::new(2)); // the new round starts empty
+    /// ```
     pub fn take(&self) -> RoundStats {
         let previous = self.state.fetch_xor(1, Ordering::AcqRel);
         let old = (previous & 1) as usize;

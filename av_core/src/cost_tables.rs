@@ -9,13 +9,44 @@
 use crate::error::{ensure_finite, Error, Result};
 
 /// Floor of every draft-table entry (ms): drafting is never cheaper than free.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::cost_tables::{CostTables, DRAFT_COST_FLOOR_MS};
+///
+/// // A noisy profile that went below zero after subtracting a baseline.
+/// let tables = CostTables::from_curves(&[(1.0, -0.1)], &[(1.0, 5.0)], 2, 4, 0)?;
+/// assert_eq!(tables.draft_ms(), [DRAFT_COST_FLOOR_MS; 3]);
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub const DRAFT_COST_FLOOR_MS: f64 = 0.0;
 
 /// Floor of every verify-table entry (ms): keeps the planner's cost denominator positive
 /// (vLLM's value).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::cost_tables::{CostTables, VERIFY_COST_FLOOR_MS};
+///
+/// let tables = CostTables::from_curves(&[(1.0, 0.4)], &[(1.0, 0.0)], 2, 4, 0)?;
+/// assert!(tables.verify_ms().iter().all(|&ms| ms == VERIFY_COST_FLOOR_MS));
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub const VERIFY_COST_FLOOR_MS: f64 = 1e-6;
 
 /// Largest table length accepted (entries), so a typo cannot allocate gigabytes.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::cost_tables::{CostTables, MAX_TABLE_LEN};
+///
+/// let curve = [(1.0, 1.0)];
+/// let err = CostTables::from_curves(&curve, &curve, 8, MAX_TABLE_LEN, 0).unwrap_err();
+/// assert_eq!(err.argument, "max_batch_tokens");
+/// ```
 pub const MAX_TABLE_LEN: usize = 1 << 24;
 
 /// Dense step-cost tables, in milliseconds.
@@ -23,6 +54,27 @@ pub const MAX_TABLE_LEN: usize = 1 << 24;
 /// `draft_ms[r]` is the drafter's cost for `r` requests (`0..=max_num_reqs`); `verify_ms[t]`
 /// is the target's cost for `t` tokens (`0..=max_batch_tokens`). Entries are finite, draft
 /// entries are `≥ 0` and verify entries are `> 0`, so the planner's ratio is always defined.
+///
+/// # Concurrency
+///
+/// Immutable once built: every method takes `&self` and nothing inside changes, so one table
+/// may be shared freely (`&CostTables` or `Arc<CostTables>`) by any number of threads planning
+/// at once. It is `Send + Sync` (checked at compile time in `lib.rs`).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::cost_tables::CostTables;
+///
+/// // Drafter: 0.3 ms plus 0.05 ms per request; target: flat 8 ms up to 4 tokens, then 12 ms.
+/// let draft_ms: Vec<f64> = (0..=4).map(|r| 0.3 + 0.05 * r as f64).collect();
+/// let verify_ms = vec![8.0, 8.0, 8.0, 8.0, 8.0, 12.0, 12.0, 12.0, 12.0];
+/// let tables = CostTables::new(draft_ms, verify_ms)?;
+/// assert_eq!((tables.max_num_reqs(), tables.max_batch_tokens()), (4, 8));
+/// assert_eq!(tables.verify_ms()[5], 12.0);
+/// assert!(tables.verify_is_nondecreasing());
+/// # Ok::<(), av_core::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostTables {
     draft_ms: Vec<f64>,
@@ -35,6 +87,19 @@ impl CostTables {
     ///
     /// Fails unless both are non-empty and finite, draft costs are `≥ 0` and verify costs
     /// are `> 0`.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    ///
+    /// let tables = CostTables::new(vec![0.0, 0.5, 0.6], vec![2.0; 17])?;
+    /// assert_eq!(tables.draft_ms(), [0.0, 0.5, 0.6]);
+    /// // A zero verify cost would make the planner divide by zero.
+    /// let err = CostTables::new(vec![0.0], vec![0.0, 2.0]).unwrap_err();
+    /// assert_eq!(err.to_string(), "verify_ms: [0] = 0 must be finite and > 0");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn new(draft_ms: Vec<f64>, verify_ms: Vec<f64>) -> Result<Self> {
         check_table("draft_ms", &draft_ms, false)?;
         check_table("verify_ms", &verify_ms, true)?;
@@ -59,6 +124,21 @@ impl CostTables {
     /// entries at [`VERIFY_COST_FLOOR_MS`].
     ///
     /// Sizes must be finite, `≥ 0` and strictly increasing; costs finite; curves non-empty.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    ///
+    /// let draft = [(1.0, 2.0), (8.0, 3.0)];
+    /// let verify = [(1.0, 10.0), (64.0, 12.0), (128.0, 20.0), (256.0, 30.0)];
+    /// let tables = CostTables::from_curves(&draft, &verify, 8, 512, 64)?;
+    /// assert_eq!(tables.draft_ms()[4], 3.0); // padded up to the 8-request graph
+    /// assert_eq!(tables.verify_ms()[40], 12.0); // padded up to the 64-token graph
+    /// assert_eq!(tables.verify_ms()[192], 25.0); // interpolated above the capture limit
+    /// assert_eq!(tables.verify_ms()[384], 40.0); // last segment extended
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn from_curves(
         draft_curve: &[(f64, f64)],
         verify_curve: &[(f64, f64)],
@@ -84,6 +164,20 @@ impl CostTables {
     /// Tables from raw timings: repeated `(size, ms)` samples in any order, reduced to the
     /// median per size (vLLM replays each profiled size five times and takes the median,
     /// which ignores the odd slow replay), then [`CostTables::from_curves`].
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    ///
+    /// // Five replays per size, in any order; one replay at size 1 hit a slow path.
+    /// let draft = [(1.0, 0.4), (1.0, 0.4), (1.0, 0.5), (1.0, 0.4), (1.0, 0.4)];
+    /// let verify = [(16.0, 9.0), (1.0, 7.0), (1.0, 30.0), (16.0, 9.0), (1.0, 7.0)];
+    /// let tables = CostTables::from_samples(&draft, &verify, 4, 16, 0)?;
+    /// assert_eq!(tables.verify_ms()[1], 7.0); // the median, not the 30 ms outlier
+    /// assert_eq!(tables.draft_ms()[4], 0.4);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn from_samples(
         draft_samples: &[(f64, f64)],
         verify_samples: &[(f64, f64)],
@@ -130,6 +224,16 @@ impl CostTables {
 
     /// `{"draft_ms": [...], "verify_ms": [...]}`; every value round-trips bit-exactly through
     /// [`CostTables::from_json`] (shortest round-trip decimal form).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    ///
+    /// let tables = CostTables::new(vec![0.0, 0.25], vec![1e-6, 7.5])?;
+    /// assert_eq!(tables.to_json(), r#"{"draft_ms": [0.0, 0.25], "verify_ms": [1e-6, 7.5]}"#);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(24 * (self.draft_ms.len() + self.verify_ms.len()));
         out.push_str("{\"draft_ms\": ");
@@ -142,6 +246,18 @@ impl CostTables {
 
     /// Parses [`CostTables::to_json`]'s format (any JSON whitespace, keys in any order) and
     /// validates as [`CostTables::new`] does.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    ///
+    /// let tables = CostTables::from_curves(&[(1.0, 0.3)], &[(1.0, 7.1), (64.0, 9.3)], 8, 64, 0)?;
+    /// assert_eq!(CostTables::from_json(&tables.to_json())?, tables); // bit-exact
+    /// let err = CostTables::from_json(r#"{"draft_ms": [0.5]}"#).unwrap_err();
+    /// assert_eq!(err.argument, "json");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn from_json(text: &str) -> Result<Self> {
         let mut parser = JsonParser {
             bytes: text.as_bytes(),
@@ -187,6 +303,17 @@ impl CostTables {
 
 /// The median cost per distinct size, sizes ascending (the mean of the two middle values for
 /// an even count, as numpy's median).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::cost_tables::median_curve;
+///
+/// let samples = [(8.0, 3.0), (1.0, 2.0), (8.0, 5.0), (1.0, 2.5), (1.0, 9.0)];
+/// assert_eq!(median_curve("verify_samples", &samples)?, [(1.0, 2.5), (8.0, 4.0)]);
+/// assert!(median_curve("verify_samples", &[]).is_err());
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub fn median_curve(argument: &'static str, samples: &[(f64, f64)]) -> Result<Vec<(f64, f64)>> {
     if samples.is_empty() {
         return Err(Error::value(

@@ -16,6 +16,19 @@ pub enum ErrorKind {
 }
 
 /// A rejected argument: which one, and why.
+///
+/// `Display` prints `argument: message`, the text the bindings raise unchanged.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::{AcceptanceEstimator, EstimatorConfig, ErrorKind};
+///
+/// let err = AcceptanceEstimator::new(EstimatorConfig::new(0)).unwrap_err();
+/// assert_eq!(err.kind, ErrorKind::Value);
+/// assert_eq!(err.argument, "num_positions");
+/// assert_eq!(err.to_string(), "num_positions: must be between 1 and 64, got 0");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
     /// Value or type error.
@@ -28,6 +41,16 @@ pub struct Error {
 
 impl Error {
     /// A value error for `argument`.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{Error, ErrorKind};
+    ///
+    /// let err = Error::value("damping", format!("must be non-negative, got {}", -1.0));
+    /// assert_eq!(err.kind, ErrorKind::Value);
+    /// assert_eq!(err.to_string(), "damping: must be non-negative, got -1");
+    /// ```
     pub fn value(argument: &'static str, message: impl Into<String>) -> Self {
         Error {
             kind: ErrorKind::Value,
@@ -37,6 +60,16 @@ impl Error {
     }
 
     /// A type error for `argument`.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{Error, ErrorKind};
+    ///
+    /// let err = Error::type_error("features", "dtype int8 is not supported");
+    /// assert_eq!(err.kind, ErrorKind::Type);
+    /// assert_eq!(err.argument, "features");
+    /// ```
     pub fn type_error(argument: &'static str, message: impl Into<String>) -> Self {
         Error {
             kind: ErrorKind::Type,

@@ -29,6 +29,20 @@ use crate::memory::Memory;
 use crate::refit::{newton_step, Bounds, NewtonStep};
 
 /// Configuration of an [`AcceptanceEstimator`]. Defaults are vLLM 0.33.0's.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::EstimatorConfig;
+///
+/// let mut config = EstimatorConfig::new(4);
+/// assert_eq!(config.refit_interval, EstimatorConfig::DEFAULT_REFIT_INTERVAL);
+/// assert_eq!((config.init_slope, config.init_intercept), (0.5, -0.2));
+/// // Refit twice as often and remember past rounds, discounted by 0.9 per round.
+/// config.refit_interval = 50;
+/// config.memory = 0.9;
+/// assert!(config.validate().is_ok());
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct EstimatorConfig {
     /// Draft positions K (1 ≤ K ≤ [`EstimatorConfig::MAX_POSITIONS`]).
@@ -87,6 +101,17 @@ impl EstimatorConfig {
     pub const DEFAULT_MAX_INTERCEPT: f64 = 15.0;
 
     /// The defaults for `num_positions` draft positions.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::EstimatorConfig;
+    ///
+    /// let config = EstimatorConfig::new(3);
+    /// assert_eq!(config.num_positions, 3);
+    /// assert_eq!((config.damping, config.l2), (50.0, 1e-3));
+    /// assert_eq!(config.memory, 0.0); // vLLM's memoryless refit
+    /// ```
     pub fn new(num_positions: usize) -> Self {
         EstimatorConfig {
             num_positions,
@@ -105,6 +130,16 @@ impl EstimatorConfig {
     }
 
     /// The refit limits of this configuration.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::refit::Bounds;
+    /// use av_core::EstimatorConfig;
+    ///
+    /// let bounds = EstimatorConfig::new(2).bounds();
+    /// assert_eq!(bounds, Bounds { max_step: 4.0, max_slope: 10.0, max_intercept: 15.0 });
+    /// ```
     pub fn bounds(&self) -> Bounds {
         Bounds {
             max_step: self.max_step,
@@ -114,6 +149,18 @@ impl EstimatorConfig {
     }
 
     /// Checks every field, naming the first bad one.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::EstimatorConfig;
+    ///
+    /// let mut config = EstimatorConfig::new(4);
+    /// assert!(config.validate().is_ok());
+    /// config.memory = 1.0; // γ = 1 would never forget anything
+    /// assert_eq!(config.validate().unwrap_err().argument, "memory");
+    /// assert!(EstimatorConfig::new(65).validate().is_err()); // K ≤ MAX_POSITIONS = 64
+    /// ```
     pub fn validate(&self) -> Result<()> {
         if self.num_positions == 0 || self.num_positions > Self::MAX_POSITIONS {
             return Err(Error::value(
@@ -211,6 +258,20 @@ impl EstimatorConfig {
 
 /// Everything an estimator is: config, coefficients, the open round and its counters.
 /// [`AcceptanceEstimator::state`] and [`AcceptanceEstimator::from_state`] round-trip it bit-exactly.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+///
+/// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+/// let features = MatrixView::new("features", &[1.0f32, 0.5], 1, 2)?;
+/// estimator.observe(features, &[2], &[1], None::<MatrixView<'_, f32>>)?;
+/// let state = estimator.state();
+/// assert_eq!((state.slope, state.intercepts.clone()), (0.5, vec![-0.2, -0.2]));
+/// assert_eq!((state.steps_since_refit, state.stats.total_count()), (1, 2));
+/// # Ok::<(), av_core::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct EstimatorState {
     /// The configuration.
@@ -229,7 +290,7 @@ pub struct EstimatorState {
     pub memory: Memory,
 }
 
-/// What one refit consumed and did.
+/// What one refit consumed and did (see the example on [`AcceptanceEstimator::refit`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RefitReport {
     /// The round's statistics (now cleared from the estimator).
@@ -238,7 +299,45 @@ pub struct RefitReport {
     pub step: NewtonStep,
 }
 
-/// The online acceptance estimator. See the [module documentation](self).
+/// The online acceptance estimator. See the [module documentation](self) for the model.
+///
+/// # Concurrency
+///
+/// Every method takes `&self`, and all of them — `predict`, `step_stats`, `observe`,
+/// `add_step`, `refit`, `state`, `to_bytes` and the accessors — may run concurrently from any
+/// number of threads; share one estimator through `&` or an `Arc` (it is `Send + Sync`, checked
+/// at compile time). Observers never block each other; the same set of observations gives
+/// bit-identical coefficients whatever the interleaving. Refits (explicit, or the one an
+/// `observe` completing a round triggers) are serialized among themselves; a `predict` racing a
+/// refit sees the old or the new coefficients, never a mix.
+///
+/// # Example
+///
+/// ```rust
+/// use std::sync::Arc;
+/// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+///
+/// let estimator = Arc::new(AcceptanceEstimator::new(EstimatorConfig::new(3))?);
+/// let workers: Vec<_> = (0..4)
+///     .map(|_| {
+///         let estimator = Arc::clone(&estimator);
+///         std::thread::spawn(move || {
+///             let features = [2.5f32, 1.0, -0.5];
+///             let view = MatrixView::new("features", &features, 1, 3).unwrap();
+///             let mut p = [0.0f32; 3];
+///             estimator.predict(view, &mut p).unwrap();
+///             // The target verified all three drafts and accepted the first two.
+///             estimator.observe(view, &[3], &[2], Some(MatrixView::new("p", &p, 1, 3).unwrap()))
+///         })
+///     })
+///     .collect();
+/// for worker in workers {
+///     assert!(!worker.join().unwrap()?); // no round completed yet
+/// }
+/// assert_eq!(estimator.steps_since_refit(), 4);
+/// assert_eq!(estimator.round_stats().total_count(), 12);
+/// # Ok::<(), av_core::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct AcceptanceEstimator {
     config: EstimatorConfig,
@@ -264,7 +363,20 @@ fn sigmoid(z: f64) -> f64 {
 }
 
 impl AcceptanceEstimator {
-    /// A cold-started estimator.
+    /// A cold-started estimator: slope `init_slope`, every intercept `init_intercept`. Fails if
+    /// the configuration does not [validate](EstimatorConfig::validate).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(4))?;
+    /// assert_eq!(estimator.num_positions(), 4);
+    /// assert_eq!(estimator.coefficients().intercepts, [-0.2; 4]);
+    /// assert_eq!((estimator.num_refits(), estimator.steps_since_refit()), (0, 0));
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn new(config: EstimatorConfig) -> Result<Self> {
         config.validate()?;
         let intercepts = vec![config.init_intercept; config.num_positions];
@@ -307,6 +419,17 @@ impl AcceptanceEstimator {
     }
 
     /// A consistent copy of the current coefficients.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let c = estimator.coefficients();
+    /// assert_eq!((c.slope, c.intercepts, c.version), (0.5, vec![-0.2, -0.2], 0));
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn coefficients(&self) -> Coefficients {
         self.coefficients.read()
     }
@@ -349,6 +472,25 @@ impl AcceptanceEstimator {
     }
 
     /// Acceptance probabilities `σ(ω·x + β_k)` for features `[R, K]`, written to `out` (`R·K`).
+    ///
+    /// Features are clamped to `±max_log_odds` first; a non-finite feature, a wrong column
+    /// count or a wrong `out` length is an error and leaves `out` untouched.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// // Cold start σ(0.5·x − 0.2): x = 0.4 gives exactly 0.5; x = 100 is clamped to 40.
+    /// let features = [0.4f64, 100.0, 40.0, -3.0];
+    /// let mut p = [0.0f32; 4];
+    /// estimator.predict(MatrixView::new("features", &features, 2, 2)?, &mut p)?;
+    /// assert_eq!(p[0], 0.5);
+    /// assert_eq!(p[1], p[2]);
+    /// assert!(p[3] < 0.2);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn predict<T: Copy + Into<f64>>(
         &self,
         features: MatrixView<'_, T>,
@@ -385,6 +527,21 @@ impl AcceptanceEstimator {
     /// `features` `[R, K]`; `num_admitted[r]` drafts of request `r` were verified and the first
     /// `num_accepted[r]` of them accepted; `predictions` `[R, K]` are the probabilities made at
     /// draft time, used as IRLS weights (without them the current coefficients predict).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(4))?;
+    /// let features = MatrixView::new("features", &[3.0f32, 2.0, 1.0, 0.0], 1, 4)?;
+    /// let stats = estimator.step_stats(features, &[4], &[1], None::<MatrixView<'_, f32>>)?;
+    /// // One accepted draft and the first rejection are labeled; the rest say nothing.
+    /// let counts: Vec<u64> = stats.positions.iter().map(|p| p.n).collect();
+    /// assert_eq!(counts, [1, 1, 0, 0]);
+    /// assert_eq!(estimator.round_stats().total_count(), 0); // nothing was added
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn step_stats<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         &self,
         features: MatrixView<'_, T>,
@@ -464,6 +621,27 @@ impl AcceptanceEstimator {
     /// for the arguments). Returns `true` when this call completed a round and refitted.
     ///
     /// Lock-free with respect to other observers; on a bad argument nothing changes.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let mut config = EstimatorConfig::new(2);
+    /// config.refit_interval = 2;
+    /// let estimator = AcceptanceEstimator::new(config)?;
+    /// // Two requests: both drafts of the first accepted, the second's first draft rejected.
+    /// let features = [1.8f32, 1.2, -0.7, 0.4];
+    /// let view = MatrixView::new("features", &features, 2, 2)?;
+    /// let none = None::<MatrixView<'_, f32>>;
+    /// assert!(!estimator.observe(view, &[2, 2], &[2, 0], none)?);
+    /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // second step ends the round
+    /// assert_eq!(estimator.num_refits(), 1);
+    /// // A rejected call: more accepted than admitted.
+    /// assert!(estimator.observe(view, &[1, 2], &[2, 0], none).is_err());
+    /// assert_eq!(estimator.steps_since_refit(), 0);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn observe<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         &self,
         features: MatrixView<'_, T>,
@@ -477,6 +655,23 @@ impl AcceptanceEstimator {
 
     /// Adds one step's already-validated statistics and counts the step; refits when the round
     /// is complete. Returns `true` when it refitted.
+    ///
+    /// With [`step_stats`](Self::step_stats) this splits `observe` in two, so the statistics can
+    /// be computed off the critical path and added later. Panics if `stats` has a different
+    /// number of positions.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let features = MatrixView::new("features", &[2.0f32, 1.0], 1, 2)?;
+    /// let stats = estimator.step_stats(features, &[2], &[2], None::<MatrixView<'_, f32>>)?;
+    /// assert!(!estimator.add_step(&stats));
+    /// assert_eq!(estimator.round_stats(), stats);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn add_step(&self, stats: &RoundStats) -> bool {
         assert_eq!(stats.positions.len(), self.config.num_positions);
         self.accumulator.add(stats);
@@ -497,7 +692,26 @@ impl AcceptanceEstimator {
         true
     }
 
-    /// Ends the round now: refits on whatever it holds and clears it. Returns the step applied.
+    /// Ends the round now: refits on whatever it holds and clears it. Returns the round's
+    /// statistics and the Newton step computed from them (before the bounds applied).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(1))?;
+    /// // Confident drafts (x = 3) accepted, unsure ones (x = -1) rejected.
+    /// let features = [3.0f32, 3.0, 3.0, -1.0, -1.0, -1.0];
+    /// let view = MatrixView::new("features", &features, 6, 1)?;
+    /// estimator.observe(view, &[1; 6], &[1, 1, 1, 0, 0, 0], None::<MatrixView<'_, f32>>)?;
+    /// let report = estimator.refit();
+    /// assert_eq!(report.stats.total_count(), 6);
+    /// assert!(report.step.slope > 0.0); // confidence predicts acceptance more sharply
+    /// assert_eq!(estimator.coefficients().version, 1);
+    /// assert_eq!(estimator.round_stats().total_count(), 0); // a new round
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn refit(&self) -> RefitReport {
         let mut memory = self.lock();
         let steps = self.steps_since_refit.load(Ordering::SeqCst);
@@ -530,6 +744,20 @@ impl AcceptanceEstimator {
 
     /// The full state, consistent at one instant (observations racing the call land either in
     /// it or after it, never half).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let view = MatrixView::new("features", &[0.9f32, -0.3], 1, 2)?;
+    /// estimator.observe(view, &[2], &[0], None::<MatrixView<'_, f32>>)?;
+    /// let state = estimator.state();
+    /// assert_eq!(state.stats.total_count(), 1);
+    /// assert_eq!(state.config, *estimator.config());
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn state(&self) -> EstimatorState {
         let memory = self.lock();
         let stats = self.accumulator.snapshot();
@@ -546,17 +774,58 @@ impl AcceptanceEstimator {
     }
 
     /// The state as versioned, checksummed bytes ([`crate::snapshot`]).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(4))?;
+    /// let bytes = estimator.to_bytes();
+    /// assert!(bytes.starts_with(b"AVCORE\0E"));
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn to_bytes(&self) -> Vec<u8> {
         crate::snapshot::encode(&self.state())
     }
 
     /// Rebuilds an estimator from [`to_bytes`](Self::to_bytes); corrupt, truncated or
     /// future-version data is refused.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let view = MatrixView::new("features", &[1.5f32, 0.2], 1, 2)?;
+    /// estimator.observe(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
+    /// estimator.refit();
+    /// let bytes = estimator.to_bytes();
+    /// let restored = AcceptanceEstimator::from_bytes(&bytes)?;
+    /// assert_eq!(restored.state(), estimator.state()); // bit-exact
+    /// assert!(AcceptanceEstimator::from_bytes(&bytes[..bytes.len() - 1]).is_err());
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         Self::from_state(&crate::snapshot::decode(bytes)?)
     }
 
     /// Rebuilds an estimator from [`state`](Self::state), validating every field.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig};
+    ///
+    /// let mut state = AcceptanceEstimator::new(EstimatorConfig::new(3))?.state();
+    /// state.intercepts = vec![1.2, 0.4, -0.5]; // e.g. coefficients fitted offline
+    /// let estimator = AcceptanceEstimator::from_state(&state)?;
+    /// assert_eq!(estimator.coefficients().intercepts, [1.2, 0.4, -0.5]);
+    /// state.slope = -1.0; // a negative slope is never valid
+    /// assert_eq!(AcceptanceEstimator::from_state(&state).unwrap_err().argument, "slope");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn from_state(state: &EstimatorState) -> Result<Self> {
         state.config.validate()?;
         let k = state.config.num_positions;

@@ -13,6 +13,16 @@
 use crate::error::{Error, Result};
 
 /// The label of draft position `position`, or `None` when the step says nothing about it.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::labels::label;
+///
+/// // Three drafts verified, the first two accepted: labels 1, 1, 0, then nothing.
+/// let labels: Vec<_> = (0..4).map(|k| label(k, 3, 2)).collect();
+/// assert_eq!(labels, [Some(true), Some(true), Some(false), None]);
+/// ```
 #[inline]
 pub fn label(position: usize, admitted: usize, accepted: usize) -> Option<bool> {
     if position < accepted {
@@ -25,6 +35,16 @@ pub fn label(position: usize, admitted: usize, accepted: usize) -> Option<bool> 
 }
 
 /// Number of labeled positions of one request: the accepted ones plus the first rejection.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::labels::num_labeled;
+///
+/// assert_eq!(num_labeled(3, 2), 3); // two accepted plus the rejection
+/// assert_eq!(num_labeled(2, 2), 2); // all accepted: no rejection to label
+/// assert_eq!(num_labeled(0, 0), 0);
+/// ```
 #[inline]
 pub fn num_labeled(admitted: usize, accepted: usize) -> usize {
     if accepted < admitted {
@@ -36,6 +56,18 @@ pub fn num_labeled(admitted: usize, accepted: usize) -> usize {
 
 /// Checks one request's counts against the draft length `num_positions` and returns them as
 /// `(admitted, accepted)`.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::labels::validate_counts;
+///
+/// assert_eq!(validate_counts(0, 4, 1, 4)?, (4, 1));
+/// let err = validate_counts(7, 2, 3, 4).unwrap_err();
+/// assert_eq!(err.argument, "num_accepted");
+/// assert!(err.message.contains("row 7"));
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub fn validate_counts(
     row: usize,
     admitted: i64,

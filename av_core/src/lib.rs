@@ -12,6 +12,34 @@
 //!
 //! The crate is pure Rust: no Python, no I/O. The PyO3 bindings (`rust/`) and the C ABI only
 //! convert arguments and map [`Error`]s.
+//!
+//! # Concurrency
+//!
+//! The long-lived types are `Send + Sync` (checked at compile time below), so they can sit in
+//! an `Arc` shared by a serving engine's threads:
+//!
+//! * [`AcceptanceEstimator`] — every method takes `&self`; any number of threads may
+//!   `predict`, `observe`, `refit` and read state at once.
+//! * [`cost_tables::CostTables`] — immutable once built; share freely.
+//! * [`planner::VerificationPlanner`] — `plan` and `add_request` take `&mut self`: one
+//!   scheduler thread owns it, or it sits behind a `Mutex`.
+//!
+//! # Example
+//!
+//! ```rust
+//! use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+//!
+//! // Two draft positions; the drafter's log-odds for one request.
+//! let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+//! let features = [1.5f32, -0.5];
+//! let mut accept = [0.0f32; 2];
+//! estimator.predict(MatrixView::new("features", &features, 1, 2)?, &mut accept)?;
+//! assert!(accept[0] > accept[1]); // a more confident draft is likelier to be accepted
+//! # Ok::<(), av_core::Error>(())
+//! ```
+
+#![warn(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
 
 pub mod accumulator;
 pub mod batch;
@@ -32,3 +60,19 @@ mod sync;
 pub use error::{Error, ErrorKind, Result};
 pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState};
 pub use matrix::MatrixView;
+
+// The types DESIGN.md §5 shares across threads must stay `Send + Sync`; this fails to compile
+// if a field ever breaks that (a `Cell`, an `Rc`, a raw pointer).
+const _: () = {
+    fn assert_send_sync<T: Send + Sync>() {}
+    #[allow(dead_code)]
+    fn check() {
+        assert_send_sync::<AcceptanceEstimator>();
+        assert_send_sync::<EstimatorState>();
+        assert_send_sync::<coefficients::SharedCoefficients>();
+        assert_send_sync::<accumulator::Accumulator>();
+        assert_send_sync::<cost_tables::CostTables>();
+        assert_send_sync::<planner::VerificationPlanner>();
+        assert_send_sync::<Error>();
+    }
+};

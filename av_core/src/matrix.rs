@@ -3,6 +3,21 @@
 use crate::error::{Error, Result};
 
 /// A row-major matrix borrowed from the caller (a numpy array, a C buffer, a `Vec`).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::MatrixView;
+///
+/// // Two requests, three draft positions each.
+/// let logits = vec![2.0f32, 0.5, -1.0, 3.0, 1.0, 0.0];
+/// let m = MatrixView::new("features", &logits, 2, 3)?;
+/// assert_eq!((m.rows(), m.cols()), (2, 3));
+/// assert_eq!(m.data().len(), 6);
+/// assert!(m.expect_cols("features", 3).is_ok());
+/// assert_eq!(m.expect_rows("num_admitted", 4).unwrap_err().argument, "num_admitted");
+/// # Ok::<(), av_core::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct MatrixView<'a, T> {
     data: &'a [T],
@@ -12,6 +27,17 @@ pub struct MatrixView<'a, T> {
 
 impl<'a, T> MatrixView<'a, T> {
     /// Wraps `data` as `[rows, cols]`; `argument` names it in the error if the length is wrong.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::MatrixView;
+    ///
+    /// let data = [0.9f64, 0.8, 0.7, 0.6];
+    /// assert!(MatrixView::new("confidences", &data, 2, 2).is_ok());
+    /// let err = MatrixView::new("confidences", &data, 3, 2).unwrap_err();
+    /// assert_eq!(err.argument, "confidences");
+    /// ```
     pub fn new(argument: &'static str, data: &'a [T], rows: usize, cols: usize) -> Result<Self> {
         if rows.checked_mul(cols) != Some(data.len()) {
             return Err(Error::value(
@@ -40,7 +66,18 @@ impl<'a, T> MatrixView<'a, T> {
         self.data
     }
 
-    /// Row `row`.
+    /// Row `row` (panics if `row >= rows()`).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::MatrixView;
+    ///
+    /// let data = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    /// let m = MatrixView::new("features", &data, 3, 2)?;
+    /// assert_eq!(m.row(1), &[3.0, 4.0]);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn row(&self, row: usize) -> &'a [T] {
         &self.data[row * self.cols..(row + 1) * self.cols]
     }

@@ -35,6 +35,17 @@ use crate::cholesky::solve_spd;
 use crate::refit::ArrowheadSystem;
 
 /// The discounted sum of past rounds' quadratic models.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::memory::Memory;
+///
+/// let memory = Memory::new(4);
+/// assert_eq!(memory.num_positions(), 4);
+/// assert_eq!(memory.rhs.len(), 5); // slope first, then one entry per intercept
+/// assert_eq!((memory.total, memory.resets), (0.0, 0));
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Memory {
     /// Slope–slope entry of `A`.
@@ -91,6 +102,28 @@ impl Memory {
     /// for a round without observations (which only decays the memory). With a finite
     /// `drift_z`, a round that fails the drift test first drops the memory (`self.resets` counts
     /// it).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::accumulator::RoundStats;
+    /// use av_core::memory::Memory;
+    ///
+    /// let mut round = RoundStats::new(1);
+    /// for (x, y) in [(2.0, true), (1.0, true), (-1.0, false), (0.5, false)] {
+    ///     round.positions[0].add_observation(x, 0.5, y);
+    /// }
+    /// let mut memory = Memory::new(1);
+    /// let (gamma, no_drift_test, l2) = (0.9, f64::INFINITY, 1e-3);
+    /// let system = memory.fold(gamma, no_drift_test, &round.to_float(), l2, 0.5, &[-0.2]);
+    /// let step = system.expect("the round has observations").damped_step(0.5, 50.0);
+    /// assert!(step.slope > 0.0); // confident drafts were the accepted ones
+    /// assert_eq!(memory.total, 4.0);
+    /// // An empty round only decays the memory.
+    /// let empty = RoundStats::new(1).to_float();
+    /// assert!(memory.fold(gamma, no_drift_test, &empty, l2, 0.5, &[-0.2]).is_none());
+    /// assert!((memory.total - 3.6).abs() < 1e-12);
+    /// ```
     pub fn fold(
         &mut self,
         gamma: f64,
@@ -144,6 +177,25 @@ impl Memory {
 }
 
 /// `T = gᵀ (H + λI)⁻¹ g` of one round's system (∞ if the system cannot be solved).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::accumulator::RoundStats;
+/// use av_core::memory::drift_statistic;
+/// use av_core::refit::ArrowheadSystem;
+///
+/// // Predictions that match the labels on average leave no score: T = 0.
+/// let mut round = RoundStats::new(1);
+/// round.positions[0].add_observation(1.0, 0.5, true);
+/// round.positions[0].add_observation(1.0, 0.5, false);
+/// let system = ArrowheadSystem::from_round(&round.to_float(), 1e-3);
+/// assert_eq!(drift_statistic(&system), 0.0);
+/// // Every draft rejected although predicted at 0.5: a positive statistic.
+/// round.positions[0].add_observation(1.0, 0.5, false);
+/// round.positions[0].add_observation(1.0, 0.5, false);
+/// assert!(drift_statistic(&ArrowheadSystem::from_round(&round.to_float(), 1e-3)) > 0.0);
+/// ```
 pub fn drift_statistic(round: &ArrowheadSystem) -> f64 {
     let k = round.b.len();
     let n = k + 1;
@@ -167,6 +219,16 @@ pub fn drift_statistic(round: &ArrowheadSystem) -> f64 {
 
 /// The Wilson–Hilferty approximation of the χ² quantile with `dof` degrees of freedom at `z`
 /// standard-normal deviations (∞ for an infinite `z`: the test never fires).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::memory::chi_square_quantile;
+///
+/// // K = 4 positions: 5 degrees of freedom; the exact 99.9% quantile is 20.515.
+/// assert!((chi_square_quantile(5, 3.09) - 20.515).abs() < 0.5);
+/// assert_eq!(chi_square_quantile(5, f64::INFINITY), f64::INFINITY);
+/// ```
 pub fn chi_square_quantile(dof: usize, z: f64) -> f64 {
     if z.is_infinite() {
         return f64::INFINITY;

@@ -46,6 +46,15 @@ use order::Survivals;
 /// positions do not depend on earlier draft tokens (parallel / block drafters) may use the
 /// current ones. The assignment always uses the current confidences; it is lossless either way
 /// (see `planner::assignment`).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::planner::BudgetSource;
+///
+/// assert_eq!(BudgetSource::default(), BudgetSource::Previous); // lossless for every drafter
+/// assert_eq!(BudgetSource::Current.as_str(), "current");
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BudgetSource {
     /// Size the budget from each slot's confidences of the previous step (new slots: 1.0).
@@ -57,6 +66,17 @@ pub enum BudgetSource {
 
 impl BudgetSource {
     /// Parses `"previous"` or `"current"`.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::planner::BudgetSource;
+    ///
+    /// assert_eq!(BudgetSource::parse("current")?, BudgetSource::Current);
+    /// let err = BudgetSource::parse("Previous").unwrap_err(); // case-sensitive
+    /// assert_eq!(err.argument, "budget_source");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "previous" => Ok(BudgetSource::Previous),
@@ -78,6 +98,20 @@ impl BudgetSource {
 }
 
 /// The step-level numbers the budget needs besides the confidences.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::planner::StepTokens;
+///
+/// // 6 decode requests (one token each) plus a 250-token prefill chunk; the 6 decodes sample.
+/// let step = StepTokens {
+///     num_non_draft_tokens: 6 + 250,
+///     num_sampling_requests: 6,
+///     ..StepTokens::default() // max_draft_budget: None, every scheduled draft
+/// };
+/// assert_eq!(step.max_draft_budget, None);
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepTokens {
     /// `T`: tokens scheduled this step that are not drafts (one per decode request, whole
@@ -92,7 +126,7 @@ pub struct StepTokens {
 }
 
 /// What [`plan_verification`] decided (the admitted counts are written to the caller's
-/// buffer).
+/// buffer). See the example on [`plan_verification`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct VerificationPlan {
     /// Total drafts to verify; the admitted counts sum to it.
@@ -129,6 +163,27 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 /// Fails (naming the argument) on confidences outside `[0, 1]` or non-finite, scheduled counts
 /// outside `0..=K` or of the wrong length, more requests than the draft table covers,
 /// `num_sampling_requests > R`, or `T + max budget` beyond the verify table.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::cost_tables::CostTables;
+/// use av_core::planner::{choose_draft_budget, StepTokens};
+/// use av_core::MatrixView;
+///
+/// // Verifying costs 1 ms up to 3 tokens, then 100 ms: a cost cliff.
+/// let tables = CostTables::new(vec![0.0; 3], vec![1.0, 1.0, 1.0, 1.0, 100.0, 100.0, 100.0])?;
+/// let confidences = [0.1, 0.1, 0.9, 0.9]; // 2 requests × 2 drafts
+/// let view = MatrixView::new("confidences", &confidences, 2, 2)?;
+/// let step = StepTokens {
+///     num_non_draft_tokens: 2,
+///     num_sampling_requests: 2,
+///     ..Default::default()
+/// };
+/// // Only the 0.9 draft is worth verifying before the cliff.
+/// assert_eq!(choose_draft_budget(view, &[2, 2], &step, &tables)?, 1);
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub fn choose_draft_budget<T: Copy + Into<f64>>(
     confidences: MatrixView<'_, T>,
     scheduled_drafts: &[i64],
@@ -164,6 +219,23 @@ pub fn choose_draft_budget<T: Copy + Into<f64>>(
 /// position, then the lower request), always a prefix of each request, never above
 /// `scheduled_drafts[r]`, summing to `min(budget, Σ scheduled_drafts)`. Written to `admitted`
 /// (length `R`).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::planner::assign_draft_budget;
+/// use av_core::MatrixView;
+///
+/// // Survivals: request 0 → 0.9, 0.72, 0.216; request 1 → 0.6, 0.3, 0.27.
+/// let confidences = [0.9, 0.8, 0.3, 0.6, 0.5, 0.9];
+/// let view = MatrixView::new("confidences", &confidences, 2, 3)?;
+/// let mut admitted = [0; 2];
+/// assign_draft_budget(view, &[3, 3], 3, &mut admitted)?;
+/// assert_eq!(admitted, [2, 1]); // 0.9, 0.72 and 0.6
+/// assign_draft_budget(view, &[3, 1], 4, &mut admitted)?;
+/// assert_eq!(admitted, [3, 1]); // request 1 brought only one draft
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub fn assign_draft_budget<T: Copy + Into<f64>>(
     confidences: MatrixView<'_, T>,
     scheduled_drafts: &[i64],
@@ -201,6 +273,30 @@ pub fn assign_draft_budget<T: Copy + Into<f64>>(
 /// [`VerificationPlanner`] passes the previous step's), else from `confidences`; the
 /// assignment always uses `confidences`. Admitted counts go to `admitted` (length `R`).
 /// Errors as [`choose_draft_budget`]; on error `admitted` is untouched.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::cost_tables::CostTables;
+/// use av_core::planner::{plan_verification, StepTokens};
+/// use av_core::MatrixView;
+///
+/// let tables = CostTables::new(vec![0.5; 3], vec![1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0])?;
+/// let confidences = [0.5, 0.5, 1.0, 0.25];
+/// let view = MatrixView::new("confidences", &confidences, 2, 2)?;
+/// let step = StepTokens {
+///     num_non_draft_tokens: 2,
+///     num_sampling_requests: 2,
+///     ..Default::default()
+/// };
+/// let mut admitted = [0; 2];
+/// let current = None::<MatrixView<'_, f64>>; // size the budget from `confidences` too
+/// let plan = plan_verification(view, current, &[2, 2], &step, &tables, &mut admitted)?;
+/// assert_eq!((plan.budget, admitted), (3, [2, 1]));
+/// assert_eq!(plan.expected_accepted_tokens, 2.0 + 1.0 + 0.5 + 0.25);
+/// assert_eq!(plan.predicted_cost_ms, 0.5 + 1.0); // draft_ms[2] + verify_ms[2 + 3]
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub fn plan_verification<T: Copy + Into<f64>, P: Copy + Into<f64>>(
     confidences: MatrixView<'_, T>,
     budget_confidences: Option<MatrixView<'_, P>>,

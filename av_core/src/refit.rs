@@ -36,6 +36,26 @@ pub struct NewtonStep {
 
 /// A Newton system with the estimator's arrowhead structure, ridge included:
 /// `[[a, bᵀ], [b, diag(c)]] Δ = [g0; g1]`, plus the observation counts that damp its step.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::accumulator::RoundStats;
+/// use av_core::refit::ArrowheadSystem;
+///
+/// let mut round = RoundStats::new(2);
+/// round.positions[0].add_observation(2.0, 0.5, true);
+/// round.positions[1].add_observation(1.0, 0.5, false);
+/// let system = ArrowheadSystem::from_round(&round.to_float(), 1e-3);
+/// assert_eq!(system.a, 1.25 + 1e-3); // Σ w x² + λ
+/// assert_eq!(system.c, [0.25 + 1e-3, 0.25 + 1e-3]);
+/// assert_eq!((system.total, system.g1.clone()), (2.0, vec![0.5, -0.5]));
+/// // No damping: the full Newton step; D = 50 shrinks it by 2 / 52.
+/// let full = system.damped_step(0.5, 0.0);
+/// let damped = system.damped_step(0.5, 50.0);
+/// assert!(full.slope > 0.0);
+/// assert!((damped.slope - full.slope * 2.0 / 52.0).abs() < 1e-12);
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct ArrowheadSystem {
     /// Slope–slope entry (`Σ a_k + λ`).
@@ -115,12 +135,42 @@ impl ArrowheadSystem {
 
 /// The damped Newton step from the current `slope` on a round's `stats`, with ridge `l2` (λ)
 /// and `damping` (D, in observations): vLLM's update.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::accumulator::RoundStats;
+/// use av_core::refit::newton_step;
+///
+/// // Position 0 accepted twice at p = 0.5 (x = 0): the intercept moves up by
+/// // g1 / (c + λ) = 1 / 0.501, damped by n / (n + D) = 2 / 52; the slope learns nothing.
+/// let mut round = RoundStats::new(1);
+/// round.positions[0].add_observation(0.0, 0.5, true);
+/// round.positions[0].add_observation(0.0, 0.5, true);
+/// let step = newton_step(0.5, &round.to_float(), 1e-3, 50.0);
+/// assert_eq!(step.slope, 0.0);
+/// assert!((step.intercepts[0] - 1.0 / 0.501 * 2.0 / 52.0).abs() < 1e-12);
+/// ```
 pub fn newton_step(slope: f64, stats: &FloatStats, l2: f64, damping: f64) -> NewtonStep {
     ArrowheadSystem::from_round(stats, l2).damped_step(slope, damping)
 }
 
 /// Limits on one refit: `|Δ| ≤ max_step` for every coefficient, `0 ≤ ω ≤ max_slope` and
 /// `|β_k| ≤ max_intercept`. Infinite limits give vLLM's unbounded update.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::refit::{Bounds, NewtonStep};
+///
+/// // One confidently wrong round asks for a huge intercept drop; the bounds keep it to 4.
+/// let bounds = Bounds { max_step: 4.0, max_slope: 10.0, max_intercept: 15.0 };
+/// let step = NewtonStep { slope: -0.25, intercepts: vec![-1e6, 0.3] };
+/// let mut intercepts = [-0.2, 14.9];
+/// let slope = bounds.apply(0.5, &mut intercepts, &step);
+/// assert_eq!(slope, 0.25);
+/// assert_eq!(intercepts, [-4.2, 15.0]); // step capped at 4, range capped at 15
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Bounds {
     /// Largest change of any coefficient in one refit, in log-odds.
@@ -133,6 +183,17 @@ pub struct Bounds {
 
 impl Bounds {
     /// No limits: exactly vLLM's update.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::refit::{Bounds, NewtonStep};
+    ///
+    /// let step = NewtonStep { slope: 0.25, intercepts: vec![-1e6] };
+    /// let mut intercepts = [-0.2];
+    /// assert_eq!(Bounds::UNBOUNDED.apply(0.5, &mut intercepts, &step), 0.75);
+    /// assert_eq!(intercepts, [-1e6 - 0.2]);
+    /// ```
     pub const UNBOUNDED: Bounds = Bounds {
         max_step: f64::INFINITY,
         max_slope: f64::INFINITY,
@@ -140,6 +201,19 @@ impl Bounds {
     };
 
     /// Applies `step` to `slope` and `intercepts` within the limits; returns the new slope.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::refit::{Bounds, NewtonStep};
+    ///
+    /// let bounds = Bounds { max_step: 1.0, max_slope: 10.0, max_intercept: 15.0 };
+    /// let step = NewtonStep { slope: -2.0, intercepts: vec![0.5] };
+    /// let mut intercepts = [0.0];
+    /// // The slope step is capped at -1 and the slope may not go negative.
+    /// assert_eq!(bounds.apply(0.5, &mut intercepts, &step), 0.0);
+    /// assert_eq!(intercepts, [0.5]);
+    /// ```
     pub fn apply(&self, slope: f64, intercepts: &mut [f64], step: &NewtonStep) -> f64 {
         let limit = |delta: f64| delta.clamp(-self.max_step, self.max_step);
         for (beta, &delta) in intercepts.iter_mut().zip(&step.intercepts) {

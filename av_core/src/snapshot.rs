@@ -26,11 +26,32 @@ use crate::memory::Memory;
 /// First bytes of an encoded estimator state.
 pub const MAGIC: &[u8; 8] = b"AVCORE\0E";
 /// Version written by this build (and the only one it reads).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::snapshot::{encode, FORMAT_VERSION, MAGIC};
+/// use av_core::{AcceptanceEstimator, EstimatorConfig};
+///
+/// let bytes = encode(&AcceptanceEstimator::new(EstimatorConfig::new(2))?.state());
+/// assert_eq!(&bytes[..8], MAGIC);
+/// assert_eq!(bytes[8..12], FORMAT_VERSION.to_le_bytes());
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub const FORMAT_VERSION: u32 = 1;
 
 const ARGUMENT: &str = "data";
 
 /// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) of `bytes`.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::snapshot::crc32;
+///
+/// assert_eq!(crc32(b"123456789"), 0xCBF4_3926); // the standard check value
+/// assert_eq!(crc32(b""), 0);
+/// ```
 pub fn crc32(bytes: &[u8]) -> u32 {
     let mut crc = !0u32;
     for &byte in bytes {
@@ -43,7 +64,20 @@ pub fn crc32(bytes: &[u8]) -> u32 {
     !crc
 }
 
-/// Encodes `state`.
+/// Encodes `state`. The last four bytes are the CRC-32 of everything before them.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::snapshot::{crc32, encode};
+/// use av_core::{AcceptanceEstimator, EstimatorConfig};
+///
+/// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(4))?;
+/// let bytes = encode(&estimator.state());
+/// let (body, checksum) = bytes.split_at(bytes.len() - 4);
+/// assert_eq!(checksum, crc32(body).to_le_bytes());
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub fn encode(state: &EstimatorState) -> Vec<u8> {
     let mut payload = Vec::with_capacity(128 + state.intercepts.len() * 96);
     let c = &state.config;
@@ -136,6 +170,21 @@ impl Reader<'_> {
 
 /// Decodes bytes written by [`encode`]; the state still has to pass
 /// [`AcceptanceEstimator::from_state`](crate::AcceptanceEstimator::from_state).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::snapshot::{decode, encode};
+/// use av_core::{AcceptanceEstimator, EstimatorConfig};
+///
+/// let state = AcceptanceEstimator::new(EstimatorConfig::new(3))?.state();
+/// let mut bytes = encode(&state);
+/// assert_eq!(decode(&bytes)?, state);
+/// bytes[20] ^= 1; // one flipped bit
+/// assert_eq!(decode(&bytes).unwrap_err().argument, "data");
+/// assert!(decode(b"not a snapshot").is_err());
+/// # Ok::<(), av_core::Error>(())
+/// ```
 pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
         return Err(Error::value(
