@@ -4,13 +4,34 @@
 # and no sanitizer (-s none): the core has no unsafe code, so the targets check for panics,
 # assertion failures (invariants) and timeouts, which need no sanitizer.
 #
-#   benches/fuzz.sh [SECONDS_PER_TARGET]
+#   benches/fuzz.sh [SECONDS_PER_TARGET [TARGET ...]]
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 seconds="${1:-300}"
+shift || true
+targets=("${@:-state_bytes cost_tables planner}")
+targets=(${targets[*]})
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build -s none --release
-for target in state_bytes cost_tables planner; do
+# Seed the state loader with real encoded states (a byte 1 first selects the "wrap in a valid
+# header" mode, so the payload itself is what gets mutated).
+if python3 -c "import av_core" 2>/dev/null; then
+    mkdir -p corpus/state_bytes
+    python3 - <<'PY'
+import numpy as np
+from av_core import AcceptanceEstimator
+for k, memory in ((1, 0.0), (4, 0.0), (8, 0.9)):
+    est = AcceptanceEstimator(k, memory=memory, refit_interval=2)
+    x = np.linspace(-3, 3, 2 * k, dtype=np.float32).reshape(2, k)
+    for _ in range(3):
+        est.observe(x, [k, 1], [k - 1, 0])
+    data = est.to_bytes()
+    payload = data[20:-4]
+    open(f"corpus/state_bytes/seed-k{k}-raw", "wb").write(b"\x00" + data)
+    open(f"corpus/state_bytes/seed-k{k}-payload", "wb").write(b"\x01" + payload)
+PY
+fi
+for target in "${targets[@]}"; do
     mkdir -p "corpus/$target"
     log="target/fuzz-$target.log"
     echo "== $target: ${seconds}s"
