@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from av_core import AcceptanceEstimator
+from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
 
 
 def fitted_estimator() -> AcceptanceEstimator:
@@ -83,3 +83,60 @@ def test_unwritable_path_raises_and_leaves_the_estimator_alone(tmp_path: Path) -
     with pytest.raises(OSError, match="path"):
         AcceptanceEstimator.load(tmp_path / "nothing-here.avc")
     assert est.state_dict() == before
+
+
+def planner_after_steps() -> VerificationPlanner:
+    tables = CostTables(np.zeros(9), 1.0 + 0.1 * np.arange(65))
+    planner = VerificationPlanner(tables, 4, num_slots=6, exploration=0.2, exploration_seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        planner.plan(
+            np.arange(4),
+            rng.uniform(0.1, 0.99, (4, 4)),
+            np.full(4, 4),
+            num_non_draft_tokens=4,
+            num_sampling_requests=4,
+        )
+    return planner
+
+
+def test_planner_save_and_load_continue_identically(tmp_path: Path) -> None:
+    planner = planner_after_steps()
+    path = tmp_path / "planner.avp"
+    planner.save(path)
+    loaded = VerificationPlanner.load(path)
+    copy = VerificationPlanner.from_bytes(planner.to_bytes())
+    assert loaded.to_bytes() == copy.to_bytes() == planner.to_bytes()
+    assert loaded.exploration == 0.2 and loaded.cost_tables == planner.cost_tables
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        conf = rng.uniform(0.1, 0.99, (4, 4))
+        plans = [
+            p.plan(
+                np.arange(2, 6),
+                conf,
+                np.full(4, 4),
+                num_non_draft_tokens=4,
+                num_sampling_requests=4,
+            )
+            for p in (planner, loaded)
+        ]
+        assert plans[0].budget == plans[1].budget
+        np.testing.assert_array_equal(plans[0].admitted, plans[1].admitted)
+
+
+def test_corrupt_planner_files_are_refused_and_crash_safe(tmp_path: Path) -> None:
+    path = tmp_path / "planner.avp"
+    planner = planner_after_steps()
+    planner.save(path)
+    data = path.read_bytes()
+    for bad, text in [
+        (data[:-3], "length"),
+        (data[:30] + bytes([data[30] ^ 1]) + data[31:], "checksum"),
+        (fitted_estimator().to_bytes(), "magic"),
+    ]:
+        (tmp_path / "bad.avp").write_bytes(bad)
+        with pytest.raises(ValueError, match=text):
+            VerificationPlanner.load(tmp_path / "bad.avp")
+    (tmp_path / f".{path.name}.tmp999").write_bytes(data[:10])  # a writer died mid-write
+    assert VerificationPlanner.load(path).to_bytes() == data

@@ -123,8 +123,13 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
         payload.extend(value.to_le_bytes());
     }
 
+    frame(MAGIC, &payload)
+}
+
+/// Wraps `payload` as `magic | version | length | payload | CRC-32`.
+pub(crate) fn frame(magic: &[u8; 8], payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + 24);
-    out.extend(MAGIC);
+    out.extend(magic);
     out.extend(FORMAT_VERSION.to_le_bytes());
     out.extend((payload.len() as u64).to_le_bytes());
     out.extend(payload);
@@ -134,12 +139,12 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
 }
 
 /// A cursor that fails with a value error instead of reading past the end.
-struct Reader<'a> {
-    bytes: &'a [u8],
+pub(crate) struct Reader<'a> {
+    pub(crate) bytes: &'a [u8],
 }
 
 impl Reader<'_> {
-    fn take<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+    pub(crate) fn take<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
         if self.bytes.len() < N {
             return Err(Error::value(
                 ARGUMENT,
@@ -151,49 +156,34 @@ impl Reader<'_> {
         Ok(head.try_into().expect("split at N"))
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32> {
+    pub(crate) fn u32(&mut self, what: &str) -> Result<u32> {
         self.take::<4>(what).map(u32::from_le_bytes)
     }
 
-    fn u64(&mut self, what: &str) -> Result<u64> {
+    pub(crate) fn u64(&mut self, what: &str) -> Result<u64> {
         self.take::<8>(what).map(u64::from_le_bytes)
     }
 
-    fn f64(&mut self, what: &str) -> Result<f64> {
+    pub(crate) fn f64(&mut self, what: &str) -> Result<f64> {
         self.take::<8>(what).map(f64::from_le_bytes)
     }
 
-    fn i128(&mut self, what: &str) -> Result<i128> {
+    pub(crate) fn i128(&mut self, what: &str) -> Result<i128> {
         self.take::<16>(what).map(i128::from_le_bytes)
     }
 }
 
-/// Decodes bytes written by [`encode`]; the state still has to pass
-/// [`AcceptanceEstimator::from_state`](crate::AcceptanceEstimator::from_state).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::snapshot::{decode, encode};
-/// use av_core::{AcceptanceEstimator, EstimatorConfig};
-///
-/// let state = AcceptanceEstimator::new(EstimatorConfig::new(3))?.state();
-/// let mut bytes = encode(&state);
-/// assert_eq!(decode(&bytes)?, state);
-/// bytes[20] ^= 1; // one flipped bit
-/// assert_eq!(decode(&bytes).unwrap_err().argument, "data");
-/// assert!(decode(b"not a snapshot").is_err());
-/// # Ok::<(), av_core::Error>(())
-/// ```
-pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
-    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+/// Checks the frame written by [`frame`] (magic, version, length, checksum) and returns the
+/// payload; `what` names the expected kind of state in the error.
+pub(crate) fn unframe<'a>(magic: &[u8; 8], what: &str, bytes: &'a [u8]) -> Result<&'a [u8]> {
+    if bytes.len() < magic.len() || &bytes[..magic.len()] != magic {
         return Err(Error::value(
             ARGUMENT,
-            "not an av_core estimator state (bad magic bytes)",
+            format!("not {what} (bad magic bytes)"),
         ));
     }
     let mut header = Reader {
-        bytes: &bytes[MAGIC.len()..],
+        bytes: &bytes[magic.len()..],
     };
     let version = header.u32("the format version")?;
     if version != FORMAT_VERSION {
@@ -205,7 +195,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         ));
     }
     let length = header.u64("the payload length")?;
-    let expected = (MAGIC.len() as u64 + 12)
+    let expected = (magic.len() as u64 + 12)
         .checked_add(length)
         .and_then(|n| n.checked_add(4));
     if expected != Some(bytes.len() as u64) {
@@ -227,10 +217,29 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
             format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x}): corrupt"),
         ));
     }
+    Ok(&body[magic.len() + 12..])
+}
 
-    let mut r = Reader {
-        bytes: &body[MAGIC.len() + 12..],
-    };
+/// Decodes bytes written by [`encode`]; the state still has to pass
+/// [`AcceptanceEstimator::from_state`](crate::AcceptanceEstimator::from_state).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::snapshot::{decode, encode};
+/// use av_core::{AcceptanceEstimator, EstimatorConfig};
+///
+/// let state = AcceptanceEstimator::new(EstimatorConfig::new(3))?.state();
+/// let mut bytes = encode(&state);
+/// assert_eq!(decode(&bytes)?, state);
+/// bytes[20] ^= 1; // one flipped bit
+/// assert_eq!(decode(&bytes).unwrap_err().argument, "data");
+/// assert!(decode(b"not a snapshot").is_err());
+/// # Ok::<(), av_core::Error>(())
+/// ```
+pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
+    let payload = unframe(MAGIC, "an av_core estimator state", bytes)?;
+    let mut r = Reader { bytes: payload };
     let num_positions = r.u64("num_positions")?;
     if num_positions == 0 || num_positions > EstimatorConfig::MAX_POSITIONS as u64 {
         return Err(Error::value(

@@ -6,15 +6,14 @@ use av_core::memory::Memory;
 use av_core::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MatrixView};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
-use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::convert::{
     float_matrix, int_vector, to_py_err, type_error, value_error, FloatMatrix, FloatView,
 };
+use crate::files::{atomic_write, read_file};
 
 /// Name and version of the `state_dict` layout.
 const STATE_FORMAT: &str = "av_core.AcceptanceEstimator";
@@ -253,16 +252,13 @@ impl PyAcceptanceEstimator {
     fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         let bytes = self.inner.to_bytes();
         py.detach(|| atomic_write(&path, &bytes))
-            .map_err(|e| PyOSError::new_err(format!("path: cannot write {}: {e}", path.display())))
     }
 
     /// Loads an estimator written by `save`. A corrupt, truncated or future-version file raises
     /// ValueError naming the path.
     #[classmethod]
     fn load(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let bytes = py.detach(|| std::fs::read(&path)).map_err(|e| {
-            PyOSError::new_err(format!("path: cannot read {}: {e}", path.display()))
-        })?;
+        let bytes = py.detach(|| read_file(&path))?;
         let inner = AcceptanceEstimator::from_bytes(&bytes)
             .map_err(|e| value_error("path", format!("{}: {e}", path.display())))?;
         Ok(PyAcceptanceEstimator { inner })
@@ -501,34 +497,4 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
             resets: extract(m, "resets", arg)?,
         },
     })
-}
-
-/// Writes `bytes` to `path` through a temporary sibling file, `fsync`, and `rename`.
-fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let directory = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("the path names no file"))?;
-    let mut temporary_name = std::ffi::OsString::from(".");
-    temporary_name.push(name);
-    temporary_name.push(format!(".tmp{}", std::process::id()));
-    let temporary = directory.join(temporary_name);
-    let result = (|| {
-        let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, path)?;
-        // Make the rename itself durable where the platform allows syncing a directory.
-        if let Ok(dir) = std::fs::File::open(directory) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    result
 }

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod estimator;
+mod files;
 mod planner;
 
 /// The native module.

@@ -10,7 +10,10 @@ use av_core::planner::{self, BudgetSource, StepTokens, VerificationPlan, Verific
 use av_core::MatrixView;
 use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::types::{PyBytes, PyTuple, PyType};
+use std::path::PathBuf;
+
+use crate::files::{atomic_write, read_file};
 
 use crate::convert::{
     as_ndarray, float_matrix, int_vector, to_py_err, type_error, value_error, FloatMatrix,
@@ -402,6 +405,21 @@ impl PyVerificationPlanner {
     }
 }
 
+impl PyVerificationPlanner {
+    fn wrap(py: Python<'_>, planner: VerificationPlanner) -> PyResult<Self> {
+        let tables = Py::new(
+            py,
+            PyCostTables {
+                inner: planner.cost_tables().clone(),
+            },
+        )?;
+        Ok(PyVerificationPlanner {
+            inner: Mutex::new(planner),
+            cost_tables: tables,
+        })
+    }
+}
+
 #[pymethods]
 impl PyVerificationPlanner {
     #[new]
@@ -506,6 +524,37 @@ impl PyVerificationPlanner {
             .map_err(to_py_err)?
             .to_vec();
         Ok(row.into_pyarray(py))
+    }
+
+    /// The planner's state (tables, settings, step count, remembered confidences) as versioned,
+    /// checksummed bytes; `from_bytes` restores it.
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.lock().to_bytes())
+    }
+
+    /// Rebuilds a planner from `to_bytes()`; corrupt, truncated or future-version data raises
+    /// ValueError.
+    #[classmethod]
+    fn from_bytes(_cls: &Bound<'_, PyType>, py: Python<'_>, data: &[u8]) -> PyResult<Self> {
+        let planner = VerificationPlanner::from_bytes(data).map_err(to_py_err)?;
+        Self::wrap(py, planner)
+    }
+
+    /// Writes `to_bytes()` to `path` atomically (temporary file, fsync, rename): a crash leaves
+    /// the old file intact.
+    fn save(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        let bytes = self.lock().to_bytes();
+        py.detach(|| atomic_write(&path, &bytes))
+    }
+
+    /// Loads a planner written by `save`; a corrupt, truncated or future-version file raises
+    /// ValueError naming the path.
+    #[classmethod]
+    fn load(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let bytes = py.detach(|| read_file(&path))?;
+        let planner = VerificationPlanner::from_bytes(&bytes)
+            .map_err(|e| value_error("path", format!("{}: {e}", path.display())))?;
+        Self::wrap(py, planner)
     }
 
     /// An independent planner with the same tables, settings and remembered confidences.

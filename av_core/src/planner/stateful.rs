@@ -420,6 +420,116 @@ impl VerificationPlanner {
     }
 }
 
+/// First bytes of an encoded planner state.
+pub const PLANNER_MAGIC: &[u8; 8] = b"AVCORE\0P";
+
+impl VerificationPlanner {
+    /// The planner's state — cost tables, settings, the step count that drives exploration and
+    /// every slot's remembered confidences — as versioned, checksummed bytes (the same frame as
+    /// [`crate::snapshot`], magic `AVCORE\0P`).
+    ///
+    /// ```
+    /// use av_core::cost_tables::CostTables;
+    /// use av_core::planner::{BudgetSource, VerificationPlanner};
+    ///
+    /// let tables = CostTables::new(vec![0.0; 3], vec![1.0; 9]).unwrap();
+    /// let planner = VerificationPlanner::new(tables, 2, 4, BudgetSource::Previous).unwrap();
+    /// let back = VerificationPlanner::from_bytes(&planner.to_bytes()).unwrap();
+    /// assert_eq!(back.to_bytes(), planner.to_bytes());
+    /// assert!(VerificationPlanner::from_bytes(&[0u8; 10]).is_err());
+    /// ```
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut payload = Vec::new();
+        payload.extend((self.slot_stamps.len() as u64).to_le_bytes());
+        payload.extend((self.num_positions as u64).to_le_bytes());
+        payload.push(match self.budget_source {
+            BudgetSource::Previous => 0,
+            BudgetSource::Current => 1,
+        });
+        payload.extend(self.exploration.to_le_bytes());
+        payload.extend(self.exploration_seed.to_le_bytes());
+        payload.extend(self.stamp.to_le_bytes());
+        for table in [self.cost_tables.draft_ms(), self.cost_tables.verify_ms()] {
+            payload.extend((table.len() as u64).to_le_bytes());
+            for value in table {
+                payload.extend(value.to_le_bytes());
+            }
+        }
+        for value in &self.previous {
+            payload.extend(value.to_le_bytes());
+        }
+        crate::snapshot::frame(PLANNER_MAGIC, &payload)
+    }
+
+    /// Rebuilds a planner from [`to_bytes`](Self::to_bytes). Corrupt, truncated or
+    /// future-version data, or values that a planner could not hold, are refused with an error.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        use crate::snapshot::{unframe, Reader};
+        let payload = unframe(PLANNER_MAGIC, "an av_core planner state", bytes)?;
+        let mut r = Reader { bytes: payload };
+        let num_slots = r.u64("num_slots")?;
+        let num_positions = r.u64("num_positions")?;
+        let source = match r.take::<1>("budget_source")?[0] {
+            0 => BudgetSource::Previous,
+            1 => BudgetSource::Current,
+            other => {
+                return Err(Error::value(
+                    "data",
+                    format!("budget_source code {other} is not 0 or 1"),
+                ))
+            }
+        };
+        let exploration = r.f64("exploration")?;
+        let seed = r.u64("exploration_seed")?;
+        let stamp = r.u64("step count")?;
+        let mut tables = Vec::with_capacity(2);
+        for what in ["draft_ms", "verify_ms"] {
+            let len = r.u64(what)?;
+            // Each entry takes 8 bytes: refuse a length the data cannot hold before allocating.
+            if len > (r.bytes.len() / 8) as u64 {
+                return Err(Error::value(
+                    "data",
+                    format!("{what} length {len} exceeds the data"),
+                ));
+            }
+            let table = (0..len).map(|_| r.f64(what)).collect::<Result<Vec<_>>>()?;
+            tables.push(table);
+        }
+        let verify = tables.pop().expect("two tables");
+        let draft = tables.pop().expect("two tables");
+        let entries = num_slots.checked_mul(num_positions).unwrap_or(u64::MAX);
+        if entries != (r.bytes.len() / 8) as u64 || r.bytes.len() % 8 != 0 {
+            return Err(Error::value(
+                "data",
+                format!(
+                    "{num_slots} slots x {num_positions} positions do not match the {} bytes of \
+                     remembered confidences",
+                    r.bytes.len()
+                ),
+            ));
+        }
+        let mut planner = VerificationPlanner::new(
+            CostTables::new(draft, verify)?,
+            num_slots as usize,
+            num_positions as usize,
+            source,
+        )?;
+        planner.set_exploration(exploration, seed)?;
+        for slot in planner.previous.iter_mut() {
+            let value = r.f64("previous confidences")?;
+            if !(0.0..=1.0).contains(&value) {
+                return Err(Error::value(
+                    "data",
+                    format!("a remembered confidence is {value}, outside [0, 1]"),
+                ));
+            }
+            *slot = value;
+        }
+        planner.stamp = stamp;
+        Ok(planner)
+    }
+}
+
 impl Clone for VerificationPlanner {
     /// A copy with the same tables, settings and remembered confidences (fresh scratch).
     fn clone(&self) -> Self {
@@ -447,5 +557,78 @@ impl fmt::Debug for VerificationPlanner {
             .field("num_positions", &self.num_positions)
             .field("budget_source", &self.budget_source)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod persistence_tests {
+    use super::*;
+
+    fn planner_after_steps() -> VerificationPlanner {
+        let tables = CostTables::new(
+            vec![0.0; 5],
+            (0..=40).map(|t| 1.0 + 0.1 * f64::from(t)).collect(),
+        )
+        .unwrap();
+        let mut planner = VerificationPlanner::new(tables, 6, 3, BudgetSource::Previous).unwrap();
+        planner.set_exploration(0.3, 7).unwrap();
+        let conf = [0.9, 0.8, 0.7, 0.5, 0.4, 0.3, 0.99, 0.2, 0.1, 0.6, 0.6, 0.6];
+        let step = StepTokens {
+            num_non_draft_tokens: 4,
+            num_sampling_requests: 4,
+            max_draft_budget: None,
+        };
+        let mut admitted = [0i32; 4];
+        for _ in 0..3 {
+            let view = MatrixView::new("c", &conf, 4, 3).unwrap();
+            planner
+                .plan(&[0, 2, 4, 5], view, &[3, 3, 2, 3], &step, &mut admitted)
+                .unwrap();
+        }
+        planner
+    }
+
+    #[test]
+    fn round_trips_and_continues_identically() {
+        let mut planner = planner_after_steps();
+        let mut back = VerificationPlanner::from_bytes(&planner.to_bytes()).unwrap();
+        assert_eq!(back.to_bytes(), planner.to_bytes());
+        let conf = [0.5; 12];
+        let step = StepTokens {
+            num_non_draft_tokens: 4,
+            num_sampling_requests: 4,
+            max_draft_budget: None,
+        };
+        let (mut a, mut b) = ([0i32; 4], [0i32; 4]);
+        for _ in 0..5 {
+            let view = MatrixView::new("c", &conf, 4, 3).unwrap();
+            let x = planner
+                .plan(&[0, 1, 2, 3], view, &[3; 4], &step, &mut a)
+                .unwrap();
+            let y = back
+                .plan(&[0, 1, 2, 3], view, &[3; 4], &step, &mut b)
+                .unwrap();
+            assert_eq!((x, a), (y, b));
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_bit_flip_is_refused() {
+        let bytes = planner_after_steps().to_bytes();
+        for cut in 0..bytes.len() {
+            assert!(VerificationPlanner::from_bytes(&bytes[..cut]).is_err());
+        }
+        for i in (0..bytes.len()).step_by(3) {
+            let mut corrupt = bytes.clone();
+            corrupt[i] ^= 0x20;
+            assert!(
+                VerificationPlanner::from_bytes(&corrupt).is_err(),
+                "byte {i}"
+            );
+        }
+        // An estimator's bytes are not a planner's.
+        let est = crate::AcceptanceEstimator::new(crate::EstimatorConfig::new(3)).unwrap();
+        let err = VerificationPlanner::from_bytes(&est.to_bytes()).unwrap_err();
+        assert!(err.message.contains("magic"), "{err}");
     }
 }
