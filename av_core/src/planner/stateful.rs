@@ -497,7 +497,7 @@ impl VerificationPlanner {
         }
         let verify = tables.pop().expect("two tables");
         let draft = tables.pop().expect("two tables");
-        let entries = num_slots.checked_mul(num_positions).unwrap_or(u64::MAX);
+        let entries = num_slots.saturating_mul(num_positions);
         if entries != (r.bytes.len() / 8) as u64 || r.bytes.len() % 8 != 0 {
             return Err(Error::value(
                 "data",
