@@ -1,0 +1,350 @@
+"""vLLM general plugin: run vLLM 0.33.0's adaptive verification on av_core.
+
+Registered as the entry point ``av_core`` of the group ``vllm.general_plugins``, which vLLM calls
+in every process it starts. With ``AV_CORE_VLLM=1`` in the environment, :func:`register` swaps, in
+place and before any of them is used:
+
+- ``acceptance_estimator.OnlineAcceptanceEstimator`` (and every module that already bound the
+  name, e.g. ``speculator.py`` by ``from ... import``) for :class:`av_core.vllm.
+  OnlineAcceptanceEstimator`;
+- ``adaptive_verification.build_cost_tables_from_curves``, ``_assign_draft_token_budget`` and
+  ``_assign_draft_token_budget_compiled`` for av_core's;
+- ``adaptive_verification.AdaptiveVerificationManager.get_num_tokens`` for a method that sizes
+  the budget with :func:`av_core.vllm.batch_draft_budget`.
+
+Each replacement is logged (logger ``vllm.av_core``, so it shows in vLLM's own log). Before
+touching anything it checks vLLM's version and every signature and constant the replacements
+mirror; on any difference it raises :class:`VllmCompatibilityError` listing them and patches
+nothing: silently serving with a half-patched or mismatched vLLM would be worse than not starting.
+``AV_CORE_VLLM_ANY_VERSION=1`` waives the version check only (for a point release or a source
+build whose interfaces still match); the signature checks always run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "BUDGET_MODULE",
+    "ENV_ANY_VERSION",
+    "ENV_ENABLE",
+    "ESTIMATOR_MODULE",
+    "EXPECTED_CONSTANTS",
+    "EXPECTED_SIGNATURES",
+    "GET_NUM_TOKENS_READS",
+    "SUPPORTED_VLLM_VERSIONS",
+    "Replacement",
+    "VllmCompatibilityError",
+    "check_interface",
+    "install",
+    "installed",
+    "register",
+    "signature_text",
+    "uninstall",
+]
+
+logger = logging.getLogger("vllm.av_core")
+
+ENV_ENABLE = "AV_CORE_VLLM"
+ENV_ANY_VERSION = "AV_CORE_VLLM_ANY_VERSION"
+SUPPORTED_VLLM_VERSIONS = ("0.33.0",)
+ESTIMATOR_MODULE = "vllm.v1.worker.gpu.spec_decode.acceptance_estimator"
+BUDGET_MODULE = "vllm.v1.worker.gpu.spec_decode.adaptive_verification"
+
+#: Every signature the replacements mirror, as ``signature_text`` writes it (names, order,
+#: kinds and defaults; annotations ignored). tests/test_vllm_contract.py checks this table
+#: against the released vLLM source.
+EXPECTED_SIGNATURES: dict[tuple[str, str], str] = {
+    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.__init__"): (
+        "(self, max_num_reqs, num_speculative_steps, device)"
+    ),
+    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.step"): (
+        "(self, idx_mapping, num_sampled, num_rejected)"
+    ),
+    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.predict"): (
+        "(self, logits, idx_mapping, draft_step, confidence_probs, temperature)"
+    ),
+    (BUDGET_MODULE, "build_cost_tables_from_curves"): (
+        "(draft_curve, verify_curve, max_num_reqs, max_batch_tokens, cudagraph_limit=0)"
+    ),
+    (BUDGET_MODULE, "_assign_draft_token_budget"): (
+        "(confidence_probs, idx_mapping, capacities, draft_budget, num_steps)"
+    ),
+    (BUDGET_MODULE, "AdaptiveVerificationManager.get_num_tokens"): (
+        "(self, num_tokens_per_req, draft_tokens)"
+    ),
+}
+
+#: Constants whose values the drop-ins reproduce.
+EXPECTED_CONSTANTS: dict[tuple[str, str], float] = {
+    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.REFIT_INTERVAL"): 100,
+    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.DAMPING_OBSERVATIONS"): 50.0,
+    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.L2"): 1e-3,
+    (ESTIMATOR_MODULE, "_MAX_LOG_ODDS"): 40.0,
+    (ESTIMATOR_MODULE, "_INIT_SLOPE"): 0.5,
+    (ESTIMATOR_MODULE, "_INIT_BIAS"): -0.2,
+}
+
+#: Attributes of ``AdaptiveVerificationManager`` (and of its ``req_states``) that the
+#: replacement ``get_num_tokens`` reads or writes; the contract test finds each in vLLM's own
+#: ``get_num_tokens``.
+GET_NUM_TOKENS_READS = (
+    "cost_tables",
+    "req_states",
+    "_stale_confidences",
+    "_stale_idx",
+    "_max_total_logits",
+    "num_bonus_tokens",
+    "_batch_budget",
+    "req_id_to_index",
+    "num_computed_tokens_np",
+    "prefill_len",
+)
+
+
+class VllmCompatibilityError(RuntimeError):
+    """vLLM's interfaces differ from those av_core's drop-ins mirror; nothing was patched."""
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One attribute swapped by :func:`install`."""
+
+    owner: Any
+    owner_name: str
+    attribute: str
+    original: Any
+    replacement: Any
+
+    def describe(self) -> str:
+        new = f"{self.replacement.__module__}.{self.replacement.__qualname__}"
+        return f"{self.owner_name}.{self.attribute} -> {new}"
+
+
+_installed: list[Replacement] = []
+
+
+def signature_text(function: Callable[..., Any]) -> str:
+    """``(a, b=1, *, c=None)``: parameter names, kinds and defaults (as ``repr``), no
+    annotations. The same text :mod:`ast` gives for the source (``ast.unparse`` of a constant
+    default is its ``repr``), so live objects and released source compare as strings."""
+    parts: list[str] = []
+    star = False
+    parameters = list(inspect.signature(function).parameters.values())
+    for index, parameter in enumerate(parameters):
+        kind = parameter.kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            parts.append(f"*{parameter.name}")
+            star = True
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            parts.append(f"**{parameter.name}")
+        else:
+            if kind is inspect.Parameter.KEYWORD_ONLY and not star:
+                parts.append("*")
+                star = True
+            text = parameter.name
+            if parameter.default is not inspect.Parameter.empty:
+                text += f"={parameter.default!r}"
+            parts.append(text)
+        is_last_positional_only = kind is inspect.Parameter.POSITIONAL_ONLY and (
+            index + 1 == len(parameters)
+            or parameters[index + 1].kind is not inspect.Parameter.POSITIONAL_ONLY
+        )
+        if is_last_positional_only:
+            parts.append("/")
+    return "(" + ", ".join(parts) + ")"
+
+
+def _resolve(module: ModuleType, dotted: str) -> Any:
+    value: Any = module
+    for part in dotted.split("."):
+        value = inspect.getattr_static(value, part)
+    if isinstance(value, staticmethod | classmethod):
+        value = value.__func__
+    return value
+
+
+def _vllm_version() -> str:
+    version = getattr(sys.modules.get("vllm"), "__version__", None)
+    if version is None:
+        version = getattr(importlib.import_module("vllm.version"), "__version__", None)
+    return str(version)
+
+
+def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> list[str]:
+    """Every difference between the live vLLM modules and what the drop-ins mirror (empty when
+    compatible). ``version=None`` skips the version check."""
+    problems: list[str] = []
+    if version is not None and version not in SUPPORTED_VLLM_VERSIONS:
+        problems.append(
+            f"vLLM version {version} is not one av_core's plugin was written against "
+            f"({', '.join(SUPPORTED_VLLM_VERSIONS)}); set {ENV_ANY_VERSION}=1 to try it anyway "
+            "(the signature checks still apply)"
+        )
+    for (module_name, dotted), expected in EXPECTED_SIGNATURES.items():
+        where = f"{module_name}.{dotted}"
+        try:
+            found = signature_text(_resolve(modules[module_name], dotted))
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            problems.append(f"{where}: not found or not inspectable ({error})")
+            continue
+        if found != expected:
+            problems.append(f"{where}{found} differs from the expected {where}{expected}")
+    for (module_name, dotted), expected_value in EXPECTED_CONSTANTS.items():
+        where = f"{module_name}.{dotted}"
+        try:
+            value = _resolve(modules[module_name], dotted)
+        except (AttributeError, KeyError) as error:
+            problems.append(f"{where}: not found ({error})")
+            continue
+        if value != expected_value:
+            problems.append(f"{where} = {value!r}, expected {expected_value!r}")
+    budget_module = modules.get(BUDGET_MODULE)
+    if budget_module is not None and not hasattr(
+        budget_module, "_assign_draft_token_budget_compiled"
+    ):
+        problems.append(f"{BUDGET_MODULE}._assign_draft_token_budget_compiled: not found")
+    return problems
+
+
+def _get_num_tokens(
+    self: Any, num_tokens_per_req: dict[str, int], draft_tokens: dict[str, list[int]]
+) -> int:
+    """``AdaptiveVerificationManager.get_num_tokens`` on av_core's planner: the step's token
+    count once the draft budget is trimmed, with the budget stashed in ``_batch_budget`` for the
+    compaction that follows, exactly as vLLM's method does."""
+    from av_core.vllm import batch_draft_budget
+
+    if self.cost_tables is None:
+        raise RuntimeError("adaptive verification has no cost tables yet (profiling did not run)")
+    req_states = self.req_states
+    plan = batch_draft_budget(
+        num_tokens_per_req,
+        draft_tokens,
+        req_id_to_index=req_states.req_id_to_index,
+        stale_confidences=self._stale_confidences[self._stale_idx].np,
+        num_computed_tokens=req_states.num_computed_tokens_np,
+        prefill_len=req_states.prefill_len.np,
+        cost_tables=self.cost_tables,
+        max_total_logits=self._max_total_logits,
+        num_bonus_tokens=self.num_bonus_tokens,
+    )
+    self._batch_budget = (
+        plan.num_drafts_per_req,
+        plan.num_non_draft_tokens_per_req,
+        plan.draft_budget,
+    )
+    return plan.num_tokens
+
+
+def _plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
+    from av_core import vllm as drop_ins
+
+    estimator_module, budget_module = modules[ESTIMATOR_MODULE], modules[BUDGET_MODULE]
+    manager = budget_module.AdaptiveVerificationManager
+    plan = [
+        Replacement(
+            estimator_module,
+            ESTIMATOR_MODULE,
+            "OnlineAcceptanceEstimator",
+            estimator_module.OnlineAcceptanceEstimator,
+            drop_ins.OnlineAcceptanceEstimator,
+        ),
+        Replacement(
+            budget_module,
+            BUDGET_MODULE,
+            "build_cost_tables_from_curves",
+            budget_module.build_cost_tables_from_curves,
+            drop_ins.build_cost_tables_from_curves,
+        ),
+        Replacement(
+            budget_module,
+            BUDGET_MODULE,
+            "_assign_draft_token_budget",
+            budget_module._assign_draft_token_budget,
+            drop_ins.assign_draft_token_budget,
+        ),
+        Replacement(
+            budget_module,
+            BUDGET_MODULE,
+            "_assign_draft_token_budget_compiled",
+            budget_module._assign_draft_token_budget_compiled,
+            drop_ins.assign_draft_token_budget,
+        ),
+        Replacement(
+            manager,
+            f"{BUDGET_MODULE}.AdaptiveVerificationManager",
+            "get_num_tokens",
+            inspect.getattr_static(manager, "get_num_tokens"),
+            _get_num_tokens,
+        ),
+    ]
+    # Modules that bound a name with `from ... import` before now keep the original unless
+    # rebound too (vLLM's speculator.py imports the estimator class that way).
+    owners = {id(estimator_module), id(budget_module)}
+    module_level = [entry for entry in plan if isinstance(entry.owner, ModuleType)]
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if id(module) in owners or not isinstance(namespace, dict):
+            continue
+        for entry in module_level:
+            if namespace.get(entry.attribute) is entry.original:
+                plan.append(
+                    Replacement(module, name, entry.attribute, entry.original, entry.replacement)
+                )
+    return plan
+
+
+def install() -> list[Replacement]:
+    """Check vLLM and swap in av_core's drop-ins (see the module doc); idempotent.
+
+    Raises :class:`VllmCompatibilityError`, with every difference found, and patches nothing if
+    vLLM's interfaces differ from those mirrored.
+    """
+    if _installed:
+        return list(_installed)
+    any_version = os.environ.get(ENV_ANY_VERSION, "").strip().lower() in {"1", "true", "yes"}
+    version = _vllm_version()
+    modules = {name: importlib.import_module(name) for name in (ESTIMATOR_MODULE, BUDGET_MODULE)}
+    problems = check_interface(modules, None if any_version else version)
+    if problems:
+        raise VllmCompatibilityError(
+            f"av_core's vLLM plugin ({ENV_ENABLE}=1) cannot run on this vLLM ({version}); "
+            "nothing was patched. Differences:\n  - " + "\n  - ".join(problems)
+        )
+    plan = _plan(modules)
+    for entry in plan:
+        setattr(entry.owner, entry.attribute, entry.replacement)
+        _installed.append(entry)
+        logger.info("av_core: replaced %s", entry.describe())
+    logger.info("av_core: vLLM %s runs adaptive verification on av_core", version)
+    return list(_installed)
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (for tests and for engines that switch back at runtime)."""
+    while _installed:
+        entry = _installed.pop()
+        setattr(entry.owner, entry.attribute, entry.original)
+        logger.info("av_core: restored %s.%s", entry.owner_name, entry.attribute)
+
+
+def installed() -> list[Replacement]:
+    """The replacements in effect."""
+    return list(_installed)
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: :func:`install` when ``AV_CORE_VLLM=1``."""
+    if os.environ.get(ENV_ENABLE, "").strip().lower() not in {"1", "true", "yes"}:
+        logger.debug("av_core: %s is not set, vLLM keeps its own adaptive verification", ENV_ENABLE)
+        return
+    install()
