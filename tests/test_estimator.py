@@ -521,3 +521,36 @@ def test_one_adversarial_round_cannot_throw_an_intercept_out_of_reach() -> None:
     assert bounded.intercepts[0] == pytest.approx(-0.2 - bounded.max_step)
     assert bounded.intercepts[1:].tolist() == [-0.2, -0.2, -0.2]
     assert 0.0 <= bounded.slope <= bounded.max_slope
+
+
+def test_device_tensors_are_staged_through_features_to_host(monkeypatch: Any) -> None:
+    # A stand-in for a CUDA tensor: numpy cannot read it, and it says it lives on the device.
+    features_module = pytest.importorskip("av_core.features")
+    host = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
+    staged = []
+
+    class DeviceTensor:
+        is_cuda = True
+
+        def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+            raise TypeError("can't convert cuda:0 device type tensor to numpy")
+
+    def fake_to_host(tensor: Any, out: Any = None) -> np.ndarray:
+        staged.append(tensor)
+        return host
+
+    monkeypatch.setattr(features_module, "to_host", fake_to_host)
+    est = AcceptanceEstimator(4)
+    np.testing.assert_array_equal(est.predict(DeviceTensor()), est.predict(host))
+    assert len(staged) == 1
+    est.observe(DeviceTensor(), [4, 1], [2, 0])
+    assert est.round_counts().tolist() == [2, 1, 1, 0]
+
+    class NotATensor:
+        is_cuda = False
+
+        def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+            raise TypeError("nope")
+
+    with pytest.raises(TypeError, match="features"):
+        est.predict(NotATensor())

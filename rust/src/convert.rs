@@ -52,16 +52,34 @@ pub fn as_ndarray<'py>(
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         return Ok(array.clone());
     }
-    let converted = numpy_asarray(obj.py())?.call1((obj,)).map_err(|e| {
-        type_error(
-            argument,
-            format!(
-                "expected a numpy array or a CPU tensor, got {} ({e})",
-                type_name(obj)
-            ),
-        )
-    })?;
+    let converted = match numpy_asarray(obj.py())?.call1((obj,)) {
+        Ok(array) => array,
+        // A tensor on an accelerator: stage it through av_core.features.to_host (a pinned
+        // buffer, one non-blocking copy and one event wait) instead of failing.
+        Err(_) if is_device_tensor(obj) => obj
+            .py()
+            .import("av_core.features")?
+            .getattr("to_host")?
+            .call1((obj,))
+            .map_err(|e| type_error(argument, format!("cannot stage the tensor to host: {e}")))?,
+        Err(e) => {
+            return Err(type_error(
+                argument,
+                format!(
+                    "expected a numpy array or a tensor, got {} ({e})",
+                    type_name(obj)
+                ),
+            ))
+        }
+    };
     Ok(converted.cast_into::<PyUntypedArray>()?)
+}
+
+/// Whether `obj` looks like a torch tensor on a device other than the CPU.
+fn is_device_tensor(obj: &Bound<'_, PyAny>) -> bool {
+    obj.getattr("is_cuda")
+        .and_then(|flag| flag.is_truthy())
+        .unwrap_or(false)
 }
 
 /// The type name of `obj`, for messages.
