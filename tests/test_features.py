@@ -615,10 +615,8 @@ def test_empty_batch() -> None:
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Runs `code` in a fresh interpreter against the installed package."""
     environment = {**os.environ, **env}
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "python"), environment.get("PYTHONPATH", "")]
-    )
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
