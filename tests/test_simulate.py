@@ -1,0 +1,223 @@
+"""`av-core simulate` / `profile` / `demo`: fixed-K against a hand count, AV limits, cost models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_evaluate import synthetic_trace
+
+from av_core.cli import main
+from av_core.evaluate import DraftRounds
+from av_core.profile import measure_forward_ms, write_cost_file
+from av_core.simulate import (
+    GpuLikeCost,
+    MeasuredCost,
+    draft_cost_ms,
+    parse_concurrency,
+    round_streams,
+    simulate_adaptive,
+    simulate_fixed,
+    simulate_trace,
+)
+from av_core.trace import trace_from_rows, write_trace
+
+
+def tiny_trace() -> tuple[list[list[int]], object]:
+    """Two requests x three steps, K = 3, with known accepted counts under full verification."""
+    accepted = [[3, 0, 1], [2, 3, 0]]  # request -> step -> leading accepted drafts
+    rows = []
+    for r, per_step in enumerate(accepted):
+        for s, a in enumerate(per_step):
+            for k in range(3):
+                label = 1 if k < a else (0 if k == a else None)
+                rows.append(
+                    {
+                        "request_id": r,
+                        "step": s,
+                        "position": k,
+                        "workload": "w",
+                        "logit_q_max": 2.0 - k,
+                        "admitted": True,
+                        "label": label,
+                    }
+                )
+    return accepted, trace_from_rows(rows)
+
+
+def test_fixed_k_matches_a_hand_count() -> None:
+    accepted, trace = tiny_trace()
+    rounds = DraftRounds.from_trace(trace)  # type: ignore[arg-type]
+    cost = GpuLikeCost(
+        verify_base_ms=2.0,
+        verify_knee=3,
+        verify_per_token_ms=0.5,
+        draft_base_ms=0.25,
+        draft_knee=2,
+        draft_per_token_ms=0.1,
+    )
+    num_requests, num_steps = 2, 5
+    streams = round_streams(rounds, num_requests, num_steps, seed=1)
+    flat = [a for per_step in accepted for a in per_step]  # trace rounds in order
+    for drafter in ("autoregressive", "parallel"):
+        for k in range(4):
+            tokens, time_ms = 0, 0.0
+            for step in range(num_steps):
+                verified = 0
+                for slot in range(num_requests):
+                    a = flat[int(streams.rounds[step, slot])]
+                    tokens += min(a, k) + 1
+                    verified += k
+                t = num_requests + verified
+                time_ms += 2.0 + max(0, t - 3) * 0.5
+                if k > 0:
+                    if drafter == "autoregressive":
+                        time_ms += k * (0.25 + max(0, num_requests - 2) * 0.1)
+                    else:
+                        time_ms += 0.25 + max(0, num_requests - 2) * 0.1
+            result = simulate_fixed(rounds, streams, k, cost, drafter)  # type: ignore[arg-type]
+            assert result.tokens == tokens, (drafter, k)
+            assert result.time_ms == pytest.approx(time_ms), (drafter, k)
+            assert result.throughput == pytest.approx(tokens / time_ms)
+            assert result.per_request == pytest.approx(tokens / time_ms / num_requests)
+
+
+def test_streams_replay_whole_requests_in_trace_order() -> None:
+    trace = synthetic_trace(num_requests=5, num_steps=7)
+    rounds = DraftRounds.from_trace(trace)
+    streams = round_streams(rounds, 3, 40, seed=0)
+    for slot in range(3):
+        index = streams.rounds[:, slot]
+        assert np.all((np.diff(index) == 1) | (index[1:] == 0))  # consecutive, wrapping
+        starts = rounds.step[index] == 0
+        np.testing.assert_array_equal(streams.new_request[1:, slot], starts[1:])
+        assert streams.new_request[0, slot] and rounds.step[index[0]] == 0
+
+
+def test_adaptive_verifies_everything_when_verification_is_free() -> None:
+    trace = synthetic_trace(num_requests=6, num_steps=40)
+    rounds = DraftRounds.from_trace(trace)
+    features = rounds.column(trace.logit_q_max)
+    streams = round_streams(rounds, 4, 120, seed=0)
+    flat = GpuLikeCost(verify_knee=10_000)
+    full = simulate_fixed(rounds, streams, 4, flat, "parallel")
+    adaptive = simulate_adaptive(rounds, features, streams, flat, "parallel")
+    assert adaptive.tokens == full.tokens
+    assert adaptive.time_ms == pytest.approx(full.time_ms)
+    assert adaptive.verified_drafts == adaptive.drafted
+
+
+def test_adaptive_verifies_nothing_when_every_draft_is_too_expensive() -> None:
+    trace = synthetic_trace(num_requests=6, num_steps=40)
+    rounds = DraftRounds.from_trace(trace)
+    features = rounds.column(trace.logit_q_max)
+    streams = round_streams(rounds, 4, 60, seed=0)
+    steep = GpuLikeCost(verify_base_ms=1.0, verify_knee=4, verify_per_token_ms=100.0)
+    adaptive = simulate_adaptive(
+        rounds, features, streams, steep, "autoregressive", exploration=0.0
+    )
+    assert adaptive.verified_drafts == 0
+    assert adaptive.tokens == 60 * 4  # one token per request per step
+    assert adaptive.time_ms == pytest.approx(60 * (1.0 + 4 * 0.6))  # drafting still paid
+
+
+def test_adaptive_never_emits_more_than_full_verification() -> None:
+    trace = synthetic_trace(num_requests=6, num_steps=40)
+    simulation = simulate_trace(trace, concurrency=[1, 8, 64], steps=80, warmup_steps=20)
+    for concurrency, row in simulation.results.items():
+        full = row[-2]
+        assert full.policy == "K=4"
+        adaptive = simulation.adaptive(concurrency)
+        assert row[0].tokens <= adaptive.tokens <= full.tokens
+        assert adaptive.verified_drafts <= adaptive.drafted
+
+
+def test_draft_cost_by_drafter_kind() -> None:
+    cost = GpuLikeCost(draft_base_ms=1.0, draft_knee=8, draft_per_token_ms=0.5)
+    assert draft_cost_ms(cost, "autoregressive", 16, 3) == pytest.approx(3 * (1.0 + 8 * 0.5))
+    assert draft_cost_ms(cost, "parallel", 16, 3) == pytest.approx(1.0 + 8 * 0.5)
+    assert draft_cost_ms(cost, "parallel", 16, 3, "drafts") == pytest.approx(1.0 + 40 * 0.5)
+    assert draft_cost_ms(cost, "autoregressive", 16, 0) == 0.0
+
+
+def test_measured_cost_file_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "cost.json"
+    write_cost_file(path, [(4, 3.0), (1, 1.0), (2, 2.5)], None, target="m")
+    cost = MeasuredCost.load(path)
+    np.testing.assert_allclose(cost.verify_ms([1, 2, 3, 4, 6, 0]), [1.0, 2.5, 2.75, 3.0, 3.5, 1.0])
+    assert cost.draft_pass_ms(5) == 0.0
+    assert json.loads(path.read_text())["target"] == "m"
+    with pytest.raises(ValueError, match="verify"):
+        path.write_text("{}")
+        MeasuredCost.load(path)
+
+
+def test_measure_forward_ms_takes_the_median() -> None:
+    ticks = iter([0.0, 0.001, 1.0, 1.005, 2.0, 2.002] * 2)
+    calls: list[int] = []
+    points = measure_forward_ms(
+        calls.append, [3, 8], repeats=3, warmup=1, clock=lambda: next(ticks)
+    )
+    assert [t for t, _ in points] == [3, 8]
+    assert points[0][1] == pytest.approx(2.0)
+    assert calls == [3, 3, 3, 3, 8, 8, 8, 8]
+
+
+def test_parse_concurrency() -> None:
+    assert parse_concurrency("1,2,4") == [1, 2, 4]
+    assert parse_concurrency("1-256") == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    with pytest.raises(ValueError):
+        parse_concurrency("0,2")
+
+
+def test_simulate_and_demo_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace_path = tmp_path / "trace.csv"
+    write_trace(synthetic_trace(num_requests=6, num_steps=30), trace_path)
+    cost_path = tmp_path / "cost.json"
+    write_cost_file(cost_path, [(1, 5.0), (64, 5.0), (512, 20.0)], [(1, 0.5), (512, 1.0)])
+    args = ["simulate", str(trace_path), "--concurrency", "1,16", "--steps", "30"]
+    assert main([*args, "--warmup-steps", "5", "--no-plots"]) == 0
+    assert main([*args, "--cost-model", "measured", str(cost_path), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "AV/best" in out and "measured:" in out
+    demo_out = tmp_path / "demo"
+    assert main(["demo", "--trace", str(trace_path), "--out", str(demo_out), "--steps", "30"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-3].startswith("estimator:") and "autoregressive" in lines[-1]
+    assert (demo_out / "evaluate.txt").is_file()
+
+
+def test_commands_skip_plots_without_matplotlib(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import av_core.plots
+
+    monkeypatch.setattr(av_core.plots, "plots_available", lambda: False)
+    trace_path = tmp_path / "trace.csv"
+    write_trace(synthetic_trace(num_requests=4, num_steps=20), trace_path)
+    out = tmp_path / "plots"
+    assert main(["evaluate", str(trace_path), "--out", str(out)]) == 0
+    assert "plots skipped: matplotlib is not installed" in capsys.readouterr().out
+    assert not out.exists()
+
+
+def test_profile_times_a_tiny_transformers_model() -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    from av_core.profile import loaded_model_forward
+
+    config = transformers.Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    forward = loaded_model_forward(model, context=8)
+    points = measure_forward_ms(forward, [1, 4], repeats=2)
+    assert [t for t, _ in points] == [1, 4]
+    assert all(ms > 0 for _, ms in points)
