@@ -31,7 +31,6 @@
 //! is harmless: the estimator then behaves like γ = 0 until it has settled.
 
 use crate::accumulator::FloatStats;
-use crate::cholesky::solve_spd;
 use crate::refit::ArrowheadSystem;
 
 /// The discounted sum of past rounds' quadratic models.
@@ -197,22 +196,9 @@ impl Memory {
 /// assert!(drift_statistic(&ArrowheadSystem::from_round(&round.to_float(), 1e-3)) > 0.0);
 /// ```
 pub fn drift_statistic(round: &ArrowheadSystem) -> f64 {
-    let k = round.b.len();
-    let n = k + 1;
-    let mut matrix = vec![0.0; n * n];
-    let mut solution = vec![0.0; n];
-    matrix[0] = round.a;
-    solution[0] = round.g0;
-    for position in 0..k {
-        let row = position + 1;
-        matrix[row * n] = round.b[position];
-        matrix[row] = round.b[position];
-        matrix[row * n + row] = round.c[position];
-        solution[row] = round.g1[position];
-    }
-    if !solve_spd(&mut matrix, &mut solution) {
+    let Some(solution) = round.full_step() else {
         return f64::INFINITY;
-    }
+    };
     let g = std::iter::once(round.g0).chain(round.g1.iter().copied());
     g.zip(&solution).map(|(g, x)| g * x).sum()
 }

@@ -88,8 +88,9 @@ impl ArrowheadSystem {
         }
     }
 
-    /// The damped, guarded step of this system from the current `slope` (steps 1–3 above).
-    pub fn damped_step(&self, slope: f64, damping: f64) -> NewtonStep {
+    /// The undamped solution `Δ` of the system by Cholesky (`[Δω, Δβ_1 … Δβ_K]`), or `None`
+    /// when the matrix is not numerically positive definite.
+    pub fn full_step(&self) -> Option<Vec<f64>> {
         let k = self.b.len();
         let n = k + 1;
         let mut matrix = vec![0.0; n * n];
@@ -103,11 +104,13 @@ impl ArrowheadSystem {
             matrix[row * n + row] = self.c[position];
             rhs[row] = self.g1[position];
         }
-        let full_slope_step = if solve_spd(&mut matrix, &mut rhs) {
-            rhs[0]
-        } else {
-            f64::NAN
-        };
+        solve_spd(&mut matrix, &mut rhs).then_some(rhs)
+    }
+
+    /// The damped, guarded step of this system from the current `slope` (steps 1–3 above).
+    pub fn damped_step(&self, slope: f64, damping: f64) -> NewtonStep {
+        let k = self.b.len();
+        let full_slope_step = self.full_step().map_or(f64::NAN, |step| step[0]);
 
         let mut slope_step = full_slope_step * (self.total / (self.total + damping));
         if !slope_step.is_finite() || slope + slope_step < 0.0 {
