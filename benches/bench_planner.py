@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from timing import summary, timed
 
 from av_core import CostTables, plan_verification
 
@@ -32,27 +30,6 @@ TARGET_US = 5.0
 TARGET_SPEEDUP = 10.0
 MAX_REQS = 4096
 MAX_TOKENS = MAX_REQS * 17
-
-
-def timed(
-    calls: dict[str, Callable[[], object]], repeats: int, inner: int
-) -> dict[str, list[float]]:
-    """Microseconds per call, `inner` calls per sample, the calls alternated sample by sample."""
-    for call in calls.values():
-        call()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            for _ in range(inner):
-                call()
-            samples[name].append((time.perf_counter() - start) / inner * 1e6)
-    return samples
-
-
-def summary(samples: list[float]) -> tuple[float, float, float]:
-    q1, median, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-    return median, q1, q3
 
 
 def profiled_tables() -> CostTables:
