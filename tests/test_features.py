@@ -20,7 +20,7 @@ from hypothesis.extra.numpy import arrays
 
 torch = pytest.importorskip("torch")
 
-from av_core import features  # noqa: E402
+from av_core import _native, features  # noqa: E402
 from av_core.features import (  # noqa: E402
     MAX_LOG_ODDS,
     FeatureExtractor,
@@ -294,6 +294,138 @@ def test_result_does_not_depend_on_the_row_block_size(monkeypatch: pytest.Monkey
 def test_non_contiguous_logits() -> None:
     z = torch.randn(3000, 5).t()  # last-dimension stride 5
     torch.testing.assert_close(draft_log_odds(z), draft_log_odds(z.contiguous()))
+
+
+# --- the fused CPU kernel (float32, C-contiguous) ----------------------------------------------
+
+
+def native(z: np.ndarray, temps: object = None, clamp: float = MAX_LOG_ODDS) -> np.ndarray:
+    """The Rust kernel called directly, with the temperature conventions of draft_log_odds."""
+    t = np.ones(z.shape[0]) if temps is None else np.broadcast_to(temps, (z.shape[0],)).copy()
+    t = np.where(np.asarray(t) <= 0.0, 1.0, t).astype(np.float64)
+    inverse = np.clip(1.0 / t, np.finfo(np.float32).tiny, np.finfo(np.float32).max)
+    return _native.draft_log_odds_f32(z, inverse.astype(np.float32), clamp)
+
+
+@pytest.mark.parametrize("vocab", [1, 17, 2047, 2048, 2049, 4099, 6144, 20000])
+def test_native_kernel_matches_float64_on_adversarial_rows(vocab: int) -> None:
+    if vocab < 64:
+        z = np.random.default_rng(vocab).normal(0.0, 3.0, (4, vocab)).astype(np.float32)
+        temps = np.array([1.0, 0.3, 0.0, 5.0])
+    else:
+        z, temps = adversarial_rows(vocab)
+    got = native(np.ascontiguousarray(z), temps)
+    assert got.dtype == np.float32 and got.shape == (z.shape[0],)
+    check_against_reference(torch.from_numpy(got), ref_log_odds(z, temps), f"vocab={vocab}")
+
+
+@pytest.mark.parametrize("vocab", [6000, 129280])
+def test_native_kernel_near_one_rows_and_ties_across_blocks(vocab: int) -> None:
+    z = near_one_rows(vocab, [0.3, 1e-3, 1e-9, 1e-15, 1e-30])
+    ties = np.full((3, vocab), -9.0, dtype=np.float32)
+    ties[0, [0, vocab - 1]] = 3.0  # first and last block
+    ties[1, [5, 2048 + 5, 2 * 2048 + 5]] = 3.0  # one per block, three blocks
+    ties[2, [vocab - 2, vocab - 1]] = 3.0  # both in the tail
+    z = np.concatenate([z, ties])
+    check_against_reference(torch.from_numpy(native(z)), ref_log_odds(z), f"vocab={vocab}")
+
+
+def test_native_kernel_threads_agree_with_one_row_at_a_time() -> None:
+    rng = np.random.default_rng(11)
+    z = (rng.normal(0.0, 2.5, (37, 40000)) + rng.normal(0.0, 4.0, (37, 1))).astype(np.float32)
+    z[np.arange(37), rng.integers(0, 40000, 37)] += np.linspace(0.0, 30.0, 37, dtype=np.float32)
+    temps = rng.uniform(0.2, 2.0, 37)
+    whole = native(z, temps)  # 1.5M elements: split across threads
+    rows = np.concatenate([native(z[r : r + 1], temps[r : r + 1]) for r in range(37)])
+    np.testing.assert_array_equal(whole, rows)
+    check_against_reference(torch.from_numpy(whole), ref_log_odds(z, temps))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    z=arrays(
+        np.float32,
+        st.tuples(st.integers(1, 3), st.integers(1, 5000)),
+        elements=st.one_of(
+            st.floats(-60, 60, width=32), st.sampled_from([-np.inf, 0.0, 2.0, -7.5, 60.0])
+        ),
+    ),
+    temperature=st.sampled_from([None, 0.0, 0.05, 0.3, 1.0, 2.5, 1e4]),
+)
+def test_native_kernel_random_rows_match_float64(z: np.ndarray, temperature: float | None) -> None:
+    check_against_reference(torch.from_numpy(native(z, temperature)), ref_log_odds(z, temperature))
+
+
+def test_native_kernel_non_finite_rows_padding_and_clamp() -> None:
+    z = np.random.default_rng(5).normal(0.0, 1.0, (7, 3000)).astype(np.float32)
+    z[0] = -np.inf
+    z[1, 2999] = np.nan
+    z[2, 1500] = np.inf
+    z[3] = -np.inf
+    z[3, 2100] = np.nan  # a NaN after a block of -inf only
+    z[4] = -np.inf
+    z[4, 17] = 2.0  # a single finite entry
+    z[6] = np.nan  # padding: never read
+    inverse = np.ones(7, dtype=np.float32)
+    inverse[5] = np.nan
+    valid = np.array([True] * 6 + [False])
+    got = _native.draft_log_odds_f32(z, inverse, 40.0, valid)
+    assert np.isnan(got[[0, 1, 2, 3, 5]]).all()
+    assert got[4] == 40.0 and got[6] == 0.0
+    assert _native.draft_log_odds_f32(z[4:5], inverse[4:5], 7.5)[0] == 7.5
+
+
+def test_draft_log_odds_routes_cpu_float32_to_the_native_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+    kernel = _native.draft_log_odds_f32
+
+    def spy(*args: object) -> np.ndarray:
+        calls.append(args)
+        return kernel(*args)
+
+    monkeypatch.setattr(features._native, "draft_log_odds_f32", spy)
+    z = torch.randn(6, 3000) * 3.0
+    temps = torch.tensor([0.0, 0.5, 1.0, math.inf, 2.0, 1e-30], dtype=torch.float64)
+    valid = torch.tensor([True, True, True, True, False, True])
+    got = draft_log_odds(z, temps, row_valid=valid)
+    assert len(calls) == 1
+    draft_log_odds(z.t().contiguous().t(), temps)  # strided: the torch path
+    draft_log_odds(z.to(torch.bfloat16), temps)  # bfloat16: the torch path
+    assert len(calls) == 1
+    monkeypatch.setattr(features, "_NATIVE_CPU", False)
+    torch_path = draft_log_odds(z, temps, row_valid=valid)
+    assert torch.isnan(got[3]) and torch.isnan(torch_path[3])  # T = inf
+    keep = torch.tensor([True, True, True, False, True, True])
+    torch.testing.assert_close(got[keep], torch_path[keep], atol=2e-5, rtol=0)
+
+
+def test_native_kernel_rejects_bad_arguments() -> None:
+    z = np.zeros((2, 5), dtype=np.float32)
+    ones = np.ones(2, dtype=np.float32)
+    with pytest.raises(TypeError, match="logits"):
+        _native.draft_log_odds_f32(z.astype(np.float64), ones, 40.0)
+    with pytest.raises(TypeError, match="logits"):
+        _native.draft_log_odds_f32([[0.0]], ones, 40.0)
+    with pytest.raises(ValueError, match="logits"):
+        _native.draft_log_odds_f32(z[0], ones, 40.0)
+    with pytest.raises(ValueError, match="logits"):
+        _native.draft_log_odds_f32(np.zeros((5, 2), dtype=np.float32).T, ones, 40.0)
+    with pytest.raises(ValueError, match="logits"):
+        _native.draft_log_odds_f32(np.zeros((2, 0), dtype=np.float32), ones, 40.0)
+    with pytest.raises(ValueError, match="inv_temperature"):
+        _native.draft_log_odds_f32(z, np.ones(3, dtype=np.float32), 40.0)
+    with pytest.raises(ValueError, match="inv_temperature"):
+        _native.draft_log_odds_f32(z, np.array([1.0, 0.0], dtype=np.float32), 40.0)
+    with pytest.raises(TypeError, match="inv_temperature"):
+        _native.draft_log_odds_f32(z, np.ones(2), 40.0)
+    with pytest.raises(ValueError, match="max_log_odds"):
+        _native.draft_log_odds_f32(z, ones, math.inf)
+    with pytest.raises(ValueError, match="row_valid"):
+        _native.draft_log_odds_f32(z, ones, 40.0, np.ones(3, dtype=bool))
+    with pytest.raises(TypeError, match="row_valid"):
+        _native.draft_log_odds_f32(z, ones, 40.0, np.ones(2, dtype=np.int8))
 
 
 # --- the feature never reads the sampled token ------------------------------------------------

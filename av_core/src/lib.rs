@@ -48,6 +48,7 @@ pub mod coefficients;
 pub mod cost_tables;
 pub mod error;
 pub mod estimator;
+pub mod features;
 pub mod fixed_point;
 pub mod labels;
 pub mod matrix;

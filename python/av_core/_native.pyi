@@ -13,6 +13,7 @@ __all__ = [
     "VerificationPlanner",
     "assign_draft_budget",
     "choose_draft_budget",
+    "draft_log_odds_f32",
     "plan_verification",
 ]
 
@@ -205,3 +206,9 @@ def plan_verification(
     max_draft_budget: int | None = None,
     budget_confidences: npt.ArrayLike | None = None,
 ) -> VerificationPlan: ...
+def draft_log_odds_f32(
+    logits: npt.NDArray[np.float32],
+    inv_temperature: npt.NDArray[np.float32],
+    max_log_odds: float,
+    row_valid: npt.NDArray[np.bool_] | None = None,
+) -> npt.NDArray[np.float32]: ...

@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from av_core import _native
+
 try:
     import torch
 except ImportError as error:  # pragma: no cover - exercised in a subprocess without torch
@@ -67,6 +69,7 @@ MAX_LOG_ODDS = 40.0
 _LOG2E = 1.0 / math.log(2.0)
 _LN2 = math.log(2.0)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 # exp2 below -126 leaves float32's normal range, where the CPU kernel takes a slow path; an entry
 # that far below the row maximum adds at most 2**-126 per entry, far under the clamp at e**-40.
 _EXP2_FLOOR = -126.0
@@ -76,6 +79,9 @@ _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CPU_BLOCK_BYTES = 4 << 20
 _DEVICE_BLOCK_BYTES = 256 << 20
 _TRUNCATED_BLOCK_BYTES = 32 << 20
+# CPU float32 C-contiguous logits go to the fused Rust kernel (`_native.draft_log_odds_f32`): one
+# pass over memory instead of the torch path's several. Tests switch it off to compare the two.
+_NATIVE_CPU = True
 
 
 class PartialStats(NamedTuple):
@@ -538,6 +544,39 @@ def _use_triton(logits: torch.Tensor) -> bool:
     return triton is not None and logits.is_cuda and not _triton_failed
 
 
+def _use_native(logits: torch.Tensor) -> bool:
+    return (
+        _NATIVE_CPU
+        and logits.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.is_contiguous()
+        and not logits.is_neg()
+    )
+
+
+def _native_log_odds(
+    logits: torch.Tensor,
+    temp: float | torch.Tensor,
+    valid: torch.Tensor | None,
+    max_log_odds: float,
+) -> torch.Tensor:
+    """The fused Rust kernel on CPU float32 logits, read in place (``Tensor.numpy`` is a view).
+
+    The kernel takes ``1 / T`` per row: greedy rows are 1 and NaN stays NaN (as in
+    _temperature_rows); it is kept within float32's positive normal range, so a temperature
+    under ~3e-39 acts like that one and one above ~8e37 like that one.
+    """
+    n = logits.shape[0]
+    inverse = (1.0 / _temperature_rows(temp, n, logits.device)).clamp(
+        min=_FLOAT32_TINY, max=_FLOAT32_MAX
+    )
+    valid_np = None if valid is None else valid.contiguous().numpy()
+    out = _native.draft_log_odds_f32(
+        logits.detach().numpy(), inverse.to(torch.float32).numpy(), max_log_odds, valid_np
+    )
+    return torch.from_numpy(out)
+
+
 def _log_odds_from_stats(stats: _RowStats, max_log_odds: float) -> torch.Tensor:
     """x = excluded * ln 2 - ln(complement), clamped; NaN where the row maximum is not finite
     (a NaN or +inf logit, or no finite entry), since such a row has no distribution."""
@@ -731,6 +770,8 @@ def _draft_log_odds_untruncated(
     max_log_odds: float,
 ) -> torch.Tensor:
     n = logits.shape[0]
+    if _use_native(logits):
+        return _native_log_odds(logits, temp, valid, max_log_odds)
     if _use_triton(logits):
         try:
             feature, _ = _stats_triton(logits, temp, valid, max_log_odds)

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 mod convert;
 mod estimator;
+mod features;
 mod files;
 mod planner;
 
@@ -16,5 +17,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<estimator::PyAcceptanceEstimator>()?;
     planner::register(m)?;
+    features::register(m)?;
     Ok(())
 }

@@ -1,0 +1,556 @@
+//! The drafter feature on the CPU: `x = logit(q_max)` of each row of float32 logits, in one
+//! fused pass over memory.
+//!
+//! For a row `z` with exp2 scale `s = log2(e) / T` the feature is
+//! `x = -ln( Σ over every entry but one occurrence of the maximum m of 2^((z - m)·s) )`,
+//! clamped to `±max_log_odds` (DESIGN.md §3). The complement is summed directly, never formed as
+//! `total - 1`, so it keeps full relative precision as `q_max → 1`.
+//!
+//! Each row is read in blocks of [`BLOCK`] columns that stay in the L1 cache: a pass for the
+//! block's maximum, minimum and NaNs (the only read from main memory), then a pass of
+//! `2^((z - m)·s)` over the cached block with a branch-free polynomial `exp2` that the compiler
+//! vectorises (16 lanes: four SSE2 vectors on the baseline x86-64 target, wider ones when the
+//! crate is built for a CPU with AVX2 or AVX-512). The running state is `(m, c)`: the row maximum so far and the
+//! complement relative to it. A block whose maximum is below `m` only adds its terms. A block
+//! that reaches `m` sums its entries other than its maximum and counts the ties exactly (every
+//! tie adds exactly 1); a block that raises `m` first rescales the old state,
+//! `c ← (c + 1)·2^((m_old - m)·s)`. Nothing is ever subtracted from the sum.
+//!
+//! Rows are split across scoped threads when the input is large. No `unsafe`, no dependencies.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::error::{Error, Result};
+
+/// Columns per block: 8 KiB of float32, well inside the L1 data cache.
+pub const BLOCK: usize = 2048;
+/// Lanes of the inner loops: four SSE2 vectors, wide enough for the compiler to interleave.
+const LANES: usize = 16;
+/// Exponents are floored at -125 so that every term stays a normal float32 (the torch path floors
+/// at -126): a term that small moves `x` only past any clamp.
+const EXP2_FLOOR: f32 = -125.0;
+/// Inputs at least this large are split across threads.
+const PARALLEL_ELEMENTS: usize = 1 << 20;
+/// Rows a thread takes from the shared counter at a time.
+const ROWS_PER_GRAB: usize = 4;
+/// `1.5·2^23`: adding it rounds a float32 in `[-2^22, 2^22]` to an integer held in the low
+/// mantissa bits.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+// Degree-4 minimax coefficients of 2^f on [-0.5, 0.5] with constant term 1: relative error
+// 2.9e-6 in float32, so a sum of positive terms, and x = -ln(sum), is off by at most ~3e-6.
+const P1: f32 = 0.693_124_2;
+const P2: f32 = 0.240_240_99;
+const P3: f32 = 0.055_906_445;
+const P4: f32 = 0.009_582_845;
+
+/// `2^t` for `t <= 0` (including `-inf`), floored at `2^-125`; relative error below `3e-6`.
+#[inline(always)]
+fn exp2_nonpositive(t: f32) -> f32 {
+    let t = if t < EXP2_FLOOR { EXP2_FLOOR } else { t };
+    exp2_in_range(t)
+}
+
+/// A block's maximum and minimum, ignoring NaN, and whether it holds a NaN.
+type Range = (f32, f32, bool);
+
+/// `(max, min, holds NaN)` of `z`; `(-inf, +inf, _)` for an empty slice. This is the pass that
+/// reads main memory, so the extra comparisons are free.
+#[inline]
+fn block_range(z: &[f32]) -> Range {
+    let mut hi = [f32::NEG_INFINITY; LANES];
+    let mut lo = [f32::INFINITY; LANES];
+    let mut nan = [0u32; LANES];
+    let mut chunks = z.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for i in 0..LANES {
+            hi[i] = if chunk[i] > hi[i] { chunk[i] } else { hi[i] };
+            lo[i] = if chunk[i] < lo[i] { chunk[i] } else { lo[i] };
+            nan[i] |= u32::from(chunk[i].is_nan());
+        }
+    }
+    let (mut max, mut min) = (f32::NEG_INFINITY, f32::INFINITY);
+    let mut any_nan = nan.iter().any(|&v| v != 0);
+    for &v in hi.iter().chain(chunks.remainder()) {
+        max = if v > max { v } else { max };
+    }
+    for &v in lo.iter().chain(chunks.remainder()) {
+        min = if v < min { v } else { min };
+    }
+    any_nan |= chunks.remainder().iter().any(|v| v.is_nan());
+    (max, min, any_nan)
+}
+
+/// `2^t` for `t ∈ [-125, 0]`, without the floor: the caller has checked the range.
+///
+/// `t = n + f` with `n` the nearest integer and `f ∈ [-0.5, 0.5]`; `2^f` is a degree-4 minimax
+/// polynomial, and `n` is added straight into its exponent field (the result stays normal for
+/// `n >= -125`). NaN in gives garbage out: rows holding NaN are caught before any sum.
+#[inline(always)]
+fn exp2_in_range(t: f32) -> f32 {
+    let shifted = t + ROUND_MAGIC;
+    let f = t - (shifted - ROUND_MAGIC);
+    let p = (((P4 * f + P3) * f + P2) * f + P1) * f + 1.0;
+    // The low mantissa bits of `shifted` hold n (two's complement); shifted into the exponent
+    // field they add n to p's exponent.
+    f32::from_bits(p.to_bits().wrapping_add(shifted.to_bits().wrapping_shl(23)))
+}
+
+/// `Σ 2^((z - m)·s)` over the block; `in_range` says every exponent is at least -126.
+#[inline]
+fn block_sum(z: &[f32], m: f32, s: f32, in_range: bool) -> f64 {
+    let mut acc = [0.0f32; LANES];
+    let mut chunks = z.chunks_exact(LANES);
+    if in_range {
+        for chunk in &mut chunks {
+            for i in 0..LANES {
+                acc[i] += exp2_in_range((chunk[i] - m) * s);
+            }
+        }
+    } else {
+        for chunk in &mut chunks {
+            for i in 0..LANES {
+                acc[i] += exp2_nonpositive((chunk[i] - m) * s);
+            }
+        }
+    }
+    let mut total: f64 = acc.iter().map(|&a| f64::from(a)).sum();
+    for &v in chunks.remainder() {
+        total += f64::from(exp2_nonpositive((v - m) * s));
+    }
+    total
+}
+
+/// [`block_sum`] of `z` fused with [`block_range`] of the next block `next` (same length): the
+/// next block's loads from main memory overlap this block's arithmetic.
+#[inline]
+fn block_sum_then_range(z: &[f32], next: &[f32], m: f32, s: f32, in_range: bool) -> (f64, Range) {
+    const RANGE_LANES: usize = 4;
+    let mut acc = [0.0f32; LANES];
+    let mut hi = [f32::NEG_INFINITY; RANGE_LANES];
+    let mut lo = [f32::INFINITY; RANGE_LANES];
+    let mut nan = [0u32; RANGE_LANES];
+    for (chunk, ahead) in z.chunks_exact(LANES).zip(next.chunks_exact(LANES)) {
+        if in_range {
+            for i in 0..LANES {
+                acc[i] += exp2_in_range((chunk[i] - m) * s);
+            }
+        } else {
+            for i in 0..LANES {
+                acc[i] += exp2_nonpositive((chunk[i] - m) * s);
+            }
+        }
+        for quad in ahead.chunks_exact(RANGE_LANES) {
+            for l in 0..RANGE_LANES {
+                hi[l] = if quad[l] > hi[l] { quad[l] } else { hi[l] };
+                lo[l] = if quad[l] < lo[l] { quad[l] } else { lo[l] };
+                nan[l] |= u32::from(quad[l].is_nan());
+            }
+        }
+    }
+    let total: f64 = acc.iter().map(|&a| f64::from(a)).sum();
+    let max = hi
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a });
+    let min = lo
+        .iter()
+        .fold(f32::INFINITY, |a, &v| if v < a { v } else { a });
+    (total, (max, min, nan.iter().any(|&v| v != 0)))
+}
+
+/// `(Σ over entries other than m of 2^((z - m)·s), number of entries equal to m)`.
+#[inline]
+fn block_sum_excluding(z: &[f32], m: f32, s: f32) -> (f64, u64) {
+    let mut acc = [0.0f32; LANES];
+    let mut ties = [0u32; LANES];
+    let mut chunks = z.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for i in 0..LANES {
+            let tie = chunk[i] == m;
+            let term = exp2_nonpositive((chunk[i] - m) * s);
+            acc[i] += if tie { 0.0 } else { term };
+            ties[i] += u32::from(tie);
+        }
+    }
+    let mut total: f64 = acc.iter().map(|&a| f64::from(a)).sum();
+    let mut count: u64 = ties.iter().map(|&t| u64::from(t)).sum();
+    for &v in chunks.remainder() {
+        if v == m {
+            count += 1;
+        } else {
+            total += f64::from(exp2_nonpositive((v - m) * s));
+        }
+    }
+    (total, count)
+}
+
+/// The exp2 scale `log2(e)·inv_temperature`, capped at float32's largest finite value.
+fn exp2_scale(inv_temperature: f32) -> f32 {
+    let s = f64::from(inv_temperature) * std::f64::consts::LOG2_E;
+    if s > f64::from(f32::MAX) {
+        f32::MAX
+    } else {
+        s as f32
+    }
+}
+
+/// The feature of one row (see the module docs).
+fn row_log_odds(z: &[f32], inv_temperature: f32, max_log_odds: f32) -> f32 {
+    if inv_temperature.is_nan() {
+        return f32::NAN;
+    }
+    let s = exp2_scale(inv_temperature);
+    let mut m = f32::NEG_INFINITY;
+    // Complement relative to m: Σ over the entries seen, but one occurrence of m, of 2^((z-m)s).
+    let mut c = 0.0f64;
+    let n_blocks = z.len().div_ceil(BLOCK);
+    let block_at = |k: usize| &z[k * BLOCK..((k + 1) * BLOCK).min(z.len())];
+    let mut range = block_range(block_at(0));
+    for k in 0..n_blocks {
+        let block = block_at(k);
+        let (bm, bmin, nan) = range;
+        if nan {
+            return f32::NAN;
+        }
+        let next = (k + 1 < n_blocks).then(|| block_at(k + 1));
+        let mut next_range = None;
+        if bm < m {
+            // The floor is needed only when some exponent falls below it.
+            let in_range = (bmin - m) * s >= EXP2_FLOOR;
+            match next {
+                Some(ahead) if ahead.len() == block.len() => {
+                    let (sum, r) = block_sum_then_range(block, ahead, m, s, in_range);
+                    c += sum;
+                    next_range = Some(r);
+                }
+                _ => c += block_sum(block, m, s, in_range),
+            }
+        } else if bm == m {
+            if m > f32::NEG_INFINITY {
+                let (sum, ties) = block_sum_excluding(block, m, s);
+                c += sum + ties as f64;
+            } // else every entry so far is -inf
+        } else {
+            // bm > m: a new maximum. The old maximum and its complement move into the sum.
+            if m > f32::NEG_INFINITY {
+                c = (c + 1.0) * f64::from(exp2_nonpositive((m - bm) * s));
+            }
+            m = bm;
+            if m == f32::INFINITY {
+                return f32::NAN;
+            }
+            let (sum, ties) = block_sum_excluding(block, m, s);
+            c += sum + (ties - 1) as f64;
+        }
+        if let Some(ahead) = next {
+            range = next_range.unwrap_or_else(|| block_range(ahead));
+        }
+    }
+    if !m.is_finite() {
+        return f32::NAN;
+    }
+    // 2^((z - m)·s) = e^((z - m)/T), so c is the natural-base complement.
+    let x = -c.ln();
+    let limit = f64::from(max_log_odds);
+    x.clamp(-limit, limit) as f32
+}
+
+/// `logit(q_max)` of each row of `[rows, vocab]` row-major float32 logits, into `out[rows]`.
+///
+/// `inv_temperature[r]` is `1 / T` for row r (1 for greedy or unscaled rows; `+inf` acts like
+/// the largest finite scale; NaN gives a NaN row). `row_valid`, when given, marks the rows to
+/// compute; the others are skipped and get 0. A row with a single finite entry gives
+/// `+max_log_odds`; a row holding a NaN or `+inf`, or no finite entry, gives NaN.
+///
+/// # Errors
+///
+/// A value error naming the argument for inconsistent lengths, `vocab == 0`, a non-positive
+/// `inv_temperature`, or a `max_log_odds` that is not finite and positive.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::features::draft_log_odds_rows;
+///
+/// let logits = [0.0f32, 0.0, 1.0, -1.0];
+/// let mut out = [0.0f32; 1];
+/// draft_log_odds_rows(&logits, 1, 4, &[1.0], 40.0, None, &mut out)?;
+/// let complement = 2.0 * (-1.0f64).exp() + (-2.0f64).exp();
+/// assert!((f64::from(out[0]) + complement.ln()).abs() < 1e-5);
+/// # Ok::<(), av_core::Error>(())
+/// ```
+pub fn draft_log_odds_rows(
+    logits: &[f32],
+    rows: usize,
+    vocab: usize,
+    inv_temperature: &[f32],
+    max_log_odds: f32,
+    row_valid: Option<&[bool]>,
+    out: &mut [f32],
+) -> Result<()> {
+    if vocab == 0 {
+        return Err(Error::value(
+            "logits",
+            "must have at least one vocabulary column",
+        ));
+    }
+    if rows.checked_mul(vocab) != Some(logits.len()) {
+        return Err(Error::value(
+            "logits",
+            format!(
+                "has {} entries, expected rows × vocab = {rows} × {vocab}",
+                logits.len()
+            ),
+        ));
+    }
+    if inv_temperature.len() != rows {
+        return Err(Error::value(
+            "inv_temperature",
+            format!(
+                "must have one entry per row ({rows}), got {}",
+                inv_temperature.len()
+            ),
+        ));
+    }
+    if let Some(&bad) = inv_temperature.iter().find(|&&v| v <= 0.0) {
+        return Err(Error::value(
+            "inv_temperature",
+            format!("must be positive (or NaN for an undefined row), got {bad}"),
+        ));
+    }
+    if !(max_log_odds.is_finite() && max_log_odds > 0.0) {
+        return Err(Error::value(
+            "max_log_odds",
+            format!("must be finite and positive, got {max_log_odds}"),
+        ));
+    }
+    if let Some(valid) = row_valid {
+        if valid.len() != rows {
+            return Err(Error::value(
+                "row_valid",
+                format!("must have one entry per row ({rows}), got {}", valid.len()),
+            ));
+        }
+    }
+    if out.len() != rows {
+        return Err(Error::value(
+            "out",
+            format!("must have one entry per row ({rows}), got {}", out.len()),
+        ));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let row_feature = |r: usize| -> f32 {
+        if row_valid.is_some_and(|v| !v[r]) {
+            0.0
+        } else {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            row_log_odds(row, inv_temperature[r], max_log_odds)
+        }
+    };
+    let threads = if rows * vocab >= PARALLEL_ELEMENTS {
+        std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(rows)
+    } else {
+        1
+    };
+    if threads <= 1 {
+        for (r, x) in out.iter_mut().enumerate() {
+            *x = row_feature(r);
+        }
+        return Ok(());
+    }
+    // Rows are handed out a few at a time from a shared counter, so a thread that is descheduled
+    // (a busy machine) delays the call by a few rows, not by its share of the batch.
+    let next = AtomicUsize::new(0);
+    let grab = || -> Vec<(usize, f32)> {
+        let mut done = Vec::new();
+        loop {
+            let first = next.fetch_add(ROWS_PER_GRAB, Ordering::Relaxed);
+            if first >= rows {
+                return done;
+            }
+            for r in first..(first + ROWS_PER_GRAB).min(rows) {
+                done.push((r, row_feature(r)));
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..threads).map(|_| scope.spawn(grab)).collect();
+        let mine = grab();
+        for (r, x) in mine {
+            out[r] = x;
+        }
+        for helper in helpers {
+            let theirs = helper
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for (r, x) in theirs {
+                out[r] = x;
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// float64 reference: -ln Σ over all but one occurrence of the maximum of exp((z - m)/T).
+    fn reference(z: &[f32], inv_t: f64, limit: f64) -> f64 {
+        if z.iter().any(|v| v.is_nan() || *v == f32::INFINITY) {
+            return f64::NAN;
+        }
+        let m = z
+            .iter()
+            .fold(f64::NEG_INFINITY, |a, &v| a.max(f64::from(v)));
+        if !m.is_finite() {
+            return f64::NAN;
+        }
+        let first = z.iter().position(|&v| f64::from(v) == m).unwrap();
+        let c: f64 = z
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != first)
+            .map(|(_, &v)| ((f64::from(v) - m) * inv_t).exp())
+            .sum();
+        (-c.ln()).clamp(-limit, limit)
+    }
+
+    fn feature(z: &[f32], inv_t: f32) -> f32 {
+        let mut out = [0.0f32];
+        draft_log_odds_rows(z, 1, z.len(), &[inv_t], 40.0, None, &mut out).unwrap();
+        out[0]
+    }
+
+    #[test]
+    fn exp2_matches_std() {
+        let mut worst = 0.0f64;
+        let mut t = 0.0f32;
+        while t > -125.0 {
+            let got = f64::from(exp2_nonpositive(t));
+            let want = f64::from(t).exp2();
+            worst = worst.max((got / want - 1.0).abs());
+            t -= 0.000_731;
+        }
+        assert!(worst < 4e-6, "worst relative error {worst}");
+        assert_eq!(exp2_nonpositive(0.0), 1.0);
+        assert_eq!(exp2_nonpositive(f32::NEG_INFINITY), 2f32.powi(-125));
+    }
+
+    #[test]
+    fn adversarial_rows() {
+        let vocab = 5000;
+        let mut rows: Vec<(Vec<f32>, f32)> = Vec::new();
+        // Near-one q_max: the complement far below float32's epsilon.
+        for gap in [5.0f32, 17.0, 25.0, 35.0, 50.0, 69.0] {
+            let mut z = vec![0.0f32; vocab];
+            z[vocab / 2] = gap;
+            rows.push((z, 1.0));
+        }
+        // Ties, in the same block and in different blocks.
+        let mut z = vec![-3.0f32; vocab];
+        z[10] = 2.0;
+        z[11] = 2.0;
+        rows.push((z, 1.0));
+        let mut z = vec![-3.0f32; vocab];
+        z[10] = 2.0;
+        z[4000] = 2.0;
+        rows.push((z, 1.0));
+        // -inf entries, and a single finite entry.
+        let mut z = vec![f32::NEG_INFINITY; vocab];
+        z[3000] = 1.0;
+        z[4999] = 0.5;
+        rows.push((z.clone(), 1.0));
+        z[4999] = f32::NEG_INFINITY;
+        rows.push((z, 1.0));
+        // Temperatures.
+        let z: Vec<f32> = (0..vocab)
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.01)
+            .collect();
+        for inv_t in [1e-3f32, 0.1, 1.0, 10.0, 1e3, 1e6] {
+            rows.push((z.clone(), inv_t));
+        }
+        for (z, inv_t) in rows {
+            let want = reference(&z, f64::from(inv_t), 40.0);
+            let got = f64::from(feature(&z, inv_t));
+            if want.abs() <= 30.0 {
+                assert!((got - want).abs() <= 1e-4, "got {got}, want {want}");
+            } else {
+                assert!(
+                    (got - want).abs() <= 1e-2 || got == 40.0,
+                    "got {got}, want {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn undefined_rows_are_nan() {
+        let mut z = vec![0.0f32; 3000];
+        z[2500] = f32::NAN;
+        assert!(feature(&z, 1.0).is_nan());
+        z[2500] = f32::INFINITY;
+        assert!(feature(&z, 1.0).is_nan());
+        let z = vec![f32::NEG_INFINITY; 3000];
+        assert!(feature(&z, 1.0).is_nan());
+        let mut z = vec![f32::NEG_INFINITY; 3000];
+        z[5] = f32::NAN;
+        assert!(feature(&z, 1.0).is_nan());
+        let z = vec![1.0f32; 10];
+        assert!(feature(&z, f32::NAN).is_nan());
+        assert_eq!(feature(&[3.0], 1.0), 40.0);
+    }
+
+    #[test]
+    fn threads_and_padding() {
+        let rows = 40;
+        let vocab = 40_000;
+        let logits: Vec<f32> = (0..rows * vocab)
+            .map(|i| ((i * 2_654_435_761usize) % 10_007) as f32 * 1e-3)
+            .collect();
+        let inv_t = vec![1.0f32; rows];
+        let valid: Vec<bool> = (0..rows).map(|r| r % 3 != 0).collect();
+        let mut out = vec![f32::NAN; rows];
+        draft_log_odds_rows(&logits, rows, vocab, &inv_t, 40.0, Some(&valid), &mut out).unwrap();
+        for r in 0..rows {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            if valid[r] {
+                let want = reference(row, 1.0, 40.0);
+                assert!((f64::from(out[r]) - want).abs() <= 1e-4);
+            } else {
+                assert_eq!(out[r], 0.0);
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_bad_arguments() {
+        let mut out = [0.0f32; 1];
+        let e = draft_log_odds_rows(&[1.0, 2.0], 1, 3, &[1.0], 40.0, None, &mut out).unwrap_err();
+        assert_eq!(e.argument, "logits");
+        let e = draft_log_odds_rows(&[1.0], 1, 1, &[0.0], 40.0, None, &mut out).unwrap_err();
+        assert_eq!(e.argument, "inv_temperature");
+        let e = draft_log_odds_rows(&[1.0], 1, 1, &[1.0], f32::NAN, None, &mut out).unwrap_err();
+        assert_eq!(e.argument, "max_log_odds");
+        let e = draft_log_odds_rows(&[1.0], 1, 0, &[1.0], 40.0, None, &mut out).unwrap_err();
+        assert_eq!(e.argument, "logits");
+    }
+
+    proptest! {
+        #[test]
+        fn matches_float64_reference(
+            z in proptest::collection::vec(-60.0f32..60.0, 1..6000),
+            inv_t in prop_oneof![Just(1.0f32), 0.01f32..100.0],
+        ) {
+            let want = reference(&z, f64::from(inv_t), 40.0);
+            let got = f64::from(feature(&z, inv_t));
+            prop_assert!((got - want).abs() <= 1e-4 || (want.abs() > 30.0 && (got - want).abs() <= 1e-2),
+                "got {got}, want {want}");
+        }
+    }
+}

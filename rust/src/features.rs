@@ -1,0 +1,97 @@
+//! The fused CPU kernel of the drafter feature, `av_core.features`'s float32 fast path.
+
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+
+use crate::convert::{to_py_err, type_error, type_name, value_error};
+
+/// Registers the feature functions.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(draft_log_odds_f32, m)?)?;
+    Ok(())
+}
+
+fn array<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Bound<'py, PyUntypedArray>> {
+    obj.cast::<PyUntypedArray>().cloned().map_err(|_| {
+        type_error(
+            argument,
+            format!("expected a numpy array, got {}", type_name(obj)),
+        )
+    })
+}
+
+/// `logit(q_max)` of each row of C-contiguous float32 `[N, V]` logits, as float32 `[N]`.
+///
+/// `inv_temperature` is float32 `[N]` (`1 / T`; 1 for greedy rows; NaN gives a NaN row);
+/// `row_valid`, optional bool `[N]`, marks the rows to compute (the others give 0).
+#[pyfunction]
+#[pyo3(signature = (logits, inv_temperature, max_log_odds, row_valid=None))]
+fn draft_log_odds_f32<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    inv_temperature: &Bound<'py, PyAny>,
+    max_log_odds: f64,
+    row_valid: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let logits_any = array(logits, "logits")?;
+    if logits_any.ndim() != 2 {
+        return Err(value_error(
+            "logits",
+            format!(
+                "expected a 2-D array [N, V], got shape {:?}",
+                logits_any.shape()
+            ),
+        ));
+    }
+    let (rows, vocab) = (logits_any.shape()[0], logits_any.shape()[1]);
+    if !logits_any.is_c_contiguous() {
+        return Err(value_error("logits", "must be C-contiguous"));
+    }
+    let logits = logits_any
+        .cast::<PyArray2<f32>>()
+        .map_err(|_| type_error("logits", "expected dtype float32"))?
+        .try_readonly()?;
+    let temps_any = array(inv_temperature, "inv_temperature")?;
+    let temps = temps_any
+        .cast::<PyArray1<f32>>()
+        .map_err(|_| type_error("inv_temperature", "expected a 1-D float32 array"))?
+        .try_readonly()?;
+    let valid = match row_valid {
+        None => None,
+        Some(obj) => Some(
+            array(obj, "row_valid")?
+                .cast::<PyArray1<bool>>()
+                .map_err(|_| type_error("row_valid", "expected a 1-D bool array"))?
+                .try_readonly()?,
+        ),
+    };
+    let logits_slice = logits
+        .as_slice()
+        .map_err(|_| value_error("logits", "must be C-contiguous"))?;
+    let temps_slice = temps
+        .as_slice()
+        .map_err(|_| value_error("inv_temperature", "must be contiguous"))?;
+    let valid_slice = match &valid {
+        None => None,
+        Some(v) => Some(
+            v.as_slice()
+                .map_err(|_| value_error("row_valid", "must be contiguous"))?,
+        ),
+    };
+    let mut out = vec![0.0f32; rows];
+    py.detach(|| {
+        av_core::features::draft_log_odds_rows(
+            logits_slice,
+            rows,
+            vocab,
+            temps_slice,
+            max_log_odds as f32,
+            valid_slice,
+            &mut out,
+        )
+    })
+    .map_err(to_py_err)?;
+    Ok(out.into_pyarray(py))
+}
