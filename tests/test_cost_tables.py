@@ -190,3 +190,10 @@ def test_bad_sizes_and_tables_name_the_argument() -> None:
         CostTables.from_json('{"draft_ms": [0]}')
     with pytest.raises(TypeError, match="^draft_curve: "):
         CostTables.from_curves([("a", "b")], good, max_num_reqs=1, max_batch_tokens=1)
+
+
+@pytest.mark.parametrize("dtype", [complex, bool, object])
+def test_curves_of_non_real_dtypes_are_refused(dtype: type) -> None:
+    curve = np.array([[1, 2], [3, 4]], dtype=dtype)
+    with pytest.raises(TypeError, match="draft_curve"):
+        CostTables.from_curves(curve, [[1, 1.0]], max_num_reqs=2, max_batch_tokens=4)

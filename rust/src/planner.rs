@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 use av_core::cost_tables::CostTables;
 use av_core::planner::{self, BudgetSource, StepTokens, VerificationPlan, VerificationPlanner};
 use av_core::MatrixView;
-use numpy::{IntoPyArray, PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{IntoPyArray, PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple, PyType};
 use std::path::PathBuf;
@@ -49,6 +49,15 @@ fn curve_points(obj: &Bound<'_, PyAny>, argument: &'static str) -> PyResult<Vec<
                 "expected (size, ms) pairs, shape [n, 2], got shape {:?}",
                 array.shape()
             ),
+        ));
+    }
+    // Real numbers only: a complex or boolean curve is a caller's mistake, not something to
+    // cast silently.
+    let kind = array.dtype().kind();
+    if !matches!(kind, b'f' | b'i' | b'u') {
+        return Err(type_error(
+            argument,
+            format!("expected real numbers, got dtype {}", array.dtype()),
         ));
     }
     let converted = array
