@@ -28,6 +28,9 @@ pub enum Predictions<'a, P> {
 /// `2^48` units, so `2^14` rows cannot overflow).
 const ROWS_PER_FLUSH: usize = 1 << 14;
 
+/// Positions processed together; a row stops after the last group holding a labeled slot.
+const GROUP: usize = 4;
+
 #[inline]
 fn sigmoid(z: f64) -> f64 {
     1.0 / (1.0 + (-z).exp())
@@ -86,6 +89,8 @@ fn fixed<const K: usize, T: Copy + Into<f64>, P: Copy + Into<f64>>(
         let end = (start + ROWS_PER_FLUSH).min(rows);
         let mut lanes = [[0i64; K]; 5];
         let mut n = [0u64; K];
+        // reach[g]: rows processed up to group g (positions < g·GROUP); index 0 stays empty.
+        let mut reach = [0i64; 5];
         for row in start..end {
             let (admitted, accepted) = counts[row];
             let labeled = num_labeled(admitted, accepted);
@@ -107,7 +112,11 @@ fn fixed<const K: usize, T: Copy + Into<f64>, P: Copy + Into<f64>>(
                 }),
             };
             let (mask, y) = (&prefix[labeled], &prefix[accepted]);
-            for i in 0..K {
+            // Unlabeled slots past the last labeled one, in whole groups of 4, are skipped: they
+            // would only add exact zeros.
+            let upto = (labeled.div_ceil(GROUP) * GROUP).min(K);
+            reach[upto.div_ceil(GROUP)] += 1;
+            for i in 0..upto {
                 let bits = scaled_term_bits(x[i], p[i], y[i], mask[i]);
                 for (lane, b) in lanes.iter_mut().zip(bits) {
                     lane[i] = lane[i].wrapping_add(b);
@@ -117,9 +126,12 @@ fn fixed<const K: usize, T: Copy + Into<f64>, P: Copy + Into<f64>>(
                 *count += 1;
             }
         }
-        // Each lane summed `term·2^F + MAGIC` over (end − start) rows.
-        let offset = ((end - start) as i64).wrapping_mul(MAGIC_BITS);
+        // Each lane summed `term·2^F + MAGIC` over the rows whose processed prefix reached its
+        // position: `reach[g]` rows stopped after group g, so position i saw every row that
+        // stopped after a later group.
         for (i, sums) in stats.positions.iter_mut().enumerate() {
+            let rows_here: i64 = reach[i / GROUP + 1..].iter().sum();
+            let offset = rows_here.wrapping_mul(MAGIC_BITS);
             let [a, b, c, g0, g1] = lanes.map(|lane| i128::from(lane[i].wrapping_sub(offset)));
             sums.merge(&PositionSums {
                 a,
