@@ -4,8 +4,6 @@
 //! array-likes (CPU torch tensors, lists, strided views) go through `numpy.asarray` and a
 //! contiguous copy only when one is unavoidable. Every failure names the argument.
 
-use std::borrow::Cow;
-
 use av_core::{Error, ErrorKind, MatrixView};
 use numpy::{
     Element, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1,
@@ -199,8 +197,7 @@ pub fn float_matrix<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Fl
 }
 
 /// Extracts a 1-D float64 vector (any float or integer dtype is converted).
-#[allow(dead_code)] // for the planner bindings (cost curves)
-pub fn float_vector<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Cow<'py, [f64]>> {
+pub fn float_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<f64>> {
     let array = as_ndarray(obj, argument)?;
     if array.ndim() != 1 {
         return Err(value_error(
@@ -209,21 +206,20 @@ pub fn float_vector<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Co
         ));
     }
     if let Ok(a) = array.cast::<PyArray1<f64>>() {
-        return Ok(Cow::Owned(a.try_readonly()?.as_array().to_vec()));
+        return Ok(a.try_readonly()?.as_array().to_vec());
     }
     if let Ok(a) = array.cast::<PyArray1<f32>>() {
-        return Ok(Cow::Owned(
-            a.try_readonly()?
-                .as_array()
-                .iter()
-                .map(|&v| f64::from(v))
-                .collect(),
-        ));
+        return Ok(a
+            .try_readonly()?
+            .as_array()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect());
     }
     if is_integer(&array) {
         let converted = array.call_method1("astype", ("float64",))?;
         let a = converted.cast::<PyArray1<f64>>()?;
-        return Ok(Cow::Owned(a.try_readonly()?.as_array().to_vec()));
+        return Ok(a.try_readonly()?.as_array().to_vec());
     }
     Err(type_error(
         argument,

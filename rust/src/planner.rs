@@ -73,6 +73,30 @@ fn curve_points(obj: &Bound<'_, PyAny>, argument: &'static str) -> PyResult<Vec<
         .collect())
 }
 
+/// The signature shared by `CostTables::from_curves` and `CostTables::from_samples`.
+type TableBuilder =
+    fn(&[(f64, f64)], &[(f64, f64)], usize, usize, usize) -> av_core::Result<CostTables>;
+
+/// Converts two (size, ms) arrays and the three sizes, then calls `builder`.
+fn build_tables(
+    builder: TableBuilder,
+    (draft, draft_name): (&Bound<'_, PyAny>, &'static str),
+    (verify, verify_name): (&Bound<'_, PyAny>, &'static str),
+    [max_num_reqs, max_batch_tokens, cudagraph_limit]: [i64; 3],
+) -> PyResult<PyCostTables> {
+    let draft = curve_points(draft, draft_name)?;
+    let verify = curve_points(verify, verify_name)?;
+    let inner = builder(
+        &draft,
+        &verify,
+        non_negative("max_num_reqs", max_num_reqs)?,
+        non_negative("max_batch_tokens", max_batch_tokens)?,
+        non_negative("cudagraph_limit", cudagraph_limit)?,
+    )
+    .map_err(to_py_err)?;
+    Ok(PyCostTables { inner })
+}
+
 fn step_tokens(
     num_non_draft_tokens: i64,
     num_sampling_requests: i64,
@@ -99,8 +123,8 @@ impl PyCostTables {
     /// Tables from explicit arrays (finite; draft >= 0, verify > 0).
     #[new]
     fn new(draft_ms: &Bound<'_, PyAny>, verify_ms: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let draft_ms = crate::convert::float_vector(draft_ms, "draft_ms")?.into_owned();
-        let verify_ms = crate::convert::float_vector(verify_ms, "verify_ms")?.into_owned();
+        let draft_ms = crate::convert::float_vector(draft_ms, "draft_ms")?;
+        let verify_ms = crate::convert::float_vector(verify_ms, "verify_ms")?;
         let inner = CostTables::new(draft_ms, verify_ms).map_err(to_py_err)?;
         Ok(PyCostTables { inner })
     }
@@ -116,17 +140,12 @@ impl PyCostTables {
         max_batch_tokens: i64,
         cudagraph_limit: i64,
     ) -> PyResult<Self> {
-        let draft = curve_points(draft_curve, "draft_curve")?;
-        let verify = curve_points(verify_curve, "verify_curve")?;
-        let inner = CostTables::from_curves(
-            &draft,
-            &verify,
-            non_negative("max_num_reqs", max_num_reqs)?,
-            non_negative("max_batch_tokens", max_batch_tokens)?,
-            non_negative("cudagraph_limit", cudagraph_limit)?,
+        build_tables(
+            CostTables::from_curves,
+            (draft_curve, "draft_curve"),
+            (verify_curve, "verify_curve"),
+            [max_num_reqs, max_batch_tokens, cudagraph_limit],
         )
-        .map_err(to_py_err)?;
-        Ok(PyCostTables { inner })
     }
 
     /// Tables from raw repeated (size, ms) timings: the median per size, then `from_curves`.
@@ -140,17 +159,12 @@ impl PyCostTables {
         max_batch_tokens: i64,
         cudagraph_limit: i64,
     ) -> PyResult<Self> {
-        let draft = curve_points(draft_samples, "draft_samples")?;
-        let verify = curve_points(verify_samples, "verify_samples")?;
-        let inner = CostTables::from_samples(
-            &draft,
-            &verify,
-            non_negative("max_num_reqs", max_num_reqs)?,
-            non_negative("max_batch_tokens", max_batch_tokens)?,
-            non_negative("cudagraph_limit", cudagraph_limit)?,
+        build_tables(
+            CostTables::from_samples,
+            (draft_samples, "draft_samples"),
+            (verify_samples, "verify_samples"),
+            [max_num_reqs, max_batch_tokens, cudagraph_limit],
         )
-        .map_err(to_py_err)?;
-        Ok(PyCostTables { inner })
     }
 
     /// Drafter cost by number of requests, float64 [max_num_reqs + 1] (a copy).
