@@ -5,6 +5,15 @@
 //! target's cost for a forward pass over `T` tokens. Both come from profiling a handful of
 //! sizes; [`CostTables::from_curves`] turns those samples into dense tables exactly as vLLM
 //! 0.33.0 does (`build_cost_tables_from_curves`), so that budgets agree with vLLM's.
+//!
+//! A third, optional table prices drafting by depth, for the drafting-depth decision
+//! ([`crate::planner::choose_draft_depth`]): `draft_depth_ms[d]` is the drafter's cost when it
+//! drafts `d` positions (`0..=K`, `draft_depth_ms[0] = 0`: depth 0 means the drafter does not
+//! run). The model is separable: a step of `R` requests drafting to depth `d` costs
+//! `draft_ms[R] · draft_depth_ms[d] / draft_depth_ms[K]`, so `draft_ms[R]` keeps its meaning
+//! (the full-depth cost, as vLLM profiles it) and the depth table supplies the shape —
+//! proportional to `d` for an autoregressive drafter (one pass per position), a step from 0 to
+//! the full cost for a block drafter (one pass whatever the depth).
 
 use crate::error::{ensure_finite, Error, Result};
 
@@ -49,6 +58,48 @@ pub const VERIFY_COST_FLOOR_MS: f64 = 1e-6;
 /// ```
 pub const MAX_TABLE_LEN: usize = 1 << 24;
 
+/// Largest drafting depth a draft-depth table may cover.
+pub const MAX_DRAFT_DEPTH: usize = 1 << 12;
+
+/// How a drafter's cost grows with the number of positions it drafts: the two shapes of
+/// [`CostTables::with_drafter`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrafterKind {
+    /// One drafter pass per position (draft models, EAGLE, MTP): cost proportional to depth.
+    Autoregressive,
+    /// One pass drafts the whole block (parallel/block drafters): full cost at any depth ≥ 1.
+    Parallel,
+}
+
+impl DrafterKind {
+    /// The depth-cost shape for drafting up to `max_depth` positions, `[0, .., 1]`-normalized:
+    /// `d / K` (autoregressive) or `1` for every `d ≥ 1` (parallel).
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::DrafterKind;
+    ///
+    /// assert_eq!(DrafterKind::Autoregressive.depth_shape(4), [0.0, 0.25, 0.5, 0.75, 1.0]);
+    /// assert_eq!(DrafterKind::Parallel.depth_shape(3), [0.0, 1.0, 1.0, 1.0]);
+    /// ```
+    pub fn depth_shape(self, max_depth: usize) -> Vec<f64> {
+        (0..=max_depth)
+            .map(|d| match self {
+                _ if d == 0 => 0.0,
+                DrafterKind::Autoregressive => d as f64 / max_depth as f64,
+                DrafterKind::Parallel => 1.0,
+            })
+            .collect()
+    }
+
+    /// `"autoregressive"` or `"parallel"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DrafterKind::Autoregressive => "autoregressive",
+            DrafterKind::Parallel => "parallel",
+        }
+    }
+}
+
 /// Dense step-cost tables, in milliseconds.
 ///
 /// `draft_ms[r]` is the drafter's cost for `r` requests (`0..=max_num_reqs`); `verify_ms[t]`
@@ -80,6 +131,7 @@ pub struct CostTables {
     draft_ms: Vec<f64>,
     verify_ms: Vec<f64>,
     verify_nondecreasing: bool,
+    draft_depth_ms: Option<Vec<f64>>,
 }
 
 impl CostTables {
@@ -108,6 +160,7 @@ impl CostTables {
             draft_ms,
             verify_ms,
             verify_nondecreasing,
+            draft_depth_ms: None,
         })
     }
 
@@ -222,7 +275,167 @@ impl CostTables {
         self.verify_ms.len() - 1
     }
 
-    /// `{"draft_ms": [...], "verify_ms": [...]}`; every value round-trips bit-exactly through
+    /// These tables with a draft-cost-by-depth table (module docs): `draft_depth_ms[d]` for
+    /// `d` in `0..=K`, finite, non-decreasing (drafting deeper never costs less), starting at
+    /// `0` (depth 0 runs no drafter). Only its shape matters; see [`Self::draft_cost_ms`].
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    ///
+    /// let tables = CostTables::new(vec![0.0, 2.0, 2.5], vec![5.0; 9])?;
+    /// // Profiled at some batch: 1.1 ms for one position, 2.0 for two, 3.0 for three.
+    /// let tables = tables.with_draft_depth(vec![0.0, 1.1, 2.0, 3.0])?;
+    /// assert_eq!(tables.max_draft_depth(), Some(3));
+    /// assert_eq!(tables.draft_cost_ms(2, 3), 2.5); // full depth: draft_ms[2]
+    /// assert_eq!(tables.draft_cost_ms(2, 0), 0.0); // no drafter
+    /// let err = CostTables::new(vec![0.0], vec![1.0])?.with_draft_depth(vec![0.0, 2.0, 1.0]);
+    /// assert_eq!(err.unwrap_err().argument, "draft_depth_ms");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn with_draft_depth(mut self, draft_depth_ms: Vec<f64>) -> Result<Self> {
+        check_depth_table(&draft_depth_ms)?;
+        self.draft_depth_ms = Some(draft_depth_ms);
+        Ok(self)
+    }
+
+    /// [`Self::with_draft_depth`] from profiled `(depth, ms)` points, built like the other
+    /// curves (running maximum, each depth charged at the next profiled depth `≥` it, the last
+    /// segment extended) over `0..=max_depth`, with depth 0 set to 0 (no drafter runs).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    ///
+    /// let tables = CostTables::new(vec![0.0, 2.0], vec![5.0; 9])?
+    ///     .with_draft_depth_curve(&[(1.0, 0.7), (2.0, 1.3)], 4)?;
+    /// assert_eq!(tables.draft_depth_ms(), Some(&[0.0, 0.7, 1.3, 1.9000000000000001, 2.5][..]));
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn with_draft_depth_curve(self, curve: &[(f64, f64)], max_depth: usize) -> Result<Self> {
+        check_curve("draft_depth_curve", curve)?;
+        if max_depth == 0 || max_depth > MAX_DRAFT_DEPTH {
+            return Err(Error::value(
+                "max_draft_depth",
+                format!("= {max_depth} must be in 1..={MAX_DRAFT_DEPTH}"),
+            ));
+        }
+        let mut table = build_table(curve, max_depth, 0);
+        table[0] = 0.0;
+        for i in 1..table.len() {
+            table[i] = table[i].max(table[i - 1]).max(DRAFT_COST_FLOOR_MS);
+        }
+        self.with_draft_depth(table)
+    }
+
+    /// [`Self::with_draft_depth`] with the canonical shape of `kind` up to `max_depth`
+    /// ([`DrafterKind::depth_shape`]).
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::{CostTables, DrafterKind};
+    ///
+    /// let tables = CostTables::new(vec![0.0, 0.8], vec![5.0; 9])?
+    ///     .with_drafter(DrafterKind::Autoregressive, 4)?;
+    /// assert_eq!(tables.draft_cost_ms(1, 2), 0.4); // half the depth, half the passes
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn with_drafter(self, kind: DrafterKind, max_depth: usize) -> Result<Self> {
+        if max_depth == 0 || max_depth > MAX_DRAFT_DEPTH {
+            return Err(Error::value(
+                "max_draft_depth",
+                format!("= {max_depth} must be in 1..={MAX_DRAFT_DEPTH}"),
+            ));
+        }
+        self.with_draft_depth(kind.depth_shape(max_depth))
+    }
+
+    /// The draft-cost-by-depth table, if these tables have one.
+    pub fn draft_depth_ms(&self) -> Option<&[f64]> {
+        self.draft_depth_ms.as_deref()
+    }
+
+    /// The deepest drafting depth the depth table covers (`K`), if there is one.
+    pub fn max_draft_depth(&self) -> Option<usize> {
+        self.draft_depth_ms.as_ref().map(|t| t.len() - 1)
+    }
+
+    /// The fraction of the full-depth drafting cost that drafting `depth` positions costs:
+    /// `draft_depth_ms[depth] / draft_depth_ms[K]` (0 when the full depth is free, 1 past the
+    /// table; 1 for `depth ≥ 1` without a depth table, 0 for depth 0).
+    pub fn depth_fraction(&self, depth: usize) -> f64 {
+        if depth == 0 {
+            return 0.0;
+        }
+        match &self.draft_depth_ms {
+            None => 1.0,
+            Some(table) => {
+                let full = table[table.len() - 1];
+                if full <= 0.0 {
+                    0.0
+                } else {
+                    table[depth.min(table.len() - 1)] / full
+                }
+            }
+        }
+    }
+
+    /// The drafter's cost for `num_requests` requests drafting `depth` positions each:
+    /// `draft_ms[R] · fraction(depth)` (see [`Self::depth_fraction`]); 0 when nothing is
+    /// drafted. `num_requests` must be within the draft table.
+    pub fn draft_cost_ms(&self, num_requests: usize, depth: usize) -> f64 {
+        if num_requests == 0 || depth == 0 {
+            return 0.0;
+        }
+        self.draft_ms[num_requests] * self.depth_fraction(depth)
+    }
+
+    /// The drafter's cost of a step whose requests draft `depths[r]` positions each: pass `j`
+    /// (the `j`-th position) runs over the `R_j` requests drafting at least `j` positions and
+    /// costs `draft_ms[R_j] · (fraction(j) − fraction(j − 1))` — requests that stop drafting
+    /// leave the drafter's batch. With equal depths `d` this is [`Self::draft_cost_ms`]`(R, d)`.
+    /// `counts` is scratch space.
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::{CostTables, DrafterKind};
+    ///
+    /// let draft_ms = vec![0.0, 1.0, 1.5, 2.0]; // full depth, by batch size
+    /// let tables = CostTables::new(draft_ms, vec![5.0; 9])?.with_drafter(DrafterKind::Autoregressive, 2)?;
+    /// // Two requests draft 2 positions, one drafts 1: pass 1 over 3 requests, pass 2 over 2.
+    /// let cost = tables.step_draft_cost_ms(&[2, 1, 2], &mut Vec::new());
+    /// assert_eq!(cost, 2.0 * 0.5 + 1.5 * 0.5);
+    /// assert_eq!(cost, tables.draft_cost_ms(3, 1) + tables.draft_cost_ms(2, 2) - tables.draft_cost_ms(2, 1));
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn step_draft_cost_ms(&self, depths: &[usize], counts: &mut Vec<usize>) -> f64 {
+        let deepest = depths.iter().copied().max().unwrap_or(0);
+        if deepest == 0 {
+            return 0.0;
+        }
+        counts.clear();
+        counts.resize(deepest + 1, 0);
+        for &d in depths {
+            counts[d] += 1;
+        }
+        // counts[j] becomes R_j, the requests drafting at least j positions.
+        for j in (1..deepest).rev() {
+            counts[j] += counts[j + 1];
+        }
+        let mut cost = 0.0;
+        let mut previous = 0.0;
+        for (j, &rows) in counts.iter().enumerate().skip(1) {
+            let fraction = self.depth_fraction(j);
+            if rows > 0 {
+                cost += self.draft_ms[rows] * (fraction - previous);
+            }
+            previous = fraction;
+        }
+        cost
+    }
+
+    /// `{"draft_ms": [...], "verify_ms": [...]}` (plus `"draft_depth_ms"` when there is a depth
+    /// table); every value round-trips bit-exactly through
     /// [`CostTables::from_json`] (shortest round-trip decimal form).
     ///
     /// # Example
@@ -240,6 +453,10 @@ impl CostTables {
         push_json_array(&mut out, &self.draft_ms);
         out.push_str(", \"verify_ms\": ");
         push_json_array(&mut out, &self.verify_ms);
+        if let Some(depth) = &self.draft_depth_ms {
+            out.push_str(", \"draft_depth_ms\": ");
+            push_json_array(&mut out, depth);
+        }
         out.push('}');
         out
     }
@@ -265,6 +482,7 @@ impl CostTables {
         };
         let mut draft_ms = None;
         let mut verify_ms = None;
+        let mut draft_depth_ms = None;
         parser.expect(b'{')?;
         loop {
             let key = parser.string()?;
@@ -273,6 +491,7 @@ impl CostTables {
             let slot = match key.as_str() {
                 "draft_ms" => &mut draft_ms,
                 "verify_ms" => &mut verify_ms,
+                "draft_depth_ms" => &mut draft_depth_ms,
                 other => return Err(json_error(format!("unknown key \"{other}\""))),
             };
             if slot.replace(values).is_some() {
@@ -293,7 +512,13 @@ impl CostTables {
             )));
         }
         match (draft_ms, verify_ms) {
-            (Some(draft_ms), Some(verify_ms)) => CostTables::new(draft_ms, verify_ms),
+            (Some(draft_ms), Some(verify_ms)) => {
+                let tables = CostTables::new(draft_ms, verify_ms)?;
+                match draft_depth_ms {
+                    Some(depth) => tables.with_draft_depth(depth),
+                    None => Ok(tables),
+                }
+            }
             _ => Err(json_error(
                 "expected both \"draft_ms\" and \"verify_ms\"".to_owned(),
             )),
@@ -371,6 +596,38 @@ fn check_table(argument: &'static str, table: &[f64], positive: bool) -> Result<
             return Err(Error::value(
                 argument,
                 format!("[{i}] = {cost} must be finite and {bound}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_depth_table(table: &[f64]) -> Result<()> {
+    let argument = "draft_depth_ms";
+    if table.len() < 2 || table.len() > MAX_DRAFT_DEPTH + 1 {
+        return Err(Error::value(
+            argument,
+            format!(
+                "has {} entries; it needs depths 0..=K with 1 <= K <= {MAX_DRAFT_DEPTH}",
+                table.len()
+            ),
+        ));
+    }
+    if table[0] != 0.0 {
+        return Err(Error::value(
+            argument,
+            format!("[0] = {} must be 0 (depth 0 runs no drafter)", table[0]),
+        ));
+    }
+    for (i, &cost) in table.iter().enumerate().skip(1) {
+        if !cost.is_finite() || cost < table[i - 1] {
+            return Err(Error::value(
+                argument,
+                format!(
+                    "[{i}] = {cost} must be finite and >= [{}] = {} (deeper never costs less)",
+                    i - 1,
+                    table[i - 1]
+                ),
             ));
         }
     }

@@ -13,6 +13,9 @@
 //!   confidences (the previous step's), which is what keeps autoregressive drafters lossless.
 //! * [`VerificationPlanner`] — keeps the previous step's confidences per request slot and
 //!   plans with `budget_source = previous` (the default) or `current`.
+//! * [`choose_draft_depth`] — before drafting: how many positions to draft at all, per request
+//!   or for the batch, pricing the drafter by depth (`planner::depth`). The stateful planner
+//!   offers it on its remembered confidences.
 //!
 //! Cost: nothing sorts the `R·K` survivals. Each row is already descending, so one counting
 //! pass over value buckets bounds the budget's objective and only the few buckets that can hold
@@ -28,13 +31,16 @@ use crate::matrix::MatrixView;
 
 mod assignment;
 mod budget;
+mod depth;
 mod order;
 mod stateful;
 
+pub use depth::{DepthMode, DepthPlan};
 pub use stateful::VerificationPlanner;
 
 use assignment::AssignBuffers;
 use budget::BudgetBuffers;
+use depth::DepthBuffers;
 use order::Survivals;
 
 /// Which confidences size the draft budget.
@@ -147,6 +153,8 @@ pub(crate) struct Scratch {
     budget_survivals: Survivals,
     budget_buffers: BudgetBuffers,
     assign_buffers: AssignBuffers,
+    depth_buffers: DepthBuffers,
+    draft_counts: Vec<usize>,
 }
 
 thread_local! {
@@ -197,16 +205,19 @@ pub fn choose_draft_budget<T: Copy + Into<f64>>(
             scheduled,
             survivals,
             budget_buffers,
+            draft_counts,
             ..
         } = scratch;
         if !survivals.compute(confidences, scheduled) {
             return Err(probability_error("confidences", confidences));
         }
+        let draft_ms = step_draft_ms(cost_tables, scheduled, draft_counts);
         Ok(budget_of(
             survivals,
             confidences.cols(),
             scheduled,
             step,
+            draft_ms,
             cost_tables,
             limit,
             budget_buffers,
@@ -343,10 +354,13 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         budget_survivals,
         budget_buffers,
         assign_buffers,
+        draft_counts,
+        ..
     } = scratch;
     if !survivals.compute(confidences, scheduled) {
         return Err(probability_error("confidences", confidences));
     }
+    let draft_ms = step_draft_ms(cost_tables, scheduled, draft_counts);
     let (chosen, current) = match budget_confidences {
         Some(other) => {
             if !budget_survivals.compute(other, scheduled) {
@@ -357,6 +371,7 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
                 cols,
                 scheduled,
                 step,
+                draft_ms,
                 cost_tables,
                 limit,
                 budget_buffers,
@@ -369,6 +384,7 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
                 cols,
                 scheduled,
                 step,
+                draft_ms,
                 cost_tables,
                 limit,
                 budget_buffers,
@@ -394,17 +410,32 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
     Ok(VerificationPlan {
         budget,
         expected_accepted_tokens,
-        predicted_cost_ms: cost_tables.draft_ms()[rows]
-            + cost_tables.verify_ms()[step.num_non_draft_tokens + budget],
+        predicted_cost_ms: draft_ms + cost_tables.verify_ms()[step.num_non_draft_tokens + budget],
     })
 }
 
+/// The drafting cost of a step with these scheduled drafts: `draft_ms[R]` (vLLM's constant)
+/// without a draft-depth table, the depth-priced cost with one.
+pub(crate) fn step_draft_ms(
+    cost_tables: &CostTables,
+    scheduled: &[usize],
+    counts: &mut Vec<usize>,
+) -> f64 {
+    if cost_tables.draft_depth_ms().is_some() {
+        cost_tables.step_draft_cost_ms(scheduled, counts)
+    } else {
+        cost_tables.draft_ms()[scheduled.len()]
+    }
+}
+
 /// The budget over the scheduled survivals, up to `limit`.
+#[allow(clippy::too_many_arguments)]
 fn budget_of(
     survivals: &Survivals,
     cols: usize,
     scheduled: &[usize],
     step: &StepTokens,
+    draft_ms: f64,
     cost_tables: &CostTables,
     limit: usize,
     buffers: &mut BudgetBuffers,
@@ -416,11 +447,139 @@ fn budget_of(
         scheduled,
         limit,
         step.num_sampling_requests as f64,
-        cost_tables.draft_ms()[scheduled.len()],
+        draft_ms,
         &cost_tables.verify_ms()[t..=t + limit],
         cost_tables.verify_is_nondecreasing(),
         buffers,
     )
+}
+
+/// How many positions each request should draft this step, decided before drafting from
+/// confidences fixed before it (the previous step's; `planner::depth` has the rule and the
+/// math). `max_depths[r]` caps request `r` (`0..=K`; 0 for requests that cannot draft, such as
+/// prefills). The cost tables need a draft-depth table ([`CostTables::with_draft_depth`]) that
+/// covers `K`. Depths go to `depths` (length `R`); an all-zero result means the step runs
+/// without the drafter. Errors name the argument; on error `depths` is untouched.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::cost_tables::{CostTables, DrafterKind};
+/// use av_core::planner::{choose_draft_depth, DepthMode, StepTokens};
+/// use av_core::MatrixView;
+///
+/// // An autoregressive drafter: 1 ms per position at full depth 2; verification is flat.
+/// let tables = CostTables::new(vec![0.0, 2.0, 2.0], vec![10.0; 8])?
+///     .with_drafter(DrafterKind::Autoregressive, 2)?;
+/// let step = StepTokens {
+///     num_non_draft_tokens: 2,
+///     num_sampling_requests: 2,
+///     ..Default::default()
+/// };
+/// let mut depths = [0; 2];
+/// // Confident drafts: both positions pay for their passes.
+/// let view = MatrixView::new("confidences", &[0.9, 0.9, 0.9, 0.9], 2, 2)?;
+/// choose_draft_depth(view, &[2, 2], &step, &tables, DepthMode::Batch, &mut depths)?;
+/// assert_eq!(depths, [2, 2]);
+/// // Hopeless drafts: not drafting at all is best.
+/// let view = MatrixView::new("confidences", &[0.01, 0.01, 0.01, 0.01], 2, 2)?;
+/// let plan = choose_draft_depth(view, &[2, 2], &step, &tables, DepthMode::Batch, &mut depths)?;
+/// assert_eq!((depths, plan.max_depth), ([0, 0], 0));
+/// # Ok::<(), av_core::Error>(())
+/// ```
+pub fn choose_draft_depth<T: Copy + Into<f64>>(
+    confidences: MatrixView<'_, T>,
+    max_depths: &[i64],
+    step: &StepTokens,
+    cost_tables: &CostTables,
+    mode: DepthMode,
+    depths: &mut [i32],
+) -> Result<DepthPlan> {
+    with_scratch(|scratch| {
+        depth_with(
+            scratch,
+            confidences,
+            max_depths,
+            step,
+            cost_tables,
+            mode,
+            depths,
+        )
+    })
+}
+
+/// [`choose_draft_depth`] on explicit scratch buffers.
+pub(crate) fn depth_with<T: Copy + Into<f64>>(
+    scratch: &mut Scratch,
+    confidences: MatrixView<'_, T>,
+    max_depths: &[i64],
+    step: &StepTokens,
+    cost_tables: &CostTables,
+    mode: DepthMode,
+    depths: &mut [i32],
+) -> Result<DepthPlan> {
+    let rows = confidences.rows();
+    let cols = confidences.cols();
+    let table_depth = cost_tables.max_draft_depth().ok_or_else(|| {
+        Error::value(
+            "cost_tables",
+            "have no draft-depth table; add one (with_draft_depth, with_draft_depth_curve or \
+             with_drafter) to decide drafting depth",
+        )
+    })?;
+    if cols > table_depth {
+        return Err(Error::value(
+            "confidences",
+            format!(
+                "has {cols} positions but the cost tables' draft-depth table covers depths \
+                 0..={table_depth}"
+            ),
+        ));
+    }
+    let total = check_common(confidences, max_depths, scratch).map_err(|mut e| {
+        if e.argument == "scheduled_drafts" {
+            e.argument = "max_depths";
+        }
+        e
+    })?;
+    if depths.len() != rows {
+        return Err(Error::value(
+            "depths",
+            format!("has length {} but there are {rows} requests", depths.len()),
+        ));
+    }
+    check_step(step, rows, total, cost_tables)?;
+    let Scratch {
+        scheduled,
+        survivals,
+        budget_buffers,
+        depth_buffers,
+        ..
+    } = scratch;
+    if !survivals.compute(confidences, scheduled) {
+        return Err(probability_error("confidences", confidences));
+    }
+    Ok(match mode {
+        DepthMode::Batch => depth::batch_depth(
+            survivals,
+            cols,
+            scheduled,
+            step,
+            cost_tables,
+            depth_buffers,
+            budget_buffers,
+            depths,
+        ),
+        DepthMode::PerRequest => depth::per_request_depth(
+            survivals,
+            cols,
+            scheduled,
+            step,
+            cost_tables,
+            depth_buffers,
+            depths,
+        ),
+    })
 }
 
 /// Validates the shapes and scheduled drafts (the confidences' values are checked while their

@@ -44,7 +44,7 @@ pub(crate) struct Budget {
 
 /// Whether `e / c` beats `best_e / best_c` as rounded float64 quotients.
 #[inline]
-fn beats(e: f64, c: f64, best_e: f64, best_c: f64) -> bool {
+pub(crate) fn beats(e: f64, c: f64, best_e: f64, best_c: f64) -> bool {
     let lhs = e * best_c;
     let rhs = best_e * c;
     if lhs < rhs * LOW && lhs > TINY && rhs.is_finite() {

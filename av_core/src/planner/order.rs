@@ -95,6 +95,21 @@ impl Survivals {
         valid
     }
 
+    /// Re-derives `max`, `min` and `count` for other scheduled counts (the values stay).
+    pub(crate) fn recount(&mut self, cols: usize, scheduled: &[usize]) {
+        let (mut max, mut min, mut count) = (0.0f64, 1.0f64, 0usize);
+        if cols > 0 {
+            for (row, &n) in self.values.chunks_exact(cols).zip(scheduled) {
+                if n > 0 {
+                    max = max.max(row[0]);
+                    min = min.min(row[n - 1]);
+                }
+                count += n;
+            }
+        }
+        (self.max, self.min, self.count) = (max, min, count);
+    }
+
     /// Sum of the survivals of the first `admitted[r]` slots of every row.
     pub(crate) fn prefix_sum(&self, cols: usize, admitted: &[i32]) -> f64 {
         admitted

@@ -2,7 +2,10 @@
 
 use std::fmt;
 
-use super::{plan_with, BudgetSource, Scratch, StepTokens, VerificationPlan};
+use super::{
+    depth_with, plan_with, BudgetSource, DepthMode, DepthPlan, Scratch, StepTokens,
+    VerificationPlan,
+};
 use crate::cost_tables::CostTables;
 use crate::error::{Error, Result};
 use crate::matrix::MatrixView;
@@ -69,6 +72,7 @@ pub struct VerificationPlanner {
     previous: Vec<f64>,
     gathered: Vec<f64>,
     slot_stamps: Vec<u64>,
+    marks: Vec<bool>,
     stamp: u64,
     scratch: Scratch,
     exploration: f64,
@@ -120,6 +124,7 @@ impl VerificationPlanner {
             previous: vec![1.0; entries],
             gathered: Vec::new(),
             slot_stamps: vec![0; num_slots],
+            marks: vec![false; num_slots],
             stamp: 0,
             scratch: Scratch::default(),
             exploration: Self::DEFAULT_EXPLORATION,
@@ -184,6 +189,11 @@ impl VerificationPlanner {
 
     /// Whether `slot` explores at the current step: a deterministic draw from (seed, step, slot).
     fn explores(&self, slot: u64) -> bool {
+        self.explores_at(self.stamp, slot)
+    }
+
+    /// The exploration draw of `slot` at step `stamp`.
+    fn explores_at(&self, stamp: u64, slot: u64) -> bool {
         fn mix(mut z: u64) -> u64 {
             // splitmix64's finalizer: a well-mixed 64-bit hash.
             z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -191,7 +201,7 @@ impl VerificationPlanner {
             z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             z ^ (z >> 31)
         }
-        let draw = mix(self.exploration_seed ^ mix(self.stamp ^ mix(slot)));
+        let draw = mix(self.exploration_seed ^ mix(stamp ^ mix(slot)));
         ((draw >> 11) as f64) * (1.0 / (1u64 << 53) as f64) < self.exploration
     }
 
@@ -396,13 +406,137 @@ impl VerificationPlanner {
             admitted,
             &mut plan,
         );
-        for (r, &slot) in slots.iter().enumerate() {
+        // Only drafted positions carry news: past a request's scheduled drafts (a shallower
+        // drafting depth, a request near its end) the remembered values stay.
+        for (r, (&slot, &n)) in slots.iter().zip(scheduled_drafts).enumerate() {
             let slot = slot as usize;
-            for (stored, &p) in self.previous[slot * k..(slot + 1) * k]
+            let n = n as usize;
+            for (stored, &p) in self.previous[slot * k..slot * k + n]
                 .iter_mut()
                 .zip(confidences.row(r))
             {
                 *stored = p.into();
+            }
+        }
+        Ok(plan)
+    }
+
+    /// How many positions each request in `slots` should draft at the coming step, from the
+    /// confidences remembered for its slot (fixed before this step's drafts exist, so the
+    /// decision is lossless for every drafter). `max_depths[r]` caps request `r` (`0..=K`).
+    /// Requests that explore at the coming step (the same draw as the next [`Self::plan`]
+    /// uses) draft their whole `max_depths[r]`, so the exploration floor still sees full
+    /// blocks. See [`super::choose_draft_depth`] for the rule; depths go to `depths`. Changes
+    /// no state.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::{CostTables, DrafterKind};
+    /// use av_core::planner::{BudgetSource, DepthMode, StepTokens, VerificationPlanner};
+    /// use av_core::MatrixView;
+    ///
+    /// // Drafting 2 positions costs 4 ms; verifying is a flat 10 ms.
+    /// let tables = CostTables::new(vec![0.0, 4.0, 4.0], vec![10.0; 8])?
+    ///     .with_drafter(DrafterKind::Autoregressive, 2)?;
+    /// let mut planner = VerificationPlanner::new(tables, 4, 2, BudgetSource::Previous)?;
+    /// planner.set_exploration(0.0, 0)?;
+    /// let step = StepTokens {
+    ///     num_non_draft_tokens: 2,
+    ///     num_sampling_requests: 2,
+    ///     ..Default::default()
+    /// };
+    /// let mut depths = [0; 2];
+    /// // Fresh slots remember optimistic 1.0s: draft everything.
+    /// planner.choose_draft_depth(&[0, 1], &[2, 2], &step, DepthMode::Batch, &mut depths)?;
+    /// assert_eq!(depths, [2, 2]);
+    /// // After a step of poor drafts, drafting is not worth its passes.
+    /// let poor = MatrixView::new("confidences", &[0.05, 0.05, 0.05, 0.05], 2, 2)?;
+    /// planner.plan(&[0, 1], poor, &[2, 2], &step, &mut [0; 2])?;
+    /// planner.choose_draft_depth(&[0, 1], &[2, 2], &step, DepthMode::Batch, &mut depths)?;
+    /// assert_eq!(depths, [0, 0]);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn choose_draft_depth(
+        &mut self,
+        slots: &[i64],
+        max_depths: &[i64],
+        step: &StepTokens,
+        mode: DepthMode,
+        depths: &mut [i32],
+    ) -> Result<DepthPlan> {
+        let k = self.num_positions;
+        let num_slots = self.slot_stamps.len();
+        // Distinct, in-range slots (marked in `marks`, reset before returning; the step count
+        // that drives exploration is not touched).
+        let mut checked = Ok(());
+        let mut marked = 0;
+        for (r, &slot) in slots.iter().enumerate() {
+            let Some(index) = usize::try_from(slot).ok().filter(|&s| s < num_slots) else {
+                checked = Err(Error::value(
+                    "slots",
+                    format!("[{r}] = {slot} is outside 0..{num_slots}"),
+                ));
+                break;
+            };
+            if self.marks[index] {
+                checked = Err(Error::value(
+                    "slots",
+                    format!("[{r}] = {slot} appears twice"),
+                ));
+                break;
+            }
+            self.marks[index] = true;
+            marked = r + 1;
+        }
+        for &slot in &slots[..marked] {
+            self.marks[slot as usize] = false;
+        }
+        checked?;
+        if max_depths.len() != slots.len() {
+            return Err(Error::value(
+                "max_depths",
+                format!(
+                    "has length {} but slots has {}",
+                    max_depths.len(),
+                    slots.len()
+                ),
+            ));
+        }
+        self.gathered.clear();
+        for &slot in slots {
+            let slot = slot as usize;
+            self.gathered
+                .extend_from_slice(&self.previous[slot * k..(slot + 1) * k]);
+        }
+        let remembered = MatrixView::new("confidences", &self.gathered, slots.len(), k)?;
+        let mut plan = depth_with(
+            &mut self.scratch,
+            remembered,
+            max_depths,
+            step,
+            &self.cost_tables,
+            mode,
+            depths,
+        )?;
+        if self.exploration > 0.0 {
+            let next = self.stamp + 1;
+            let mut widened = false;
+            for (r, (&slot, &cap)) in slots.iter().zip(max_depths).enumerate() {
+                if (depths[r] as i64) < cap && self.explores_at(next, slot as u64) {
+                    plan.drafts += (cap - depths[r] as i64) as usize;
+                    depths[r] = cap as i32;
+                    plan.max_depth = plan.max_depth.max(cap as usize);
+                    widened = true;
+                }
+            }
+            if widened {
+                let scheduled: Vec<usize> = depths.iter().map(|&d| d as usize).collect();
+                let draft_ms = self
+                    .cost_tables
+                    .step_draft_cost_ms(&scheduled, &mut Vec::new());
+                plan.predicted_cost_ms = draft_ms
+                    + self.cost_tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
             }
         }
         Ok(plan)
@@ -458,6 +592,14 @@ impl VerificationPlanner {
         for value in &self.previous {
             payload.extend(value.to_le_bytes());
         }
+        // Appended last, and only when present, so states written before depth tables existed
+        // read unchanged.
+        if let Some(depth) = self.cost_tables.draft_depth_ms() {
+            payload.extend((depth.len() as u64).to_le_bytes());
+            for value in depth {
+                payload.extend(value.to_le_bytes());
+            }
+        }
         crate::snapshot::frame(PLANNER_MAGIC, &payload)
     }
 
@@ -498,7 +640,26 @@ impl VerificationPlanner {
         let verify = tables.pop().expect("two tables");
         let draft = tables.pop().expect("two tables");
         let entries = num_slots.saturating_mul(num_positions);
-        if entries != (r.bytes.len() / 8) as u64 || r.bytes.len() % 8 != 0 {
+        let remaining = (r.bytes.len() / 8) as u64;
+        // A draft-depth table follows the confidences: its length, then its entries.
+        let depth_len = if remaining > entries && r.bytes.len() % 8 == 0 {
+            let at = usize::try_from(entries)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(8);
+            let len_bytes: [u8; 8] = r.bytes[at..at + 8].try_into().expect("8 bytes");
+            let len = u64::from_le_bytes(len_bytes);
+            if remaining != entries.saturating_add(1).saturating_add(len) {
+                return Err(Error::value(
+                    "data",
+                    format!("draft-depth table length {len} does not match the data"),
+                ));
+            }
+            Some(len)
+        } else {
+            None
+        };
+        let confidence_words = remaining - depth_len.map_or(0, |len| len + 1);
+        if entries != confidence_words || r.bytes.len() % 8 != 0 {
             return Err(Error::value(
                 "data",
                 format!(
@@ -508,12 +669,19 @@ impl VerificationPlanner {
                 ),
             ));
         }
-        let mut planner = VerificationPlanner::new(
-            CostTables::new(draft, verify)?,
-            num_slots as usize,
-            num_positions as usize,
-            source,
-        )?;
+        let mut tables = CostTables::new(draft, verify)?;
+        if depth_len.is_some() {
+            let at = (entries as usize) * 8;
+            let mut tail = Reader {
+                bytes: &r.bytes[at + 8..],
+            };
+            let depth = (0..depth_len.unwrap_or(0))
+                .map(|_| tail.f64("draft_depth_ms"))
+                .collect::<Result<Vec<_>>>()?;
+            tables = tables.with_draft_depth(depth)?;
+        }
+        let mut planner =
+            VerificationPlanner::new(tables, num_slots as usize, num_positions as usize, source)?;
         planner.set_exploration(exploration, seed)?;
         for slot in planner.previous.iter_mut() {
             let value = r.f64("previous confidences")?;
@@ -540,6 +708,7 @@ impl Clone for VerificationPlanner {
             previous: self.previous.clone(),
             gathered: Vec::new(),
             slot_stamps: vec![0; self.slot_stamps.len()],
+            marks: vec![false; self.slot_stamps.len()],
             // The step count drives the exploration draws, so a copy continues the same sequence
             // (fresh slot stamps of 0 never collide with a later, larger stamp).
             stamp: self.stamp,

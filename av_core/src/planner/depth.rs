@@ -1,0 +1,619 @@
+//! Drafting depth: how many positions to draft, decided before drafting.
+//!
+//! Trimming verification cannot recover what drafting already cost: an autoregressive drafter
+//! pays one pass per drafted position, a block drafter one pass for any depth ≥ 1. So at high
+//! load, where the best verification budget is near zero, a step that still drafts `K`
+//! positions is slower than not speculating. The depth decision prices drafting in as well:
+//! with survivals `S[r, j]` from confidences fixed *before* this step's drafts exist (the
+//! previous step's, remembered per request), `s` sampling requests and `T` non-draft tokens,
+//!
+//! - **batch** mode drafts one depth `D` for every request (capped per request): for each `D`
+//!   in `0..=K` it finds the best verification budget over the slots at positions `< D`,
+//!   `max_b (s + Σ_{top b} S) / (draft(R, D) + verify_ms[T + b])`, and keeps the first `D`
+//!   with the highest ratio. `D = 0` is "run the step without the drafter": `s / verify_ms[T]`.
+//!   Depths whose ratio cannot beat the best so far even if every slot were free are skipped
+//!   without a budget search.
+//! - **per-request** mode drafts a prefix per request: slots are taken in survival order (the
+//!   order the verification planner admits them, so each request's slots form a prefix), and
+//!   after `n` slots the step costs the drafting of exactly those prefixes (requests that stop
+//!   leave the drafter's batch, [`CostTables::step_draft_cost_ms`]) plus `verify_ms[T + n]`;
+//!   the first `n` with the highest ratio wins, and each request drafts its taken slots. A
+//!   greedy over one order, not a search over every depth vector.
+//!
+//! Lossless by construction: nothing here reads a token of the step it governs, and the
+//! verification planner then decides what to verify among the drafted positions under its own
+//! rule (`av_core.testing` checks the composition exactly).
+
+use super::budget::{beats, best_budget, BudgetBuffers};
+use super::order::Survivals;
+use super::StepTokens;
+use crate::cost_tables::CostTables;
+
+/// One depth for the batch, or one per request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DepthMode {
+    /// Every request drafts the same depth (capped by its own maximum): the shape drafters run
+    /// in lockstep (CUDA graphs, EAGLE's fixed-depth loop) can use.
+    #[default]
+    Batch,
+    /// Each request drafts its own depth.
+    PerRequest,
+}
+
+impl DepthMode {
+    /// `"batch"` or `"per_request"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DepthMode::Batch => "batch",
+            DepthMode::PerRequest => "per_request",
+        }
+    }
+}
+
+/// What [`super::choose_draft_depth`] decided (the depths are written to the caller's buffer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DepthPlan {
+    /// The deepest depth drafted by any request (0: the step runs without the drafter).
+    pub max_depth: usize,
+    /// Total positions to draft, the sum of the depths.
+    pub drafts: usize,
+    /// The verification budget the decision anticipates (the verification planner decides the
+    /// real one once the drafts exist).
+    pub budget: usize,
+    /// `s +` the anticipated budget's survivals: the tokens the step is expected to emit.
+    pub expected_accepted_tokens: f64,
+    /// The drafting cost of the chosen depths plus `verify_ms[T + budget]`.
+    pub predicted_cost_ms: f64,
+}
+
+/// Reusable buffers of the depth decision.
+#[derive(Default)]
+pub(crate) struct DepthBuffers {
+    scheduled: Vec<usize>,
+    counts: Vec<usize>,
+    slots: Vec<Slot>,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    survival: f64,
+    depth: u32,
+    row: u32,
+}
+
+/// Relative slack on the upper-bound skip, far above float64 rounding of the sums.
+const BOUND_SLACK: f64 = 1e-9;
+
+/// Batch mode over `survivals` of rows capped at `caps[r]`; writes `depths`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch_depth(
+    survivals: &mut Survivals,
+    cols: usize,
+    caps: &[usize],
+    step: &StepTokens,
+    tables: &CostTables,
+    buffers: &mut DepthBuffers,
+    budget_buffers: &mut BudgetBuffers,
+    depths: &mut [i32],
+) -> DepthPlan {
+    let t = step.num_non_draft_tokens;
+    let s = step.num_sampling_requests as f64;
+    let verify = tables.verify_ms();
+    let deepest = caps.iter().copied().max().unwrap_or(0);
+    let mut best = DepthPlan {
+        max_depth: 0,
+        drafts: 0,
+        budget: 0,
+        expected_accepted_tokens: s,
+        predicted_cost_ms: verify[t],
+    };
+    let DepthBuffers {
+        scheduled, counts, ..
+    } = buffers;
+    for d in 1..=deepest {
+        scheduled.clear();
+        scheduled.extend(caps.iter().map(|&c| c.min(d)));
+        let drafts: usize = scheduled.iter().sum();
+        let limit = step.max_draft_budget.map_or(drafts, |cap| cap.min(drafts));
+        let draft_ms = tables.step_draft_cost_ms(scheduled, counts);
+        let costs = &verify[t..=t + limit];
+        // Upper bound: every slot's survival for the cheapest verification in range.
+        let e_all = s + scheduled
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n > 0)
+            .map(|(r, &n)| survivals.cumulative[r * cols + n - 1])
+            .sum::<f64>();
+        let v_min = if tables.verify_is_nondecreasing() {
+            costs[0]
+        } else {
+            costs.iter().fold(f64::INFINITY, |m, &v| m.min(v))
+        };
+        let reach = e_all * best.predicted_cost_ms * (1.0 + BOUND_SLACK);
+        let need = best.expected_accepted_tokens * (draft_ms + v_min) * (1.0 - BOUND_SLACK);
+        if reach < need && reach.is_finite() && need.is_finite() {
+            continue;
+        }
+        survivals.recount(cols, scheduled);
+        let chosen = best_budget(
+            survivals,
+            cols,
+            scheduled,
+            limit,
+            s,
+            draft_ms,
+            costs,
+            tables.verify_is_nondecreasing(),
+            budget_buffers,
+        );
+        let cost = draft_ms + costs[chosen.budget];
+        if beats(
+            chosen.expected_tokens,
+            cost,
+            best.expected_accepted_tokens,
+            best.predicted_cost_ms,
+        ) {
+            best = DepthPlan {
+                max_depth: d,
+                drafts,
+                budget: chosen.budget,
+                expected_accepted_tokens: chosen.expected_tokens,
+                predicted_cost_ms: cost,
+            };
+        }
+    }
+    for (out, &cap) in depths.iter_mut().zip(caps) {
+        *out = cap.min(best.max_depth) as i32;
+    }
+    best
+}
+
+/// Per-request mode; writes `depths`.
+pub(crate) fn per_request_depth(
+    survivals: &Survivals,
+    cols: usize,
+    caps: &[usize],
+    step: &StepTokens,
+    tables: &CostTables,
+    buffers: &mut DepthBuffers,
+    depths: &mut [i32],
+) -> DepthPlan {
+    let t = step.num_non_draft_tokens;
+    let s = step.num_sampling_requests as f64;
+    let verify = tables.verify_ms();
+    let draft_table = tables.draft_ms();
+    let DepthBuffers { counts, slots, .. } = buffers;
+    slots.clear();
+    for (r, &n) in caps.iter().enumerate() {
+        for (j, &survival) in survivals.values[r * cols..r * cols + n].iter().enumerate() {
+            slots.push(Slot {
+                survival,
+                depth: j as u32,
+                row: r as u32,
+            });
+        }
+    }
+    // Higher survival first, then shallower, then lower request: the verification planner's
+    // admission order, under which every request's taken slots are a prefix.
+    slots.sort_unstable_by(|a, b| {
+        b.survival
+            .total_cmp(&a.survival)
+            .then(a.depth.cmp(&b.depth))
+            .then(a.row.cmp(&b.row))
+    });
+    let limit = step
+        .max_draft_budget
+        .map_or(slots.len(), |cap| cap.min(slots.len()));
+    counts.clear();
+    counts.resize(cols + 2, 0); // counts[j]: requests drafting at least j positions
+    let (mut best_n, mut best_e, mut best_c) = (0usize, s, verify[t]);
+    let (mut e, mut draft_ms) = (s, 0.0f64);
+    let mut max_depth = 0usize;
+    let mut best_max_depth = 0usize;
+    for (i, slot) in slots[..limit].iter().enumerate() {
+        let j = slot.depth as usize + 1;
+        let before = counts[j];
+        counts[j] += 1;
+        let pass = tables.depth_fraction(j) - tables.depth_fraction(j - 1);
+        let was = if before > 0 { draft_table[before] } else { 0.0 };
+        draft_ms += (draft_table[before + 1] - was) * pass;
+        e += slot.survival;
+        max_depth = max_depth.max(j);
+        let c = draft_ms + verify[t + i + 1];
+        if beats(e, c, best_e, best_c) {
+            (best_n, best_e, best_c, best_max_depth) = (i + 1, e, c, max_depth);
+        }
+    }
+    depths.fill(0);
+    for slot in &slots[..best_n] {
+        depths[slot.row as usize] += 1;
+    }
+    DepthPlan {
+        max_depth: best_max_depth,
+        drafts: best_n,
+        budget: best_n,
+        expected_accepted_tokens: best_e,
+        predicted_cost_ms: best_c,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use crate::cost_tables::{CostTables, DrafterKind};
+    use crate::planner::{
+        choose_draft_depth, BudgetSource, DepthMode, StepTokens, VerificationPlanner,
+    };
+    use crate::MatrixView;
+
+    /// The first maximum of `e / c` over candidates in order, compared as quotients.
+    fn first_max(candidates: &[(f64, f64)]) -> usize {
+        let mut best = 0;
+        for (i, &(e, c)) in candidates.iter().enumerate() {
+            if e / c > candidates[best].0 / candidates[best].1 {
+                best = i;
+            }
+        }
+        best
+    }
+
+    fn survivals(conf: &[f64], cols: usize) -> Vec<f64> {
+        conf.chunks(cols)
+            .flat_map(|row| {
+                row.iter().scan(1.0, |acc, &p| {
+                    *acc *= p;
+                    Some(*acc)
+                })
+            })
+            .collect()
+    }
+
+    /// Batch mode by brute force: every depth, every budget, sorted sums.
+    fn brute_batch(
+        conf: &[f64],
+        cols: usize,
+        caps: &[usize],
+        step: &StepTokens,
+        tables: &CostTables,
+    ) -> (usize, f64) {
+        let surv = survivals(conf, cols);
+        let (t, s) = (step.num_non_draft_tokens, step.num_sampling_requests as f64);
+        let deepest = caps.iter().copied().max().unwrap_or(0);
+        let mut per_depth = vec![(s, tables.verify_ms()[t])];
+        for d in 1..=deepest {
+            let sched: Vec<usize> = caps.iter().map(|&c| c.min(d)).collect();
+            let mut values: Vec<f64> = sched
+                .iter()
+                .enumerate()
+                .flat_map(|(r, &n)| surv[r * cols..r * cols + n].to_vec())
+                .collect();
+            values.sort_by(|a, b| b.total_cmp(a));
+            let limit = step
+                .max_draft_budget
+                .map_or(values.len(), |c| c.min(values.len()));
+            let draft = tables.step_draft_cost_ms(&sched, &mut Vec::new());
+            let mut e = s;
+            let mut options = vec![(s, draft + tables.verify_ms()[t])];
+            for (b, v) in values[..limit].iter().enumerate() {
+                e += v;
+                options.push((e, draft + tables.verify_ms()[t + b + 1]));
+            }
+            per_depth.push(options[first_max(&options)]);
+        }
+        let d = first_max(&per_depth);
+        (d, per_depth[d].0 / per_depth[d].1)
+    }
+
+    fn tables_for(kind: DrafterKind, cols: usize, rows: usize, verify: Vec<f64>) -> CostTables {
+        let draft: Vec<f64> = (0..=rows).map(|r| 1.0 + r as f64 / 4.0).collect();
+        CostTables::new(draft, verify)
+            .unwrap()
+            .with_drafter(kind, cols)
+            .unwrap()
+    }
+
+    #[test]
+    fn depth_zero_full_and_in_between() {
+        // Autoregressive, 1 ms per position at full depth 4 for 2 requests; flat verification.
+        let tables = CostTables::new(vec![0.0, 4.0, 4.0], vec![6.0; 11])
+            .unwrap()
+            .with_drafter(DrafterKind::Autoregressive, 4)
+            .unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: 2,
+            num_sampling_requests: 2,
+            max_draft_budget: None,
+        };
+        let mut depths = [9; 2];
+        // Survivals .9, .45, .09, .009: the first two positions pay for their 1 ms passes
+        // (ratio (2 + 2.7) / 8 beats 2/6 and (2 + 2.88)/9), the third does not.
+        let conf = [0.9, 0.5, 0.2, 0.1, 0.9, 0.5, 0.2, 0.1];
+        let view = MatrixView::new("c", &conf, 2, 4).unwrap();
+        let plan = choose_draft_depth(view, &[4, 4], &step, &tables, DepthMode::Batch, &mut depths)
+            .unwrap();
+        assert_eq!(depths, [2, 2]);
+        assert_eq!(plan.max_depth, 2);
+        assert_eq!(plan.drafts, 4);
+        assert_eq!(plan.budget, 4);
+        assert!((plan.expected_accepted_tokens - (2.0 + 2.0 * 1.35)).abs() < 1e-12);
+        assert_eq!(plan.predicted_cost_ms, 2.0 + 6.0);
+        // Capped requests never draft past their cap; a cap of 0 never drafts.
+        choose_draft_depth(view, &[1, 0], &step, &tables, DepthMode::Batch, &mut depths).unwrap();
+        assert_eq!(depths, [1, 0]);
+        // A block drafter pays its pass once: all four positions are worth it.
+        let block = CostTables::new(vec![0.0, 4.0, 4.0], vec![6.0; 11])
+            .unwrap()
+            .with_drafter(DrafterKind::Parallel, 4)
+            .unwrap();
+        choose_draft_depth(view, &[4, 4], &step, &block, DepthMode::Batch, &mut depths).unwrap();
+        assert_eq!(depths, [4, 4]);
+    }
+
+    #[test]
+    fn per_request_depth_follows_each_request() {
+        // Each request in the drafter's batch adds 1 ms at full depth.
+        let tables = CostTables::new(vec![0.0, 1.0, 2.0], vec![6.0; 11])
+            .unwrap()
+            .with_drafter(DrafterKind::Autoregressive, 4)
+            .unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: 2,
+            num_sampling_requests: 2,
+            max_draft_budget: None,
+        };
+        // Request 0 is confident, request 1 hopeless.
+        let conf = [0.99, 0.99, 0.99, 0.99, 0.01, 0.5, 0.5, 0.5];
+        let view = MatrixView::new("c", &conf, 2, 4).unwrap();
+        let mut depths = [0; 2];
+        let plan = choose_draft_depth(
+            view,
+            &[4, 4],
+            &step,
+            &tables,
+            DepthMode::PerRequest,
+            &mut depths,
+        )
+        .unwrap();
+        assert_eq!(depths, [4, 0]);
+        assert_eq!(plan.drafts, 4);
+        // The batch mode must draft request 1 as deep as request 0.
+        choose_draft_depth(view, &[4, 4], &step, &tables, DepthMode::Batch, &mut depths).unwrap();
+        assert_eq!(depths, [4, 4]);
+    }
+
+    #[test]
+    fn errors_name_the_argument_and_leave_depths() {
+        let plain = CostTables::new(vec![0.0; 3], vec![1.0; 9]).unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: 2,
+            num_sampling_requests: 2,
+            max_draft_budget: None,
+        };
+        let conf = [0.5; 4];
+        let view = MatrixView::new("c", &conf, 2, 2).unwrap();
+        let mut depths = [7; 2];
+        let err = choose_draft_depth(view, &[2, 2], &step, &plain, DepthMode::Batch, &mut depths)
+            .unwrap_err();
+        assert_eq!(err.argument, "cost_tables");
+        let shallow = plain
+            .clone()
+            .with_drafter(DrafterKind::Parallel, 1)
+            .unwrap();
+        let err = choose_draft_depth(
+            view,
+            &[2, 2],
+            &step,
+            &shallow,
+            DepthMode::Batch,
+            &mut depths,
+        )
+        .unwrap_err();
+        assert_eq!(err.argument, "confidences");
+        let tables = plain.with_drafter(DrafterKind::Parallel, 2).unwrap();
+        for (caps, argument) in [([3i64, 0], "max_depths"), ([-1, 0], "max_depths")] {
+            let err =
+                choose_draft_depth(view, &caps, &step, &tables, DepthMode::Batch, &mut depths)
+                    .unwrap_err();
+            assert_eq!(err.argument, argument);
+        }
+        let err = choose_draft_depth(view, &[2, 2], &step, &tables, DepthMode::Batch, &mut [0])
+            .unwrap_err();
+        assert_eq!(err.argument, "depths");
+        let bad = [0.5, 1.5, 0.5, 0.5];
+        let err = choose_draft_depth(
+            MatrixView::new("c", &bad, 2, 2).unwrap(),
+            &[2, 2],
+            &step,
+            &tables,
+            DepthMode::Batch,
+            &mut depths,
+        )
+        .unwrap_err();
+        assert_eq!(err.argument, "confidences");
+        assert_eq!(depths, [7, 7]);
+    }
+
+    #[test]
+    fn stateful_depth_reads_remembered_rows_and_changes_nothing() {
+        let tables = CostTables::new(vec![0.0, 4.0, 4.0, 4.0], vec![10.0; 16])
+            .unwrap()
+            .with_drafter(DrafterKind::Autoregressive, 3)
+            .unwrap();
+        let mut planner = VerificationPlanner::new(tables, 4, 3, BudgetSource::Previous).unwrap();
+        planner.set_exploration(0.0, 0).unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: 2,
+            num_sampling_requests: 2,
+            max_draft_budget: None,
+        };
+        let conf = [0.9, 0.1, 0.1, 0.9, 0.1, 0.1];
+        let view = MatrixView::new("c", &conf, 2, 3).unwrap();
+        planner
+            .plan(&[1, 3], view, &[3, 3], &step, &mut [0; 2])
+            .unwrap();
+        let before = planner.to_bytes();
+        let mut depths = [0; 2];
+        planner
+            .choose_draft_depth(&[1, 3], &[3, 3], &step, DepthMode::Batch, &mut depths)
+            .unwrap();
+        assert_eq!(depths, [1, 1]);
+        assert_eq!(planner.to_bytes(), before);
+        // A shallower step only overwrites the drafted positions.
+        let next = [0.2, 0.0, 0.0, 0.2, 0.0, 0.0];
+        let view = MatrixView::new("c", &next, 2, 3).unwrap();
+        planner
+            .plan(&[1, 3], view, &[1, 1], &step, &mut [0; 2])
+            .unwrap();
+        assert_eq!(planner.previous_confidences(1).unwrap(), [0.2, 0.1, 0.1]);
+        // Errors: duplicates, out of range, length; none changes the state.
+        let before = planner.to_bytes();
+        for (slots, caps, argument) in [
+            (&[1i64, 1][..], &[3i64, 3][..], "slots"),
+            (&[1, 4], &[3, 3], "slots"),
+            (&[1, 2], &[3], "max_depths"),
+        ] {
+            let err = planner
+                .choose_draft_depth(slots, caps, &step, DepthMode::Batch, &mut depths)
+                .unwrap_err();
+            assert_eq!(err.argument, argument);
+        }
+        // The marks were reset: slot 1 is usable again.
+        planner
+            .choose_draft_depth(&[1, 2], &[3, 3], &step, DepthMode::Batch, &mut depths)
+            .unwrap();
+        assert_eq!(planner.to_bytes(), before);
+        // Persistence keeps the depth table.
+        let back = VerificationPlanner::from_bytes(&before).unwrap();
+        assert_eq!(back.cost_tables(), planner.cost_tables());
+    }
+
+    #[test]
+    fn exploration_drafts_whole_blocks_for_the_requests_the_next_plan_explores() {
+        let tables = CostTables::new(vec![0.0; 65], vec![10.0; 64 * 4 + 65])
+            .unwrap()
+            .with_drafter(DrafterKind::Autoregressive, 4)
+            .unwrap();
+        let tables = CostTables::new(vec![100.0; 65], tables.verify_ms().to_vec())
+            .unwrap()
+            .with_drafter(DrafterKind::Autoregressive, 4)
+            .unwrap();
+        let mut planner = VerificationPlanner::new(tables, 64, 4, BudgetSource::Previous).unwrap();
+        planner.set_exploration(0.25, 3).unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: 64,
+            num_sampling_requests: 64,
+            max_draft_budget: None,
+        };
+        let slots: Vec<i64> = (0..64).collect();
+        let mut depths = vec![0; 64];
+        planner
+            .choose_draft_depth(&slots, &[4; 64], &step, DepthMode::Batch, &mut depths)
+            .unwrap();
+        // Drafting is far too expensive, so only explorers draft; they draft everything.
+        let explorers: Vec<usize> = (0..64).filter(|&r| depths[r] > 0).collect();
+        assert!(depths.iter().all(|&d| d == 0 || d == 4));
+        assert!((4..40).contains(&explorers.len()), "{explorers:?}");
+        // The next plan explores exactly those requests (same draw): their blocks are verified.
+        let conf = vec![0.01; 64 * 4];
+        let view = MatrixView::new("c", &conf, 64, 4).unwrap();
+        let sched: Vec<i64> = depths.iter().map(|&d| i64::from(d)).collect();
+        let mut admitted = vec![0; 64];
+        planner
+            .plan(&slots, view, &sched, &step, &mut admitted)
+            .unwrap();
+        assert_eq!(admitted, depths);
+    }
+
+    proptest! {
+        /// On dyadic inputs every sum is exact, so the pruned search must equal brute force.
+        #[test]
+        fn batch_mode_equals_brute_force(
+            rows in 1usize..24,
+            cols in 1usize..7,
+            numerators in prop::collection::vec(0u32..=8, 200),
+            caps_seed in prop::collection::vec(0usize..8, 24),
+            parallel in any::<bool>(),
+            knee in 0usize..40,
+            slope in 0u32..8,
+            cap_seed in 0usize..100,
+        ) {
+            let conf: Vec<f64> =
+                (0..rows * cols).map(|i| f64::from(numerators[i % 200]) / 8.0).collect();
+            let caps: Vec<usize> = (0..rows).map(|r| caps_seed[r] % (cols + 1)).collect();
+            let caps_i: Vec<i64> = caps.iter().map(|&c| c as i64).collect();
+            let verify: Vec<f64> = (0..=rows * (cols + 1))
+                .map(|t| 4.0 + t.saturating_sub(knee) as f64 * f64::from(slope) / 16.0)
+                .collect();
+            let kind = if parallel { DrafterKind::Parallel } else { DrafterKind::Autoregressive };
+            let tables = tables_for(kind, cols, rows, verify);
+            let step = StepTokens {
+                num_non_draft_tokens: rows,
+                num_sampling_requests: rows - cap_seed % 2,
+                max_draft_budget: (cap_seed % 3 == 0).then_some(cap_seed % 17),
+            };
+            let mut depths = vec![0; rows];
+            let view = MatrixView::new("c", &conf, rows, cols).unwrap();
+            let plan = choose_draft_depth(view, &caps_i, &step, &tables, DepthMode::Batch, &mut depths)
+                .unwrap();
+            let (d, ratio) = brute_batch(&conf, cols, &caps, &step, &tables);
+            let got = plan.expected_accepted_tokens / plan.predicted_cost_ms;
+            prop_assert!((got - ratio).abs() <= 1e-12 * ratio, "{got} vs {ratio}");
+            prop_assert_eq!(plan.max_depth, depths.iter().copied().max().unwrap_or(0) as usize);
+            let expected: Vec<i32> = caps.iter().map(|&c| c.min(d) as i32).collect();
+            prop_assert_eq!(depths, expected);
+        }
+
+        /// Per-request mode: its ratio is the best over the survival-ordered prefixes (checked
+        /// by recomputing each prefix's cost from scratch), and depths are those prefixes.
+        #[test]
+        fn per_request_mode_is_the_best_survival_prefix(
+            rows in 1usize..16,
+            cols in 1usize..6,
+            numerators in prop::collection::vec(0u32..=8, 100),
+            parallel in any::<bool>(),
+            knee in 0usize..30,
+        ) {
+            let conf: Vec<f64> =
+                (0..rows * cols).map(|i| f64::from(numerators[i % 100]) / 8.0).collect();
+            let verify: Vec<f64> =
+                (0..=rows * (cols + 1)).map(|t| 4.0 + t.saturating_sub(knee) as f64 / 8.0).collect();
+            let kind = if parallel { DrafterKind::Parallel } else { DrafterKind::Autoregressive };
+            let tables = tables_for(kind, cols, rows, verify);
+            let step = StepTokens {
+                num_non_draft_tokens: rows,
+                num_sampling_requests: rows,
+                max_draft_budget: None,
+            };
+            let caps = vec![cols as i64; rows];
+            let mut depths = vec![0; rows];
+            let view = MatrixView::new("c", &conf, rows, cols).unwrap();
+            let plan = choose_draft_depth(
+                view, &caps, &step, &tables, DepthMode::PerRequest, &mut depths,
+            ).unwrap();
+            let surv = survivals(&conf, cols);
+            let mut order: Vec<(f64, usize, usize)> = (0..rows * cols)
+                .map(|i| (surv[i], i % cols, i / cols))
+                .collect();
+            order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+            let mut options = Vec::new();
+            for n in 0..=order.len() {
+                let mut d = vec![0usize; rows];
+                for &(_, _, r) in &order[..n] {
+                    d[r] += 1;
+                }
+                let e = rows as f64 + order[..n].iter().map(|o| o.0).sum::<f64>();
+                let c = tables.step_draft_cost_ms(&d, &mut Vec::new()) + tables.verify_ms()[rows + n];
+                options.push((e, c, d));
+            }
+            let pairs: Vec<(f64, f64)> = options.iter().map(|o| (o.0, o.1)).collect();
+            let best = first_max(&pairs);
+            let ratio = pairs[best].0 / pairs[best].1;
+            let got = plan.expected_accepted_tokens / plan.predicted_cost_ms;
+            prop_assert!((got - ratio).abs() <= 1e-12 * ratio, "{got} vs {ratio}");
+            let got_depths: Vec<usize> = depths.iter().map(|&d| d as usize).collect();
+            prop_assert_eq!(plan.drafts, got_depths.iter().sum::<usize>());
+            prop_assert_eq!(plan.max_depth, *got_depths.iter().max().unwrap());
+        }
+    }
+}
