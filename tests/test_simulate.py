@@ -21,6 +21,7 @@ from av_core.simulate import (
     simulate_adaptive,
     simulate_fixed,
     simulate_trace,
+    step_draft_cost_ms,
 )
 from av_core.trace import trace_from_rows, write_trace
 
@@ -126,12 +127,48 @@ def test_adaptive_verifies_nothing_when_every_draft_is_too_expensive() -> None:
 def test_adaptive_never_emits_more_than_full_verification() -> None:
     trace = synthetic_trace(num_requests=6, num_steps=40)
     simulation = simulate_trace(trace, concurrency=[1, 8, 64], steps=80, warmup_steps=20)
+    assert simulation.adaptive_policies == ["AV", "AV+D", "AV+Dr"]
     for concurrency, row in simulation.results.items():
-        full = row[-2]
-        assert full.policy == "K=4"
-        adaptive = simulation.adaptive(concurrency)
-        assert row[0].tokens <= adaptive.tokens <= full.tokens
-        assert adaptive.verified_drafts <= adaptive.drafted
+        full = next(r for r in row if r.policy == "K=4")
+        for policy in simulation.adaptive_policies:
+            adaptive = simulation.adaptive(concurrency, policy)
+            assert row[0].tokens <= adaptive.tokens <= full.tokens
+            assert adaptive.verified_drafts <= adaptive.drafted
+
+
+def test_depth_control_stops_drafting_when_nothing_is_worth_verifying() -> None:
+    """Verification compute-bound from the first token and drafting dear: AV still drafts (and
+    pays for) every position and falls below no speculation; with depth control the planner
+    stops drafting and stays within 1% of it (requests are long, so the optimistic start of a
+    new request, which drafts for it, is rare)."""
+    trace = synthetic_trace(num_requests=6, num_steps=400)
+    cost = GpuLikeCost(
+        verify_base_ms=1.0, verify_knee=0, verify_per_token_ms=0.1, draft_base_ms=2.0
+    )
+    for drafter in ("autoregressive", "parallel"):
+        simulation = simulate_trace(
+            trace, cost=cost, drafter=drafter, concurrency=[32], steps=200, warmup_steps=50
+        )
+        no_spec = simulation.results[32][0]
+        assert no_spec.policy == "K=0"
+        assert simulation.adaptive(32).throughput < 0.9 * no_spec.throughput
+        for policy in ("AV+D", "AV+Dr"):
+            depth = simulation.adaptive(32, policy)
+            assert depth.throughput >= 0.99 * no_spec.throughput, (drafter, policy)
+            assert depth.drafted < 0.1 * depth.steps * 32
+
+
+def test_step_draft_cost_with_unequal_depths() -> None:
+    cost = GpuLikeCost(draft_base_ms=1.0, draft_knee=2, draft_per_token_ms=0.5)
+    # Autoregressive: pass 1 over 3 requests (1.5 ms), pass 2 over 2 (1.0), pass 3 over 1 (1.0).
+    assert step_draft_cost_ms(cost, "autoregressive", [3, 1, 2, 0]) == pytest.approx(3.5)
+    assert step_draft_cost_ms(cost, "parallel", [3, 1, 2, 0]) == pytest.approx(1.5)
+    assert step_draft_cost_ms(cost, "parallel", [3, 1, 2, 0], "drafts") == pytest.approx(3.0)
+    assert step_draft_cost_ms(cost, "autoregressive", [0, 0]) == 0.0
+    # Equal depths: the same as draft_cost_ms.
+    assert step_draft_cost_ms(cost, "autoregressive", [2] * 5) == draft_cost_ms(
+        cost, "autoregressive", 5, 2
+    )
 
 
 def test_draft_cost_by_drafter_kind() -> None:

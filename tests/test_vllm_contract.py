@@ -910,3 +910,42 @@ def test_all_rejected_at_the_first_position_leaves_deeper_intercepts_bit_identic
     assert est.num_refits == 2
     assert est.intercepts[0] < initial[0]
     assert torch.equal(est.intercepts[1:], initial[1:])
+
+
+# --- drafting-depth control: the speculators and manager attributes it wraps -------------------
+
+
+def depth_control_problems(wheel: Path) -> list[str]:
+    """What ``vllm_plugin.install_depth_control`` relies on, checked in the released source."""
+    problems: list[str] = []
+    with zipfile.ZipFile(wheel) as archive:
+        budget = archive.read(PATHS[BUDGET_MODULE]).decode()
+        for module, class_name in vllm_plugin.DEPTH_SPECULATORS:
+            source = archive.read(module.replace(".", "/") + ".py").decode()
+            node = definitions(source).get(f"{class_name}.propose")
+            if node is None:
+                problems.append(f"{module}.{class_name}.propose: not defined")
+                continue
+            text = arguments_text(node.args)
+            if (
+                not text.startswith("(self, input_batch,")
+                or "num_speculative_tokens=None" not in text
+            ):
+                problems.append(f"{class_name}.propose{text}")
+    init = definitions(budget)["AdaptiveVerificationManager.__init__"]
+    assigned = self_attributes(init)
+    everywhere = {
+        target.attr
+        for node in ast.walk(ast.parse(budget))
+        for target in (node.targets if isinstance(node, ast.Assign) else [])
+        if isinstance(target, ast.Attribute)
+    }
+    for name in vllm_plugin.DEPTH_READS:
+        if name not in assigned | everywhere:
+            problems.append(f"AdaptiveVerificationManager no longer sets {name}")
+    return problems
+
+
+@pytest.mark.vllm
+def test_depth_control_targets_exist_in_the_release(wheel: Path) -> None:
+    assert depth_control_problems(wheel) == []

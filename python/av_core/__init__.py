@@ -16,21 +16,25 @@ a scheduler's critical path:
 from av_core._native import (
     AcceptanceEstimator,
     CostTables,
+    DepthPlan,
     VerificationPlan,
     VerificationPlanner,
     __version__,
     assign_draft_budget,
     choose_draft_budget,
+    choose_draft_depth,
     plan_verification,
 )
 
 __all__ = [
     "AcceptanceEstimator",
     "CostTables",
+    "DepthPlan",
     "VerificationPlan",
     "VerificationPlanner",
     "__version__",
     "assign_draft_budget",
     "choose_draft_budget",
+    "choose_draft_depth",
     "plan_verification",
 ]

@@ -9,10 +9,12 @@ __all__ = [
     "__version__",
     "AcceptanceEstimator",
     "CostTables",
+    "DepthPlan",
     "VerificationPlan",
     "VerificationPlanner",
     "assign_draft_budget",
     "choose_draft_budget",
+    "choose_draft_depth",
     "draft_log_odds_f32",
     "plan_verification",
 ]
@@ -93,7 +95,19 @@ class AcceptanceEstimator:
 
 @final
 class CostTables:
-    def __new__(cls, draft_ms: npt.ArrayLike, verify_ms: npt.ArrayLike) -> CostTables: ...
+    def __new__(
+        cls,
+        draft_ms: npt.ArrayLike,
+        verify_ms: npt.ArrayLike,
+        *,
+        draft_depth_ms: npt.ArrayLike | None = None,
+    ) -> CostTables: ...
+    def with_draft_depth(
+        self,
+        draft_depth_ms: npt.ArrayLike | Literal["autoregressive", "parallel"] | str,
+        *,
+        max_depth: int | None = None,
+    ) -> CostTables: ...
     @classmethod
     def from_curves(
         cls,
@@ -103,6 +117,8 @@ class CostTables:
         max_num_reqs: int,
         max_batch_tokens: int,
         cudagraph_limit: int = 0,
+        draft_depth_curve: npt.ArrayLike | None = None,
+        max_draft_depth: int | None = None,
     ) -> CostTables: ...
     @classmethod
     def from_samples(
@@ -113,7 +129,15 @@ class CostTables:
         max_num_reqs: int,
         max_batch_tokens: int,
         cudagraph_limit: int = 0,
+        draft_depth_samples: npt.ArrayLike | None = None,
+        max_draft_depth: int | None = None,
     ) -> CostTables: ...
+    @property
+    def draft_depth_ms(self) -> npt.NDArray[np.float64] | None: ...
+    @property
+    def max_draft_depth(self) -> int | None: ...
+    def draft_cost_ms(self, num_requests: int, depth: int) -> float: ...
+    def step_draft_cost_ms(self, depths: npt.ArrayLike) -> float: ...
     @property
     def draft_ms(self) -> npt.NDArray[np.float64]: ...
     @property
@@ -165,6 +189,16 @@ class VerificationPlanner:
         num_sampling_requests: int,
         max_draft_budget: int | None = None,
     ) -> VerificationPlan: ...
+    def choose_draft_depth(
+        self,
+        slots: npt.ArrayLike,
+        max_depths: npt.ArrayLike,
+        *,
+        num_non_draft_tokens: int,
+        num_sampling_requests: int,
+        max_draft_budget: int | None = None,
+        mode: Literal["batch", "per_request"] | str = "batch",
+    ) -> DepthPlan: ...
     def previous_confidences(self, slot: int) -> npt.NDArray[np.float64]: ...
     def to_bytes(self) -> bytes: ...
     @classmethod
@@ -184,6 +218,31 @@ class VerificationPlanner:
     @property
     def budget_source(self) -> str: ...
 
+@final
+class DepthPlan:
+    @property
+    def depths(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def max_depth(self) -> int: ...
+    @property
+    def drafts(self) -> int: ...
+    @property
+    def budget(self) -> int: ...
+    @property
+    def expected_accepted_tokens(self) -> float: ...
+    @property
+    def predicted_cost_ms(self) -> float: ...
+
+def choose_draft_depth(
+    confidences: npt.ArrayLike,
+    max_depths: npt.ArrayLike,
+    *,
+    num_non_draft_tokens: int,
+    num_sampling_requests: int,
+    cost_tables: CostTables,
+    max_draft_budget: int | None = None,
+    mode: Literal["batch", "per_request"] | str = "batch",
+) -> DepthPlan: ...
 def choose_draft_budget(
     confidences: npt.ArrayLike,
     scheduled_drafts: npt.ArrayLike,

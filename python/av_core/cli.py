@@ -15,7 +15,7 @@ from av_core.profile import DEFAULT_TOKENS
 from av_core.simulate import DEFAULT_CONCURRENCY, GpuLikeCost
 
 if TYPE_CHECKING:
-    from av_core.simulate import CostModel
+    from av_core.simulate import CostModel, DepthControl
     from av_core.trace import DraftTrace
 
 
@@ -81,6 +81,20 @@ def _cost_model(args: argparse.Namespace) -> CostModel:
     )
 
 
+def _depth_modes(text: str) -> tuple[DepthControl, ...]:
+    """``"batch,per_request"`` → the depth-control policies to simulate (``none``: no extra)."""
+    modes: list[DepthControl] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part == "none":
+            continue
+        if part not in ("batch", "per_request"):
+            raise SystemExit(
+                f"av-core simulate: --depth-control takes batch, per_request or none, got {part!r}"
+            )
+        modes.append(part)  # type: ignore[arg-type]
+    return tuple(modes)
+
+
 def _simulate(args: argparse.Namespace) -> int:
     """Serving simulation: adaptive verification against fixed K at several concurrencies."""
     from av_core.simulate import parse_concurrency, simulate_trace
@@ -96,6 +110,7 @@ def _simulate(args: argparse.Namespace) -> int:
         seed=args.seed,
         parallel_pass_tokens=args.parallel_pass_tokens,
         exploration=args.exploration,
+        depth_control=_depth_modes(args.depth_control),
     )
     print(simulation.to_text())
 
@@ -195,10 +210,17 @@ def _demo(args: argparse.Namespace) -> int:
         }
         worst = min(ratios, key=lambda c: ratios[c])
         best = max(ratios, key=lambda c: ratios[c])
+        depth = {
+            c: simulation.adaptive(c, "AV+D").throughput
+            / simulation.best_fixed(c, min_k=0).throughput
+            for c in simulation.results
+        }
+        lowest = min(depth, key=lambda c: depth[c])
         print(
             f"simulated, {drafter} drafter (gpu-like cost model, not measured): AV vs best "
             f"fixed K>=1 from {ratios[worst] - 1:+.1%} (R={worst}) to "
-            f"{ratios[best] - 1:+.1%} (R={best})"
+            f"{ratios[best] - 1:+.1%} (R={best}); with drafting-depth control, worst case "
+            f"{depth[lowest] - 1:+.1%} (R={lowest}) against the best fixed K including none"
             + (f"; plots and tables in {out}/" if drafter == "autoregressive" else "")
         )
     return 0
@@ -307,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--concurrency",
         default=",".join(str(c) for c in DEFAULT_CONCURRENCY),
-        help="comma-separated request counts, or LOW-HIGH for powers of two (default 1..256)",
+        help="comma-separated request counts, or LOW-HIGH for powers of two (default 1..512)",
     )
     simulate.add_argument(
         "--drafter",
@@ -332,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="planner exploration floor (default: the planner's own default)",
+    )
+    simulate.add_argument(
+        "--depth-control",
+        default="batch,per_request",
+        help="drafting-depth policies to add beside AV: comma-separated batch, per_request, or "
+        "none (default batch,per_request)",
     )
     for name, value in (
         ("verify-base-ms", gpu.verify_base_ms),

@@ -112,10 +112,19 @@ def plot_pareto(simulation: Simulation, path: Path) -> Path:
         row = [next(r for r in simulation.results[c] if r.policy == name) for c in concurrency]
         x = np.array([r.per_request for r in row])
         y = np.array([r.throughput for r in row])
-        if name == "AV":
-            ax.plot(x, y, "-o", color="crimson", linewidth=2.2, label="adaptive verification")
-            for c, xi, yi in zip(concurrency, x, y, strict=True):
-                ax.annotate(str(c), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        adaptive = {
+            "AV": ("crimson", "adaptive verification"),
+            "AV+D": ("darkorange", "AV + drafting depth (batch)"),
+            "AV+Dr": ("goldenrod", "AV + drafting depth (per request)"),
+        }
+        if name in adaptive:
+            color, label = adaptive[name]
+            ax.plot(x, y, "-o", color=color, linewidth=2.2, label=label)
+            if name == "AV":
+                for c, xi, yi in zip(concurrency, x, y, strict=True):
+                    ax.annotate(
+                        str(c), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points"
+                    )
         else:
             ax.plot(x, y, "--.", color=plt.cm.viridis(index / max(len(names) - 1, 1)), label=name)
     ax.set_xscale("log")

@@ -8,11 +8,13 @@ verification, verified) + 1`` tokens (the accepted drafts plus the target's corr
 token), and the step costs ``draft + verify`` milliseconds from cost tables.
 
 Policies: fixed K = k (every request drafts and verifies ``min(k, K)`` drafts; k = 0 is no
-speculation) and adaptive verification (AV): the online estimator predicts, the
+speculation); adaptive verification (AV): the online estimator predicts, the
 :class:`~av_core.VerificationPlanner` sizes the budget from the previous step's confidences and
 assigns it with the current ones, and the estimator observes the verdicts of what was admitted,
-so trimming shapes the labels it learns from, as in serving. The model is documented in
-``docs/simulate.md``.
+so trimming shapes the labels it learns from, as in serving; and AV with drafting-depth control
+(``AV+D``: one depth for the batch, ``AV+Dr``: a depth per request), where the planner first
+decides how far to draft (``choose_draft_depth``, from the remembered confidences) and only the
+drafted positions are paid for and planned. The model is documented in ``docs/simulate.md``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ IntArray = npt.NDArray[np.int64]
 DrafterKind = Literal["autoregressive", "parallel"]
 PassTokens = Literal["requests", "drafts"]
 
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+DepthControl = Literal["batch", "per_request"]
+#: Policy names of adaptive verification without and with depth control.
+ADAPTIVE_POLICIES = {None: "AV", "batch": "AV+D", "per_request": "AV+Dr"}
 
 
 @dataclass(frozen=True)
@@ -159,14 +164,43 @@ def draft_cost_ms(
     return float(cost.draft_pass_ms(num_requests))
 
 
+def step_draft_cost_ms(
+    cost: CostModel,
+    drafter: DrafterKind,
+    depths: npt.ArrayLike,
+    parallel_pass_tokens: PassTokens = "requests",
+) -> float:
+    """Drafting ``depths[r]`` positions for each request, when depths differ (depth control).
+
+    Autoregressive: pass ``j`` runs over the requests drafting at least ``j`` positions
+    (requests that stop leave the drafter's batch). Parallel: one pass over the requests that
+    draft at all (or over their drafted tokens, ``"drafts"``). With equal depths this is
+    :func:`draft_cost_ms`.
+    """
+    d = np.asarray(depths, dtype=np.int64)
+    deepest = int(d.max(initial=0))
+    if deepest == 0:
+        return 0.0
+    if drafter == "autoregressive":
+        rows = np.array([(d >= j).sum() for j in range(1, deepest + 1)])
+        return float(cost.draft_pass_ms(rows).sum())
+    if parallel_pass_tokens == "drafts":
+        return float(cost.draft_pass_ms(int(d.sum())))
+    return float(cost.draft_pass_ms(int((d > 0).sum())))
+
+
 def cost_tables_for(
     cost: CostModel,
     drafter: DrafterKind,
     num_positions: int,
     max_requests: int,
     parallel_pass_tokens: PassTokens = "requests",
+    depth_table: bool = False,
 ) -> CostTables:
-    """The planner's tables: ``draft_ms[R]`` = drafting all K positions, ``verify_ms[t]``."""
+    """The planner's tables: ``draft_ms[R]`` = drafting all K positions, ``verify_ms[t]``, and
+    with ``depth_table`` the draft-cost-by-depth shape (one pass per position for an
+    autoregressive drafter; one pass at any depth for a parallel one, priced at the largest
+    batch when the pass is charged by drafted tokens)."""
     draft = np.array(
         [
             draft_cost_ms(cost, drafter, r, num_positions, parallel_pass_tokens)
@@ -174,7 +208,16 @@ def cost_tables_for(
         ]
     )
     verify = cost.verify_ms(np.arange(max_requests * (num_positions + 1) + 1))
-    return CostTables(draft, np.maximum(verify, 1e-6))
+    tables = CostTables(draft, np.maximum(verify, 1e-6))
+    if not depth_table:
+        return tables
+    if drafter == "parallel" and parallel_pass_tokens == "drafts":
+        by_depth = [
+            draft_cost_ms(cost, drafter, max_requests, d, parallel_pass_tokens)
+            for d in range(num_positions + 1)
+        ]
+        return tables.with_draft_depth(np.maximum.accumulate(by_depth))
+    return tables.with_draft_depth(drafter, max_depth=num_positions)
 
 
 @dataclass(frozen=True)
@@ -281,10 +324,15 @@ def simulate_adaptive(
     record: AdaptiveTrace | None = None,
     parallel_pass_tokens: PassTokens = "requests",
     exploration: float | None = None,
+    depth_control: DepthControl | None = None,
 ) -> PolicyResult:
     """Adaptive verification: features → estimator → planner → verdicts → observe.
 
-    Every request drafts all its positions (drafting is paid before the plan). Steps before
+    Without ``depth_control`` every request drafts all its positions (drafting is paid before
+    the plan). With it, the planner first chooses each request's depth from its remembered
+    confidences (``"batch"``: one depth, ``"per_request"``), only those positions are drafted,
+    paid for (:func:`step_draft_cost_ms`) and planned; depth 0 everywhere runs the step
+    without the drafter. Steps before
     ``measure_from`` run the whole loop (they warm up the estimator and the planner's remembered
     confidences) but are not counted. ``exploration`` is the planner's exploration floor (the
     probability that a request verifies its whole block in a step; ``None``: the planner's
@@ -292,7 +340,14 @@ def simulate_adaptive(
     """
     steps, num_requests = streams.rounds.shape
     num_positions = rounds.num_positions
-    tables = cost_tables_for(cost, drafter, num_positions, num_requests, parallel_pass_tokens)
+    tables = cost_tables_for(
+        cost,
+        drafter,
+        num_positions,
+        num_requests,
+        parallel_pass_tokens,
+        depth_table=depth_control is not None,
+    )
     planner = (
         VerificationPlanner(
             tables, num_positions, num_slots=num_requests, budget_source=budget_source
@@ -320,6 +375,17 @@ def simulate_adaptive(
             planner.add_request(int(slot))
         x = x_all[index]
         scheduled = rounds.num_drafted[index]
+        if depth_control is None:
+            draft_ms = float(tables.draft_ms[num_requests])
+        else:
+            scheduled = planner.choose_draft_depth(
+                slots,
+                scheduled,
+                num_non_draft_tokens=num_requests,
+                num_sampling_requests=num_requests,
+                mode=depth_control,
+            ).depths.astype(np.int64)
+            draft_ms = step_draft_cost_ms(cost, drafter, scheduled, parallel_pass_tokens)
         p = estimator.predict(x)
         plan = planner.plan(
             slots,
@@ -331,9 +397,7 @@ def simulate_adaptive(
         admitted = np.asarray(plan.admitted, dtype=np.int64)
         accepted = np.minimum(rounds.num_accepted[index], admitted)
         estimator.observe(x, admitted.astype(np.int32), accepted.astype(np.int32), p)
-        step_ms = float(tables.draft_ms[num_requests]) + float(
-            tables.verify_ms[num_requests + int(admitted.sum())]
-        )
+        step_ms = draft_ms + float(tables.verify_ms[num_requests + int(admitted.sum())])
         if step >= measure_from:
             step_tokens = int(accepted.sum()) + num_requests
             tokens += step_tokens
@@ -345,7 +409,13 @@ def simulate_adaptive(
                 record.tokens.append(step_tokens)
                 record.time_ms.append(step_ms)
     return PolicyResult(
-        "AV", num_requests, steps - measure_from, tokens, time_ms, verified_total, drafted_total
+        ADAPTIVE_POLICIES[depth_control],
+        num_requests,
+        steps - measure_from,
+        tokens,
+        time_ms,
+        verified_total,
+        drafted_total,
     )
 
 
@@ -359,7 +429,7 @@ class Simulation:
     steps: int
     warmup_steps: int
     num_rounds: int
-    results: dict[int, list[PolicyResult]]  # concurrency -> [K=0, ..., K=Kmax, AV]
+    results: dict[int, list[PolicyResult]]  # concurrency -> [K=0, ..., K=Kmax, AV, AV+D, ...]
 
     def best_fixed(self, concurrency: int, min_k: int = 1) -> PolicyResult:
         fixed = [
@@ -369,8 +439,14 @@ class Simulation:
         ]
         return max(fixed, key=lambda r: r.throughput)
 
-    def adaptive(self, concurrency: int) -> PolicyResult:
-        return next(r for r in self.results[concurrency] if r.policy == "AV")
+    def adaptive(self, concurrency: int, policy: str = "AV") -> PolicyResult:
+        return next(r for r in self.results[concurrency] if r.policy == policy)
+
+    @property
+    def adaptive_policies(self) -> list[str]:
+        """The adaptive policies simulated, in column order (``AV`` first)."""
+        first = next(iter(self.results.values()))
+        return [r.policy for r in first if r.policy.startswith("AV")]
 
     def to_text(self) -> str:
         return format_simulation(self)
@@ -388,9 +464,11 @@ def simulate_trace(
     seed: int = 0,
     parallel_pass_tokens: PassTokens = "requests",
     exploration: float | None = None,
+    depth_control: Sequence[DepthControl] = ("batch", "per_request"),
     progress: Callable[[str], None] | None = None,
 ) -> Simulation:
-    """Runs every policy at every concurrency on the same round streams (paired comparison)."""
+    """Runs every policy at every concurrency on the same round streams (paired comparison):
+    fixed K = 0..K, AV, and AV with each drafting-depth mode in ``depth_control``."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if warmup_steps < 0:
@@ -407,19 +485,21 @@ def simulate_trace(
             simulate_fixed(rounds, streams, k, cost, drafter, warmup_steps, parallel_pass_tokens)
             for k in range(rounds.num_positions + 1)
         ]
-        row.append(
-            simulate_adaptive(
-                rounds,
-                features,
-                streams,
-                cost,
-                drafter,
-                measure_from=warmup_steps,
-                refit_interval=refit_interval,
-                parallel_pass_tokens=parallel_pass_tokens,
-                exploration=exploration,
+        for mode in (None, *depth_control):
+            row.append(
+                simulate_adaptive(
+                    rounds,
+                    features,
+                    streams,
+                    cost,
+                    drafter,
+                    measure_from=warmup_steps,
+                    refit_interval=refit_interval,
+                    parallel_pass_tokens=parallel_pass_tokens,
+                    exploration=exploration,
+                    depth_control=mode,
+                )
             )
-        )
         results[r] = row
         if progress is not None:
             progress(f"concurrency {r} done")
@@ -438,46 +518,61 @@ def simulate_trace(
 
 
 def format_simulation(simulation: Simulation) -> str:
-    """Throughput (tokens/ms) and per-request tokens/ms per policy and concurrency."""
+    """Throughput (tokens/ms) and per-request tokens/ms per policy and concurrency, and each
+    adaptive policy against the best fixed K >= 1 and against the best of everything fixed
+    (no speculation included)."""
     s = simulation
     first = next(iter(s.results.values()))
     names = [r.policy for r in first]
+    adaptive = s.adaptive_policies
+    ratio_names = [f"{a}/best" for a in adaptive] + [f"{a}/max" for a in adaptive]
     lines = [
         f"simulation: {s.drafter} drafter, K = {s.num_positions}, {s.steps} measured steps "
         f"after {s.warmup_steps} warm-up steps, rounds replayed from {s.num_rounds} trace rounds",
         f"cost model: {s.cost_description}",
         "",
-        "output tokens per ms (all requests) | per-request tokens per ms",
-        f"{'R':>5}"
-        + "".join(f"{n:>9}" for n in names)
-        + f"{'AV/best':>9}{'AV/K=0':>8}"
-        + " |"
-        + "".join(f"{n:>8}" for n in names),
+        "output tokens per ms (all requests)",
+        f"{'R':>5}" + "".join(f"{n:>9}" for n in names) + "".join(f"{n:>10}" for n in ratio_names),
     ]
     for concurrency, row in s.results.items():
         best = s.best_fixed(concurrency)
-        adaptive = s.adaptive(concurrency)
-        no_spec = row[0]
+        best_all = s.best_fixed(concurrency, min_k=0)
         lines.append(
             f"{concurrency:>5}"
             + "".join(f"{r.throughput:>9.4g}" for r in row)
-            + f"{adaptive.throughput / best.throughput:>9.3f}"
-            + f"{adaptive.throughput / no_spec.throughput:>8.3f}"
-            + " |"
-            + "".join(f"{r.per_request:>8.3g}" for r in row)
+            + "".join(
+                f"{s.adaptive(concurrency, a).throughput / best.throughput:>10.3f}"
+                for a in adaptive
+            )
+            + "".join(
+                f"{s.adaptive(concurrency, a).throughput / best_all.throughput:>10.3f}"
+                for a in adaptive
+            )
         )
     lines.append(
-        "AV/best: AV against the best fixed K >= 1 at that concurrency; AV/K=0: against no "
-        "speculation."
+        "X/best: X against the best fixed K >= 1 at that concurrency; X/max: against the best "
+        "of every fixed K including K = 0 (no speculation). AV: adaptive verification; AV+D: "
+        "with one drafting depth for the batch; AV+Dr: with a depth per request."
     )
     lines.append("")
-    lines.append(f"{'R':>5}{'AV verified/drafted':>22}{'tokens/step/request':>22}")
+    lines.append("per-request output tokens per ms (interactivity)")
+    lines.append(f"{'R':>5}" + "".join(f"{n:>9}" for n in names))
+    for concurrency, row in s.results.items():
+        lines.append(f"{concurrency:>5}" + "".join(f"{r.per_request:>9.3g}" for r in row))
+    lines.append("")
+    lines.append(
+        f"{'R':>5}"
+        + "".join(f"{a + ' drafted/req':>18}{a + ' verified/drafted':>21}" for a in adaptive)
+    )
     for concurrency in s.results:
-        a = s.adaptive(concurrency)
-        lines.append(
-            f"{concurrency:>5}{a.verified_drafts / max(a.drafted, 1):>22.3f}"
-            f"{a.tokens / (a.steps * concurrency):>22.3f}"
-        )
+        cells = []
+        for a in adaptive:
+            r = s.adaptive(concurrency, a)
+            cells.append(
+                f"{r.drafted / (r.steps * concurrency):>18.3f}"
+                f"{r.verified_drafts / max(r.drafted, 1):>21.3f}"
+            )
+        lines.append(f"{concurrency:>5}" + "".join(cells))
     return "\n".join(lines)
 
 
@@ -494,7 +589,9 @@ def parse_concurrency(text: str) -> list[int]:
 
 
 __all__ = [
+    "ADAPTIVE_POLICIES",
     "DEFAULT_CONCURRENCY",
+    "DepthControl",
     "AdaptiveTrace",
     "CostModel",
     "DrafterKind",
@@ -512,4 +609,5 @@ __all__ = [
     "simulate_adaptive",
     "simulate_fixed",
     "simulate_trace",
+    "step_draft_cost_ms",
 ]

@@ -56,6 +56,7 @@ __all__ = [
     "confidence_matrices",
     "cost_curves",
     "cost_tables",
+    "depth_planner_rule",
     "emitted_distribution",
     "max_abs_difference",
     "max_probability",
@@ -246,6 +247,64 @@ def plan_rule(
             cost_tables=cost_tables,
             max_draft_budget=max_draft_budget,
             budget_confidences=fixed,
+        )
+        return plan.admitted
+
+    return rule
+
+
+def depth_planner_rule(
+    planner: VerificationPlanner,
+    *,
+    mode: Literal["batch", "per_request"] = "batch",
+    slots: Sequence[int] | None = None,
+    max_depths: Sequence[int] | None = None,
+    num_non_draft_tokens: int | None = None,
+    num_sampling_requests: int | None = None,
+    max_draft_budget: int | None = None,
+    depth_rule: Callable[[DraftOutcome], Sequence[int]] | None = None,
+) -> TrimmingRule:
+    """A step with drafting-depth control, as a rule: ``planner.choose_draft_depth`` picks each
+    request's depth ``d_r`` (from the planner's remembered confidences, before drafting), the
+    drafter drafts ``d_r`` positions, and ``planner.plan`` decides what to verify among them.
+
+    Drafting a prefix of length ``d`` has the same law as drafting ``K`` positions and ignoring
+    the rest (the drafter is causal), so the rule sees every enumerated ``K``-position outcome
+    and plans with ``scheduled_drafts = d``. ``depth_rule`` replaces the planner's depth
+    decision by any function of the outcome: a legitimate one ignores it; one that reads the
+    drafted tokens shows what a depth decision must not do.
+    """
+
+    def rule(outcome: DraftOutcome) -> npt.NDArray[np.int32]:
+        r, k = outcome.confidences.shape
+        scheduled, t, s = _step_defaults(
+            r, k, max_depths, num_non_draft_tokens, num_sampling_requests
+        )
+        ids = np.arange(r) if slots is None else np.asarray(slots)
+        step = planner.copy()
+        if depth_rule is None:
+            depths = step.choose_draft_depth(
+                ids,
+                scheduled,
+                num_non_draft_tokens=t,
+                num_sampling_requests=s,
+                max_draft_budget=max_draft_budget,
+                mode=mode,
+            ).depths
+        else:
+            depths = np.minimum(np.asarray(depth_rule(outcome), dtype=np.int64), scheduled)
+        # Positions past a request's depth were never drafted: what the planner sees there
+        # must not matter, so hide them.
+        confidences = outcome.confidences.copy()
+        for row, d in enumerate(depths):
+            confidences[row, int(d) :] = 0.0
+        plan = step.plan(
+            ids,
+            confidences,
+            np.asarray(depths, dtype=np.int64),
+            num_non_draft_tokens=t,
+            num_sampling_requests=s,
+            max_draft_budget=max_draft_budget,
         )
         return plan.admitted
 

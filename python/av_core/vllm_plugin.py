@@ -18,6 +18,16 @@ mirror; on any difference it raises :class:`VllmCompatibilityError` listing them
 nothing: silently serving with a half-patched or mismatched vLLM would be worse than not starting.
 ``AV_CORE_VLLM_ANY_VERSION=1`` waives the version check only (for a point release or a source
 build whose interfaces still match); the signature checks always run.
+
+Drafting-depth control (:mod:`av_core.vllm_depth`) is off unless ``AV_CORE_VLLM_DEPTH`` is set
+to ``batch`` (or ``1``) or ``per_request``; ``AV_CORE_VLLM_DRAFTER`` (``autoregressive``, the
+default, or ``parallel``) gives the shape of the drafter's cost by depth. Then
+:func:`install_depth_control` wraps ``propose`` of vLLM's autoregressive speculators (EAGLE/MTP
+``TargetDependentARSpeculator``, ``StandaloneARSpeculator``, ``MultiModuleMTPSpeculator``): before
+drafting, a :class:`~av_core.vllm_depth.DraftDepthHook` reads the confidences vLLM's
+``AdaptiveVerificationManager`` already copied to the host (so vLLM's adaptive verification must
+be on) and its profiled cost tables, chooses the depth, passes it as
+``num_speculative_tokens`` and marks undrafted positions ``-1``.
 """
 
 from __future__ import annotations
@@ -32,9 +42,14 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "BUDGET_MODULE",
+    "DEPTH_SPECULATORS",
     "ENV_ANY_VERSION",
+    "ENV_DEPTH",
+    "ENV_DRAFTER",
     "ENV_ENABLE",
     "ESTIMATOR_MODULE",
     "EXPECTED_CONSTANTS",
@@ -45,6 +60,7 @@ __all__ = [
     "VllmCompatibilityError",
     "check_interface",
     "install",
+    "install_depth_control",
     "installed",
     "register",
     "signature_text",
@@ -55,6 +71,8 @@ logger = logging.getLogger("vllm.av_core")
 
 ENV_ENABLE = "AV_CORE_VLLM"
 ENV_ANY_VERSION = "AV_CORE_VLLM_ANY_VERSION"
+ENV_DEPTH = "AV_CORE_VLLM_DEPTH"
+ENV_DRAFTER = "AV_CORE_VLLM_DRAFTER"
 SUPPORTED_VLLM_VERSIONS = ("0.33.0",)
 ESTIMATOR_MODULE = "vllm.v1.worker.gpu.spec_decode.acceptance_estimator"
 BUDGET_MODULE = "vllm.v1.worker.gpu.spec_decode.adaptive_verification"
@@ -82,6 +100,22 @@ EXPECTED_SIGNATURES: dict[tuple[str, str], str] = {
         "(self, num_tokens_per_req, draft_tokens)"
     ),
 }
+
+#: The speculators whose ``propose`` depth control wraps: (module, class). Each ``propose`` takes
+#: ``input_batch`` first and a ``num_speculative_tokens=None`` keyword (checked before patching,
+#: and against the released source by tests/test_vllm_contract.py).
+DEPTH_SPECULATORS = (
+    (
+        "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator",
+        "TargetDependentARSpeculator",
+    ),
+    ("vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator", "StandaloneARSpeculator"),
+    ("vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator", "MultiModuleMTPSpeculator"),
+)
+
+#: Attributes of ``AdaptiveVerificationManager`` that depth control reads (set in its
+#: ``__init__`` and profiling in vLLM 0.33.0).
+DEPTH_READS = ("cost_tables", "_stale_confidences", "_stale_idx")
 
 #: Constants whose values the drop-ins reproduce.
 EXPECTED_CONSTANTS: dict[tuple[str, str], float] = {
@@ -303,6 +337,145 @@ def _plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
     return plan
 
 
+class _DepthState:
+    """The process's depth hook and the vLLM manager it reads (one model runner per process)."""
+
+    hook: Any = None
+    manager: Any = None
+    tables_source: Any = None
+
+
+def _record_manager(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps ``AdaptiveVerificationManager.__init__`` to remember the instance."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _DepthState.manager = self
+
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    return __init__
+
+
+def _depth_hook(manager: Any, num_speculative_steps: int) -> Any:
+    """The hook, built on first use from vLLM's profiled tables (rebuilt if they change)."""
+    from av_core import CostTables
+    from av_core.vllm_depth import DraftDepthHook
+
+    tables = manager.cost_tables
+    if _DepthState.hook is None or _DepthState.tables_source is not tables:
+        draft_ms, verify_ms = (np.asarray(t, dtype=np.float64) for t in tables)
+        drafter = os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
+        mode = os.environ.get(ENV_DEPTH, "batch").strip().lower()
+        costs = CostTables(draft_ms, verify_ms).with_draft_depth(
+            drafter, max_depth=num_speculative_steps
+        )
+        _DepthState.hook = DraftDepthHook(
+            costs,
+            manager._stale_confidences[0].np.shape[0],
+            num_speculative_steps,
+            mode="per_request" if mode == "per_request" else "batch",
+        )
+        _DepthState.tables_source = tables
+    return _DepthState.hook
+
+
+def _depth_propose(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps a speculator's ``propose``: choose the depth first, draft that deep, mask the rest."""
+
+    def propose(self: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        manager = _DepthState.manager
+        limit = kwargs.get("num_speculative_tokens")
+        k = self.num_speculative_steps
+        limit = k if limit is None else int(limit)
+        if (
+            manager is None
+            or getattr(manager, "cost_tables", None) is None
+            or kwargs.get("dummy_run")
+            or limit == 0
+        ):
+            return original(self, input_batch, *args, **kwargs)
+        hook = _depth_hook(manager, k)
+        slots = np.asarray(input_batch.idx_mapping_np[: input_batch.num_reqs], dtype=np.int64)
+        stale = manager._stale_confidences[manager._stale_idx].np
+        drafted = np.minimum(hook.drafted(slots), k)
+        hook.record(slots, stale[slots], drafted)
+        depth = hook.num_speculative_tokens(
+            slots,
+            limit=limit,
+            num_non_draft_tokens=len(slots),
+            num_sampling_requests=len(slots),
+        )
+        kwargs["num_speculative_tokens"] = depth
+        draft_tokens = original(self, input_batch, *args, **kwargs)
+        if depth < limit:
+            draft_tokens[:, depth:] = -1
+        hook.mask(draft_tokens)
+        return draft_tokens
+
+    propose.__wrapped__ = original  # type: ignore[attr-defined]
+    return propose
+
+
+def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
+    problems = []
+    for module_name, class_name in DEPTH_SPECULATORS:
+        where = f"{module_name}.{class_name}.propose"
+        try:
+            text = signature_text(_resolve(modules[module_name], f"{class_name}.propose"))
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            problems.append(f"{where}: not found or not inspectable ({error})")
+            continue
+        if not text.startswith("(self, input_batch,") or "num_speculative_tokens=None" not in text:
+            problems.append(
+                f"{where}{text}: expected (self, input_batch, ..., num_speculative_tokens=None)"
+            )
+    drafter = os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
+    if drafter not in ("autoregressive", "parallel"):
+        problems.append(f"{ENV_DRAFTER}={drafter!r}: expected autoregressive or parallel")
+    mode = os.environ.get(ENV_DEPTH, "").strip().lower()
+    if mode not in ("1", "true", "yes", "batch", "per_request"):
+        problems.append(f"{ENV_DEPTH}={mode!r}: expected batch (or 1) or per_request")
+    return problems
+
+
+def install_depth_control() -> list[Replacement]:
+    """Checks the speculators and wraps their ``propose`` with drafting-depth control (module
+    doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference."""
+    names = [module for module, _ in DEPTH_SPECULATORS] + [BUDGET_MODULE]
+    modules = {name: importlib.import_module(name) for name in names}
+    problems = _depth_problems(modules)
+    if problems:
+        raise VllmCompatibilityError(
+            f"av_core's drafting-depth control ({ENV_DEPTH}) cannot run on this vLLM; nothing "
+            "was patched. Differences:\n  - " + "\n  - ".join(problems)
+        )
+    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
+    plan = [
+        Replacement(
+            manager,
+            f"{BUDGET_MODULE}.AdaptiveVerificationManager",
+            "__init__",
+            inspect.getattr_static(manager, "__init__"),
+            _record_manager(inspect.getattr_static(manager, "__init__")),
+        )
+    ]
+    for module_name, class_name in DEPTH_SPECULATORS:
+        owner = getattr(modules[module_name], class_name)
+        original = inspect.getattr_static(owner, "propose")
+        plan.append(
+            Replacement(
+                owner, f"{module_name}.{class_name}", "propose", original, _depth_propose(original)
+            )
+        )
+    for entry in plan:
+        setattr(entry.owner, entry.attribute, entry.replacement)
+        _installed.append(entry)
+        logger.info(
+            "av_core: drafting-depth control wraps %s.%s", entry.owner_name, entry.attribute
+        )
+    return plan
+
+
 def install() -> list[Replacement]:
     """Check vLLM and swap in av_core's drop-ins (see the module doc); idempotent.
 
@@ -330,7 +503,9 @@ def install() -> list[Replacement]:
 
 
 def uninstall() -> None:
-    """Undo :func:`install` (for tests and for engines that switch back at runtime)."""
+    """Undo :func:`install` and :func:`install_depth_control` (for tests and for engines that
+    switch back at runtime)."""
+    _DepthState.hook = _DepthState.manager = _DepthState.tables_source = None
     while _installed:
         entry = _installed.pop()
         setattr(entry.owner, entry.attribute, entry.original)
@@ -343,8 +518,11 @@ def installed() -> list[Replacement]:
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: :func:`install` when ``AV_CORE_VLLM=1``."""
+    """The ``vllm.general_plugins`` entry point: :func:`install` when ``AV_CORE_VLLM=1``, and
+    :func:`install_depth_control` when ``AV_CORE_VLLM_DEPTH`` is set (off by default)."""
     if os.environ.get(ENV_ENABLE, "").strip().lower() not in {"1", "true", "yes"}:
         logger.debug("av_core: %s is not set, vLLM keeps its own adaptive verification", ENV_ENABLE)
-        return
-    install()
+    else:
+        install()
+    if os.environ.get(ENV_DEPTH, "").strip():
+        install_depth_control()

@@ -1,12 +1,15 @@
 //! The verification planner's bindings: `CostTables`, `choose_draft_budget`,
-//! `assign_draft_budget`, `plan_verification`, `VerificationPlan` and `VerificationPlanner`.
+//! `assign_draft_budget`, `plan_verification`, `VerificationPlan`, `VerificationPlanner`,
+//! `choose_draft_depth` and `DepthPlan`.
 //! Conversion and error mapping only; every computation runs in `av_core` with the GIL
 //! released.
 
 use std::sync::{Mutex, MutexGuard};
 
-use av_core::cost_tables::CostTables;
-use av_core::planner::{self, BudgetSource, StepTokens, VerificationPlan, VerificationPlanner};
+use av_core::cost_tables::{median_curve, CostTables, DrafterKind};
+use av_core::planner::{
+    self, BudgetSource, DepthMode, DepthPlan, StepTokens, VerificationPlan, VerificationPlanner,
+};
 use av_core::MatrixView;
 use numpy::{IntoPyArray, PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -25,7 +28,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCostTables>()?;
     m.add_class::<PyVerificationPlan>()?;
     m.add_class::<PyVerificationPlanner>()?;
+    m.add_class::<PyDepthPlan>()?;
     m.add_function(wrap_pyfunction!(choose_draft_budget, m)?)?;
+    m.add_function(wrap_pyfunction!(choose_draft_depth, m)?)?;
     m.add_function(wrap_pyfunction!(assign_draft_budget, m)?)?;
     m.add_function(wrap_pyfunction!(plan_verification, m)?)?;
     Ok(())
@@ -120,18 +125,65 @@ pub struct PyCostTables {
 
 #[pymethods]
 impl PyCostTables {
-    /// Tables from explicit arrays (finite; draft >= 0, verify > 0).
+    /// Tables from explicit arrays (finite; draft >= 0, verify > 0; the optional depth table
+    /// starts at 0 and never decreases).
     #[new]
-    fn new(draft_ms: &Bound<'_, PyAny>, verify_ms: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (draft_ms, verify_ms, *, draft_depth_ms = None))]
+    fn new(
+        draft_ms: &Bound<'_, PyAny>,
+        verify_ms: &Bound<'_, PyAny>,
+        draft_depth_ms: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let draft_ms = crate::convert::float_vector(draft_ms, "draft_ms")?;
         let verify_ms = crate::convert::float_vector(verify_ms, "verify_ms")?;
-        let inner = CostTables::new(draft_ms, verify_ms).map_err(to_py_err)?;
+        let depth = draft_depth_ms
+            .filter(|d| !d.is_none())
+            .map(|d| crate::convert::float_vector(d, "draft_depth_ms"))
+            .transpose()?;
+        let mut inner = CostTables::new(draft_ms, verify_ms).map_err(to_py_err)?;
+        if let Some(depth) = depth {
+            inner = inner.with_draft_depth(depth).map_err(to_py_err)?;
+        }
+        Ok(PyCostTables { inner })
+    }
+
+    /// A copy with a draft-cost-by-depth table: explicit ms per depth `0..=K`, or the shape
+    /// of a drafter kind (`"autoregressive"`: proportional to depth; `"parallel"`: one pass)
+    /// with `max_depth`.
+    #[pyo3(signature = (draft_depth_ms, *, max_depth = None))]
+    fn with_draft_depth(
+        &self,
+        draft_depth_ms: &Bound<'_, PyAny>,
+        max_depth: Option<i64>,
+    ) -> PyResult<Self> {
+        let tables = self.inner.clone();
+        let inner = if let Ok(kind) = draft_depth_ms.extract::<String>() {
+            let kind = drafter_kind(&kind)?;
+            let depth = max_depth.ok_or_else(|| {
+                value_error("max_depth", "is required with a drafter kind".to_owned())
+            })?;
+            tables.with_drafter(kind, non_negative("max_depth", depth)?)
+        } else {
+            if max_depth.is_some() {
+                return Err(value_error(
+                    "max_depth",
+                    "applies only with a drafter kind; an explicit table sets its own depth"
+                        .to_owned(),
+                ));
+            }
+            let table = crate::convert::float_vector(draft_depth_ms, "draft_depth_ms")?;
+            tables.with_draft_depth(table)
+        }
+        .map_err(to_py_err)?;
         Ok(PyCostTables { inner })
     }
 
     /// Tables from profiled (size, ms) points with vLLM 0.33.0's semantics.
+    /// `draft_depth_curve` adds a draft-cost-by-depth table from profiled (depth, ms) points
+    /// over depths `0..=max_draft_depth` (default: the deepest profiled depth).
     #[classmethod]
-    #[pyo3(signature = (draft_curve, verify_curve, *, max_num_reqs, max_batch_tokens, cudagraph_limit = 0))]
+    #[pyo3(signature = (draft_curve, verify_curve, *, max_num_reqs, max_batch_tokens, cudagraph_limit = 0, draft_depth_curve = None, max_draft_depth = None))]
+    #[allow(clippy::too_many_arguments)]
     fn from_curves(
         _cls: &Bound<'_, PyType>,
         draft_curve: &Bound<'_, PyAny>,
@@ -139,18 +191,30 @@ impl PyCostTables {
         max_num_reqs: i64,
         max_batch_tokens: i64,
         cudagraph_limit: i64,
+        draft_depth_curve: Option<&Bound<'_, PyAny>>,
+        max_draft_depth: Option<i64>,
     ) -> PyResult<Self> {
-        build_tables(
+        let depth = depth_curve(
+            draft_depth_curve,
+            "draft_depth_curve",
+            max_draft_depth,
+            false,
+        )?;
+        let tables = build_tables(
             CostTables::from_curves,
             (draft_curve, "draft_curve"),
             (verify_curve, "verify_curve"),
             [max_num_reqs, max_batch_tokens, cudagraph_limit],
-        )
+        )?;
+        tables.with_depth_curve(depth)
     }
 
     /// Tables from raw repeated (size, ms) timings: the median per size, then `from_curves`.
+    /// `draft_depth_samples`: raw repeated (depth, ms) timings of the drafter, reduced to the
+    /// median per depth like the others.
     #[classmethod]
-    #[pyo3(signature = (draft_samples, verify_samples, *, max_num_reqs, max_batch_tokens, cudagraph_limit = 0))]
+    #[pyo3(signature = (draft_samples, verify_samples, *, max_num_reqs, max_batch_tokens, cudagraph_limit = 0, draft_depth_samples = None, max_draft_depth = None))]
+    #[allow(clippy::too_many_arguments)]
     fn from_samples(
         _cls: &Bound<'_, PyType>,
         draft_samples: &Bound<'_, PyAny>,
@@ -158,13 +222,74 @@ impl PyCostTables {
         max_num_reqs: i64,
         max_batch_tokens: i64,
         cudagraph_limit: i64,
+        draft_depth_samples: Option<&Bound<'_, PyAny>>,
+        max_draft_depth: Option<i64>,
     ) -> PyResult<Self> {
-        build_tables(
+        let depth = depth_curve(
+            draft_depth_samples,
+            "draft_depth_samples",
+            max_draft_depth,
+            true,
+        )?;
+        let tables = build_tables(
             CostTables::from_samples,
             (draft_samples, "draft_samples"),
             (verify_samples, "verify_samples"),
             [max_num_reqs, max_batch_tokens, cudagraph_limit],
-        )
+        )?;
+        tables.with_depth_curve(depth)
+    }
+
+    /// Drafter cost by depth, float64 [K + 1] (a copy), or None without a depth table.
+    #[getter]
+    fn draft_depth_ms<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyArray1<f64>>> {
+        self.inner
+            .draft_depth_ms()
+            .map(|t| t.to_vec().into_pyarray(py))
+    }
+
+    /// Deepest depth the depth table covers (K), or None.
+    #[getter]
+    fn max_draft_depth(&self) -> Option<usize> {
+        self.inner.max_draft_depth()
+    }
+
+    /// Drafting cost of `num_requests` requests drafting `depth` positions each:
+    /// draft_ms[R] * draft_depth_ms[depth] / draft_depth_ms[K] (draft_ms[R] without a depth
+    /// table; 0 for no requests or depth 0).
+    fn draft_cost_ms(&self, num_requests: i64, depth: i64) -> PyResult<f64> {
+        let r = non_negative("num_requests", num_requests)?;
+        let d = non_negative("depth", depth)?;
+        if r > self.inner.max_num_reqs() {
+            return Err(value_error(
+                "num_requests",
+                format!("= {r} exceeds max_num_reqs = {}", self.inner.max_num_reqs()),
+            ));
+        }
+        Ok(self.inner.draft_cost_ms(r, d))
+    }
+
+    /// Drafting cost of a step whose requests draft `depths[r]` positions each (pass j runs
+    /// over the requests drafting at least j positions).
+    fn step_draft_cost_ms(&self, depths: &Bound<'_, PyAny>) -> PyResult<f64> {
+        let depths = int_vector(depths, "depths")?;
+        let mut converted = Vec::with_capacity(depths.len());
+        for (r, &d) in depths.iter().enumerate() {
+            let d = usize::try_from(d)
+                .map_err(|_| value_error("depths", format!("[{r}] = {d} is negative")))?;
+            converted.push(d);
+        }
+        let active = converted.iter().filter(|&&d| d > 0).count();
+        if active > self.inner.max_num_reqs() {
+            return Err(value_error(
+                "depths",
+                format!(
+                    "has {active} drafting requests, more than max_num_reqs = {}",
+                    self.inner.max_num_reqs()
+                ),
+            ));
+        }
+        Ok(self.inner.step_draft_cost_ms(&converted, &mut Vec::new()))
     }
 
     /// Drafter cost by number of requests, float64 [max_num_reqs + 1] (a copy).
@@ -215,12 +340,180 @@ impl PyCostTables {
     }
 
     fn __repr__(&self) -> String {
+        match self.inner.max_draft_depth() {
+            None => format!(
+                "CostTables(max_num_reqs={}, max_batch_tokens={})",
+                self.inner.max_num_reqs(),
+                self.inner.max_batch_tokens()
+            ),
+            Some(depth) => format!(
+                "CostTables(max_num_reqs={}, max_batch_tokens={}, max_draft_depth={depth})",
+                self.inner.max_num_reqs(),
+                self.inner.max_batch_tokens()
+            ),
+        }
+    }
+}
+
+impl PyCostTables {
+    fn with_depth_curve(self, depth: Option<DepthCurve>) -> PyResult<Self> {
+        match depth {
+            None => Ok(self),
+            Some((curve, max_depth)) => Ok(PyCostTables {
+                inner: self
+                    .inner
+                    .with_draft_depth_curve(&curve, max_depth)
+                    .map_err(to_py_err)?,
+            }),
+        }
+    }
+}
+
+/// Profiled (depth, ms) points and the depth the table should cover.
+type DepthCurve = (Vec<(f64, f64)>, usize);
+
+/// The (depth, ms) curve and its table depth, from points or raw samples.
+fn depth_curve(
+    obj: Option<&Bound<'_, PyAny>>,
+    argument: &'static str,
+    max_draft_depth: Option<i64>,
+    samples: bool,
+) -> PyResult<Option<DepthCurve>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        if max_draft_depth.is_some() {
+            return Err(value_error("max_draft_depth", format!("needs {argument}")));
+        }
+        return Ok(None);
+    };
+    let mut curve = curve_points(obj, argument)?;
+    if samples {
+        curve = median_curve(argument, &curve).map_err(to_py_err)?;
+    }
+    let max_depth = match max_draft_depth {
+        Some(d) => non_negative("max_draft_depth", d)?,
+        None => curve
+            .last()
+            .map_or(0, |&(depth, _)| depth.max(0.0) as usize),
+    };
+    Ok(Some((curve, max_depth)))
+}
+
+fn drafter_kind(name: &str) -> PyResult<DrafterKind> {
+    match name {
+        "autoregressive" => Ok(DrafterKind::Autoregressive),
+        "parallel" => Ok(DrafterKind::Parallel),
+        other => Err(value_error(
+            "draft_depth_ms",
+            format!("drafter kind must be 'autoregressive' or 'parallel', got {other:?}"),
+        )),
+    }
+}
+
+fn depth_mode(name: &str) -> PyResult<DepthMode> {
+    match name {
+        "batch" => Ok(DepthMode::Batch),
+        "per_request" => Ok(DepthMode::PerRequest),
+        other => Err(value_error(
+            "mode",
+            format!("must be 'batch' or 'per_request', got {other:?}"),
+        )),
+    }
+}
+
+/// How deep to draft this step: depths per request and what the decision anticipates.
+#[pyclass(module = "av_core._native", name = "DepthPlan", frozen)]
+pub struct PyDepthPlan {
+    /// Positions to draft per request, int32 [R] (all 0: run the step without the drafter).
+    #[pyo3(get)]
+    depths: Py<PyArray1<i32>>,
+    /// The deepest depth drafted by any request.
+    #[pyo3(get)]
+    max_depth: usize,
+    /// Total positions to draft.
+    #[pyo3(get)]
+    drafts: usize,
+    /// The verification budget the decision anticipates.
+    #[pyo3(get)]
+    budget: usize,
+    /// s + the anticipated budget's survivals.
+    #[pyo3(get)]
+    expected_accepted_tokens: f64,
+    /// Drafting cost of the depths plus verify_ms[T + budget].
+    #[pyo3(get)]
+    predicted_cost_ms: f64,
+}
+
+impl PyDepthPlan {
+    fn wrap(py: Python<'_>, plan: DepthPlan, depths: Vec<i32>) -> Self {
+        PyDepthPlan {
+            depths: depths.into_pyarray(py).unbind(),
+            max_depth: plan.max_depth,
+            drafts: plan.drafts,
+            budget: plan.budget,
+            expected_accepted_tokens: plan.expected_accepted_tokens,
+            predicted_cost_ms: plan.predicted_cost_ms,
+        }
+    }
+}
+
+#[pymethods]
+impl PyDepthPlan {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let depths: Vec<i32> = self
+            .depths
+            .bind(py)
+            .try_readonly()
+            .map(|a| a.as_array().to_vec())
+            .unwrap_or_default();
         format!(
-            "CostTables(max_num_reqs={}, max_batch_tokens={})",
-            self.inner.max_num_reqs(),
-            self.inner.max_batch_tokens()
+            "DepthPlan(depths={depths:?}, max_depth={}, drafts={}, budget={}, expected_accepted_tokens={}, predicted_cost_ms={})",
+            self.max_depth, self.drafts, self.budget, self.expected_accepted_tokens, self.predicted_cost_ms
         )
     }
+}
+
+/// How many positions each request should draft, decided before drafting from confidences
+/// fixed before it (the previous step's): mode "batch" (one depth, capped per request) or
+/// "per_request". The cost tables need a draft-depth table.
+#[pyfunction]
+#[pyo3(signature = (confidences, max_depths, *, num_non_draft_tokens, num_sampling_requests, cost_tables, max_draft_budget = None, mode = "batch"))]
+#[allow(clippy::too_many_arguments)]
+fn choose_draft_depth(
+    py: Python<'_>,
+    confidences: &Bound<'_, PyAny>,
+    max_depths: &Bound<'_, PyAny>,
+    num_non_draft_tokens: i64,
+    num_sampling_requests: i64,
+    cost_tables: PyRef<'_, PyCostTables>,
+    max_draft_budget: Option<i64>,
+    mode: &str,
+) -> PyResult<PyDepthPlan> {
+    let mode = depth_mode(mode)?;
+    let step = step_tokens(
+        num_non_draft_tokens,
+        num_sampling_requests,
+        max_draft_budget,
+    )?;
+    let matrix = float_matrix(confidences, "confidences")?;
+    let caps = int_vector(max_depths, "max_depths")?;
+    let rows = matrix.rows();
+    let view = matrix.view("confidences")?;
+    let tables = &cost_tables.inner;
+    let (plan, depths) = py
+        .detach(|| {
+            let mut depths = vec![0i32; rows];
+            match view {
+                FloatView::F32(v) => {
+                    planner::choose_draft_depth(v, &caps, &step, tables, mode, &mut depths)
+                }
+                FloatView::F64(v) => {
+                    planner::choose_draft_depth(v, &caps, &step, tables, mode, &mut depths)
+                }
+            }
+            .map(|plan| (plan, depths))
+        })
+        .map_err(to_py_err)?;
+    Ok(PyDepthPlan::wrap(py, plan, depths))
 }
 
 /// One step's plan: the budget, admitted drafts per request, the tokens it is expected to
@@ -532,6 +825,40 @@ impl PyVerificationPlanner {
             })
             .map_err(to_py_err)?;
         Ok(PyVerificationPlan::wrap(py, plan, admitted))
+    }
+
+    /// How many positions each request in `slots` should draft at the coming step, from the
+    /// confidences remembered for its slot; requests the next `plan` explores draft their
+    /// whole `max_depths[r]`. Changes no state. The cost tables need a draft-depth table.
+    #[pyo3(signature = (slots, max_depths, *, num_non_draft_tokens, num_sampling_requests, max_draft_budget = None, mode = "batch"))]
+    #[allow(clippy::too_many_arguments)]
+    fn choose_draft_depth(
+        &self,
+        py: Python<'_>,
+        slots: &Bound<'_, PyAny>,
+        max_depths: &Bound<'_, PyAny>,
+        num_non_draft_tokens: i64,
+        num_sampling_requests: i64,
+        max_draft_budget: Option<i64>,
+        mode: &str,
+    ) -> PyResult<PyDepthPlan> {
+        let mode = depth_mode(mode)?;
+        let step = step_tokens(
+            num_non_draft_tokens,
+            num_sampling_requests,
+            max_draft_budget,
+        )?;
+        let slots = int_vector(slots, "slots")?;
+        let caps = int_vector(max_depths, "max_depths")?;
+        let (plan, depths) = py
+            .detach(|| {
+                let mut depths = vec![0i32; slots.len()];
+                self.lock()
+                    .choose_draft_depth(&slots, &caps, &step, mode, &mut depths)
+                    .map(|plan| (plan, depths))
+            })
+            .map_err(to_py_err)?;
+        Ok(PyDepthPlan::wrap(py, plan, depths))
     }
 
     /// The confidences remembered for `slot`, float64 [K] (what the next budget reads).

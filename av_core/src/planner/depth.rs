@@ -13,12 +13,16 @@
 //!   with the highest ratio. `D = 0` is "run the step without the drafter": `s / verify_ms[T]`.
 //!   Depths whose ratio cannot beat the best so far even if every slot were free are skipped
 //!   without a budget search.
-//! - **per-request** mode drafts a prefix per request: slots are taken in survival order (the
-//!   order the verification planner admits them, so each request's slots form a prefix), and
-//!   after `n` slots the step costs the drafting of exactly those prefixes (requests that stop
-//!   leave the drafter's batch, [`CostTables::step_draft_cost_ms`]) plus `verify_ms[T + n]`;
-//!   the first `n` with the highest ratio wins, and each request drafts its taken slots. A
-//!   greedy over one order, not a search over every depth vector.
+//! - **per-request** mode drafts a prefix per request: for each number of drafter passes `D`,
+//!   the slots at positions `< D` are taken in survival order (the order the verification
+//!   planner admits them, so each request's slots form a prefix), and after `n` slots the step
+//!   costs the drafting of exactly those prefixes (requests that stop leave the drafter's
+//!   batch, [`CostTables::step_draft_cost_ms`]) plus `verify_ms[T + n]`; the first `(D, n)`
+//!   with the highest ratio wins, and each request drafts its taken slots. Bounding `D` keeps
+//!   one confident request from buying a deep pass for everyone's order; it is still a greedy
+//!   over survival order, not a search over every depth vector. With a non-decreasing
+//!   `draft_ms` it is never worse than batch mode under the same cost model: batch mode's best
+//!   `(D, b)` is one of its candidates, at a drafting cost no higher.
 //!
 //! Lossless by construction: nothing here reads a token of the step it governs, and the
 //! verification planner then decides what to verify among the drafted positions under its own
@@ -201,31 +205,40 @@ pub(crate) fn per_request_depth(
             .then(a.depth.cmp(&b.depth))
             .then(a.row.cmp(&b.row))
     });
-    let limit = step
-        .max_draft_budget
-        .map_or(slots.len(), |cap| cap.min(slots.len()));
-    counts.clear();
-    counts.resize(cols + 2, 0); // counts[j]: requests drafting at least j positions
-    let (mut best_n, mut best_e, mut best_c) = (0usize, s, verify[t]);
-    let (mut e, mut draft_ms) = (s, 0.0f64);
-    let mut max_depth = 0usize;
+    let deepest = caps.iter().copied().max().unwrap_or(0);
+    // For each number of drafter passes `D`, the survival-ordered prefixes of the slots at
+    // positions `< D`: the first (D, n) with the best ratio wins.
+    let (mut best_d, mut best_n, mut best_e, mut best_c) = (0usize, 0usize, s, verify[t]);
     let mut best_max_depth = 0usize;
-    for (i, slot) in slots[..limit].iter().enumerate() {
-        let j = slot.depth as usize + 1;
-        let before = counts[j];
-        counts[j] += 1;
-        let pass = tables.depth_fraction(j) - tables.depth_fraction(j - 1);
-        let was = if before > 0 { draft_table[before] } else { 0.0 };
-        draft_ms += (draft_table[before + 1] - was) * pass;
-        e += slot.survival;
-        max_depth = max_depth.max(j);
-        let c = draft_ms + verify[t + i + 1];
-        if beats(e, c, best_e, best_c) {
-            (best_n, best_e, best_c, best_max_depth) = (i + 1, e, c, max_depth);
+    for d in 1..=deepest {
+        counts.clear();
+        counts.resize(d + 1, 0); // counts[j]: requests drafting at least j positions
+        let (mut e, mut draft_ms, mut n, mut max_depth) = (s, 0.0f64, 0usize, 0usize);
+        for slot in slots.iter().filter(|slot| (slot.depth as usize) < d) {
+            if step.max_draft_budget.is_some_and(|cap| n >= cap) {
+                break;
+            }
+            let j = slot.depth as usize + 1;
+            let before = counts[j];
+            counts[j] += 1;
+            let pass = tables.depth_fraction(j) - tables.depth_fraction(j - 1);
+            let was = if before > 0 { draft_table[before] } else { 0.0 };
+            draft_ms += (draft_table[before + 1] - was) * pass;
+            e += slot.survival;
+            n += 1;
+            max_depth = max_depth.max(j);
+            let c = draft_ms + verify[t + n];
+            if beats(e, c, best_e, best_c) {
+                (best_d, best_n, best_e, best_c, best_max_depth) = (d, n, e, c, max_depth);
+            }
         }
     }
     depths.fill(0);
-    for slot in &slots[..best_n] {
+    for slot in slots
+        .iter()
+        .filter(|slot| (slot.depth as usize) < best_d)
+        .take(best_n)
+    {
         depths[slot.row as usize] += 1;
     }
     DepthPlan {
@@ -489,40 +502,97 @@ mod tests {
     }
 
     #[test]
-    fn exploration_drafts_whole_blocks_for_the_requests_the_next_plan_explores() {
-        let tables = CostTables::new(vec![0.0; 65], vec![10.0; 64 * 4 + 65])
-            .unwrap()
-            .with_drafter(DrafterKind::Autoregressive, 4)
-            .unwrap();
-        let tables = CostTables::new(vec![100.0; 65], tables.verify_ms().to_vec())
+    fn exploration_steps_draft_everything_and_explorers_are_verified() {
+        // Drafting is far too expensive: without exploration nothing is ever drafted.
+        let tables = CostTables::new(vec![100.0; 65], vec![10.0; 64 * 4 + 65])
             .unwrap()
             .with_drafter(DrafterKind::Autoregressive, 4)
             .unwrap();
         let mut planner = VerificationPlanner::new(tables, 64, 4, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.25, 3).unwrap();
+        planner.set_exploration(0.1, 3).unwrap();
         let step = StepTokens {
             num_non_draft_tokens: 64,
             num_sampling_requests: 64,
             max_draft_budget: None,
         };
         let slots: Vec<i64> = (0..64).collect();
-        let mut depths = vec![0; 64];
-        planner
-            .choose_draft_depth(&slots, &[4; 64], &step, DepthMode::Batch, &mut depths)
-            .unwrap();
-        // Drafting is far too expensive, so only explorers draft; they draft everything.
-        let explorers: Vec<usize> = (0..64).filter(|&r| depths[r] > 0).collect();
-        assert!(depths.iter().all(|&d| d == 0 || d == 4));
-        assert!((4..40).contains(&explorers.len()), "{explorers:?}");
-        // The next plan explores exactly those requests (same draw): their blocks are verified.
         let conf = vec![0.01; 64 * 4];
+        let (mut full_steps, mut verified_in_full) = (0, 0);
+        for _ in 0..200 {
+            let mut depths = vec![0; 64];
+            planner
+                .choose_draft_depth(&slots, &[4; 64], &step, DepthMode::Batch, &mut depths)
+                .unwrap();
+            // All or nothing: an exploration step drafts every block.
+            assert!(depths.iter().all(|&d| d == depths[0]) && (depths[0] == 0 || depths[0] == 4));
+            let sched: Vec<i64> = depths.iter().map(|&d| i64::from(d)).collect();
+            let view = MatrixView::new("c", &conf, 64, 4).unwrap();
+            let mut admitted = vec![0; 64];
+            planner
+                .plan(&slots, view, &sched, &step, &mut admitted)
+                .unwrap();
+            if depths[0] == 4 {
+                full_steps += 1;
+                // The budget alone admits nothing; the plan's explorers verify whole blocks.
+                verified_in_full += admitted.iter().filter(|&&a| a == 4).count();
+                assert!(admitted.iter().all(|&a| a == 0 || a == 4));
+            } else {
+                assert!(admitted.iter().all(|&a| a == 0));
+            }
+        }
+        assert!((8..40).contains(&full_steps), "{full_steps}");
+        assert!(verified_in_full > 0);
+    }
+
+    #[test]
+    fn explorers_draft_as_deep_as_the_batch_in_per_request_mode() {
+        // Request 0 is confident, the others hopeless; drafting is cheap per position.
+        let tables = CostTables::new(vec![0.0; 65], vec![10.0; 64 * 4 + 65])
+            .unwrap()
+            .with_drafter(DrafterKind::Autoregressive, 4);
+        let tables = CostTables::new(
+            (0..=64).map(|r| r as f64 * 0.1).collect(),
+            tables.unwrap().verify_ms().to_vec(),
+        )
+        .unwrap()
+        .with_drafter(DrafterKind::Autoregressive, 4)
+        .unwrap();
+        let mut planner = VerificationPlanner::new(tables, 64, 4, BudgetSource::Previous).unwrap();
+        planner.set_exploration(0.3, 1).unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: 64,
+            num_sampling_requests: 64,
+            max_draft_budget: None,
+        };
+        let slots: Vec<i64> = (0..64).collect();
+        let mut conf = vec![0.001; 64 * 4];
+        conf[..4].fill(0.99);
         let view = MatrixView::new("c", &conf, 64, 4).unwrap();
-        let sched: Vec<i64> = depths.iter().map(|&d| i64::from(d)).collect();
-        let mut admitted = vec![0; 64];
         planner
-            .plan(&slots, view, &sched, &step, &mut admitted)
+            .plan(&slots, view, &[4; 64], &step, &mut vec![0; 64])
             .unwrap();
-        assert_eq!(admitted, depths);
+        let mut widened = 0;
+        for _ in 0..20 {
+            let mut depths = vec![0; 64];
+            let plan = planner
+                .choose_draft_depth(&slots, &[4; 64], &step, DepthMode::PerRequest, &mut depths)
+                .unwrap();
+            assert_eq!(
+                plan.drafts,
+                depths.iter().map(|&d| d as usize).sum::<usize>()
+            );
+            if depths[1..].iter().all(|&d| d == 4) {
+                continue; // an exploration step
+            }
+            assert_eq!(depths[0], 4);
+            assert!(depths[1..].iter().all(|&d| d == 0 || d == 4));
+            widened += depths[1..].iter().filter(|&&d| d == 4).count();
+            let sched: Vec<i64> = depths.iter().map(|&d| i64::from(d)).collect();
+            planner
+                .plan(&slots, view, &sched, &step, &mut vec![0; 64])
+                .unwrap();
+        }
+        assert!(widened > 0);
     }
 
     proptest! {
@@ -564,8 +634,8 @@ mod tests {
             prop_assert_eq!(depths, expected);
         }
 
-        /// Per-request mode: its ratio is the best over the survival-ordered prefixes (checked
-        /// by recomputing each prefix's cost from scratch), and depths are those prefixes.
+        /// Per-request mode: its ratio is the best over the survival-ordered prefixes of the
+        /// slots above each depth (each prefix's cost recomputed from scratch).
         #[test]
         fn per_request_mode_is_the_best_survival_prefix(
             rows in 1usize..16,
@@ -596,17 +666,21 @@ mod tests {
                 .map(|i| (surv[i], i % cols, i / cols))
                 .collect();
             order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-            let mut options = Vec::new();
-            for n in 0..=order.len() {
-                let mut d = vec![0usize; rows];
-                for &(_, _, r) in &order[..n] {
-                    d[r] += 1;
+            let mut options = vec![(rows as f64, tables.verify_ms()[rows])];
+            for d in 1..=cols {
+                let allowed: Vec<&(f64, usize, usize)> = order.iter().filter(|o| o.1 < d).collect();
+                for n in 1..=allowed.len() {
+                    let mut depth = vec![0usize; rows];
+                    for o in &allowed[..n] {
+                        depth[o.2] += 1;
+                    }
+                    let e = rows as f64 + allowed[..n].iter().map(|o| o.0).sum::<f64>();
+                    let c = tables.step_draft_cost_ms(&depth, &mut Vec::new())
+                        + tables.verify_ms()[rows + n];
+                    options.push((e, c));
                 }
-                let e = rows as f64 + order[..n].iter().map(|o| o.0).sum::<f64>();
-                let c = tables.step_draft_cost_ms(&d, &mut Vec::new()) + tables.verify_ms()[rows + n];
-                options.push((e, c, d));
             }
-            let pairs: Vec<(f64, f64)> = options.iter().map(|o| (o.0, o.1)).collect();
+            let pairs = options;
             let best = first_max(&pairs);
             let ratio = pairs[best].0 / pairs[best].1;
             let got = plan.expected_accepted_tokens / plan.predicted_cost_ms;

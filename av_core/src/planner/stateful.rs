@@ -13,6 +13,9 @@ use crate::matrix::MatrixView;
 /// Most `num_slots × num_positions` entries of remembered confidences.
 const MAX_STATE_ENTRIES: usize = 1 << 26;
 
+/// The exploration draw of a whole step (slots are far below it, so draws never collide).
+const EXPLORATION_STEP: u64 = u64::MAX;
+
 /// Plans every decode step, sizing the budget from the previous step's confidences of each
 /// request slot (`BudgetSource::Previous`, the default, lossless for every drafter) or from the
 /// current ones (`BudgetSource::Current`, lossless only for drafters whose positions do not
@@ -424,10 +427,15 @@ impl VerificationPlanner {
     /// How many positions each request in `slots` should draft at the coming step, from the
     /// confidences remembered for its slot (fixed before this step's drafts exist, so the
     /// decision is lossless for every drafter). `max_depths[r]` caps request `r` (`0..=K`).
-    /// Requests that explore at the coming step (the same draw as the next [`Self::plan`]
-    /// uses) draft their whole `max_depths[r]`, so the exploration floor still sees full
-    /// blocks. See [`super::choose_draft_depth`] for the rule; depths go to `depths`. Changes
-    /// no state.
+    ///
+    /// Exploration, with the planner's exploration probability `ε` (draws from the seed, the
+    /// coming step and the slot, never from tokens): a request that the next [`Self::plan`]
+    /// explores drafts as deep as the deepest request already does (no extra drafter pass), so
+    /// its whole drafted block gets verified; and with probability `ε` the whole step is an
+    /// exploration step in which every request drafts its full `max_depths[r]`, so remembered
+    /// confidences refresh even when the decision has been "do not draft" for a while. Both cost
+    /// little: per-request widening adds no drafter pass, and full steps come once in `1/ε`.
+    /// See [`super::choose_draft_depth`] for the rule; depths go to `depths`. Changes no state.
     ///
     /// # Example
     ///
@@ -521,16 +529,26 @@ impl VerificationPlanner {
         )?;
         if self.exploration > 0.0 {
             let next = self.stamp + 1;
-            let mut widened = false;
-            for (r, (&slot, &cap)) in slots.iter().zip(max_depths).enumerate() {
-                if (depths[r] as i64) < cap && self.explores_at(next, slot as u64) {
-                    plan.drafts += (cap - depths[r] as i64) as usize;
-                    depths[r] = cap as i32;
-                    plan.max_depth = plan.max_depth.max(cap as usize);
-                    widened = true;
+            let before = (plan.drafts, plan.max_depth);
+            if self.explores_at(next, EXPLORATION_STEP) {
+                // An exploration step: every request drafts its whole block, so the remembered
+                // confidences of all of them are refreshed even where depth had fallen to 0.
+                for (out, &cap) in depths.iter_mut().zip(max_depths) {
+                    *out = cap as i32;
+                }
+            } else {
+                // The requests the next plan explores draft as deep as the batch already does
+                // (no extra drafter pass), so their whole drafted block can be verified.
+                for (r, (&slot, &cap)) in slots.iter().zip(max_depths).enumerate() {
+                    let reach = (cap as usize).min(plan.max_depth) as i32;
+                    if depths[r] < reach && self.explores_at(next, slot as u64) {
+                        depths[r] = reach;
+                    }
                 }
             }
-            if widened {
+            plan.drafts = depths.iter().map(|&d| d as usize).sum();
+            plan.max_depth = depths.iter().map(|&d| d as usize).max().unwrap_or(0);
+            if (plan.drafts, plan.max_depth) != before {
                 let scheduled: Vec<usize> = depths.iter().map(|&d| d as usize).collect();
                 let draft_ms = self
                     .cost_tables
