@@ -8,7 +8,13 @@ K in {4, 8, 16}; the same with the budget from the current confidences; and the 
 call with R at K = 8 (fitted exponent against N = R·K; a sort-based plan would be ``N log N``).
 Every av_core time is paired with the numpy reference timed interleaved in the same run.
 
-Target (DESIGN.md section 7): plan at R = 256, K = 8 >= 10x faster than numpy and <= 5 us.
+Drafting depth (``choose_draft_depth``, batch and per-request modes) is timed against numpy
+doing the same decision (for each depth, the budget search above over the slots at shallower
+positions), and the whole per-step planning (depth, then budget and assignment) against the sum
+of the two numpy references.
+
+Target (DESIGN.md section 7): plan at R = 256, K = 8 >= 10x faster than numpy and <= 5 us; the
+issue on drafting depth holds depth + budget + assignment to the same latency target.
 
     python benches/bench_planner.py [--quick] [--json PATH]
 
@@ -24,7 +30,7 @@ from typing import Any
 import numpy as np
 from timing import summary, timed
 
-from av_core import CostTables, plan_verification
+from av_core import CostTables, choose_draft_depth, plan_verification
 
 TARGET_US = 5.0
 TARGET_SPEEDUP = 10.0
@@ -128,6 +134,74 @@ def plan_rows(r: int, k: int, tables: CostTables, repeats: int, inner: int) -> l
     ]
 
 
+def numpy_depth(previous: np.ndarray, caps: np.ndarray, t: int, s: int, tables: CostTables) -> int:
+    """Batch-mode depth in numpy: for every depth, vLLM's budget search over the shallower
+    slots with the depth-priced drafting cost; the first best depth."""
+    rows, k = previous.shape
+    survival = np.cumprod(previous.astype(np.float64), axis=1)
+    draft_full = tables.draft_ms[rows]
+    shape = tables.draft_depth_ms
+    assert shape is not None
+    verify = tables.verify_ms
+    best_depth, best = 0, s / verify[t]
+    for d in range(1, k + 1):
+        valid = np.arange(k)[None, :] < np.minimum(caps, d)[:, None]
+        scores = np.sort(survival[valid])[::-1]
+        expected = np.concatenate(([s], s + np.cumsum(scores)))
+        ratio = expected / (draft_full * shape[d] / shape[-1] + verify[t : t + scores.size + 1])
+        if ratio.max() > best:
+            best_depth, best = d, float(ratio.max())
+    return best_depth
+
+
+def depth_rows(
+    r: int, k: int, tables: CostTables, repeats: int, inner: int
+) -> list[dict[str, Any]]:
+    current, previous, scheduled = workload(r, k)
+    tables = tables.with_draft_depth("autoregressive", max_depth=k)
+    draft_ms, verify_ms = tables.draft_ms, tables.verify_ms
+    kwargs = {"num_non_draft_tokens": r, "num_sampling_requests": r, "cost_tables": tables}
+    ours = choose_draft_depth(previous, scheduled, **kwargs)
+    if ours.max_depth != numpy_depth(previous, scheduled, r, r, tables):
+        raise AssertionError(f"R={r} K={k}: depth decisions disagree")
+    depth_samples = timed(
+        {
+            "av_core": lambda: choose_draft_depth(previous, scheduled, **kwargs),
+            "numpy": lambda: numpy_depth(previous, scheduled, r, r, tables),
+        },
+        repeats,
+        inner,
+    )
+    per_request = timed(
+        {
+            "av_core": lambda: choose_draft_depth(
+                previous, scheduled, mode="per_request", **kwargs
+            ),
+            "numpy": lambda: numpy_depth(previous, scheduled, r, r, tables),
+        },
+        repeats,
+        inner,
+    )
+
+    def ours_step() -> None:
+        depth = choose_draft_depth(previous, scheduled, **kwargs)
+        plan_verification(current, depth.depths, budget_confidences=previous, **kwargs)
+
+    def numpy_step() -> None:
+        d = numpy_depth(previous, scheduled, r, r, tables)
+        numpy_plan(current, previous, np.minimum(scheduled, d), r, r, draft_ms, verify_ms)
+
+    step_samples = timed({"av_core": ours_step, "numpy": numpy_step}, repeats, inner)
+    targeted = (r, k) == (256, 8)
+    depth_row = row(f"depth R={r} K={k}", depth_samples, False, group="depth")
+    per_request_row = row(f"depth (per request) R={r} K={k}", per_request, False, group="depth")
+    step_row = row(f"depth + plan R={r} K={k}", step_samples, targeted, group="depth")
+    for entry in (depth_row, per_request_row, step_row):
+        entry["reference"] = "numpy, the same depth search (+ vLLM's host plan)"
+    per_request_row["reference"] = "numpy batch-mode depth search (no per-request numpy version)"
+    return [depth_row, per_request_row, step_row]
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
     repeats, inner = (7, 50) if quick else (21, 200)
     tables = profiled_tables()
@@ -135,6 +209,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     for k in (4, 8, 16):
         for r in (8, 64, 256, 1024):
             rows += plan_rows(r, k, tables, repeats, max(5, inner * 256 // max(r, 256)))
+    for r in (64, 256, 1024):
+        rows += depth_rows(r, 8, tables, repeats, max(5, inner * 256 // max(r, 256)))
     return rows
 
 

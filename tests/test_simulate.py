@@ -16,6 +16,7 @@ from av_core.simulate import (
     GpuLikeCost,
     MeasuredCost,
     draft_cost_ms,
+    format_markdown,
     parse_concurrency,
     round_streams,
     simulate_adaptive,
@@ -258,3 +259,16 @@ def test_profile_times_a_tiny_transformers_model() -> None:
     points = measure_forward_ms(forward, [1, 4], repeats=2)
     assert [t for t, _ in points] == [1, 4]
     assert all(ms > 0 for _, ms in points)
+
+
+def test_markdown_summary_names_every_policy_and_ratio() -> None:
+    trace = synthetic_trace(num_requests=6, num_steps=40)
+    simulation = simulate_trace(trace, concurrency=[1, 16], steps=40, warmup_steps=10)
+    table = format_markdown(simulation).splitlines()
+    assert table[0].startswith("| R | K=0 | best fixed K≥1 | AV | AV+D | AV+Dr |")
+    assert len(table) == 2 + 2
+    cells = table[3].strip("|").split("|")
+    best_all = simulation.best_fixed(16, min_k=0).throughput
+    assert float(cells[-2]) == pytest.approx(
+        simulation.adaptive(16, "AV+D").throughput / best_all, abs=5e-4
+    )

@@ -113,6 +113,11 @@ def _simulate(args: argparse.Namespace) -> int:
         depth_control=_depth_modes(args.depth_control),
     )
     print(simulation.to_text())
+    if args.markdown:
+        from av_core.simulate import format_markdown
+
+        print()
+        print(format_markdown(simulation))
 
     def make(directory: Path) -> list[Path]:
         from av_core.plots import simulation_plots
@@ -374,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
     simulate.add_argument("--out", default="av_core_simulate", help="folder for the PNG plot")
     simulate.add_argument("--no-plots", action="store_true", help="tables only")
+    simulate.add_argument(
+        "--markdown", action="store_true", help="also print the summary as a Markdown table"
+    )
     simulate.set_defaults(handler=_simulate)
 
     profile = commands.add_parser(

@@ -576,6 +576,36 @@ def format_simulation(simulation: Simulation) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(simulation: Simulation) -> str:
+    """A Markdown table per concurrency: no speculation, the best fixed K >= 1, each adaptive
+    policy, and each against the best fixed K (K = 0 included), in tokens per ms."""
+    s = simulation
+    adaptive = s.adaptive_policies
+    head = (
+        "| R | K=0 | best fixed K≥1 | "
+        + " | ".join(adaptive)
+        + " | "
+        + " | ".join(f"{a} / best fixed (K=0 incl.)" for a in adaptive)
+        + " |"
+    )
+    lines = [head, "|" + "---|" * (3 + 2 * len(adaptive))]
+    for concurrency, row in s.results.items():
+        best = s.best_fixed(concurrency)
+        best_all = s.best_fixed(concurrency, min_k=0)
+        cells = [
+            str(concurrency),
+            f"{row[0].throughput:.4g}",
+            f"{best.throughput:.4g} ({best.policy})",
+            *(f"{s.adaptive(concurrency, a).throughput:.4g}" for a in adaptive),
+            *(
+                f"{s.adaptive(concurrency, a).throughput / best_all.throughput:.3f}"
+                for a in adaptive
+            ),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def parse_concurrency(text: str) -> list[int]:
     """``"1,2,4"`` → ``[1, 2, 4]``; ``"1-256"`` → powers of two from 1 to 256."""
     if "-" in text and "," not in text:
@@ -603,6 +633,7 @@ __all__ = [
     "Simulation",
     "cost_tables_for",
     "draft_cost_ms",
+    "format_markdown",
     "format_simulation",
     "parse_concurrency",
     "round_streams",

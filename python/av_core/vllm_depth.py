@@ -66,9 +66,10 @@ class DraftDepthHook:
     ``cost_tables`` must carry a draft-depth table covering ``num_speculative_steps``
     (:meth:`CostTables.with_draft_depth`). State: one row of ``K`` confidences per request
     slot, 1.0 for a new request (vLLM's optimistic start); :meth:`record` overwrites only the
-    positions a request actually drafted. ``exploration`` is the probability that a step drafts
-    every request's whole block anyway (a draw from ``seed`` and the step count, never from
-    tokens), so the remembered confidences refresh even after depth has fallen to 0.
+    positions a request actually drafted. ``exploration`` is the probability that a step is an
+    exploration step, in which a few requests (each with that probability, at least one) draft
+    their whole block (draws from ``seed``, never from tokens), so deep positions keep being
+    drafted and verified even after depth has fallen to 0.
     """
 
     def __init__(
@@ -182,8 +183,8 @@ class DraftDepthHook:
         max_draft_budget: int | None = None,
     ) -> npt.NDArray[np.int32]:
         """Depths for the requests in ``idx_mapping`` (``max_depths`` caps each, default
-        ``K``); with probability ``exploration`` every request drafts its whole cap. The
-        decision's details stay in :attr:`last_plan` and :attr:`explored`."""
+        ``K``); in an exploration step a few requests draft their whole cap. The decision's
+        details stay in :attr:`last_plan` and :attr:`explored`."""
         slots = self._slots(idx_mapping)
         k = self.num_speculative_steps
         caps = (
@@ -201,8 +202,16 @@ class DraftDepthHook:
             mode=self.mode,
         )
         self.last_plan = plan
+        depths = plan.depths.copy()
+        # An exploration step: a few requests (each with probability `exploration`, at least
+        # one) draft their whole block. Only they widen: the rest, whose remembered rows may be
+        # stale or optimistic, would otherwise be pulled into a verification budget.
         self.explored = self.exploration > 0.0 and bool(self._rng.random() < self.exploration)
-        depths = caps.astype(np.int32) if self.explored else plan.depths
+        if self.explored and slots.size:
+            explorers = self._rng.random(slots.size) < self.exploration
+            if not explorers.any():
+                explorers[self._rng.integers(slots.size)] = True
+            depths[explorers] = caps[explorers]
         self.last_depths = depths
         self._drafted[slots] = depths
         return depths

@@ -112,9 +112,9 @@ impl Best {
 /// Reusable buffers of [`best_budget`].
 #[derive(Default)]
 pub(crate) struct BudgetBuffers {
-    indices: Vec<u32>,
-    counts: Vec<u32>,
-    sums: Vec<f64>,
+    pub(crate) indices: Vec<u32>,
+    pub(crate) counts: Vec<u32>,
+    pub(crate) sums: Vec<f64>,
     members: Vec<f64>,
     sort: SortBuffers,
 }
@@ -144,7 +144,7 @@ pub(crate) fn best_budget(
         members,
         sort,
     } = buffers;
-    if survivals.count <= SMALL || survivals.max == survivals.min || limit == 0 {
+    if is_small(survivals, limit) {
         survivals.gather(cols, scheduled, members);
         sort_descending(members, sort);
         return exact_scan(&members[..limit], s, draft_ms, verify);
@@ -154,25 +154,55 @@ pub(crate) fn best_budget(
     let map = BucketMap::new(survivals, COARSENESS);
     map.indices(survivals, indices);
     map.histogram_with_sums(survivals, cols, scheduled, indices, counts, sums);
+    search(
+        survivals,
+        &map,
+        cols,
+        scheduled,
+        limit,
+        s,
+        draft_ms,
+        verify,
+        verify_nondecreasing,
+        buffers,
+    )
+}
 
-    // The best ratio at any bucket boundary within the limit: some budget attains it.
-    let mut floor_e = s;
-    let mut floor_c = draft_ms + verify[0];
-    let mut end = 0usize;
-    let mut prefix = 0.0f64;
-    for (&count, &sum) in counts.iter().zip(sums.iter()) {
-        end += count as usize;
-        prefix += sum;
-        if end > limit {
-            break;
-        }
-        let e = s + prefix;
-        let c = draft_ms + verify[end];
-        if e * floor_c > floor_e * c {
-            floor_e = e;
-            floor_c = c;
-        }
-    }
+/// Whether [`best_budget`] would sort and scan outright (then [`search`] must not be used).
+pub(crate) fn is_small(survivals: &Survivals, limit: usize) -> bool {
+    survivals.count <= SMALL || survivals.max == survivals.min || limit == 0
+}
+
+/// The bucket map [`best_budget`] uses.
+pub(crate) fn bucket_map(survivals: &Survivals) -> BucketMap {
+    BucketMap::new(survivals, COARSENESS)
+}
+
+/// [`best_budget`]'s search once `buffers.indices` holds `map`'s bucket of every slot and
+/// `buffers.counts`/`buffers.sums` the histogram of the scheduled slots (the depth decision
+/// builds it position by position instead of from scratch).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn search(
+    survivals: &Survivals,
+    map: &BucketMap,
+    cols: usize,
+    scheduled: &[usize],
+    limit: usize,
+    s: f64,
+    draft_ms: f64,
+    verify: &[f64],
+    verify_nondecreasing: bool,
+    buffers: &mut BudgetBuffers,
+) -> Budget {
+    let BudgetBuffers {
+        indices,
+        counts,
+        sums,
+        members,
+        sort,
+    } = buffers;
+
+    let (floor_e, floor_c) = bucket_floor(counts, sums, limit, s, draft_ms, verify);
 
     // Buckets that may hold a budget reaching the floor, and their hull. A quick test first:
     // E at the bucket's end over C at its cheapest. Then, for buckets that pass, per rank:
@@ -242,6 +272,81 @@ pub(crate) fn best_budget(
         );
     }
     best.finish()
+}
+
+/// The best ratio `(E, C)` at any bucket boundary within `limit` (some budget attains it).
+pub(crate) fn bucket_floor(
+    counts: &[u32],
+    sums: &[f64],
+    limit: usize,
+    s: f64,
+    draft_ms: f64,
+    verify: &[f64],
+) -> (f64, f64) {
+    let mut floor_e = s;
+    let mut floor_c = draft_ms + verify[0];
+    let mut end = 0usize;
+    let mut prefix = 0.0f64;
+    for (&count, &sum) in counts.iter().zip(sums.iter()) {
+        end += count as usize;
+        prefix += sum;
+        if end > limit {
+            break;
+        }
+        let e = s + prefix;
+        let c = draft_ms + verify[end];
+        if e * floor_c > floor_e * c {
+            floor_e = e;
+            floor_c = c;
+        }
+    }
+    (floor_e, floor_c)
+}
+
+/// Whether some budget `b ≤ limit` could reach the ratio `best_e / best_c`, judged from a
+/// bucket histogram of a superset of the candidates (`counts`, `sums`): at every rank inside a
+/// bucket, `E` is at most the bucket's end value and `C` at least its cheapest cost. `false`
+/// proves no budget over any subset of those survivals does (the depth decision's skip).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn may_reach(
+    counts: &[u32],
+    sums: &[f64],
+    limit: usize,
+    s: f64,
+    draft_ms: f64,
+    verify: &[f64],
+    verify_nondecreasing: bool,
+    (best_e, best_c): (f64, f64),
+) -> bool {
+    let reaches = |e: f64, c: f64| {
+        let reach = e * best_c * (1.0 + BOUND_SLACK);
+        let need = best_e * c * (1.0 - BOUND_SLACK);
+        reach >= need || !reach.is_finite() || !need.is_finite()
+    };
+    if reaches(s, draft_ms + verify[0]) {
+        return true;
+    }
+    let (mut start, mut prefix) = (0usize, 0.0f64);
+    for (&count, &sum) in counts.iter().zip(sums) {
+        if start >= limit {
+            break;
+        }
+        if count > 0 {
+            let end = (start + count as usize).min(limit);
+            let costs = &verify[start + 1..=end];
+            let cheapest = if verify_nondecreasing {
+                costs[0]
+            } else {
+                costs.iter().fold(f64::INFINITY, |m, &v| m.min(v))
+            };
+            if reaches(s + prefix + sum, draft_ms + cheapest) {
+                return true;
+            }
+        }
+        prefix += sum;
+        start += count as usize;
+    }
+    false
 }
 
 /// The first `b` in `0..=sorted.len()` maximising `E(b) / C(b)` over survivals already sorted

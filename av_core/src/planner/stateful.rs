@@ -431,10 +431,12 @@ impl VerificationPlanner {
     /// Exploration, with the planner's exploration probability `ε` (draws from the seed, the
     /// coming step and the slot, never from tokens): a request that the next [`Self::plan`]
     /// explores drafts as deep as the deepest request already does (no extra drafter pass), so
-    /// its whole drafted block gets verified; and with probability `ε` the whole step is an
-    /// exploration step in which every request drafts its full `max_depths[r]`, so remembered
-    /// confidences refresh even when the decision has been "do not draft" for a while. Both cost
-    /// little: per-request widening adds no drafter pass, and full steps come once in `1/ε`.
+    /// its whole drafted block gets verified; in an exploration step (probability `ε`, one draw
+    /// per step) those requests draft their full `max_depths[r]`, so deep positions keep
+    /// receiving labels even when the decision has been "do not draft" for a while. Only
+    /// explorers widen: the rest of the batch, whose remembered confidences may be stale or
+    /// optimistic, is never pulled into drafting (and so into a verification budget sized from
+    /// those confidences).
     /// See [`super::choose_draft_depth`] for the rule; depths go to `depths`. Changes no state.
     ///
     /// # Example
@@ -530,20 +532,18 @@ impl VerificationPlanner {
         if self.exploration > 0.0 {
             let next = self.stamp + 1;
             let before = (plan.drafts, plan.max_depth);
-            if self.explores_at(next, EXPLORATION_STEP) {
-                // An exploration step: every request drafts its whole block, so the remembered
-                // confidences of all of them are refreshed even where depth had fallen to 0.
-                for (out, &cap) in depths.iter_mut().zip(max_depths) {
-                    *out = cap as i32;
-                }
-            } else {
-                // The requests the next plan explores draft as deep as the batch already does
-                // (no extra drafter pass), so their whole drafted block can be verified.
-                for (r, (&slot, &cap)) in slots.iter().zip(max_depths).enumerate() {
-                    let reach = (cap as usize).min(plan.max_depth) as i32;
-                    if depths[r] < reach && self.explores_at(next, slot as u64) {
-                        depths[r] = reach;
-                    }
+            // The requests the next plan explores (it verifies their whole drafted block) draft
+            // as deep as the batch already does, which adds no drafter pass; in an exploration
+            // step (probability ε, one draw per step) they draft their whole block.
+            let whole = self.explores_at(next, EXPLORATION_STEP);
+            for (r, (&slot, &cap)) in slots.iter().zip(max_depths).enumerate() {
+                let reach = if whole {
+                    cap as i32
+                } else {
+                    (cap as usize).min(plan.max_depth) as i32
+                };
+                if depths[r] < reach && self.explores_at(next, slot as u64) {
+                    depths[r] = reach;
                 }
             }
             plan.drafts = depths.iter().map(|&d| d as usize).sum();
