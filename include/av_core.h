@@ -107,6 +107,12 @@ typedef struct avc_cost_point {
 } avc_cost_point;
 
 /**
+ * How a drafter's cost grows with the number of positions it drafts (an int32_t; pass one of
+ * the constants): the shape avc_cost_tables_with_drafter gives the draft-depth table.
+ */
+typedef int32_t avc_drafter_kind;
+
+/**
  * The step-level numbers the budget needs besides the confidences.
  */
 typedef struct avc_step_tokens {
@@ -144,6 +150,38 @@ typedef struct avc_verification_plan {
    */
   double predicted_cost_ms;
 } avc_verification_plan;
+
+/**
+ * How the drafting depth is decided (an int32_t; pass one of the constants).
+ */
+typedef int32_t avc_depth_mode;
+
+/**
+ * What a drafting-depth decision decided (the depths go to the caller's array).
+ */
+typedef struct avc_depth_plan {
+  /**
+   * The deepest depth any request drafts (0: run the step without the drafter).
+   */
+  size_t max_depth;
+  /**
+   * Total positions to draft, the sum of the depths.
+   */
+  size_t drafts;
+  /**
+   * The verification budget the decision anticipates (the verification planner decides
+   * the real one once the drafts exist).
+   */
+  size_t budget;
+  /**
+   * s + the anticipated budget's survivals: the tokens the step is expected to emit.
+   */
+  double expected_accepted_tokens;
+  /**
+   * The drafting cost of the chosen depths plus verify_ms[T + budget].
+   */
+  double predicted_cost_ms;
+} avc_depth_plan;
 
 /**
  * Which confidences size the draft budget (an int32_t; pass one of the constants).
@@ -189,6 +227,18 @@ typedef int32_t avc_budget_source;
 #define AVC_ERR_PANIC 6
 
 /**
+ * One drafter pass per drafted position (draft models, EAGLE, MTP): drafting d of K positions
+ * costs d / K of the full-depth cost.
+ */
+#define AVC_DRAFTER_KIND_AUTOREGRESSIVE 0
+
+/**
+ * One pass drafts the whole block (parallel / block drafters): any depth >= 1 costs the full
+ * cost, depth 0 nothing.
+ */
+#define AVC_DRAFTER_KIND_PARALLEL 1
+
+/**
  * Size the budget from each slot's confidences of the previous step (new slots: 1.0). The
  * default, and the only lossless choice for autoregressive drafters (EAGLE, MTP, draft
  * models), whose deeper confidences depend on the token drafted earlier.
@@ -200,6 +250,18 @@ typedef int32_t avc_budget_source;
  * do not depend on earlier draft tokens (parallel / block drafters).
  */
 #define AVC_BUDGET_SOURCE_CURRENT 1
+
+/**
+ * One depth D for the whole batch, each request drafting min(D, max_depths[r]): the shape
+ * drafters that run in lockstep (CUDA graphs, EAGLE's fixed-depth loop) can use.
+ */
+#define AVC_DEPTH_MODE_BATCH 0
+
+/**
+ * Each request drafts its own depth (a prefix of its positions in survival order); never
+ * worse than AVC_DEPTH_MODE_BATCH under the same cost model when draft_ms is non-decreasing.
+ */
+#define AVC_DEPTH_MODE_PER_REQUEST 1
 
 #ifdef __cplusplus
 extern "C" {
@@ -519,6 +581,66 @@ avc_status avc_cost_tables_copy(const avc_cost_tables *tables,
                                 size_t verify_len);
 
 /**
+ * New tables: a copy of tables plus a draft-cost-by-depth table, for the drafting-depth
+ * decision (avc_choose_draft_depth, avc_planner_choose_draft_depth). draft_depth_ms[d]
+ * (draft_depth_len = K + 1, 1 <= K <= 4096) is the drafter's cost when it drafts d
+ * positions: draft_depth_ms[0] = 0 (depth 0 runs no drafter), finite and non-decreasing.
+ * Only its shape matters: R requests drafting d positions cost
+ * draft_ms[R] * draft_depth_ms[d] / draft_depth_ms[K], so draft_ms keeps its meaning (the
+ * full-depth cost). Replaces any depth table tables already has. The array is copied and
+ * tables is left unchanged (and still owned by the caller). On success *tables_out is a new
+ * handle owned by the caller (free with avc_cost_tables_free); on failure it is NULL.
+ *
+ * # Safety
+ *
+ * tables must be NULL or live cost tables; draft_depth_ms must point to draft_depth_len
+ * readable doubles (or be NULL with length 0, which is then rejected as too short);
+ * tables_out must be NULL (an error) or point to a writable avc_cost_tables pointer.
+ */
+avc_status avc_cost_tables_with_draft_depth(const avc_cost_tables *tables,
+                                            const double *draft_depth_ms,
+                                            size_t draft_depth_len,
+                                            avc_cost_tables **tables_out);
+
+/**
+ * New tables: a copy of tables plus the canonical draft-depth table of a drafter kind up to
+ * max_depth (K, 1..=4096) positions: d / K for AVC_DRAFTER_KIND_AUTOREGRESSIVE, 1 for every
+ * d >= 1 for AVC_DRAFTER_KIND_PARALLEL (and 0 at d = 0). Otherwise as
+ * avc_cost_tables_with_draft_depth: tables is unchanged; on success *tables_out is a new
+ * handle owned by the caller, on failure NULL.
+ *
+ * Errors: AVC_ERR_NULL; AVC_ERR_INVALID_HANDLE; AVC_ERR_VALUE for a kind that is not one of
+ * the constants or max_depth outside 1..=4096.
+ *
+ * # Safety
+ *
+ * tables must be NULL or live cost tables; tables_out must be NULL (an error) or point to a
+ * writable avc_cost_tables pointer.
+ */
+avc_status avc_cost_tables_with_drafter(const avc_cost_tables *tables,
+                                        avc_drafter_kind kind,
+                                        size_t max_depth,
+                                        avc_cost_tables **tables_out);
+
+/**
+ * Copies the draft-depth table out. Writes its length to *len_out: K + 1, or 0 when the
+ * tables have none (then nothing else is written and the call succeeds). If capacity is at
+ * least that length the table goes to draft_depth_ms[0..len]; if not, returns
+ * AVC_ERR_BUFFER_TOO_SMALL and writes nothing to draft_depth_ms (only *len_out). Query the
+ * length with draft_depth_ms = NULL, capacity = 0.
+ *
+ * # Safety
+ *
+ * tables must be NULL or live cost tables; draft_depth_ms must point to capacity writable
+ * doubles (or be NULL with capacity = 0); len_out must be NULL (an error) or point to a
+ * writable size_t.
+ */
+avc_status avc_cost_tables_draft_depth(const avc_cost_tables *tables,
+                                       double *draft_depth_ms,
+                                       size_t capacity,
+                                       size_t *len_out);
+
+/**
  * The draft budget: the first b maximising (s + sum of the b highest survivals) /
  * (draft_ms[R] + verify_ms[T + b]), vLLM-compatible bit for bit.
  *
@@ -590,6 +712,46 @@ avc_status avc_plan_verification(const float *confidences,
                                  int32_t *admitted,
                                  size_t admitted_len,
                                  struct avc_verification_plan *plan_out);
+
+/**
+ * How many positions each request should draft this step, decided before drafting: for
+ * each candidate depth the best verification budget, pricing the drafter by depth with the
+ * tables' draft-depth table (avc_cost_tables_with_draft_depth / _with_drafter; its K must be
+ * at least num_cols). Nothing here reads a token of the step it governs, so pass confidences
+ * fixed before it (the previous step's; the stateful avc_planner_choose_draft_depth uses the
+ * ones it remembers).
+ *
+ * confidences [num_rows, num_cols] are per-position acceptance probabilities in [0, 1];
+ * max_depths[r] (max_depths_len = num_rows) in 0..=num_cols caps request r (0 for requests
+ * that cannot draft, such as prefills). step is as for avc_choose_draft_budget, with the
+ * largest budget bounded by the sum of max_depths. mode is AVC_DEPTH_MODE_BATCH or
+ * AVC_DEPTH_MODE_PER_REQUEST. Writes depths[r] (depths_len = num_rows), each in
+ * 0..=max_depths[r] (all 0: run the step without the drafter), and *plan_out.
+ *
+ * Errors: AVC_ERR_NULL; AVC_ERR_INVALID_HANDLE; AVC_ERR_VALUE for tables without a
+ * draft-depth table or one shallower than num_cols, confidences outside [0, 1] or NaN,
+ * max_depths out of range or of the wrong length, depths of the wrong length or overlapping
+ * an input, a mode that is not one of the constants, and the step errors of
+ * avc_choose_draft_budget. A rejected call writes nothing.
+ *
+ * # Safety
+ *
+ * Arrays must point to their stated number of readable (inputs) or writable (depths)
+ * elements, or be NULL with length 0; depths must not overlap an input; step must be NULL or
+ * point to an initialized avc_step_tokens; tables must be NULL or live cost tables; plan_out
+ * must be NULL or point to a writable avc_depth_plan.
+ */
+avc_status avc_choose_draft_depth(const float *confidences,
+                                  size_t num_rows,
+                                  size_t num_cols,
+                                  const int64_t *max_depths,
+                                  size_t max_depths_len,
+                                  const struct avc_step_tokens *step,
+                                  const avc_cost_tables *tables,
+                                  avc_depth_mode mode,
+                                  int32_t *depths,
+                                  size_t depths_len,
+                                  struct avc_depth_plan *plan_out);
 
 /**
  * Creates a planner for num_slots request slots of num_positions (K >= 1) drafts each, with
@@ -668,6 +830,43 @@ avc_status avc_planner_previous_confidences(const avc_planner *planner,
                                             size_t slot,
                                             double *confidences,
                                             size_t confidences_len);
+
+/**
+ * How many positions each request in slots (distinct slot indices, slots_len = number of
+ * requests R) should draft this step, decided by avc_choose_draft_depth's rule from the
+ * confidences the planner remembers for those slots (the previous step's; 1.0 for new
+ * requests). With the planner's exploration floor (1% of the requests per step, drawn from
+ * the step count and the slot, never from tokens), a request that the next avc_planner_plan
+ * explores drafts as deep as the deepest request already does, and in an exploration step
+ * (1% of the steps) its full max_depths[r], so deep positions keep receiving labels. Changes
+ * no state: the next plan is the same whether or not this was called.
+ *
+ * The planner's cost tables need a draft-depth table covering its K (make the tables with
+ * avc_cost_tables_with_draft_depth / _with_drafter before avc_planner_new). max_depths[r]
+ * (max_depths_len = R) in 0..=K caps request r; mode is AVC_DEPTH_MODE_BATCH or
+ * AVC_DEPTH_MODE_PER_REQUEST. Writes depths[r] (depths_len = R) and *plan_out; once drafted,
+ * pass the depths (as scheduled_drafts) to the next avc_planner_plan.
+ *
+ * Errors: as avc_choose_draft_depth, plus duplicate or out-of-range slots. A rejected call
+ * writes nothing.
+ *
+ * # Safety
+ *
+ * planner must be NULL or a live planner; arrays must point to their stated number of
+ * readable (inputs) or writable (depths) elements, or be NULL with length 0; depths must not
+ * overlap an input; step must be NULL or point to an initialized avc_step_tokens; plan_out
+ * must be NULL or point to a writable avc_depth_plan.
+ */
+avc_status avc_planner_choose_draft_depth(const avc_planner *planner,
+                                          const int64_t *slots,
+                                          size_t slots_len,
+                                          const int64_t *max_depths,
+                                          size_t max_depths_len,
+                                          const struct avc_step_tokens *step,
+                                          avc_depth_mode mode,
+                                          int32_t *depths,
+                                          size_t depths_len,
+                                          struct avc_depth_plan *plan_out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -4,11 +4,11 @@
 
 use std::sync::atomic::AtomicU64;
 
-use av_core::cost_tables::CostTables;
+use av_core::cost_tables::{CostTables, DrafterKind};
 
 use crate::handle::{borrow, destroy, publish, Handle};
 use crate::raw::{input, out_value, output};
-use crate::status::{guard, AvcStatus, FfiError, FfiResult};
+use crate::status::{guard, AvcStatus, FfiError, FfiResult, AVC_ERR_BUFFER_TOO_SMALL};
 
 /// Dense step-cost tables in milliseconds: draft_ms[r] for r requests and verify_ms[t] for t
 /// target tokens. Create with avc_cost_tables_new / _from_curves / _from_samples, free with
@@ -292,6 +292,158 @@ pub unsafe extern "C" fn avc_cost_tables_copy(
         }
         draft.write(handle.tables.draft_ms());
         verify.write(handle.tables.verify_ms());
+        Ok(())
+    })
+}
+
+/// How a drafter's cost grows with the number of positions it drafts (an int32_t; pass one of
+/// the constants): the shape avc_cost_tables_with_drafter gives the draft-depth table.
+pub type AvcDrafterKind = i32;
+
+/// One drafter pass per drafted position (draft models, EAGLE, MTP): drafting d of K positions
+/// costs d / K of the full-depth cost.
+pub const AVC_DRAFTER_KIND_AUTOREGRESSIVE: AvcDrafterKind = 0;
+/// One pass drafts the whole block (parallel / block drafters): any depth >= 1 costs the full
+/// cost, depth 0 nothing.
+pub const AVC_DRAFTER_KIND_PARALLEL: AvcDrafterKind = 1;
+
+/// `error` naming the C parameter `c` where the core names the same value `core`.
+fn rename_argument(mut error: av_core::Error, core: &str, c: &'static str) -> av_core::Error {
+    if error.argument == core {
+        error.argument = c;
+    }
+    error
+}
+
+/// New tables: a copy of tables plus a draft-cost-by-depth table, for the drafting-depth
+/// decision (avc_choose_draft_depth, avc_planner_choose_draft_depth). draft_depth_ms[d]
+/// (draft_depth_len = K + 1, 1 <= K <= 4096) is the drafter's cost when it drafts d
+/// positions: draft_depth_ms[0] = 0 (depth 0 runs no drafter), finite and non-decreasing.
+/// Only its shape matters: R requests drafting d positions cost
+/// draft_ms[R] * draft_depth_ms[d] / draft_depth_ms[K], so draft_ms keeps its meaning (the
+/// full-depth cost). Replaces any depth table tables already has. The array is copied and
+/// tables is left unchanged (and still owned by the caller). On success *tables_out is a new
+/// handle owned by the caller (free with avc_cost_tables_free); on failure it is NULL.
+///
+/// # Safety
+///
+/// tables must be NULL or live cost tables; draft_depth_ms must point to draft_depth_len
+/// readable doubles (or be NULL with length 0, which is then rejected as too short);
+/// tables_out must be NULL (an error) or point to a writable avc_cost_tables pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_cost_tables_with_draft_depth(
+    tables: *const AvcCostTables,
+    draft_depth_ms: *const f64,
+    draft_depth_len: usize,
+    tables_out: *mut *mut AvcCostTables,
+) -> AvcStatus {
+    guard("avc_cost_tables_with_draft_depth", || {
+        // SAFETY: the caller's contract is `out_value`'s, `borrow`'s and `input`'s, each
+        // pointer with the length it is passed with.
+        let (out, handle, depth) = unsafe {
+            let out = out_value(tables_out, "tables_out")?;
+            out.write(std::ptr::null_mut());
+            (
+                out,
+                borrow(tables, "tables")?,
+                input(draft_depth_ms, draft_depth_len, "draft_depth_ms")?,
+            )
+        };
+        let tables = handle.tables.clone().with_draft_depth(depth.to_vec())?;
+        out.write(publish_tables(tables));
+        Ok(())
+    })
+}
+
+/// New tables: a copy of tables plus the canonical draft-depth table of a drafter kind up to
+/// max_depth (K, 1..=4096) positions: d / K for AVC_DRAFTER_KIND_AUTOREGRESSIVE, 1 for every
+/// d >= 1 for AVC_DRAFTER_KIND_PARALLEL (and 0 at d = 0). Otherwise as
+/// avc_cost_tables_with_draft_depth: tables is unchanged; on success *tables_out is a new
+/// handle owned by the caller, on failure NULL.
+///
+/// Errors: AVC_ERR_NULL; AVC_ERR_INVALID_HANDLE; AVC_ERR_VALUE for a kind that is not one of
+/// the constants or max_depth outside 1..=4096.
+///
+/// # Safety
+///
+/// tables must be NULL or live cost tables; tables_out must be NULL (an error) or point to a
+/// writable avc_cost_tables pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_cost_tables_with_drafter(
+    tables: *const AvcCostTables,
+    kind: AvcDrafterKind,
+    max_depth: usize,
+    tables_out: *mut *mut AvcCostTables,
+) -> AvcStatus {
+    guard("avc_cost_tables_with_drafter", || {
+        // SAFETY: the caller's contract is `out_value`'s and `borrow`'s.
+        let (out, handle) = unsafe {
+            let out = out_value(tables_out, "tables_out")?;
+            out.write(std::ptr::null_mut());
+            (out, borrow(tables, "tables")?)
+        };
+        let kind = match kind {
+            AVC_DRAFTER_KIND_AUTOREGRESSIVE => DrafterKind::Autoregressive,
+            AVC_DRAFTER_KIND_PARALLEL => DrafterKind::Parallel,
+            other => {
+                return Err(FfiError::value(
+                    "kind",
+                    format!(
+                        "must be AVC_DRAFTER_KIND_AUTOREGRESSIVE (0) or AVC_DRAFTER_KIND_PARALLEL (1), got {other}"
+                    ),
+                ))
+            }
+        };
+        let tables = handle
+            .tables
+            .clone()
+            .with_drafter(kind, max_depth)
+            .map_err(|error| rename_argument(error, "max_draft_depth", "max_depth"))?;
+        out.write(publish_tables(tables));
+        Ok(())
+    })
+}
+
+/// Copies the draft-depth table out. Writes its length to *len_out: K + 1, or 0 when the
+/// tables have none (then nothing else is written and the call succeeds). If capacity is at
+/// least that length the table goes to draft_depth_ms[0..len]; if not, returns
+/// AVC_ERR_BUFFER_TOO_SMALL and writes nothing to draft_depth_ms (only *len_out). Query the
+/// length with draft_depth_ms = NULL, capacity = 0.
+///
+/// # Safety
+///
+/// tables must be NULL or live cost tables; draft_depth_ms must point to capacity writable
+/// doubles (or be NULL with capacity = 0); len_out must be NULL (an error) or point to a
+/// writable size_t.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_cost_tables_draft_depth(
+    tables: *const AvcCostTables,
+    draft_depth_ms: *mut f64,
+    capacity: usize,
+    len_out: *mut usize,
+) -> AvcStatus {
+    guard("avc_cost_tables_draft_depth", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (handle, out, len) = unsafe {
+            (
+                borrow(tables, "tables")?,
+                output(draft_depth_ms, capacity, "draft_depth_ms")?,
+                out_value(len_out, "len_out")?,
+            )
+        };
+        let table = handle.tables.draft_depth_ms().unwrap_or(&[]);
+        let needed = table.len();
+        len.write(needed);
+        if capacity < needed {
+            return Err(FfiError {
+                status: AVC_ERR_BUFFER_TOO_SMALL,
+                message: format!(
+                    "draft_depth_ms: capacity = {capacity}, the table has {needed} entries \
+                     (written to *len_out)"
+                ),
+            });
+        }
+        out.prefix(needed).write(table);
         Ok(())
     })
 }

@@ -14,8 +14,9 @@
 //! * Results go to caller-owned memory passed as pointer + length; no function allocates
 //!   memory that the caller must free, except handles, which are freed by their `*_free`.
 //! * A rejected call changes nothing: neither the handle nor any output buffer, except that a
-//!   failed constructor sets its handle output to NULL and `avc_estimator_save` reports the size
-//!   it needs.
+//!   failed constructor (including `avc_cost_tables_with_draft_depth` / `_with_drafter`, which
+//!   derive new tables and leave their input as it was) sets its handle output to NULL, and
+//!   `avc_estimator_save` and `avc_cost_tables_draft_depth` report the size they need.
 //! * No Rust panic crosses the boundary: every entry point runs under `catch_unwind` and a
 //!   panic becomes `AVC_ERR_PANIC`.
 //!

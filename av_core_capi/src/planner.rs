@@ -1,6 +1,7 @@
 //! The verification planner: the stateless `avc_choose_draft_budget`,
-//! `avc_assign_draft_budget` and `avc_plan_verification`, and the stateful `avc_planner`
-//! (`av_core::planner::VerificationPlanner`).
+//! `avc_assign_draft_budget`, `avc_plan_verification` and `avc_choose_draft_depth`, and the
+//! stateful `avc_planner` (`av_core::planner::VerificationPlanner`), whose
+//! `avc_planner_choose_draft_depth` decides the drafting depth from its remembered confidences.
 //!
 //! Thread safety: the stateless functions are reentrant (they may share one cost-tables
 //! handle across threads). The core planner's `plan` needs exclusive access (it updates the
@@ -11,7 +12,9 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard};
 
-use av_core::planner::{self, BudgetSource, StepTokens, VerificationPlan, VerificationPlanner};
+use av_core::planner::{
+    self, BudgetSource, DepthMode, DepthPlan, StepTokens, VerificationPlan, VerificationPlanner,
+};
 use av_core::MatrixView;
 
 use crate::cost_tables::AvcCostTables;
@@ -76,6 +79,74 @@ impl From<VerificationPlan> for AvcVerificationPlan {
             predicted_cost_ms: plan.predicted_cost_ms,
         }
     }
+}
+
+/// How the drafting depth is decided (an int32_t; pass one of the constants).
+pub type AvcDepthMode = i32;
+
+/// One depth D for the whole batch, each request drafting min(D, max_depths[r]): the shape
+/// drafters that run in lockstep (CUDA graphs, EAGLE's fixed-depth loop) can use.
+pub const AVC_DEPTH_MODE_BATCH: AvcDepthMode = 0;
+/// Each request drafts its own depth (a prefix of its positions in survival order); never
+/// worse than AVC_DEPTH_MODE_BATCH under the same cost model when draft_ms is non-decreasing.
+pub const AVC_DEPTH_MODE_PER_REQUEST: AvcDepthMode = 1;
+
+/// What a drafting-depth decision decided (the depths go to the caller's array).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AvcDepthPlan {
+    /// The deepest depth any request drafts (0: run the step without the drafter).
+    pub max_depth: usize,
+    /// Total positions to draft, the sum of the depths.
+    pub drafts: usize,
+    /// The verification budget the decision anticipates (the verification planner decides
+    /// the real one once the drafts exist).
+    pub budget: usize,
+    /// s + the anticipated budget's survivals: the tokens the step is expected to emit.
+    pub expected_accepted_tokens: f64,
+    /// The drafting cost of the chosen depths plus verify_ms[T + budget].
+    pub predicted_cost_ms: f64,
+}
+
+impl From<DepthPlan> for AvcDepthPlan {
+    fn from(plan: DepthPlan) -> Self {
+        AvcDepthPlan {
+            max_depth: plan.max_depth,
+            drafts: plan.drafts,
+            budget: plan.budget,
+            expected_accepted_tokens: plan.expected_accepted_tokens,
+            predicted_cost_ms: plan.predicted_cost_ms,
+        }
+    }
+}
+
+/// The core's mode for the C constant `mode`.
+fn depth_mode(mode: AvcDepthMode) -> FfiResult<DepthMode> {
+    match mode {
+        AVC_DEPTH_MODE_BATCH => Ok(DepthMode::Batch),
+        AVC_DEPTH_MODE_PER_REQUEST => Ok(DepthMode::PerRequest),
+        other => Err(FfiError::value(
+            "mode",
+            format!(
+                "must be AVC_DEPTH_MODE_BATCH (0) or AVC_DEPTH_MODE_PER_REQUEST (1), got {other}"
+            ),
+        )),
+    }
+}
+
+/// A depth decision's error for C callers: the core's "cost_tables: have no draft-depth
+/// table" names Rust builders; say which C argument lacks it and how to add one.
+fn depth_error(error: av_core::Error, tables: &'static str, what: &str) -> FfiError {
+    if error.argument == "cost_tables" {
+        return FfiError::value(
+            tables,
+            format!(
+                "{what} no draft-depth table; add one with avc_cost_tables_with_draft_depth or \
+                 avc_cost_tables_with_drafter"
+            ),
+        );
+    }
+    error.into()
 }
 
 /// A stateful verification planner: remembers each request slot's confidences of the previous
@@ -299,6 +370,77 @@ pub unsafe extern "C" fn avc_plan_verification(
     })
 }
 
+/// How many positions each request should draft this step, decided before drafting: for
+/// each candidate depth the best verification budget, pricing the drafter by depth with the
+/// tables' draft-depth table (avc_cost_tables_with_draft_depth / _with_drafter; its K must be
+/// at least num_cols). Nothing here reads a token of the step it governs, so pass confidences
+/// fixed before it (the previous step's; the stateful avc_planner_choose_draft_depth uses the
+/// ones it remembers).
+///
+/// confidences [num_rows, num_cols] are per-position acceptance probabilities in [0, 1];
+/// max_depths[r] (max_depths_len = num_rows) in 0..=num_cols caps request r (0 for requests
+/// that cannot draft, such as prefills). step is as for avc_choose_draft_budget, with the
+/// largest budget bounded by the sum of max_depths. mode is AVC_DEPTH_MODE_BATCH or
+/// AVC_DEPTH_MODE_PER_REQUEST. Writes depths[r] (depths_len = num_rows), each in
+/// 0..=max_depths[r] (all 0: run the step without the drafter), and *plan_out.
+///
+/// Errors: AVC_ERR_NULL; AVC_ERR_INVALID_HANDLE; AVC_ERR_VALUE for tables without a
+/// draft-depth table or one shallower than num_cols, confidences outside [0, 1] or NaN,
+/// max_depths out of range or of the wrong length, depths of the wrong length or overlapping
+/// an input, a mode that is not one of the constants, and the step errors of
+/// avc_choose_draft_budget. A rejected call writes nothing.
+///
+/// # Safety
+///
+/// Arrays must point to their stated number of readable (inputs) or writable (depths)
+/// elements, or be NULL with length 0; depths must not overlap an input; step must be NULL or
+/// point to an initialized avc_step_tokens; tables must be NULL or live cost tables; plan_out
+/// must be NULL or point to a writable avc_depth_plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_choose_draft_depth(
+    confidences: *const f32,
+    num_rows: usize,
+    num_cols: usize,
+    max_depths: *const i64,
+    max_depths_len: usize,
+    step: *const AvcStepTokens,
+    tables: *const AvcCostTables,
+    mode: AvcDepthMode,
+    depths: *mut i32,
+    depths_len: usize,
+    plan_out: *mut AvcDepthPlan,
+) -> AvcStatus {
+    guard("avc_choose_draft_depth", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (confidences, caps, step, tables, out, plan) = unsafe {
+            (
+                confidences_view(confidences, num_rows, num_cols, "confidences")?,
+                input(max_depths, max_depths_len, "max_depths")?,
+                input_ref(step, "step")?,
+                borrow(tables, "tables")?,
+                output(depths, depths_len, "depths")?,
+                out_value(plan_out, "plan_out")?,
+            )
+        };
+        let mode = depth_mode(mode)?;
+        out.ensure_disjoint("depths", confidences.data(), "confidences")?;
+        out.ensure_disjoint("depths", caps, "max_depths")?;
+        let mut result = vec![0i32; out.len()];
+        let decided = planner::choose_draft_depth(
+            confidences,
+            caps,
+            &step.into(),
+            &tables.tables,
+            mode,
+            &mut result,
+        )
+        .map_err(|error| depth_error(error, "tables", "have"))?;
+        out.write(&result);
+        plan.write(decided.into());
+        Ok(())
+    })
+}
+
 /// Creates a planner for num_slots request slots of num_positions (K >= 1) drafts each, with
 /// a copy of tables (the tables handle may be freed afterwards). budget_source is
 /// AVC_BUDGET_SOURCE_PREVIOUS (lossless for every drafter) or AVC_BUDGET_SOURCE_CURRENT.
@@ -465,6 +607,69 @@ pub unsafe extern "C" fn avc_planner_previous_confidences(
             ));
         }
         out.write(remembered);
+        Ok(())
+    })
+}
+
+/// How many positions each request in slots (distinct slot indices, slots_len = number of
+/// requests R) should draft this step, decided by avc_choose_draft_depth's rule from the
+/// confidences the planner remembers for those slots (the previous step's; 1.0 for new
+/// requests). With the planner's exploration floor (1% of the requests per step, drawn from
+/// the step count and the slot, never from tokens), a request that the next avc_planner_plan
+/// explores drafts as deep as the deepest request already does, and in an exploration step
+/// (1% of the steps) its full max_depths[r], so deep positions keep receiving labels. Changes
+/// no state: the next plan is the same whether or not this was called.
+///
+/// The planner's cost tables need a draft-depth table covering its K (make the tables with
+/// avc_cost_tables_with_draft_depth / _with_drafter before avc_planner_new). max_depths[r]
+/// (max_depths_len = R) in 0..=K caps request r; mode is AVC_DEPTH_MODE_BATCH or
+/// AVC_DEPTH_MODE_PER_REQUEST. Writes depths[r] (depths_len = R) and *plan_out; once drafted,
+/// pass the depths (as scheduled_drafts) to the next avc_planner_plan.
+///
+/// Errors: as avc_choose_draft_depth, plus duplicate or out-of-range slots. A rejected call
+/// writes nothing.
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner; arrays must point to their stated number of
+/// readable (inputs) or writable (depths) elements, or be NULL with length 0; depths must not
+/// overlap an input; step must be NULL or point to an initialized avc_step_tokens; plan_out
+/// must be NULL or point to a writable avc_depth_plan.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_choose_draft_depth(
+    planner: *const AvcPlanner,
+    slots: *const i64,
+    slots_len: usize,
+    max_depths: *const i64,
+    max_depths_len: usize,
+    step: *const AvcStepTokens,
+    mode: AvcDepthMode,
+    depths: *mut i32,
+    depths_len: usize,
+    plan_out: *mut AvcDepthPlan,
+) -> AvcStatus {
+    guard("avc_planner_choose_draft_depth", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (handle, slots, caps, step, out, plan) = unsafe {
+            (
+                borrow(planner, "planner")?,
+                input(slots, slots_len, "slots")?,
+                input(max_depths, max_depths_len, "max_depths")?,
+                input_ref(step, "step")?,
+                output(depths, depths_len, "depths")?,
+                out_value(plan_out, "plan_out")?,
+            )
+        };
+        let mode = depth_mode(mode)?;
+        out.ensure_disjoint("depths", slots, "slots")?;
+        out.ensure_disjoint("depths", caps, "max_depths")?;
+        let mut result = vec![0i32; out.len()];
+        let decided = handle
+            .lock()
+            .choose_draft_depth(slots, caps, &step.into(), mode, &mut result)
+            .map_err(|error| depth_error(error, "planner", "its cost tables have"))?;
+        out.write(&result);
+        plan.write(decided.into());
         Ok(())
     })
 }

@@ -3,7 +3,9 @@
  * length, mismatched lengths, NaN and infinite inputs, invalid counts, too-small buffers,
  * corrupt saved state, overlapping buffers, double free and wrong-kind handles, thread-local
  * error messages, and "a rejected call changes nothing". Plus one law through the ABI:
- * concurrent observers give the serial bytes.
+ * concurrent observers give the serial bytes; and the drafting-depth decision against
+ * hand-computed cases (hopeless drafts with expensive drafting: depth 0; confident drafts with
+ * free drafting: full depth).
  *
  * scripts/check_capi.sh compiles it against the static library and runs it under
  * valgrind --error-exitcode=1 --leak-check=full, so leaks and invalid accesses fail too.
@@ -461,6 +463,201 @@ static void test_planner(void) {
     EXPECT(avc_planner_free(planner), AVC_ERR_INVALID_HANDLE, "planner");
 }
 
+/* The drafting-depth API: draft-depth tables on new cost-tables handles, the stateless
+ * decision against hand-computed cases, and the stateful planner's decision. */
+static void test_draft_depth(void) {
+    const double expensive_draft[] = {0.0, 100.0, 100.0, 100.0};
+    const double free_draft[] = {0.0, 0.0, 0.0, 0.0};
+    double flat_verify[13];
+    for (int t = 0; t < 13; t++) {
+        flat_verify[t] = 10.0;
+    }
+    avc_cost_tables *plain = NULL;
+    OK(avc_cost_tables_new(expensive_draft, 4, flat_verify, 13, &plain));
+
+    /* avc_cost_tables_with_draft_depth: a failure sets the output to NULL. */
+    const double depth_table[] = {0.0, 1.0, 2.0, 3.0}; /* one pass per position */
+    const double decreasing[] = {0.0, 2.0, 1.0};
+    avc_cost_tables *out = plain; /* any non-NULL value */
+    EXPECT(avc_cost_tables_with_draft_depth(plain, decreasing, 3, &out), AVC_ERR_VALUE,
+           "draft_depth_ms: [2] = 1 must be finite and >= [1] = 2");
+    CHECK(out == NULL, "tables_out not NULL after a failure");
+    out = plain;
+    EXPECT(avc_cost_tables_with_draft_depth(plain, depth_table, 1, &out), AVC_ERR_VALUE,
+           "draft_depth_ms: has 1 entries");
+    CHECK(out == NULL, "tables_out not NULL after a failure");
+    EXPECT(avc_cost_tables_with_draft_depth(plain, NULL, 4, &out), AVC_ERR_NULL,
+           "draft_depth_ms: is NULL");
+    EXPECT(avc_cost_tables_with_draft_depth(NULL, depth_table, 4, &out), AVC_ERR_NULL,
+           "tables: must not be NULL");
+    EXPECT(avc_cost_tables_with_draft_depth(plain, depth_table, 4, NULL), AVC_ERR_NULL,
+           "tables_out");
+    avc_cost_tables *expensive = NULL;
+    OK(avc_cost_tables_with_draft_depth(plain, depth_table, 4, &expensive));
+    CHECK(expensive != NULL && expensive != plain, "with_draft_depth returned the input");
+
+    /* avc_cost_tables_draft_depth: length 0 without a table; a size query; a copy. */
+    double table[8];
+    for (int i = 0; i < 8; i++) {
+        table[i] = -1.0;
+    }
+    size_t len = 99;
+    OK(avc_cost_tables_draft_depth(plain, table, 8, &len));
+    CHECK(len == 0 && table[0] == -1.0, "the input gained a depth table (len %zu)", len);
+    EXPECT(avc_cost_tables_draft_depth(expensive, NULL, 0, &len), AVC_ERR_BUFFER_TOO_SMALL,
+           "draft_depth_ms: capacity = 0, the table has 4 entries");
+    CHECK(len == 4, "size query said %zu, expected 4", len);
+    len = 99;
+    EXPECT(avc_cost_tables_draft_depth(expensive, table, 3, &len), AVC_ERR_BUFFER_TOO_SMALL,
+           "capacity = 3");
+    CHECK(len == 4 && table[0] == -1.0, "a too-small buffer was written");
+    len = 99;
+    EXPECT(avc_cost_tables_draft_depth(expensive, table, 8, NULL), AVC_ERR_NULL, "len_out");
+    EXPECT(avc_cost_tables_draft_depth(NULL, table, 8, &len), AVC_ERR_NULL, "tables");
+    CHECK(len == 99 && table[0] == -1.0, "a rejected query wrote its outputs");
+    OK(avc_cost_tables_draft_depth(expensive, table, 8, &len));
+    CHECK(len == 4 && table[0] == 0.0 && table[3] == 3.0 && table[4] == -1.0,
+          "draft depth table: len %zu, [3] = %g, [4] = %g", len, table[3], table[4]);
+
+    /* avc_cost_tables_with_drafter; derived tables outlive their base. */
+    out = plain;
+    EXPECT(avc_cost_tables_with_drafter(plain, 2, K, &out), AVC_ERR_VALUE,
+           "kind: must be AVC_DRAFTER_KIND_AUTOREGRESSIVE (0) or AVC_DRAFTER_KIND_PARALLEL (1), "
+           "got 2");
+    CHECK(out == NULL, "tables_out not NULL after a failure");
+    EXPECT(avc_cost_tables_with_drafter(plain, AVC_DRAFTER_KIND_PARALLEL, 0, &out),
+           AVC_ERR_VALUE, "max_depth: = 0 must be in 1..=4096");
+    avc_cost_tables *free_base = NULL, *free_tables = NULL, *block = NULL;
+    OK(avc_cost_tables_new(free_draft, 4, flat_verify, 13, &free_base));
+    OK(avc_cost_tables_with_drafter(free_base, AVC_DRAFTER_KIND_AUTOREGRESSIVE, K, &free_tables));
+    OK(avc_cost_tables_with_drafter(free_base, AVC_DRAFTER_KIND_PARALLEL, K, &block));
+    OK(avc_cost_tables_free(free_base));
+    OK(avc_cost_tables_draft_depth(free_tables, table, 8, &len));
+    CHECK(len == K + 1 && table[1] == 1.0 / 3.0 && table[3] == 1.0, "autoregressive shape");
+    OK(avc_cost_tables_draft_depth(block, table, 8, &len));
+    CHECK(len == K + 1 && table[1] == 1.0 && table[2] == 1.0, "parallel shape");
+    OK(avc_cost_tables_free(block));
+
+    /* avc_choose_draft_depth. */
+    const float hopeless[ROWS * K] = {0.01f, 0.01f, 0.01f, 0.01f, 0.01f, 0.01f};
+    const float confident[ROWS * K] = {0.9f, 0.9f, 0.9f, 0.9f, 0.9f, 0.9f};
+    const int64_t caps[ROWS] = {K, K};
+    const int64_t too_deep[ROWS] = {K + 1, 0};
+    avc_step_tokens step = {ROWS, ROWS, SIZE_MAX};
+    int32_t depths[ROWS] = {-1, -1};
+    avc_depth_plan plan = {77, 77, 77, -7.0, -7.0};
+    EXPECT(avc_choose_draft_depth(hopeless, ROWS, K, caps, ROWS, &step, plain,
+                                  AVC_DEPTH_MODE_BATCH, depths, ROWS, &plan),
+           AVC_ERR_VALUE, "tables: have no draft-depth table");
+    EXPECT(avc_choose_draft_depth(hopeless, ROWS, K, caps, ROWS, &step, expensive, 5, depths,
+                                  ROWS, &plan),
+           AVC_ERR_VALUE, "mode: must be AVC_DEPTH_MODE_BATCH (0) or");
+    EXPECT(avc_choose_draft_depth(hopeless, ROWS, K, too_deep, ROWS, &step, expensive,
+                                  AVC_DEPTH_MODE_BATCH, depths, ROWS, &plan),
+           AVC_ERR_VALUE, "max_depths");
+    EXPECT(avc_choose_draft_depth(hopeless, ROWS, K, caps, ROWS, &step, expensive,
+                                  AVC_DEPTH_MODE_BATCH, depths, 1, &plan),
+           AVC_ERR_VALUE, "depths: has length 1");
+    EXPECT(avc_choose_draft_depth(hopeless, ROWS, K, caps, ROWS, NULL, expensive,
+                                  AVC_DEPTH_MODE_BATCH, depths, ROWS, &plan),
+           AVC_ERR_NULL, "step");
+    EXPECT(avc_choose_draft_depth(hopeless, ROWS, K, caps, ROWS, &step, expensive,
+                                  AVC_DEPTH_MODE_BATCH, depths, ROWS, NULL),
+           AVC_ERR_NULL, "plan_out");
+    CHECK(depths[0] == -1 && depths[1] == -1 && plan.max_depth == 77 &&
+              plan.expected_accepted_tokens == -7.0,
+          "a rejected depth decision wrote its outputs");
+    const avc_depth_mode modes[2] = {AVC_DEPTH_MODE_BATCH, AVC_DEPTH_MODE_PER_REQUEST};
+    const double p = (double)0.9f;
+    const double confident_tokens = 2.0 + 2.0 * (p + p * p + p * p * p);
+    for (int m = 0; m < 2; m++) {
+        /* Hopeless drafts, 100 ms to draft 3 positions: not drafting (2 tokens / 10 ms) beats
+         * every depth d, which adds 100 d / 3 ms for at most 0.06 tokens. */
+        OK(avc_choose_draft_depth(hopeless, ROWS, K, caps, ROWS, &step, expensive, modes[m],
+                                  depths, ROWS, &plan));
+        CHECK(depths[0] == 0 && depths[1] == 0, "mode %d: hopeless depths %d %d", modes[m],
+              depths[0], depths[1]);
+        CHECK(plan.max_depth == 0 && plan.drafts == 0 && plan.budget == 0 &&
+                  plan.expected_accepted_tokens == 2.0 && plan.predicted_cost_ms == 10.0,
+              "mode %d: hopeless plan %zu %zu %zu %g %g", modes[m], plan.max_depth, plan.drafts,
+              plan.budget, plan.expected_accepted_tokens, plan.predicted_cost_ms);
+        /* Confident drafts, free drafting, flat verification: every position pays. */
+        OK(avc_choose_draft_depth(confident, ROWS, K, caps, ROWS, &step, free_tables, modes[m],
+                                  depths, ROWS, &plan));
+        CHECK(depths[0] == K && depths[1] == K, "mode %d: confident depths %d %d", modes[m],
+              depths[0], depths[1]);
+        CHECK(plan.max_depth == K && plan.drafts == 2 * K && plan.budget == 2 * K &&
+                  fabs(plan.expected_accepted_tokens - confident_tokens) < 1e-12 &&
+                  plan.predicted_cost_ms == 10.0,
+              "mode %d: confident plan %zu %zu %zu %.17g (expected %.17g) %g", modes[m],
+              plan.max_depth, plan.drafts, plan.budget, plan.expected_accepted_tokens,
+              confident_tokens, plan.predicted_cost_ms);
+    }
+
+    /* avc_planner_choose_draft_depth: 6 ms to draft 3 positions, 10 ms to verify. */
+    const double moderate_draft[] = {0.0, 6.0, 6.0, 6.0};
+    avc_cost_tables *moderate_base = NULL, *moderate = NULL;
+    OK(avc_cost_tables_new(moderate_draft, 4, flat_verify, 13, &moderate_base));
+    OK(avc_cost_tables_with_drafter(moderate_base, AVC_DRAFTER_KIND_AUTOREGRESSIVE, K,
+                                    &moderate));
+    avc_planner *planner = NULL, *without = NULL;
+    OK(avc_planner_new(moderate, 4, K, AVC_BUDGET_SOURCE_PREVIOUS, &planner));
+    OK(avc_planner_new(moderate_base, 4, K, AVC_BUDGET_SOURCE_PREVIOUS, &without));
+    OK(avc_cost_tables_free(moderate));
+    OK(avc_cost_tables_free(moderate_base));
+    const int64_t slots[ROWS] = {0, 1};
+    const int64_t duplicate[ROWS] = {1, 1};
+    plan = (avc_depth_plan){77, 77, 77, -7.0, -7.0};
+    depths[0] = depths[1] = -1;
+    EXPECT(avc_planner_choose_draft_depth(without, slots, ROWS, caps, ROWS, &step,
+                                          AVC_DEPTH_MODE_BATCH, depths, ROWS, &plan),
+           AVC_ERR_VALUE, "planner: its cost tables have no draft-depth table");
+    EXPECT(avc_planner_choose_draft_depth(planner, duplicate, ROWS, caps, ROWS, &step,
+                                          AVC_DEPTH_MODE_BATCH, depths, ROWS, &plan),
+           AVC_ERR_VALUE, "slots: [1] = 1 appears twice");
+    EXPECT(avc_planner_choose_draft_depth(planner, slots, ROWS, caps, 1, &step,
+                                          AVC_DEPTH_MODE_BATCH, depths, ROWS, &plan),
+           AVC_ERR_VALUE, "max_depths");
+    EXPECT(avc_planner_choose_draft_depth(planner, slots, ROWS, caps, ROWS, &step, -1, depths,
+                                          ROWS, &plan),
+           AVC_ERR_VALUE, "mode");
+    EXPECT(avc_planner_choose_draft_depth(NULL, slots, ROWS, caps, ROWS, &step,
+                                          AVC_DEPTH_MODE_BATCH, depths, ROWS, &plan),
+           AVC_ERR_NULL, "planner");
+    CHECK(depths[0] == -1 && plan.max_depth == 77, "a rejected planner depth wrote its outputs");
+    /* Fresh slots remember 1.0: depth 3 gives (2 + 6) tokens / (6 + 10) ms, the best. */
+    OK(avc_planner_choose_draft_depth(planner, slots, ROWS, caps, ROWS, &step,
+                                      AVC_DEPTH_MODE_BATCH, depths, ROWS, &plan));
+    CHECK(depths[0] == K && depths[1] == K && plan.expected_accepted_tokens == 8.0 &&
+              plan.predicted_cost_ms == 16.0,
+          "fresh slots: depths %d %d, plan %g tokens / %g ms", depths[0], depths[1],
+          plan.expected_accepted_tokens, plan.predicted_cost_ms);
+    /* After a step of poor drafts no depth beats running without the drafter. */
+    const int64_t scheduled[ROWS] = {K, K};
+    int32_t admitted[ROWS];
+    avc_verification_plan verification;
+    OK(avc_planner_plan(planner, slots, ROWS, hopeless, ROWS, K, scheduled, ROWS, &step, admitted,
+                        ROWS, &verification));
+    for (int m = 0; m < 2; m++) {
+        OK(avc_planner_choose_draft_depth(planner, slots, ROWS, caps, ROWS, &step, modes[m],
+                                          depths, ROWS, &plan));
+        CHECK(depths[0] == 0 && depths[1] == 0 && plan.max_depth == 0 &&
+                  plan.predicted_cost_ms == 10.0,
+              "mode %d after poor drafts: depths %d %d", modes[m], depths[0], depths[1]);
+    }
+    /* Deciding the depth changed nothing the planner remembers. */
+    double remembered[K];
+    OK(avc_planner_previous_confidences(planner, 1, remembered, K));
+    CHECK(remembered[0] == (double)0.01f && remembered[2] == (double)0.01f,
+          "slot 1 remembers %g", remembered[0]);
+
+    OK(avc_planner_free(planner));
+    OK(avc_planner_free(without));
+    OK(avc_cost_tables_free(free_tables));
+    OK(avc_cost_tables_free(expensive));
+    OK(avc_cost_tables_free(plain));
+}
+
 static void test_misc(void) {
     uint32_t major = 0, minor = 0, patch = 0;
     OK(avc_version(&major, &minor, &patch));
@@ -570,6 +767,7 @@ int main(void) {
     test_handles();
     test_cost_tables();
     test_planner();
+    test_draft_depth();
     test_misc();
     test_thread_local_errors();
     test_concurrent_observe();

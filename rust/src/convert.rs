@@ -252,12 +252,12 @@ pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<i64>> 
         });
     }
     if let Ok(a) = array.cast::<PyArray1<i32>>() {
-        return Ok(a
-            .try_readonly()?
-            .as_array()
-            .iter()
-            .map(|&v| i64::from(v))
-            .collect());
+        let a: PyReadonlyArray1<i32> = a.try_readonly()?;
+        // A contiguous slice widens in a vectorized loop; ndarray's strided iterator does not.
+        return Ok(match a.as_slice() {
+            Ok(s) => s.iter().map(|&v| i64::from(v)).collect(),
+            Err(_) => a.as_array().iter().map(|&v| i64::from(v)).collect(),
+        });
     }
     if is_integer(&array) {
         // Unsigned 64-bit values above i64::MAX would wrap; they are far beyond any K anyway,
