@@ -81,8 +81,8 @@ typedef struct avc_estimator_config {
    */
   double max_intercept;
   /**
-   * Discount per round, in [0, 1), of the memory of past rounds' quadratic models
-   * (0 = vLLM's memoryless refit, the default).
+   * Discount per round, in [0, 1), of the memory of past rounds' quadratic models (0.8 by
+   * default, chosen in docs/memory.md; 0 = vLLM's memoryless refit).
    */
   double memory;
   /**

@@ -21,7 +21,8 @@ FRACTION = 2.0 ** AcceptanceEstimator(1).state_dict()["round_stats"]["fraction_b
 
 
 # vLLM's update has no step or range limits; these switch av_core's off for exact comparisons.
-UNBOUNDED = {"max_step": np.inf, "max_slope": np.inf, "max_intercept": np.inf}
+# vLLM's update: unbounded steps and no memory across rounds.
+UNBOUNDED = {"max_step": np.inf, "max_slope": np.inf, "max_intercept": np.inf, "memory": 0.0}
 
 
 def float_stats(estimator: AcceptanceEstimator) -> dict[str, np.ndarray]:

@@ -16,7 +16,8 @@ HIGH = SyntheticWorkload(slope=0.55, intercepts=(2.0, 1.5, 1.0, 0.5))
 LOW = SyntheticWorkload(slope=0.55, intercepts=(0.0, -0.5, -1.0, -1.5))
 # Verification is compute-bound (every extra token costs 8% of a step), so the planner trims.
 TABLES = CostTables(np.zeros(R + 1), 1.0 + 0.08 * np.arange(R * (K + 1) + 1))
-UNBOUNDED = {"max_step": np.inf, "max_slope": np.inf, "max_intercept": np.inf}
+# vLLM's update: unbounded steps and no memory across rounds.
+UNBOUNDED = {"max_step": np.inf, "max_slope": np.inf, "max_intercept": np.inf, "memory": 0.0}
 GRID = np.linspace(-4.0, 6.0, 41)
 
 

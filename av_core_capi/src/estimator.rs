@@ -64,8 +64,8 @@ pub struct AvcEstimatorConfig {
     pub max_slope: f64,
     /// Largest absolute intercept (15; INFINITY = unbounded).
     pub max_intercept: f64,
-    /// Discount per round, in [0, 1), of the memory of past rounds' quadratic models
-    /// (0 = vLLM's memoryless refit, the default).
+    /// Discount per round, in [0, 1), of the memory of past rounds' quadratic models (0.8 by
+    /// default, chosen in docs/memory.md; 0 = vLLM's memoryless refit).
     pub memory: f64,
     /// Drift test threshold in standard deviations of a round's chi-squared statistic: a round
     /// beyond it drops the memory (INFINITY = never).

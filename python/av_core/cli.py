@@ -111,6 +111,7 @@ def _simulate(args: argparse.Namespace) -> int:
         parallel_pass_tokens=args.parallel_pass_tokens,
         exploration=args.exploration,
         depth_control=_depth_modes(args.depth_control),
+        memory=args.memory,
     )
     print(simulation.to_text())
     if args.markdown:
@@ -304,7 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="consecutive drafting rounds per observe, i.e. requests per decode step (default 1)",
     )
-    evaluate.add_argument("--memory", type=float, default=0.0, help="estimator memory (default 0)")
+    evaluate.add_argument(
+        "--memory",
+        type=float,
+        default=None,
+        help="estimator memory across rounds, gamma in [0, 1) (default: the estimator's; 0 is "
+        "vLLM's memoryless update)",
+    )
     evaluate.add_argument(
         "--groups-per-workload",
         type=int,
@@ -359,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="planner exploration floor (default: the planner's own default)",
+    )
+    simulate.add_argument(
+        "--memory",
+        type=float,
+        default=None,
+        help="estimator memory across rounds, gamma in [0, 1) (default: the estimator's)",
     )
     simulate.add_argument(
         "--depth-control",

@@ -146,7 +146,7 @@ def replay_online(
     *,
     refit_interval: int = DEFAULT_REFIT_INTERVAL,
     batch_rounds: int = 1,
-    memory: float = 0.0,
+    memory: float | None = None,
 ) -> Replay:
     """Replays the online estimator prequentially over ``rounds`` with feature matrix [rounds, K].
 
@@ -154,13 +154,17 @@ def replay_online(
     round of a step is predicted before any of its labels is observed, as in serving. The
     estimator refits itself every ``refit_interval`` observes; the prediction stored for a draft
     is the one made before its own step was observed, so its label never influences its score.
+    ``memory`` is the estimator's memory across rounds (``None``: av_core's default; 0: vLLM's
+    memoryless update).
     """
     if batch_rounds < 1:
         raise ValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
     if features.shape != rounds.rows.shape:
         raise ValueError(f"features must have shape {rounds.rows.shape}, got {features.shape}")
-    estimator = AcceptanceEstimator(
-        rounds.num_positions, refit_interval=refit_interval, memory=memory
+    estimator = (
+        AcceptanceEstimator(rounds.num_positions, refit_interval=refit_interval)
+        if memory is None
+        else AcceptanceEstimator(rounds.num_positions, refit_interval=refit_interval, memory=memory)
     )
     x = np.ascontiguousarray(np.clip(features, -MAX_FEATURE, MAX_FEATURE), dtype=np.float32)
     predictions = np.empty(x.shape, dtype=np.float64)
@@ -366,7 +370,7 @@ def evaluate_trace(
     *,
     refit_interval: int = DEFAULT_REFIT_INTERVAL,
     batch_rounds: int = 1,
-    memory: float = 0.0,
+    memory: float | None = None,
     groups_per_workload: int = 4,
 ) -> Evaluation:
     """Prequential feature comparison, coefficient trajectory and per-workload fits."""

@@ -325,6 +325,7 @@ def simulate_adaptive(
     parallel_pass_tokens: PassTokens = "requests",
     exploration: float | None = None,
     depth_control: DepthControl | None = None,
+    memory: float | None = None,
 ) -> PolicyResult:
     """Adaptive verification: features → estimator → planner → verdicts → observe.
 
@@ -362,7 +363,11 @@ def simulate_adaptive(
         )
     )
     if estimator is None:
-        estimator = AcceptanceEstimator(num_positions, refit_interval=refit_interval)
+        estimator = (
+            AcceptanceEstimator(num_positions, refit_interval=refit_interval)
+            if memory is None
+            else AcceptanceEstimator(num_positions, refit_interval=refit_interval, memory=memory)
+        )
     x_all = np.ascontiguousarray(features, dtype=np.float32)
     slots = np.arange(num_requests, dtype=np.int64)
     tokens = 0
@@ -465,10 +470,12 @@ def simulate_trace(
     parallel_pass_tokens: PassTokens = "requests",
     exploration: float | None = None,
     depth_control: Sequence[DepthControl] = ("batch", "per_request"),
+    memory: float | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Simulation:
     """Runs every policy at every concurrency on the same round streams (paired comparison):
-    fixed K = 0..K, AV, and AV with each drafting-depth mode in ``depth_control``."""
+    fixed K = 0..K, AV, and AV with each drafting-depth mode in ``depth_control``. ``memory``
+    sets the estimator's memory across rounds (``None``: the estimator's default)."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if warmup_steps < 0:
@@ -498,6 +505,7 @@ def simulate_trace(
                     parallel_pass_tokens=parallel_pass_tokens,
                     exploration=exploration,
                     depth_control=mode,
+                    memory=memory,
                 )
             )
         results[r] = row

@@ -65,6 +65,10 @@ REQUIRED_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.required)
 
 #: The trace shipped with the package, collected with ``av-core collect`` (see ``docs/collect.md``).
 SHIPPED_TRACE = "qwen2.5-coder-1.5b_0.5b_k4_t1.csv.gz"
+#: Every trace shipped in ``av_core/data`` (provenance in ``docs/collect.md``): the main one
+#: (temperature 1.0, the first 36 default prompts) and a second one at temperature 0.6 on the
+#: next 36 prompts.
+SHIPPED_TRACES = (SHIPPED_TRACE, "qwen2.5-coder-1.5b_0.5b_k4_t0.6.csv.gz")
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -539,9 +543,12 @@ def append_trace(trace: DraftTrace, path: str | Path) -> None:
         handle.flush()
 
 
-def load_shipped_trace() -> DraftTrace:
-    """The real trace shipped in ``av_core/data`` (provenance in ``docs/collect.md``)."""
-    resource = resources.files("av_core").joinpath("data", SHIPPED_TRACE)
+def load_shipped_trace(name: str = SHIPPED_TRACE) -> DraftTrace:
+    """A real trace shipped in ``av_core/data`` (one of :data:`SHIPPED_TRACES`; provenance in
+    ``docs/collect.md``)."""
+    if name not in SHIPPED_TRACES:
+        raise ValueError(f"name: {name!r} is not a shipped trace ({', '.join(SHIPPED_TRACES)})")
+    resource = resources.files("av_core").joinpath("data", name)
     with resources.as_file(resource) as path:
         return read_trace(path)
 
@@ -573,6 +580,7 @@ __all__ = [
     "COLUMNS",
     "REQUIRED_COLUMNS",
     "SHIPPED_TRACE",
+    "SHIPPED_TRACES",
     "UNLABELED",
     "Column",
     "DraftTrace",

@@ -256,6 +256,7 @@ class OnlineAcceptanceEstimator:
             init_slope=INIT_SLOPE,
             init_intercept=INIT_INTERCEPT,
             max_log_odds=MAX_LOG_ODDS,
+            memory=0.0,  # vLLM's memoryless update, whatever av_core's default
         )
         self.slope = torch.full((1,), INIT_SLOPE, dtype=torch.float32, device=self.device)
         self.intercepts = torch.full((k,), INIT_INTERCEPT, dtype=torch.float32, device=self.device)

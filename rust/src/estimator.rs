@@ -46,7 +46,7 @@ impl PyAcceptanceEstimator {
         max_step = EstimatorConfig::DEFAULT_MAX_STEP,
         max_slope = EstimatorConfig::DEFAULT_MAX_SLOPE,
         max_intercept = EstimatorConfig::DEFAULT_MAX_INTERCEPT,
-        memory = 0.0,
+        memory = EstimatorConfig::DEFAULT_MEMORY,
         drift_z = EstimatorConfig::DEFAULT_DRIFT_Z,
     ))]
     #[allow(clippy::too_many_arguments)]
