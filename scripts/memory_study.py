@@ -28,7 +28,7 @@ import numpy as np
 from av_core import AcceptanceEstimator
 from av_core.evaluate import ONLINE, evaluate_trace
 from av_core.simulate import simulate_trace
-from av_core.synthetic import SyntheticWorkload
+from av_core.synthetic import SyntheticWorkload, labeled_log_loss, refit_rounds
 from av_core.trace import SHIPPED_TRACES, DraftTrace, read_trace
 
 STATIONARY = SyntheticWorkload(slope=0.55, intercepts=(1.4, 0.9, 0.5, 0.1))
@@ -42,41 +42,19 @@ def shipped_traces() -> list[Path]:
     return [Path(str(folder.joinpath(name))) for name in SHIPPED_TRACES]
 
 
-def run_rounds(
-    est: AcceptanceEstimator, workload: SyntheticWorkload, rounds: int, rng: np.random.Generator
-) -> np.ndarray:
-    history = []
-    while len(history) < rounds:
-        s = workload.step(rng, 10)
-        if est.observe(s.features, s.num_admitted, s.num_accepted, est.predict(s.features)):
-            history.append((est.slope, *est.intercepts))
-    return np.array(history)
-
-
-def synthetic_log_loss(est: AcceptanceEstimator | None, workload: SyntheticWorkload) -> float:
-    """Mean log-loss over the labeled positions of a fixed sample (``None``: the truth)."""
-    s = workload.step(np.random.default_rng(99), 3000)
-    p = s.true_probabilities if est is None else est.predict(s.features).astype(np.float64)
-    p = np.clip(p, 1e-15, 1 - 1e-15)
-    k = np.arange(4)[None, :]
-    acc, adm = s.num_accepted[:, None], s.num_admitted[:, None]
-    labeled = (k < acc) | ((k == acc) & (acc < adm))
-    return float(-np.where(k < acc, np.log(p), np.log1p(-p))[labeled].mean())
-
-
 def jitter(gamma: float, seed: int = 1) -> np.ndarray:
     est = AcceptanceEstimator(4, memory=gamma)
-    return run_rounds(est, STATIONARY, 50, np.random.default_rng(seed))[15:].std(axis=0)
+    return refit_rounds(est, STATIONARY, 50, np.random.default_rng(seed))[15:].std(axis=0)
 
 
 def rounds_to_recover(gamma: float, seed: int = 2) -> int:
     est = AcceptanceEstimator(4, memory=gamma)
     rng = np.random.default_rng(seed)
-    run_rounds(est, HIGH, 30, rng)
-    optimum = synthetic_log_loss(None, LOW)
+    refit_rounds(est, HIGH, 30, rng)
+    optimum = labeled_log_loss(None, LOW)
     for r in range(1, 60):
-        run_rounds(est, LOW, 1, rng)
-        if synthetic_log_loss(est, LOW) <= 1.05 * optimum:
+        refit_rounds(est, LOW, 1, rng)
+        if labeled_log_loss(est, LOW) <= 1.05 * optimum:
             return r
     return 60
 

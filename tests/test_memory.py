@@ -7,7 +7,7 @@ import pytest
 
 from av_core import AcceptanceEstimator
 from av_core.evaluate import ONLINE, evaluate_trace
-from av_core.synthetic import SyntheticWorkload
+from av_core.synthetic import SyntheticWorkload, labeled_log_loss, refit_rounds
 from av_core.trace import SHIPPED_TRACES, load_shipped_trace
 
 STATIONARY = SyntheticWorkload(slope=0.55, intercepts=(1.4, 0.9, 0.5, 0.1))
@@ -18,26 +18,14 @@ LOW = SyntheticWorkload(slope=0.55, intercepts=(-0.5, -1.0, -1.5, -2.0))
 def run_rounds(
     est: AcceptanceEstimator, workload: SyntheticWorkload, rounds: int, rng: np.random.Generator
 ) -> np.ndarray:
-    history = []
-    while len(history) < rounds:
-        s = workload.step(rng, 10)
-        if est.observe(s.features, s.num_admitted, s.num_accepted, est.predict(s.features)):
-            history.append((est.slope, *est.intercepts))
-    return np.array(history)
+    return refit_rounds(est, workload, rounds, rng)
 
 
 def log_loss(
     est: AcceptanceEstimator, workload: SyntheticWorkload, use_truth: bool = False
 ) -> float:
     """Mean log-loss over labeled positions of a fixed evaluation sample (truth: optimum)."""
-    s = workload.step(np.random.default_rng(99), 3000)
-    p = s.true_probabilities if use_truth else est.predict(s.features).astype(np.float64)
-    p = np.clip(p, 1e-15, 1 - 1e-15)
-    k = np.arange(4)[None, :]
-    acc, adm = s.num_accepted[:, None], s.num_admitted[:, None]
-    labeled = (k < acc) | ((k == acc) & (acc < adm))
-    y = k < acc
-    return float(-np.where(y, np.log(p), np.log1p(-p))[labeled].mean())
+    return labeled_log_loss(None if use_truth else est, workload)
 
 
 def test_memory_cuts_coefficient_jitter_at_least_twofold() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from av_core.profile import measure_forward_ms, write_cost_file
 from av_core.simulate import (
     GpuLikeCost,
     MeasuredCost,
+    cost_tables_for,
     draft_cost_ms,
     format_markdown,
     parse_concurrency,
@@ -241,11 +243,8 @@ def test_commands_skip_plots_without_matplotlib(
     assert not out.exists()
 
 
-def test_profile_times_a_tiny_transformers_model() -> None:
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("torch")
-    from av_core.profile import loaded_model_forward
-
+def tiny_qwen(transformers: Any) -> Any:
+    """A two-layer random Qwen2 (64-token vocabulary) for timing code paths."""
     config = transformers.Qwen2Config(
         vocab_size=64,
         hidden_size=32,
@@ -254,7 +253,15 @@ def test_profile_times_a_tiny_transformers_model() -> None:
         num_attention_heads=4,
         num_key_value_heads=2,
     )
-    model = transformers.Qwen2ForCausalLM(config).eval()
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def test_profile_times_a_tiny_transformers_model() -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    from av_core.profile import loaded_model_forward
+
+    model = tiny_qwen(transformers)
     forward = loaded_model_forward(model, context=8)
     points = measure_forward_ms(forward, [1, 4], repeats=2)
     assert [t for t, _ in points] == [1, 4]
@@ -272,3 +279,27 @@ def test_markdown_summary_names_every_policy_and_ratio() -> None:
     assert float(cells[-2]) == pytest.approx(
         simulation.adaptive(16, "AV+D").throughput / best_all, abs=5e-4
     )
+
+
+def test_profile_times_drafting_by_depth_and_the_planner_uses_it(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    from av_core.profile import loaded_drafting_forward
+
+    model = tiny_qwen(transformers)
+    points = measure_forward_ms(loaded_drafting_forward(model, context=8), [1, 4], repeats=3)
+    assert [d for d, _ in points] == [1, 4]
+    # Four sequential passes cost more than one.
+    assert points[1][1] > points[0][1] > 0
+    path = tmp_path / "cost.json"
+    write_cost_file(
+        path, [(1, 6.0), (64, 7.0)], [(1, 0.5), (64, 0.6)], [(1, 0.5), (2, 1.5), (4, 2.0)]
+    )
+    cost = MeasuredCost.load(path)
+    np.testing.assert_allclose(cost.draft_depth_shape(4), [0.0, 0.5, 1.5, 1.75, 2.0])
+    tables = cost_tables_for(cost, "autoregressive", 4, 8, depth_table=True)
+    np.testing.assert_allclose(tables.draft_depth_ms, [0.0, 0.5, 1.5, 1.75, 2.0])
+    # Without a depth profile: the canonical autoregressive shape.
+    write_cost_file(path, [(1, 6.0)], [(1, 0.5)])
+    tables = cost_tables_for(MeasuredCost.load(path), "autoregressive", 4, 8, depth_table=True)
+    np.testing.assert_allclose(tables.draft_depth_ms, [0.0, 0.25, 0.5, 0.75, 1.0])

@@ -131,7 +131,13 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _profile(args: argparse.Namespace) -> int:
     """Measures forward times of a target (and a drafter) into a cost file."""
-    from av_core.profile import format_points, measure_forward_ms, model_forward, write_cost_file
+    from av_core.profile import (
+        format_points,
+        measure_forward_ms,
+        model_drafting_forward,
+        model_forward,
+        write_cost_file,
+    )
     from av_core.simulate import parse_concurrency
 
     if args.threads is not None:
@@ -146,6 +152,7 @@ def _profile(args: argparse.Namespace) -> int:
     )
     print(format_points("target", verify))
     draft = None
+    draft_depth = None
     if args.drafter is not None:
         draft = measure_forward_ms(
             model_forward(args.drafter, device=args.device, context=args.context),
@@ -153,10 +160,19 @@ def _profile(args: argparse.Namespace) -> int:
             repeats=args.repeats,
         )
         print(format_points("drafter", draft))
+        depths = parse_concurrency(args.draft_depths) if args.draft_depths else []
+        if depths:
+            draft_depth = measure_forward_ms(
+                model_drafting_forward(args.drafter, device=args.device, context=args.context),
+                depths,
+                repeats=args.repeats,
+            )
+            print(format_points("drafting by depth", draft_depth))
     write_cost_file(
         args.output,
         verify,
         draft,
+        draft_depth,
         target=str(args.target),
         drafter=None if args.drafter is None else str(args.drafter),
         device=args.device,
@@ -413,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated token counts, or LOW-HIGH for powers of two",
     )
     profile.add_argument("--context", type=int, default=128, help="tokens already in the cache")
+    profile.add_argument(
+        "--draft-depths",
+        default="1,2,3,4",
+        help="with --drafter: drafting depths to time (d sequential one-token drafter passes), "
+        "the draft-cost-by-depth profile; empty to skip (default 1,2,3,4)",
+    )
     profile.add_argument("--repeats", type=int, default=5, help="timed runs per size (median)")
     profile.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     profile.add_argument("--threads", type=int, default=None, help="torch CPU threads")

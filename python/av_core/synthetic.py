@@ -9,9 +9,13 @@ sampling, so the workload exercises the estimator's label rule. Used by the demo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from av_core._native import AcceptanceEstimator
 
 
 def sigmoid(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -62,3 +66,37 @@ class SyntheticWorkload:
         leading = np.cumprod(success, axis=1).sum(axis=1)
         accepted = np.minimum(leading, admitted).astype(np.int64)
         return SyntheticStep(x.astype(np.float32), p, admitted, accepted)
+
+
+def refit_rounds(
+    estimator: AcceptanceEstimator,
+    workload: SyntheticWorkload,
+    rounds: int,
+    rng: np.random.Generator,
+    requests_per_step: int = 10,
+) -> npt.NDArray[np.float64]:
+    """Feeds ``workload`` steps (predict, then observe with those predictions, as in serving)
+    until the estimator has refitted ``rounds`` times; returns ``[rounds, 1 + K]``: the slope
+    and intercepts after each refit."""
+    history: list[tuple[float, ...]] = []
+    while len(history) < rounds:
+        s = workload.step(rng, requests_per_step)
+        predictions = estimator.predict(s.features)
+        if estimator.observe(s.features, s.num_admitted, s.num_accepted, predictions):
+            history.append((estimator.slope, *estimator.intercepts))
+    return np.array(history, dtype=np.float64).reshape(-1, 1 + workload.num_positions)
+
+
+def labeled_log_loss(
+    estimator: AcceptanceEstimator | None, workload: SyntheticWorkload, num_requests: int = 3000
+) -> float:
+    """Mean log-loss over the labeled positions of a fixed sample of ``workload`` (seed 99) under
+    the estimator's predictions, or under the true probabilities with ``estimator=None`` (the
+    optimum)."""
+    s = workload.step(np.random.default_rng(99), num_requests)
+    p = s.true_probabilities if estimator is None else estimator.predict(s.features)
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-15, 1 - 1e-15)
+    k = np.arange(workload.num_positions)[None, :]
+    accepted, admitted = s.num_accepted[:, None], s.num_admitted[:, None]
+    labeled = (k < accepted) | ((k == accepted) & (accepted < admitted))
+    return float(-np.where(k < accepted, np.log(p), np.log1p(-p))[labeled].mean())

@@ -92,6 +92,23 @@ struct Slot {
     row: u32,
 }
 
+/// Fills `scheduled` with depth `d`'s counts (`min(d, caps[r])`); returns the drafts, the
+/// largest budget and the drafting cost at that depth.
+fn at_depth(
+    d: usize,
+    caps: &[usize],
+    step: &StepTokens,
+    tables: &CostTables,
+    scheduled: &mut Vec<usize>,
+    counts: &mut Vec<usize>,
+) -> (usize, usize, f64) {
+    scheduled.clear();
+    scheduled.extend(caps.iter().map(|&c| c.min(d)));
+    let drafts: usize = scheduled.iter().sum();
+    let limit = step.max_draft_budget.map_or(drafts, |cap| cap.min(drafts));
+    (drafts, limit, tables.step_draft_cost_ms(scheduled, counts))
+}
+
 /// Batch mode over `survivals` of rows capped at `caps[r]`; writes `depths`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_depth(
@@ -107,6 +124,7 @@ pub(crate) fn batch_depth(
     let t = step.num_non_draft_tokens;
     let s = step.num_sampling_requests as f64;
     let verify = tables.verify_ms();
+    let nondecreasing = tables.verify_is_nondecreasing();
     let deepest = caps.iter().copied().max().unwrap_or(0);
     let mut best = DepthPlan {
         max_depth: 0,
@@ -122,57 +140,42 @@ pub(crate) fn batch_depth(
         full_sums,
         ..
     } = buffers;
-    let nondecreasing = tables.verify_is_nondecreasing();
-    // The plan at depth `d` (scheduled counts in `scheduled`), given the budget search.
-    let evaluate =
-        |d: usize,
-         scheduled: &[usize],
-         counts: &mut Vec<usize>,
-         search_budget: &mut dyn FnMut(usize, f64, &[f64]) -> Budget| {
-            let drafts: usize = scheduled.iter().sum();
-            let limit = step.max_draft_budget.map_or(drafts, |cap| cap.min(drafts));
-            let draft_ms = tables.step_draft_cost_ms(scheduled, counts);
-            let costs = &verify[t..=t + limit];
-            let chosen = search_budget(limit, draft_ms, costs);
-            DepthPlan {
+    // Keeps the first depth with the best ratio (depths are offered in increasing order).
+    let mut offer = |d: usize, drafts: usize, draft_ms: f64, chosen: Budget| {
+        let cost = draft_ms + verify[t + chosen.budget];
+        if beats(
+            chosen.expected_tokens,
+            cost,
+            best.expected_accepted_tokens,
+            best.predicted_cost_ms,
+        ) {
+            best = DepthPlan {
                 max_depth: d,
                 drafts,
                 budget: chosen.budget,
                 expected_accepted_tokens: chosen.expected_tokens,
-                predicted_cost_ms: draft_ms + costs[chosen.budget],
-            }
-        };
-    let strictly_better = |a: &DepthPlan, b: &DepthPlan| {
-        beats(
-            a.expected_accepted_tokens,
-            a.predicted_cost_ms,
-            b.expected_accepted_tokens,
-            b.predicted_cost_ms,
-        )
+                predicted_cost_ms: cost,
+            };
+        }
     };
 
     if deepest == 0 || is_small(survivals, survivals.count) {
         // Few slots: search every depth from scratch.
         for d in 1..=deepest {
-            scheduled.clear();
-            scheduled.extend(caps.iter().map(|&c| c.min(d)));
+            let (drafts, limit, draft_ms) = at_depth(d, caps, step, tables, scheduled, counts);
             survivals.recount(cols, scheduled);
-            let candidate = evaluate(d, scheduled, counts, &mut |limit, draft_ms, costs| {
-                best_budget(
-                    survivals,
-                    cols,
-                    scheduled,
-                    limit,
-                    s,
-                    draft_ms,
-                    costs,
-                    nondecreasing,
-                    budget_buffers,
-                )
-            });
-            if strictly_better(&candidate, &best) {
-                best = candidate;
-            }
+            let chosen = best_budget(
+                survivals,
+                cols,
+                scheduled,
+                limit,
+                s,
+                draft_ms,
+                &verify[t..=t + limit],
+                nondecreasing,
+                budget_buffers,
+            );
+            offer(d, drafts, draft_ms, chosen);
         }
         survivals.recount(cols, caps);
     } else {
@@ -187,8 +190,8 @@ pub(crate) fn batch_depth(
         full_counts.resize(buckets * deepest, 0);
         full_sums.clear();
         full_sums.resize(buckets * deepest, 0.0);
-        let mut target = (best.expected_accepted_tokens, best.predicted_cost_ms);
-        let mut limits = Vec::with_capacity(deepest);
+        let mut target = (s, verify[t]);
+        let mut shapes = Vec::with_capacity(deepest);
         for d in 1..=deepest {
             let (done, rest) = full_counts.split_at_mut((d - 1) * buckets);
             let (done_sums, rest_sums) = full_sums.split_at_mut((d - 1) * buckets);
@@ -205,25 +208,21 @@ pub(crate) fn batch_depth(
                     hist_sums[b] += survivals.values[i];
                 }
             }
-            scheduled.clear();
-            scheduled.extend(caps.iter().map(|&c| c.min(d)));
-            let drafts: usize = scheduled.iter().sum();
-            let limit = step.max_draft_budget.map_or(drafts, |cap| cap.min(drafts));
-            let draft_ms = tables.step_draft_cost_ms(scheduled, counts);
+            let (drafts, limit, draft_ms) = at_depth(d, caps, step, tables, scheduled, counts);
             let floor = bucket_floor(hist, hist_sums, limit, s, draft_ms, &verify[t..=t + limit]);
             if beats(floor.0, floor.1, target.0, target.1) {
                 target = floor;
             }
-            limits.push((limit, draft_ms));
+            shapes.push((drafts, limit, draft_ms));
         }
-        for d in 1..=deepest {
-            let (limit, draft_ms) = limits[d - 1];
+        for (d, &(drafts, limit, draft_ms)) in (1..=deepest).zip(&shapes) {
             let range = (d - 1) * buckets..d * buckets;
             let costs = &verify[t..=t + limit];
+            let (hist, hist_sums) = (&full_counts[range.clone()], &full_sums[range]);
             if limit == 0
                 || !may_reach(
-                    &full_counts[range.clone()],
-                    &full_sums[range.clone()],
+                    hist,
+                    hist_sums,
                     limit,
                     s,
                     draft_ms,
@@ -235,30 +234,24 @@ pub(crate) fn batch_depth(
                 continue;
             }
             budget_buffers.counts.clear();
-            budget_buffers
-                .counts
-                .extend_from_slice(&full_counts[range.clone()]);
+            budget_buffers.counts.extend_from_slice(hist);
             budget_buffers.sums.clear();
-            budget_buffers.sums.extend_from_slice(&full_sums[range]);
+            budget_buffers.sums.extend_from_slice(hist_sums);
             scheduled.clear();
             scheduled.extend(caps.iter().map(|&c| c.min(d)));
-            let candidate = evaluate(d, scheduled, counts, &mut |limit, draft_ms, costs| {
-                search(
-                    survivals,
-                    &map,
-                    cols,
-                    scheduled,
-                    limit,
-                    s,
-                    draft_ms,
-                    costs,
-                    nondecreasing,
-                    budget_buffers,
-                )
-            });
-            if strictly_better(&candidate, &best) {
-                best = candidate;
-            }
+            let chosen = search(
+                survivals,
+                &map,
+                cols,
+                scheduled,
+                limit,
+                s,
+                draft_ms,
+                costs,
+                nondecreasing,
+                budget_buffers,
+            );
+            offer(d, drafts, draft_ms, chosen);
         }
     }
     for (out, &cap) in depths.iter_mut().zip(caps) {
