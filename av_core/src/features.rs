@@ -657,7 +657,10 @@ mod tests {
     fn threads_and_padding() {
         let rows = 110;
         let vocab = 40_000;
-        assert!(rows * vocab >= PARALLEL_ELEMENTS, "exercise the threaded path");
+        assert!(
+            rows * vocab >= PARALLEL_ELEMENTS,
+            "exercise the threaded path"
+        );
         let logits: Vec<f32> = (0..rows * vocab)
             .map(|i| ((i * 2_654_435_761usize) % 10_007) as f32 * 1e-3)
             .collect();
