@@ -17,13 +17,14 @@
 //! `c ← (c + 1)·2^((m_old - m)·s)`. Nothing is ever subtracted from the sum.
 //!
 //! Rows are split across scoped threads when the input is large. On x86-64 the kernel is also
-//! compiled for AVX2+FMA and AVX-512 and picked at run time (`is_x86_feature_detected!`; two
-//! `unsafe` calls, each with its soundness argument); every variant runs the same arithmetic
-//! lane for lane, so results are bit-identical. No dependencies.
+//! compiled for AVX2+FMA and AVX-512 and picked at run time ([`crate::simd`]; two `unsafe`
+//! calls, each with its soundness argument); every variant runs the same arithmetic lane for
+//! lane, so results are bit-identical. No dependencies.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{Error, Result};
+use crate::simd;
 
 /// Columns per block: 8 KiB of float32, well inside the L1 data cache.
 pub const BLOCK: usize = 2048;
@@ -200,76 +201,36 @@ fn exp2_scale(inv_temperature: f32) -> f32 {
     }
 }
 
-/// The feature of one row, on the widest vector unit this CPU has (checked once at run time;
-/// every variant runs the same code, lane for lane, so they agree bit for bit).
+/// The feature of one row, on the widest vector unit this CPU has ([`crate::simd`]; every
+/// variant runs the same code, lane for lane, so they agree bit for bit).
 fn row_log_odds(z: &[f32], inv_temperature: f32, max_log_odds: f32) -> f32 {
+    run_at(simd::level(), z, inv_temperature, max_log_odds)
+}
+
+/// [`row_log_odds`] on the variant for `level`, which must be one this CPU runs.
+fn run_at(level: simd::Level, z: &[f32], inv_temperature: f32, max_log_odds: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    {
-        match x86::level() {
-            x86::Level::Avx512 => {
-                // SAFETY: `row_log_odds_avx512` only requires the CPU features it is compiled
-                // with (`avx512f,avx512bw,avx512vl,avx2,fma`), and `x86::level` returned
-                // `Avx512` only after `is_x86_feature_detected!` confirmed every one of them on
-                // this CPU. It has no other preconditions (safe arguments, no raw pointers).
-                return unsafe { x86::row_log_odds_avx512(z, inv_temperature, max_log_odds) };
-            }
-            x86::Level::Avx2 => {
-                // SAFETY: as above, for `avx2,fma`, which `x86::level` confirmed before
-                // returning `Avx2`.
-                return unsafe { x86::row_log_odds_avx2(z, inv_temperature, max_log_odds) };
-            }
-            x86::Level::Baseline => {}
+    match level {
+        simd::Level::Avx512 => {
+            // SAFETY: `row_log_odds_avx512` only requires the CPU features it is compiled with
+            // (`avx512f,avx512bw,avx512vl,avx2,fma`); `level` is `Avx512` only when
+            // `simd::available` confirmed all of them on this CPU with
+            // `is_x86_feature_detected!`. It has no other preconditions.
+            return unsafe { x86::row_log_odds_avx512(z, inv_temperature, max_log_odds) };
         }
+        simd::Level::Avx2 => {
+            // SAFETY: as above, for `avx2,fma`, confirmed before `Avx2` is returned.
+            return unsafe { x86::row_log_odds_avx2(z, inv_temperature, max_log_odds) };
+        }
+        simd::Level::Baseline => {}
     }
+    let _ = level;
     row_log_odds_generic(z, inv_temperature, max_log_odds)
 }
 
-/// Run-time dispatch to AVX2 / AVX-512 builds of the kernel on x86-64. The wheel targets the
-/// baseline x86-64 (SSE2), where the exp2 loop gets 4-wide vectors; these variants are the same
-/// code compiled with wider vectors.
+/// The kernel compiled for AVX2+FMA and AVX-512 (the same code, wider vectors).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use std::sync::atomic::{AtomicU8, Ordering};
-
-    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-    pub(super) enum Level {
-        Baseline,
-        Avx2,
-        Avx512,
-    }
-
-    /// 0: not probed yet; otherwise `Level as u8 + 1`.
-    static LEVEL: AtomicU8 = AtomicU8::new(0);
-
-    /// The widest variant this CPU runs (`AV_CORE_FEATURES_SIMD=baseline|avx2` caps it).
-    pub(super) fn level() -> Level {
-        match LEVEL.load(Ordering::Relaxed) {
-            1 => Level::Baseline,
-            2 => Level::Avx2,
-            3 => Level::Avx512,
-            _ => {
-                let cap = std::env::var("AV_CORE_FEATURES_SIMD").unwrap_or_default();
-                let avx2 = cap != "baseline"
-                    && is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma");
-                let avx512 = avx2
-                    && cap != "avx2"
-                    && is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vl");
-                let level = if avx512 {
-                    Level::Avx512
-                } else if avx2 {
-                    Level::Avx2
-                } else {
-                    Level::Baseline
-                };
-                LEVEL.store(level as u8 + 1, Ordering::Relaxed);
-                level
-            }
-        }
-    }
-
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn row_log_odds_avx2(z: &[f32], inv_temperature: f32, max_log_odds: f32) -> f32 {
         super::row_log_odds_generic(z, inv_temperature, max_log_odds)
@@ -278,22 +239,6 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
     pub(super) fn row_log_odds_avx512(z: &[f32], inv_temperature: f32, max_log_odds: f32) -> f32 {
         super::row_log_odds_generic(z, inv_temperature, max_log_odds)
-    }
-
-    /// Every variant this CPU runs, for tests comparing them.
-    #[cfg(test)]
-    pub(super) fn available() -> Vec<Level> {
-        let mut levels = vec![Level::Baseline];
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            levels.push(Level::Avx2);
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-            {
-                levels.push(Level::Avx512);
-            }
-        }
-        levels
     }
 }
 
@@ -534,7 +479,6 @@ mod tests {
 
     /// Every vector width this CPU runs gives the same bits (the kernel's lanes are explicit, so
     /// only the instructions differ).
-    #[cfg(target_arch = "x86_64")]
     #[test]
     fn simd_variants_agree_bit_for_bit() {
         let mut state = 0x2545_f491_4f6c_dd1du64;
@@ -544,7 +488,6 @@ mod tests {
             state ^= state << 17;
             (state >> 40) as f32 / (1u64 << 24) as f32
         };
-        let levels = x86::available();
         for (len, inv_t) in [
             (1usize, 1.0f32),
             (7, 0.5),
@@ -558,20 +501,11 @@ mod tests {
                 row[len - 1] = f32::NEG_INFINITY;
             }
             let base = row_log_odds_generic(&row, inv_t, 40.0);
-            for &level in &levels {
-                // SAFETY: `x86::available` lists a level only after `is_x86_feature_detected!`
-                // confirmed the features its variant is compiled with.
-                let got = unsafe {
-                    match level {
-                        x86::Level::Baseline => row_log_odds_generic(&row, inv_t, 40.0),
-                        x86::Level::Avx2 => x86::row_log_odds_avx2(&row, inv_t, 40.0),
-                        x86::Level::Avx512 => x86::row_log_odds_avx512(&row, inv_t, 40.0),
-                    }
-                };
+            for level in simd::available() {
+                let got = run_at(level, &row, inv_t, 40.0);
                 assert_eq!(got.to_bits(), base.to_bits(), "{level:?} len {len}");
             }
         }
-        assert_eq!(x86::level(), *levels.last().unwrap());
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub mod matrix;
 pub mod memory;
 pub mod planner;
 pub mod refit;
+pub mod simd;
 pub mod snapshot;
 mod sync;
 

@@ -1,0 +1,72 @@
+//! Which vector unit the hot loops run on: run-time CPU detection for x86-64.
+//!
+//! The wheel is built for the baseline x86-64 target (SSE2, 2 × f64 or 4 × f32 per vector).
+//! The feature kernel is also compiled with `#[target_feature]` for AVX2+FMA and AVX-512 and
+//! called through [`level`], which checks the CPU once with `is_x86_feature_detected!`. Every
+//! variant runs the same source: the loops' lanes are explicit and Rust never contracts
+//! `a * b + c` into an FMA on its own, so the variants give the same bits (a test compares them
+//! bit for bit). The statistics kernel of `observe` was tried the same way and ran slower with
+//! the wider vectors on the development machine (5.9 µs against 5.3 µs at R = 256, K = 8), so
+//! it stays on the baseline build.
+//!
+//! `AV_CORE_SIMD=baseline|avx2` caps the level (for benchmarks and bisecting).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// A vector-unit level, narrowest first.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]
+pub enum Level {
+    /// The build target's own vectors (SSE2 on x86-64; everything off x86-64).
+    Baseline,
+    /// AVX2 and FMA.
+    Avx2,
+    /// AVX-512 F, BW and VL (with AVX2 and FMA).
+    Avx512,
+}
+
+/// 0: not probed yet; otherwise `Level as u8 + 1`.
+static LEVEL: AtomicU8 = AtomicU8::new(0);
+
+/// The widest level this CPU runs, capped by `AV_CORE_SIMD` (probed once, then cached).
+///
+/// ```rust
+/// use av_core::simd::{available, level};
+///
+/// assert!(available().contains(&level()));
+/// ```
+pub fn level() -> Level {
+    match LEVEL.load(Ordering::Relaxed) {
+        1 => Level::Baseline,
+        2 => Level::Avx2,
+        3 => Level::Avx512,
+        _ => {
+            let cap = std::env::var("AV_CORE_SIMD").unwrap_or_default();
+            let widest = available().last().copied().unwrap_or(Level::Baseline);
+            let level = match cap.as_str() {
+                "baseline" => Level::Baseline,
+                "avx2" => widest.min(Level::Avx2),
+                _ => widest,
+            };
+            LEVEL.store(level as u8 + 1, Ordering::Relaxed);
+            level
+        }
+    }
+}
+
+/// Every level this CPU runs, narrowest first (always starts with [`Level::Baseline`]).
+pub fn available() -> Vec<Level> {
+    let mut levels = vec![Level::Baseline];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            levels.push(Level::Avx2);
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+            {
+                levels.push(Level::Avx512);
+            }
+        }
+    }
+    levels
+}
