@@ -792,7 +792,8 @@ avc_status avc_planner_add_request(avc_planner *planner, size_t slot);
 
 /**
  * Plans one step for the requests in slots (distinct slot indices, slots_len = num_rows, one
- * per row of confidences) and remembers this step's confidences for the next. The budget
+ * per row of confidences) and remembers, for the next, this step's confidences of the
+ * positions each request drafted (scheduled_drafts[r]; the others keep their values). The budget
  * comes from the budget source (previous step's confidences per slot, or the current ones);
  * the assignment from the current confidences. Writes admitted[r] (admitted_len = num_rows)
  * and *plan_out. A rejected call changes nothing.

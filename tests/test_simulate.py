@@ -281,7 +281,7 @@ def test_markdown_summary_names_every_policy_and_ratio() -> None:
     )
 
 
-def test_profile_times_drafting_by_depth_and_the_planner_uses_it(tmp_path: Path) -> None:
+def test_profile_times_drafting_by_depth_into_the_cost_file(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
     from av_core.profile import loaded_drafting_forward
@@ -292,14 +292,10 @@ def test_profile_times_drafting_by_depth_and_the_planner_uses_it(tmp_path: Path)
     # Four sequential passes cost more than one.
     assert points[1][1] > points[0][1] > 0
     path = tmp_path / "cost.json"
-    write_cost_file(
-        path, [(1, 6.0), (64, 7.0)], [(1, 0.5), (64, 0.6)], [(1, 0.5), (2, 1.5), (4, 2.0)]
-    )
-    cost = MeasuredCost.load(path)
-    np.testing.assert_allclose(cost.draft_depth_shape(4), [0.0, 0.5, 1.5, 1.75, 2.0])
-    tables = cost_tables_for(cost, "autoregressive", 4, 8, depth_table=True)
-    np.testing.assert_allclose(tables.draft_depth_ms, [0.0, 0.5, 1.5, 1.75, 2.0])
-    # Without a depth profile: the canonical autoregressive shape.
-    write_cost_file(path, [(1, 6.0)], [(1, 0.5)])
+    write_cost_file(path, [(1, 6.0)], [(1, 0.5)], points)
+    assert json.loads(path.read_text())["draft_depth"] == [[d, ms] for d, ms in points]
+    # The simulator's planner prices what the simulator charges: passes (canonical shapes).
     tables = cost_tables_for(MeasuredCost.load(path), "autoregressive", 4, 8, depth_table=True)
     np.testing.assert_allclose(tables.draft_depth_ms, [0.0, 0.25, 0.5, 0.75, 1.0])
+    tables = cost_tables_for(MeasuredCost.load(path), "parallel", 4, 8, depth_table=True)
+    np.testing.assert_allclose(tables.draft_depth_ms, [0.0, 1.0, 1.0, 1.0, 1.0])

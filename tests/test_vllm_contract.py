@@ -932,7 +932,14 @@ def depth_control_problems(wheel: Path) -> list[str]:
                 or "num_speculative_tokens=None" not in text
             ):
                 problems.append(f"{class_name}.propose{text}")
-    init = definitions(budget)["AdaptiveVerificationManager.__init__"]
+    budget_defs = definitions(budget)
+    for dotted, expected in vllm_plugin.DEPTH_MANAGER_SIGNATURES.items():
+        node = budget_defs.get(dotted)
+        if node is None:
+            problems.append(f"{dotted}: not defined")
+        elif arguments_text(node.args) != expected:
+            problems.append(f"{dotted}{arguments_text(node.args)}: expected {expected}")
+    init = budget_defs["AdaptiveVerificationManager.__init__"]
     assigned = self_attributes(init)
     everywhere = {
         target.attr

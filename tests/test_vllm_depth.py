@@ -121,10 +121,35 @@ class _Buffer:
 
 
 class FakeManager:
+    """vLLM 0.33.0's host side of AdaptiveVerificationManager: confidences are copied to one of
+    two host buffers asynchronously, and the copy a call starts is only synchronized (and read)
+    at the next call, so the buffer the budget reads lags two proposals behind."""
+
     def __init__(self, max_num_reqs: int) -> None:
         self.cost_tables: Any = None
         self._stale_confidences = [_Buffer(max_num_reqs), _Buffer(max_num_reqs)]
         self._stale_idx = 0
+        self._confidence_probs = np.ones((max_num_reqs, K), dtype=np.float32)
+        self._pending_resets: list[int] = []
+        self._in_flight: tuple[int, np.ndarray] | None = None
+
+    def add_request(self, req_idx: int) -> None:
+        self._stale_confidences[self._stale_idx].np[req_idx] = 1.0
+        self._pending_resets.append(req_idx)
+        self._confidence_probs[req_idx] = 1.0
+
+    def record_confidences(self, confidence_probs: Any, input_batch: Any) -> None:
+        ready = self._stale_idx ^ 1
+        if self._in_flight is not None:  # the copy started last call lands now
+            index, data = self._in_flight
+            self._stale_confidences[index].np[:] = data
+        if self._pending_resets:
+            self._stale_confidences[ready].np[self._pending_resets] = 1.0
+            self._pending_resets.clear()
+        self._stale_idx, write = ready, self._stale_idx
+        n = input_batch.num_reqs
+        self._confidence_probs[input_batch.idx_mapping_np[:n]] = confidence_probs[:n]
+        self._in_flight = (write, self._confidence_probs.copy())
 
 
 class FakeSpeculator:
@@ -169,38 +194,101 @@ def batch(slots: list[int]) -> types.SimpleNamespace:
     return types.SimpleNamespace(idx_mapping_np=np.array(slots), num_reqs=len(slots))
 
 
+def speculator_and_manager(
+    fake_vllm: dict[str, types.ModuleType], draft_pass_ms: float
+) -> tuple[Any, Any]:
+    module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[0]
+    speculator = getattr(fake_vllm[module_name], class_name)()
+    manager = fake_vllm[vllm_plugin.BUDGET_MODULE].AdaptiveVerificationManager(16)
+    # vLLM's (draft_ms, verify_ms): flat verification, drafting priced per full depth.
+    manager.cost_tables = (np.r_[0.0, np.full(16, draft_pass_ms * K)], np.full(16 * 5 + 1, 6.0))
+    return speculator, manager
+
+
+def step(speculator: Any, manager: Any, slots: list[int], q: float) -> int:
+    """One decode step: propose, then record this step's confidences (q where drafted, 0.77 past
+    the drafted depth, which must never be remembered)."""
+    speculator.propose(batch(slots), num_speculative_tokens=K)
+    depth = speculator.depths_asked[-1]
+    confidences = np.full((len(slots), K), 0.77, dtype=np.float32)
+    hook = vllm_plugin._DepthState.hook
+    depths = hook.last_depths if hook is not None and hook.last_depths is not None else [depth]
+    for r, d in enumerate(np.broadcast_to(depths, (len(slots),))):
+        confidences[r, : int(d)] = q
+    manager.record_confidences(confidences, batch(slots))
+    return int(depth)
+
+
 def test_depth_control_is_off_unless_enabled(
     fake_vllm: dict[str, types.ModuleType], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(vllm_plugin.ENV_DEPTH)
-    vllm_plugin.register()
-    assert vllm_plugin.installed() == []
+    for value in ("", "0", "off", "false"):
+        monkeypatch.setenv(vllm_plugin.ENV_DEPTH, value)
+        vllm_plugin.register()
+        assert vllm_plugin.installed() == []
 
 
 def test_plugin_chooses_depth_before_propose(fake_vllm: dict[str, types.ModuleType]) -> None:
     vllm_plugin.register()
-    assert len(vllm_plugin.installed()) == 1 + len(vllm_plugin.DEPTH_SPECULATORS)
-    module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[0]
-    speculator = getattr(fake_vllm[module_name], class_name)()
-    manager = fake_vllm[vllm_plugin.BUDGET_MODULE].AdaptiveVerificationManager(16)
+    vllm_plugin.register()  # idempotent
+    assert len(vllm_plugin.installed()) == 3 + len(vllm_plugin.DEPTH_SPECULATORS)
+    speculator, manager = speculator_and_manager(fake_vllm, draft_pass_ms=2.0)
+    manager.cost_tables = None
     # Before profiling (no cost tables) the call passes through unchanged.
     speculator.propose(batch([0, 1]), num_speculative_tokens=K)
     assert speculator.depths_asked == [K]
-    # With vLLM's (draft_ms, verify_ms) tables: drafting costs 20 ms a pass, so the hopeless
-    # remembered confidences stop drafting...
-    verify = np.full(16 * (K + 1) + 1, 6.0)
-    manager.cost_tables = (np.r_[0.0, np.full(16, 20.0 * K)], verify)
-    manager._stale_confidences[0].np[:] = 0.01
+    speculator, manager = speculator_and_manager(fake_vllm, draft_pass_ms=2.0)
+    # Fresh slots are optimistic: the first steps draft; the hopeless confidences recorded
+    # then reach the decision two proposals later (vLLM's copy lag) and drafting stops.
+    depths = [step(speculator, manager, [0, 1], 0.01) for _ in range(6)]
+    assert depths[0] == K and depths[-1] == 0
     out = speculator.propose(batch([0, 1]), num_speculative_tokens=K)
-    assert speculator.depths_asked[-1] == 0
-    assert torch.all(out == -1)
-    # ...and confident ones draft fully (the wrapper records the stale rows it reads).
-    manager._stale_confidences[0].np[:] = 0.999
-    manager.cost_tables = (np.r_[0.0, np.full(16, 0.1 * K)], verify)
-    out = speculator.propose(batch([0, 1]), num_speculative_tokens=K)
-    assert speculator.depths_asked[-1] == K and torch.all(out >= 100)
+    assert speculator.depths_asked[-1] == 0 and torch.all(out == -1)
+    hook = vllm_plugin._DepthState.hook
+    # What was remembered is what was drafted: 0.01, never the 0.77 past the depth.
+    np.testing.assert_allclose(hook.remembered(0), 0.01, rtol=1e-6)
     vllm_plugin.uninstall()
+    module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[0]
     assert getattr(fake_vllm[module_name], class_name).propose is FakeSpeculator.propose
+
+
+def test_exploration_refreshes_memory_after_depth_zero(
+    fake_vllm: dict[str, types.ModuleType],
+) -> None:
+    vllm_plugin.register()
+    speculator, manager = speculator_and_manager(fake_vllm, draft_pass_ms=1.0)
+    slots = list(range(8))
+    for _ in range(8):
+        step(speculator, manager, slots, 0.01)
+    hook = vllm_plugin._DepthState.hook
+    assert speculator.depths_asked[-1] == 0
+    # The drafts became good; only exploration steps draft now, and what their explorers
+    # drafted must reach the memory (with the depths they drafted, two proposals later).
+    hook.exploration = 0.5
+    for _ in range(40):
+        step(speculator, manager, slots, 0.95)
+    refreshed = [s for s in slots if np.allclose(hook.remembered(s), 0.95)]
+    assert refreshed, [hook.remembered(s) for s in slots]
+    # Once rows are back up, the batch drafts again.
+    assert max(speculator.depths_asked[-5:]) > 0
+
+
+def test_a_new_request_in_a_slot_starts_optimistic(
+    fake_vllm: dict[str, types.ModuleType],
+) -> None:
+    vllm_plugin.register()
+    speculator, manager = speculator_and_manager(fake_vllm, draft_pass_ms=2.0)
+    for _ in range(6):
+        step(speculator, manager, [0, 1], 0.01)
+    hook = vllm_plugin._DepthState.hook
+    hook.exploration = 0.0
+    assert speculator.depths_asked[-1] == 0
+    manager.add_request(1)  # a new request takes slot 1
+    np.testing.assert_array_equal(hook.remembered(1), np.ones(K))
+    for _ in range(3):
+        step(speculator, manager, [0, 1], 0.9)
+    # The old request's confidences, still in flight, never land on the new one.
+    assert hook.remembered(1)[0] != pytest.approx(0.01)
 
 
 def test_bad_settings_patch_nothing(
@@ -211,6 +299,10 @@ def test_bad_settings_patch_nothing(
         vllm_plugin.register()
     assert vllm_plugin.installed() == []
     monkeypatch.setenv(vllm_plugin.ENV_DRAFTER, "parallel")
+    monkeypatch.setenv(vllm_plugin.ENV_DEPTH, "deep")
+    with pytest.raises(vllm_plugin.VllmCompatibilityError, match="deep"):
+        vllm_plugin.register()
+    monkeypatch.setenv(vllm_plugin.ENV_DEPTH, "per_request")
     module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[1]
 
     def propose(self: Any, batch: Any) -> None: ...

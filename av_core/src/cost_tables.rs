@@ -394,7 +394,8 @@ impl CostTables {
     /// The drafter's cost of a step whose requests draft `depths[r]` positions each: pass `j`
     /// (the `j`-th position) runs over the `R_j` requests drafting at least `j` positions and
     /// costs `draft_ms[R_j] · (fraction(j) − fraction(j − 1))` — requests that stop drafting
-    /// leave the drafter's batch. With equal depths `d` this is [`Self::draft_cost_ms`]`(R, d)`.
+    /// leave the drafter's batch. With equal depths `d` this is [`Self::draft_cost_ms`]`(R, d)`
+    /// up to rounding (the passes are summed).
     /// `counts` is scratch space.
     ///
     /// ```rust

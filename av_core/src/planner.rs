@@ -200,6 +200,7 @@ pub fn choose_draft_budget<T: Copy + Into<f64>>(
 ) -> Result<usize> {
     with_scratch(|scratch| {
         let total = check_common(confidences, scheduled_drafts, scratch)?;
+        check_depth_table(cost_tables, confidences.cols())?;
         let limit = check_step(step, confidences.rows(), total, cost_tables)?;
         let Scratch {
             scheduled,
@@ -342,6 +343,7 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
     let rows = confidences.rows();
     let cols = confidences.cols();
     let total = check_common(confidences, scheduled_drafts, scratch)?;
+    check_depth_table(cost_tables, cols)?;
     if let Some(other) = budget_confidences {
         check_same_shape(other, rows, cols)?;
     }
@@ -412,6 +414,21 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         expected_accepted_tokens,
         predicted_cost_ms: draft_ms + cost_tables.verify_ms()[step.num_non_draft_tokens + budget],
     })
+}
+
+/// A draft-depth table must cover exactly the `K` positions planned: its `draft_ms[R]` is the
+/// cost of drafting all of them.
+pub(crate) fn check_depth_table(cost_tables: &CostTables, cols: usize) -> Result<()> {
+    match cost_tables.max_draft_depth() {
+        Some(depth) if depth != cols => Err(Error::value(
+            "cost_tables",
+            format!(
+                "draft-depth table covers depths 0..={depth} but the confidences have {cols} \
+                 positions; profile it up to K = {cols}"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The drafting cost of a step with these scheduled drafts: `draft_ms[R]` (vLLM's constant)
@@ -520,22 +537,14 @@ pub(crate) fn depth_with<T: Copy + Into<f64>>(
 ) -> Result<DepthPlan> {
     let rows = confidences.rows();
     let cols = confidences.cols();
-    let table_depth = cost_tables.max_draft_depth().ok_or_else(|| {
+    cost_tables.max_draft_depth().ok_or_else(|| {
         Error::value(
             "cost_tables",
             "have no draft-depth table; add one (with_draft_depth, with_draft_depth_curve or \
              with_drafter) to decide drafting depth",
         )
     })?;
-    if cols > table_depth {
-        return Err(Error::value(
-            "confidences",
-            format!(
-                "has {cols} positions but the cost tables' draft-depth table covers depths \
-                 0..={table_depth}"
-            ),
-        ));
-    }
+    check_depth_table(cost_tables, cols)?;
     let total = check_common(confidences, max_depths, scratch).map_err(|mut e| {
         if e.argument == "scheduled_drafts" {
             e.argument = "max_depths";

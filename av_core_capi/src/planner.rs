@@ -137,7 +137,10 @@ fn depth_mode(mode: AvcDepthMode) -> FfiResult<DepthMode> {
 /// A depth decision's error for C callers: the core's "cost_tables: have no draft-depth
 /// table" names Rust builders; say which C argument lacks it and how to add one.
 fn depth_error(error: av_core::Error, tables: &'static str, what: &str) -> FfiError {
-    if error.argument == "cost_tables" {
+    if error.argument != "cost_tables" {
+        return error.into();
+    }
+    if error.message.contains("no draft-depth table") {
         return FfiError::value(
             tables,
             format!(
@@ -146,7 +149,9 @@ fn depth_error(error: av_core::Error, tables: &'static str, what: &str) -> FfiEr
             ),
         );
     }
-    error.into()
+    // Any other problem with the tables (a depth table of another K): the core's words, under
+    // the C argument's name.
+    FfiError::value(tables, error.message)
 }
 
 /// A stateful verification planner: remembers each request slot's confidences of the previous
@@ -521,7 +526,8 @@ pub unsafe extern "C" fn avc_planner_add_request(
 }
 
 /// Plans one step for the requests in slots (distinct slot indices, slots_len = num_rows, one
-/// per row of confidences) and remembers this step's confidences for the next. The budget
+/// per row of confidences) and remembers, for the next, this step's confidences of the
+/// positions each request drafted (scheduled_drafts[r]; the others keep their values). The budget
 /// comes from the budget source (previous step's confidences per slot, or the current ones);
 /// the assignment from the current confidences. Writes admitted[r] (admitted_len = num_rows)
 /// and *plan_out. A rejected call changes nothing.

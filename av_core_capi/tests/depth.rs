@@ -855,8 +855,7 @@ fn rejected_choose_draft_depth_writes_nothing() {
                 ..valid
             },
             AVC_ERR_VALUE,
-            "confidences: has 3 positions but the cost tables' draft-depth table covers depths \
-             0..=2",
+            "tables: draft-depth table covers depths 0..=2 but the confidences have 3 positions",
         ),
         (
             Call {

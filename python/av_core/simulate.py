@@ -89,14 +89,13 @@ class MeasuredCost:
 
     Between points the cost is interpolated linearly, past the last point extended along the last
     segment, below the first point held flat (never below the first measurement). Without a
-    drafter curve drafting is free (stated in the output). A ``draft_depth`` profile (drafting d
-    positions one after another) gives the planner's draft-cost-by-depth table.
+    drafter curve drafting is free (stated in the output). A ``draft_depth`` profile in the file
+    is not read here (see :func:`cost_tables_for`).
     """
 
     verify_points: FloatArray
     draft_points: FloatArray | None
     source: str
-    draft_depth_points: FloatArray | None = None
 
     @staticmethod
     def load(path: str | Path) -> MeasuredCost:
@@ -114,20 +113,7 @@ class MeasuredCost:
             return np.asarray(array[order])
 
         draft = points("draft") if data.get("draft") else None
-        depth = points("draft_depth") if data.get("draft_depth") else None
-        return MeasuredCost(points("verify"), draft, str(path), depth)
-
-    def draft_depth_shape(self, max_depth: int) -> FloatArray | None:
-        """The profiled drafting cost by depth ``0..max_depth`` (0 at depth 0, running
-        maximum, interpolated and extended like the other curves), or ``None`` without a
-        ``draft_depth`` profile."""
-        if self.draft_depth_points is None:
-            return None
-        depths = np.arange(1, max_depth + 1)
-        shape: FloatArray = np.r_[
-            0.0, np.maximum.accumulate(self._curve(self.draft_depth_points, depths))
-        ]
-        return shape
+        return MeasuredCost(points("verify"), draft, str(path))
 
     @staticmethod
     def _curve(points: FloatArray, tokens: npt.ArrayLike) -> FloatArray:
@@ -213,10 +199,11 @@ def cost_tables_for(
     depth_table: bool = False,
 ) -> CostTables:
     """The planner's tables: ``draft_ms[R]`` = drafting all K positions, ``verify_ms[t]``, and
-    with ``depth_table`` the draft-cost-by-depth shape: a measured ``draft_depth`` profile when
-    the cost file has one, else one pass per position for an autoregressive drafter and one pass
-    at any depth for a parallel one (priced at the largest batch when the pass is charged by
-    drafted tokens)."""
+    with ``depth_table`` the draft-cost-by-depth shape of the drafting this simulator charges:
+    one pass per position for an autoregressive drafter, one pass at any depth for a parallel
+    one (priced at the largest batch when the pass is charged by drafted tokens). A cost file's
+    ``draft_depth`` profile is for serving tables (``CostTables.from_curves``); the simulator
+    charges passes, so its planner prices passes too."""
     draft = np.array(
         [
             draft_cost_ms(cost, drafter, r, num_positions, parallel_pass_tokens)
@@ -227,9 +214,6 @@ def cost_tables_for(
     tables = CostTables(draft, np.maximum(verify, 1e-6))
     if not depth_table:
         return tables
-    measured = cost.draft_depth_shape(num_positions) if isinstance(cost, MeasuredCost) else None
-    if measured is not None and measured[-1] > 0:
-        return tables.with_draft_depth(measured)
     if drafter == "parallel" and parallel_pass_tokens == "drafts":
         by_depth = [
             draft_cost_ms(cost, drafter, max_requests, d, parallel_pass_tokens)

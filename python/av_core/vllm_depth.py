@@ -10,22 +10,36 @@ it is lossless for every drafter.
 Where it goes in vLLM 0.33.0 (``vllm/v1/worker/gpu/model_runner.py``,
 ``GPUModelRunner.sample_tokens``), around the existing ``propose`` call::
 
-    num_spec_tokens = depth_hook.num_speculative_tokens(          # new: before drafting
+    stale = self.adaptive_verification._stale_confidences[                # new: before drafting
+        self.adaptive_verification._stale_idx].np
+    depth_hook.catch_up(stale)
+    num_spec_tokens = depth_hook.num_speculative_tokens(
         input_batch.idx_mapping_np, limit=num_spec_tokens,
         num_non_draft_tokens=input_batch.num_reqs, num_sampling_requests=input_batch.num_reqs)
     draft_tokens = self.speculator.propose(..., num_speculative_tokens=num_spec_tokens, ...)
     if num_spec_tokens < self.num_speculative_steps:              # vLLM's own line: marks
         draft_tokens[:, num_spec_tokens:] = -1                    # undrafted positions
-    ...
+    depth_hook.mask(draft_tokens)                                 # new (per-request depths)
     self.adaptive_verification.record_confidences(...)           # vLLM's own line
-    depth_hook.record(input_batch.idx_mapping_np, host_confidences, num_spec_tokens)  # new
+    depth_hook.proposed(input_batch.idx_mapping_np)               # new: what was just drafted
 
-``host_confidences`` is the host copy vLLM's ``AdaptiveVerificationManager`` already keeps
-(``_stale_confidences[_stale_idx].np`` rows of the batch), so the hook adds no device sync.
+and ``depth_hook.add_request(req_idx)`` beside ``adaptive_verification.add_request``.
+
+Why ``catch_up``/``proposed`` rather than recording right away: vLLM copies each step's
+confidences to the host asynchronously into one of two buffers, so the host copy it has
+synchronized when the next ``propose`` runs holds the confidences of the ``propose`` *two*
+calls back. The hook remembers which depths each of its last ``lag = 2`` proposals used and, in
+``catch_up``, records the buffer's rows with the depths of the proposal they came from (only
+positions actually drafted; each proposal once). No device sync is added: the buffer is the one
+vLLM's own budget reads.
+
 Per-request depths (``mode="per_request"``) go through ``propose`` as their maximum, and
-:meth:`DraftDepthHook.mask` writes ``-1`` past each request's own depth, so the target never
-verifies positions the decision did not buy. The next step's non-draft token count is not
-known when ``propose`` runs; the decode-only count (one per request) is the natural estimate.
+:meth:`DraftDepthHook.mask` writes ``-1`` past each request's own depth, as vLLM marks undrafted
+positions. Caveat: with vLLM's asynchronous scheduling the next step's draft slots are
+scheduled before the drafts exist, so positions marked ``-1`` may still be sent to the target
+(and rejected there); the saving is then the drafter's passes, and the verification only where
+adaptive verification's budget trims it. The next step's non-draft token count is not known
+when ``propose`` runs; the decode-only count (one per request) is the natural estimate.
 
 :mod:`av_core.vllm_plugin` installs exactly this when ``AV_CORE_VLLM_DEPTH`` is set (off by
 default). Note for EAGLE-style speculators in vLLM 0.33.0: at depth 0 the drafter still runs its
@@ -35,6 +49,7 @@ profile ``draft_depth_ms`` as the cost above that floor.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Literal
 
 import numpy as np
@@ -63,10 +78,12 @@ def _host(value: Any, name: str) -> npt.NDArray[Any]:
 class DraftDepthHook:
     """Chooses each step's drafting depth from remembered confidences and depth-priced costs.
 
-    ``cost_tables`` must carry a draft-depth table covering ``num_speculative_steps``
+    ``cost_tables`` must carry a draft-depth table over exactly ``0..num_speculative_steps``
     (:meth:`CostTables.with_draft_depth`). State: one row of ``K`` confidences per request
     slot, 1.0 for a new request (vLLM's optimistic start); :meth:`record` overwrites only the
-    positions a request actually drafted. ``exploration`` is the probability that a step is an
+    positions a request actually drafted. :meth:`proposed` and :meth:`catch_up` pair a host
+    buffer that lags ``lag`` proposals behind with the depths those proposals drafted (module
+    docs). ``exploration`` is the probability that a step is an
     exploration step, in which a few requests (each with that probability, at least one) draft
     their whole block (draws from ``seed``, never from tokens), so deep positions keep being
     drafted and verified even after depth has fallen to 0.
@@ -81,17 +98,11 @@ class DraftDepthHook:
         mode: DepthMode = "batch",
         exploration: float = 0.01,
         seed: int = 0,
+        lag: int = 2,
     ) -> None:
         if not isinstance(cost_tables, CostTables):
             raise TypeError(
                 f"cost_tables: expected av_core.CostTables, got {type(cost_tables).__name__}"
-            )
-        depth = cost_tables.max_draft_depth
-        if depth is None or depth < num_speculative_steps:
-            raise ValueError(
-                f"cost_tables: needs a draft-depth table covering depth {num_speculative_steps}, "
-                f"has {'none' if depth is None else f'depths 0..{depth}'} "
-                "(CostTables.with_draft_depth)"
             )
         if not isinstance(max_num_reqs, int) or max_num_reqs < 1:
             raise ValueError(f"max_num_reqs: must be a positive int, got {max_num_reqs!r}")
@@ -99,17 +110,28 @@ class DraftDepthHook:
             raise ValueError(
                 f"num_speculative_steps: must be a positive int, got {num_speculative_steps!r}"
             )
+        depth = cost_tables.max_draft_depth
+        if depth != num_speculative_steps:
+            raise ValueError(
+                f"cost_tables: needs a draft-depth table over depths 0..{num_speculative_steps}, "
+                f"has {'none' if depth is None else f'depths 0..{depth}'} "
+                "(CostTables.with_draft_depth)"
+            )
         if mode not in ("batch", "per_request"):
             raise ValueError(f"mode: must be 'batch' or 'per_request', got {mode!r}")
         if not 0.0 <= exploration <= 1.0:
             raise ValueError(f"exploration: must be in [0, 1], got {exploration!r}")
+        if not isinstance(lag, int) or isinstance(lag, bool) or lag < 1:
+            raise ValueError(f"lag: must be a positive int, got {lag!r}")
         self.cost_tables = cost_tables
         self.num_speculative_steps = num_speculative_steps
         self.mode: DepthMode = mode
         self.exploration = float(exploration)
         self._rng = np.random.default_rng(seed)
         self._memory = np.ones((max_num_reqs, num_speculative_steps), dtype=np.float64)
-        self._drafted = np.full(max_num_reqs, num_speculative_steps, dtype=np.int64)
+        # The last `lag` proposals: (slots, depths), oldest first, each marked once recorded.
+        self._proposals: deque[list[Any]] = deque(maxlen=lag)
+        self.lag = lag
         #: The last decision: the planner's plan, whether the step explored, the depths used.
         self.last_plan: DepthPlan | None = None
         self.explored = False
@@ -133,12 +155,44 @@ class DraftDepthHook:
         if not 0 <= slot < self.max_num_reqs:
             raise ValueError(f"slot: {slot} is outside 0..{self.max_num_reqs - 1}")
         self._memory[slot] = 1.0
-        self._drafted[slot] = self.num_speculative_steps
+        # Confidences the old request drafted before it left must not land on the new one.
+        for entry in self._proposals:
+            entry[1] = np.where(entry[0] == slot, 0, entry[1])
 
-    def drafted(self, idx_mapping: Any) -> npt.NDArray[np.int64]:
-        """The depth each slot was last given (``K`` before any decision): which positions of
-        its next recorded confidences are real."""
-        return self._drafted[self._slots(idx_mapping)].copy()
+    def proposed(self, idx_mapping: Any, depths: Any = None) -> None:
+        """Notes a ``propose`` that just ran for ``idx_mapping`` with ``depths`` per request
+        (default: the last decision's depths, which must be for these requests)."""
+        slots = self._slots(idx_mapping)
+        if depths is None:
+            if self.last_depths is None or self.last_depths.size != slots.size:
+                raise ValueError(
+                    "depths: no decision for these requests; pass the depths they drafted"
+                )
+            chosen = self.last_depths.astype(np.int64)
+        else:
+            chosen = np.broadcast_to(
+                np.asarray(_host(depths, "depths"), dtype=np.int64), slots.shape
+            ).copy()
+        self._proposals.append([slots.copy(), chosen, False])
+
+    def catch_up(self, stale: Any) -> None:
+        """Records, from a per-slot buffer ``[max_num_reqs, K]`` of confidences (vLLM's
+        synchronized host copy), the proposal ``lag`` calls back, with the depths it drafted;
+        each proposal once."""
+        if len(self._proposals) < self.lag:
+            return
+        entry = self._proposals[0]
+        if entry[2]:
+            return
+        rows = np.asarray(_host(stale, "stale"))
+        if rows.ndim != 2 or rows.shape[0] < self.max_num_reqs:
+            raise ValueError(
+                f"stale: expected shape [{self.max_num_reqs}, {self.num_speculative_steps}] "
+                f"or larger, got {rows.shape}"
+            )
+        slots, depths = entry[0], entry[1]
+        self.record(slots, rows[slots], depths)
+        entry[2] = True
 
     def remembered(self, slot: int) -> npt.NDArray[np.float64]:
         """The confidences remembered for ``slot`` (a copy)."""
@@ -159,9 +213,13 @@ class DraftDepthHook:
                 f"confidences: expected shape [{slots.size}, {k}] or larger, got {conf.shape}"
             )
         conf = conf[: slots.size, :k]
-        drafted = np.broadcast_to(
-            np.asarray(_host(num_drafted, "num_drafted"), dtype=np.int64), slots.shape
-        )
+        raw = np.asarray(_host(num_drafted, "num_drafted"))
+        if raw.dtype.kind not in "iu" or raw.shape not in ((), slots.shape):
+            raise ValueError(
+                f"num_drafted: expected one int or one per request ({slots.size}), got "
+                f"{raw.dtype} array of shape {raw.shape}"
+            )
+        drafted = np.broadcast_to(raw.astype(np.int64), slots.shape)
         if drafted.size and (drafted.min() < 0 or drafted.max() > k):
             raise ValueError(
                 f"num_drafted: must be in 0..{k}, got {drafted.min()}..{drafted.max()}"
@@ -213,7 +271,6 @@ class DraftDepthHook:
                 explorers[self._rng.integers(slots.size)] = True
             depths[explorers] = caps[explorers]
         self.last_depths = depths
-        self._drafted[slots] = depths
         return depths
 
     def num_speculative_tokens(
@@ -226,6 +283,8 @@ class DraftDepthHook:
     ) -> int:
         """The ``num_speculative_tokens`` to pass to ``propose``: the deepest chosen depth, at
         most ``limit`` (the scheduler's own count)."""
+        if not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"limit: must be a non-negative int, got {limit!r}")
         count = int(np.size(_host(idx_mapping, "idx_mapping")))
         depths = self.choose(
             idx_mapping,
@@ -237,8 +296,9 @@ class DraftDepthHook:
 
     def mask(self, draft_tokens: Any) -> None:
         """Writes ``-1`` into ``draft_tokens[r, d_r:]`` for the last decision's per-request
-        depths (a no-op in batch mode beyond vLLM's own masking). Works on numpy arrays and on
-        torch tensors of any device (one small host-to-device copy)."""
+        depths (in batch mode this matters only in exploration steps, where explorers draft
+        deeper than the rest). Works on numpy arrays and on torch tensors of any device (one
+        small host-to-device copy)."""
         if self.last_depths is None:
             return
         depths = self.last_depths.astype(np.int64)

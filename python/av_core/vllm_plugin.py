@@ -24,10 +24,12 @@ to ``batch`` (or ``1``) or ``per_request``; ``AV_CORE_VLLM_DRAFTER`` (``autoregr
 default, or ``parallel``) gives the shape of the drafter's cost by depth. Then
 :func:`install_depth_control` wraps ``propose`` of vLLM's autoregressive speculators (EAGLE/MTP
 ``TargetDependentARSpeculator``, ``StandaloneARSpeculator``, ``MultiModuleMTPSpeculator``): before
-drafting, a :class:`~av_core.vllm_depth.DraftDepthHook` reads the confidences vLLM's
-``AdaptiveVerificationManager`` already copied to the host (so vLLM's adaptive verification must
-be on) and its profiled cost tables, chooses the depth, passes it as
-``num_speculative_tokens`` and marks undrafted positions ``-1``.
+drafting, a :class:`~av_core.vllm_depth.DraftDepthHook` catches up on the confidences vLLM's
+``AdaptiveVerificationManager`` has copied to the host (two proposals back; so vLLM's adaptive
+verification must be on), chooses the depth from them and the manager's profiled cost tables,
+passes it as ``num_speculative_tokens`` and marks undrafted positions ``-1``. The manager's
+``record_confidences`` and ``add_request`` are wrapped to tell the hook which depths each
+proposal drafted and when a new request takes a slot.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import numpy as np
 
 __all__ = [
     "BUDGET_MODULE",
+    "DEPTH_MANAGER_SIGNATURES",
     "DEPTH_SPECULATORS",
     "ENV_ANY_VERSION",
     "ENV_DEPTH",
@@ -116,6 +119,12 @@ DEPTH_SPECULATORS = (
 #: Attributes of ``AdaptiveVerificationManager`` that depth control reads (set in its
 #: ``__init__`` and profiling in vLLM 0.33.0).
 DEPTH_READS = ("cost_tables", "_stale_confidences", "_stale_idx")
+
+#: ``AdaptiveVerificationManager`` methods depth control wraps, with their 0.33.0 signatures.
+DEPTH_MANAGER_SIGNATURES = {
+    "AdaptiveVerificationManager.record_confidences": "(self, confidence_probs, input_batch)",
+    "AdaptiveVerificationManager.add_request": "(self, req_idx)",
+}
 
 #: Constants whose values the drop-ins reproduce.
 EXPECTED_CONSTANTS: dict[tuple[str, str], float] = {
@@ -343,6 +352,9 @@ class _DepthState:
     hook: Any = None
     manager: Any = None
     tables_source: Any = None
+    # The requests and depths of the `propose` that ran last, noted at the next
+    # `record_confidences` (the call that starts copying that proposal's confidences).
+    last: tuple[Any, Any] | None = None
 
 
 def _record_manager(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -356,6 +368,34 @@ def _record_manager(original: Callable[..., Any]) -> Callable[..., Any]:
     return __init__
 
 
+def _record_confidences(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps ``AdaptiveVerificationManager.record_confidences``: the proposal that just ran is
+    the one whose confidences this call starts copying to the host."""
+
+    def record_confidences(self: Any, confidence_probs: Any, input_batch: Any) -> None:
+        original(self, confidence_probs, input_batch)
+        hook, last = _DepthState.hook, _DepthState.last
+        if hook is not None and last is not None:
+            hook.proposed(*last)
+        _DepthState.last = None
+
+    record_confidences.__wrapped__ = original  # type: ignore[attr-defined]
+    return record_confidences
+
+
+def _add_request(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wraps ``AdaptiveVerificationManager.add_request``: a new request in a slot starts at 1.0
+    in the hook too."""
+
+    def add_request(self: Any, req_idx: int) -> None:
+        original(self, req_idx)
+        if _DepthState.hook is not None:
+            _DepthState.hook.add_request(int(req_idx))
+
+    add_request.__wrapped__ = original  # type: ignore[attr-defined]
+    return add_request
+
+
 def _depth_hook(manager: Any, num_speculative_steps: int) -> Any:
     """The hook, built on first use from vLLM's profiled tables (rebuilt if they change)."""
     from av_core import CostTables
@@ -364,16 +404,14 @@ def _depth_hook(manager: Any, num_speculative_steps: int) -> Any:
     tables = manager.cost_tables
     if _DepthState.hook is None or _DepthState.tables_source is not tables:
         draft_ms, verify_ms = (np.asarray(t, dtype=np.float64) for t in tables)
-        drafter = os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
-        mode = os.environ.get(ENV_DEPTH, "batch").strip().lower()
         costs = CostTables(draft_ms, verify_ms).with_draft_depth(
-            drafter, max_depth=num_speculative_steps
+            _drafter_kind(), max_depth=num_speculative_steps
         )
         _DepthState.hook = DraftDepthHook(
             costs,
             manager._stale_confidences[0].np.shape[0],
             num_speculative_steps,
-            mode="per_request" if mode == "per_request" else "batch",
+            mode="per_request" if _depth_mode() == "per_request" else "batch",
         )
         _DepthState.tables_source = tables
     return _DepthState.hook
@@ -384,21 +422,21 @@ def _depth_propose(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def propose(self: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
         manager = _DepthState.manager
-        limit = kwargs.get("num_speculative_tokens")
         k = self.num_speculative_steps
-        limit = k if limit is None else int(limit)
+        given = kwargs.get("num_speculative_tokens")
+        limit = k if given is None else int(given)
+        slots = np.asarray(input_batch.idx_mapping_np[: input_batch.num_reqs], dtype=np.int64)
         if (
             manager is None
             or getattr(manager, "cost_tables", None) is None
             or kwargs.get("dummy_run")
             or limit == 0
         ):
+            if not kwargs.get("dummy_run"):
+                _DepthState.last = (slots, np.full(slots.size, min(limit, k)))
             return original(self, input_batch, *args, **kwargs)
         hook = _depth_hook(manager, k)
-        slots = np.asarray(input_batch.idx_mapping_np[: input_batch.num_reqs], dtype=np.int64)
-        stale = manager._stale_confidences[manager._stale_idx].np
-        drafted = np.minimum(hook.drafted(slots), k)
-        hook.record(slots, stale[slots], drafted)
+        hook.catch_up(manager._stale_confidences[manager._stale_idx].np)
         depth = hook.num_speculative_tokens(
             slots,
             limit=limit,
@@ -410,10 +448,24 @@ def _depth_propose(original: Callable[..., Any]) -> Callable[..., Any]:
         if depth < limit:
             draft_tokens[:, depth:] = -1
         hook.mask(draft_tokens)
+        _DepthState.last = (slots, hook.last_depths)
         return draft_tokens
 
     propose.__wrapped__ = original  # type: ignore[attr-defined]
     return propose
+
+
+def _depth_mode() -> str:
+    """``batch`` or ``per_request`` from ``AV_CORE_VLLM_DEPTH`` (``1``/``true``/``yes`` mean
+    batch; empty, ``0``, ``false``, ``no`` and ``off`` mean off)."""
+    value = os.environ.get(ENV_DEPTH, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return "off"
+    return "batch" if value in ("1", "true", "yes") else value
+
+
+def _drafter_kind() -> str:
+    return os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
 
 
 def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
@@ -426,21 +478,31 @@ def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
             problems.append(f"{where}: not found or not inspectable ({error})")
             continue
         if not text.startswith("(self, input_batch,") or "num_speculative_tokens=None" not in text:
-            problems.append(
-                f"{where}{text}: expected (self, input_batch, ..., num_speculative_tokens=None)"
-            )
-    drafter = os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
-    if drafter not in ("autoregressive", "parallel"):
-        problems.append(f"{ENV_DRAFTER}={drafter!r}: expected autoregressive or parallel")
-    mode = os.environ.get(ENV_DEPTH, "").strip().lower()
-    if mode not in ("1", "true", "yes", "batch", "per_request"):
-        problems.append(f"{ENV_DEPTH}={mode!r}: expected batch (or 1) or per_request")
+            expected = "(self, input_batch, ..., num_speculative_tokens=None)"
+            problems.append(f"{where}{text}: expected {expected}")
+    for dotted, expected in DEPTH_MANAGER_SIGNATURES.items():
+        where = f"{BUDGET_MODULE}.{dotted}"
+        try:
+            found = signature_text(_resolve(modules[BUDGET_MODULE], dotted))
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            problems.append(f"{where}: not found or not inspectable ({error})")
+            continue
+        if found != expected:
+            problems.append(f"{where}{found} differs from the expected {where}{expected}")
+    if _drafter_kind() not in ("autoregressive", "parallel"):
+        problems.append(f"{ENV_DRAFTER}={_drafter_kind()!r}: expected autoregressive or parallel")
+    if _depth_mode() not in ("batch", "per_request", "off"):
+        problems.append(f"{ENV_DEPTH}={_depth_mode()!r}: expected batch (or 1) or per_request")
     return problems
 
 
 def install_depth_control() -> list[Replacement]:
     """Checks the speculators and wraps their ``propose`` with drafting-depth control (module
-    doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference."""
+    doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference.
+    Idempotent."""
+    done = [entry for entry in _installed if entry.attribute == "propose"]
+    if done:
+        return done
     names = [module for module, _ in DEPTH_SPECULATORS] + [BUDGET_MODULE]
     modules = {name: importlib.import_module(name) for name in names}
     problems = _depth_problems(modules)
@@ -450,13 +512,19 @@ def install_depth_control() -> list[Replacement]:
             "was patched. Differences:\n  - " + "\n  - ".join(problems)
         )
     manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
+    owner_name = f"{BUDGET_MODULE}.AdaptiveVerificationManager"
     plan = [
         Replacement(
             manager,
-            f"{BUDGET_MODULE}.AdaptiveVerificationManager",
-            "__init__",
-            inspect.getattr_static(manager, "__init__"),
-            _record_manager(inspect.getattr_static(manager, "__init__")),
+            owner_name,
+            attribute,
+            inspect.getattr_static(manager, attribute),
+            wrap(inspect.getattr_static(manager, attribute)),
+        )
+        for attribute, wrap in (
+            ("__init__", _record_manager),
+            ("record_confidences", _record_confidences),
+            ("add_request", _add_request),
         )
     ]
     for module_name, class_name in DEPTH_SPECULATORS:
@@ -470,10 +538,8 @@ def install_depth_control() -> list[Replacement]:
     for entry in plan:
         setattr(entry.owner, entry.attribute, entry.replacement)
         _installed.append(entry)
-        logger.info(
-            "av_core: drafting-depth control wraps %s.%s", entry.owner_name, entry.attribute
-        )
-    return plan
+        logger.info("av_core: depth control wraps %s.%s", entry.owner_name, entry.attribute)
+    return [entry for entry in plan if entry.attribute == "propose"]
 
 
 def install() -> list[Replacement]:
@@ -506,6 +572,7 @@ def uninstall() -> None:
     """Undo :func:`install` and :func:`install_depth_control` (for tests and for engines that
     switch back at runtime)."""
     _DepthState.hook = _DepthState.manager = _DepthState.tables_source = None
+    _DepthState.last = None
     while _installed:
         entry = _installed.pop()
         setattr(entry.owner, entry.attribute, entry.original)
@@ -524,5 +591,5 @@ def register() -> None:
         logger.debug("av_core: %s is not set, vLLM keeps its own adaptive verification", ENV_ENABLE)
     else:
         install()
-    if os.environ.get(ENV_DEPTH, "").strip():
+    if _depth_mode() != "off":
         install_depth_control()

@@ -790,7 +790,8 @@ impl PyVerificationPlanner {
         self.lock().add_request(slot).map_err(to_py_err)
     }
 
-    /// Plans one step for the requests in `slots` and remembers this step's confidences.
+    /// Plans one step for the requests in `slots` and remembers this step's confidences of the
+    /// positions each request drafted (`scheduled_drafts`); the rest keep their earlier values.
     #[pyo3(signature = (slots, confidences, scheduled_drafts, *, num_non_draft_tokens, num_sampling_requests, max_draft_budget = None))]
     #[allow(clippy::too_many_arguments)]
     fn plan(
@@ -828,8 +829,9 @@ impl PyVerificationPlanner {
     }
 
     /// How many positions each request in `slots` should draft at the coming step, from the
-    /// confidences remembered for its slot; requests the next `plan` explores draft their
-    /// whole `max_depths[r]`. Changes no state. The cost tables need a draft-depth table.
+    /// confidences remembered for its slot. Requests the next `plan` explores draft as deep as
+    /// the batch does, and their whole `max_depths[r]` in an exploration step (probability
+    /// `exploration`). Changes no state. The cost tables need a draft-depth table.
     #[pyo3(signature = (slots, max_depths, *, num_non_draft_tokens, num_sampling_requests, max_draft_budget = None, mode = "batch"))]
     #[allow(clippy::too_many_arguments)]
     fn choose_draft_depth(

@@ -510,7 +510,22 @@ mod tests {
             &mut depths,
         )
         .unwrap_err();
-        assert_eq!(err.argument, "confidences");
+        assert_eq!(err.argument, "cost_tables");
+        // A table deeper than the confidences would misprice full depth: refused as well, by
+        // the planner, the stateless plan and the stateful planner's constructor.
+        let deep = plain
+            .clone()
+            .with_drafter(DrafterKind::Parallel, 3)
+            .unwrap();
+        let err = choose_draft_depth(view, &[2, 2], &step, &deep, DepthMode::Batch, &mut depths)
+            .unwrap_err();
+        assert_eq!(err.argument, "cost_tables");
+        let none = None::<MatrixView<'_, f64>>;
+        let err = crate::planner::plan_verification(view, none, &[2, 2], &step, &deep, &mut [0; 2])
+            .unwrap_err();
+        assert_eq!(err.argument, "cost_tables");
+        let err = VerificationPlanner::new(deep, 4, 2, BudgetSource::Previous).unwrap_err();
+        assert_eq!(err.argument, "cost_tables");
         let tables = plain.with_drafter(DrafterKind::Parallel, 2).unwrap();
         for (caps, argument) in [([3i64, 0], "max_depths"), ([-1, 0], "max_depths")] {
             let err =
@@ -679,6 +694,41 @@ mod tests {
                 .unwrap();
         }
         assert!(widened > 0);
+    }
+
+    #[test]
+    fn rejected_plans_change_nothing_and_explorers_are_priced_by_depth() {
+        let tables = CostTables::new(vec![0.0, 8.0, 8.0], vec![1.0; 16])
+            .unwrap()
+            .with_drafter(DrafterKind::Autoregressive, 4)
+            .unwrap();
+        let mut planner = VerificationPlanner::new(tables, 4, 4, BudgetSource::Previous).unwrap();
+        planner.set_exploration(1.0, 0).unwrap(); // every request explores
+        let conf = [0.5; 8];
+        let view = MatrixView::new("c", &conf, 2, 4).unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: 2,
+            num_sampling_requests: 2,
+            max_draft_budget: None,
+        };
+        let before = planner.to_bytes();
+        let bad_step = StepTokens {
+            num_sampling_requests: 3,
+            ..step
+        };
+        for (slots, step) in [([1i64, 1], &step), ([1, 9], &step), ([1, 2], &bad_step)] {
+            assert!(planner
+                .plan(&slots, view, &[1, 1], step, &mut [0; 2])
+                .is_err());
+            assert_eq!(planner.to_bytes(), before, "{slots:?}");
+        }
+        // Depth 1 for both: explorers verify their whole (one-position) blocks, and drafting is
+        // priced at one pass of the four, not at full depth.
+        let plan = planner
+            .plan(&[1, 2], view, &[1, 1], &step, &mut [0; 2])
+            .unwrap();
+        assert_eq!(plan.budget, 2);
+        assert_eq!(plan.predicted_cost_ms, 8.0 / 4.0 + 1.0);
     }
 
     proptest! {

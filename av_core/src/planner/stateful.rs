@@ -23,8 +23,9 @@ const EXPLORATION_STEP: u64 = u64::MAX;
 ///
 /// State is one row of `K` confidences per slot, starting at 1.0 (vLLM's choice for a new
 /// request: optimistic, so a fresh request is not starved of verification on its first step).
-/// Each successful [`VerificationPlanner::plan`] stores the current rows of its slots for the
-/// next step; a rejected call changes nothing.
+/// Each successful [`VerificationPlanner::plan`] stores, for the next step, the current
+/// confidences of the positions each request drafted (its `scheduled_drafts`; the others keep
+/// their earlier values); a rejected call changes nothing.
 ///
 /// # Concurrency
 ///
@@ -74,7 +75,6 @@ pub struct VerificationPlanner {
     budget_source: BudgetSource,
     previous: Vec<f64>,
     gathered: Vec<f64>,
-    slot_stamps: Vec<u64>,
     marks: Vec<bool>,
     stamp: u64,
     scratch: Scratch,
@@ -109,6 +109,7 @@ impl VerificationPlanner {
         if num_positions == 0 {
             return Err(Error::value("num_positions", "must be >= 1, got 0"));
         }
+        super::check_depth_table(&cost_tables, num_positions)?;
         let entries = num_slots
             .checked_mul(num_positions)
             .filter(|&e| e <= MAX_STATE_ENTRIES)
@@ -126,7 +127,6 @@ impl VerificationPlanner {
             budget_source,
             previous: vec![1.0; entries],
             gathered: Vec::new(),
-            slot_stamps: vec![0; num_slots],
             marks: vec![false; num_slots],
             stamp: 0,
             scratch: Scratch::default(),
@@ -242,8 +242,13 @@ impl VerificationPlanner {
         }
         if added {
             let tables = &self.cost_tables;
-            plan.predicted_cost_ms = tables.draft_ms()[slots.len()]
-                + tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
+            let scheduled: Vec<usize> = scheduled_drafts
+                .iter()
+                .map(|&s| s.max(0) as usize)
+                .collect();
+            let draft_ms = super::step_draft_ms(tables, &scheduled, &mut Vec::new());
+            plan.predicted_cost_ms =
+                draft_ms + tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
         }
     }
 
@@ -254,7 +259,7 @@ impl VerificationPlanner {
 
     /// Number of request slots.
     pub fn num_slots(&self) -> usize {
-        self.slot_stamps.len()
+        self.marks.len()
     }
 
     /// Draft positions per request, `K`.
@@ -353,25 +358,7 @@ impl VerificationPlanner {
                 format!("has length {} but confidences has {rows} rows", slots.len()),
             ));
         }
-        self.stamp += 1;
-        for (r, &slot) in slots.iter().enumerate() {
-            let index = usize::try_from(slot)
-                .ok()
-                .filter(|&s| s < self.slot_stamps.len())
-                .ok_or_else(|| {
-                    Error::value(
-                        "slots",
-                        format!("[{r}] = {slot} is outside 0..{}", self.slot_stamps.len()),
-                    )
-                })?;
-            if self.slot_stamps[index] == self.stamp {
-                return Err(Error::value(
-                    "slots",
-                    format!("[{r}] = {slot} appears twice"),
-                ));
-            }
-            self.slot_stamps[index] = self.stamp;
-        }
+        self.check_slots(slots)?;
         let mut plan = match self.budget_source {
             BudgetSource::Previous => {
                 self.gathered.clear();
@@ -401,6 +388,8 @@ impl VerificationPlanner {
                 admitted,
             )?,
         };
+        // The step counts only once the plan succeeded: a rejected call changes nothing.
+        self.stamp += 1;
         self.explore(
             slots,
             confidences,
@@ -476,33 +465,7 @@ impl VerificationPlanner {
         depths: &mut [i32],
     ) -> Result<DepthPlan> {
         let k = self.num_positions;
-        let num_slots = self.slot_stamps.len();
-        // Distinct, in-range slots (marked in `marks`, reset before returning; the step count
-        // that drives exploration is not touched).
-        let mut checked = Ok(());
-        let mut marked = 0;
-        for (r, &slot) in slots.iter().enumerate() {
-            let Some(index) = usize::try_from(slot).ok().filter(|&s| s < num_slots) else {
-                checked = Err(Error::value(
-                    "slots",
-                    format!("[{r}] = {slot} is outside 0..{num_slots}"),
-                ));
-                break;
-            };
-            if self.marks[index] {
-                checked = Err(Error::value(
-                    "slots",
-                    format!("[{r}] = {slot} appears twice"),
-                ));
-                break;
-            }
-            self.marks[index] = true;
-            marked = r + 1;
-        }
-        for &slot in &slots[..marked] {
-            self.marks[slot as usize] = false;
-        }
-        checked?;
+        self.check_slots(slots)?;
         if max_depths.len() != slots.len() {
             return Err(Error::value(
                 "max_depths",
@@ -560,13 +523,43 @@ impl VerificationPlanner {
         Ok(plan)
     }
 
+    /// Checks that `slots` are distinct and in range, marking them in `marks` and clearing the
+    /// marks again before returning (so a rejected call leaves no trace).
+    fn check_slots(&mut self, slots: &[i64]) -> Result<()> {
+        let num_slots = self.marks.len();
+        let mut checked = Ok(());
+        let mut marked = 0;
+        for (r, &slot) in slots.iter().enumerate() {
+            let Some(index) = usize::try_from(slot).ok().filter(|&s| s < num_slots) else {
+                checked = Err(Error::value(
+                    "slots",
+                    format!("[{r}] = {slot} is outside 0..{num_slots}"),
+                ));
+                break;
+            };
+            if self.marks[index] {
+                checked = Err(Error::value(
+                    "slots",
+                    format!("[{r}] = {slot} appears twice"),
+                ));
+                break;
+            }
+            self.marks[index] = true;
+            marked = r + 1;
+        }
+        for &slot in &slots[..marked] {
+            self.marks[slot as usize] = false;
+        }
+        checked
+    }
+
     fn check_slot(&self, argument: &'static str, slot: usize) -> Result<()> {
-        if slot < self.slot_stamps.len() {
+        if slot < self.marks.len() {
             Ok(())
         } else {
             Err(Error::value(
                 argument,
-                format!("= {slot} is outside 0..{}", self.slot_stamps.len()),
+                format!("= {slot} is outside 0..{}", self.marks.len()),
             ))
         }
     }
@@ -592,7 +585,7 @@ impl VerificationPlanner {
     /// ```
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut payload = Vec::new();
-        payload.extend((self.slot_stamps.len() as u64).to_le_bytes());
+        payload.extend((self.marks.len() as u64).to_le_bytes());
         payload.extend((self.num_positions as u64).to_le_bytes());
         payload.push(match self.budget_source {
             BudgetSource::Previous => 0,
@@ -725,8 +718,7 @@ impl Clone for VerificationPlanner {
             budget_source: self.budget_source,
             previous: self.previous.clone(),
             gathered: Vec::new(),
-            slot_stamps: vec![0; self.slot_stamps.len()],
-            marks: vec![false; self.slot_stamps.len()],
+            marks: vec![false; self.marks.len()],
             // The step count drives the exploration draws, so a copy continues the same sequence
             // (fresh slot stamps of 0 never collide with a later, larger stamp).
             stamp: self.stamp,
