@@ -689,7 +689,12 @@ impl VerificationPlanner {
             let depth = (0..depth_len.unwrap_or(0))
                 .map(|_| tail.f64("draft_depth_ms"))
                 .collect::<Result<Vec<_>>>()?;
-            tables = tables.with_draft_depth(depth)?;
+            tables = tables.with_draft_depth(depth).map_err(|e| {
+                Error::value(
+                    "data",
+                    format!("the saved draft-depth table is invalid: {e}"),
+                )
+            })?;
         }
         let mut planner =
             VerificationPlanner::new(tables, num_slots as usize, num_positions as usize, source)?;
