@@ -791,6 +791,19 @@ avc_status avc_planner_free(avc_planner *planner);
 avc_status avc_planner_add_request(avc_planner *planner, size_t slot);
 
 /**
+ * Sets the exploration floor: each step, each request verifies its whole scheduled draft
+ * block with probability `probability` (default 0.01; 0 turns it off), and drafting-depth
+ * decisions widen the same requests. The draws come from (seed, step, slot), never from
+ * tokens, so the floor stays lossless. AVC_ERR_VALUE for a probability outside [0, 1] or NaN;
+ * a rejected call changes nothing.
+ *
+ * # Safety
+ *
+ * planner must be NULL or a live planner.
+ */
+avc_status avc_planner_set_exploration(avc_planner *planner, double probability, uint64_t seed);
+
+/**
  * Plans one step for the requests in slots (distinct slot indices, slots_len = num_rows, one
  * per row of confidences) and remembers, for the next, this step's confidences of the
  * positions each request drafted (scheduled_drafts[r]; the others keep their values). The budget

@@ -525,6 +525,32 @@ pub unsafe extern "C" fn avc_planner_add_request(
     })
 }
 
+/// Sets the exploration floor: each step, each request verifies its whole scheduled draft
+/// block with probability `probability` (default 0.01; 0 turns it off), and drafting-depth
+/// decisions widen the same requests. The draws come from (seed, step, slot), never from
+/// tokens, so the floor stays lossless. AVC_ERR_VALUE for a probability outside [0, 1] or NaN;
+/// a rejected call changes nothing.
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_set_exploration(
+    planner: *mut AvcPlanner,
+    probability: f64,
+    seed: u64,
+) -> AvcStatus {
+    guard("avc_planner_set_exploration", || {
+        // SAFETY: the caller's contract is `borrow`'s.
+        let handle = unsafe { borrow(planner, "planner")? };
+        handle
+            .lock()
+            .set_exploration(probability, seed)
+            .map_err(|e| FfiError::value("probability", e.message))?;
+        Ok(())
+    })
+}
+
 /// Plans one step for the requests in slots (distinct slot indices, slots_len = num_rows, one
 /// per row of confidences) and remembers, for the next, this step's confidences of the
 /// positions each request drafted (scheduled_drafts[r]; the others keep their values). The budget

@@ -1336,3 +1336,69 @@ fn rejected_planner_depth_writes_nothing_and_changes_nothing() {
     assert_eq!(status, AVC_OK, "{}", last_error());
     assert_ne!(plan, UNTOUCHED);
 }
+
+#[test]
+fn exploration_can_be_set_and_widens_the_planners_depths() {
+    let tables = Tables::new(&[0.0, 6.0, 6.0, 6.0], &[10.0; 13])
+        .with_drafter(AVC_DRAFTER_KIND_AUTOREGRESSIVE, K);
+    let planner = Planner::new(&tables, 4);
+    let (slots, caps, step) = ([0i64, 1], [3i64, 3], step(2));
+    planner.plan(&slots, &[0.01; 6], &[3, 3], &step);
+    let mut depths = [-1i32; 2];
+    let mut plan = UNTOUCHED;
+    // Every request explores, and every step is an exploration step: whole blocks.
+    // SAFETY: live planner.
+    assert_eq!(
+        unsafe { avc_planner_set_exploration(planner.0, 1.0, 3) },
+        AVC_OK
+    );
+    let status = planner.depth(
+        &slots,
+        &caps,
+        &step,
+        AVC_DEPTH_MODE_BATCH,
+        &mut depths,
+        &mut plan,
+    );
+    assert_eq!(status, AVC_OK, "{}", last_error());
+    assert_eq!(depths, [3, 3]);
+    // Rejected probabilities name the C argument and change nothing.
+    for bad in [1.5, -0.1, f64::NAN] {
+        // SAFETY: live planner.
+        let status = unsafe { avc_planner_set_exploration(planner.0, bad, 0) };
+        rejected(
+            status,
+            AVC_ERR_VALUE,
+            "avc_planner_set_exploration: probability: ",
+        );
+    }
+    // SAFETY: NULL is refused before use.
+    let status = unsafe { avc_planner_set_exploration(null_mut(), 0.0, 0) };
+    rejected(status, AVC_ERR_NULL, "avc_planner_set_exploration: planner");
+    let status = planner.depth(
+        &slots,
+        &caps,
+        &step,
+        AVC_DEPTH_MODE_BATCH,
+        &mut depths,
+        &mut plan,
+    );
+    assert_eq!(status, AVC_OK, "{}", last_error());
+    assert_eq!(depths, [3, 3]);
+    // Off: the poor drafts are not drafted at all.
+    // SAFETY: live planner.
+    assert_eq!(
+        unsafe { avc_planner_set_exploration(planner.0, 0.0, 0) },
+        AVC_OK
+    );
+    let status = planner.depth(
+        &slots,
+        &caps,
+        &step,
+        AVC_DEPTH_MODE_BATCH,
+        &mut depths,
+        &mut plan,
+    );
+    assert_eq!(status, AVC_OK, "{}", last_error());
+    assert_eq!(depths, [0, 0]);
+}

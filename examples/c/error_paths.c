@@ -458,6 +458,10 @@ static void test_planner(void) {
     OK(avc_planner_previous_confidences(planner, 1, remembered, K));
     CHECK(remembered[0] == 1.0, "slot 1 after add_request remembers %g", remembered[0]);
     EXPECT(avc_planner_add_request(NULL, 0), AVC_ERR_NULL, "planner");
+    EXPECT(avc_planner_set_exploration(planner, 1.5, 0), AVC_ERR_VALUE, "probability");
+    EXPECT(avc_planner_set_exploration(planner, NAN, 0), AVC_ERR_VALUE, "probability");
+    EXPECT(avc_planner_set_exploration(NULL, 0.0, 0), AVC_ERR_NULL, "planner");
+    OK(avc_planner_set_exploration(planner, 0.0, 7));
 
     OK(avc_planner_free(planner));
     EXPECT(avc_planner_free(planner), AVC_ERR_INVALID_HANDLE, "planner");
