@@ -594,15 +594,27 @@ impl AcceptanceEstimator {
             }
         }
         self.check_features(features.data())?;
-        let mut counts = Vec::with_capacity(rows);
-        for row in 0..rows {
-            counts.push(validate_counts(
-                row,
-                num_admitted[row],
-                num_accepted[row],
-                k,
-            )?);
-        }
+        // One branch-free pass over the counts (`0 <= accepted <= admitted <= K`); the per-row
+        // check that names the culprit runs only when some row fails.
+        let valid = num_admitted
+            .iter()
+            .zip(num_accepted)
+            .map(|(&admitted, &accepted)| {
+                u32::from(!((0 <= accepted) & (accepted <= admitted) & (admitted <= k as i64)))
+            })
+            .sum::<u32>()
+            == 0;
+        let counts: Vec<(usize, usize)> = if valid {
+            num_admitted
+                .iter()
+                .zip(num_accepted)
+                .map(|(&admitted, &accepted)| (admitted as usize, accepted as usize))
+                .collect()
+        } else {
+            (0..rows)
+                .map(|row| validate_counts(row, num_admitted[row], num_accepted[row], k))
+                .collect::<Result<_>>()?
+        };
 
         let mut intercepts = Vec::with_capacity(k);
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
