@@ -222,6 +222,23 @@ def _vllm_version() -> str:
     return str(version)
 
 
+def _signature_problems(
+    modules: Mapping[str, ModuleType], expected: Mapping[tuple[str, str], str]
+) -> list[str]:
+    """Every live signature that differs from ``expected`` (``(module, dotted) -> text``)."""
+    problems: list[str] = []
+    for (module_name, dotted), text in expected.items():
+        where = f"{module_name}.{dotted}"
+        try:
+            found = signature_text(_resolve(modules[module_name], dotted))
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            problems.append(f"{where}: not found or not inspectable ({error})")
+            continue
+        if found != text:
+            problems.append(f"{where}{found} differs from the expected {where}{text}")
+    return problems
+
+
 def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> list[str]:
     """Every difference between the live vLLM modules and what the drop-ins mirror (empty when
     compatible). ``version=None`` skips the version check."""
@@ -232,15 +249,7 @@ def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> l
             f"({', '.join(SUPPORTED_VLLM_VERSIONS)}); set {ENV_ANY_VERSION}=1 to try it anyway "
             "(the signature checks still apply)"
         )
-    for (module_name, dotted), expected in EXPECTED_SIGNATURES.items():
-        where = f"{module_name}.{dotted}"
-        try:
-            found = signature_text(_resolve(modules[module_name], dotted))
-        except (AttributeError, KeyError, TypeError, ValueError) as error:
-            problems.append(f"{where}: not found or not inspectable ({error})")
-            continue
-        if found != expected:
-            problems.append(f"{where}{found} differs from the expected {where}{expected}")
+    problems += _signature_problems(modules, EXPECTED_SIGNATURES)
     for (module_name, dotted), expected_value in EXPECTED_CONSTANTS.items():
         where = f"{module_name}.{dotted}"
         try:
@@ -480,15 +489,10 @@ def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
         if not text.startswith("(self, input_batch,") or "num_speculative_tokens=None" not in text:
             expected = "(self, input_batch, ..., num_speculative_tokens=None)"
             problems.append(f"{where}{text}: expected {expected}")
-    for dotted, expected in DEPTH_MANAGER_SIGNATURES.items():
-        where = f"{BUDGET_MODULE}.{dotted}"
-        try:
-            found = signature_text(_resolve(modules[BUDGET_MODULE], dotted))
-        except (AttributeError, KeyError, TypeError, ValueError) as error:
-            problems.append(f"{where}: not found or not inspectable ({error})")
-            continue
-        if found != expected:
-            problems.append(f"{where}{found} differs from the expected {where}{expected}")
+    problems += _signature_problems(
+        modules,
+        {(BUDGET_MODULE, dotted): text for dotted, text in DEPTH_MANAGER_SIGNATURES.items()},
+    )
     if _drafter_kind() not in ("autoregressive", "parallel"):
         problems.append(f"{ENV_DRAFTER}={_drafter_kind()!r}: expected autoregressive or parallel")
     if _depth_mode() not in ("batch", "per_request", "off"):
