@@ -31,8 +31,7 @@
 //! rule (`av_core.testing` checks the composition exactly).
 
 use super::budget::{
-    beats, best_budget, bucket_floor, bucket_map, is_small, may_reach, search, Budget,
-    BudgetBuffers,
+    beats, best_budget, bucket_map, is_small, may_reach, search, Budget, BudgetBuffers,
 };
 use super::order::Survivals;
 use super::StepTokens;
@@ -83,6 +82,7 @@ pub(crate) struct DepthBuffers {
     slots: Vec<Slot>,
     full_counts: Vec<u32>,
     full_sums: Vec<f64>,
+    costs_by_depth: Vec<(usize, f64)>,
 }
 
 #[derive(Clone, Copy)]
@@ -92,21 +92,68 @@ struct Slot {
     row: u32,
 }
 
-/// Fills `scheduled` with depth `d`'s counts (`min(d, caps[r])`); returns the drafts, the
-/// largest budget and the drafting cost at that depth.
-fn at_depth(
-    d: usize,
+/// The drafts and drafting cost of every depth `0..=deepest` for requests capped at `caps`
+/// (depth `d` drafts `min(d, caps[r])` per request), into `out[d]`. Pass `j` runs over the
+/// `R_j` requests with `caps[r] ≥ j`, so the costs are prefix sums over `j` — the same sums, in
+/// the same order, as [`CostTables::step_draft_cost_ms`] of each depth's counts.
+fn depth_costs(
     caps: &[usize],
-    step: &StepTokens,
+    deepest: usize,
     tables: &CostTables,
-    scheduled: &mut Vec<usize>,
-    counts: &mut Vec<usize>,
-) -> (usize, usize, f64) {
+    rows_at_least: &mut Vec<usize>,
+    out: &mut Vec<(usize, f64)>,
+) {
+    rows_at_least.clear();
+    rows_at_least.resize(deepest + 2, 0);
+    for &cap in caps {
+        rows_at_least[cap] += 1;
+    }
+    for j in (1..=deepest).rev() {
+        rows_at_least[j] += rows_at_least[j + 1];
+    }
+    let draft_ms = tables.draft_ms();
+    out.clear();
+    out.push((0, 0.0));
+    let (mut drafts, mut cost, mut previous) = (0usize, 0.0f64, 0.0f64);
+    for &rows in &rows_at_least[1..=deepest] {
+        let fraction = tables.depth_fraction(out.len());
+        drafts += rows;
+        if rows > 0 {
+            cost += draft_ms[rows] * (fraction - previous);
+        }
+        previous = fraction;
+        out.push((drafts, cost));
+    }
+}
+
+/// The best ratio `E / C` at any bucket boundary within `limit`: attained by some budget, so a
+/// valid floor for pruning. Plain quotients and a running maximum (no data-dependent branch), as
+/// a bound needs no tie rule.
+fn floor_ratio(
+    counts: &[u32],
+    sums: &[f64],
+    limit: usize,
+    s: f64,
+    draft_ms: f64,
+    verify: &[f64],
+) -> f64 {
+    let mut best = s / (draft_ms + verify[0]);
+    let (mut end, mut prefix) = (0usize, 0.0f64);
+    for (&count, &sum) in counts.iter().zip(sums) {
+        end += count as usize;
+        prefix += sum;
+        if end > limit {
+            break;
+        }
+        best = best.max((s + prefix) / (draft_ms + verify[end]));
+    }
+    best
+}
+
+/// Fills `scheduled` with depth `d`'s counts, `min(d, caps[r])`.
+fn fill_scheduled(d: usize, caps: &[usize], scheduled: &mut Vec<usize>) {
     scheduled.clear();
     scheduled.extend(caps.iter().map(|&c| c.min(d)));
-    let drafts: usize = scheduled.iter().sum();
-    let limit = step.max_draft_budget.map_or(drafts, |cap| cap.min(drafts));
-    (drafts, limit, tables.step_draft_cost_ms(scheduled, counts))
 }
 
 /// Batch mode over `survivals` of rows capped at `caps[r]`; writes `depths`.
@@ -138,31 +185,35 @@ pub(crate) fn batch_depth(
         counts,
         full_counts,
         full_sums,
+        costs_by_depth,
         ..
     } = buffers;
-    // Keeps the first depth with the best ratio (depths are offered in increasing order).
-    let mut offer = |d: usize, drafts: usize, draft_ms: f64, chosen: Budget| {
+    depth_costs(caps, deepest, tables, counts, costs_by_depth);
+    let limit_of = |drafts: usize| step.max_draft_budget.map_or(drafts, |cap| cap.min(drafts));
+    // Keeps the best ratio, and among equal ratios the smallest depth (in whatever order the
+    // depths are offered).
+    let offer = |best: &mut DepthPlan, d: usize, drafts: usize, draft_ms: f64, chosen: Budget| {
         let cost = draft_ms + verify[t + chosen.budget];
-        if beats(
-            chosen.expected_tokens,
-            cost,
-            best.expected_accepted_tokens,
-            best.predicted_cost_ms,
-        ) {
-            best = DepthPlan {
+        let (e, c) = (chosen.expected_tokens, cost);
+        let (best_e, best_c) = (best.expected_accepted_tokens, best.predicted_cost_ms);
+        let better = beats(e, c, best_e, best_c);
+        let tie_shallower = !better && !beats(best_e, best_c, e, c) && d < best.max_depth;
+        if better || tie_shallower {
+            *best = DepthPlan {
                 max_depth: d,
                 drafts,
                 budget: chosen.budget,
-                expected_accepted_tokens: chosen.expected_tokens,
-                predicted_cost_ms: cost,
+                expected_accepted_tokens: e,
+                predicted_cost_ms: c,
             };
         }
     };
 
     if deepest == 0 || is_small(survivals, survivals.count) {
         // Few slots: search every depth from scratch.
-        for d in 1..=deepest {
-            let (drafts, limit, draft_ms) = at_depth(d, caps, step, tables, scheduled, counts);
+        for (d, &(drafts, draft_ms)) in costs_by_depth.iter().enumerate().skip(1) {
+            let limit = limit_of(drafts);
+            fill_scheduled(d, caps, scheduled);
             survivals.recount(cols, scheduled);
             let chosen = best_budget(
                 survivals,
@@ -175,7 +226,7 @@ pub(crate) fn batch_depth(
                 nondecreasing,
                 budget_buffers,
             );
-            offer(d, drafts, draft_ms, chosen);
+            offer(&mut best, d, drafts, draft_ms, chosen);
         }
         survivals.recount(cols, caps);
     } else {
@@ -208,14 +259,33 @@ pub(crate) fn batch_depth(
                     hist_sums[b] += survivals.values[i];
                 }
             }
-            let (drafts, limit, draft_ms) = at_depth(d, caps, step, tables, scheduled, counts);
-            let floor = bucket_floor(hist, hist_sums, limit, s, draft_ms, &verify[t..=t + limit]);
+            let (drafts, draft_ms) = costs_by_depth[d];
+            let limit = limit_of(drafts);
+            let floor = (
+                floor_ratio(hist, hist_sums, limit, s, draft_ms, &verify[t..=t + limit]),
+                1.0,
+            );
             if beats(floor.0, floor.1, target.0, target.1) {
                 target = floor;
             }
-            shapes.push((drafts, limit, draft_ms));
+            shapes.push((d, drafts, limit, draft_ms, floor));
         }
-        for (d, &(drafts, limit, draft_ms)) in (1..=deepest).zip(&shapes) {
+        // Most promising first: the first exact searches raise the bar the others must reach.
+        shapes.sort_by(|a, b| {
+            let (ea, ca, eb, cb) = (a.4 .0, a.4 .1, b.4 .0, b.4 .1);
+            (eb * ca).total_cmp(&(ea * cb)).then(a.0.cmp(&b.0))
+        });
+        for &(d, drafts, limit, draft_ms, _) in &shapes {
+            let bar = if beats(
+                best.expected_accepted_tokens,
+                best.predicted_cost_ms,
+                target.0,
+                target.1,
+            ) {
+                (best.expected_accepted_tokens, best.predicted_cost_ms)
+            } else {
+                target
+            };
             let range = (d - 1) * buckets..d * buckets;
             let costs = &verify[t..=t + limit];
             let (hist, hist_sums) = (&full_counts[range.clone()], &full_sums[range]);
@@ -228,7 +298,7 @@ pub(crate) fn batch_depth(
                     draft_ms,
                     costs,
                     nondecreasing,
-                    target,
+                    bar,
                 )
             {
                 continue;
@@ -237,8 +307,7 @@ pub(crate) fn batch_depth(
             budget_buffers.counts.extend_from_slice(hist);
             budget_buffers.sums.clear();
             budget_buffers.sums.extend_from_slice(hist_sums);
-            scheduled.clear();
-            scheduled.extend(caps.iter().map(|&c| c.min(d)));
+            fill_scheduled(d, caps, scheduled);
             let chosen = search(
                 survivals,
                 &map,
@@ -251,7 +320,7 @@ pub(crate) fn batch_depth(
                 nondecreasing,
                 budget_buffers,
             );
-            offer(d, drafts, draft_ms, chosen);
+            offer(&mut best, d, drafts, draft_ms, chosen);
         }
     }
     for (out, &cap) in depths.iter_mut().zip(caps) {
