@@ -91,11 +91,23 @@ impl DrafterKind {
             .collect()
     }
 
-    /// `"autoregressive"` or `"parallel"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            DrafterKind::Autoregressive => "autoregressive",
-            DrafterKind::Parallel => "parallel",
+    /// Parses `"autoregressive"` or `"parallel"` (the names the bindings accept).
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::DrafterKind;
+    ///
+    /// assert_eq!(DrafterKind::parse("parallel")?, DrafterKind::Parallel);
+    /// assert_eq!(DrafterKind::parse("block").unwrap_err().argument, "drafter");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "autoregressive" => Ok(DrafterKind::Autoregressive),
+            "parallel" => Ok(DrafterKind::Parallel),
+            other => Err(Error::value(
+                "drafter",
+                format!("must be 'autoregressive' or 'parallel', got {other:?}"),
+            )),
         }
     }
 }

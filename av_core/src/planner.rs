@@ -199,20 +199,13 @@ pub fn choose_draft_budget<T: Copy + Into<f64>>(
     cost_tables: &CostTables,
 ) -> Result<usize> {
     with_scratch(|scratch| {
-        let total = check_common(confidences, scheduled_drafts, scratch)?;
-        check_depth_table(cost_tables, confidences.cols())?;
-        let limit = check_step(step, confidences.rows(), total, cost_tables)?;
+        let (limit, draft_ms) = prepare(scratch, confidences, scheduled_drafts, step, cost_tables)?;
         let Scratch {
             scheduled,
             survivals,
             budget_buffers,
-            draft_counts,
             ..
         } = scratch;
-        if !survivals.compute(confidences, scheduled) {
-            return Err(probability_error("confidences", confidences));
-        }
-        let draft_ms = step_draft_ms(cost_tables, scheduled, draft_counts);
         Ok(budget_of(
             survivals,
             confidences.cols(),
@@ -225,6 +218,26 @@ pub fn choose_draft_budget<T: Copy + Into<f64>>(
         )
         .budget)
     })
+}
+
+/// Validates a planning call (shapes, scheduled drafts, the step against the tables) and
+/// computes the survivals of `confidences` into `scratch`; returns the largest admissible
+/// budget and the step's drafting cost.
+fn prepare<T: Copy + Into<f64>>(
+    scratch: &mut Scratch,
+    confidences: MatrixView<'_, T>,
+    scheduled_drafts: &[i64],
+    step: &StepTokens,
+    cost_tables: &CostTables,
+) -> Result<(usize, f64)> {
+    let total = check_common(confidences, scheduled_drafts, scratch)?;
+    check_depth_table(cost_tables, confidences.cols())?;
+    let limit = check_step(step, confidences.rows(), total, cost_tables)?;
+    if !scratch.survivals.compute(confidences, &scratch.scheduled) {
+        return Err(probability_error("confidences", confidences));
+    }
+    let draft_ms = step_draft_ms(cost_tables, &scratch.scheduled, &mut scratch.draft_counts);
+    Ok((limit, draft_ms))
 }
 
 /// Admitted drafts per request: the `budget` highest survivals (ties to the shallower
@@ -342,58 +355,39 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
 ) -> Result<VerificationPlan> {
     let rows = confidences.rows();
     let cols = confidences.cols();
-    let total = check_common(confidences, scheduled_drafts, scratch)?;
-    check_depth_table(cost_tables, cols)?;
     if let Some(other) = budget_confidences {
         check_same_shape(other, rows, cols)?;
     }
     check_admitted_len(admitted, rows)?;
-    let limit = check_step(step, rows, total, cost_tables)?;
-
+    let (limit, draft_ms) = prepare(scratch, confidences, scheduled_drafts, step, cost_tables)?;
     let Scratch {
         scheduled,
         survivals,
         budget_survivals,
         budget_buffers,
         assign_buffers,
-        draft_counts,
         ..
     } = scratch;
-    if !survivals.compute(confidences, scheduled) {
-        return Err(probability_error("confidences", confidences));
-    }
-    let draft_ms = step_draft_ms(cost_tables, scheduled, draft_counts);
-    let (chosen, current) = match budget_confidences {
+    let current = budget_confidences.is_none();
+    let sized_from: &Survivals = match budget_confidences {
         Some(other) => {
             if !budget_survivals.compute(other, scheduled) {
                 return Err(probability_error("budget_confidences", other));
             }
-            let chosen = budget_of(
-                budget_survivals,
-                cols,
-                scheduled,
-                step,
-                draft_ms,
-                cost_tables,
-                limit,
-                budget_buffers,
-            );
-            (chosen, false)
+            budget_survivals
         }
-        None => {
-            let chosen = budget_of(
-                survivals,
-                cols,
-                scheduled,
-                step,
-                draft_ms,
-                cost_tables,
-                limit,
-                budget_buffers,
-            );
-            (chosen, true)
-        }
+        None => survivals,
     };
+    let chosen = budget_of(
+        sized_from,
+        cols,
+        scheduled,
+        step,
+        draft_ms,
+        cost_tables,
+        limit,
+        budget_buffers,
+    );
     let budget = chosen.budget;
     let admitted_sum = assignment::admit(
         survivals,

@@ -82,13 +82,25 @@ fn curve_points(obj: &Bound<'_, PyAny>, argument: &'static str) -> PyResult<Vec<
 type TableBuilder =
     fn(&[(f64, f64)], &[(f64, f64)], usize, usize, usize) -> av_core::Result<CostTables>;
 
-/// Converts two (size, ms) arrays and the three sizes, then calls `builder`.
+/// The optional draft-depth argument of a table builder: the object, its name, the requested
+/// depth and whether it holds raw samples (reduced to the median per depth).
+type DepthArgument<'a, 'py> = (
+    Option<&'a Bound<'py, PyAny>>,
+    &'static str,
+    Option<i64>,
+    bool,
+);
+
+/// Converts two (size, ms) arrays and the three sizes, calls `builder`, then adds the
+/// draft-depth table when one was given.
 fn build_tables(
     builder: TableBuilder,
     (draft, draft_name): (&Bound<'_, PyAny>, &'static str),
     (verify, verify_name): (&Bound<'_, PyAny>, &'static str),
     [max_num_reqs, max_batch_tokens, cudagraph_limit]: [i64; 3],
+    (depth, depth_name, max_draft_depth, samples): DepthArgument<'_, '_>,
 ) -> PyResult<PyCostTables> {
+    let depth = depth_curve(depth, depth_name, max_draft_depth, samples)?;
     let draft = curve_points(draft, draft_name)?;
     let verify = curve_points(verify, verify_name)?;
     let inner = builder(
@@ -99,6 +111,12 @@ fn build_tables(
         non_negative("cudagraph_limit", cudagraph_limit)?,
     )
     .map_err(to_py_err)?;
+    let inner = match depth {
+        None => inner,
+        Some((curve, max_depth)) => inner
+            .with_draft_depth_curve(&curve, max_depth)
+            .map_err(to_py_err)?,
+    };
     Ok(PyCostTables { inner })
 }
 
@@ -194,19 +212,18 @@ impl PyCostTables {
         draft_depth_curve: Option<&Bound<'_, PyAny>>,
         max_draft_depth: Option<i64>,
     ) -> PyResult<Self> {
-        let depth = depth_curve(
-            draft_depth_curve,
-            "draft_depth_curve",
-            max_draft_depth,
-            false,
-        )?;
-        let tables = build_tables(
+        build_tables(
             CostTables::from_curves,
             (draft_curve, "draft_curve"),
             (verify_curve, "verify_curve"),
             [max_num_reqs, max_batch_tokens, cudagraph_limit],
-        )?;
-        tables.with_depth_curve(depth)
+            (
+                draft_depth_curve,
+                "draft_depth_curve",
+                max_draft_depth,
+                false,
+            ),
+        )
     }
 
     /// Tables from raw repeated (size, ms) timings: the median per size, then `from_curves`.
@@ -225,19 +242,18 @@ impl PyCostTables {
         draft_depth_samples: Option<&Bound<'_, PyAny>>,
         max_draft_depth: Option<i64>,
     ) -> PyResult<Self> {
-        let depth = depth_curve(
-            draft_depth_samples,
-            "draft_depth_samples",
-            max_draft_depth,
-            true,
-        )?;
-        let tables = build_tables(
+        build_tables(
             CostTables::from_samples,
             (draft_samples, "draft_samples"),
             (verify_samples, "verify_samples"),
             [max_num_reqs, max_batch_tokens, cudagraph_limit],
-        )?;
-        tables.with_depth_curve(depth)
+            (
+                draft_depth_samples,
+                "draft_depth_samples",
+                max_draft_depth,
+                true,
+            ),
+        )
     }
 
     /// Drafter cost by depth, float64 [K + 1] (a copy), or None without a depth table.
@@ -355,20 +371,6 @@ impl PyCostTables {
     }
 }
 
-impl PyCostTables {
-    fn with_depth_curve(self, depth: Option<DepthCurve>) -> PyResult<Self> {
-        match depth {
-            None => Ok(self),
-            Some((curve, max_depth)) => Ok(PyCostTables {
-                inner: self
-                    .inner
-                    .with_draft_depth_curve(&curve, max_depth)
-                    .map_err(to_py_err)?,
-            }),
-        }
-    }
-}
-
 /// Profiled (depth, ms) points and the depth the table should cover.
 type DepthCurve = (Vec<(f64, f64)>, usize);
 
@@ -398,26 +400,14 @@ fn depth_curve(
     Ok(Some((curve, max_depth)))
 }
 
+/// A drafter kind given in place of `draft_depth_ms` (the error names that argument).
 fn drafter_kind(name: &str) -> PyResult<DrafterKind> {
-    match name {
-        "autoregressive" => Ok(DrafterKind::Autoregressive),
-        "parallel" => Ok(DrafterKind::Parallel),
-        other => Err(value_error(
-            "draft_depth_ms",
-            format!("drafter kind must be 'autoregressive' or 'parallel', got {other:?}"),
-        )),
-    }
+    DrafterKind::parse(name)
+        .map_err(|e| value_error("draft_depth_ms", format!("drafter kind {}", e.message)))
 }
 
 fn depth_mode(name: &str) -> PyResult<DepthMode> {
-    match name {
-        "batch" => Ok(DepthMode::Batch),
-        "per_request" => Ok(DepthMode::PerRequest),
-        other => Err(value_error(
-            "mode",
-            format!("must be 'batch' or 'per_request', got {other:?}"),
-        )),
-    }
+    DepthMode::parse(name).map_err(to_py_err)
 }
 
 /// How deep to draft this step: depths per request and what the decision anticipates.

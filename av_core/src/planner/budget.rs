@@ -275,7 +275,7 @@ pub(crate) fn search(
 }
 
 /// The best ratio `(E, C)` at any bucket boundary within `limit` (some budget attains it).
-pub(crate) fn bucket_floor(
+fn bucket_floor(
     counts: &[u32],
     sums: &[f64],
     limit: usize,

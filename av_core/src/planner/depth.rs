@@ -36,6 +36,7 @@ use super::budget::{
 use super::order::Survivals;
 use super::StepTokens;
 use crate::cost_tables::CostTables;
+use crate::error::{Error, Result};
 
 /// One depth for the batch, or one per request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -49,11 +50,23 @@ pub enum DepthMode {
 }
 
 impl DepthMode {
-    /// `"batch"` or `"per_request"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            DepthMode::Batch => "batch",
-            DepthMode::PerRequest => "per_request",
+    /// Parses `"batch"` or `"per_request"` (the names the bindings accept).
+    ///
+    /// ```rust
+    /// use av_core::planner::DepthMode;
+    ///
+    /// assert_eq!(DepthMode::parse("per_request")?, DepthMode::PerRequest);
+    /// assert_eq!(DepthMode::parse("deep").unwrap_err().argument, "mode");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "batch" => Ok(DepthMode::Batch),
+            "per_request" => Ok(DepthMode::PerRequest),
+            other => Err(Error::value(
+                "mode",
+                format!("must be 'batch' or 'per_request', got {other:?}"),
+            )),
         }
     }
 }
