@@ -3,9 +3,9 @@
 Trimming verification cannot refund drafting that already happened. :class:`DraftDepthHook`
 decides, before the drafter runs, how many positions to draft (one depth for the batch, which
 is what vLLM's ``propose(..., num_speculative_tokens=k)`` takes, or one per request), with
-:func:`av_core.choose_draft_depth` on the confidences each request slot had at its last drafted
-step and cost tables that price drafting by depth. It reads nothing of the step it governs, so
-it is lossless for every drafter.
+:meth:`av_core.VerificationPlanner.choose_draft_depth` on the confidences each request slot had
+at its last drafted step and cost tables that price drafting by depth. It reads nothing of the
+step it governs, so it is lossless for every drafter.
 
 Where it goes in vLLM 0.33.0 (``vllm/v1/worker/gpu/model_runner.py``,
 ``GPUModelRunner.sample_tokens``), around the existing ``propose`` call::
@@ -55,7 +55,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from av_core._native import CostTables, DepthPlan, choose_draft_depth
+from av_core._native import CostTables, DepthPlan, VerificationPlanner
 
 __all__ = ["DraftDepthHook"]
 
@@ -128,7 +128,11 @@ class DraftDepthHook:
         self.mode: DepthMode = mode
         self.exploration = float(exploration)
         self._rng = np.random.default_rng(seed)
-        self._memory = np.ones((max_num_reqs, num_speculative_steps), dtype=np.float64)
+        # The remembered rows live in the core planner (which stores only drafted positions);
+        # its own exploration is off: the hook's exploration steps are drawn below.
+        self._planner = VerificationPlanner(
+            cost_tables, num_speculative_steps, num_slots=max_num_reqs, exploration=0.0
+        )
         # The last `lag` proposals: (slots, depths), oldest first, each marked once recorded.
         self._proposals: deque[list[Any]] = deque(maxlen=lag)
         self.lag = lag
@@ -139,7 +143,7 @@ class DraftDepthHook:
 
     @property
     def max_num_reqs(self) -> int:
-        return int(self._memory.shape[0])
+        return self._planner.num_slots
 
     def _slots(self, idx_mapping: Any) -> npt.NDArray[np.int64]:
         slots = _host(idx_mapping, "idx_mapping").astype(np.int64, copy=False).reshape(-1)
@@ -152,9 +156,7 @@ class DraftDepthHook:
 
     def add_request(self, slot: int) -> None:
         """A new request took ``slot``: forget the old one's confidences (back to 1.0)."""
-        if not 0 <= slot < self.max_num_reqs:
-            raise ValueError(f"slot: {slot} is outside 0..{self.max_num_reqs - 1}")
-        self._memory[slot] = 1.0
+        self._planner.add_request(slot)
         # Confidences the old request drafted before it left must not land on the new one.
         for entry in self._proposals:
             entry[1] = np.where(entry[0] == slot, 0, entry[1])
@@ -196,10 +198,7 @@ class DraftDepthHook:
 
     def remembered(self, slot: int) -> npt.NDArray[np.float64]:
         """The confidences remembered for ``slot`` (a copy)."""
-        if not 0 <= slot < self.max_num_reqs:
-            raise ValueError(f"slot: {slot} is outside 0..{self.max_num_reqs - 1}")
-        row: npt.NDArray[np.float64] = self._memory[slot].copy()
-        return row
+        return self._planner.previous_confidences(slot)
 
     def record(self, idx_mapping: Any, confidences: Any, num_drafted: Any) -> None:
         """Remember this step's confidences ``[R, K]`` of the requests in ``idx_mapping``, for
@@ -224,12 +223,7 @@ class DraftDepthHook:
             raise ValueError(
                 f"num_drafted: must be in 0..{k}, got {drafted.min()}..{drafted.max()}"
             )
-        positions = np.arange(k)[None, :] < drafted[:, None]
-        if not np.all((conf[positions] >= 0.0) & (conf[positions] <= 1.0)):
-            raise ValueError("confidences: drafted positions must be probabilities in [0, 1]")
-        rows = self._memory[slots]
-        rows[positions] = conf[positions]
-        self._memory[slots] = rows
+        self._planner.remember(slots, np.ascontiguousarray(conf), drafted)
 
     def choose(
         self,
@@ -250,12 +244,11 @@ class DraftDepthHook:
             if max_depths is None
             else np.asarray(_host(max_depths, "max_depths"), dtype=np.int64).reshape(-1)
         )
-        plan = choose_draft_depth(
-            self._memory[slots],
+        plan = self._planner.choose_draft_depth(
+            slots,
             caps,
             num_non_draft_tokens=num_non_draft_tokens,
             num_sampling_requests=num_sampling_requests,
-            cost_tables=self.cost_tables,
             max_draft_budget=max_draft_budget,
             mode=self.mode,
         )

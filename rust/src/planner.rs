@@ -853,6 +853,29 @@ impl PyVerificationPlanner {
         Ok(PyDepthPlan::wrap(py, plan, depths))
     }
 
+    /// Remembers this step's confidences of the positions each request drafted
+    /// (`scheduled_drafts`), as `plan` does, without planning (verification planned elsewhere).
+    fn remember(
+        &self,
+        py: Python<'_>,
+        slots: &Bound<'_, PyAny>,
+        confidences: &Bound<'_, PyAny>,
+        scheduled_drafts: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let slots = int_vector(slots, "slots")?;
+        let matrix = float_matrix(confidences, "confidences")?;
+        let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+        let view = matrix.view("confidences")?;
+        py.detach(|| {
+            let mut planner = self.lock();
+            match view {
+                FloatView::F32(v) => planner.remember(&slots, v, &scheduled),
+                FloatView::F64(v) => planner.remember(&slots, v, &scheduled),
+            }
+        })
+        .map_err(to_py_err)
+    }
+
     /// The confidences remembered for `slot`, float64 [K] (what the next budget reads).
     fn previous_confidences<'py>(
         &self,

@@ -813,6 +813,31 @@ mod tests {
         assert_eq!(plan.predicted_cost_ms, 8.0 / 4.0 + 1.0);
     }
 
+    #[test]
+    fn remember_stores_drafted_positions_and_rejects_without_change() {
+        let tables = CostTables::new(vec![0.0; 5], vec![1.0; 16]).unwrap();
+        let mut planner = VerificationPlanner::new(tables, 4, 3, BudgetSource::Previous).unwrap();
+        let conf = [0.5, 0.25, f64::NAN, 0.75, 2.0, -1.0];
+        let view = MatrixView::new("c", &conf, 2, 3).unwrap();
+        planner.remember(&[0, 3], view, &[2, 1]).unwrap();
+        assert_eq!(planner.previous_confidences(0).unwrap(), [0.5, 0.25, 1.0]);
+        assert_eq!(planner.previous_confidences(3).unwrap(), [0.75, 1.0, 1.0]);
+        let before = planner.to_bytes();
+        for (slots, sched, argument) in [
+            (&[0i64, 0][..], &[1i64, 1][..], "slots"),
+            (&[0, 4], &[1, 1], "slots"),
+            (&[0], &[1, 1], "slots"),
+            (&[0, 1], &[1], "scheduled_drafts"),
+            (&[0, 1], &[4, 1], "scheduled_drafts"),
+            (&[0, 1], &[3, 1], "confidences"), // the NaN is drafted now
+            (&[0, 1], &[1, 2], "confidences"), // so is the 2.0
+        ] {
+            let err = planner.remember(slots, view, sched).unwrap_err();
+            assert_eq!(err.argument, argument, "{slots:?} {sched:?}");
+            assert_eq!(planner.to_bytes(), before);
+        }
+    }
+
     proptest! {
         /// On dyadic inputs every sum is exact, so the pruned search must equal brute force.
         #[test]

@@ -398,19 +398,92 @@ impl VerificationPlanner {
             admitted,
             &mut plan,
         );
+        self.store(slots, confidences, scheduled_drafts);
+        Ok(plan)
+    }
+
+    /// Remembers this step's confidences of the positions each request drafted
+    /// (`scheduled_drafts[r]`), as [`Self::plan`] does, without planning: for engines whose
+    /// verification is planned elsewhere (vLLM's own budget) but whose drafting depth comes
+    /// from [`Self::choose_draft_depth`]. Confidences past a request's drafts are not read. A
+    /// rejected call changes nothing.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    /// use av_core::planner::{BudgetSource, VerificationPlanner};
+    /// use av_core::MatrixView;
+    ///
+    /// let tables = CostTables::new(vec![0.0; 3], vec![1.0; 9])?;
+    /// let mut planner = VerificationPlanner::new(tables, 4, 2, BudgetSource::Previous)?;
+    /// let view = MatrixView::new("confidences", &[0.5, f64::NAN], 1, 2)?;
+    /// planner.remember(&[3], view, &[1])?; // one drafted position; the NaN is never read
+    /// assert_eq!(planner.previous_confidences(3)?, [0.5, 1.0]);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn remember<T: Copy + Into<f64>>(
+        &mut self,
+        slots: &[i64],
+        confidences: MatrixView<'_, T>,
+        scheduled_drafts: &[i64],
+    ) -> Result<()> {
+        let k = self.num_positions;
+        confidences.expect_cols("confidences", k)?;
+        let rows = confidences.rows();
+        for (argument, len) in [
+            ("slots", slots.len()),
+            ("scheduled_drafts", scheduled_drafts.len()),
+        ] {
+            if len != rows {
+                return Err(Error::value(
+                    argument,
+                    format!("has length {len} but confidences has {rows} rows"),
+                ));
+            }
+        }
+        self.check_slots(slots)?;
+        for (r, &n) in scheduled_drafts.iter().enumerate() {
+            if n < 0 || n as u64 > k as u64 {
+                return Err(Error::value(
+                    "scheduled_drafts",
+                    format!("[{r}] = {n} is outside 0..={k}"),
+                ));
+            }
+            let row = confidences.row(r);
+            if let Some(j) = (0..n as usize).find(|&j| !(0.0..=1.0).contains(&row[j].into())) {
+                return Err(Error::value(
+                    "confidences",
+                    format!(
+                        "[{r}, {j}] = {} is not a probability in [0, 1]",
+                        row[j].into()
+                    ),
+                ));
+            }
+        }
+        self.store(slots, confidences, scheduled_drafts);
+        Ok(())
+    }
+
+    /// Writes the drafted positions' confidences of `slots` (validated by the caller).
+    fn store<T: Copy + Into<f64>>(
+        &mut self,
+        slots: &[i64],
+        confidences: MatrixView<'_, T>,
+        scheduled_drafts: &[i64],
+    ) {
         // Only drafted positions carry news: past a request's scheduled drafts (a shallower
         // drafting depth, a request near its end) the remembered values stay.
+        let k = self.num_positions;
         for (r, (&slot, &n)) in slots.iter().zip(scheduled_drafts).enumerate() {
             let slot = slot as usize;
-            let n = n as usize;
-            for (stored, &p) in self.previous[slot * k..slot * k + n]
+            for (stored, &p) in self.previous[slot * k..slot * k + n as usize]
                 .iter_mut()
                 .zip(confidences.row(r))
             {
                 *stored = p.into();
             }
         }
-        Ok(plan)
     }
 
     /// How many positions each request in `slots` should draft at the coming step, from the
