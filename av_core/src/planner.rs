@@ -31,6 +31,7 @@ use crate::matrix::MatrixView;
 
 mod assignment;
 mod budget;
+mod counting;
 mod depth;
 mod order;
 mod stateful;
@@ -199,7 +200,14 @@ pub fn choose_draft_budget<T: Copy + Into<f64>>(
     cost_tables: &CostTables,
 ) -> Result<usize> {
     with_scratch(|scratch| {
-        let (limit, draft_ms) = prepare(scratch, confidences, scheduled_drafts, step, cost_tables)?;
+        let (limit, draft_ms) = prepare(
+            scratch,
+            confidences,
+            scheduled_drafts,
+            step,
+            cost_tables,
+            false,
+        )?;
         let Scratch {
             scheduled,
             survivals,
@@ -221,19 +229,23 @@ pub fn choose_draft_budget<T: Copy + Into<f64>>(
 }
 
 /// Validates a planning call (shapes, scheduled drafts, the step against the tables) and
-/// computes the survivals of `confidences` into `scratch`; returns the largest admissible
-/// budget and the step's drafting cost.
+/// computes the survivals of `confidences` into `scratch` (with their running sums when
+/// asked); returns the largest admissible budget and the step's drafting cost.
 fn prepare<T: Copy + Into<f64>>(
     scratch: &mut Scratch,
     confidences: MatrixView<'_, T>,
     scheduled_drafts: &[i64],
     step: &StepTokens,
     cost_tables: &CostTables,
+    running_sums: bool,
 ) -> Result<(usize, f64)> {
     let total = check_common(confidences, scheduled_drafts, scratch)?;
     check_depth_table(cost_tables, confidences.cols())?;
     let limit = check_step(step, confidences.rows(), total, cost_tables)?;
-    if !scratch.survivals.compute(confidences, &scratch.scheduled) {
+    if !scratch
+        .survivals
+        .compute(confidences, &scratch.scheduled, running_sums)
+    {
         return Err(probability_error("confidences", confidences));
     }
     let draft_ms = step_draft_ms(cost_tables, &scratch.scheduled, &mut scratch.draft_counts);
@@ -276,7 +288,7 @@ pub fn assign_draft_budget<T: Copy + Into<f64>>(
             assign_buffers,
             ..
         } = scratch;
-        if !survivals.compute(confidences, scheduled) {
+        if !survivals.compute(confidences, scheduled, false) {
             return Err(probability_error("confidences", confidences));
         }
         assignment::admit(
@@ -359,7 +371,16 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         check_same_shape(other, rows, cols)?;
     }
     check_admitted_len(admitted, rows)?;
-    let (limit, draft_ms) = prepare(scratch, confidences, scheduled_drafts, step, cost_tables)?;
+    let current = budget_confidences.is_none();
+    // With the budget sized elsewhere, `E` is summed over the admitted prefixes afterwards.
+    let (limit, draft_ms) = prepare(
+        scratch,
+        confidences,
+        scheduled_drafts,
+        step,
+        cost_tables,
+        !current,
+    )?;
     let Scratch {
         scheduled,
         survivals,
@@ -368,10 +389,9 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         assign_buffers,
         ..
     } = scratch;
-    let current = budget_confidences.is_none();
     let sized_from: &Survivals = match budget_confidences {
         Some(other) => {
-            if !budget_survivals.compute(other, scheduled) {
+            if !budget_survivals.compute(other, scheduled, false) {
                 return Err(probability_error("budget_confidences", other));
             }
             budget_survivals
@@ -389,7 +409,7 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         budget_buffers,
     );
     let budget = chosen.budget;
-    let admitted_sum = assignment::admit(
+    assignment::admit(
         survivals,
         cols,
         scheduled,
@@ -401,7 +421,7 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
     let expected_accepted_tokens = if current {
         chosen.expected_tokens
     } else {
-        step.num_sampling_requests as f64 + admitted_sum
+        step.num_sampling_requests as f64 + survivals.prefix_sum(cols, admitted)
     };
     Ok(VerificationPlan {
         budget,
@@ -559,7 +579,7 @@ pub(crate) fn depth_with<T: Copy + Into<f64>>(
         depth_buffers,
         ..
     } = scratch;
-    if !survivals.compute(confidences, scheduled) {
+    if !survivals.compute(confidences, scheduled, false) {
         return Err(probability_error("confidences", confidences));
     }
     Ok(match mode {

@@ -18,7 +18,8 @@
 
 use std::cmp::Ordering;
 
-use super::order::{count_above, for_each_run, BucketMap, Survivals};
+use super::counting::{count_above, for_each_run, Bucket};
+use super::order::{BucketMap, Survivals};
 
 /// Batches of at most this many scheduled slots are ranked outright.
 const SMALL: usize = 64;
@@ -28,7 +29,7 @@ const COARSENESS: u32 = 3;
 /// Reusable buffers of [`admit`].
 #[derive(Default)]
 pub(crate) struct AssignBuffers {
-    indices: Vec<u32>,
+    indices: Vec<Bucket>,
     counts: Vec<u32>,
     members: Vec<Slot>,
     tied_rows: Vec<usize>,
@@ -50,8 +51,8 @@ fn rank_order(a: &Slot, b: &Slot) -> Ordering {
         .then(a.row.cmp(&b.row))
 }
 
-/// Writes the admitted count of each request into `admitted` and returns the sum of the
-/// admitted survivals. `threshold` is the `budget`-th largest scheduled survival when known.
+/// Writes the admitted count of each request into `admitted`. `threshold` is the `budget`-th
+/// largest scheduled survival when known.
 pub(crate) fn admit(
     survivals: &Survivals,
     cols: usize,
@@ -60,10 +61,10 @@ pub(crate) fn admit(
     threshold: Option<f64>,
     buffers: &mut AssignBuffers,
     admitted: &mut [i32],
-) -> f64 {
+) {
     if budget == 0 {
         admitted.fill(0);
-        return 0.0;
+        return;
     }
     if budget >= survivals.count {
         for (out, &n) in admitted.iter_mut().zip(scheduled) {
@@ -76,7 +77,6 @@ pub(crate) fn admit(
     } else {
         by_selection(survivals, cols, scheduled, budget, buffers, admitted);
     }
-    survivals.prefix_sum(cols, admitted)
 }
 
 fn above_threshold(

@@ -10,13 +10,15 @@
 //! non-negative doubles the bit order is the numeric order, and equal widths in bit space are a
 //! piecewise-linear log scale, which spreads products evenly).
 
+use super::counting::Bucket;
 use crate::matrix::MatrixView;
 
 /// Row-major survivals `[R, K]`: whole rows, of which the first `scheduled[r]` count.
 pub(crate) struct Survivals {
     /// `S[r, k]`, row-major, never `-0.0`.
     pub values: Vec<f64>,
-    /// `Σ_{j ≤ k} S[r, j]`, row-major: the expected accepted drafts of a prefix.
+    /// `Σ_{j ≤ k} S[r, j]`, row-major, when asked for: the expected accepted drafts of a
+    /// prefix (empty otherwise).
     pub cumulative: Vec<f64>,
     /// Largest scheduled survival (0 when there is none).
     pub max: f64,
@@ -40,19 +42,21 @@ impl Default for Survivals {
 
 impl Survivals {
     /// `S[r, k] = Π_{j ≤ k} p[r, j]` in f64, multiplied left to right (as vLLM's `cumprod` over
-    /// float64), with their running sums. Whole rows are computed, a branch-free loop; only the
-    /// slots `k < scheduled[r]` count. Returns `false` if some confidence is outside `[0, 1]`
-    /// or NaN (the caller reports which).
+    /// float64), and with `running_sums` their running sums along each row too (for
+    /// [`Self::prefix_sum`]). Whole rows are computed, a branch-free loop; only the slots
+    /// `k < scheduled[r]` count. Returns `false` if some confidence is outside `[0, 1]` or NaN
+    /// (the caller reports which).
     #[must_use]
     pub(crate) fn compute<T: Copy + Into<f64>>(
         &mut self,
         confidences: MatrixView<'_, T>,
         scheduled: &[usize],
+        running_sums: bool,
     ) -> bool {
         let cols = confidences.cols();
         let len = confidences.rows() * cols;
         self.values.resize(len, 0.0);
-        self.cumulative.resize(len, 0.0);
+        self.cumulative.clear();
         self.max = 0.0;
         self.min = 1.0;
         self.count = 0;
@@ -61,27 +65,24 @@ impl Survivals {
         }
         let data = confidences.data();
         // A separate, vectorized pass: fused into the loop below it costs more.
-        let valid = data
+        let in_range = data
             .iter()
             .fold(true, |ok, &p| ok & (0.0..=1.0).contains(&p.into()));
-        let values = &mut self.values;
-        let cumulative = &mut self.cumulative;
+        if running_sums {
+            self.cumulative.resize(len, 0.0);
+        }
+        let rows = (data, &mut self.values[..], &mut self.cumulative[..]);
         // Common depths get a loop the compiler unrolls (independent rows then overlap).
-        let rows = (data, &mut values[..], &mut cumulative[..]);
-        match cols {
-            1 => fill_rows::<T, 1>(rows),
-            2 => fill_rows::<T, 2>(rows),
-            3 => fill_rows::<T, 3>(rows),
-            4 => fill_rows::<T, 4>(rows),
-            5 => fill_rows::<T, 5>(rows),
-            6 => fill_rows::<T, 6>(rows),
-            7 => fill_rows::<T, 7>(rows),
-            8 => fill_rows::<T, 8>(rows),
-            10 => fill_rows::<T, 10>(rows),
-            12 => fill_rows::<T, 12>(rows),
-            16 => fill_rows::<T, 16>(rows),
+        match (cols, running_sums) {
+            (4, false) => fill_rows::<T, 4, false>(rows),
+            (4, true) => fill_rows::<T, 4, true>(rows),
+            (8, false) => fill_rows::<T, 8, false>(rows),
+            (8, true) => fill_rows::<T, 8, true>(rows),
+            (16, false) => fill_rows::<T, 16, false>(rows),
+            (16, true) => fill_rows::<T, 16, true>(rows),
             _ => fill_rows_any(cols, rows),
         }
+        let values = &self.values[..];
         // Rows are sorted: the extremes are among the heads and the last scheduled entries.
         let (mut max, mut min, mut count) = (0.0f64, 1.0f64, 0usize);
         for (row, &n) in values.chunks_exact(cols).zip(scheduled) {
@@ -92,7 +93,7 @@ impl Survivals {
             count += n;
         }
         (self.max, self.min, self.count) = (max, min, count);
-        valid
+        in_range
     }
 
     /// Re-derives `max`, `min` and `count` for other scheduled counts (the values stay).
@@ -110,8 +111,10 @@ impl Survivals {
         (self.max, self.min, self.count) = (max, min, count);
     }
 
-    /// Sum of the survivals of the first `admitted[r]` slots of every row.
+    /// Sum of the survivals of the first `admitted[r]` slots of every row (needs the running
+    /// sums).
     pub(crate) fn prefix_sum(&self, cols: usize, admitted: &[i32]) -> f64 {
+        debug_assert_eq!(self.cumulative.len(), self.values.len());
         admitted
             .iter()
             .enumerate()
@@ -141,11 +144,24 @@ impl Survivals {
     }
 }
 
-/// Confidences in, survivals and running sums out.
+/// Confidences in, survivals and (when kept) running sums out.
 type Rows<'a, T> = (&'a [T], &'a mut [f64], &'a mut [f64]);
 
-/// Survivals and running sums of rows of `K` confidences.
-fn fill_rows<T: Copy + Into<f64>, const K: usize>((data, values, cumulative): Rows<'_, T>) {
+/// Survivals of rows of `K` confidences, and their running sums if `SUMS`.
+fn fill_rows<T: Copy + Into<f64>, const K: usize, const SUMS: bool>(
+    (data, values, cumulative): Rows<'_, T>,
+) {
+    if !SUMS {
+        for (row, out) in data.chunks_exact(K).zip(values.chunks_exact_mut(K)) {
+            let mut survival = 1.0f64;
+            for k in 0..K {
+                // `+ 0.0` folds a `-0.0` confidence onto `+0.0` (off the multiply chain).
+                survival *= row[k].into() + 0.0;
+                out[k] = survival;
+            }
+        }
+        return;
+    }
     let rows = data
         .chunks_exact(K)
         .zip(values.chunks_exact_mut(K))
@@ -154,7 +170,6 @@ fn fill_rows<T: Copy + Into<f64>, const K: usize>((data, values, cumulative): Ro
         let mut survival = 1.0f64;
         let mut sum = 0.0f64;
         for k in 0..K {
-            // `+ 0.0` folds a `-0.0` confidence onto `+0.0` (off the multiply chain).
             survival *= row[k].into() + 0.0;
             sum += survival;
             out[k] = survival;
@@ -163,86 +178,25 @@ fn fill_rows<T: Copy + Into<f64>, const K: usize>((data, values, cumulative): Ro
     }
 }
 
-/// [`fill_rows`] for any row length.
+/// [`fill_rows`] for any row length (running sums when `cumulative` is not empty).
 fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values, cumulative): Rows<'_, T>) {
-    let rows = data
+    for (r, (row, out)) in data
         .chunks_exact(cols)
         .zip(values.chunks_exact_mut(cols))
-        .zip(cumulative.chunks_exact_mut(cols));
-    for ((row, out), sums) in rows {
+        .enumerate()
+    {
         let mut survival = 1.0f64;
-        let mut sum = 0.0f64;
-        for ((value, running), &p) in out.iter_mut().zip(sums.iter_mut()).zip(row) {
+        for (value, &p) in out.iter_mut().zip(row) {
             survival *= p.into() + 0.0;
-            sum += survival;
             *value = survival;
-            *running = sum;
         }
-    }
-}
-
-/// `#{k < n : row[k] > bound}` for a row sorted descending: a fixed-length, vectorizable
-/// count over the whole row.
-#[inline]
-pub(crate) fn count_above(full_row: &[f64], n: usize, bound: f64) -> usize {
-    full_row
-        .iter()
-        .fold(0usize, |c, &v| c + usize::from(v > bound))
-        .min(n)
-}
-
-/// For every row `r`, the run of scheduled slots whose bucket lies in `first..=last`: calls
-/// `f(r, from, to)` with `from = #{bucket < first}` and `to = #{bucket ≤ last}` (rows are
-/// sorted, so buckets never decrease along a row and the run is `from..to`). Counts over the
-/// `u32` bucket indices of [`BucketMap::indices`], a fixed-length loop the compiler vectorizes.
-#[inline]
-pub(crate) fn for_each_run(
-    indices: &[u32],
-    cols: usize,
-    scheduled: &[usize],
-    first: usize,
-    last: usize,
-    f: impl FnMut(usize, usize, usize),
-) {
-    let (first, last) = (first as u32, last as u32);
-    match cols {
-        0 => {}
-        4 => runs::<4>(indices, scheduled, first, last, f),
-        8 => runs::<8>(indices, scheduled, first, last, f),
-        16 => runs::<16>(indices, scheduled, first, last, f),
-        _ => runs_any(cols, indices, scheduled, first, last, f),
-    }
-}
-
-fn runs<const K: usize>(
-    indices: &[u32],
-    scheduled: &[usize],
-    first: u32,
-    last: u32,
-    mut f: impl FnMut(usize, usize, usize),
-) {
-    for (r, (row, &n)) in indices.chunks_exact(K).zip(scheduled).enumerate() {
-        let (mut from, mut to) = (0u32, 0u32);
-        for &b in &row[..K] {
-            from += u32::from(b < first);
-            to += u32::from(b <= last);
+        if let Some(sums) = cumulative.get_mut(r * cols..(r + 1) * cols) {
+            let mut sum = 0.0f64;
+            for (running, &v) in sums.iter_mut().zip(out.iter()) {
+                sum += v;
+                *running = sum;
+            }
         }
-        f(r, (from as usize).min(n), (to as usize).min(n));
-    }
-}
-
-fn runs_any(
-    cols: usize,
-    indices: &[u32],
-    scheduled: &[usize],
-    first: u32,
-    last: u32,
-    mut f: impl FnMut(usize, usize, usize),
-) {
-    for (r, (row, &n)) in indices.chunks_exact(cols).zip(scheduled).enumerate() {
-        let from = row.iter().filter(|&&b| b < first).count();
-        let to = row.iter().filter(|&&b| b <= last).count();
-        f(r, from.min(n), to.min(n));
     }
 }
 
@@ -265,8 +219,9 @@ pub(crate) struct BucketMap {
 }
 
 impl BucketMap {
-    /// About `N / 2^coarseness` buckets (at least 64, at most 2^15) over the survivals'
-    /// range. Requires at least one scheduled slot.
+    /// About `N / 2^coarseness` buckets (at least 64, at most 2^15, so every index fits a
+    /// [`Bucket`] and a signed 16-bit lane) over the survivals' range. Requires at least one
+    /// scheduled slot.
     pub(crate) fn new(survivals: &Survivals, coarseness: u32) -> Self {
         let n = survivals.count;
         let top = survivals.max.to_bits();
@@ -323,9 +278,9 @@ impl BucketMap {
 
     /// Bucket indices of every slot, scheduled or not (one vectorizable pass; the scatter that
     /// follows is cheaper without the index arithmetic in its loop).
-    pub(crate) fn indices(&self, survivals: &Survivals, out: &mut Vec<u32>) {
+    pub(crate) fn indices(&self, survivals: &Survivals, out: &mut Vec<Bucket>) {
         out.clear();
-        out.extend(survivals.values.iter().map(|&v| self.bucket(v) as u32));
+        out.extend(survivals.values.iter().map(|&v| self.bucket(v) as Bucket));
     }
 
     /// Counts per bucket of the scheduled survivals, into `counts` (length [`Self::len`]);
@@ -335,7 +290,7 @@ impl BucketMap {
         survivals: &Survivals,
         cols: usize,
         scheduled: &[usize],
-        indices: &[u32],
+        indices: &[Bucket],
         counts: &mut Vec<u32>,
     ) {
         counts.clear();
@@ -359,7 +314,7 @@ impl BucketMap {
         survivals: &Survivals,
         cols: usize,
         scheduled: &[usize],
-        indices: &[u32],
+        indices: &[Bucket],
         counts: &mut Vec<u32>,
         sums: &mut Vec<f64>,
     ) {
@@ -461,7 +416,7 @@ mod tests {
 
     fn survivals(conf: &[f64], rows: usize, cols: usize, sched: &[usize]) -> Survivals {
         let mut s = Survivals::default();
-        assert!(s.compute(MatrixView::new("c", conf, rows, cols).unwrap(), sched));
+        assert!(s.compute(MatrixView::new("c", conf, rows, cols).unwrap(), sched, true));
         s
     }
 
@@ -478,7 +433,7 @@ mod tests {
             let mut s = Survivals::default();
             let data = [0.5, bad];
             let view = MatrixView::new("c", &data[..], 1, 2).unwrap();
-            assert!(!s.compute(view, &[1]));
+            assert!(!s.compute(view, &[1], false));
         }
     }
 
@@ -530,7 +485,7 @@ mod tests {
             let bound = all[all.len() / 2];
             for (r, &n) in sched.iter().enumerate() {
                 let expected = s.row(r, cols, n).iter().filter(|&&v| v > bound).count();
-                prop_assert_eq!(count_above(s.full_row(r, cols), n, bound), expected);
+                prop_assert_eq!(super::super::counting::count_above(s.full_row(r, cols), n, bound), expected);
             }
         }
     }
