@@ -832,6 +832,28 @@ avc_status avc_planner_plan(avc_planner *planner,
                             struct avc_verification_plan *plan_out);
 
 /**
+ * Remembers this step's confidences of the positions each request in slots drafted
+ * (scheduled_drafts[r]), as avc_planner_plan does, without planning: for engines that plan
+ * verification themselves but take the drafting depth from avc_planner_choose_draft_depth.
+ * slots (slots_len = num_rows) are distinct slot indices, one per row of confidences
+ * ([num_rows, num_cols], num_cols = the planner's K); confidences past a request's drafts are
+ * not read. Errors as avc_planner_plan's for these arguments. A rejected call changes nothing.
+ *
+ * # Safety
+ *
+ * planner must be NULL or a live planner; arrays must point to their stated number of
+ * readable elements, or be NULL with length 0.
+ */
+avc_status avc_planner_remember(avc_planner *planner,
+                                const int64_t *slots,
+                                size_t slots_len,
+                                const float *confidences,
+                                size_t num_rows,
+                                size_t num_cols,
+                                const int64_t *scheduled_drafts,
+                                size_t scheduled_len);
+
+/**
  * Copies the confidences remembered for slot (what the next budget will read) to
  * confidences (confidences_len = the planner's K).
  *

@@ -604,6 +604,43 @@ pub unsafe extern "C" fn avc_planner_plan(
     })
 }
 
+/// Remembers this step's confidences of the positions each request in slots drafted
+/// (scheduled_drafts[r]), as avc_planner_plan does, without planning: for engines that plan
+/// verification themselves but take the drafting depth from avc_planner_choose_draft_depth.
+/// slots (slots_len = num_rows) are distinct slot indices, one per row of confidences
+/// ([num_rows, num_cols], num_cols = the planner's K); confidences past a request's drafts are
+/// not read. Errors as avc_planner_plan's for these arguments. A rejected call changes nothing.
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner; arrays must point to their stated number of
+/// readable elements, or be NULL with length 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_remember(
+    planner: *mut AvcPlanner,
+    slots: *const i64,
+    slots_len: usize,
+    confidences: *const f32,
+    num_rows: usize,
+    num_cols: usize,
+    scheduled_drafts: *const i64,
+    scheduled_len: usize,
+) -> AvcStatus {
+    guard("avc_planner_remember", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (handle, slots, confidences, scheduled) = unsafe {
+            (
+                borrow(planner, "planner")?,
+                input(slots, slots_len, "slots")?,
+                confidences_view(confidences, num_rows, num_cols, "confidences")?,
+                input(scheduled_drafts, scheduled_len, "scheduled_drafts")?,
+            )
+        };
+        handle.lock().remember(slots, confidences, scheduled)?;
+        Ok(())
+    })
+}
+
 /// Copies the confidences remembered for slot (what the next budget will read) to
 /// confidences (confidences_len = the planner's K).
 ///

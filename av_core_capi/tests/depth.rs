@@ -1,5 +1,6 @@
 //! The drafting-depth entry points (`avc_cost_tables_with_draft_depth`, `_with_drafter`,
-//! `_draft_depth`, `avc_choose_draft_depth`, `avc_planner_choose_draft_depth`), called from
+//! `_draft_depth`, `avc_choose_draft_depth`, `avc_planner_choose_draft_depth`,
+//! `avc_planner_remember`), called from
 //! Rust: they give the core's bits, and every rejected call names its argument and leaves the
 //! outputs and the handles as they were.
 
@@ -160,6 +161,22 @@ impl Planner {
             )
         };
         assert_eq!(status, AVC_OK, "{}", last_error());
+    }
+
+    fn remember(&self, slots: &[i64], confidences: &[f32], scheduled: &[i64]) -> AvcStatus {
+        // SAFETY: live planner (or NULL); every array is passed with its own length.
+        unsafe {
+            avc_planner_remember(
+                self.0,
+                slots.as_ptr(),
+                slots.len(),
+                confidences.as_ptr(),
+                slots.len(),
+                K,
+                scheduled.as_ptr(),
+                scheduled.len(),
+            )
+        }
     }
 
     fn remembered(&self, slot: usize) -> Vec<f64> {
@@ -1401,4 +1418,158 @@ fn exploration_can_be_set_and_widens_the_planners_depths() {
     );
     assert_eq!(status, AVC_OK, "{}", last_error());
     assert_eq!(depths, [0, 0]);
+}
+
+#[test]
+fn remember_stores_what_plan_stores_and_rejects_without_change() {
+    let tables = Tables::new(&[0.0, 2.0, 2.0, 2.0], &[10.0; 13])
+        .with_drafter(AVC_DRAFTER_KIND_AUTOREGRESSIVE, K);
+    let core_tables = CostTables::new(vec![0.0, 2.0, 2.0, 2.0], vec![10.0; 13])
+        .unwrap()
+        .with_drafter(DrafterKind::Autoregressive, K)
+        .unwrap();
+    let mut core = VerificationPlanner::new(core_tables, 4, K, BudgetSource::Previous).unwrap();
+    let remembering = Planner::new(&tables, 4);
+    let planning = Planner::new(&tables, 4);
+    let slots = [2i64, 0];
+    let confidences = [0.9f32, 0.5, f32::NAN, 0.2, 0.3, 0.4];
+    // Slot 2 drafted two positions (the NaN past them is never read); slot 0 drafted three.
+    let scheduled = [2i64, 3];
+    assert_eq!(
+        remembering.remember(&slots, &confidences, &scheduled),
+        AVC_OK,
+        "{}",
+        last_error()
+    );
+    let no_nan: Vec<f32> = confidences
+        .iter()
+        .map(|&p| if p.is_nan() { 0.7 } else { p })
+        .collect();
+    planning.plan(&slots, &no_nan, &scheduled, &step(2));
+    let view = MatrixView::new("confidences", &confidences[..], 2, K).unwrap();
+    core.remember(&slots, view, &scheduled).unwrap();
+    for slot in 0..4 {
+        assert_eq!(remembering.remembered(slot), planning.remembered(slot));
+        assert_eq!(
+            remembering.remembered(slot),
+            core.previous_confidences(slot).unwrap()
+        );
+    }
+    assert_eq!(remembering.remembered(2), [f64::from(0.9f32), 0.5, 1.0]);
+    // The depth decision reads what was remembered, like the core planner's.
+    let caps = [3i64, 3];
+    let mut depths = [-1i32; 2];
+    let mut plan = UNTOUCHED;
+    let status = remembering.depth(
+        &slots,
+        &caps,
+        &step(2),
+        AVC_DEPTH_MODE_PER_REQUEST,
+        &mut depths,
+        &mut plan,
+    );
+    assert_eq!(status, AVC_OK, "{}", last_error());
+    let mut want = [0i32; 2];
+    let want_plan = core
+        .choose_draft_depth(
+            &slots,
+            &caps,
+            &StepTokens::from(&step(2)),
+            DepthMode::PerRequest,
+            &mut want,
+        )
+        .unwrap();
+    assert_eq!(depths, want);
+    assert_same_plan(&plan, &want_plan);
+
+    // Rejected calls name the C argument and remember nothing.
+    let before: Vec<Vec<f64>> = (0..4).map(|slot| remembering.remembered(slot)).collect();
+    // (slots, confidences, scheduled_drafts, status, argument named)
+    type Case<'a> = (&'a [i64], &'a [f32], &'a [i64], AvcStatus, &'a str);
+    let cases: [Case<'_>; 5] = [
+        (&[2, 2], &confidences, &scheduled, AVC_ERR_VALUE, "slots"),
+        (&[2, 9], &confidences, &scheduled, AVC_ERR_VALUE, "slot"),
+        (
+            &slots,
+            &confidences,
+            &[2, 4],
+            AVC_ERR_VALUE,
+            "scheduled_drafts",
+        ),
+        (
+            &slots,
+            &[0.5, 1.5, 0.5, 0.5, 0.5, 0.5],
+            &scheduled,
+            AVC_ERR_VALUE,
+            "confidences",
+        ),
+        (
+            &slots,
+            &confidences,
+            &[2],
+            AVC_ERR_VALUE,
+            "scheduled_drafts",
+        ),
+    ];
+    for (bad_slots, bad_confidences, bad_scheduled, status, argument) in cases {
+        // SAFETY: live planner; every array is passed with its own length.
+        let got = unsafe {
+            avc_planner_remember(
+                remembering.0,
+                bad_slots.as_ptr(),
+                bad_slots.len(),
+                bad_confidences.as_ptr(),
+                2,
+                K,
+                bad_scheduled.as_ptr(),
+                bad_scheduled.len(),
+            )
+        };
+        rejected(got, status, &format!("avc_planner_remember: {argument}"));
+    }
+    // SAFETY: live planner; the confidences have K = 3 columns, not 2.
+    let got = unsafe {
+        avc_planner_remember(
+            remembering.0,
+            slots.as_ptr(),
+            2,
+            confidences.as_ptr(),
+            3,
+            2,
+            scheduled.as_ptr(),
+            2,
+        )
+    };
+    rejected(got, AVC_ERR_VALUE, "avc_planner_remember: confidences");
+    // SAFETY: NULL is refused before use.
+    let got = unsafe {
+        avc_planner_remember(
+            null_mut(),
+            slots.as_ptr(),
+            2,
+            confidences.as_ptr(),
+            2,
+            K,
+            scheduled.as_ptr(),
+            2,
+        )
+    };
+    rejected(got, AVC_ERR_NULL, "avc_planner_remember: planner");
+    // SAFETY: a NULL array with a nonzero length is refused before use.
+    let got = unsafe {
+        avc_planner_remember(
+            remembering.0,
+            null(),
+            2,
+            confidences.as_ptr(),
+            2,
+            K,
+            scheduled.as_ptr(),
+            2,
+        )
+    };
+    rejected(got, AVC_ERR_NULL, "avc_planner_remember: slots");
+    for (slot, remembered) in before.iter().enumerate() {
+        assert_eq!(&remembering.remembered(slot), remembered);
+    }
 }

@@ -463,6 +463,24 @@ static void test_planner(void) {
     EXPECT(avc_planner_set_exploration(NULL, 0.0, 0), AVC_ERR_NULL, "planner");
     OK(avc_planner_set_exploration(planner, 0.0, 7));
 
+    /* remember: what plan stores, without planning; rejected calls store nothing. */
+    const int64_t one_drafted[ROWS] = {1, 1};
+    EXPECT(avc_planner_remember(NULL, slots, ROWS, confidences, ROWS, K, one_drafted, ROWS),
+           AVC_ERR_NULL, "planner");
+    EXPECT(avc_planner_remember(planner, NULL, ROWS, confidences, ROWS, K, one_drafted, ROWS),
+           AVC_ERR_NULL, "slots");
+    EXPECT(avc_planner_remember(planner, slots, ROWS, confidences, ROWS, K, one_drafted, 1),
+           AVC_ERR_VALUE, "scheduled_drafts");
+    EXPECT(avc_planner_remember(planner, slots, ROWS, confidences, ROWS, K - 1, one_drafted,
+                                ROWS),
+           AVC_ERR_VALUE, "confidences");
+    OK(avc_planner_previous_confidences(planner, 1, remembered, K));
+    const double before = remembered[1];
+    OK(avc_planner_remember(planner, slots, ROWS, confidences, ROWS, K, one_drafted, ROWS));
+    OK(avc_planner_previous_confidences(planner, 1, remembered, K));
+    CHECK(remembered[0] == (double)0.7f && remembered[1] == before,
+          "slot 1 remembers %g, %g after remember", remembered[0], remembered[1]);
+
     OK(avc_planner_free(planner));
     EXPECT(avc_planner_free(planner), AVC_ERR_INVALID_HANDLE, "planner");
 }
