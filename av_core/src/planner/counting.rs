@@ -9,8 +9,8 @@
 //! Baseline x86-64 (SSE2) has neither unsigned integer compares nor `popcnt`, and the portable
 //! loops compile to per-lane bit tricks there. The SSE2 kernels below compare signed lanes
 //! (bucket indices stay below `2^15`) and count by summing compare masks (`psubb`/`psubq`,
-//! then `psadbw`). Other targets and row lengths use the portable loops, which the tests also
-//! use as the reference.
+//! then `psadbw`), for rows of 4 or a multiple of 8 buckets and any row of values. Other
+//! targets and row lengths use the portable loops, which the tests also use as the reference.
 
 /// A bucket index ([`super::order::BucketMap`] makes at most `2^15` buckets).
 pub(crate) type Bucket = u16;
@@ -20,8 +20,10 @@ pub(crate) type Bucket = u16;
 #[inline]
 pub(crate) fn count_above(full_row: &[f64], n: usize, bound: f64) -> usize {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
-    if full_row.len() == 8 {
-        return sse2::count_above_8(full_row, bound).min(n);
+    match full_row.len() {
+        8 => return sse2::count_above_8(full_row, bound).min(n),
+        2.. => return sse2::count_above(full_row, bound).min(n),
+        _ => {}
     }
     portable_count_above(full_row, bound).min(n)
 }
@@ -49,10 +51,14 @@ pub(crate) fn for_each_run(
         return;
     }
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
-    if cols % 8 == 0 && cols <= sse2::MAX_COLS && first < 1 << 15 && last < 1 << 15 {
+    if (cols == 4 || cols % 8 == 0) && cols <= sse2::MAX_COLS && first < 1 << 15 && last < 1 << 15 {
         let (first, last) = (first as i16, last as i16);
         for (r, (row, &n)) in indices.chunks_exact(cols).zip(scheduled).enumerate() {
-            let (before, after) = sse2::below_and_above(row, first, last);
+            let (before, after) = if cols == 4 {
+                sse2::below_and_above_4(row, first, last)
+            } else {
+                sse2::below_and_above(row, first, last)
+            };
             f(r, before.min(n), (cols - after).min(n));
         }
         return;
@@ -77,10 +83,10 @@ fn portable_run(row: &[Bucket], first: Bucket, last: Bucket) -> (usize, usize) {
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 mod sse2 {
     use std::arch::x86_64::{
-        __m128i, _mm_castpd_si128, _mm_cmpgt_epi16, _mm_cmpgt_pd, _mm_cvtsi128_si32,
-        _mm_cvtsi128_si64, _mm_extract_epi16, _mm_loadu_pd, _mm_loadu_si128, _mm_packs_epi16,
-        _mm_sad_epu8, _mm_set1_epi16, _mm_set1_pd, _mm_setzero_si128, _mm_sub_epi64, _mm_sub_epi8,
-        _mm_unpackhi_epi64,
+        __m128i, _mm_and_si128, _mm_castpd_si128, _mm_cmpgt_epi16, _mm_cmpgt_pd, _mm_cvtsi128_si32,
+        _mm_cvtsi128_si64, _mm_extract_epi16, _mm_loadl_epi64, _mm_loadu_pd, _mm_loadu_si128,
+        _mm_packs_epi16, _mm_sad_epu8, _mm_set1_epi16, _mm_set1_pd, _mm_set_epi16,
+        _mm_setzero_si128, _mm_sub_epi64, _mm_sub_epi8, _mm_unpackhi_epi64,
     };
 
     use super::Bucket;
@@ -118,6 +124,31 @@ mod sse2 {
         }
     }
 
+    /// [`below_and_above`] over a row of exactly 4 bucket indices.
+    #[inline]
+    pub(super) fn below_and_above_4(row: &[Bucket], first: i16, last: i16) -> (usize, usize) {
+        debug_assert!(row.len() == 4);
+        debug_assert!(row.iter().all(|&b| b < 1 << 15) && first >= 0 && last >= 0);
+        // SAFETY: SSE2 only, as above; the load reads 8 bytes from `row`, a `&[u16]` of
+        // length 4.
+        unsafe {
+            // Lanes 4..8 load as 0: `0 > last` never flags, but `0 < first` does, so the flag
+            // bytes 4..8 (those lanes' `b < first`) are masked off.
+            let lanes = _mm_loadl_epi64(row.as_ptr().cast::<__m128i>());
+            let flags = _mm_packs_epi16(
+                _mm_cmpgt_epi16(_mm_set1_epi16(first), lanes),
+                _mm_cmpgt_epi16(lanes, _mm_set1_epi16(last)),
+            );
+            let real = _mm_set_epi16(-1, -1, -1, -1, 0, 0, -1, -1);
+            let zero = _mm_setzero_si128();
+            let sums = _mm_sad_epu8(_mm_sub_epi8(zero, _mm_and_si128(flags, real)), zero);
+            (
+                _mm_cvtsi128_si32(sums) as usize,
+                _mm_extract_epi16::<4>(sums) as usize,
+            )
+        }
+    }
+
     /// `#{k : row[k] > bound}` over a row of exactly 8 values.
     #[inline]
     pub(super) fn count_above_8(row: &[f64], bound: f64) -> usize {
@@ -137,6 +168,24 @@ mod sse2 {
             total as usize
         }
     }
+
+    /// `#{k : row[k] > bound}`, two lanes at a time (an odd last value on its own).
+    #[inline]
+    pub(super) fn count_above(row: &[f64], bound: f64) -> usize {
+        let mut pairs = row.chunks_exact(2);
+        // SAFETY: SSE2 only, as above; each load reads the two values of `pair`, a `&[f64]`
+        // of length 2.
+        let paired = unsafe {
+            let bound = _mm_set1_pd(bound);
+            let mut counts = _mm_setzero_si128();
+            for pair in &mut pairs {
+                let above = _mm_cmpgt_pd(_mm_loadu_pd(pair.as_ptr()), bound);
+                counts = _mm_sub_epi64(counts, _mm_castpd_si128(above)); // +1 per lane
+            }
+            _mm_cvtsi128_si64(counts) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(counts, counts))
+        };
+        paired as usize + pairs.remainder().iter().filter(|&&v| v > bound).count()
+    }
 }
 
 #[cfg(test)]
@@ -148,13 +197,14 @@ mod tests {
         /// The kernels agree with the portable counts on sorted rows of every supported shape.
         #[test]
         fn kernels_match_portable_counts(
-            cols in prop_oneof![Just(8usize), Just(16), Just(24), 1usize..20],
+            cols in prop_oneof![Just(4usize), Just(8), Just(12), Just(16), Just(24), 1usize..20],
             steps in prop::collection::vec(0u16..3000, 1..200),
             first in 0usize..40_000,
             width in 0usize..40_000,
             n_seed in 0usize..25,
             bound in prop_oneof![Just(0.5f64), 0.0f64..1.0],
-            values in prop::collection::vec(0.0f64..=1.0, 8),
+            values in prop::collection::vec(
+                prop_oneof![Just(0.5f64), Just(0.0), 0.0f64..=1.0], 0..20),
         ) {
             let mut row: Vec<Bucket> = Vec::with_capacity(cols);
             let mut b = 0u16;
@@ -173,7 +223,7 @@ mod tests {
 
             let mut sorted = values.clone();
             sorted.sort_by(|a, b| b.total_cmp(a));
-            let n = n_seed % 9;
+            let n = n_seed % (sorted.len() + 1);
             prop_assert_eq!(
                 count_above(&sorted, n, bound),
                 portable_count_above(&sorted, bound).min(n)
