@@ -73,13 +73,18 @@ impl Survivals {
         }
         let rows = (data, &mut self.values[..], &mut self.cumulative[..]);
         // Common depths get a loop the compiler unrolls (independent rows then overlap).
-        match (cols, running_sums) {
-            (4, false) => fill_rows::<T, 4, false>(rows),
-            (4, true) => fill_rows::<T, 4, true>(rows),
-            (8, false) => fill_rows::<T, 8, false>(rows),
-            (8, true) => fill_rows::<T, 8, true>(rows),
-            (16, false) => fill_rows::<T, 16, false>(rows),
-            (16, true) => fill_rows::<T, 16, true>(rows),
+        match cols {
+            1 => fill_rows::<T, 1>(rows, running_sums),
+            2 => fill_rows::<T, 2>(rows, running_sums),
+            3 => fill_rows::<T, 3>(rows, running_sums),
+            4 => fill_rows::<T, 4>(rows, running_sums),
+            5 => fill_rows::<T, 5>(rows, running_sums),
+            6 => fill_rows::<T, 6>(rows, running_sums),
+            7 => fill_rows::<T, 7>(rows, running_sums),
+            8 => fill_rows::<T, 8>(rows, running_sums),
+            10 => fill_rows::<T, 10>(rows, running_sums),
+            12 => fill_rows::<T, 12>(rows, running_sums),
+            16 => fill_rows::<T, 16>(rows, running_sums),
             _ => fill_rows_any(cols, rows),
         }
         let values = &self.values[..];
@@ -147,11 +152,12 @@ impl Survivals {
 /// Confidences in, survivals and (when kept) running sums out.
 type Rows<'a, T> = (&'a [T], &'a mut [f64], &'a mut [f64]);
 
-/// Survivals of rows of `K` confidences, and their running sums if `SUMS`.
-fn fill_rows<T: Copy + Into<f64>, const K: usize, const SUMS: bool>(
+/// Survivals of rows of `K` confidences, and their running sums when asked.
+fn fill_rows<T: Copy + Into<f64>, const K: usize>(
     (data, values, cumulative): Rows<'_, T>,
+    running_sums: bool,
 ) {
-    if !SUMS {
+    if !running_sums {
         for (row, out) in data.chunks_exact(K).zip(values.chunks_exact_mut(K)) {
             let mut survival = 1.0f64;
             for k in 0..K {
