@@ -163,16 +163,25 @@ impl Planner {
         assert_eq!(status, AVC_OK, "{}", last_error());
     }
 
-    fn remember(&self, slots: &[i64], confidences: &[f32], scheduled: &[i64]) -> AvcStatus {
-        // SAFETY: live planner (or NULL); every array is passed with its own length.
+    /// `avc_planner_remember` with `confidences` read as `[rows, cols]` (`rows · cols` must
+    /// not exceed its length).
+    fn remember(
+        &self,
+        slots: &[i64],
+        confidences: &[f32],
+        (rows, cols): (usize, usize),
+        scheduled: &[i64],
+    ) -> AvcStatus {
+        assert!(rows * cols <= confidences.len());
+        // SAFETY: live planner; every array is passed with at most its own length.
         unsafe {
             avc_planner_remember(
                 self.0,
                 slots.as_ptr(),
                 slots.len(),
                 confidences.as_ptr(),
-                slots.len(),
-                K,
+                rows,
+                cols,
                 scheduled.as_ptr(),
                 scheduled.len(),
             )
@@ -1436,7 +1445,7 @@ fn remember_stores_what_plan_stores_and_rejects_without_change() {
     // Slot 2 drafted two positions (the NaN past them is never read); slot 0 drafted three.
     let scheduled = [2i64, 3];
     assert_eq!(
-        remembering.remember(&slots, &confidences, &scheduled),
+        remembering.remember(&slots, &confidences, (2, K), &scheduled),
         AVC_OK,
         "{}",
         last_error()
@@ -1512,34 +1521,11 @@ fn remember_stores_what_plan_stores_and_rejects_without_change() {
         ),
     ];
     for (bad_slots, bad_confidences, bad_scheduled, status, argument) in cases {
-        // SAFETY: live planner; every array is passed with its own length.
-        let got = unsafe {
-            avc_planner_remember(
-                remembering.0,
-                bad_slots.as_ptr(),
-                bad_slots.len(),
-                bad_confidences.as_ptr(),
-                2,
-                K,
-                bad_scheduled.as_ptr(),
-                bad_scheduled.len(),
-            )
-        };
+        let got = remembering.remember(bad_slots, bad_confidences, (2, K), bad_scheduled);
         rejected(got, status, &format!("avc_planner_remember: {argument}"));
     }
-    // SAFETY: live planner; the confidences have K = 3 columns, not 2.
-    let got = unsafe {
-        avc_planner_remember(
-            remembering.0,
-            slots.as_ptr(),
-            2,
-            confidences.as_ptr(),
-            3,
-            2,
-            scheduled.as_ptr(),
-            2,
-        )
-    };
+    // The planner's K is 3, not 2.
+    let got = remembering.remember(&slots, &confidences, (3, 2), &scheduled);
     rejected(got, AVC_ERR_VALUE, "avc_planner_remember: confidences");
     // SAFETY: NULL is refused before use.
     let got = unsafe {
