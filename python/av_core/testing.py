@@ -58,6 +58,7 @@ __all__ = [
     "cost_tables",
     "depth_planner_rule",
     "emitted_distribution",
+    "is_lossless",
     "max_abs_difference",
     "max_probability",
     "plan_rule",
@@ -482,6 +483,15 @@ def target_distribution(tables: SpecTables) -> Law:
 def max_abs_difference(a: Mapping[Any, float], b: Mapping[Any, float]) -> float:
     """``max |a(x) - b(x)|`` over the union of outcomes (missing outcomes count as 0)."""
     return max((abs(a.get(key, 0.0) - b.get(key, 0.0)) for key in {*a, *b}), default=0.0)
+
+
+def is_lossless(law: Mapping[Any, float], tables: SpecTables, tolerance: float = 1e-12) -> bool:
+    """Whether ``law`` (from :func:`emitted_distribution`) sums to 1 and equals the target's own
+    law (:func:`target_distribution`) outcome by outcome, both to ``tolerance``."""
+    return (
+        abs(sum(law.values()) - 1.0) < tolerance
+        and max_abs_difference(law, target_distribution(tables)) < tolerance
+    )
 
 
 def position_marginal(
