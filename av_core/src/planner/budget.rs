@@ -152,7 +152,7 @@ pub(crate) fn best_budget(
     }
 
     // Count and sum per bucket.
-    let map = BucketMap::new(survivals, COARSENESS);
+    let map = bucket_map(survivals);
     map.indices(survivals, indices);
     map.histogram_with_sums(survivals, cols, scheduled, indices, counts, sums);
     search(

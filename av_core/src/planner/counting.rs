@@ -21,6 +21,8 @@ pub(crate) type Bucket = u16;
 pub(crate) fn count_above(full_row: &[f64], n: usize, bound: f64) -> usize {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     match full_row.len() {
+        // Unrolled for the common K = 8: plan at R = 256 with the budget from the current
+        // confidences took 6.05 µs with it against 6.3 µs with the pair loop alone.
         8 => return sse2::count_above_8(full_row, bound).min(n),
         2.. => return sse2::count_above(full_row, bound).min(n),
         _ => {}
