@@ -3,7 +3,8 @@
 
 #![cfg(feature = "capi")]
 
-use std::ffi::CStr;
+mod common;
+
 use std::ptr::{null, null_mut};
 
 use av_core::cost_tables::CostTables;
@@ -13,16 +14,9 @@ use av_core_capi::cost_tables::*;
 use av_core_capi::estimator::*;
 use av_core_capi::planner::*;
 use av_core_capi::status::*;
+use common::last_error;
 
 const K: usize = 3;
-
-fn last_error() -> String {
-    // SAFETY: avc_last_error returns a NUL-terminated string valid until the next failing call
-    // on this thread; it is copied at once.
-    unsafe { CStr::from_ptr(avc_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// Deterministic features, counts and predictions for `rows` requests.
 fn batch(seed: u64, rows: usize) -> (Vec<f32>, Vec<i64>, Vec<i64>) {

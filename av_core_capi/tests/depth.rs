@@ -6,7 +6,8 @@
 
 #![cfg(feature = "capi")]
 
-use std::ffi::CStr;
+mod common;
+
 use std::ptr::{null, null_mut};
 
 use av_core::cost_tables::{CostTables, DrafterKind};
@@ -15,16 +16,9 @@ use av_core::MatrixView;
 use av_core_capi::cost_tables::*;
 use av_core_capi::planner::*;
 use av_core_capi::status::*;
+use common::last_error;
 
 const K: usize = 3;
-
-fn last_error() -> String {
-    // SAFETY: avc_last_error returns a NUL-terminated string valid until the next failing call
-    // on this thread; it is copied at once.
-    unsafe { CStr::from_ptr(avc_last_error()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// Asserts a rejected call's status and that its message starts with `prefix`.
 #[track_caller]
