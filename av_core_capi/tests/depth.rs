@@ -215,6 +215,20 @@ impl Planner {
             )
         }
     }
+    /// [`Self::depth`] into fresh buffers, asserting that it succeeds.
+    fn decide(
+        &self,
+        slots: &[i64],
+        max_depths: &[i64],
+        step: &AvcStepTokens,
+        mode: AvcDepthMode,
+    ) -> (Vec<i32>, AvcDepthPlan) {
+        let mut depths = vec![-1i32; slots.len()];
+        let mut plan = UNTOUCHED;
+        let status = self.depth(slots, max_depths, step, mode, &mut depths, &mut plan);
+        assert_eq!(status, AVC_OK, "{}", last_error());
+        (depths, plan)
+    }
 }
 
 impl Drop for Planner {
@@ -1004,25 +1018,12 @@ fn the_planner_decides_like_the_core_planner_and_changes_nothing() {
                     &mut want,
                 )
                 .unwrap();
-            let mut depths = vec![-1i32; rows];
-            let mut plan = UNTOUCHED;
-            let status = asked.depth(&slots, &caps, &step, mode, &mut depths, &mut plan);
-            assert_eq!(status, AVC_OK, "{}", last_error());
+            let (depths, plan) = asked.decide(&slots, &caps, &step, mode);
             assert_eq!(depths, want);
             assert_same_plan(&plan, &want_plan);
         }
         // Draft what was decided (batch mode) and plan the step with these confidences.
-        let mut depths = vec![0i32; rows];
-        let mut plan = UNTOUCHED;
-        let status = asked.depth(
-            &slots,
-            &caps,
-            &step,
-            AVC_DEPTH_MODE_BATCH,
-            &mut depths,
-            &mut plan,
-        );
-        assert_eq!(status, AVC_OK, "{}", last_error());
+        let (depths, plan) = asked.decide(&slots, &caps, &step, AVC_DEPTH_MODE_BATCH);
         seen.insert(plan.max_depth);
         let scheduled: Vec<i64> = depths.iter().map(|&d| i64::from(d)).collect();
         let view = MatrixView::new("confidences", &confidences, rows, K).unwrap();
@@ -1057,12 +1058,9 @@ fn the_planner_drafts_fresh_slots_and_stops_after_poor_drafts() {
     let slots = [0i64, 1];
     let caps = [3i64, 3];
     let step = step(2);
-    let mut depths = [-1i32; 2];
-    let mut plan = UNTOUCHED;
     // Fresh slots remember 1.0: depth 3 gives (2 + 6) / (6 + 10) = 0.5, the best.
     for (mode, _) in MODES {
-        let status = planner.depth(&slots, &caps, &step, mode, &mut depths, &mut plan);
-        assert_eq!(status, AVC_OK, "{}", last_error());
+        let (depths, plan) = planner.decide(&slots, &caps, &step, mode);
         assert_eq!(depths, [3, 3]);
         assert_eq!(
             plan,
@@ -1078,8 +1076,7 @@ fn the_planner_drafts_fresh_slots_and_stops_after_poor_drafts() {
     // After poor drafts (0.01) no depth beats running without the drafter (2 / 10).
     planner.plan(&slots, &[0.01; 6], &[3, 3], &step);
     for (mode, _) in MODES {
-        let status = planner.depth(&slots, &caps, &step, mode, &mut depths, &mut plan);
-        assert_eq!(status, AVC_OK, "{}", last_error());
+        let (depths, plan) = planner.decide(&slots, &caps, &step, mode);
         assert_eq!(depths, [0, 0]);
         assert_eq!((plan.max_depth, plan.drafts, plan.budget), (0, 0, 0));
         assert_eq!(plan.predicted_cost_ms, 10.0);
@@ -1345,15 +1342,7 @@ fn rejected_planner_depth_writes_nothing_and_changes_nothing() {
     // Nothing the planner remembers changed, and a corrected call succeeds.
     let after: Vec<Vec<f64>> = (0..4).map(|slot| planner.remembered(slot)).collect();
     assert_eq!(after, before);
-    let status = planner.depth(
-        &slots,
-        &caps,
-        &step,
-        AVC_DEPTH_MODE_BATCH,
-        &mut depths,
-        &mut plan,
-    );
-    assert_eq!(status, AVC_OK, "{}", last_error());
+    let (_, plan) = planner.decide(&slots, &caps, &step, AVC_DEPTH_MODE_BATCH);
     assert_ne!(plan, UNTOUCHED);
 }
 
@@ -1364,23 +1353,13 @@ fn exploration_can_be_set_and_widens_the_planners_depths() {
     let planner = Planner::new(&tables, 4);
     let (slots, caps, step) = ([0i64, 1], [3i64, 3], step(2));
     planner.plan(&slots, &[0.01; 6], &[3, 3], &step);
-    let mut depths = [-1i32; 2];
-    let mut plan = UNTOUCHED;
     // Every request explores, and every step is an exploration step: whole blocks.
     // SAFETY: live planner.
     assert_eq!(
         unsafe { avc_planner_set_exploration(planner.0, 1.0, 3) },
         AVC_OK
     );
-    let status = planner.depth(
-        &slots,
-        &caps,
-        &step,
-        AVC_DEPTH_MODE_BATCH,
-        &mut depths,
-        &mut plan,
-    );
-    assert_eq!(status, AVC_OK, "{}", last_error());
+    let (depths, _) = planner.decide(&slots, &caps, &step, AVC_DEPTH_MODE_BATCH);
     assert_eq!(depths, [3, 3]);
     // Rejected probabilities name the C argument and change nothing.
     for bad in [1.5, -0.1, f64::NAN] {
@@ -1395,15 +1374,7 @@ fn exploration_can_be_set_and_widens_the_planners_depths() {
     // SAFETY: NULL is refused before use.
     let status = unsafe { avc_planner_set_exploration(null_mut(), 0.0, 0) };
     rejected(status, AVC_ERR_NULL, "avc_planner_set_exploration: planner");
-    let status = planner.depth(
-        &slots,
-        &caps,
-        &step,
-        AVC_DEPTH_MODE_BATCH,
-        &mut depths,
-        &mut plan,
-    );
-    assert_eq!(status, AVC_OK, "{}", last_error());
+    let (depths, _) = planner.decide(&slots, &caps, &step, AVC_DEPTH_MODE_BATCH);
     assert_eq!(depths, [3, 3]);
     // Off: the poor drafts are not drafted at all.
     // SAFETY: live planner.
@@ -1411,15 +1382,7 @@ fn exploration_can_be_set_and_widens_the_planners_depths() {
         unsafe { avc_planner_set_exploration(planner.0, 0.0, 0) },
         AVC_OK
     );
-    let status = planner.depth(
-        &slots,
-        &caps,
-        &step,
-        AVC_DEPTH_MODE_BATCH,
-        &mut depths,
-        &mut plan,
-    );
-    assert_eq!(status, AVC_OK, "{}", last_error());
+    let (depths, _) = planner.decide(&slots, &caps, &step, AVC_DEPTH_MODE_BATCH);
     assert_eq!(depths, [0, 0]);
 }
 
@@ -1461,17 +1424,7 @@ fn remember_stores_what_plan_stores_and_rejects_without_change() {
     assert_eq!(remembering.remembered(2), [f64::from(0.9f32), 0.5, 1.0]);
     // The depth decision reads what was remembered, like the core planner's.
     let caps = [3i64, 3];
-    let mut depths = [-1i32; 2];
-    let mut plan = UNTOUCHED;
-    let status = remembering.depth(
-        &slots,
-        &caps,
-        &step(2),
-        AVC_DEPTH_MODE_PER_REQUEST,
-        &mut depths,
-        &mut plan,
-    );
-    assert_eq!(status, AVC_OK, "{}", last_error());
+    let (depths, plan) = remembering.decide(&slots, &caps, &step(2), AVC_DEPTH_MODE_PER_REQUEST);
     let mut want = [0i32; 2];
     let want_plan = core
         .choose_draft_depth(
