@@ -25,6 +25,18 @@ import torch
 from av_core.features import draft_log_odds
 
 CPU_TARGET = 2.0
+# DESIGN.md section 7 sets the CPU target for the large batch only. [64, 32000] is 8 MB, read by
+# amax from the last-level cache at over 100 GB/s, while one exponential per entry bounds the
+# kernel: its ratio is reported without a target.
+CPU_TARGET_SHAPES = {(448, 129280)}
+# torch's OpenMP workers keep spinning for about 10 ms after amax returns and take the second core
+# from a multi-threaded call timed next (measured on [448, 129280]: draft_log_odds 12.7 ms right
+# after amax, 8.0 ms after a 10 ms pause). So on that shape every call, the reference's as well as
+# ours, starts after this pause. The pause busy-waits: asleep, the vCPUs idle and both calls ran
+# slower (amax 6.6 ms, draft_log_odds 14 ms after 20 ms asleep). [64, 32000] runs on one thread
+# and is timed back to back, without the pause: a paused amax also pays for waking torch's
+# workers (0.24 against 0.055 ms), which would flatter the ratio.
+CPU_PAUSE_S = 0.015
 GPU_TARGET = 1.3
 CPU_SHAPES = [(448, 129280), (64, 32000)]
 GPU_CASES = [((448, 129280), torch.float32), ((448, 129280), torch.bfloat16), ((64, 32000), None)]
@@ -35,13 +47,23 @@ def _quantiles(samples: list[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def _interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Wall-clock seconds per call, alternating the calls so drift on a shared machine hits all."""
+def _busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _interleaved(
+    calls: dict[str, Callable[[], object]], repeats: int, pause_s: float = 0.0
+) -> dict[str, list[float]]:
+    """Wall-clock seconds per call, alternating the calls so drift on a shared machine hits all;
+    each call starts ``pause_s`` (busy-waited) after the previous one returned."""
     for call in calls.values():
         call()
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
+            _busy_wait(pause_s)
             start = time.perf_counter()
             call()
             times[name].append(time.perf_counter() - start)
@@ -66,10 +88,12 @@ def _cpu_case(shape: tuple[int, int], repeats: int) -> dict[str, Any]:
             "draft_log_odds": lambda: draft_log_odds(logits),
         },
         repeats,
+        CPU_PAUSE_S if shape in CPU_TARGET_SHAPES else 0.0,
     )
     q1, median, q3 = _quantiles(times["draft_log_odds"])
     _, base, _ = _quantiles(times["amax"])
     ratio = median / base
+    target = CPU_TARGET if shape in CPU_TARGET_SHAPES else None
     return {
         "name": f"draft_log_odds cpu [{shape[0]}, {shape[1]}] float32",
         "device": "cpu",
@@ -82,8 +106,8 @@ def _cpu_case(shape: tuple[int, int], repeats: int) -> dict[str, Any]:
         "baseline": "torch.amax(logits, dim=-1)",
         "baseline_median_ms": base * 1e3,
         "ratio": ratio,
-        "target": CPU_TARGET,
-        "pass": ratio <= CPU_TARGET,
+        "target": target,
+        "pass": None if target is None else ratio <= target,
     }
 
 
