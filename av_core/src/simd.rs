@@ -3,11 +3,12 @@
 //! The wheel is built for the baseline x86-64 target (SSE2, 2 × f64 or 4 × f32 per vector).
 //! The feature kernel is also compiled with `#[target_feature]` for AVX2+FMA and AVX-512 and
 //! called through [`level`], which checks the CPU once with `is_x86_feature_detected!`. Every
-//! variant runs the same source: the loops' lanes are explicit and Rust never contracts
-//! `a * b + c` into an FMA on its own, so the variants give the same bits (a test compares them
-//! bit for bit). The statistics kernel of `observe` was tried the same way and ran slower with
-//! the wider vectors on the development machine (5.9 µs against 5.3 µs at R = 256, K = 8), so
-//! it stays on the baseline build.
+//! variant runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an
+//! FMA on its own; the kernel asks for fused multiply-adds in the AVX2 and AVX-512 variants only,
+//! so those two give the same bits, and the baseline the bits of the rounded source (a test
+//! compares them bit for bit). The statistics kernel of `observe` was tried the same way and ran
+//! slower with the wider vectors on the development machine (5.9 µs against 5.3 µs at R = 256,
+//! K = 8), so it stays on the baseline build.
 //!
 //! `AV_CORE_SIMD=baseline|avx2` caps the level (for benchmarks and bisecting).
 
