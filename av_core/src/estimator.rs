@@ -24,6 +24,7 @@ use crate::batch::{batch_stats, Predictions};
 use crate::coefficients::{Coefficients, SharedCoefficients};
 use crate::error::{ensure_finite, Error, Result};
 use crate::labels::validate_counts;
+use crate::logistic;
 use crate::matrix::MatrixView;
 use crate::memory::Memory;
 use crate::refit::{newton_step, Bounds, NewtonStep};
@@ -363,11 +364,6 @@ fn first_failure<T: Copy + Into<f64>>(data: &[T], ok: impl Fn(T) -> bool) -> (us
         .expect("called only when some element fails")
 }
 
-#[inline]
-fn sigmoid(z: f64) -> f64 {
-    1.0 / (1.0 + (-z).exp())
-}
-
 impl AcceptanceEstimator {
     /// A cold-started estimator: slope `init_slope`, every intercept `init_intercept`. Fails if
     /// the configuration does not [validate](EstimatorConfig::validate).
@@ -516,14 +512,10 @@ impl AcceptanceEstimator {
         self.check_features(features.data())?;
         let mut intercepts = Vec::with_capacity(self.config.num_positions);
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
+        let mut pattern = Vec::new();
+        logistic::intercept_pattern(&intercepts, &mut pattern);
         let limit = self.config.max_log_odds;
-        let k = self.config.num_positions;
-        for (xs, ps) in features.data().chunks_exact(k).zip(out.chunks_exact_mut(k)) {
-            for ((&x, p), &beta) in xs.iter().zip(ps).zip(&intercepts) {
-                let x = x.into().clamp(-limit, limit);
-                *p = sigmoid(slope * x + beta) as f32;
-            }
-        }
+        logistic::probabilities(features.data(), slope, &pattern, limit, out);
         Ok(())
     }
 

@@ -51,6 +51,7 @@ pub mod estimator;
 pub mod features;
 pub mod fixed_point;
 pub mod labels;
+pub mod logistic;
 pub mod matrix;
 pub mod memory;
 pub mod planner;

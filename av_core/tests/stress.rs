@@ -151,7 +151,7 @@ fn eight_producers_a_predictor_and_a_refitter() {
     // The predictor runs for the whole test, so `seen` can hold millions of outputs and the
     // refitter thousands of vectors: look each output up in a set of the vectors' outputs
     // instead of comparing every pair.
-    let sigmoid = |z: f64| (1.0 / (1.0 + (-z).exp())) as f32;
+    let sigmoid = av_core::logistic::probability;
     let bits = |out: &[f32]| out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
     let expected: std::collections::HashSet<Vec<u32>> = vectors
         .iter()
