@@ -3,7 +3,7 @@
 //! returns.
 //!
 //! Why not `1.0 / (1.0 + (-z).exp())` per entry: libm's `exp` is a call the compiler cannot
-//! vectorize, and from `R·K = 8192` on numpy's SIMD `exp` beat it. Here `e^w`, `w = -z`, is
+//! vectorize, and from `R·K = 4096` on numpy's SIMD `exp` beat it. Here `e^w`, `w = -z`, is
 //! evaluated in explicit arrays of one vector's lanes that the compiler vectorizes:
 //!
 //! * `w` is clamped to `±120`. Beyond it `σ` rounds to exactly 0 or 1 in float32 either way

@@ -1,14 +1,16 @@
 //! Which vector unit the hot loops run on: run-time CPU detection for x86-64.
 //!
 //! The wheel is built for the baseline x86-64 target (SSE2, 2 × f64 or 4 × f32 per vector).
-//! The feature kernel is also compiled with `#[target_feature]` for AVX2+FMA and AVX-512 and
-//! called through [`level`], which checks the CPU once with `is_x86_feature_detected!`. Every
-//! variant runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an
-//! FMA on its own; the kernel asks for fused multiply-adds in the AVX2 and AVX-512 variants only,
-//! so those two give the same bits, and the baseline the bits of the rounded source (a test
-//! compares them bit for bit). The statistics kernel of `observe` was tried the same way and ran
-//! slower with the wider vectors on the development machine (5.9 µs against 5.3 µs at R = 256,
-//! K = 8), so it stays on the baseline build.
+//! Two kernels are also compiled with `#[target_feature]` for AVX2+FMA and AVX-512 and called
+//! through [`level`], which checks the CPU once with `is_x86_feature_detected!`: the feature
+//! kernel ([`crate::features`]) and `predict`'s logistic ([`crate::logistic`]). Every variant
+//! runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an FMA
+//! on its own. The logistic fuses nothing, so all its variants give the same bits; the feature
+//! kernel asks for fused multiply-adds in its AVX2 and AVX-512 variants only, so those two give
+//! the same bits and the baseline the bits of the rounded source (tests compare them bit for
+//! bit). The statistics kernel of `observe` was tried the same way and ran slower with the wider
+//! vectors on the development machine (5.9 µs against 5.3 µs at R = 256, K = 8), so it stays on
+//! the baseline build.
 //!
 //! `AV_CORE_SIMD=baseline|avx2` caps the level (for benchmarks and bisecting).
 
