@@ -55,7 +55,7 @@ const C: [f64; 13] = [
     1.0 / 479_001_600.0,
 ];
 
-/// `σ(z)` rounded to float32; the arithmetic of every lane of [`probabilities`].
+/// `σ(z)` rounded to float32; the arithmetic of every lane of the batch kernel behind `predict`.
 ///
 /// ```rust
 /// use av_core::logistic::probability;
