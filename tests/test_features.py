@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -378,26 +379,57 @@ def test_native_kernel_non_finite_rows_padding_and_clamp() -> None:
 def test_draft_log_odds_routes_cpu_float32_to_the_native_kernel(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = []
-    kernel = _native.draft_log_odds_f32
+    calls: list[str] = []
+    for name in ("draft_log_odds_f32", "draft_log_odds_bf16"):
+        kernel = getattr(_native, name)
 
-    def spy(*args: object) -> np.ndarray:
-        calls.append(args)
-        return kernel(*args)
+        def spy(*args: object, _kernel: Any = kernel, _name: str = name) -> np.ndarray:
+            calls.append(_name)
+            return _kernel(*args)
 
-    monkeypatch.setattr(features._native, "draft_log_odds_f32", spy)
+        monkeypatch.setattr(features._native, name, spy)
     z = torch.randn(6, 3000) * 3.0
     temps = torch.tensor([0.0, 0.5, 1.0, math.inf, 2.0, 1e-30], dtype=torch.float64)
     valid = torch.tensor([True, True, True, True, False, True])
     got = draft_log_odds(z, temps, row_valid=valid)
-    assert len(calls) == 1
+    assert calls == ["draft_log_odds_f32"]
     draft_log_odds(z.t().contiguous().t(), temps)  # strided: the torch path
-    draft_log_odds(z.to(torch.bfloat16), temps)  # bfloat16: the torch path
-    assert len(calls) == 1
+    draft_log_odds(z.to(torch.float16), temps)  # float16: the torch path
+    assert calls == ["draft_log_odds_f32"]
+    draft_log_odds(z.to(torch.bfloat16), temps)  # bfloat16: its own kernel entry
+    assert calls == ["draft_log_odds_f32", "draft_log_odds_bf16"]
     monkeypatch.setattr(features, "_NATIVE_CPU", False)
     torch_path = draft_log_odds(z, temps, row_valid=valid)
     assert torch.isnan(got[3]) and torch.isnan(torch_path[3])  # T = inf
     keep = torch.tensor([True, True, True, False, True, True])
+    torch.testing.assert_close(got[keep], torch_path[keep], atol=2e-5, rtol=0)
+
+
+def test_bfloat16_kernel_equals_the_float32_kernel_on_the_widened_logits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bfloat16 is the high half of float32, so the kernel widens exactly: the bfloat16 call must
+    give the float32 call's bits on the same values, and stay within the torch path's tolerance."""
+    generator = torch.Generator().manual_seed(5)
+    z = torch.randn(9, 5000, generator=generator) * 4.0
+    z[0, 123] += 40.0  # q_max near 1: the complement far below float32's epsilon
+    z[1, 10] = z[1, 4097] = 30.0  # a tie across blocks
+    z[2] = -math.inf
+    z[2, 4500] = 1.0  # a single finite entry
+    z[3, 77] = math.nan
+    z[4, 78] = math.inf
+    z[5] = 0.0  # a flat row
+    low = z.to(torch.bfloat16)
+    temps = torch.tensor([1.0, 0.7, 1.0, 1.0, 1.0, 2.0, 0.0, 1e-20, 3.0])
+    valid = torch.tensor([True] * 8 + [False])
+    got = draft_log_odds(low, temps, row_valid=valid)
+    want = draft_log_odds(low.float(), temps, row_valid=valid)
+    assert got.dtype == torch.float32
+    np.testing.assert_array_equal(got.view(torch.int32).numpy(), want.view(torch.int32).numpy())
+    assert got[2] == 40.0 and torch.isnan(got[3:5]).all() and got[8] == 0.0
+    monkeypatch.setattr(features, "_NATIVE_CPU", False)
+    torch_path = draft_log_odds(low, temps, row_valid=valid)
+    keep = torch.isfinite(torch_path)
     torch.testing.assert_close(got[keep], torch_path[keep], atol=2e-5, rtol=0)
 
 
@@ -406,6 +438,10 @@ def test_native_kernel_rejects_bad_arguments() -> None:
     ones = np.ones(2, dtype=np.float32)
     with pytest.raises(TypeError, match="logits"):
         _native.draft_log_odds_f32(z.astype(np.float64), ones, 40.0)
+    with pytest.raises(TypeError, match="logits: expected dtype int16"):
+        _native.draft_log_odds_bf16(z, ones, 40.0)
+    with pytest.raises(ValueError, match="inv_temperature"):
+        _native.draft_log_odds_bf16(z.view(np.int16), np.ones(3, dtype=np.float32), 40.0)
     with pytest.raises(TypeError, match="logits"):
         _native.draft_log_odds_f32([[0.0]], ones, 40.0)
     with pytest.raises(ValueError, match="logits"):

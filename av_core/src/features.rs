@@ -177,14 +177,64 @@ fn exp2_scale(inv_temperature: f32) -> f32 {
     }
 }
 
-/// The feature of one row, on the widest vector unit this CPU has ([`crate::simd`]; every
-/// variant runs the same code, lane for lane, so they agree bit for bit).
-fn row_log_odds(z: &[f32], inv_temperature: f32, max_log_odds: f32) -> f32 {
+/// Logits one row can be read from, block by block, as float32: float32 itself, or bfloat16
+/// bit patterns (the high half of a float32, so widening is exact).
+pub trait LogitElement: Copy + Sync + Sized {
+    /// Block `k` of `row` (columns `k·BLOCK..`) as float32, in `buffer` if it needs converting.
+    fn block<'a>(row: &'a [Self], k: usize, buffer: &'a mut [f32; BLOCK]) -> &'a [f32];
+}
+
+impl LogitElement for f32 {
+    #[inline(always)]
+    fn block<'a>(row: &'a [f32], k: usize, _buffer: &'a mut [f32; BLOCK]) -> &'a [f32] {
+        &row[k * BLOCK..((k + 1) * BLOCK).min(row.len())]
+    }
+}
+
+/// bfloat16 logits as their raw 16-bit patterns (numpy has no bfloat16; a torch bfloat16
+/// tensor viewed as `int16` or `uint16` hands them over without a copy).
+impl LogitElement for u16 {
+    #[inline(always)]
+    fn block<'a>(row: &'a [u16], k: usize, buffer: &'a mut [f32; BLOCK]) -> &'a [f32] {
+        widen_bfloat16(row, k, buffer, |bits| bits)
+    }
+}
+
+/// bfloat16 bit patterns read as `i16` (what `tensor.view(torch.int16)` gives).
+impl LogitElement for i16 {
+    #[inline(always)]
+    fn block<'a>(row: &'a [i16], k: usize, buffer: &'a mut [f32; BLOCK]) -> &'a [f32] {
+        widen_bfloat16(row, k, buffer, |bits| bits as u16)
+    }
+}
+
+/// Block `k` of a bfloat16 row, widened into `buffer`: a bfloat16 is the high half of a float32.
+#[inline(always)]
+fn widen_bfloat16<'a, B: Copy>(
+    row: &[B],
+    k: usize,
+    buffer: &'a mut [f32; BLOCK],
+    bits: impl Fn(B) -> u16,
+) -> &'a [f32] {
+    let source = &row[k * BLOCK..((k + 1) * BLOCK).min(row.len())];
+    for (wide, &b) in buffer.iter_mut().zip(source) {
+        *wide = f32::from_bits(u32::from(bits(b)) << 16);
+    }
+    &buffer[..source.len()]
+}
+
+/// The feature of one row, on the widest vector unit this CPU has ([`crate::simd`]).
+fn row_log_odds<E: LogitElement>(z: &[E], inv_temperature: f32, max_log_odds: f32) -> f32 {
     run_at(simd::level(), z, inv_temperature, max_log_odds)
 }
 
 /// [`row_log_odds`] on the variant for `level`, which must be one this CPU runs.
-fn run_at(level: simd::Level, z: &[f32], inv_temperature: f32, max_log_odds: f32) -> f32 {
+fn run_at<E: LogitElement>(
+    level: simd::Level,
+    z: &[E],
+    inv_temperature: f32,
+    max_log_odds: f32,
+) -> f32 {
     #[cfg(target_arch = "x86_64")]
     match level {
         simd::Level::Avx512 => {
@@ -201,28 +251,38 @@ fn run_at(level: simd::Level, z: &[f32], inv_temperature: f32, max_log_odds: f32
         simd::Level::Baseline => {}
     }
     let _ = level;
-    row_log_odds_generic::<NATIVE_FMA>(z, inv_temperature, max_log_odds)
+    row_log_odds_generic::<E, NATIVE_FMA>(z, inv_temperature, max_log_odds)
 }
 
 /// The kernel compiled for AVX2+FMA and AVX-512 (the same code, wider vectors).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::LogitElement;
+
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn row_log_odds_avx2(z: &[f32], inv_temperature: f32, max_log_odds: f32) -> f32 {
-        super::row_log_odds_generic::<true>(z, inv_temperature, max_log_odds)
+    pub(super) fn row_log_odds_avx2<E: LogitElement>(
+        z: &[E],
+        inv_temperature: f32,
+        max_log_odds: f32,
+    ) -> f32 {
+        super::row_log_odds_generic::<E, true>(z, inv_temperature, max_log_odds)
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-    pub(super) fn row_log_odds_avx512(z: &[f32], inv_temperature: f32, max_log_odds: f32) -> f32 {
-        super::row_log_odds_generic::<true>(z, inv_temperature, max_log_odds)
+    pub(super) fn row_log_odds_avx512<E: LogitElement>(
+        z: &[E],
+        inv_temperature: f32,
+        max_log_odds: f32,
+    ) -> f32 {
+        super::row_log_odds_generic::<E, true>(z, inv_temperature, max_log_odds)
     }
 }
 
 /// The feature of one row (see the module docs), generic over the vector width it is compiled
 /// for.
 #[inline(always)]
-fn row_log_odds_generic<const FMA: bool>(
-    z: &[f32],
+fn row_log_odds_generic<E: LogitElement, const FMA: bool>(
+    z: &[E],
     inv_temperature: f32,
     max_log_odds: f32,
 ) -> f32 {
@@ -234,9 +294,10 @@ fn row_log_odds_generic<const FMA: bool>(
     // Complement relative to m: Σ over the entries seen, but one occurrence of m, of 2^((z-m)s).
     let mut c = 0.0f64;
     let n_blocks = z.len().div_ceil(BLOCK);
-    let block_at = |k: usize| &z[k * BLOCK..((k + 1) * BLOCK).min(z.len())];
+    // Float32 rows are read in place; bfloat16 blocks are widened into this L1-resident buffer.
+    let mut buffer = [0.0f32; BLOCK];
     for k in 0..n_blocks {
-        let block = block_at(k);
+        let block = E::block(z, k, &mut buffer);
         // Two passes over a block that stays in L1: its range (the only read from main memory),
         // then its terms. Fusing the next block's range into this block's sum loop was measured
         // 1.6x slower on AVX-512 (0.49 against 0.31 ns per entry): the compiler shuffled the
@@ -276,7 +337,10 @@ fn row_log_odds_generic<const FMA: bool>(
     x.clamp(-limit, limit) as f32
 }
 
-/// `logit(q_max)` of each row of `[rows, vocab]` row-major float32 logits, into `out[rows]`.
+/// `logit(q_max)` of each row of `[rows, vocab]` row-major logits, into `out[rows]`.
+///
+/// The logits are float32, or bfloat16 given as their bit patterns (`u16`): a bfloat16 row gives
+/// exactly the feature of the same row widened to float32.
 ///
 /// `inv_temperature[r]` is `1 / T` for row r (1 for greedy or unscaled rows; `+inf` acts like
 /// the largest finite scale; NaN gives a NaN row). `row_valid`, when given, marks the rows to
@@ -300,8 +364,8 @@ fn row_log_odds_generic<const FMA: bool>(
 /// assert!((f64::from(out[0]) + complement.ln()).abs() < 1e-5);
 /// # Ok::<(), av_core::Error>(())
 /// ```
-pub fn draft_log_odds_rows(
-    logits: &[f32],
+pub fn draft_log_odds_rows<E: LogitElement>(
+    logits: &[E],
     rows: usize,
     vocab: usize,
     inv_temperature: &[f32],
@@ -478,8 +542,8 @@ mod tests {
                 row[len - 1] = f32::NEG_INFINITY;
             }
             // The same source with fused and with separately rounded multiply-adds.
-            let fused = row_log_odds_generic::<true>(&row, inv_t, 40.0);
-            let rounded = row_log_odds_generic::<false>(&row, inv_t, 40.0);
+            let fused = row_log_odds_generic::<f32, true>(&row, inv_t, 40.0);
+            let rounded = row_log_odds_generic::<f32, false>(&row, inv_t, 40.0);
             assert!(
                 (fused - rounded).abs() < 1e-6,
                 "len {len}: {fused} vs {rounded}"
@@ -513,6 +577,76 @@ mod tests {
             assert_eq!(exp2(0.0), 1.0);
             assert_eq!(exp2(f32::NEG_INFINITY), 2f32.powi(-125));
         }
+    }
+
+    /// A bfloat16 row gives exactly the feature of the same row widened to float32: on every
+    /// vector level, one row at a time and through the threaded batch entry point.
+    #[test]
+    fn bfloat16_rows_equal_their_float32_widening() {
+        let mut state = 0x0123_4567_89ab_cdefu64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let widen = |bits: &[u16]| -> Vec<f32> {
+            bits.iter()
+                .map(|&b| f32::from_bits(u32::from(b) << 16))
+                .collect()
+        };
+        let vocab = 5000; // two full blocks and a partial one
+        let rows = 900; // 4.5 M entries: the batch call splits rows across threads
+        let mut logits = Vec::with_capacity(rows * vocab);
+        for r in 0..rows {
+            let spread = 1.0 + (r % 7) as f32 * 3.0;
+            for _ in 0..vocab {
+                let u = (next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                logits.push(((u * spread).to_bits() >> 16) as u16);
+            }
+        }
+        // Special entries: NaN, +inf, -inf, -0.0, a subnormal, a tie with the row maximum
+        // across blocks, and a single-finite-entry row.
+        let specials: [(usize, u16); 5] = [
+            (1, 0x7fc0),
+            (2, 0x7f80),
+            (3, 0xff80),
+            (4, 0x8000),
+            (5, 0x0001),
+        ];
+        for (r, bits) in specials {
+            logits[r * vocab + 17] = bits;
+        }
+        logits[6 * vocab + 10] = 0x4200; // 32.0, tied across the first two blocks
+        logits[6 * vocab + 4097] = 0x4200;
+        for v in &mut logits[7 * vocab..8 * vocab] {
+            *v = 0xff80; // -inf
+        }
+        logits[7 * vocab + 4500] = 0x3f80; // 1.0
+        let inv_t: Vec<f32> = (0..rows).map(|r| 0.25 + (r % 5) as f32 * 0.5).collect();
+
+        for r in 0..12 {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            let wide = widen(row);
+            for level in simd::available() {
+                let got = run_at(level, row, inv_t[r], 40.0);
+                let want = run_at(level, &wide[..], inv_t[r], 40.0);
+                assert_eq!(got.to_bits(), want.to_bits(), "{level:?} row {r}");
+            }
+        }
+        let mut got = vec![0.0f32; rows];
+        draft_log_odds_rows(&logits, rows, vocab, &inv_t, 40.0, None, &mut got).unwrap();
+        let signed: Vec<i16> = logits.iter().map(|&b| b as i16).collect();
+        let mut got_signed = vec![0.0f32; rows];
+        draft_log_odds_rows(&signed, rows, vocab, &inv_t, 40.0, None, &mut got_signed).unwrap();
+        let mut want = vec![0.0f32; rows];
+        let wide = widen(&logits);
+        draft_log_odds_rows(&wide, rows, vocab, &inv_t, 40.0, None, &mut want).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+        assert_eq!(bits(&got_signed), bits(&want));
+        assert!(got[1].is_nan() && got[2].is_nan(), "NaN and +inf rows");
+        assert_eq!(got[7], 40.0, "a single finite entry");
     }
 
     #[test]

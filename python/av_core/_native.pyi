@@ -15,6 +15,7 @@ __all__ = [
     "assign_draft_budget",
     "choose_draft_budget",
     "choose_draft_depth",
+    "draft_log_odds_bf16",
     "draft_log_odds_f32",
     "plan_verification",
 ]
@@ -268,6 +269,12 @@ def plan_verification(
     max_draft_budget: int | None = None,
     budget_confidences: npt.ArrayLike | None = None,
 ) -> VerificationPlan: ...
+def draft_log_odds_bf16(
+    logits: npt.NDArray[np.int16],
+    inv_temperature: npt.NDArray[np.float32],
+    max_log_odds: float,
+    row_valid: npt.NDArray[np.bool_] | None = None,
+) -> npt.NDArray[np.float32]: ...
 def draft_log_odds_f32(
     logits: npt.NDArray[np.float32],
     inv_temperature: npt.NDArray[np.float32],

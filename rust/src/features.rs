@@ -1,4 +1,5 @@
-//! The fused CPU kernel of the drafter feature, `av_core.features`'s float32 fast path.
+//! The fused CPU kernel of the drafter feature, `av_core.features`'s float32 and bfloat16 fast
+//! path.
 
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
@@ -10,6 +11,7 @@ use crate::convert::{to_py_err, type_error, type_name, value_error};
 /// Registers the feature functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(draft_log_odds_f32, m)?)?;
+    m.add_function(wrap_pyfunction!(draft_log_odds_bf16, m)?)?;
     Ok(())
 }
 
@@ -35,6 +37,50 @@ fn draft_log_odds_f32<'py>(
     max_log_odds: f64,
     row_valid: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    log_odds::<f32>(
+        py,
+        logits,
+        "float32",
+        inv_temperature,
+        max_log_odds,
+        row_valid,
+    )
+}
+
+/// [`draft_log_odds_f32`] for bfloat16 logits given as their bit patterns: a C-contiguous int16
+/// `[N, V]` array (`tensor.view(torch.int16).numpy()`, no copy). Gives exactly the feature of the
+/// logits widened to float32.
+#[pyfunction]
+#[pyo3(signature = (logits, inv_temperature, max_log_odds, row_valid=None))]
+fn draft_log_odds_bf16<'py>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    inv_temperature: &Bound<'py, PyAny>,
+    max_log_odds: f64,
+    row_valid: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    log_odds::<i16>(
+        py,
+        logits,
+        "int16 (bfloat16 bit patterns)",
+        inv_temperature,
+        max_log_odds,
+        row_valid,
+    )
+}
+
+/// Both entry points: argument checks and conversion, then the core kernel without the GIL.
+fn log_odds<'py, E>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    dtype_name: &str,
+    inv_temperature: &Bound<'py, PyAny>,
+    max_log_odds: f64,
+    row_valid: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray1<f32>>>
+where
+    E: numpy::Element + av_core::features::LogitElement,
+{
     let logits_any = array(logits, "logits")?;
     if logits_any.ndim() != 2 {
         return Err(value_error(
@@ -50,8 +96,8 @@ fn draft_log_odds_f32<'py>(
         return Err(value_error("logits", "must be C-contiguous"));
     }
     let logits = logits_any
-        .cast::<PyArray2<f32>>()
-        .map_err(|_| type_error("logits", "expected dtype float32"))?
+        .cast::<PyArray2<E>>()
+        .map_err(|_| type_error("logits", format!("expected dtype {dtype_name}")))?
         .try_readonly()?;
     let temps_any = array(inv_temperature, "inv_temperature")?;
     let temps = temps_any
