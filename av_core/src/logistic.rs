@@ -130,6 +130,10 @@ pub(crate) fn probabilities<T: Copy + Into<f64>>(
 /// The intercepts `β_0..β_{K-1}` repeated to the shortest length that is a multiple of both
 /// `K` and [`LANES`], into `pattern`.
 pub(crate) fn intercept_pattern(intercepts: &[f64], pattern: &mut Vec<f64>) {
+    debug_assert!(
+        !intercepts.is_empty(),
+        "an estimator has at least one position"
+    );
     let k = intercepts.len().max(1);
     let mut period = k;
     while period % LANES != 0 {
