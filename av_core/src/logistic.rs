@@ -34,7 +34,8 @@ const W_LIMIT: f64 = 120.0;
 /// low mantissa bits.
 const ROUND_MAGIC: f64 = 6_755_399_441_055_744.0;
 /// fdlibm's two-part `ln 2` (`ln2_hi ≈ 0.693147180369`, `ln2_lo ≈ 1.9082e-10`): the high part
-/// ends in 32 zero bits, so `n·ln2_hi` is exact.
+/// has 32 significant bits (its last 21 mantissa bits are zero), so `n·ln2_hi` is exact for the
+/// `|n| ≤ 174` that the clamp allows.
 const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
 const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
 
