@@ -35,8 +35,10 @@ CPU_TARGET_CASE = ((448, 129280), torch.float32)
 # after amax, 8.0 ms after a 10 ms pause). So on that shape, in either dtype, every call, the
 # reference's as well as ours, starts after this pause. The pause busy-waits: asleep, the vCPUs
 # idle and both calls ran slower (amax 6.6 ms, draft_log_odds 14 ms after 20 ms asleep).
-# [64, 32000] runs on one thread and is timed back to back, without the pause: a paused amax also
-# pays for waking torch's workers (0.24 against 0.055 ms), which would flatter the ratio.
+# After the pause amax also pays for waking torch's workers, about 0.2 ms (0.24 against 0.055 ms
+# on the small shape), some 3% of its time on the large one, which flatters the ratio that much.
+# [64, 32000] runs on one thread and is timed back to back, without the pause: there the wake-up
+# would be most of amax's time.
 CPU_PAUSE_S = 0.015
 GPU_TARGET = 1.3
 CPU_CASES = [

@@ -935,7 +935,8 @@ mod tests {
         let mut out = [0.0f32; 4];
         est.predict(view(&[0.0f32, 2.0, -1.0, 100.0], 2), &mut out)
             .unwrap();
-        let expect = |x: f64| (1.0 / (1.0 + (-(0.5 * x - 0.2)).exp())) as f32;
+        // σ(0.5·x − 0.2) with the feature clamped to ±40 (σ itself: `logistic`'s tests).
+        let expect = |x: f64| crate::logistic::probability(0.5 * x - 0.2);
         assert_eq!(out, [expect(0.0), expect(2.0), expect(-1.0), expect(40.0)]);
     }
 

@@ -71,27 +71,54 @@ type Range = (f32, f32, bool);
 /// reads main memory, so the extra comparisons are free.
 #[inline(always)]
 fn block_range(z: &[f32]) -> Range {
-    let mut hi = [f32::NEG_INFINITY; LANES];
-    let mut lo = [f32::INFINITY; LANES];
-    let mut nan = [0u32; LANES];
+    let mut lanes = RangeLanes::new();
     let mut chunks = z.chunks_exact(LANES);
     for chunk in &mut chunks {
-        for i in 0..LANES {
-            hi[i] = if chunk[i] > hi[i] { chunk[i] } else { hi[i] };
-            lo[i] = if chunk[i] < lo[i] { chunk[i] } else { lo[i] };
-            nan[i] |= u32::from(chunk[i].is_nan());
+        for (i, &v) in chunk.iter().enumerate() {
+            lanes.add(i, v);
         }
     }
-    let (mut max, mut min) = (f32::NEG_INFINITY, f32::INFINITY);
-    let mut any_nan = nan.iter().any(|&v| v != 0);
-    for &v in hi.iter().chain(chunks.remainder()) {
-        max = if v > max { v } else { max };
+    lanes.finish(chunks.remainder())
+}
+
+/// Per-lane running maximum, minimum and "saw a NaN" of a block's range pass.
+struct RangeLanes {
+    hi: [f32; LANES],
+    lo: [f32; LANES],
+    nan: [u32; LANES],
+}
+
+impl RangeLanes {
+    #[inline(always)]
+    fn new() -> Self {
+        RangeLanes {
+            hi: [f32::NEG_INFINITY; LANES],
+            lo: [f32::INFINITY; LANES],
+            nan: [0; LANES],
+        }
     }
-    for &v in lo.iter().chain(chunks.remainder()) {
-        min = if v < min { v } else { min };
+
+    /// Takes `v` into lane `i` (plain comparisons, which ignore NaN and vectorize).
+    #[inline(always)]
+    fn add(&mut self, i: usize, v: f32) {
+        self.hi[i] = if v > self.hi[i] { v } else { self.hi[i] };
+        self.lo[i] = if v < self.lo[i] { v } else { self.lo[i] };
+        self.nan[i] |= u32::from(v.is_nan());
     }
-    any_nan |= chunks.remainder().iter().any(|v| v.is_nan());
-    (max, min, any_nan)
+
+    /// The block's range: the lanes folded together with the `tail` that did not fill a lane.
+    #[inline(always)]
+    fn finish(self, tail: &[f32]) -> Range {
+        let (mut max, mut min) = (f32::NEG_INFINITY, f32::INFINITY);
+        for &v in self.hi.iter().chain(tail) {
+            max = if v > max { v } else { max };
+        }
+        for &v in self.lo.iter().chain(tail) {
+            min = if v < min { v } else { min };
+        }
+        let any_nan = self.nan.iter().any(|&v| v != 0) || tail.iter().any(|v| v.is_nan());
+        (max, min, any_nan)
+    }
 }
 
 /// `2^t` for `t ∈ [-125, 0]`, without the floor: the caller has checked the range.
@@ -179,10 +206,20 @@ fn exp2_scale(inv_temperature: f32) -> f32 {
 
 /// Logits one row can be read from, block by block, as float32: float32 itself, or bfloat16
 /// bit patterns (the high half of a float32, so widening is exact).
-pub trait LogitElement: Copy + Sync + Sized {
+///
+/// Sealed: the kernel relies on `block` returning exactly the block's values and their range.
+pub trait LogitElement: Copy + Sync + Sized + sealed::Sealed {
     /// Block `k` of `row` (columns `k·BLOCK..`) as float32, in `buffer` if it needs converting,
     /// with its range.
+    #[doc(hidden)]
     fn block<'a>(row: &'a [Self], k: usize, buffer: &'a mut [f32; BLOCK]) -> (&'a [f32], Range);
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for u16 {}
+    impl Sealed for i16 {}
 }
 
 impl LogitElement for f32 {
@@ -221,34 +258,24 @@ fn widen_bfloat16<'a, B: Copy>(
 ) -> (&'a [f32], Range) {
     let source = &row[k * BLOCK..((k + 1) * BLOCK).min(row.len())];
     let widened = &mut buffer[..source.len()];
-    let mut hi = [f32::NEG_INFINITY; LANES];
-    let mut lo = [f32::INFINITY; LANES];
-    let mut nan = [0u32; LANES];
+    let widen = |b: B| f32::from_bits(u32::from(bits(b)) << 16);
+    let mut lanes = RangeLanes::new();
     let mut chunks = widened
         .chunks_exact_mut(LANES)
         .zip(source.chunks_exact(LANES));
     for (wide, narrow) in &mut chunks {
         for i in 0..LANES {
-            let v = f32::from_bits(u32::from(bits(narrow[i])) << 16);
+            let v = widen(narrow[i]);
             wide[i] = v;
-            hi[i] = if v > hi[i] { v } else { hi[i] };
-            lo[i] = if v < lo[i] { v } else { lo[i] };
-            nan[i] |= u32::from(v.is_nan());
+            lanes.add(i, v);
         }
     }
     let tail = source.len() - source.len() % LANES;
     for (wide, &narrow) in widened[tail..].iter_mut().zip(&source[tail..]) {
-        *wide = f32::from_bits(u32::from(bits(narrow)) << 16);
+        *wide = widen(narrow);
     }
-    let (mut max, mut min) = (f32::NEG_INFINITY, f32::INFINITY);
-    for &v in hi.iter().chain(&widened[tail..]) {
-        max = if v > max { v } else { max };
-    }
-    for &v in lo.iter().chain(&widened[tail..]) {
-        min = if v < min { v } else { min };
-    }
-    let any_nan = nan.iter().any(|&v| v != 0) || widened[tail..].iter().any(|v| v.is_nan());
-    (widened, (max, min, any_nan))
+    let range = lanes.finish(&widened[tail..]);
+    (widened, range)
 }
 
 /// The feature of one row, on the widest vector unit this CPU has ([`crate::simd`]).
@@ -366,8 +393,9 @@ fn row_log_odds_generic<E: LogitElement, const FMA: bool>(
 
 /// `logit(q_max)` of each row of `[rows, vocab]` row-major logits, into `out[rows]`.
 ///
-/// The logits are float32, or bfloat16 given as their bit patterns (`u16`): a bfloat16 row gives
-/// exactly the feature of the same row widened to float32.
+/// The logits are float32, or bfloat16 given as their bit patterns (`u16`, or `i16` as a torch
+/// `int16` view gives them): a bfloat16 row gives exactly the feature of the same row widened to
+/// float32.
 ///
 /// `inv_temperature[r]` is `1 / T` for row r (1 for greedy or unscaled rows; `+inf` acts like
 /// the largest finite scale; NaN gives a NaN row). `row_valid`, when given, marks the rows to
@@ -644,8 +672,11 @@ mod tests {
         for (r, bits) in specials {
             logits[r * vocab + 17] = bits;
         }
-        logits[6 * vocab + 10] = 0x4200; // 32.0, tied across the first two blocks
+        logits[6 * vocab + 10] = 0x4200; // 32.0, tied across the first and the third block
         logits[6 * vocab + 4097] = 0x4200;
+        // The last block has 904 columns: its last 8 are the tail past the 16-lane groups.
+        logits[8 * vocab + 4999] = 0x7fc0; // a NaN in the tail
+        logits[9 * vocab + 4998] = 0x4300; // 128.0: a new maximum in the tail
         for v in &mut logits[7 * vocab..8 * vocab] {
             *v = 0xff80; // -inf
         }
@@ -673,6 +704,11 @@ mod tests {
         assert_eq!(bits(&got), bits(&want));
         assert_eq!(bits(&got_signed), bits(&want));
         assert!(got[1].is_nan() && got[2].is_nan(), "NaN and +inf rows");
+        assert!(got[8].is_nan(), "a NaN in the last block's tail");
+        assert!(
+            got[9] > 30.0,
+            "a maximum in the last block's tail dominates"
+        );
         assert_eq!(got[7], 40.0, "a single finite entry");
     }
 

@@ -6,9 +6,12 @@
 //! kernel ([`crate::features`]) and `predict`'s logistic ([`crate::logistic`]). Every variant
 //! runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an FMA
 //! on its own. The logistic fuses nothing, so all its variants give the same bits; the feature
-//! kernel asks for fused multiply-adds in its AVX2 and AVX-512 variants only, so those two give
-//! the same bits and the baseline the bits of the rounded source (tests compare them bit for
-//! bit). The statistics kernel of `observe` was tried the same way and ran slower with the wider
+//! kernel asks for fused multiply-adds in its AVX2 and AVX-512 variants, so those two give the
+//! same bits and the SSE2 baseline the bits of the separately rounded source (a build whose
+//! target has FMA instructions, such as aarch64 or `-C target-feature=+fma`, fuses in its
+//! baseline too); tests compare them bit for bit. So a CPU feature can differ in its last bits
+//! between an AVX2 host and an SSE2-only one; `AV_CORE_SIMD=baseline` pins a mixed x86-64 fleet
+//! to one result. The statistics kernel of `observe` was tried the same way and ran slower with the wider
 //! vectors on the development machine (5.9 µs against 5.3 µs at R = 256, K = 8), so it stays on
 //! the baseline build.
 //!
