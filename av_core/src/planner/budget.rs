@@ -203,7 +203,8 @@ pub(crate) fn search(
         sort,
     } = buffers;
 
-    let (floor_e, floor_c) = bucket_floor(counts, sums, limit, s, draft_ms, verify);
+    // The floor as the pair (ratio, 1): `reaches` compares cross-multiplied pairs.
+    let (floor_e, floor_c) = (floor_ratio(counts, sums, limit, s, draft_ms, verify), 1.0);
 
     // Buckets that may hold a budget reaching the floor, and their hull. A quick test first:
     // E at the bucket's end over C at its cheapest. Then, for buckets that pass, per rank:
@@ -277,33 +278,28 @@ pub(crate) fn search(
     best.finish()
 }
 
-/// The best ratio `(E, C)` at any bucket boundary within `limit` (some budget attains it).
-fn bucket_floor(
+/// The best ratio `E / C` at any bucket boundary within `limit`: attained by some budget (up to
+/// the quotient's rounding, far inside [`BOUND_SLACK`]), so a valid floor for pruning. Plain
+/// quotients and a running maximum (no data-dependent branch), as a bound needs no tie rule.
+pub(crate) fn floor_ratio(
     counts: &[u32],
     sums: &[f64],
     limit: usize,
     s: f64,
     draft_ms: f64,
     verify: &[f64],
-) -> (f64, f64) {
-    let mut floor_e = s;
-    let mut floor_c = draft_ms + verify[0];
-    let mut end = 0usize;
-    let mut prefix = 0.0f64;
-    for (&count, &sum) in counts.iter().zip(sums.iter()) {
+) -> f64 {
+    let mut best = s / (draft_ms + verify[0]);
+    let (mut end, mut prefix) = (0usize, 0.0f64);
+    for (&count, &sum) in counts.iter().zip(sums) {
         end += count as usize;
         prefix += sum;
         if end > limit {
             break;
         }
-        let e = s + prefix;
-        let c = draft_ms + verify[end];
-        if e * floor_c > floor_e * c {
-            floor_e = e;
-            floor_c = c;
-        }
+        best = best.max((s + prefix) / (draft_ms + verify[end]));
     }
-    (floor_e, floor_c)
+    best
 }
 
 /// Whether some budget `b ≤ limit` could reach the ratio `best_e / best_c`, judged from a

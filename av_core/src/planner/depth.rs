@@ -31,7 +31,7 @@
 //! rule (`av_core.testing` checks the composition exactly).
 
 use super::budget::{
-    beats, best_budget, bucket_map, is_small, may_reach, search, Budget, BudgetBuffers,
+    beats, best_budget, bucket_map, floor_ratio, is_small, may_reach, search, Budget, BudgetBuffers,
 };
 use super::order::Survivals;
 use super::StepTokens;
@@ -138,30 +138,6 @@ fn depth_costs(
         previous = fraction;
         out.push((drafts, cost));
     }
-}
-
-/// The best ratio `E / C` at any bucket boundary within `limit`: attained by some budget, so a
-/// valid floor for pruning. Plain quotients and a running maximum (no data-dependent branch), as
-/// a bound needs no tie rule.
-fn floor_ratio(
-    counts: &[u32],
-    sums: &[f64],
-    limit: usize,
-    s: f64,
-    draft_ms: f64,
-    verify: &[f64],
-) -> f64 {
-    let mut best = s / (draft_ms + verify[0]);
-    let (mut end, mut prefix) = (0usize, 0.0f64);
-    for (&count, &sum) in counts.iter().zip(sums) {
-        end += count as usize;
-        prefix += sum;
-        if end > limit {
-            break;
-        }
-        best = best.max((s + prefix) / (draft_ms + verify[end]));
-    }
-    best
 }
 
 /// Fills `scheduled` with depth `d`'s counts, `min(d, caps[r])`.
