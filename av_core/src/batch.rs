@@ -174,6 +174,7 @@ fn dynamic<T: Copy + Into<f64>, P: Copy + Into<f64>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::XorShift;
     use proptest::prelude::*;
 
     proptest! {
@@ -191,13 +192,8 @@ mod tests {
                     (admitted, b % (admitted + 1))
                 })
                 .collect();
-            let mut state = seed | 1;
-            let mut next = move || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 11) as f64 / (1u64 << 53) as f64
-            };
+            let mut rng = XorShift::new(seed | 1);
+            let mut next = || rng.unit_f64();
             let features: Vec<f32> = (0..counts.len() * k).map(|_| (next() * 120.0 - 60.0) as f32).collect();
             let probs: Vec<f64> = (0..counts.len() * k).map(|_| next()).collect();
             let intercepts: Vec<f64> = (0..k).map(|_| next() - 0.5).collect();

@@ -921,6 +921,7 @@ impl AcceptanceEstimator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::XorShift;
     use proptest::prelude::*;
 
     fn view<T>(data: &[T], cols: usize) -> MatrixView<'_, T> {
@@ -1001,13 +1002,8 @@ mod tests {
 
     /// Deterministic pseudo-random observations for the properties below.
     fn workload(seed: u64, rows: usize, k: usize) -> (Vec<f32>, Vec<i64>, Vec<i64>) {
-        let mut state = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = XorShift::new(seed.wrapping_add(0x9E37_79B9_7F4A_7C15));
+        let mut next = || rng.next_u64();
         let features = (0..rows * k)
             .map(|_| (next() % 4000) as f32 / 100.0 - 20.0)
             .collect();

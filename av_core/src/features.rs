@@ -538,6 +538,7 @@ pub fn draft_log_odds_rows<E: LogitElement>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::XorShift;
     use proptest::prelude::*;
 
     /// float64 reference: -ln Σ over all but one occurrence of the maximum of exp((z - m)/T).
@@ -572,13 +573,8 @@ mod tests {
     /// polynomial, the SSE2 baseline those of the rounded one, and the two stay within 1e-6.
     #[test]
     fn simd_variants_agree_bit_for_bit() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut rng = XorShift::new(0x2545_f491_4f6c_dd1d);
+        let mut next = || rng.unit_f32();
         let mut cases = vec![
             (1usize, 1.0f32),
             (7, 0.5),
@@ -638,13 +634,8 @@ mod tests {
     /// vector level, one row at a time and through the threaded batch entry point.
     #[test]
     fn bfloat16_rows_equal_their_float32_widening() {
-        let mut state = 0x0123_4567_89ab_cdefu64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = XorShift::new(0x0123_4567_89ab_cdef);
+        let mut next = || rng.next_u64();
         let widen = |bits: &[u16]| -> Vec<f32> {
             bits.iter()
                 .map(|&b| f32::from_bits(u32::from(b) << 16))

@@ -172,6 +172,7 @@ impl AtomicI128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::XorShift;
     use proptest::prelude::*;
 
     #[test]
@@ -196,12 +197,9 @@ mod tests {
             }
             let mut shuffled = values.clone();
             // A cheap deterministic shuffle driven by the seed.
-            let mut state = seed | 1;
+            let mut rng = XorShift::new(seed | 1);
             for i in (1..shuffled.len()).rev() {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                shuffled.swap(i, (state % (i as u64 + 1)) as usize);
+                shuffled.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
             }
             let backward = AtomicI128::default();
             for &v in &shuffled {

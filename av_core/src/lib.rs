@@ -59,6 +59,8 @@ pub mod refit;
 pub mod simd;
 pub mod snapshot;
 mod sync;
+#[cfg(test)]
+mod test_rng;
 
 pub use error::{Error, ErrorKind, Result};
 pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState};

@@ -219,6 +219,7 @@ fn as_lanes<T, const L: usize>(chunk: &[T]) -> &[T; L] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rng::XorShift;
 
     fn libm(z: f64) -> f32 {
         (1.0 / (1.0 + (-z).exp())) as f32
@@ -282,13 +283,8 @@ mod tests {
     /// float64 features, `z` past the ±120 clamp, and batches that end in a partial group.
     #[test]
     fn simd_variants_agree_bit_for_bit() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = || rng.unit_f64();
         let slope = 4.0; // features clamped to ±40: z reaches ±160 + β
         for k in [1usize, 3, 5, 8, 12, 16] {
             let intercepts: Vec<f64> = (0..k).map(|_| next() * 4.0 - 2.0).collect();

@@ -228,15 +228,11 @@ pub fn chi_square_quantile(dof: usize, z: f64) -> f64 {
 mod tests {
     use super::*;
     use crate::refit::newton_step;
+    use crate::test_rng::XorShift;
 
     fn round(seed: u64, k: usize) -> FloatStats {
-        let mut state = seed | 1;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut rng = XorShift::new(seed | 1);
+        let mut next = || rng.unit_f64();
         let mut stats = FloatStats {
             a: vec![0.0; k],
             b: vec![0.0; k],
