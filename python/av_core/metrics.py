@@ -155,8 +155,9 @@ def reliability_curve(
     """Bins predictions and compares each bin's mean prediction with its acceptance rate.
 
     ``strategy="uniform"``: ``n_bins`` equal-width bins, edges ``linspace(0, 1, n_bins + 1)``.
-    ``strategy="quantile"`` (equal mass): edges at the ``linspace(0, 100, n_bins + 1)``
-    percentiles of ``y_prob`` (linear interpolation), so bins hold about N / n_bins predictions
+    ``strategy="quantile"`` (equal mass): edges at the ``100 * linspace(0, 1, n_bins + 1)``
+    percentiles of ``y_prob`` (linear interpolation, the percentile positions scikit-learn's
+    ``calibration_curve`` uses), so bins hold about N / n_bins predictions
     each; ties can leave some bins empty. Bin membership is described on
     :class:`ReliabilityCurve`.
     """
@@ -169,7 +170,7 @@ def reliability_curve(
     if strategy == "uniform":
         edges = np.linspace(0.0, 1.0, int(n_bins) + 1)
     elif strategy == "quantile":
-        edges = np.percentile(probs, np.linspace(0.0, 100.0, int(n_bins) + 1))
+        edges = np.percentile(probs, np.linspace(0.0, 1.0, int(n_bins) + 1) * 100.0)
     else:
         raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
     bins = np.searchsorted(edges[1:-1], probs, side="left")
