@@ -393,3 +393,21 @@ def test_bad_input_names_the_argument_and_changes_nothing() -> None:
     with pytest.raises((TypeError, ValueError), match="batch_size"):
         policy.on_verify_complete([1], -3)
     assert policy.counters.decisions == 0 and policy.estimator.to_bytes() == state
+
+
+def test_importing_the_module_imports_no_sglang_and_install_checks_options_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, av_core.sglang; assert not any(m.startswith('sglang') for m in sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    from av_core import sglang
+
+    with pytest.raises(TypeError, match="not CostAwarePolicy options"):
+        sglang.install(cost_tables=flat_tables(4), hysterisis=0.1)
+    monkeypatch.delenv(sglang.ENV_COSTS, raising=False)
+    with pytest.raises(ValueError, match="AV_CORE_SGLANG_COSTS"):
+        sglang.install()
+    assert sglang.installed() == []

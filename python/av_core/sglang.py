@@ -22,7 +22,9 @@ the one with the most expected tokens per millisecond:
   with a draft-cost-by-depth table: ``C(s) = draft(B, s) + verify[B·(s + 1)]`` (SGLang verifies
   every drafted token, ``s + 1`` per request with ``topk = 1``), and
   ``E(s) = B·(1 + S_1 + … + S_s)`` with ``S_j = p_1⋯p_j``. It picks the first ``s`` maximising
-  ``E/C``; 0 (no speculation) when drafting does not pay.
+  ``E/C``; 0 (no speculation) when drafting does not pay. (av_core's batch depth rule,
+  ``choose_draft_depth``, in the form SGLang runs: no verification budget below ``B·s``, only the
+  candidate steps that have runtime states.)
 - **Hysteresis**: it keeps the step it runs unless another candidate's ``E/C`` is more than
   ``hysteresis`` (relative, default 2%) above it, so it does not flap between runtime states.
 - **Probes**: at ``s`` steps positions past ``s`` get no verdicts (at 0, none at all). Once every
@@ -790,6 +792,17 @@ def install(cost_tables: CostTables | None = None, **options: Any) -> list[str]:
         return [f"{WORKER_MODULE}.{entry.attribute}" for entry in _installed]
     if cost_tables is not None and not isinstance(cost_tables, CostTables):
         raise TypeError(f"cost_tables must be av_core.CostTables, got {type(cost_tables)!r}")
+    accepted = set(inspect.signature(CostAwarePolicy).parameters) - {
+        "cost_tables",
+        "candidate_steps",
+        "initial_steps",
+    }
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise TypeError(
+            f"install: {unknown} are not CostAwarePolicy options ({sorted(accepted)}); "
+            "nothing was patched"
+        )
     if cost_tables is None and not os.environ.get(ENV_COSTS):
         raise ValueError(
             f"av_core's SGLang policy needs cost tables: pass install(cost_tables=...) or set "
