@@ -14,7 +14,10 @@ assigns it with the current ones, and the estimator observes the verdicts of wha
 so trimming shapes the labels it learns from, as in serving; and AV with drafting-depth control
 (``AV+D``: one depth for the batch, ``AV+Dr``: a depth per request), where the planner first
 decides how far to draft (``choose_draft_depth``, from the remembered confidences) and only the
-drafted positions are paid for and planned. The model is documented in ``docs/simulate.md``.
+drafted positions are paid for and planned. With ``peers``, the other engines' policies on the
+same rounds and costs (SGLang's EMA tiers, TensorRT-LLM's ``draft_len_schedule``, vLLM's adaptive
+verification; :mod:`av_core.peers`) and the hindsight oracle every policy is bounded by
+(:func:`simulate_oracle`). The model is documented in ``docs/simulate.md``.
 """
 
 from __future__ import annotations
