@@ -95,6 +95,18 @@ def _depth_modes(text: str) -> tuple[DepthControl, ...]:
     return tuple(modes)
 
 
+def _trt_schedule(text: str | None) -> dict[int, int] | None:
+    """``--trt-schedule 4:4,8:2,32:1`` → TensorRT-LLM's batch size → draft length schedule."""
+    if text is None:
+        return None
+    from av_core.peers import parse_trt_schedule
+
+    try:
+        return parse_trt_schedule(text)
+    except ValueError as error:
+        raise SystemExit(f"av-core simulate: --trt-schedule: {error}") from None
+
+
 def _simulate(args: argparse.Namespace) -> int:
     """Serving simulation: adaptive verification against fixed K at several concurrencies."""
     from av_core.simulate import parse_concurrency, simulate_trace
@@ -112,13 +124,18 @@ def _simulate(args: argparse.Namespace) -> int:
         exploration=args.exploration,
         depth_control=_depth_modes(args.depth_control),
         memory=args.memory,
+        peers=args.peers,
+        trt_schedule=_trt_schedule(args.trt_schedule),
     )
     print(simulation.to_text())
     if args.markdown:
-        from av_core.simulate import format_markdown
+        from av_core.simulate import format_markdown, format_peers_markdown
 
         print()
         print(format_markdown(simulation))
+        if args.peers:
+            print()
+            print(format_peers_markdown(simulation))
 
     def make(directory: Path) -> list[Path]:
         from av_core.plots import simulation_plots
@@ -410,6 +427,19 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--no-plots", action="store_true", help="tables only")
     simulate.add_argument(
         "--markdown", action="store_true", help="also print the summary as a Markdown table"
+    )
+    simulate.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run the other engines' policies (SGLang's EMA tiers, TensorRT-LLM's "
+        "draft_len_schedule, vLLM's adaptive verification) and the hindsight oracle",
+    )
+    simulate.add_argument(
+        "--trt-schedule",
+        default=None,
+        metavar="BATCH:LEN,...",
+        help="with --peers: TensorRT-LLM's draft_len_schedule, batch-size threshold : draft "
+        "length (default 4:4,8:2,32:1; larger batches do not speculate)",
     )
     simulate.set_defaults(handler=_simulate)
 

@@ -14,14 +14,18 @@ assigns it with the current ones, and the estimator observes the verdicts of wha
 so trimming shapes the labels it learns from, as in serving; and AV with drafting-depth control
 (``AV+D``: one depth for the batch, ``AV+Dr``: a depth per request), where the planner first
 decides how far to draft (``choose_draft_depth``, from the remembered confidences) and only the
-drafted positions are paid for and planned. The model is documented in ``docs/simulate.md``.
+drafted positions are paid for and planned. With ``peers``, the other engines' policies on the
+same rounds and costs (SGLang's EMA tiers, TensorRT-LLM's ``draft_len_schedule``, vLLM's adaptive
+verification; :mod:`av_core.peers`) and the hindsight oracle every policy is bounded by
+(:func:`simulate_oracle`). The model is documented in ``docs/simulate.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -31,6 +35,7 @@ import numpy.typing as npt
 
 from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
 from av_core.evaluate import DraftRounds
+from av_core.peers import TRT_DEFAULT_SCHEDULE, EmaTierPolicy, trt_draft_length
 from av_core.trace import DraftTrace
 
 FloatArray = npt.NDArray[np.float64]
@@ -42,6 +47,9 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DepthControl = Literal["batch", "per_request"]
 #: Policy names of adaptive verification without and with depth control.
 ADAPTIVE_POLICIES = {None: "AV", "batch": "AV+D", "per_request": "AV+Dr"}
+#: The peers' policies ``simulate_trace(peers=True)`` adds, in column order, and the oracle.
+PEER_POLICIES = ("SGL-EMA", "TRT", "vLLM-AV")
+ORACLE = "oracle"
 
 
 @dataclass(frozen=True)
@@ -427,6 +435,242 @@ def simulate_adaptive(
     )
 
 
+def simulate_sglang_ema(
+    rounds: DraftRounds,
+    streams: RoundStreams,
+    cost: CostModel,
+    drafter: DrafterKind,
+    *,
+    measure_from: int = 0,
+    parallel_pass_tokens: PassTokens = "requests",
+    policy: EmaTierPolicy | None = None,
+) -> PolicyResult:
+    """SGLang's EMA-tier adaptive speculation (:class:`~av_core.peers.EmaTierPolicy`, its default
+    configuration unless ``policy`` is given, candidate steps above K clipped to K): before each
+    step the batch's tier gives the step count s, every request drafts and verifies
+    ``min(s, drafted)`` positions (SGLang verifies the whole chain), and the tier's EMA is fed
+    the accepted counts. Charged like a fixed K = s step."""
+    steps, num_requests = streams.rounds.shape
+    num_positions = rounds.num_positions
+    if policy is None:
+        policy = EmaTierPolicy(max_steps=num_positions)
+    tokens = 0
+    time_ms = 0.0
+    verified_total = 0
+    for step in range(steps):
+        index = streams.rounds[step]
+        k = min(policy.steps_for(num_requests), num_positions)
+        drafted = np.minimum(rounds.num_drafted[index], k)
+        accepted = np.minimum(rounds.num_accepted[index], drafted)
+        policy.update(accepted.tolist(), num_requests)
+        if step >= measure_from:
+            total = int(drafted.sum())
+            tokens += int(accepted.sum()) + num_requests
+            time_ms += draft_cost_ms(
+                cost, drafter, num_requests, int(drafted.max(initial=0)), parallel_pass_tokens
+            ) + float(cost.verify_ms(num_requests + total))
+            verified_total += total
+    return PolicyResult(
+        PEER_POLICIES[0],
+        num_requests,
+        steps - measure_from,
+        tokens,
+        time_ms,
+        verified_total,
+        verified_total,
+    )
+
+
+def simulate_trt_schedule(
+    rounds: DraftRounds,
+    streams: RoundStreams,
+    cost: CostModel,
+    drafter: DrafterKind,
+    schedule: Mapping[int, int] | None = None,
+    *,
+    measure_from: int = 0,
+    parallel_pass_tokens: PassTokens = "requests",
+) -> PolicyResult:
+    """TensorRT-LLM's ``draft_len_schedule`` (:func:`~av_core.peers.trt_draft_length`; default
+    ``{4: 4, 8: 2, 32: 1}``): the batch size alone fixes the draft length, so with R requests in
+    flight it is fixed K = the schedule's length at R (capped at K)."""
+    schedule = TRT_DEFAULT_SCHEDULE if schedule is None else schedule
+    num_requests = streams.rounds.shape[1]
+    k = min(trt_draft_length(schedule, num_requests), rounds.num_positions)
+    result = simulate_fixed(rounds, streams, k, cost, drafter, measure_from, parallel_pass_tokens)
+    return dataclasses.replace(result, policy=PEER_POLICIES[1])
+
+
+def _lower_convex_envelope(values: FloatArray) -> FloatArray:
+    """The greatest convex function below ``values[i]`` at ``x = i``, at the same points."""
+    hull: list[int] = []
+    for i in range(values.shape[0]):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # b is not below the segment a-i: it is not a vertex of the lower hull.
+            if (values[b] - values[a]) * (i - a) >= (values[i] - values[a]) * (b - a):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return np.asarray(np.interp(np.arange(values.shape[0]), hull, values[hull]))
+
+
+@dataclass(frozen=True)
+class _OracleDrafting:
+    """The least drafting cost of ``n`` drafts that are all accepted, per distinct step."""
+
+    pass_ms: FloatArray  # [R + 1]: one drafter pass over m requests (m = 0: no pass)
+    exact: bool  # False when an autoregressive pass cost had to be convexified (a bound)
+
+
+def _oracle_drafting(
+    cost: CostModel, drafter: DrafterKind, num_requests: int, parallel_pass_tokens: PassTokens
+) -> _OracleDrafting:
+    m = np.arange(num_requests + 1)
+    pass_ms = np.asarray(cost.draft_pass_ms(m), dtype=np.float64)
+    pass_ms[0] = 0.0
+    exact = True
+    if drafter == "autoregressive" and num_requests >= 2:
+        envelope = _lower_convex_envelope(pass_ms[1:])
+        scale = max(float(np.abs(pass_ms[1:]).max()), 1.0)
+        exact = bool(np.all(pass_ms[1:] - envelope <= 1e-12 * scale))
+        pass_ms[1:] = envelope
+    return _OracleDrafting(pass_ms, exact)
+
+
+def _least_drafting_ms(
+    accepted: IntArray,
+    num_positions: int,
+    drafting: _OracleDrafting,
+    cost: CostModel,
+    drafter: DrafterKind,
+    parallel_pass_tokens: PassTokens,
+) -> FloatArray:
+    """``G[n]`` for ``n = 0..Σ accepted``: the cheapest drafting of ``n`` positions of which
+    every one is accepted (request r drafts d_r <= accepted[r], Σ d_r = n).
+
+    Autoregressive: pass j runs over the requests drafting at least j positions. With at most
+    ``c_j = #{accepted >= j}`` rows in pass j and rows ordered by the requests' accepted counts,
+    any row counts ``R_j <= c_j`` are realisable (sorted descending they still fit), so for D
+    passes the cost is ``Σ_{j<=D} pass(R_j)``; with a convex pass cost (GpuLikeCost, or the
+    convex envelope of a measured one: a lower bound) the cheapest split of n rows takes the
+    cheapest marginal rows first, level m of a pass costing ``pass(m) - pass(m-1)`` and being
+    available in ``min(D, #{j: c_j >= m})`` passes. Parallel: one pass over the fewest requests
+    whose accepted counts reach n (``requests``), or over the n drafted tokens (``drafts``)."""
+    total = int(accepted.sum())
+    n = np.arange(total + 1)
+    pass_ms = drafting.pass_ms
+    if drafter == "parallel":
+        if parallel_pass_tokens == "drafts":
+            out = np.asarray(cost.draft_pass_ms(n), dtype=np.float64)
+            out[0] = 0.0
+            return out
+        reach = np.cumsum(np.sort(accepted)[::-1])
+        fewest = np.searchsorted(reach, n, side="left") + 1
+        fewest[0] = 0
+        return np.asarray(pass_ms[fewest])
+    counts = (accepted[:, None] >= np.arange(1, num_positions + 1)[None, :]).sum(axis=0)
+    best = np.full(total + 1, np.inf)
+    best[0] = 0.0
+    levels = np.arange(2, accepted.shape[0] + 1)  # row m of a pass, m >= 2
+    marginal = pass_ms[2:] - pass_ms[1:-1]  # non-decreasing: the pass cost is convex
+    passes_reaching = num_positions - np.searchsorted(np.sort(counts), levels, side="left")
+    for depth in range(1, num_positions + 1):
+        if counts[depth - 1] < 1:
+            break
+        # Rows beyond the first of each pass, cheapest (lowest level) first.
+        rows = np.repeat(marginal, np.minimum(depth, passes_reaching))
+        ms = depth * pass_ms[1] + np.concatenate([[0.0], np.cumsum(rows)])
+        span = slice(depth, depth + ms.shape[0])
+        best[span] = np.minimum(best[span], ms)
+    return best
+    levels = np.arange(2, accepted.shape[0] + 1)  # row m of a pass, m >= 2
+    marginal = np.concatenate([pass_ms[2:] - pass_ms[1:-1], [0.0]])  # padded: safe to index
+    passes_reaching = (counts[None, :] >= levels[:, None]).sum(axis=1)  # #{j: c_j >= m}
+    for depth in range(1, num_positions + 1):
+        if counts[depth - 1] < 1:
+            break
+        available = np.minimum(depth, passes_reaching)
+        cum_rows = np.concatenate([[0], np.cumsum(available)])
+        cum_ms = np.concatenate([[0.0], np.cumsum(available * marginal[:-1])])
+        extra = np.arange(int(counts[:depth].sum()) - depth + 1)  # rows beyond one per pass
+        level = np.searchsorted(cum_rows, extra, side="left")  # first level reaching `extra`
+        below = np.maximum(level - 1, 0)
+        ms = cum_ms[below] + (extra - cum_rows[below]) * marginal[np.maximum(level - 1, 0)]
+        ms = np.where(extra == 0, 0.0, ms)
+        drafted = depth + extra
+        best[drafted] = np.minimum(best[drafted], depth * pass_ms[1] + ms)
+    return best
+
+
+def simulate_oracle(
+    rounds: DraftRounds,
+    streams: RoundStreams,
+    cost: CostModel,
+    drafter: DrafterKind,
+    *,
+    measure_from: int = 0,
+    parallel_pass_tokens: PassTokens = "requests",
+) -> PolicyResult:
+    """The hindsight oracle: it knows every round's verdicts, drafts and verifies only drafts
+    the target accepts (never a rejected one), and picks per step how many of them, so as to
+    maximise total tokens over total time on the measured steps.
+
+    Every policy here drafts and verifies per step; removing its rejected drafts and the drafts
+    it drafted but did not verify keeps its tokens and does not raise its cost, so its steps are
+    among the oracle's choices and none can beat it on the same rounds and costs. Verifying
+    *every* accepted draft is not the bound: once verification is compute-bound an accepted
+    draft costs more than the step's average token. The best ratio of sums over independent
+    per-step choices is found exactly by Dinkelbach's iteration (each step maximises
+    tokens − λ·time; λ ← the resulting ratio; it stops when λ no longer rises). With an
+    autoregressive drafter whose measured pass cost is not convex in the batch it prices passes
+    on the convex envelope: still a bound, possibly not reachable; the policy is then named
+    ``oracle*``."""
+    index = streams.rounds[measure_from:]
+    steps, num_requests = index.shape
+    accepted = np.minimum(rounds.num_accepted[index], rounds.num_drafted[index])
+    drafting = _oracle_drafting(cost, drafter, num_requests, parallel_pass_tokens)
+    width = int(accepted.sum(axis=1).max(initial=0)) + 1
+    # Steps with the same multiset of accepted counts have the same choices: solve each once.
+    distinct, which = np.unique(np.sort(accepted, axis=1), axis=0, return_inverse=True)
+    verify = np.asarray(cost.verify_ms(num_requests + np.arange(width)), dtype=np.float64)
+    distinct_ms = np.full((distinct.shape[0], width), np.inf)
+    for row in range(distinct.shape[0]):
+        g = _least_drafting_ms(
+            distinct[row],
+            rounds.num_positions,
+            drafting,
+            cost,
+            drafter,
+            parallel_pass_tokens,
+        )
+        distinct_ms[row, : g.shape[0]] = g + verify[: g.shape[0]]
+    cost_of = distinct_ms[which.reshape(-1)]
+    gain = num_requests + np.arange(width, dtype=np.float64)
+    chosen = np.zeros(steps, dtype=np.int64)
+    rate = (num_requests * steps) / float(cost_of[:, 0].sum())
+    while True:
+        value = gain[None, :] - rate * cost_of
+        pick = np.argmax(value, axis=1)
+        picked_ms = float(cost_of[np.arange(steps), pick].sum())
+        picked_tokens = float(gain[pick].sum())
+        new_rate = picked_tokens / picked_ms
+        if new_rate <= rate * (1.0 + 1e-15):
+            break
+        rate, chosen = new_rate, pick
+    verified = int(chosen.sum())
+    return PolicyResult(
+        ORACLE if drafting.exact else ORACLE + "*",
+        num_requests,
+        steps,
+        int(num_requests * steps + verified),
+        float(cost_of[np.arange(steps), chosen].sum()),
+        verified,
+        verified,
+    )
+
+
 @dataclass(frozen=True)
 class Simulation:
     """Results of every policy at every concurrency."""
@@ -456,8 +700,19 @@ class Simulation:
         first = next(iter(self.results.values()))
         return [r.policy for r in first if r.policy.startswith("AV")]
 
+    def result(self, concurrency: int, policy: str) -> PolicyResult:
+        """The result of ``policy`` (any name in the row) at ``concurrency``."""
+        return next(r for r in self.results[concurrency] if r.policy == policy)
+
+    @property
+    def has_peers(self) -> bool:
+        """Whether the peers' policies and the oracle were simulated (``peers=True``)."""
+        first = next(iter(self.results.values()))
+        return any(r.policy.startswith(ORACLE) for r in first)
+
     def to_text(self) -> str:
-        return format_simulation(self)
+        text = format_simulation(self)
+        return text + "\n\n" + format_peers(self) if self.has_peers else text
 
 
 def simulate_trace(
@@ -475,10 +730,16 @@ def simulate_trace(
     depth_control: Sequence[DepthControl] = ("batch", "per_request"),
     memory: float | None = None,
     progress: Callable[[str], None] | None = None,
+    peers: bool = False,
+    trt_schedule: Mapping[int, int] | None = None,
 ) -> Simulation:
     """Runs every policy at every concurrency on the same round streams (paired comparison):
     fixed K = 0..K, AV, and AV with each drafting-depth mode in ``depth_control``. ``memory``
-    sets the estimator's memory across rounds (``None``: the estimator's default)."""
+    sets the estimator's memory across rounds (``None``: the estimator's default). With
+    ``peers``, also the other engines' policies (:data:`PEER_POLICIES`: SGLang's EMA tiers,
+    TensorRT-LLM's ``draft_len_schedule`` (``trt_schedule``, default ``{4: 4, 8: 2, 32: 1}``),
+    vLLM's adaptive verification: AV with vLLM's memoryless update and no exploration floor)
+    and the hindsight oracle."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if warmup_steps < 0:
@@ -509,6 +770,51 @@ def simulate_trace(
                     exploration=exploration,
                     depth_control=mode,
                     memory=memory,
+                )
+            )
+        if peers:
+            row.append(
+                simulate_sglang_ema(
+                    rounds,
+                    streams,
+                    cost,
+                    drafter,
+                    measure_from=warmup_steps,
+                    parallel_pass_tokens=parallel_pass_tokens,
+                )
+            )
+            row.append(
+                simulate_trt_schedule(
+                    rounds,
+                    streams,
+                    cost,
+                    drafter,
+                    trt_schedule,
+                    measure_from=warmup_steps,
+                    parallel_pass_tokens=parallel_pass_tokens,
+                )
+            )
+            vllm = simulate_adaptive(
+                rounds,
+                features,
+                streams,
+                cost,
+                drafter,
+                measure_from=warmup_steps,
+                refit_interval=refit_interval,
+                parallel_pass_tokens=parallel_pass_tokens,
+                exploration=0.0,
+                memory=0.0,
+            )
+            row.append(dataclasses.replace(vllm, policy=PEER_POLICIES[2]))
+            row.append(
+                simulate_oracle(
+                    rounds,
+                    streams,
+                    cost,
+                    drafter,
+                    measure_from=warmup_steps,
+                    parallel_pass_tokens=parallel_pass_tokens,
                 )
             )
         results[r] = row
@@ -587,6 +893,114 @@ def format_simulation(simulation: Simulation) -> str:
     return "\n".join(lines)
 
 
+def _oracle(simulation: Simulation, concurrency: int) -> PolicyResult:
+    return next(r for r in simulation.results[concurrency] if r.policy.startswith(ORACLE))
+
+
+def _av_core(simulation: Simulation) -> str:
+    """The av_core policy the peers are compared with: AV+D when simulated, else AV."""
+    return "AV+D" if "AV+D" in simulation.adaptive_policies else "AV"
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """One concurrency of the peers' comparison: throughputs relative to the best fixed K
+    (no speculation included)."""
+
+    concurrency: int
+    best_fixed: PolicyResult
+    relative: dict[str, float]  # policy -> throughput / best fixed K (K = 0 included)
+    av_core: str
+    oracle: str
+
+    @property
+    def av_core_of_oracle(self) -> float:
+        return self.relative[self.av_core] / self.relative[self.oracle]
+
+    @property
+    def av_core_of_best_other(self) -> float:
+        """av_core against the best of every other policy but the oracle (fixed K included)."""
+        others = [v for k, v in self.relative.items() if k not in (self.av_core, self.oracle)]
+        return self.relative[self.av_core] / max([1.0, *others])
+
+
+def peer_rows(simulation: Simulation) -> list[PeerRow]:
+    """The comparison of ``format_peers``, per concurrency (needs ``peers=True``)."""
+    if not simulation.has_peers:
+        raise ValueError("simulation has no peers' policies: run simulate_trace(peers=True)")
+    av_core = _av_core(simulation)
+    rows = []
+    for concurrency in simulation.results:
+        best = simulation.best_fixed(concurrency, min_k=0)
+        oracle = _oracle(simulation, concurrency)
+        names = [*PEER_POLICIES, av_core, oracle.policy]
+        relative = {
+            name: simulation.result(concurrency, name).throughput / best.throughput
+            for name in names
+        }
+        rows.append(PeerRow(concurrency, best, relative, av_core, oracle.policy))
+    return rows
+
+
+def format_peers(simulation: Simulation) -> str:
+    """The peers' policies, av_core's and the oracle, each over the best fixed K (no
+    speculation included), av_core's fraction of the oracle and av_core over the best other."""
+    rows = peer_rows(simulation)
+    names = list(rows[0].relative)
+    lines = [
+        "peers: throughput over the best fixed K (K = 0 included), same rounds and costs",
+        f"{'R':>5}{'best fixed':>18}"
+        + "".join(f"{n:>9}" for n in names)
+        + f"{rows[0].av_core + '/oracle':>13}{rows[0].av_core + '/other':>12}",
+    ]
+    for row in rows:
+        best = f"{row.best_fixed.throughput:.4g} ({row.best_fixed.policy})"
+        lines.append(
+            f"{row.concurrency:>5}{best:>18}"
+            + "".join(f"{row.relative[n]:>9.3f}" for n in names)
+            + f"{row.av_core_of_oracle:>13.3f}{row.av_core_of_best_other:>12.3f}"
+        )
+    lines.append(
+        "SGL-EMA: SGLang's EMA tiers (default configuration, steps above K clipped to K); TRT: "
+        "TensorRT-LLM's draft_len_schedule; vLLM-AV: adaptive verification with vLLM's "
+        "memoryless update and no exploration floor; oracle: the hindsight bound (verifies only "
+        "accepted drafts, the best number per step). X/other: against the best policy but the "
+        "oracle, fixed K included."
+    )
+    return "\n".join(lines)
+
+
+def format_peers_markdown(simulation: Simulation, label: str = "") -> str:
+    """:func:`format_peers` as Markdown rows (``label`` fills a leading column when given)."""
+    rows = peer_rows(simulation)
+    av_core = rows[0].av_core
+    lead = ["trace / drafter"] if label else []
+    head = [
+        *lead,
+        "R",
+        "best fixed K (tok/ms)",
+        "SGLang-EMA",
+        "TRT schedule",
+        "vLLM AV",
+        f"av_core ({av_core})",
+        "oracle",
+        "av_core / oracle",
+        "av_core / best other",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [
+            *([label] if label else []),
+            str(row.concurrency),
+            f"{row.best_fixed.throughput:.4g} ({row.best_fixed.policy})",
+            *(f"{row.relative[name]:.3f}" for name in (*PEER_POLICIES, av_core, row.oracle)),
+            f"{row.av_core_of_oracle:.3f}",
+            f"{row.av_core_of_best_other:.3f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def format_markdown(simulation: Simulation) -> str:
     """A Markdown table per concurrency: no speculation, the best fixed K >= 1, each adaptive
     policy, and each against the best fixed K (K = 0 included), in tokens per ms."""
@@ -631,6 +1045,9 @@ def parse_concurrency(text: str) -> list[int]:
 
 __all__ = [
     "ADAPTIVE_POLICIES",
+    "ORACLE",
+    "PEER_POLICIES",
+    "PeerRow",
     "DEFAULT_CONCURRENCY",
     "DepthControl",
     "AdaptiveTrace",
@@ -645,11 +1062,17 @@ __all__ = [
     "cost_tables_for",
     "draft_cost_ms",
     "format_markdown",
+    "format_peers",
+    "format_peers_markdown",
     "format_simulation",
     "parse_concurrency",
+    "peer_rows",
     "round_streams",
     "simulate_adaptive",
     "simulate_fixed",
+    "simulate_oracle",
+    "simulate_sglang_ema",
     "simulate_trace",
+    "simulate_trt_schedule",
     "step_draft_cost_ms",
 ]
