@@ -26,6 +26,8 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+import distributed_scenarios as scenarios  # noqa: E402
+
 from av_core import AcceptanceEstimator  # noqa: E402
 from av_core.distributed import (  # noqa: E402
     NUM_LIMBS,
@@ -34,8 +36,6 @@ from av_core.distributed import (  # noqa: E402
     pool_round,
     round_limbs,
 )
-
-import distributed_scenarios as scenarios  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

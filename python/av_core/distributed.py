@@ -142,15 +142,9 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
         )
     summed = _reduce(torch.from_numpy(round_limbs(local)), group, dist.ReduceOp.SUM)
     pooled = limbs_to_round(summed.numpy(), bits)
-    others = {"fraction_bits": bits}
-    others.update(
-        {
-            name: [
-                int(total) - int(mine)
-                for total, mine in zip(pooled[name], local[name], strict=True)
-            ]
-            for name in STAT_COLUMNS
-        }
-    )
+    others: dict[str, Any] = {"fraction_bits": bits}
+    for name in STAT_COLUMNS:
+        pairs = zip(pooled[name], local[name], strict=True)
+        others[name] = [int(total) - int(mine) for total, mine in pairs]
     estimator.add_round_stats(others)
     return pooled

@@ -39,6 +39,7 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
         'av_core.vllm needs PyTorch, an optional dependency: pip install "av_core[torch]"'
     ) from error
 
+from av_core import vllm_metrics
 from av_core._native import AcceptanceEstimator
 from av_core.features import draft_log_odds
 
@@ -558,6 +559,11 @@ class OnlineAcceptanceEstimator:
         the device). ``slope``/``intercepts`` are their float32 copies on ``device``."""
         return self._native.slope, self._native.intercepts
 
+    def round_stats(self) -> dict[str, Any]:
+        """The open round's exact statistics as folded so far (``state_dict()["round_stats"]``
+        of the native estimator; staged verdicts still in flight are not in it)."""
+        return self._native.state_dict()["round_stats"]  # type: ignore[no-any-return]
+
     def on_refit(self, callback: Callable[[OnlineAcceptanceEstimator], None]) -> None:
         """Calls ``callback(self)`` after every refit (on the thread that runs :meth:`step`);
         warm restarts (:mod:`av_core.vllm_state`) save through it. A callback that raises is
@@ -604,7 +610,11 @@ class OnlineAcceptanceEstimator:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"state[{name!r}] must be an int >= 0, got {value!r}")
         self.flush()
-        self._native = native
+        recorder = self._recorder
+        with contextlib.nullcontext() if recorder is None else recorder.state_lock():
+            self._native = native
+            if recorder is not None:
+                recorder.restored(native.state_dict()["round_stats"])
         self._steps_since_refit, self._refits = steps, refits
         self._upload()
 
@@ -723,20 +733,24 @@ class OnlineAcceptanceEstimator:
         """One damped Newton step on the round's statistics (then cleared), with the instance's
         L2 and DAMPING_OBSERVATIONS, on the round pooled over ``process_group`` if one is set;
         the new coefficients go to the device in place."""
-        native = self._native
-        l2, damping = float(self.L2), float(self.DAMPING_OBSERVATIONS)
-        if native.l2 != l2 or native.damping != damping:
-            state = native.state_dict()
-            state["config"] = {**state["config"], "l2": l2, "damping": damping}
-            native = self._native = AcceptanceEstimator.from_state_dict(state)
-        if self.process_group is not None:
-            from av_core.distributed import pool_round
+        recorder = self._recorder
+        # With metrics on, their fold must not read the round while it changes hands.
+        with contextlib.nullcontext() if recorder is None else recorder.state_lock():
+            native = self._native
+            l2, damping = float(self.L2), float(self.DAMPING_OBSERVATIONS)
+            if native.l2 != l2 or native.damping != damping:
+                state = native.state_dict()
+                state["config"] = {**state["config"], "l2": l2, "damping": damping}
+                native = self._native = AcceptanceEstimator.from_state_dict(state)
+            own = None if recorder is None else native.state_dict()["round_stats"]
+            if self.process_group is not None:
+                from av_core.distributed import pool_round
 
-            pool_round(native, self.process_group)
-        if self._recorder is None:
-            native.refit()
-        else:
-            self._recorder.refitted(native.refit(report=True))
+                pool_round(native, self.process_group)
+            if recorder is None:
+                native.refit()
+            else:
+                recorder.round_closed(own, native.refit(report=True))
         self._refits += 1
         self._upload()
         for callback in list(self._refit_listeners):
@@ -765,8 +779,6 @@ class OnlineAcceptanceEstimator:
 
 def _metrics_recorder(estimator: OnlineAcceptanceEstimator) -> Any:
     """The estimator's metrics recorder, or None when metrics are off (or cannot start)."""
-    from av_core import vllm_metrics
-
     if not vllm_metrics.enabled():
         return None
     device = estimator.device
@@ -968,6 +980,60 @@ def batch_draft_budget(
             ``(draft_ms, verify_ms)`` pair, or an ``av_core.CostTables``.
         max_total_logits, num_bonus_tokens: the sampler's logits cap and bonus tokens per request.
     """
+    metrics = vllm_metrics.current()
+    if metrics is None:
+        return _batch_draft_budget(
+            num_tokens_per_req,
+            draft_tokens,
+            req_id_to_index,
+            stale_confidences,
+            num_computed_tokens,
+            prefill_len,
+            cost_tables,
+            max_total_logits,
+            num_bonus_tokens,
+        )
+    started = time.perf_counter()
+    plan = _batch_draft_budget(
+        num_tokens_per_req,
+        draft_tokens,
+        req_id_to_index,
+        stale_confidences,
+        num_computed_tokens,
+        prefill_len,
+        cost_tables,
+        max_total_logits,
+        num_bonus_tokens,
+    )
+    cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
+    metrics.host_time("budget", time.perf_counter() - started)
+    metrics.budget_chosen(plan.draft_budget, cost)
+    return plan
+
+
+def _predicted_cost_ms(cost_tables: Any, num_reqs: int, num_tokens: int) -> float | None:
+    """``draft_ms[R] + verify_ms[T + b]``: the planner's cost of the step it chose (metrics)."""
+    if isinstance(cost_tables, tuple) and len(cost_tables) == 2:
+        draft_ms, verify_ms = cost_tables
+    else:
+        native = _native_cost_tables(cost_tables)
+        draft_ms, verify_ms = native.draft_ms, native.verify_ms
+    if num_reqs >= len(draft_ms) or num_tokens >= len(verify_ms):
+        return None
+    return float(draft_ms[num_reqs]) + float(verify_ms[num_tokens])
+
+
+def _batch_draft_budget(
+    num_tokens_per_req: Mapping[str, int],
+    draft_tokens: Mapping[str, Sequence[int]],
+    req_id_to_index: Mapping[str, int],
+    stale_confidences: npt.NDArray[Any],
+    num_computed_tokens: npt.NDArray[Any],
+    prefill_len: npt.NDArray[Any],
+    cost_tables: Any,
+    max_total_logits: int,
+    num_bonus_tokens: int,
+) -> BatchDraftBudget:
     req_ids = list(num_tokens_per_req)
     num_reqs = len(req_ids)
     scheduled_tokens = np.fromiter(num_tokens_per_req.values(), dtype=np.int64, count=num_reqs)

@@ -14,12 +14,12 @@ Every metric is named ``av_core_*`` and labeled ``rank`` (the ``torch.distribute
 ``RANK``, else 0), and ``position`` (the draft position) where it applies; the list and what to
 do when one goes bad are in ``docs/operations.md``.
 
-**Cost.** Nothing when off: the drop-ins hold ``None`` and test it. When on, the serving loop
-only appends the host arrays it already has (the verdicts folded into the estimator, the
-budget, the depth, a few ``perf_counter`` readings) to a list; every ``AV_CORE_METRICS_INTERVAL``
-seconds (default 1) the step that notices folds the list into the Prometheus values in one
-vectorised pass. Nothing reads the device: the verdicts are the host copies the estimator
-folds anyway. ``benches/bench_vllm_metrics.py`` measures the cost per step.
+**Cost.** Nothing when off: the drop-ins hold ``None`` and test it. When on, the serving thread
+only appends references to host arrays it already has (the verdicts it folds into the
+estimator anyway), the budget, the depth and a few ``perf_counter`` readings to a queue, with no
+lock; a daemon thread drains the queue into the Prometheus values every
+``AV_CORE_METRICS_INTERVAL`` seconds (default 1). Nothing reads the device.
+``benches/bench_vllm_metrics.py`` measures the cost per step.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import logging
 import math
 import os
 import threading
-import time
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +56,7 @@ __all__ = [
     "METRIC_NAMES",
     "EstimatorRecorder",
     "ProcessMetrics",
+    "current",
     "enabled",
     "process_metrics",
     "reset",
@@ -82,6 +83,7 @@ COST_BUCKETS_MS = (1, 2, 5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000)
 HOST_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
 #: Equal-width bins of the rolling ECE (av_core.metrics' default).
 _ECE_BINS = 15
+
 
 #: Every metric this module exports (as the exposition names them, counters with ``_total``).
 METRIC_NAMES = (
@@ -180,20 +182,47 @@ class _LocalHistogram:
         self.total = 0.0
 
 
+def _columns(round_stats: dict[str, Any]) -> tuple[npt.NDArray[np.int64], list[int]]:
+    return np.asarray(round_stats["n"], dtype=np.int64), [int(v) for v in round_stats["g1"]]
+
+
 @dataclass
 class EstimatorRecorder:
-    """The per-step record of one estimator: the verdict arrays it folded, kept by reference
-    until the next fold (the estimator makes them fresh each step)."""
+    """What the fold keeps for one estimator.
+
+    Labeled drafts and the sum of their predictions come from the estimator's own exact round
+    statistics: ``n_k`` counts the labeled drafts and ``g1_k = sum(y - p)``, so ``sum(p) =
+    accepted_k - g1_k``. The serving thread therefore only queues references to the host arrays
+    it folded anyway (made fresh each step); the fold thread takes every step's accepted counts
+    (for ``accepted_k``) and the last ``window`` labeled drafts' predictions (rolling log-loss and
+    ECE) from them.
+    """
 
     owner: ProcessMetrics
     num_positions: int
     source: Any  # weakref to the estimator
-    pending: list[tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]] = field(
-        default_factory=list
-    )
     drift_statistic: float = math.nan
+    # Rounds this estimator closed (its own share, before any pooling), and what the open round
+    # held when this record started (a restored state's round is not ours to count).
+    closed_n: npt.NDArray[np.int64] = field(init=False)
+    closed_g1: list[int] = field(init=False)
+    baseline_n: npt.NDArray[np.int64] = field(init=False)
+    baseline_g1: list[int] = field(init=False)
+    hits: npt.NDArray[np.int64] = field(init=False)
+    pushed_labeled: npt.NDArray[np.int64] = field(init=False)
+    pushed_hits: npt.NDArray[np.int64] = field(init=False)
+    pushed_predicted: npt.NDArray[np.float64] = field(init=False)
     pushed_refits: int = 0
     pushed_dropped: int = 0
+
+    def __post_init__(self) -> None:
+        k = self.num_positions
+        for name in ("closed_n", "baseline_n", "hits", "pushed_labeled", "pushed_hits"):
+            setattr(self, name, np.zeros(k, np.int64))
+        self.pushed_predicted = np.zeros(k, np.float64)
+        self.closed_g1, self.baseline_g1 = [0] * k, [0] * k
+
+    # -- the serving thread: queue and return --------------------------------------------------
 
     def verdicts(
         self,
@@ -201,18 +230,40 @@ class EstimatorRecorder:
         num_accepted: npt.NDArray[Any],
         num_admitted: npt.NDArray[Any],
     ) -> None:
-        """One step's labeled rows: draft-time predictions ``[R, K]`` and the counts the labels
-        come from (``k < accepted``: 1; ``k == accepted < admitted``: 0; else unlabeled)."""
-        self.pending.append((predictions, num_accepted, num_admitted))
-        self.owner.tick()
+        """One step's rows as the estimator observed them: draft-time predictions ``[R, K]``
+        and the counts the labels come from (``k < accepted``: 1; ``k == accepted < admitted``:
+        0; else unlabeled). The arrays must not be changed afterwards."""
+        self.owner.events.append((_VERDICTS, self, predictions, num_accepted, num_admitted))
 
-    def refitted(self, report: dict[str, Any] | None) -> None:
-        """A refit ran; ``report`` is the native ``refit(report=True)`` output."""
+    def state_lock(self) -> threading.Lock:
+        """Held by the estimator while its round changes hands (pooling, refit, restore), so
+        that the fold never reads a round half-closed or holding other ranks' share."""
+        return self.owner.state_lock
+
+    def round_closed(self, round_stats: dict[str, Any], report: dict[str, Any] | None) -> None:
+        """The estimator refitted on this round (``round_stats``: its own share, read before
+        any pooling; ``report``: the native ``refit(report=True)``). Call under
+        :meth:`state_lock`, after the refit."""
+        n, g1 = _columns(round_stats)
+        self.closed_n += n - self.baseline_n
+        rows = zip(self.closed_g1, g1, self.baseline_g1, strict=True)
+        self.closed_g1 = [c + v - b for c, v, b in rows]
+        self.baseline_n = np.zeros(self.num_positions, np.int64)
+        self.baseline_g1 = [0] * self.num_positions
         if report is not None:
             self.drift_statistic = float(report.get("drift_statistic", math.nan))
 
+    def restored(self, round_stats: dict[str, Any]) -> None:
+        """The estimator's state was replaced: its open round is not this record's (call under
+        :meth:`state_lock`)."""
+        self.baseline_n, self.baseline_g1 = _columns(round_stats)
+
     def host_time(self, call: str, seconds: float) -> None:
-        self.owner.host_time(call, seconds)
+        self.owner.events.append((_HOST, call, seconds))
+
+
+# Kinds of queued events (the first entry of each tuple).
+_VERDICTS, _HOST, _END_STEP, _BUDGET, _DEPTH = range(5)
 
 
 class _Exporter:
@@ -301,8 +352,9 @@ class _Exporter:
         )
         self.cost = prom.Histogram(
             "av_core_predicted_step_cost_ms",
-            "The planner's predicted cost of the step it chose, milliseconds.",
-            rank,
+            "The planner's predicted cost of the step it chose, milliseconds, by decision "
+            "(budget: the verification budget; depth: the drafting depth).",
+            ["rank", "decision"],
             buckets=COST_BUCKETS_MS,
             registry=r,
         )
@@ -349,8 +401,9 @@ class _Exporter:
 
 
 class ProcessMetrics:
-    """This process's metrics: the recorders of its estimators, the step-level histograms, and
-    the fold into the Prometheus values."""
+    """This process's metrics: a queue the serving thread appends to (``deque.append`` is
+    atomic, so no lock on that path), and a daemon thread that every ``interval`` seconds drains
+    it into the Prometheus values (:meth:`fold`; also at exit, and callable directly)."""
 
     def __init__(self, rank: int, port_offset: int) -> None:
         self.rank = rank
@@ -358,19 +411,24 @@ class ProcessMetrics:
         self.window = int(_env_number(ENV_WINDOW, DEFAULT_WINDOW, integer=True))
         self.interval = _env_number(ENV_INTERVAL, DEFAULT_INTERVAL_S, integer=False)
         self.exporter = _Exporter()
+        self.events: deque[tuple[Any, ...]] = deque()
+        self.state_lock = threading.Lock()
         self.recorders: list[EstimatorRecorder] = []
         self.budget = _LocalHistogram(BUDGET_BUCKETS)
         self.depth = _LocalHistogram(range(17))
-        self.cost = _LocalHistogram(COST_BUCKETS_MS)
+        self.cost = {name: _LocalHistogram(COST_BUCKETS_MS) for name in ("budget", "depth")}
         self.step_host = _LocalHistogram(HOST_BUCKETS_S)
         self.host_by_call: dict[str, float] = {}
         self._step_seconds = 0.0
+        self._accepted: dict[int, list[npt.NDArray[Any]]] = {}
+        self._recent: dict[int, deque[tuple[npt.NDArray[Any], ...]]] = {}
+        self._recent_rows: dict[int, int] = {}
         self._ring_p = np.zeros(self.window, dtype=np.float64)
         self._ring_y = np.zeros(self.window, dtype=np.bool_)
         self._ring_next = 0
         self._ring_fill = 0
-        self._last_fold = time.monotonic()
-        self._lock = threading.Lock()
+        self._fold_lock = threading.Lock()
+        self._stop = threading.Event()
         port = os.environ.get(ENV_PORT, "").strip()
         if port:
             try:
@@ -380,53 +438,50 @@ class ProcessMetrics:
             else:
                 host = os.environ.get(ENV_HOST, "").strip() or "127.0.0.1"
                 self.exporter.serve(base + port_offset, host)
+        self._thread = threading.Thread(target=self._run, name="av_core-metrics", daemon=True)
+        self._thread.start()
 
-    # -- recording (the serving loop) -------------------------------------------------------
+    # -- the serving thread ------------------------------------------------------------------
 
     def recorder(self, estimator: Any, num_positions: int) -> EstimatorRecorder:
         recorder = EstimatorRecorder(self, num_positions, weakref.ref(estimator))
-        self.recorders.append(recorder)
+        with self._fold_lock:
+            self.recorders.append(recorder)
         return recorder
 
     def host_time(self, call: str, seconds: float) -> None:
-        self.host_by_call[call] = self.host_by_call.get(call, 0.0) + seconds
-        self._step_seconds += seconds
+        self.events.append((_HOST, call, seconds))
 
     def end_step(self) -> None:
-        """Called at the start of each estimator step: the time of the step before is done."""
-        if self._step_seconds:
-            self.step_host.observe(self._step_seconds)
-            self._step_seconds = 0.0
+        """At the start of each estimator step: the host time queued before it was one step's."""
+        self.events.append((_END_STEP,))
 
     def budget_chosen(self, budget: int, predicted_cost_ms: float | None) -> None:
-        self.budget.observe(budget)
-        if predicted_cost_ms is not None:
-            self.cost.observe(predicted_cost_ms)
-        self.tick()
+        self.events.append((_BUDGET, budget, predicted_cost_ms))
 
     def depth_chosen(self, depth: int, predicted_cost_ms: float | None = None) -> None:
-        self.depth.observe(depth)
-        if predicted_cost_ms is not None:
-            self.cost.observe(predicted_cost_ms)
-        self.tick()
+        self.events.append((_DEPTH, depth, predicted_cost_ms))
 
-    def tick(self) -> None:
-        if time.monotonic() - self._last_fold >= self.interval:
-            self.fold()
+    # -- the fold ----------------------------------------------------------------------------
 
-    # -- the fold --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.fold()
+            except Exception:  # noqa: BLE001 - metrics must never take the server down
+                logger.warning("av_core: metrics fold failed", exc_info=True)
 
     def fold(self) -> None:
-        """Folds everything recorded into the Prometheus values (also at exit, and for tests)."""
-        with self._lock:
-            self._last_fold = time.monotonic()
+        """Drains the queue into the Prometheus values."""
+        with self._fold_lock:
+            self._drain()
             e, label = self.exporter, self.label
-            self.end_step()
             for recorder in list(self.recorders):
                 self._fold_recorder(recorder)
             self.budget.drain_into(e.budget.labels(label))
             self.depth.drain_into(e.depth.labels(label))
-            self.cost.drain_into(e.cost.labels(label))
+            for decision, histogram in self.cost.items():
+                histogram.drain_into(e.cost.labels(label, decision))
             self.step_host.drain_into(e.step_host.labels(label))
             for call, seconds in self.host_by_call.items():
                 if seconds:
@@ -438,46 +493,101 @@ class ProcessMetrics:
                 e.ece.labels(label).set(expected_calibration_error(y, p, _ECE_BINS))
             e.window.labels(label).set(self._ring_fill)
 
+    def _drain(self) -> None:
+        events, window = self.events, self.window
+        while events:
+            event = events.popleft()
+            kind = event[0]
+            if kind == _VERDICTS:
+                key = id(event[1])
+                self._accepted.setdefault(key, []).append(event[3])
+                recent = self._recent.setdefault(key, deque())
+                recent.append(event[2:])
+                # Every row observed has a label: the last `window` rows hold the window.
+                rows = self._recent_rows.get(key, 0) + event[3].shape[0]
+                while rows - recent[0][1].shape[0] >= window:
+                    rows -= recent.popleft()[1].shape[0]
+                self._recent_rows[key] = rows
+            elif kind == _HOST:
+                self.host_by_call[event[1]] = self.host_by_call.get(event[1], 0.0) + event[2]
+                self._step_seconds += event[2]
+            elif kind == _END_STEP:
+                if self._step_seconds:
+                    self.step_host.observe(self._step_seconds)
+                    self._step_seconds = 0.0
+            elif kind == _BUDGET or kind == _DEPTH:
+                (self.budget if kind == _BUDGET else self.depth).observe(event[1])
+                if event[2] is not None:
+                    self.cost["budget" if kind == _BUDGET else "depth"].observe(event[2])
+
     def _fold_recorder(self, recorder: EstimatorRecorder) -> None:
-        e, label, k = self.exporter, self.label, recorder.num_positions
-        pending, recorder.pending = recorder.pending, []
-        if pending:
-            p = np.concatenate([entry[0] for entry in pending]).astype(np.float64, copy=False)
-            accepted = np.concatenate([entry[1] for entry in pending]).astype(np.int64)
-            admitted = np.concatenate([entry[2] for entry in pending]).astype(np.int64)
-            position = np.arange(k)
-            labeled = (position <= accepted[:, None]) & (position < admitted[:, None])
-            label_1 = position < accepted[:, None]
-            counts = labeled.sum(axis=0)
-            hits = (label_1 & labeled).sum(axis=0)
-            predicted = np.where(labeled, p, 0.0).sum(axis=0)
-            for index in range(k):
-                if counts[index]:
-                    where = str(index)
-                    e.labeled.labels(label, where).inc(int(counts[index]))
-                    e.accepted.labels(label, where).inc(int(hits[index]))
-                    e.predicted.labels(label, where).inc(float(predicted[index]))
-            self._remember(p[labeled], label_1[labeled])
+        e, label, k, key = self.exporter, self.label, recorder.num_positions, id(recorder)
         estimator = recorder.source()
         if estimator is None:
             self.recorders.remove(recorder)
+            for table in (self._accepted, self._recent, self._recent_rows):
+                table.pop(key, None)
             return
+        log = self._accepted.pop(key, [])
+        if log:
+            accepted = np.minimum(np.concatenate(log).astype(np.int64), k)
+            # Rows accepting position k: accepted_r > k.
+            recorder.hits += np.cumsum(np.bincount(accepted, minlength=k + 1)[::-1])[::-1][1:]
+        # After the drain: a refit queued later has not moved its round into closed_* yet, so
+        # the counts can only lag (and catch up at the next fold), never double count.
+        with self.state_lock:
+            stats = estimator.round_stats()
+            n, g1 = _columns(stats)
+            labeled = recorder.closed_n + n - recorder.baseline_n
+            rows = zip(recorder.closed_g1, g1, recorder.baseline_g1, strict=True)
+            residual = [c + v - b for c, v, b in rows]
+        scale = float(2 ** int(stats["fraction_bits"]))
+        predicted = recorder.hits - np.asarray(residual, dtype=np.float64) / scale
+        labeled = np.maximum(labeled, recorder.pushed_labeled)
+        predicted = np.maximum(predicted, recorder.pushed_predicted)
+        for index in range(k):
+            where = str(index)
+            e.labeled.labels(label, where).inc(int(labeled[index] - recorder.pushed_labeled[index]))
+            new_hits = int(recorder.hits[index] - recorder.pushed_hits[index])
+            e.accepted.labels(label, where).inc(new_hits)
+            grown = float(predicted[index] - recorder.pushed_predicted[index])
+            e.predicted.labels(label, where).inc(grown)
+        recorder.pushed_labeled, recorder.pushed_predicted = labeled, predicted
+        recorder.pushed_hits = recorder.hits.copy()
+        recent = self._recent.pop(key, None)
+        self._recent_rows.pop(key, None)
+        if recent:
+            self._remember_recent(list(recent), k)
         slope, intercepts = estimator.host_coefficients  # host values: no device read
         e.slope.labels(label).set(float(slope))
         for index, value in enumerate(intercepts.tolist()):
             e.intercept.labels(label, str(index)).set(value)
         refits, dropped = int(estimator.num_refits), int(estimator.num_dropped_rows)
-        if refits > recorder.pushed_refits:
-            e.refits.labels(label).inc(refits - recorder.pushed_refits)
-        if dropped > recorder.pushed_dropped:
-            e.dropped.labels(label).inc(dropped - recorder.pushed_dropped)
-        recorder.pushed_refits, recorder.pushed_dropped = refits, dropped
+        # inc(0) makes the series exist (at 0) from the first fold on.
+        e.refits.labels(label).inc(max(0, refits - recorder.pushed_refits))
+        e.dropped.labels(label).inc(max(0, dropped - recorder.pushed_dropped))
+        recorder.pushed_refits = max(refits, recorder.pushed_refits)
+        recorder.pushed_dropped = max(dropped, recorder.pushed_dropped)
         if not math.isnan(recorder.drift_statistic):
             e.drift.labels(label).set(recorder.drift_statistic)
 
+    def _remember_recent(self, recent: list[tuple[npt.NDArray[Any], ...]], k: int) -> None:
+        """Moves the recent steps' labeled drafts into the window (step, row, position order)."""
+        p = np.concatenate([entry[0] for entry in recent])
+        accepted = np.concatenate([entry[1] for entry in recent]).astype(np.int64)
+        admitted = np.concatenate([entry[2] for entry in recent]).astype(np.int64)
+        # Row r labels its first L_r positions: the accepted ones and the first rejection.
+        length = np.minimum(accepted + 1, admitted)
+        # Only the last `window` labeled drafts can stay in the window.
+        from_end = np.cumsum(length[::-1])
+        start = max(length.shape[0] - int(np.searchsorted(from_end, self.window)) - 1, 0)
+        position = np.arange(k)
+        mask = position < length[start:, None]
+        ones = position < accepted[start:, None]
+        self._remember(p[start:][mask].astype(np.float64), ones[mask])
+
     def _remember(self, p: npt.NDArray[np.float64], y: npt.NDArray[np.bool_]) -> None:
-        """Appends labeled drafts to the ring of the last ``window`` (in step, row, position
-        order)."""
+        """Appends labeled drafts to the ring of the last ``window``."""
         n, size = p.shape[0], self.window
         if n >= size:
             self._ring_p[:], self._ring_y[:] = p[-size:], y[-size:]
@@ -485,11 +595,10 @@ class ProcessMetrics:
             return
         start = self._ring_next
         first = min(n, size - start)
-        self._ring_p[start : start + first], self._ring_y[start : start + first] = (
-            p[:first],
-            y[:first],
-        )
-        self._ring_p[: n - first], self._ring_y[: n - first] = p[first:], y[first:]
+        self._ring_p[start : start + first] = p[:first]
+        self._ring_y[start : start + first] = y[:first]
+        self._ring_p[: n - first] = p[first:]
+        self._ring_y[: n - first] = y[first:]
         self._ring_next = (start + n) % size
         self._ring_fill = min(size, self._ring_fill + n)
 
@@ -500,11 +609,20 @@ class ProcessMetrics:
         return self._ring_p[order], self._ring_y[order]
 
     def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
         self.exporter.close()
 
 
 _process: ProcessMetrics | None = None
 _process_lock = threading.Lock()
+
+
+def current() -> ProcessMetrics | None:
+    """This process's metrics if an estimator has started them, else ``None`` (one global read:
+    what the budget and depth helpers test on every call)."""
+    return _process
 
 
 def process_metrics(device_index: int | None = None) -> ProcessMetrics | None:
