@@ -583,9 +583,12 @@ class OnlineAcceptanceEstimator:
             self._refit_pending = False
             self._refit()
 
-    def state_dict(self) -> dict[str, Any]:
-        """Coefficients, this round's statistics and the schedule, after :meth:`flush`."""
-        self.flush()
+    def state_dict(self, *, flush: bool = True) -> dict[str, Any]:
+        """Coefficients, this round's statistics and the schedule, after :meth:`flush`
+        (``flush=False``: as folded so far, without waiting for verdicts in flight or running a
+        refit that is due; what periodic checkpoints take on the serving thread)."""
+        if flush:
+            self.flush()
         return {
             "format": "av_core.vllm.OnlineAcceptanceEstimator",
             "estimator": self._native.state_dict(),
