@@ -224,14 +224,17 @@ class WarmStart:
                 os.close(directory)
 
     def attach(self, estimator: Any) -> bool:
-        """:meth:`load`, then save every ``save_every`` refits (in the background) and at
-        interpreter exit. Returns what :meth:`load` returned."""
+        """:meth:`load`, then :meth:`save_from_now_on`. Returns what :meth:`load` returned."""
         restored = self.load(estimator)
+        self.save_from_now_on(estimator)
+        return restored
+
+    def save_from_now_on(self, estimator: Any) -> None:
+        """Saves ``estimator`` every ``save_every`` refits (in the background) and at
+        interpreter exit."""
         self._refits_since_save = 0
         estimator.on_refit(self._refitted)
-        reference = weakref.ref(estimator)
-        atexit.register(self._save_at_exit, reference)
-        return restored
+        atexit.register(self._save_at_exit, weakref.ref(estimator))
 
     def _refitted(self, estimator: Any) -> None:
         self._refits_since_save += 1
