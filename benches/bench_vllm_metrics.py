@@ -9,7 +9,8 @@ fold thread's own CPU time, timed separately, does not land in the samples of a 
   100 steps), the call the metrics touch most.
 - ``decode step``: ``step`` + K ``predict`` calls (logits [64, 4096]) + ``batch_draft_budget``.
 
-The figure is the ratio on / off (1.0 = free) and the microseconds added per step. The fold
+The figures are the ratio on / off (1.0 = free), also as the median of the ratios of neighbouring
+samples (steadier on a shared machine), and the microseconds added per step. The fold
 (once a second, on the daemon thread) is timed for 1,000 pending steps: its cost per step.
 
     python benches/bench_vllm_metrics.py [--quick]
@@ -137,20 +138,27 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
             return run_off
 
-        repeats, inner = (15, 40) if quick else (41, 100)
+        # Many short samples, alternated: on a shared machine the paired ratio of neighbouring
+        # samples is far steadier than the ratio of two medians.
+        shapes = {"estimator step": (400, 20), "decode step": (120, 3)}
         rows = []
         for name, pick in (
             ("estimator step", lambda w: w.estimator_step),
             ("decode step", lambda w: w.decode_step),
         ):
+            repeats, inner = shapes[name]
+            if quick:
+                repeats = max(10, repeats // 10)
             samples = timed(
                 {"on": with_metrics(pick(on)), "off": without(pick(off))},
                 repeats=repeats,
-                inner=inner if name == "estimator step" else max(5, inner // 10),
+                inner=inner,
             )
             median, q1, q3 = summary(samples["on"])
-            shape = f"R={R} K={K}" + (f" V={V}" if name == "decode step" else "")
             reference, _, _ = summary(samples["off"])
+            paired = np.asarray(samples["on"]) / np.asarray(samples["off"])
+            added = np.asarray(samples["on"]) - np.asarray(samples["off"])
+            shape = f"R={R} K={K}" + (f" V={V}" if name == "decode step" else "")
             rows.append(
                 {
                     "group": "vllm",
@@ -161,11 +169,48 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                     "reference": "the same step, metrics off",
                     "reference_median_us": reference,
                     "ratio": median / reference,
-                    "added_us": median - reference,
+                    "paired_ratio_median": float(np.median(paired)),
+                    "paired_ratio_q1_q3": [float(v) for v in np.percentile(paired, [25, 75])],
+                    "added_us_median": float(np.median(added)),
                     "target": None,
                     "pass": None,
                 }
             )
+        # What the serving thread does for metrics in one decode step (step + K predicts +
+        # budget), timed alone: steadier than a difference of two noisy step timings.
+        recorder = on.est._recorder
+        p = np.zeros((R, K), np.float32)
+        counts = np.zeros(R, np.int64)
+
+        def record_one_step() -> None:
+            metrics.end_step()
+            started = time.perf_counter()
+            recorder.verdicts(p, counts, counts)
+            recorder.host_time(vllm_metrics.STEP, time.perf_counter() - started)
+            for _ in range(K):
+                started = time.perf_counter()
+                recorder.host_time(vllm_metrics.PREDICT, time.perf_counter() - started)
+            started = time.perf_counter()
+            metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
+            metrics.budget_chosen(8, 1.0)
+            if len(events) > 4096:
+                events.clear()
+
+        recording = timed({"recording": record_one_step}, repeats=15 if quick else 41, inner=1000)
+        median, q1, q3 = summary(recording["recording"])
+        rows.append(
+            {
+                "group": "vllm",
+                "name": f"metrics recording per decode step R={R} K={K} (serving thread)",
+                "median_us": median,
+                "q1_us": q1,
+                "q3_us": q3,
+                "reference": "the decode step, metrics off",
+                "reference_median_us": rows[1]["reference_median_us"],
+                "target": None,
+                "pass": None,
+            }
+        )
         # The fold alone (the daemon thread's work): 1,000 steps' worth of verdicts pending.
         metrics.fold()
         fold_samples = []

@@ -240,16 +240,17 @@ def test_saves_every_n_refits_in_the_background_and_atomically(tmp_path: Path) -
     sampled, rejected = torch.full((4,), 2, dtype=torch.int32), torch.ones(4, dtype=torch.int32)
     for _ in range(2):
         est.step(idx, sampled, rejected)
-    warm.close()
-    assert not (tmp_path / KEY.filename()).exists()  # 2 refits: not yet
-    warm = WarmStart(tmp_path, KEY, save_every=3)
-    est.on_refit(warm._refitted)
+    assert not (tmp_path / KEY.filename()).exists()  # 2 refits: no save due yet
     for _ in range(7):
         est.step(idx, sampled, rejected)
     warm.close()  # waits for the writer
     saved = json.loads((tmp_path / KEY.filename()).read_text())
-    assert saved["payload"]["state"]["refits"] == 8  # the 6th refit of this WarmStart: 2 + 6
-    assert [p.name for p in tmp_path.iterdir()] == [KEY.filename()]
+    assert saved["payload"]["state"]["refits"] == 9  # saves at refits 3, 6 and 9: the last
+    assert [p.name for p in tmp_path.iterdir()] == [KEY.filename()]  # nothing temporary left
+    before = (tmp_path / KEY.filename()).read_text()
+    for _ in range(3):  # closed: refits save nothing more
+        est.step(idx, sampled, rejected)
+    assert (tmp_path / KEY.filename()).read_text() == before
 
 
 def test_a_failing_save_never_reaches_the_serving_loop(

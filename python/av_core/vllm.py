@@ -344,7 +344,7 @@ class OnlineAcceptanceEstimator:
         try:
             self._step(idx_mapping, num_sampled, num_rejected, skip_rows)
         finally:
-            recorder.host_time("step", time.perf_counter() - started)
+            recorder.host_time(vllm_metrics.STEP, time.perf_counter() - started)
 
     def _step(
         self,
@@ -431,7 +431,7 @@ class OnlineAcceptanceEstimator:
         try:
             self._predict(logits, idx_mapping, draft_step, confidence_probs, temperature)
         finally:
-            recorder.host_time("predict", time.perf_counter() - started)
+            recorder.host_time(vllm_metrics.PREDICT, time.perf_counter() - started)
 
     def _predict(
         self,
@@ -1009,7 +1009,7 @@ def batch_draft_budget(
         num_bonus_tokens,
     )
     cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
-    metrics.host_time("budget", time.perf_counter() - started)
+    metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
     metrics.budget_chosen(plan.draft_budget, cost)
     return plan
 
@@ -1184,8 +1184,58 @@ def gpu_selfcheck(steps: int = 2000) -> dict[str, Any]:
     device = torch.device("cuda", torch.cuda.current_device())
     report = _compare_with_host(device, steps)
     report["graph_capture"] = _graph_capture_check(device, 1024)
-    report["ok"] = bool(report["ok"] and report["graph_capture"].get("ok", False))
+    report["metrics"] = _metrics_sync_check(device, min(steps, 300))
+    report["ok"] = bool(
+        report["ok"]
+        and report["graph_capture"].get("ok", False)
+        and report["metrics"].get("ok", True)  # skipped (no prometheus_client) is not a failure
+    )
     return report
+
+
+def _metrics_sync_check(device: torch.device, steps: int) -> dict[str, Any]:
+    """The staged estimator with metrics recording (av_core.vllm_metrics) under
+    ``torch.cuda.set_sync_debug_mode("error")``, folded while it runs: metrics must not read the
+    device. Returns ``{"ok": ..., "labeled_drafts": ...}``, or ``{"skipped": why}``."""
+    try:
+        metrics = vllm_metrics.ProcessMetrics(rank=0, port_offset=0)
+    except ImportError as error:
+        return {"skipped": str(error)}
+    m, k, vocab = 32, 4, 1024
+    cuda = device.type == "cuda"
+    try:
+        est = OnlineAcceptanceEstimator(m, k, device, staged=True)
+        est.REFIT_INTERVAL = 25
+        est._recorder = metrics.recorder(est, k)
+        batches = [
+            {name: value.to(device) for name, value in batch.items()}
+            for batch in _synthetic_steps(steps, m, k, vocab, 99)
+        ]
+        confidence = torch.zeros(m + 4, k, dtype=torch.float32, device=device)
+        if cuda:
+            torch.cuda.synchronize()
+        previous = torch.cuda.get_sync_debug_mode() if cuda else 0
+        sync_error: str | None = None
+        try:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("error")
+            for start in range(0, steps, 50):  # folds interleaved with the serving loop
+                _run_trace(est, iter(batches[start : start + 50]), device, None, confidence)
+                metrics.fold()
+        except RuntimeError as failure:
+            sync_error = f"{type(failure).__name__}: {failure}"
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(previous)
+        return {
+            "ok": sync_error is None and est.num_refits == steps // 25,
+            "no_blocking_sync": sync_error is None,
+            **({} if sync_error is None else {"sync_error": sync_error}),
+            "refits": est.num_refits,
+            "open_round_drafts": int(sum(est.round_stats()["n"])),
+        }
+    finally:
+        metrics.close()
 
 
 def _compare_with_host(

@@ -291,7 +291,7 @@ class DraftDepthHook:
         )
         depth = int(depths.max(initial=0))
         if metrics is not None:
-            metrics.host_time("depth", time.perf_counter() - started)
+            metrics.host_time(vllm_metrics.DEPTH, time.perf_counter() - started)
             plan = self.last_plan
             metrics.depth_chosen(depth, None if plan is None else plan.predicted_cost_ms)
         return depth

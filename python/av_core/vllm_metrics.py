@@ -42,9 +42,12 @@ import numpy.typing as npt
 from av_core.metrics import expected_calibration_error, log_loss
 
 __all__ = [
+    "BUDGET",
     "BUDGET_BUCKETS",
+    "CALLS",
     "COST_BUCKETS_MS",
     "DEFAULT_INTERVAL_S",
+    "DEPTH",
     "DEFAULT_WINDOW",
     "ENV_ENABLE",
     "ENV_HOST",
@@ -54,6 +57,8 @@ __all__ = [
     "ENV_WINDOW",
     "HOST_BUCKETS_S",
     "METRIC_NAMES",
+    "PREDICT",
+    "STEP",
     "EstimatorRecorder",
     "ProcessMetrics",
     "current",
@@ -258,12 +263,16 @@ class EstimatorRecorder:
         :meth:`state_lock`)."""
         self.baseline_n, self.baseline_g1 = _columns(round_stats)
 
-    def host_time(self, call: str, seconds: float) -> None:
-        self.owner.events.append((_HOST, call, seconds))
+    def host_time(self, call: int, seconds: float) -> None:
+        """``call``: one of :data:`CALLS`' indices (``STEP``, ``PREDICT``, ...)."""
+        self.owner.step_seconds[call] += seconds
 
 
 # Kinds of queued events (the first entry of each tuple).
-_VERDICTS, _HOST, _END_STEP, _BUDGET, _DEPTH = range(5)
+_VERDICTS, _END_STEP, _BUDGET, _DEPTH = range(4)
+#: The calls host time is kept for, in the order of ``ProcessMetrics.step_seconds``.
+CALLS = ("step", "predict", "budget", "depth")
+STEP, PREDICT, BUDGET, DEPTH = range(len(CALLS))
 
 
 class _Exporter:
@@ -418,8 +427,10 @@ class ProcessMetrics:
         self.depth = _LocalHistogram(range(17))
         self.cost = {name: _LocalHistogram(COST_BUCKETS_MS) for name in ("budget", "depth")}
         self.step_host = _LocalHistogram(HOST_BUCKETS_S)
-        self.host_by_call: dict[str, float] = {}
-        self._step_seconds = 0.0
+        self.host_by_call = dict.fromkeys(CALLS, 0.0)
+        # The current step's host time by call: written by the serving thread only, handed to
+        # the queue whole at the start of the next step.
+        self.step_seconds = [0.0] * len(CALLS)
         self._accepted: dict[int, list[npt.NDArray[Any]]] = {}
         self._recent: dict[int, deque[tuple[npt.NDArray[Any], ...]]] = {}
         self._recent_rows: dict[int, int] = {}
@@ -449,12 +460,18 @@ class ProcessMetrics:
             self.recorders.append(recorder)
         return recorder
 
-    def host_time(self, call: str, seconds: float) -> None:
-        self.events.append((_HOST, call, seconds))
+    def host_time(self, call: int, seconds: float) -> None:
+        """Adds host time to the current step (``call``: an index of :data:`CALLS`). On the
+        serving thread, the one that steps the estimator."""
+        self.step_seconds[call] += seconds
 
     def end_step(self) -> None:
-        """At the start of each estimator step: the host time queued before it was one step's."""
-        self.events.append((_END_STEP,))
+        """At the start of each estimator step: the time recorded since the last one was one
+        step's."""
+        seconds = self.step_seconds
+        if any(seconds):
+            self.events.append((_END_STEP, tuple(seconds)))
+            self.step_seconds = [0.0] * len(CALLS)
 
     def budget_chosen(self, budget: int, predicted_cost_ms: float | None) -> None:
         self.events.append((_BUDGET, budget, predicted_cost_ms))
@@ -508,13 +525,10 @@ class ProcessMetrics:
                 while rows - recent[0][1].shape[0] >= window:
                     rows -= recent.popleft()[1].shape[0]
                 self._recent_rows[key] = rows
-            elif kind == _HOST:
-                self.host_by_call[event[1]] = self.host_by_call.get(event[1], 0.0) + event[2]
-                self._step_seconds += event[2]
             elif kind == _END_STEP:
-                if self._step_seconds:
-                    self.step_host.observe(self._step_seconds)
-                    self._step_seconds = 0.0
+                for call, seconds in zip(CALLS, event[1], strict=True):
+                    self.host_by_call[call] += seconds
+                self.step_host.observe(sum(event[1]))
             elif kind == _BUDGET or kind == _DEPTH:
                 (self.budget if kind == _BUDGET else self.depth).observe(event[1])
                 if event[2] is not None:

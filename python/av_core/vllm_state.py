@@ -237,6 +237,8 @@ class WarmStart:
         atexit.register(self._save_at_exit, weakref.ref(estimator))
 
     def _refitted(self, estimator: Any) -> None:
+        if self._closed:
+            return
         self._refits_since_save += 1
         if self._refits_since_save < self.save_every:
             return
@@ -265,7 +267,8 @@ class WarmStart:
                 logger.warning("av_core: could not save state to %s: %s", self.path, error)
 
     def close(self) -> None:
-        """Writes any save still pending and stops the writer thread."""
+        """Writes any save still pending and stops the writer thread; later refits save
+        nothing (the exit save still runs)."""
         with self._wake:
             self._closed = True
             self._wake.notify()
