@@ -1,4 +1,4 @@
-"""Drop-in replacements for vLLM 0.33.0's adaptive-verification pieces, backed by av_core.
+"""Drop-in replacements for vLLM's adaptive-verification pieces (0.32.x, 0.33.0), backed by av_core.
 
 vLLM ships adaptive verification in ``vllm/v1/worker/gpu/spec_decode/``: an online acceptance
 estimator (``acceptance_estimator.OnlineAcceptanceEstimator``) and the budget logic
@@ -61,7 +61,8 @@ __all__ = [
     "gpu_selfcheck",
 ]
 
-#: The vLLM release whose interfaces this module mirrors.
+#: The newest vLLM release whose interfaces this module mirrors (every release the plugin
+#: accepts: ``av_core.vllm_plugin.SUPPORTED_VLLM_VERSIONS``).
 VLLM_VERSION = "0.33.0"
 
 # vLLM 0.33.0's constants (acceptance_estimator.py), mirrored so results agree. The cold start is
