@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-MODULES = ["bench_estimator", "bench_planner", "bench_features", "bench_vllm", "bench_stress"]
+MODULES = [
+    "bench_estimator",
+    "bench_planner",
+    "bench_features",
+    "bench_vllm",
+    "bench_vllm_metrics",
+    "bench_stress",
+]
 README_START = "<!-- benchmarks:start -->"
 README_END = "<!-- benchmarks:end -->"
 

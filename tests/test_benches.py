@@ -46,3 +46,16 @@ def test_estimator_benchmark_runs(benches: None) -> None:
     names = {row["name"] for row in rows}
     assert {"observe R=256 K=8", "refit K=16"} <= names
     assert all(row["median_us"] > 0 for row in rows)
+
+
+def test_vllm_metrics_benchmark_runs(benches: None) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("prometheus_client")
+    rows = load("bench_vllm_metrics").run(quick=True)
+    names = [row["name"] for row in rows]
+    assert any(name.startswith("metrics on: estimator step") for name in names)
+    assert any(name.startswith("metrics fold") for name in names)
+    for row in rows:
+        assert row["median_us"] > 0 and row["reference_median_us"] > 0
+        if "ratio" in row:
+            assert row["ratio"] == pytest.approx(row["median_us"] / row["reference_median_us"])

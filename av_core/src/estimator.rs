@@ -26,8 +26,8 @@ use crate::error::{ensure_finite, Error, Result};
 use crate::labels::validate_counts;
 use crate::logistic;
 use crate::matrix::MatrixView;
-use crate::memory::Memory;
-use crate::refit::{newton_step, Bounds, NewtonStep};
+use crate::memory::{drift_statistic, Memory};
+use crate::refit::{newton_step, ArrowheadSystem, Bounds, NewtonStep};
 
 /// Configuration of an [`AcceptanceEstimator`]. Defaults are vLLM 0.33.0's.
 ///
@@ -458,6 +458,80 @@ impl AcceptanceEstimator {
     pub fn round_stats(&self) -> RoundStats {
         let _memory = self.lock();
         self.accumulator.snapshot()
+    }
+
+    /// Adds another round's statistics to the open round, exactly (fixed-point integers): for
+    /// example the other ranks' share of a round pooled across data-parallel ranks, so that the
+    /// next refit fits the pooled round. `a` and `c` are sums of non-negative terms, so a
+    /// negative entry is refused; on any error nothing is added.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
+    /// let (one, other) = (EstimatorConfig::new(2), EstimatorConfig::new(2));
+    /// let (rank0, rank1) = (AcceptanceEstimator::new(one)?, AcceptanceEstimator::new(other)?);
+    /// rank0.observe(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
+    /// rank1.observe(view, &[2], &[0], None::<MatrixView<'_, f32>>)?;
+    /// rank0.add_round_stats(&rank1.round_stats())?; // rank 0 now holds the pooled round
+    /// assert_eq!(rank0.round_stats().total_count(), 3);
+    /// assert!(rank0.add_round_stats(&av_core::accumulator::RoundStats::new(3)).is_err());
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn add_round_stats(&self, stats: &RoundStats) -> Result<()> {
+        let k = self.config.num_positions;
+        if stats.positions.len() != k {
+            return Err(Error::value(
+                "round_stats",
+                format!("expected {k} positions, got {}", stats.positions.len()),
+            ));
+        }
+        if let Some((position, p)) = stats
+            .positions
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.a < 0 || p.c < 0)
+        {
+            return Err(Error::value(
+                "round_stats",
+                format!(
+                    "a and c are sums of non-negative terms, got a = {}, c = {} at position {position}",
+                    p.a, p.c
+                ),
+            ));
+        }
+        self.accumulator.add(stats);
+        Ok(())
+    }
+
+    /// The drift test's statistic `T = gᵀ(H + λI)⁻¹g` of a round, with this estimator's ridge
+    /// (see [`crate::memory`]): about χ² with K + 1 degrees of freedom while the coefficients the
+    /// round was collected under still fit the workload, larger when they do not.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::accumulator::RoundStats;
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(1))?;
+    /// let mut round = RoundStats::new(1);
+    /// round.positions[0].add_observation(1.0, 0.5, true);
+    /// round.positions[0].add_observation(1.0, 0.5, false);
+    /// assert_eq!(estimator.drift_statistic(&round), 0.0); // predictions match on average
+    /// for _ in 0..8 {
+    ///     round.positions[0].add_observation(1.0, 0.5, false);
+    /// }
+    /// assert!(estimator.drift_statistic(&round) > 5.0);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn drift_statistic(&self, stats: &RoundStats) -> f64 {
+        drift_statistic(&ArrowheadSystem::from_round(
+            &stats.to_float(),
+            self.config.l2,
+        ))
     }
 
     /// Fails on the first non-finite feature.
@@ -1057,6 +1131,73 @@ mod tests {
             let back = AcceptanceEstimator::from_state(&state).unwrap();
             prop_assert_eq!(back.state(), state);
         }
+    }
+
+    #[test]
+    fn pooled_rounds_give_every_rank_the_bits_of_one_estimator() {
+        let k = 3;
+        let mut config = EstimatorConfig::new(k);
+        config.refit_interval = u64::MAX;
+        let whole = AcceptanceEstimator::new(config.clone()).unwrap();
+        let ranks: Vec<_> = (0..4)
+            .map(|_| AcceptanceEstimator::new(config.clone()).unwrap())
+            .collect();
+        for round in 0..3u64 {
+            for step in 0..8u64 {
+                let (f, ad, ac) = workload(round * 100 + step, 12, k);
+                whole
+                    .observe(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                    .unwrap();
+                // Rows dealt round-robin to the ranks, in reverse order on odd ranks.
+                for (r, rank) in ranks.iter().enumerate() {
+                    let mut rows: Vec<usize> = (r..12).step_by(4).collect();
+                    if r % 2 == 1 {
+                        rows.reverse();
+                    }
+                    let rf: Vec<f32> = rows
+                        .iter()
+                        .flat_map(|&i| f[i * k..(i + 1) * k].to_vec())
+                        .collect();
+                    let rad: Vec<i64> = rows.iter().map(|&i| ad[i]).collect();
+                    let rac: Vec<i64> = rows.iter().map(|&i| ac[i]).collect();
+                    rank.observe(view(&rf, k), &rad, &rac, NO_PREDICTIONS)
+                        .unwrap();
+                }
+            }
+            // Each rank adds the others' rounds (what an all-reduce gives, minus its own).
+            let locals: Vec<RoundStats> = ranks.iter().map(|r| r.round_stats()).collect();
+            for (r, rank) in ranks.iter().enumerate() {
+                for (o, other) in locals.iter().enumerate() {
+                    if o != r {
+                        rank.add_round_stats(other).unwrap();
+                    }
+                }
+                assert_eq!(rank.round_stats(), whole.round_stats());
+            }
+            whole.refit();
+            let expect = whole.coefficients();
+            for rank in &ranks {
+                rank.refit();
+                let got = rank.coefficients();
+                assert_eq!(got.slope.to_bits(), expect.slope.to_bits());
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got.intercepts), bits(&expect.intercepts));
+            }
+        }
+    }
+
+    #[test]
+    fn bad_round_stats_are_refused_and_change_nothing() {
+        let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+        est.observe(view(&[1.0f64, 2.0], 2), &[2], &[1], NO_PREDICTIONS)
+            .unwrap();
+        let before = est.state();
+        let err = est.add_round_stats(&RoundStats::new(3)).unwrap_err();
+        assert_eq!(err.argument, "round_stats");
+        let mut negative = RoundStats::new(2);
+        negative.positions[1].c = -1;
+        assert!(est.add_round_stats(&negative).is_err());
+        assert_eq!(est.state(), before);
     }
 
     #[test]

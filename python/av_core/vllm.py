@@ -1,4 +1,4 @@
-"""Drop-in replacements for vLLM 0.33.0's adaptive-verification pieces, backed by av_core.
+"""Drop-in replacements for vLLM's adaptive-verification pieces (0.32.x, 0.33.0), backed by av_core.
 
 vLLM ships adaptive verification in ``vllm/v1/worker/gpu/spec_decode/``: an online acceptance
 estimator (``acceptance_estimator.OnlineAcceptanceEstimator``) and the budget logic
@@ -19,10 +19,13 @@ torch is required (``pip install "av_core[torch]"``); vLLM is not: nothing here 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
+import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -36,11 +39,13 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
         'av_core.vllm needs PyTorch, an optional dependency: pip install "av_core[torch]"'
     ) from error
 
+from av_core import vllm_metrics
 from av_core._native import AcceptanceEstimator
 from av_core.features import draft_log_odds
 
 __all__ = [
     "DAMPING_OBSERVATIONS",
+    "ENV_EXACT",
     "INIT_INTERCEPT",
     "INIT_SLOPE",
     "L2",
@@ -56,7 +61,8 @@ __all__ = [
     "gpu_selfcheck",
 ]
 
-#: The vLLM release whose interfaces this module mirrors.
+#: The newest vLLM release whose interfaces this module mirrors (every release the plugin
+#: accepts: ``av_core.vllm_plugin.SUPPORTED_VLLM_VERSIONS``).
 VLLM_VERSION = "0.33.0"
 
 # vLLM 0.33.0's constants (acceptance_estimator.py), mirrored so results agree. The cold start is
@@ -68,6 +74,12 @@ INIT_INTERCEPT = -0.2
 REFIT_INTERVAL = 100
 DAMPING_OBSERVATIONS = 50.0
 L2 = 1e-3
+
+#: ``AV_CORE_VLLM_EXACT=1``: refit with vLLM's unbounded update (no step or range limits), the
+#: default of the ``exact`` keyword (docs/vllm.md, "Deviations from vLLM").
+ENV_EXACT = "AV_CORE_VLLM_EXACT"
+
+logger = logging.getLogger("vllm.av_core")
 
 # The native estimator never refits on its own: the schedule runs here, from the instance's
 # REFIT_INTERVAL, so that it can be changed on a live instance as in vLLM.
@@ -232,22 +244,41 @@ class OnlineAcceptanceEstimator:
         device: torch.device,
         *,
         staged: bool | None = None,
+        process_group: Any = None,
+        exact: bool | None = None,
     ) -> None:
-        """``staged`` chooses the asynchronous hand-over of :meth:`step` (default: on for CUDA,
-        off for host tensors; other accelerators copy synchronously)."""
+        """vLLM's constructor, plus keyword-only extras (every call vLLM makes means the same):
+
+        - ``staged`` chooses the asynchronous hand-over of :meth:`step` (default: on for CUDA,
+          off for host tensors; other accelerators copy synchronously).
+        - ``process_group``: a ``torch.distributed`` group (e.g. the data-parallel ranks' CPU
+          group) over which every refit first sums the round's statistics
+          (:func:`av_core.distributed.pool_round`), so every rank refits on the pooled round and
+          holds the same coefficients. Every rank of the group must call :meth:`step` the same
+          number of times (a rank without requests steps with empty tensors and contributes
+          zeros). ``None``: each rank learns from its own verdicts.
+        - ``exact``: vLLM's unbounded refit instead of av_core's bounded one (no cap on one
+          refit's step, on the slope or on the intercepts); default ``AV_CORE_VLLM_EXACT``.
+        """
         self.max_num_reqs = _check_positive_int(max_num_reqs, "max_num_reqs")
         self.num_speculative_steps = _check_positive_int(
             num_speculative_steps, "num_speculative_steps"
         )
         self.device = torch.device(device)
+        if exact is None:
+            exact = os.environ.get(ENV_EXACT, "").strip().lower() in ("1", "true", "yes")
+        self.exact = bool(exact)
+        self.process_group = process_group
         self._staged = self.device.type == "cuda" if staged is None else bool(staged)
         self._pin = self.device.type == "cuda"
         self._steps_since_refit = 0
         self._refits = 0
         self._refit_pending = False
         self.num_dropped_rows = 0
+        self._refit_listeners: list[Callable[[OnlineAcceptanceEstimator], None]] = []
         m, k = self.max_num_reqs, self.num_speculative_steps
 
+        unbounded = {"max_step": math.inf, "max_slope": math.inf, "max_intercept": math.inf}
         self._native = AcceptanceEstimator(
             k,
             refit_interval=_NATIVE_NEVER_REFITS,
@@ -257,6 +288,7 @@ class OnlineAcceptanceEstimator:
             init_intercept=INIT_INTERCEPT,
             max_log_odds=MAX_LOG_ODDS,
             memory=0.0,  # vLLM's memoryless update, whatever av_core's default
+            **(unbounded if self.exact else {}),
         )
         self.slope = torch.full((1,), INIT_SLOPE, dtype=torch.float32, device=self.device)
         self.intercepts = torch.full((k,), INIT_INTERCEPT, dtype=torch.float32, device=self.device)
@@ -275,6 +307,9 @@ class OnlineAcceptanceEstimator:
                 _HostBuffers(torch.empty(2, m + 1, k, dtype=torch.float32, pin_memory=self._pin))
                 for _ in range(_STAGING_DEPTH)
             ]
+        # Metrics (av_core.vllm_metrics): None unless AV_CORE_METRICS_PORT or
+        # PROMETHEUS_MULTIPROC_DIR is set, and then only host arrays are recorded.
+        self._recorder: Any = _metrics_recorder(self)
 
     # ----------------------------------------------------------------------------------------
     # vLLM's interface
@@ -301,6 +336,24 @@ class OnlineAcceptanceEstimator:
 
         Must run before the next :meth:`predict` overwrites the slots it grades (as in vLLM).
         """
+        recorder = self._recorder
+        if recorder is None:
+            self._step(idx_mapping, num_sampled, num_rejected, skip_rows)
+            return
+        recorder.owner.end_step()
+        started = time.perf_counter()
+        try:
+            self._step(idx_mapping, num_sampled, num_rejected, skip_rows)
+        finally:
+            recorder.host_time(vllm_metrics.STEP, time.perf_counter() - started)
+
+    def _step(
+        self,
+        idx_mapping: torch.Tensor,
+        num_sampled: torch.Tensor,
+        num_rejected: torch.Tensor,
+        skip_rows: torch.Tensor | None,
+    ) -> None:
         idx_mapping = _check_int_tensor(idx_mapping, "idx_mapping")
         if idx_mapping.dim() != 1:
             raise ValueError(f"idx_mapping must be 1-D, got shape {tuple(idx_mapping.shape)}")
@@ -371,6 +424,24 @@ class OnlineAcceptanceEstimator:
         out-of-range request index or batch row counts as padding and a step is clamped to
         ``[0, K)`` (checking them would synchronise); host tensors raise ValueError instead.
         """
+        recorder = self._recorder
+        if recorder is None:
+            self._predict(logits, idx_mapping, draft_step, confidence_probs, temperature)
+            return
+        started = time.perf_counter()
+        try:
+            self._predict(logits, idx_mapping, draft_step, confidence_probs, temperature)
+        finally:
+            recorder.host_time(vllm_metrics.PREDICT, time.perf_counter() - started)
+
+    def _predict(
+        self,
+        logits: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        draft_step: torch.Tensor,
+        confidence_probs: torch.Tensor,
+        temperature: torch.Tensor,
+    ) -> None:
         logits = _check_tensor(logits, "logits")
         if logits.dim() != 2:
             raise ValueError(f"logits must have shape [N, V], got shape {tuple(logits.shape)}")
@@ -484,6 +555,23 @@ class OnlineAcceptanceEstimator:
         return self._steps_since_refit
 
     @property
+    def host_coefficients(self) -> tuple[float, npt.NDArray[np.float64]]:
+        """``(slope, intercepts)`` as the host holds them (float64; reading them never touches
+        the device). ``slope``/``intercepts`` are their float32 copies on ``device``."""
+        return self._native.slope, self._native.intercepts
+
+    def round_stats(self) -> dict[str, Any]:
+        """The open round's exact statistics as folded so far (``state_dict()["round_stats"]``
+        of the native estimator; staged verdicts still in flight are not in it)."""
+        return self._native.state_dict()["round_stats"]  # type: ignore[no-any-return]
+
+    def on_refit(self, callback: Callable[[OnlineAcceptanceEstimator], None]) -> None:
+        """Calls ``callback(self)`` after every refit (on the thread that runs :meth:`step`);
+        warm restarts (:mod:`av_core.vllm_state`) save through it. A callback that raises is
+        logged and dropped, never propagated into serving."""
+        self._refit_listeners.append(callback)
+
+    @property
     def staged(self) -> bool:
         """Whether :meth:`step` hands its verdicts over asynchronously (see the class doc)."""
         return self._staged
@@ -496,9 +584,12 @@ class OnlineAcceptanceEstimator:
             self._refit_pending = False
             self._refit()
 
-    def state_dict(self) -> dict[str, Any]:
-        """Coefficients, this round's statistics and the schedule, after :meth:`flush`."""
-        self.flush()
+    def state_dict(self, *, flush: bool = True) -> dict[str, Any]:
+        """Coefficients, this round's statistics and the schedule, after :meth:`flush`
+        (``flush=False``: as folded so far, without waiting for verdicts in flight or running a
+        refit that is due; what periodic checkpoints take on the serving thread)."""
+        if flush:
+            self.flush()
         return {
             "format": "av_core.vllm.OnlineAcceptanceEstimator",
             "estimator": self._native.state_dict(),
@@ -523,7 +614,11 @@ class OnlineAcceptanceEstimator:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"state[{name!r}] must be an int >= 0, got {value!r}")
         self.flush()
-        self._native = native
+        recorder = self._recorder
+        with contextlib.nullcontext() if recorder is None else recorder.state_lock():
+            self._native = native
+            if recorder is not None:
+                recorder.restored(native.state_dict()["round_stats"])
         self._steps_since_refit, self._refits = steps, refits
         self._upload()
 
@@ -563,6 +658,8 @@ class OnlineAcceptanceEstimator:
         accepted, admitted = accepted[keep], admitted[keep]
         try:
             self._native.observe(x, admitted, accepted, p)
+            if self._recorder is not None:
+                self._recorder.verdicts(p, accepted, admitted)
         except ValueError:
             # The core refuses non-finite features (a drafter row with no distribution) and
             # changes nothing; that must not stop serving. Drop the rows where such a value
@@ -575,12 +672,10 @@ class OnlineAcceptanceEstimator:
             self.num_dropped_rows += int(bad.sum())
             accepted[bad] = 0
             admitted[bad] = 0
-            self._native.observe(
-                np.where(finite_x, x, np.float32(0.0)),
-                admitted,
-                accepted,
-                np.where(sane_p, p, np.float32(0.5)),
-            )
+            sane = np.where(sane_p, p, np.float32(0.5))
+            self._native.observe(np.where(finite_x, x, np.float32(0.0)), admitted, accepted, sane)
+            if self._recorder is not None:
+                self._recorder.verdicts(sane, accepted, admitted)
 
     def _new_event(self) -> _Event:
         if self.device.type == "cuda":
@@ -640,16 +735,36 @@ class OnlineAcceptanceEstimator:
 
     def _refit(self) -> None:
         """One damped Newton step on the round's statistics (then cleared), with the instance's
-        L2 and DAMPING_OBSERVATIONS; the new coefficients go to the device in place."""
-        native = self._native
-        l2, damping = float(self.L2), float(self.DAMPING_OBSERVATIONS)
-        if native.l2 != l2 or native.damping != damping:
-            state = native.state_dict()
-            state["config"] = {**state["config"], "l2": l2, "damping": damping}
-            native = self._native = AcceptanceEstimator.from_state_dict(state)
-        native.refit()
+        L2 and DAMPING_OBSERVATIONS, on the round pooled over ``process_group`` if one is set;
+        the new coefficients go to the device in place."""
+        recorder = self._recorder
+        # With metrics on, their fold must not read the round while it changes hands.
+        with contextlib.nullcontext() if recorder is None else recorder.state_lock():
+            native = self._native
+            l2, damping = float(self.L2), float(self.DAMPING_OBSERVATIONS)
+            if native.l2 != l2 or native.damping != damping:
+                state = native.state_dict()
+                state["config"] = {**state["config"], "l2": l2, "damping": damping}
+                native = self._native = AcceptanceEstimator.from_state_dict(state)
+            own = None if recorder is None else native.state_dict()["round_stats"]
+            if self.process_group is not None:
+                from av_core.distributed import pool_round
+
+                pool_round(native, self.process_group)
+            if recorder is None:
+                native.refit()
+            else:
+                recorder.round_closed(own, native.refit(report=True))
         self._refits += 1
         self._upload()
+        for callback in list(self._refit_listeners):
+            try:
+                callback(self)
+            except Exception:  # noqa: BLE001 - a listener must never stop serving
+                logger.warning(
+                    "av_core: refit listener %r failed; dropped", callback, exc_info=True
+                )
+                self._refit_listeners.remove(callback)
 
     def _upload(self) -> None:
         """Copy the native coefficients into ``slope``/``intercepts`` in place: a captured graph
@@ -664,6 +779,21 @@ class OnlineAcceptanceEstimator:
             self.slope.copy_(host[:1], non_blocking=True)
             self.intercepts.copy_(host[1:], non_blocking=True)
         self._upload_event = self._new_event()
+
+
+def _metrics_recorder(estimator: OnlineAcceptanceEstimator) -> Any:
+    """The estimator's metrics recorder, or None when metrics are off (or cannot start)."""
+    if not vllm_metrics.enabled():
+        return None
+    device = estimator.device
+    try:
+        metrics = vllm_metrics.process_metrics(device.index if device.type == "cuda" else None)
+    except ImportError as error:
+        logger.warning("av_core: metrics are off: %s", error)
+        return None
+    if metrics is None:
+        return None
+    return metrics.recorder(estimator, estimator.num_speculative_steps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -854,6 +984,60 @@ def batch_draft_budget(
             ``(draft_ms, verify_ms)`` pair, or an ``av_core.CostTables``.
         max_total_logits, num_bonus_tokens: the sampler's logits cap and bonus tokens per request.
     """
+    metrics = vllm_metrics.current()
+    if metrics is None:
+        return _batch_draft_budget(
+            num_tokens_per_req,
+            draft_tokens,
+            req_id_to_index,
+            stale_confidences,
+            num_computed_tokens,
+            prefill_len,
+            cost_tables,
+            max_total_logits,
+            num_bonus_tokens,
+        )
+    started = time.perf_counter()
+    plan = _batch_draft_budget(
+        num_tokens_per_req,
+        draft_tokens,
+        req_id_to_index,
+        stale_confidences,
+        num_computed_tokens,
+        prefill_len,
+        cost_tables,
+        max_total_logits,
+        num_bonus_tokens,
+    )
+    cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
+    metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
+    metrics.budget_chosen(plan.draft_budget, cost)
+    return plan
+
+
+def _predicted_cost_ms(cost_tables: Any, num_reqs: int, num_tokens: int) -> float | None:
+    """``draft_ms[R] + verify_ms[T + b]``: the planner's cost of the step it chose (metrics)."""
+    if isinstance(cost_tables, tuple) and len(cost_tables) == 2:
+        draft_ms, verify_ms = cost_tables
+    else:
+        native = _native_cost_tables(cost_tables)
+        draft_ms, verify_ms = native.draft_ms, native.verify_ms
+    if num_reqs >= len(draft_ms) or num_tokens >= len(verify_ms):
+        return None
+    return float(draft_ms[num_reqs]) + float(verify_ms[num_tokens])
+
+
+def _batch_draft_budget(
+    num_tokens_per_req: Mapping[str, int],
+    draft_tokens: Mapping[str, Sequence[int]],
+    req_id_to_index: Mapping[str, int],
+    stale_confidences: npt.NDArray[Any],
+    num_computed_tokens: npt.NDArray[Any],
+    prefill_len: npt.NDArray[Any],
+    cost_tables: Any,
+    max_total_logits: int,
+    num_bonus_tokens: int,
+) -> BatchDraftBudget:
     req_ids = list(num_tokens_per_req)
     num_reqs = len(req_ids)
     scheduled_tokens = np.fromiter(num_tokens_per_req.values(), dtype=np.int64, count=num_reqs)
@@ -1001,8 +1185,58 @@ def gpu_selfcheck(steps: int = 2000) -> dict[str, Any]:
     device = torch.device("cuda", torch.cuda.current_device())
     report = _compare_with_host(device, steps)
     report["graph_capture"] = _graph_capture_check(device, 1024)
-    report["ok"] = bool(report["ok"] and report["graph_capture"].get("ok", False))
+    report["metrics"] = _metrics_sync_check(device, min(steps, 300))
+    report["ok"] = bool(
+        report["ok"]
+        and report["graph_capture"].get("ok", False)
+        and report["metrics"].get("ok", True)  # skipped (no prometheus_client) is not a failure
+    )
     return report
+
+
+def _metrics_sync_check(device: torch.device, steps: int) -> dict[str, Any]:
+    """The staged estimator with metrics recording (av_core.vllm_metrics) under
+    ``torch.cuda.set_sync_debug_mode("error")``, folded while it runs: metrics must not read the
+    device. Returns ``{"ok": ..., "labeled_drafts": ...}``, or ``{"skipped": why}``."""
+    try:
+        metrics = vllm_metrics.ProcessMetrics(rank=0, port_offset=0)
+    except ImportError as error:
+        return {"skipped": str(error)}
+    m, k, vocab = 32, 4, 1024
+    cuda = device.type == "cuda"
+    try:
+        est = OnlineAcceptanceEstimator(m, k, device, staged=True)
+        est.REFIT_INTERVAL = 25
+        est._recorder = metrics.recorder(est, k)
+        batches = [
+            {name: value.to(device) for name, value in batch.items()}
+            for batch in _synthetic_steps(steps, m, k, vocab, 99)
+        ]
+        confidence = torch.zeros(m + 4, k, dtype=torch.float32, device=device)
+        if cuda:
+            torch.cuda.synchronize()
+        previous = torch.cuda.get_sync_debug_mode() if cuda else 0
+        sync_error: str | None = None
+        try:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("error")
+            for start in range(0, steps, 50):  # folds interleaved with the serving loop
+                _run_trace(est, iter(batches[start : start + 50]), device, None, confidence)
+                metrics.fold()
+        except RuntimeError as failure:
+            sync_error = f"{type(failure).__name__}: {failure}"
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(previous)
+        return {
+            "ok": sync_error is None and est.num_refits == steps // 25,
+            "no_blocking_sync": sync_error is None,
+            **({} if sync_error is None else {"sync_error": sync_error}),
+            "refits": est.num_refits,
+            "open_round_drafts": int(sum(est.round_stats()["n"])),
+        }
+    finally:
+        metrics.close()
 
 
 def _compare_with_host(

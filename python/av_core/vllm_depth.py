@@ -49,12 +49,14 @@ profile ``draft_depth_ms`` as the cost above that floor.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from av_core import vllm_metrics
 from av_core._native import CostTables, DepthPlan, VerificationPlanner
 
 __all__ = ["DraftDepthHook"]
@@ -278,6 +280,8 @@ class DraftDepthHook:
         most ``limit`` (the scheduler's own count)."""
         if not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit: must be a non-negative int, got {limit!r}")
+        metrics = vllm_metrics.current()
+        started = time.perf_counter() if metrics is not None else 0.0
         count = int(np.size(_host(idx_mapping, "idx_mapping")))
         depths = self.choose(
             idx_mapping,
@@ -285,7 +289,12 @@ class DraftDepthHook:
             num_sampling_requests=num_sampling_requests,
             max_depths=np.full(count, min(limit, self.num_speculative_steps)),
         )
-        return int(depths.max(initial=0))
+        depth = int(depths.max(initial=0))
+        if metrics is not None:
+            metrics.host_time(vllm_metrics.DEPTH, time.perf_counter() - started)
+            plan = self.last_plan
+            metrics.depth_chosen(depth, None if plan is None else plan.predicted_cost_ms)
+        return depth
 
     def mask(self, draft_tokens: Any) -> None:
         """Writes ``-1`` into ``draft_tokens[r, d_r:]`` for the last decision's per-request

@@ -135,8 +135,10 @@ impl PyAcceptanceEstimator {
     }
 
     /// Ends the round now: refits on whatever it holds and clears it. With `report=True`,
-    /// returns the round's statistics (as in `state_dict()["round_stats"]`) and the Newton step
-    /// taken from them (`slope_step`, `intercept_steps`, before the step and range bounds).
+    /// returns the round's statistics (as in `state_dict()["round_stats"]`), the Newton step
+    /// taken from them (`slope_step`, `intercept_steps`, before the step and range bounds) and
+    /// the round's drift statistic (`drift_statistic`: about chi-square with K + 1 degrees of
+    /// freedom while the coefficients it was collected under fit).
     #[pyo3(signature = (*, report = false))]
     fn refit<'py>(&self, py: Python<'py>, report: bool) -> PyResult<Option<Bound<'py, PyDict>>> {
         let inner = &self.inner;
@@ -147,7 +149,19 @@ impl PyAcceptanceEstimator {
         let d = stats_dict(py, &outcome.stats)?;
         d.set_item("slope_step", outcome.step.slope)?;
         d.set_item("intercept_steps", outcome.step.intercepts)?;
+        d.set_item("drift_statistic", inner.drift_statistic(&outcome.stats))?;
         Ok(Some(d))
+    }
+
+    /// Adds another round's statistics (a dict as in `state_dict()["round_stats"]`) to the open
+    /// round, exactly: e.g. the other ranks' share of a round pooled across data-parallel ranks
+    /// (`av_core.distributed.pool_round`). Refused, adding nothing, if the fraction bits or the
+    /// number of positions differ or an `a`/`c` entry is negative.
+    fn add_round_stats(&self, py: Python<'_>, round_stats: &Bound<'_, PyAny>) -> PyResult<()> {
+        let stats = parse_round_stats(round_stats, "round_stats")?;
+        let inner = &self.inner;
+        py.detach(|| inner.add_round_stats(&stats))
+            .map_err(to_py_err)
     }
 
     /// Shared slope.
@@ -444,10 +458,35 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         memory: extract(c, "memory", arg)?,
         drift_z: extract(c, "drift_z", arg)?,
     };
-    let stats_item = get_item(d, "round_stats", arg)?;
-    let s = stats_item
+    let stats = parse_round_stats(&get_item(d, "round_stats", arg)?, arg)?;
+    let memory_item = get_item(d, "memory_state", arg)?;
+    let m = memory_item
         .cast::<PyDict>()
-        .map_err(|_| type_error(arg, "key \"round_stats\" must be a dict"))?;
+        .map_err(|_| type_error(arg, "key \"memory_state\" must be a dict"))?;
+    Ok(EstimatorState {
+        config,
+        slope: extract(d, "slope", arg)?,
+        intercepts: extract(d, "intercepts", arg)?,
+        stats,
+        steps_since_refit: extract(d, "steps_since_refit", arg)?,
+        num_refits: extract(d, "num_refits", arg)?,
+        memory: Memory {
+            a: extract(m, "a", arg)?,
+            b: extract(m, "b", arg)?,
+            c: extract(m, "c", arg)?,
+            rhs: extract(m, "rhs", arg)?,
+            total: extract(m, "total", arg)?,
+            counts: extract(m, "counts", arg)?,
+            resets: extract(m, "resets", arg)?,
+        },
+    })
+}
+
+/// A round's statistics from the dict `stats_dict` writes (`argument` names it in errors).
+fn parse_round_stats(item: &Bound<'_, PyAny>, arg: &'static str) -> PyResult<RoundStats> {
+    let s = item
+        .cast::<PyDict>()
+        .map_err(|_| type_error(arg, "round_stats must be a dict"))?;
     let bits: u32 = extract(s, "fraction_bits", arg)?;
     if bits != FRACTION_BITS {
         return Err(value_error(
@@ -460,10 +499,6 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         .map(|key| extract::<Vec<i128>>(s, key, arg))
         .collect::<PyResult<_>>()?;
     let n: Vec<u64> = extract(s, "n", arg)?;
-    let memory_item = get_item(d, "memory_state", arg)?;
-    let m = memory_item
-        .cast::<PyDict>()
-        .map_err(|_| type_error(arg, "key \"memory_state\" must be a dict"))?;
     if columns.iter().any(|col| col.len() != n.len()) {
         return Err(value_error(
             arg,
@@ -480,21 +515,5 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
             n: n[k],
         })
         .collect();
-    Ok(EstimatorState {
-        config,
-        slope: extract(d, "slope", arg)?,
-        intercepts: extract(d, "intercepts", arg)?,
-        stats: RoundStats { positions },
-        steps_since_refit: extract(d, "steps_since_refit", arg)?,
-        num_refits: extract(d, "num_refits", arg)?,
-        memory: Memory {
-            a: extract(m, "a", arg)?,
-            b: extract(m, "b", arg)?,
-            c: extract(m, "c", arg)?,
-            rhs: extract(m, "rhs", arg)?,
-            total: extract(m, "total", arg)?,
-            counts: extract(m, "counts", arg)?,
-            resets: extract(m, "resets", arg)?,
-        },
-    })
+    Ok(RoundStats { positions })
 }
