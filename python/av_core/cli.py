@@ -38,6 +38,7 @@ from av_core.simulate import DEFAULT_CONCURRENCY, GpuLikeCost
 from av_core.trace import SHIPPED_TRACE, SHIPPED_TRACES
 
 if TYPE_CHECKING:
+    from av_core.collect import CollectSummary
     from av_core.simulate import CostModel, DepthControl
     from av_core.tables import Table
     from av_core.trace import DraftTrace
@@ -126,7 +127,8 @@ class _Formatter(argparse.HelpFormatter):
         help_text = action.help or ""
         if (
             "%(default)" in help_text
-            or action.default in (None, False, argparse.SUPPRESS)
+            or "(default" in help_text
+            or any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))
             or action.help == argparse.SUPPRESS
         ):
             return help_text
@@ -415,7 +417,9 @@ def trt_schedule(text: str) -> dict[int, int]:
 def _simulate(args: argparse.Namespace) -> int:
     """Serving simulation: adaptive verification against fixed K at several concurrencies."""
     from av_core.simulate import (
+        PEERS_TITLE,
         format_markdown,
+        format_peers_markdown,
         simulate_trace,
         simulation_preamble,
         simulation_tables,
@@ -450,11 +454,15 @@ def _simulate(args: argparse.Namespace) -> int:
     tables = simulation_tables(simulation)
     preamble = simulation_preamble(simulation)
     if style == "markdown":
+        # The README's tables first (format_markdown, format_peers_markdown), then the rest.
         summary = (
             "**summary: tokens per ms, and each adaptive policy over the best fixed K (K = 0 "
             "included)**\n\n" + format_markdown(simulation)
         )
         preamble = [*preamble, "", summary]
+        if simulation.has_peers:
+            preamble += ["", f"**{PEERS_TITLE}**\n\n" + format_peers_markdown(simulation)]
+            tables = [t for t in tables if t.title != PEERS_TITLE]
     document = {"command": "simulate", "trace": args.trace.text, **simulation_to_dict(simulation)}
     _emit_tables(console, style, preamble, tables, document)
     if plots:
@@ -678,14 +686,35 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def collect_summary(summary: CollectSummary, whole: DraftTrace | None) -> str:
+    """The line ``av-core collect`` ends with: what this run added (no acceptance rate when it
+    added no label, as on a rerun) and what the output file holds."""
+    line = (
+        f"{summary.output}: {summary.prompts_done} prompts collected, "
+        f"{summary.prompts_skipped} already present; {summary.rows_added} rows added"
+    )
+    if summary.labeled_added:
+        rate = summary.accepted_added / summary.labeled_added
+        line += f" ({summary.labeled_added} labeled drafts, acceptance rate {rate:.3f})"
+    else:
+        line += " (nothing new to label)"
+    if whole is not None and bool(whole.labeled.any()):
+        accepted = float((whole.label[whole.labeled] == 1).mean())
+        line += (
+            f"; the file holds {len(whole)} rows, {int(whole.labeled.sum())} labeled drafts, "
+            f"acceptance rate {accepted:.3f}"
+        )
+    return line
+
+
 def _collect(args: argparse.Namespace) -> int:
     """Collects a real trace (imports torch and transformers only when asked to)."""
     console = _console(args)
+    if not args.output.name.endswith((".csv", ".csv.gz")):
+        raise CommandError(f"--output must be a .csv or .csv.gz file, got {str(args.output)!r}")
     _require(_model_modules(args.target, args.drafter), "collect", "collect")
     from av_core.collect import CollectConfig, collect, completed_prompt_ids, read_prompts
 
-    if not args.output.name.endswith((".csv", ".csv.gz")):
-        raise CommandError(f"--output must be a .csv or .csv.gz file, got {str(args.output)!r}")
     with reading(args.prompts):
         read_prompts(args.prompts)
     with reading(args.output):
@@ -713,29 +742,11 @@ def _collect(args: argparse.Namespace) -> int:
         progress=progress_enabled(args.quiet or args.no_progress),
         max_prompts=args.max_prompts,
     )
-    line = (
-        f"{summary.output}: {summary.prompts_done} prompts collected, "
-        f"{summary.prompts_skipped} already present; "
-    )
-    if summary.labeled_added:
-        rate = summary.accepted_added / summary.labeled_added
-        line += (
-            f"{summary.rows_added} rows added, {summary.labeled_added} labeled drafts, "
-            f"acceptance rate {rate:.3f}"
-        )
-    else:
-        line += f"{summary.rows_added} rows added, nothing new to label"
     from av_core.trace import read_trace
 
     with reading(summary.output):
         whole = read_trace(summary.output) if summary.output.exists() else None
-    if whole is not None and whole.labeled.any():
-        accepted = float((whole.label[whole.labeled] == 1).mean())
-        line += (
-            f"; the file holds {len(whole)} rows, {int(whole.labeled.sum())} labeled drafts, "
-            f"acceptance rate {accepted:.3f}"
-        )
-    console.result(line)
+    console.result(collect_summary(summary, whole))
     return EXIT_OK
 
 
@@ -865,7 +876,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=["gpu-like"],
         metavar="MODEL",
-        help="'gpu-like' or 'measured FILE' (a file from av-core profile)",
+        help="'gpu-like' or 'measured FILE' (a file from av-core profile; put TRACE first) "
+        "(default: gpu-like)",
     )
     simulate.add_argument(
         "--concurrency",
@@ -923,7 +935,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("draft-knee", gpu.draft_knee, types.non_negative_int),
         ("draft-per-token-ms", gpu.draft_per_token_ms, types.non_negative_float),
     ):
-        simulate.add_argument(f"--{name}", type=kind, default=value, help="gpu-like cost model")
+        simulate.add_argument(
+            f"--{name}",
+            type=kind,
+            default=value,
+            metavar="N" if kind is types.non_negative_int else "MS",
+            help="gpu-like cost model",
+        )
     simulate.add_argument("--out", default="av_core_simulate", help="folder for the PNG plot")
     simulate.add_argument("--no-plots", action="store_true", help="tables only")
     _output_options(simulate)
@@ -1042,7 +1060,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     collect.add_argument("--no-progress", action="store_true", help="no progress line")
     collect.set_defaults(handler=_collect)
+    for sub in (demo, evaluate, simulate, traces, profile, collect):
+        _name_metavars(sub)
     return parser
+
+
+def _name_metavars(parser: argparse.ArgumentParser) -> None:
+    """Short metavars in ``--help`` from each option's type (``--steps N``, ``--out DIR``)."""
+    names: dict[Any, str] = {
+        types.positive_int: "N",
+        types.non_negative_int: "N",
+        types.seed: "SEED",
+        types.positive_float: "MS",
+        types.non_negative_float: "X",
+        types.probability: "P",
+        types.memory: "GAMMA",
+        types.device: "DEVICE",
+        types.model_path: "PATH",
+        types.readable_file: "FILE",
+        types.writable_file: "FILE",
+        types.writable_dir: "DIR",
+        depth_modes: "MODES",
+    }
+    for action in parser._actions:
+        if action.metavar is not None or not action.option_strings:
+            continue
+        kind = action.type
+        if getattr(kind, "__name__", "") == "integer list":
+            action.metavar = "LIST"
+        elif kind in names:
+            action.metavar = names[kind]
+        elif action.dest in ("out",):
+            action.metavar = "DIR"
 
 
 def _debug_requested(argv: Sequence[str]) -> bool:

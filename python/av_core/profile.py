@@ -90,6 +90,10 @@ MONOTONE_TOLERANCE = 0.2
 NOISE_TOLERANCE = 0.5
 
 
+def _tokens(count: int) -> str:
+    return f"{count} token" if count == 1 else f"{count} tokens"
+
+
 def sweep_warnings(
     name: str,
     samples: Sequence[tuple[int, Sequence[float]]],
@@ -128,9 +132,9 @@ def sweep_warnings(
     if worst is not None:
         _, t0, ms0, t1, ms1 = worst
         found.append(
-            f"{name} timings are not monotone: {t1} tokens took {ms1:.2f} ms but {t0} tokens "
-            f"took {ms0:.2f} ms (a larger pass cannot be much faster; the machine was busy or "
-            f"timing is noisy){hint}"
+            f"{name} timings are not monotone: {_tokens(t1)} took {ms1:.2f} ms but "
+            f"{_tokens(t0)} took {ms0:.2f} ms (a larger pass cannot be much faster: the "
+            f"machine was busy or the timing is noisy){hint}"
         )
     noisiest: tuple[float, int, float, float, float] | None = None
     for t, times in points:
@@ -145,7 +149,7 @@ def sweep_warnings(
     if noisiest is not None:
         _, t, low, high, median = noisiest
         found.append(
-            f"{name} timings are noisy: the repeats at {t} tokens range from {low:.2f} to "
+            f"{name} timings are noisy: the repeats at {_tokens(t)} range from {low:.2f} to "
             f"{high:.2f} ms around a median of {median:.2f} ms{hint}"
         )
     return found
