@@ -23,7 +23,7 @@ import av_core
 from av_core.argtypes import parse_int_list
 from av_core.cli import collect_summary, shipped_names
 from av_core.collect import CollectSummary
-from av_core.evaluate import Correlation, evaluate_trace
+from av_core.evaluate import Correlation, evaluate_trace, evaluation_tables
 from av_core.profile import measure_forward_samples, sweep_warnings
 from av_core.progress import Progress, progress_enabled
 from av_core.simulate import GpuLikeCost, MeasuredCost, simulate_trace
@@ -526,12 +526,25 @@ def test_partly_empty_entropy_uses_the_rows_that_have_it() -> None:
     columns["entropy"] = entropy
     evaluation = evaluate_trace(DraftTrace(**columns))
     assert all(math.isfinite(g.mean_entropy) for g in evaluation.groups)
-    text = evaluation.to_text()
-    agreement = text[text.index("slope and first intercept across fits") :]
-    groups_row = next(line for line in agreement.splitlines() if line.startswith("prompt groups"))
-    assert "n/a" not in groups_row.split()[6:7]  # r(b0, entropy) is a number
-    workloads_row = next(line for line in agreement.splitlines() if line.startswith("workloads"))
-    assert "-1.00" not in workloads_row and "+1.00" not in workloads_row
+    # Each group's mean is over its rows with an entropy: the first group against numpy.
+    assert trace.prompt_id is not None
+    pairs = dict.fromkeys(zip(trace.prompt_id.tolist(), trace.workload.tolist(), strict=True))
+    code = [p for p, w in pairs if w == "humaneval"]
+    first = np.array_split(np.array(code), 4)[0]
+    rows = np.isin(trace.prompt_id, first)
+    assert evaluation.groups[0].mean_entropy == pytest.approx(float(np.nanmean(entropy[rows])))
+    agreement = evaluation_tables(evaluation)[-1].to_dict()["rows"]
+    by_fits = {row["fits"]: row for row in agreement}
+    assert by_fits["prompt groups"]["n"] == 8
+    r = by_fits["prompt groups"]["r(b0, entropy)"]
+    assert r is not None and -1.0 < r < 1.0  # a number, not n/a
+    expected = Correlation.of(
+        [float(g.fit.intercepts[0]) for g in evaluation.groups],
+        [g.mean_entropy for g in evaluation.groups],
+    ).r
+    assert r == pytest.approx(expected)
+    assert by_fits["workloads"]["r(b0, entropy)"] is None  # two workloads: no r = ±1.00
+    assert "r = -1.00" not in evaluation.to_text() and "r = +1.00" not in evaluation.to_text()
 
 
 def test_simulate_refuses_a_trace_without_verdicts() -> None:
