@@ -239,7 +239,8 @@ def test_commands_skip_plots_without_matplotlib(
     write_trace(synthetic_trace(num_requests=4, num_steps=20), trace_path)
     out = tmp_path / "plots"
     assert main(["evaluate", str(trace_path), "--out", str(out)]) == 0
-    assert "plots skipped: matplotlib is not installed" in capsys.readouterr().out
+    # Notes go to stderr (stdout holds only the tables).
+    assert "plots skipped: matplotlib is not installed" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -441,6 +441,11 @@ def read_prompts(path: str | Path) -> list[Prompt]:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}: line {line_number}: invalid JSON ({error})") from None
+            if not isinstance(record, dict):
+                raise ValueError(
+                    f"{path}: line {line_number}: expected a JSON object with 'prompt_id', "
+                    f"'workload' and 'prompt', got a JSON {type(record).__name__}"
+                )
             for key in ("prompt_id", "workload", "prompt"):
                 if not isinstance(record.get(key), str) or not record[key]:
                     raise ValueError(

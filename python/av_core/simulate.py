@@ -34,8 +34,10 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
+from av_core.argtypes import parse_int_list
 from av_core.evaluate import DraftRounds
 from av_core.peers import TRT_DEFAULT_SCHEDULE, EmaTierPolicy, trt_draft_length
+from av_core.tables import Table, col, fixed, general, render
 from av_core.trace import DraftTrace
 
 FloatArray = npt.NDArray[np.float64]
@@ -70,6 +72,22 @@ class GpuLikeCost:
     draft_base_ms: float = 0.6
     draft_knee: int = 256
     draft_per_token_ms: float = 0.003
+
+    def __post_init__(self) -> None:
+        for name, low_open in (
+            ("verify_base_ms", True),
+            ("verify_knee", False),
+            ("verify_per_token_ms", False),
+            ("draft_base_ms", False),
+            ("draft_knee", False),
+            ("draft_per_token_ms", False),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0 or (low_open and value == 0):
+                bound = "> 0" if low_open else ">= 0"
+                raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
 
     def verify_ms(self, tokens: npt.ArrayLike) -> FloatArray:
         t = np.asarray(tokens, dtype=np.float64)
@@ -107,21 +125,50 @@ class MeasuredCost:
 
     @staticmethod
     def load(path: str | Path) -> MeasuredCost:
-        data = json.loads(Path(path).read_text())
+        """Reads a cost file; ``ValueError`` naming the file and the key for any problem
+        (unreadable text, invalid JSON, a missing or malformed ``verify`` list, non-finite or
+        negative times, a verify time of 0)."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{path}: not a cost file (not UTF-8 text at byte {error.start})"
+            ) from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+            ) from None
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"{path}: a cost file is a JSON object with a 'verify' list of [tokens, ms] "
+                f"points, got a JSON {type(data).__name__}"
+            )
         if "verify" not in data:
             raise ValueError(f"{path}: a cost file needs a 'verify' list of [tokens, ms] points")
 
         def points(name: str) -> FloatArray:
-            array = np.asarray(data[name], dtype=np.float64)
+            try:
+                array = np.asarray(data[name], dtype=np.float64)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"{path}: {name!r} must be a list of [tokens, ms] pairs of numbers"
+                ) from None
             if array.ndim != 2 or array.shape[1] != 2 or array.shape[0] < 1:
                 raise ValueError(f"{path}: {name!r} must be a list of [tokens, ms] pairs")
             if not np.all(np.isfinite(array)) or np.any(array[:, 1] < 0):
                 raise ValueError(f"{path}: {name!r} must hold finite, non-negative times")
+            if np.any(array[:, 0] < 0):
+                raise ValueError(f"{path}: {name!r} must hold non-negative token counts")
             order = np.argsort(array[:, 0], kind="stable")
             return np.asarray(array[order])
 
+        verify = points("verify")
+        if np.any(verify[:, 1] <= 0):
+            raise ValueError(f"{path}: 'verify' times must be > 0 ms (a forward pass takes time)")
         draft = points("draft") if data.get("draft") else None
-        return MeasuredCost(points("verify"), draft, str(path))
+        return MeasuredCost(verify, draft, str(path))
 
     @staticmethod
     def _curve(points: FloatArray, tokens: npt.ArrayLike) -> FloatArray:
@@ -714,6 +761,10 @@ class Simulation:
         text = format_simulation(self)
         return text + "\n\n" + format_peers(self) if self.has_peers else text
 
+    def tables(self) -> list[Table]:
+        """Every table of :meth:`to_text` (titled), for Markdown or JSON output."""
+        return simulation_tables(self)
+
 
 def simulate_trace(
     trace: DraftTrace,
@@ -729,7 +780,7 @@ def simulate_trace(
     exploration: float | None = None,
     depth_control: Sequence[DepthControl] = ("batch", "per_request"),
     memory: float | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
     peers: bool = False,
     trt_schedule: Mapping[int, int] | None = None,
 ) -> Simulation:
@@ -739,23 +790,54 @@ def simulate_trace(
     ``peers``, also the other engines' policies (:data:`PEER_POLICIES`: SGLang's EMA tiers,
     TensorRT-LLM's ``draft_len_schedule`` (``trt_schedule``, default ``{4: 4, 8: 2, 32: 1}``),
     vLLM's adaptive verification: AV with vLLM's memoryless update and no exploration floor)
-    and the hindsight oracle."""
+    and the hindsight oracle. ``progress(done, total, status)`` is called after each policy
+    at each concurrency (``total``: policies times concurrencies).
+
+    The trace must carry verdicts: rounds are replayed with the target's recorded verdicts, so a
+    trace without any label (nothing admitted, or nothing verified) is refused with a
+    ``ValueError``, as :func:`~av_core.evaluate.evaluate_trace` refuses it."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-    cost = cost if cost is not None else GpuLikeCost()
-    rounds = DraftRounds.from_trace(trace)
-    features = rounds.column(trace.logit_q_max)
-    results: dict[int, list[PolicyResult]] = {}
+    concurrency = list(concurrency)
+    if not concurrency:
+        raise ValueError("concurrency must not be empty, got []")
     for r in concurrency:
         if r < 1:
             raise ValueError(f"concurrency must be >= 1, got {r}")
+    cost = cost if cost is not None else GpuLikeCost()
+    if len(trace) == 0:
+        raise ValueError("trace has no rows")
+    if not bool(trace.admitted.any()):
+        raise ValueError(
+            "trace has no admitted draft (admitted = 0 in every row): nothing was verified, so "
+            "there are no verdicts to replay"
+        )
+    if not bool(trace.labeled.any()):
+        raise ValueError(
+            "trace has no labeled drafts (no verdicts): the simulator replays the target's verdicts"
+        )
+    rounds = DraftRounds.from_trace(trace)
+    features = rounds.column(trace.logit_q_max)
+    results: dict[int, list[PolicyResult]] = {}
+    per_concurrency = rounds.num_positions + 1 + 1 + len(depth_control) + (4 if peers else 0)
+    total = per_concurrency * len(concurrency)
+    done = 0
+
+    def advance(status: str, count: int = 1) -> None:
+        nonlocal done
+        done += count
+        if progress is not None:
+            progress(done, total, status)
+
+    for r in concurrency:
         streams = round_streams(rounds, r, warmup_steps + steps, seed)
         row = [
             simulate_fixed(rounds, streams, k, cost, drafter, warmup_steps, parallel_pass_tokens)
             for k in range(rounds.num_positions + 1)
         ]
+        advance(f"R={r} fixed K", rounds.num_positions + 1)
         for mode in (None, *depth_control):
             row.append(
                 simulate_adaptive(
@@ -772,6 +854,7 @@ def simulate_trace(
                     memory=memory,
                 )
             )
+            advance(f"R={r} {row[-1].policy}")
         if peers:
             row.append(
                 simulate_sglang_ema(
@@ -783,6 +866,7 @@ def simulate_trace(
                     parallel_pass_tokens=parallel_pass_tokens,
                 )
             )
+            advance(f"R={r} {row[-1].policy}")
             row.append(
                 simulate_trt_schedule(
                     rounds,
@@ -794,6 +878,7 @@ def simulate_trace(
                     parallel_pass_tokens=parallel_pass_tokens,
                 )
             )
+            advance(f"R={r} {row[-1].policy}")
             vllm = simulate_adaptive(
                 rounds,
                 features,
@@ -807,6 +892,7 @@ def simulate_trace(
                 memory=0.0,
             )
             row.append(dataclasses.replace(vllm, policy=PEER_POLICIES[2]))
+            advance(f"R={r} {row[-1].policy}")
             row.append(
                 simulate_oracle(
                     rounds,
@@ -817,9 +903,8 @@ def simulate_trace(
                     parallel_pass_tokens=parallel_pass_tokens,
                 )
             )
+            advance(f"R={r} {ORACLE}")
         results[r] = row
-        if progress is not None:
-            progress(f"concurrency {r} done")
     description = cost.describe()
     if drafter == "parallel":
         description += f"; parallel pass charged at {parallel_pass_tokens}"
@@ -834,63 +919,134 @@ def simulate_trace(
     )
 
 
-def format_simulation(simulation: Simulation) -> str:
-    """Throughput (tokens/ms) and per-request tokens/ms per policy and concurrency, and each
-    adaptive policy against the best fixed K >= 1 and against the best of everything fixed
-    (no speculation included)."""
+def simulation_preamble(simulation: Simulation) -> list[str]:
+    """The lines above the tables: drafter, K, steps and the cost model."""
+    s = simulation
+    return [
+        f"simulation: {s.drafter} drafter, K = {s.num_positions}, {s.steps} measured steps "
+        f"after {s.warmup_steps} warm-up steps, rounds replayed from {s.num_rounds} trace rounds",
+        f"cost model: {s.cost_description}",
+    ]
+
+
+def simulation_tables(simulation: Simulation) -> list[Table]:
+    """The tables of :func:`format_simulation` (and of ``--markdown`` and ``--json``)."""
     s = simulation
     first = next(iter(s.results.values()))
     names = [r.policy for r in first]
     adaptive = s.adaptive_policies
-    ratio_names = [f"{a}/best" for a in adaptive] + [f"{a}/max" for a in adaptive]
-    lines = [
-        f"simulation: {s.drafter} drafter, K = {s.num_positions}, {s.steps} measured steps "
-        f"after {s.warmup_steps} warm-up steps, rounds replayed from {s.num_rounds} trace rounds",
-        f"cost model: {s.cost_description}",
-        "",
+
+    throughput = Table(
         "output tokens per ms (all requests)",
-        f"{'R':>5}" + "".join(f"{n:>9}" for n in names) + "".join(f"{n:>10}" for n in ratio_names),
-    ]
-    for concurrency, row in s.results.items():
-        best = s.best_fixed(concurrency)
-        best_all = s.best_fixed(concurrency, min_k=0)
-        lines.append(
-            f"{concurrency:>5}"
-            + "".join(f"{r.throughput:>9.4g}" for r in row)
-            + "".join(
-                f"{s.adaptive(concurrency, a).throughput / best.throughput:>10.3f}"
-                for a in adaptive
-            )
-            + "".join(
-                f"{s.adaptive(concurrency, a).throughput / best_all.throughput:>10.3f}"
-                for a in adaptive
-            )
-        )
-    lines.append(
-        "X/best: X against the best fixed K >= 1 at that concurrency; X/max: against the best "
-        "of every fixed K including K = 0 (no speculation). AV: adaptive verification; AV+D: "
-        "with one drafting depth for the batch; AV+Dr: with a depth per request."
-    )
-    lines.append("")
-    lines.append("per-request output tokens per ms (interactivity)")
-    lines.append(f"{'R':>5}" + "".join(f"{n:>9}" for n in names))
-    for concurrency, row in s.results.items():
-        lines.append(f"{concurrency:>5}" + "".join(f"{r.per_request:>9.3g}" for r in row))
-    lines.append("")
-    lines.append(
-        f"{'R':>5}"
-        + "".join(f"{a + ' drafted/req':>18}{a + ' verified/drafted':>21}" for a in adaptive)
+        [col("R"), *(col(n, general(4)) for n in names)],
     )
     for concurrency in s.results:
-        cells = []
+        throughput.add(concurrency, *(s.result(concurrency, n).throughput for n in names))
+    throughput.notes.append(
+        "K=k: every request drafts and verifies k drafts (K=0: no speculation). AV: adaptive "
+        "verification; AV+D: with one drafting depth for the batch; AV+Dr: with a depth per "
+        "request."
+    )
+
+    ratios = Table(
+        "adaptive policies against the best fixed K",
+        [
+            col("R"),
+            col("best K>=1", align="<"),
+            col("best K>=0", align="<"),
+            *(col(f"{a}/best", fixed(3)) for a in adaptive),
+            *(col(f"{a}/max", fixed(3)) for a in adaptive),
+        ],
+    )
+    for concurrency in s.results:
+        best = s.best_fixed(concurrency)
+        best_all = s.best_fixed(concurrency, min_k=0)
+        ratios.add(
+            concurrency,
+            best.policy,
+            best_all.policy,
+            *(s.adaptive(concurrency, a).throughput / best.throughput for a in adaptive),
+            *(s.adaptive(concurrency, a).throughput / best_all.throughput for a in adaptive),
+        )
+    ratios.notes.append(
+        "X/best: X's throughput over the best fixed K >= 1 at that concurrency; X/max: over the "
+        "best of every fixed K including K = 0 (no speculation)."
+    )
+
+    interactivity = Table(
+        "per-request output tokens per ms (interactivity)",
+        [col("R"), *(col(n, general(3)) for n in names)],
+    )
+    for concurrency in s.results:
+        interactivity.add(concurrency, *(s.result(concurrency, n).per_request for n in names))
+
+    work = Table(
+        "drafting and verification of the adaptive policies",
+        [
+            col("R"),
+            *(
+                column
+                for a in adaptive
+                for column in (
+                    col(f"{a} drafted/req", fixed(3)),
+                    col(f"{a} verified/drafted", fixed(3)),
+                )
+            ),
+        ],
+    )
+    for concurrency in s.results:
+        cells: list[float] = []
         for a in adaptive:
             r = s.adaptive(concurrency, a)
-            cells.append(
-                f"{r.drafted / (r.steps * concurrency):>18.3f}"
-                f"{r.verified_drafts / max(r.drafted, 1):>21.3f}"
-            )
-        lines.append(f"{concurrency:>5}" + "".join(cells))
-    return "\n".join(lines)
+            share = r.verified_drafts / r.drafted if r.drafted else math.nan
+            cells += [r.drafted / (r.steps * concurrency), share]
+        work.add(concurrency, *cells)
+    work.notes.append(
+        "drafted/req: drafts per request per step; verified/drafted: the share of drafted "
+        "positions sent to verification (n/a: nothing drafted)."
+    )
+    tables = [throughput, ratios, interactivity, work]
+    if s.has_peers:
+        tables.append(peers_table(s))
+    return tables
+
+
+def format_simulation(simulation: Simulation) -> str:
+    """Throughput (tokens/ms) and per-request tokens/ms per policy and concurrency, each
+    adaptive policy against the best fixed K >= 1 and against the best of everything fixed
+    (no speculation included), and what the adaptive policies drafted and verified; each table
+    titled, columns two spaces apart."""
+    tables = [t for t in simulation_tables(simulation) if t.title != PEERS_TITLE]
+    return render(tables, "text", simulation_preamble(simulation))
+
+
+def simulation_to_dict(simulation: Simulation) -> dict[str, object]:
+    """Everything ``av-core simulate --json`` prints: settings, raw results and the tables."""
+    s = simulation
+    return {
+        "drafter": s.drafter,
+        "num_positions": s.num_positions,
+        "steps": s.steps,
+        "warmup_steps": s.warmup_steps,
+        "num_rounds": s.num_rounds,
+        "cost_model": s.cost_description,
+        "results": [
+            {
+                "concurrency": concurrency,
+                "policy": r.policy,
+                "throughput_tokens_per_ms": r.throughput,
+                "per_request_tokens_per_ms": r.per_request,
+                "tokens": r.tokens,
+                "time_ms": r.time_ms,
+                "drafted": r.drafted,
+                "verified_drafts": r.verified_drafts,
+                "steps": r.steps,
+            }
+            for concurrency, row in s.results.items()
+            for r in row
+        ],
+        "tables": [t.to_dict() for t in simulation_tables(s)],
+    }
 
 
 def _oracle(simulation: Simulation, concurrency: int) -> PolicyResult:
@@ -942,32 +1098,45 @@ def peer_rows(simulation: Simulation) -> list[PeerRow]:
     return rows
 
 
-def format_peers(simulation: Simulation) -> str:
-    """The peers' policies, av_core's and the oracle, each over the best fixed K (no
-    speculation included), av_core's fraction of the oracle and av_core over the best other."""
+PEERS_TITLE = "peers: throughput over the best fixed K (K = 0 included), same rounds and costs"
+
+
+def peers_table(simulation: Simulation) -> Table:
+    """The table of :func:`format_peers`."""
     rows = peer_rows(simulation)
     names = list(rows[0].relative)
-    lines = [
-        "peers: throughput over the best fixed K (K = 0 included), same rounds and costs",
-        f"{'R':>5}{'best fixed':>18}"
-        + "".join(f"{n:>9}" for n in names)
-        + f"{rows[0].av_core + '/oracle':>13}{rows[0].av_core + '/other':>12}",
-    ]
+    table = Table(
+        PEERS_TITLE,
+        [
+            col("R"),
+            col("best fixed", align="<"),
+            *(col(n, fixed(3)) for n in names),
+            col(f"{rows[0].av_core}/oracle", fixed(3)),
+            col(f"{rows[0].av_core}/other", fixed(3)),
+        ],
+    )
     for row in rows:
-        best = f"{row.best_fixed.throughput:.4g} ({row.best_fixed.policy})"
-        lines.append(
-            f"{row.concurrency:>5}{best:>18}"
-            + "".join(f"{row.relative[n]:>9.3f}" for n in names)
-            + f"{row.av_core_of_oracle:>13.3f}{row.av_core_of_best_other:>12.3f}"
+        table.add(
+            row.concurrency,
+            f"{row.best_fixed.throughput:.4g} ({row.best_fixed.policy})",
+            *(row.relative[n] for n in names),
+            row.av_core_of_oracle,
+            row.av_core_of_best_other,
         )
-    lines.append(
+    table.notes.append(
         "SGL-EMA: SGLang's EMA tiers (default configuration, steps above K clipped to K); TRT: "
         "TensorRT-LLM's draft_len_schedule; vLLM-AV: adaptive verification with vLLM's "
         "memoryless update and no exploration floor; oracle: the hindsight bound (verifies only "
         "accepted drafts, the best number per step). X/other: against the best policy but the "
         "oracle, fixed K included."
     )
-    return "\n".join(lines)
+    return table
+
+
+def format_peers(simulation: Simulation) -> str:
+    """The peers' policies, av_core's and the oracle, each over the best fixed K (no
+    speculation included), av_core's fraction of the oracle and av_core over the best other."""
+    return peers_table(simulation).to_text()
 
 
 def format_peers_markdown(simulation: Simulation, label: str = "") -> str:
@@ -1032,21 +1201,22 @@ def format_markdown(simulation: Simulation) -> str:
 
 
 def parse_concurrency(text: str) -> list[int]:
-    """``"1,2,4"`` → ``[1, 2, 4]``; ``"1-256"`` → powers of two from 1 to 256."""
-    if "-" in text and "," not in text:
-        low, high = (int(part) for part in text.split("-"))
-        values = [2**i for i in range(int(math.log2(max(low, 1))), int(math.log2(high)) + 1)]
-        return [v for v in values if low <= v <= high]
-    values = [int(part) for part in text.split(",") if part.strip()]
-    if not values or any(v < 1 for v in values):
-        raise ValueError(f"concurrency must be positive integers, got {text!r}")
-    return values
+    """``"1,2,4"`` → ``[1, 2, 4]``; ``"1-256"`` → 1, 2, 4, ..., 256 (doubling from LOW to HIGH).
+
+    The grammar of :func:`av_core.argtypes.parse_int_list`: comma-separated integers and
+    ``LOW-HIGH`` doubling ranges, strictly increasing, each >= 1; anything else is a
+    ``ValueError`` quoting the text."""
+    try:
+        return parse_int_list(text, low=1)
+    except ValueError as error:
+        raise ValueError(f"concurrency: {error}") from None
 
 
 __all__ = [
     "ADAPTIVE_POLICIES",
     "ORACLE",
     "PEER_POLICIES",
+    "PEERS_TITLE",
     "PeerRow",
     "DEFAULT_CONCURRENCY",
     "DepthControl",
@@ -1067,6 +1237,7 @@ __all__ = [
     "format_simulation",
     "parse_concurrency",
     "peer_rows",
+    "peers_table",
     "round_streams",
     "simulate_adaptive",
     "simulate_fixed",
@@ -1074,5 +1245,8 @@ __all__ = [
     "simulate_sglang_ema",
     "simulate_trace",
     "simulate_trt_schedule",
+    "simulation_preamble",
+    "simulation_tables",
+    "simulation_to_dict",
     "step_draft_cost_ms",
 ]
