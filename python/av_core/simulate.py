@@ -99,12 +99,35 @@ class MeasuredCost:
 
     @staticmethod
     def load(path: str | Path) -> MeasuredCost:
-        data = json.loads(Path(path).read_text())
+        """Reads a cost file written by ``av-core profile`` (JSON with a ``verify`` list of
+        ``[tokens, ms]`` points and an optional ``draft`` list). Anything malformed (not UTF-8,
+        not JSON, missing or mistyped lists, non-finite or negative values) raises ``ValueError``
+        naming the file; a file that cannot be opened raises its ``OSError``."""
+        try:
+            data = json.loads(Path(path).read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not UTF-8 text ({error.reason})") from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not JSON ({error})") from None
+        except RecursionError:
+            raise ValueError(f"{path}: not JSON (nested too deeply)") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a cost file is a JSON object, got {type(data).__name__}")
         if "verify" not in data:
             raise ValueError(f"{path}: a cost file needs a 'verify' list of [tokens, ms] points")
 
         def points(name: str) -> FloatArray:
-            array = np.asarray(data[name], dtype=np.float64)
+            value = data[name]
+            try:
+                if not isinstance(value, list) or not all(
+                    isinstance(point, list)
+                    and all(isinstance(v, int | float) and not isinstance(v, bool) for v in point)
+                    for point in value
+                ):
+                    raise ValueError
+                array = np.asarray(value, dtype=np.float64)
+            except (ValueError, OverflowError):
+                array = np.zeros((0, 0))
             if array.ndim != 2 or array.shape[1] != 2 or array.shape[0] < 1:
                 raise ValueError(f"{path}: {name!r} must be a list of [tokens, ms] pairs")
             if not np.all(np.isfinite(array)) or np.any(array[:, 1] < 0):
