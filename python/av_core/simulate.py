@@ -246,6 +246,26 @@ def cost_tables_for(
     return tables.with_draft_depth(drafter, max_depth=num_positions)
 
 
+#: The most ``steps x requests`` slots a simulation replays (each costs a few int64 arrays).
+MAX_STREAM_ENTRIES = 1 << 28
+
+
+def _check_int(value: object, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+def _check_stream_size(num_requests: int, num_steps: int) -> None:
+    if num_requests * num_steps > MAX_STREAM_ENTRIES:
+        raise ValueError(
+            f"{num_steps} steps x {num_requests} requests exceed MAX_STREAM_ENTRIES = "
+            f"{MAX_STREAM_ENTRIES} simulated slots"
+        )
+
+
 @dataclass(frozen=True)
 class RoundStreams:
     """Which trace round each of R request slots replays at each step, and when a slot's
@@ -260,6 +280,9 @@ def round_streams(
 ) -> RoundStreams:
     """Each slot starts at a random trace request and replays whole requests in trace order,
     wrapping around; different slots therefore replay different content at the same step."""
+    num_requests = _check_int(num_requests, "num_requests", 1)
+    num_steps = _check_int(num_steps, "num_steps", 1)
+    _check_stream_size(num_requests, num_steps)
     request_starts = np.flatnonzero(np.r_[True, rounds.request_id[1:] != rounds.request_id[:-1]])
     rng = np.random.default_rng(seed)
     starts = request_starts[rng.integers(0, request_starts.shape[0], size=num_requests)]
@@ -502,17 +525,19 @@ def simulate_trace(
     """Runs every policy at every concurrency on the same round streams (paired comparison):
     fixed K = 0..K, AV, and AV with each drafting-depth mode in ``depth_control``. ``memory``
     sets the estimator's memory across rounds (``None``: the estimator's default)."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    steps = _check_int(steps, "steps", 1)
+    warmup_steps = _check_int(warmup_steps, "warmup_steps", 0)
+    seed = _check_int(seed, "seed", 0)
+    if isinstance(concurrency, str) or not isinstance(concurrency, Sequence):
+        raise TypeError(f"concurrency must be a sequence of ints, got {type(concurrency).__name__}")
+    for r in concurrency:
+        _check_int(r, "concurrency", 1)
+        _check_stream_size(r, warmup_steps + steps)
     cost = cost if cost is not None else GpuLikeCost()
     rounds = DraftRounds.from_trace(trace)
     features = rounds.column(trace.logit_q_max)
     results: dict[int, list[PolicyResult]] = {}
     for r in concurrency:
-        if r < 1:
-            raise ValueError(f"concurrency must be >= 1, got {r}")
         streams = round_streams(rounds, r, warmup_steps + steps, seed)
         row = [
             simulate_fixed(rounds, streams, k, cost, drafter, warmup_steps, parallel_pass_tokens)
@@ -655,6 +680,7 @@ def parse_concurrency(text: str) -> list[int]:
 __all__ = [
     "ADAPTIVE_POLICIES",
     "DEFAULT_CONCURRENCY",
+    "MAX_STREAM_ENTRIES",
     "DepthControl",
     "AdaptiveTrace",
     "CostModel",
