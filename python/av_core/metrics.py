@@ -186,8 +186,9 @@ def log_loss(y_true: npt.ArrayLike, y_prob: npt.ArrayLike, eps: float = LOG_LOSS
     probs = _probabilities(y_prob, labels.shape[0])
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a number, got {type(eps).__name__}")
-    if not 0.0 < float(eps) < 0.5:
+    if not 0.0 < eps < 0.5:  # compared as given: float(10**400) would overflow
         raise ValueError(f"eps must lie in (0, 0.5), got {eps}")
+    eps = float(eps)
     clipped = np.clip(probs, eps, 1.0 - eps)
     losses = np.where(labels, -np.log(clipped), -np.log1p(-clipped))
     return float(losses.mean())

@@ -73,8 +73,9 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 Prefix = tuple[int, ...]
 
-#: The most entries of a joint law (``V^((K + 1)·R)``), and so of draft outcomes, the exact
-#: checks enumerate: beyond it they would run for hours or exhaust memory, so they refuse first.
+#: The most entries of a joint law (``V^((K + 1)·R)``, V counted as at least 2), and so of draft
+#: outcomes, the exact checks enumerate: beyond it they would run for hours or exhaust memory, so
+#: they refuse first.
 MAX_LAW_ENTRIES = 1 << 22
 
 
@@ -93,13 +94,11 @@ def _check_dimensions(vocab_size: object, num_positions: object, num_requests: o
     assert isinstance(vocab_size, int | np.integer)
     assert isinstance(num_positions, int | np.integer)
     assert isinstance(num_requests, int | np.integer)
-    # Compared as exponents (no huge power is formed): V^((K + 1)·R) <= MAX_LAW_ENTRIES.
+    # Compared as exponents first (no huge power is formed), with V counted as at least 2: the
+    # enumeration walks K + 1 prefix lengths per request even for a one-token vocabulary.
     exponent = (int(num_positions) + 1) * int(num_requests)
-    if (
-        vocab_size > 1
-        and exponent > (MAX_LAW_ENTRIES.bit_length() - 1)
-        or (vocab_size > 1 and int(vocab_size) ** exponent > MAX_LAW_ENTRIES)
-    ):
+    base = max(int(vocab_size), 2)
+    if exponent > MAX_LAW_ENTRIES.bit_length() - 1 or base**exponent > MAX_LAW_ENTRIES:
         raise ValueError(
             f"vocab_size ** ((num_positions + 1) * num_requests) = {vocab_size} ** {exponent} "
             f"outcomes exceed MAX_LAW_ENTRIES = {MAX_LAW_ENTRIES}: keep V, K and R tiny"

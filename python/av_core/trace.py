@@ -603,7 +603,12 @@ def _read_parquet(path: Path) -> DraftTrace:
         table = pa.parquet.read_table(path)
         columns = _header_columns(table.column_names, where)
         cells_by_name = {column.name: table.column(column.name).to_pylist() for column in columns}
-    except pa.ArrowException as error:
+    except (pa.ArrowException, OSError) as error:
+        # pyarrow reports a damaged file as an ArrowException or as a plain OSError without an
+        # errno ("Couldn't deserialize thrift"); an OSError with an errno is the file system's.
+        if isinstance(error, OSError) and not isinstance(error, pa.ArrowException):
+            if error.errno is not None:
+                raise
         raise ValueError(
             f"{where}: not a readable Parquet trace ({type(error).__name__}: {error})"
         ) from None

@@ -909,6 +909,9 @@ def _assign_on_device(
     return assign_draft_budget_torch(confidences, capacities, budget).to(capacities.dtype)
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _check_count(value: object, name: str) -> int:
     """A non-negative int of any size (token counts), as a Python int."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
@@ -1022,6 +1025,10 @@ def batch_draft_budget(
             raise ValueError(
                 f"num_tokens_per_req[{req_id!r}] = {tokens} is less than its {drafts} draft tokens"
             )
+    if sum(tokens_list) > _INT64_MAX:
+        raise ValueError(
+            f"num_tokens_per_req: {sum(tokens_list)} tokens in all exceed int64 (2**63 - 1)"
+        )
     non_draft_list = [t - d for t, d in zip(tokens_list, drafts_list, strict=True)]
     num_drafts_per_req = dict(zip(req_ids, drafts_list, strict=True))
     num_non_draft_per_req = dict(zip(req_ids, non_draft_list, strict=True))
