@@ -21,7 +21,11 @@ handling), so nothing here depends on the bindings' own layout fix.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from typing import Any
 
@@ -1058,3 +1062,92 @@ def test_simulated_streams_are_sized_before_allocation() -> None:
         ((2, 0, 0), "num_steps"),
     ]:
         assert clean_or_none(lambda: round_streams(rounds, *args), name) is not None  # noqa: B023
+
+
+# --------------------------------------------------------------------------------------------
+# Concurrent mutation: what was checked is what is used
+
+
+@contextmanager
+def flipping(
+    tensor: torch.Tensor, index: tuple[int, ...], good: float, bad: float
+) -> Iterator[None]:
+    """Another thread writes ``bad`` and ``good`` in turn into ``tensor[index]`` (ending on
+    ``good``), with the interpreter switching threads as often as it can."""
+    stop = threading.Event()
+
+    def writer() -> None:
+        while not stop.is_set():
+            tensor[index] = bad
+            tensor[index] = good
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+
+
+def race(call: Callable[[], Any], check: Callable[[Any], None], seconds: float = 1.5) -> int:
+    """Calls ``call`` for ``seconds``: each either raises ValueError or passes ``check``."""
+    successes = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            result = call()
+        except ValueError:
+            continue
+        check(result)
+        successes += 1
+    return successes
+
+
+def test_an_index_written_by_another_thread_is_refused_or_used_as_checked() -> None:
+    """Checked on the host, then read again to index: a writer in between let IndexError out of
+    FeatureExtractor.write and assign_draft_token_budget (and could place a write anywhere)."""
+    m, k = 4, 3
+    z = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    idx = torch.tensor([0, 1, 2, 3])
+    reference = FeatureExtractor(m, k)
+    reference.write(z, idx, 0)
+    extractor = FeatureExtractor(m, k)
+    probs = torch.rand(5, k, generator=torch.Generator().manual_seed(1))
+    expected = torch.tensor([k] * 4)
+    assign_draft_token_budget(probs, idx, expected, 5, k)
+
+    def write() -> torch.Tensor:
+        extractor.write(z, idx, 0)
+        return extractor.features.clone()
+
+    def assign() -> torch.Tensor:
+        capacities = torch.tensor([k] * 4)
+        assign_draft_token_budget(probs, idx, capacities, 5, k)
+        return capacities
+
+    with flipping(idx, (1,), 1, 10**9):
+        race(write, lambda got: torch.testing.assert_close(got, reference.features))
+        race(assign, lambda got: torch.testing.assert_close(got, expected))
+
+
+def test_confidences_written_by_another_thread_are_refused_or_used_as_checked() -> None:
+    conf = torch.full((3, 4), 0.5, dtype=torch.float64)
+    sched = torch.tensor([4, 4, 4])
+    expected = assign_draft_budget_torch(conf, sched, 6).tolist()
+    with flipping(conf, (1, 2), 0.5, math.nan):
+        race(
+            lambda: assign_draft_budget_torch(conf, sched, 6).tolist(),
+            lambda got: got == expected or pytest.fail(str(got)),
+        )
+    top_p = torch.full((3,), 0.5, dtype=torch.float64)
+    z = torch.randn(3, 30, generator=torch.Generator().manual_seed(2))
+    want = draft_log_odds(z, top_p=top_p)
+    with flipping(top_p, (1,), 0.5, math.nan):
+        race(
+            lambda: draft_log_odds(z, top_p=top_p),
+            lambda got: torch.testing.assert_close(got, want),
+        )

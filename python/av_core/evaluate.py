@@ -171,6 +171,8 @@ def replay_online(
     ``memory`` is the estimator's memory across rounds (``None``: av_core's default; 0: vLLM's
     memoryless update).
     """
+    if isinstance(batch_rounds, bool) or not isinstance(batch_rounds, int | np.integer):
+        raise TypeError(f"batch_rounds must be an int, got {type(batch_rounds).__name__}")
     if batch_rounds < 1:
         raise ValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
     if features.shape != rounds.rows.shape:

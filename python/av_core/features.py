@@ -288,12 +288,20 @@ def _check_tokens(tokens: object, n: int, vocab: int, device: torch.device) -> t
     tokens = _check_integer_tensor(tokens, "tokens")
     if tokens.shape != (n,):
         raise ValueError(f"tokens must have shape [{n}], got shape {tuple(tokens.shape)}")
+    tokens = _snapshot(tokens)
     if n:
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
             raise ValueError(f"tokens must lie in [0, {vocab}), got {bad}")
     return tokens.to(device=device, dtype=torch.int64)
+
+
+def _snapshot(value: torch.Tensor) -> torch.Tensor:
+    """A private copy of a host tensor that is checked and then used: what was validated must be
+    what is used, even if another thread writes the caller's tensor in between (a device tensor
+    is not read on the host, so it is used as given)."""
+    return value.clone() if value.device.type == "cpu" else value
 
 
 # --------------------------------------------------------------------------------------------
@@ -732,7 +740,7 @@ def _truncation_args(
         else:
             if isinstance(top_k, torch.Tensor):
                 top_k = _check_integer_tensor(top_k, "top_k")
-            k_rows = _per_row(top_k, n, "top_k", device).to(torch.int64)
+            k_rows = _snapshot(_per_row(top_k, n, "top_k", device).to(torch.int64))
             if k_rows.device.type == "cpu":
                 row = _first_bad_row(k_rows < -1, valid)
                 if row is not None:
@@ -750,7 +758,7 @@ def _truncation_args(
                 raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
             p_rows = torch.full((n,), value, dtype=torch.float64, device=device)
         else:
-            p_rows = _per_row(top_p, n, "top_p", device).to(torch.float64)
+            p_rows = _snapshot(_per_row(top_p, n, "top_p", device).to(torch.float64))
             if p_rows.device.type == "cpu":
                 row = _first_bad_row(~(p_rows > 0.0), valid)
                 if row is not None:
@@ -1309,6 +1317,7 @@ class FeatureExtractor:
                 f"idx_mapping must have shape [{n}] (one per logits row), got "
                 f"{tuple(idx_mapping.shape)}"
             )
+        idx_mapping = _snapshot(idx_mapping)
         if idx_mapping.device.type == "cpu" and n:
             low, high = int(idx_mapping.min()), int(idx_mapping.max())
             if low < -1 or high >= self.max_num_reqs:
@@ -1347,7 +1356,7 @@ class FeatureExtractor:
                 f"draft_step must be an int or an integer torch.Tensor, got "
                 f"{type(draft_step).__name__}"
             )
-        draft_step = _check_integer_tensor(draft_step, "draft_step")
+        draft_step = _snapshot(_check_integer_tensor(draft_step, "draft_step"))
         if draft_step.device.type == "cpu" and draft_step.numel():
             low, high = int(draft_step.min()), int(draft_step.max())
             if low < 0 or high >= k:

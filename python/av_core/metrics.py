@@ -68,14 +68,15 @@ def _exact_integers(value: list[Any] | tuple[Any, ...]) -> npt.NDArray[Any] | No
 
 
 def _vector(value: npt.ArrayLike, name: str) -> npt.NDArray[Any]:
-    """A 1-D, non-empty, real array of ``value`` as given: integers stay integers (exact), an
-    object array only for Python integers beyond 64 bits."""
+    """A 1-D, non-empty, real array of ``value`` as given (copied): integers stay integers
+    (exact), an object array only for Python integers beyond 64 bits."""
     array: npt.NDArray[Any] | None = None
     if isinstance(value, list | tuple):
         array = _exact_integers(value)
     if array is None:
         try:
-            array = np.asarray(value)
+            # A private copy: what is checked is what is used, whatever another thread writes.
+            array = np.array(value)
         except (ValueError, TypeError, OverflowError) as error:
             raise ValueError(f"{name} must be a 1-D array: {error}") from None
         if not (np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)):

@@ -55,6 +55,10 @@ def _check_confidences(confidences: object) -> torch.Tensor:
     if not confidences.is_floating_point():
         raise TypeError(f"confidences: expected a float tensor, got {confidences.dtype}")
     p = _dense(confidences.detach(), "confidences")
+    if p.device.type == "cpu":
+        # A private float64 copy: what is checked is what is used, whatever another thread
+        # writes into the caller's tensor meanwhile.
+        p = p.to(torch.float64, copy=True)
     if p.device.type == "cpu" and p.numel():
         bad = torch.nonzero(~((p >= 0.0) & (p <= 1.0)))
         if bad.numel():
@@ -93,8 +97,11 @@ def _check_budget(budget: object, slots: int, device: torch.device) -> int | tor
     tensor = _check_integers(budget, "budget")
     if tensor.dim() != 0:
         raise ValueError(f"budget: expected a 0-d tensor, got shape {tuple(tensor.shape)}")
-    if tensor.device.type == "cpu" and int(tensor) < 0:
-        raise ValueError(f"budget: must be non-negative, got {int(tensor)}")
+    if tensor.device.type == "cpu":
+        value = int(tensor)  # read once: the value checked is the value used
+        if value < 0:
+            raise ValueError(f"budget: must be non-negative, got {value}")
+        return min(value, slots)
     return tensor.to(device)
 
 
@@ -113,6 +120,8 @@ def assign_draft_budget_torch(
     """
     p = _check_confidences(confidences)
     scheduled = _check_integers(scheduled_drafts, "scheduled_drafts")
+    if scheduled.device.type == "cpu":
+        scheduled = scheduled.clone()  # checked, then used: a private copy
     if scheduled.dim() != 1 or scheduled.shape[0] != p.shape[0]:
         raise ValueError(
             f"scheduled_drafts: expected shape [{p.shape[0]}], got {tuple(scheduled.shape)}"

@@ -42,6 +42,7 @@ from av_core.features import (
     _check_device,
     _check_integer_tensor,
     _dense,
+    _snapshot,
     draft_log_odds,
 )
 
@@ -96,7 +97,9 @@ def _check_tensor(value: object, name: str) -> torch.Tensor:
 
 
 def _check_int_tensor(value: object, name: str) -> torch.Tensor:
-    return _check_integer_tensor(value, name)
+    """An integer tensor argument; a host one as a private copy, so that the entries checked
+    are the entries used even if another thread writes the caller's tensor meanwhile."""
+    return _snapshot(_check_integer_tensor(value, name))
 
 
 def _check_output(value: torch.Tensor, name: str) -> torch.Tensor:
@@ -874,6 +877,8 @@ def assign_draft_token_budget(
         raise ValueError(f"idx_mapping must be 1-D, got shape {tuple(idx_mapping.shape)}")
     if isinstance(capacities, torch.Tensor):
         _check_output(capacities, "capacities")
+    output = capacities
+    # A private copy on the host (checked, then used); the result goes into the caller's tensor.
     capacities = _check_vector(capacities, "capacities", idx_mapping.shape[0])
     if isinstance(draft_budget, bool) or not isinstance(draft_budget, int | np.integer):
         raise TypeError(f"draft_budget must be an int, got {type(draft_budget).__name__}")
@@ -893,10 +898,10 @@ def assign_draft_token_budget(
                 capacities.numpy().astype(np.int64),
                 budget,
             )
-            capacities.copy_(torch.from_numpy(np.asarray(admitted)))
+            output.copy_(torch.from_numpy(np.asarray(admitted)))
             return
         admitted_t = _assign_on_device(confidences, capacities, budget)
-        capacities.copy_(admitted_t)
+        output.copy_(admitted_t)
 
 
 def _assign_on_device(

@@ -85,8 +85,9 @@ def _host(value: Any, name: str) -> npt.NDArray[Any]:
 
 
 def _integers(value: Any, name: str) -> npt.NDArray[Any]:
-    """An integer array as given (no cast yet: a float would truncate, a uint64 wrap)."""
-    array = _host(value, name)
+    """An integer array as given (no cast yet: a float would truncate, a uint64 wrap), copied:
+    the entries checked are the entries used, whatever another thread writes meanwhile."""
+    array = np.array(_host(value, name))
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
     return array
@@ -265,7 +266,7 @@ class DraftDepthHook:
                 f"confidences: expected shape [{slots.size}, {k}] or larger, got {conf.shape}"
             )
         conf = conf[: slots.size, :k].astype(np.float64)
-        raw = np.asarray(_host(num_drafted, "num_drafted"))
+        raw = np.array(_host(num_drafted, "num_drafted"))  # a copy: checked, then used
         if raw.dtype.kind not in "iu" or raw.shape not in ((), slots.shape):
             raise ValueError(
                 f"num_drafted: expected one int or one per request ({slots.size}), got "
