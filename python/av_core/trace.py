@@ -596,22 +596,34 @@ def _require_pyarrow() -> Any:
     return pyarrow
 
 
+def _parquet_failure(where: str, error: Exception) -> Exception:
+    """What pyarrow raised while decoding, as a ValueError naming the file. A damaged file shows
+    up as an ArrowException, a plain OSError without an errno ("Couldn't deserialize thrift"),
+    or a Python decoding error (a column name that is not UTF-8); an OSError with an errno is the
+    file system's and is returned as is, and so is anything that is not a decoding failure."""
+    decoding = (UnicodeDecodeError, EOFError, OverflowError, ValueError, TypeError, KeyError)
+    if isinstance(error, OSError) and error.errno is not None:
+        return error
+    if isinstance(error, (OSError, *decoding)) or type(error).__module__.startswith("pyarrow"):
+        return ValueError(
+            f"{where}: not a readable Parquet trace ({type(error).__name__}: {error})"
+        )
+    return error
+
+
 def _read_parquet(path: Path) -> DraftTrace:
     pa = _require_pyarrow()
     where = str(path)
     try:
         table = pa.parquet.read_table(path)
-        columns = _header_columns(table.column_names, where)
+        names = [str(name) for name in table.column_names]
+    except Exception as error:  # noqa: BLE001 - sorted out by _parquet_failure
+        raise _parquet_failure(where, error) from None
+    columns = _header_columns(names, where)
+    try:
         cells_by_name = {column.name: table.column(column.name).to_pylist() for column in columns}
-    except (pa.ArrowException, OSError) as error:
-        # pyarrow reports a damaged file as an ArrowException or as a plain OSError without an
-        # errno ("Couldn't deserialize thrift"); an OSError with an errno is the file system's.
-        if isinstance(error, OSError) and not isinstance(error, pa.ArrowException):
-            if error.errno is not None:
-                raise
-        raise ValueError(
-            f"{where}: not a readable Parquet trace ({type(error).__name__}: {error})"
-        ) from None
+    except Exception as error:  # noqa: BLE001 - sorted out by _parquet_failure
+        raise _parquet_failure(where, error) from None
     values: dict[str, list[Any]] = {}
     for column in columns:
         parsed: list[Any] = []
