@@ -41,6 +41,10 @@ DEFAULT_REFIT_INTERVAL = 25
 MAX_FEATURE = 40.0
 
 
+#: The most ``rounds x K`` entries :meth:`DraftRounds.from_trace` lays out (2 GiB of int64).
+MAX_ROUND_ENTRIES = 1 << 28
+
+
 @dataclass(frozen=True)
 class DraftRounds:
     """A trace regrouped into drafting rounds: one row per (request, step), K columns.
@@ -82,11 +86,21 @@ class DraftRounds:
 
     @staticmethod
     def from_trace(trace: DraftTrace) -> DraftRounds:
+        """Regroups ``trace``; the ``[rounds, K]`` layout is checked against
+        :data:`MAX_ROUND_ENTRIES` before it is allocated (K is the deepest position + 1, so one
+        stray position could otherwise ask for terabytes)."""
+        if not isinstance(trace, DraftTrace):
+            raise TypeError(f"trace must be a DraftTrace, got {type(trace).__name__}")
         if len(trace) == 0:
             raise ValueError("trace must not be empty")
         num_positions = trace.num_positions
         keys = np.stack([trace.request_id, trace.step], axis=1)
         unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        if unique.shape[0] * num_positions > MAX_ROUND_ENTRIES:
+            raise ValueError(
+                f"trace: {unique.shape[0]} rounds x {num_positions} positions (the deepest "
+                f"position + 1) exceed MAX_ROUND_ENTRIES = {MAX_ROUND_ENTRIES}"
+            )
         inverse = inverse.reshape(-1)
         order = np.argsort(first, kind="stable")
         rank = np.empty_like(order)
@@ -158,6 +172,8 @@ def replay_online(
     ``memory`` is the estimator's memory across rounds (``None``: av_core's default; 0: vLLM's
     memoryless update).
     """
+    if isinstance(batch_rounds, bool) or not isinstance(batch_rounds, int | np.integer):
+        raise TypeError(f"batch_rounds must be an int, got {type(batch_rounds).__name__}")
     if batch_rounds < 1:
         raise ValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
     if features.shape != rounds.rows.shape:
@@ -741,6 +757,7 @@ def reliability_data(
 __all__ = [
     "DEFAULT_REFIT_INTERVAL",
     "MIN_CORRELATION_POINTS",
+    "MAX_ROUND_ENTRIES",
     "ONLINE",
     "RAW",
     "BatchFit",

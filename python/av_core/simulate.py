@@ -127,9 +127,10 @@ class MeasuredCost:
     def load(path: str | Path) -> MeasuredCost:
         """Reads a cost file; ``ValueError`` naming the file and the key for any problem
         (unreadable text, invalid JSON, a missing or malformed ``verify`` list, non-finite or
-        negative times, a verify time of 0)."""
+        negative times, a verify time of 0); a file that cannot be opened raises its
+        ``OSError``."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_bytes().decode("utf-8")
         except UnicodeDecodeError as error:
             raise ValueError(
                 f"{path}: not a cost file (not UTF-8 text at byte {error.start})"
@@ -140,6 +141,8 @@ class MeasuredCost:
             raise ValueError(
                 f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
             ) from None
+        except RecursionError:
+            raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
         if not isinstance(data, dict):
             raise ValueError(
                 f"{path}: a cost file is a JSON object with a 'verify' list of [tokens, ms] "
@@ -149,9 +152,18 @@ class MeasuredCost:
             raise ValueError(f"{path}: a cost file needs a 'verify' list of [tokens, ms] points")
 
         def points(name: str) -> FloatArray:
+            value = data[name]
+            if not isinstance(value, list) or not all(
+                isinstance(point, list)
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in point)
+                for point in value
+            ):
+                raise ValueError(
+                    f"{path}: {name!r} must be a list of [tokens, ms] pairs of numbers"
+                )
             try:
-                array = np.asarray(data[name], dtype=np.float64)
-            except (TypeError, ValueError):
+                array = np.asarray(value, dtype=np.float64)
+            except (ValueError, OverflowError):
                 raise ValueError(
                     f"{path}: {name!r} must be a list of [tokens, ms] pairs of numbers"
                 ) from None
@@ -278,6 +290,26 @@ def cost_tables_for(
     return tables.with_draft_depth(drafter, max_depth=num_positions)
 
 
+#: The most ``steps x requests`` slots a simulation replays (each costs a few int64 arrays).
+MAX_STREAM_ENTRIES = 1 << 28
+
+
+def _check_int(value: object, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+def _check_stream_size(num_requests: int, num_steps: int) -> None:
+    if num_requests * num_steps > MAX_STREAM_ENTRIES:
+        raise ValueError(
+            f"{num_steps} steps x {num_requests} requests exceed MAX_STREAM_ENTRIES = "
+            f"{MAX_STREAM_ENTRIES} simulated slots"
+        )
+
+
 @dataclass(frozen=True)
 class RoundStreams:
     """Which trace round each of R request slots replays at each step, and when a slot's
@@ -292,6 +324,9 @@ def round_streams(
 ) -> RoundStreams:
     """Each slot starts at a random trace request and replays whole requests in trace order,
     wrapping around; different slots therefore replay different content at the same step."""
+    num_requests = _check_int(num_requests, "num_requests", 1)
+    num_steps = _check_int(num_steps, "num_steps", 1)
+    _check_stream_size(num_requests, num_steps)
     request_starts = np.flatnonzero(np.r_[True, rounds.request_id[1:] != rounds.request_id[:-1]])
     rng = np.random.default_rng(seed)
     starts = request_starts[rng.integers(0, request_starts.shape[0], size=num_requests)]
@@ -796,16 +831,17 @@ def simulate_trace(
     The trace must carry verdicts: rounds are replayed with the target's recorded verdicts, so a
     trace without any label (nothing admitted, or nothing verified) is refused with a
     ``ValueError``, as :func:`~av_core.evaluate.evaluate_trace` refuses it."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    steps = _check_int(steps, "steps", 1)
+    warmup_steps = _check_int(warmup_steps, "warmup_steps", 0)
+    seed = _check_int(seed, "seed", 0)
+    if isinstance(concurrency, str) or not isinstance(concurrency, Sequence):
+        raise TypeError(f"concurrency must be a sequence of ints, got {type(concurrency).__name__}")
     concurrency = list(concurrency)
     if not concurrency:
         raise ValueError("concurrency must not be empty, got []")
     for r in concurrency:
-        if r < 1:
-            raise ValueError(f"concurrency must be >= 1, got {r}")
+        _check_int(r, "concurrency", 1)
+        _check_stream_size(r, warmup_steps + steps)
     cost = cost if cost is not None else GpuLikeCost()
     if len(trace) == 0:
         raise ValueError("trace has no rows")
@@ -1219,6 +1255,7 @@ __all__ = [
     "PEERS_TITLE",
     "PeerRow",
     "DEFAULT_CONCURRENCY",
+    "MAX_STREAM_ENTRIES",
     "DepthControl",
     "AdaptiveTrace",
     "CostModel",
