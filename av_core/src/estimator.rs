@@ -311,10 +311,13 @@ pub struct RefitReport {
 /// Every method takes `&self`, and all of them — `predict`, `step_stats`, `observe`,
 /// `add_step`, `refit`, `state`, `to_bytes` and the accessors — may run concurrently from any
 /// number of threads; share one estimator through `&` or an `Arc` (it is `Send + Sync`, checked
-/// at compile time). Observers never block each other; the same set of observations gives
-/// bit-identical coefficients whatever the interleaving. Refits (explicit, or the one an
-/// `observe` completing a round triggers) are serialized among themselves; a `predict` racing a
-/// refit sees the old or the new coefficients, never a mix.
+/// at compile time). Observers add their statistics without a lock; the same set of
+/// observations gives bit-identical statistics whatever the interleaving, and the refit
+/// schedule is the serial one (after any concurrent run, `num_refits` and `steps_since_refit`
+/// are what the same calls made one after another give). Refits (explicit, or the one an
+/// `observe` completing a round triggers; that observe waits for a refit in progress) are
+/// serialized among themselves; a `predict` racing a refit sees the old or the new
+/// coefficients, never a mix.
 ///
 /// # Example
 ///
@@ -351,6 +354,51 @@ pub struct AcceptanceEstimator {
     steps_since_refit: AtomicU64,
     /// Serializes refits and guards the memory of past rounds.
     refit_lock: Mutex<Memory>,
+}
+
+/// Copies `source` into `out` and says whether every value passes `ok`: one read of each
+/// element, checked and stored from the same value, in a loop that vectorizes.
+#[inline]
+fn copy_checked<T: Copy + Into<f64>>(
+    source: &[T],
+    out: &mut Vec<T>,
+    ok: impl Fn(f64) -> bool,
+) -> bool {
+    let mut all = true;
+    out.extend(source.iter().map(|&value| {
+        all &= ok(value.into());
+        value
+    }));
+    all
+}
+
+/// Fails on the first given prediction outside `[0, 1]` (or NaN).
+fn check_predictions<P: Copy + Into<f64>>(predictions: Option<MatrixView<'_, P>>) -> Result<()> {
+    let Some(predictions) = predictions else {
+        return Ok(());
+    };
+    let in_range = |p: P| (0.0..=1.0).contains(&p.into());
+    if predictions
+        .data()
+        .iter()
+        .fold(true, |ok, &p| ok & in_range(p))
+    {
+        return Ok(());
+    }
+    let (index, p) = first_failure(predictions.data(), in_range);
+    Err(Error::value(
+        "predictions",
+        format!("must be finite and in [0, 1], got {p} at flat index {index}"),
+    ))
+}
+
+/// The error of a call whose input failed a check while being used but passed it when read
+/// again: another thread wrote the buffer during the call.
+fn changed_while_read(argument: &'static str) -> Error {
+    Error::value(
+        argument,
+        "changed while the call read it (another thread wrote the buffer); nothing was done",
+    )
 }
 
 /// The first element failing `ok`, with its index (called when one fails; `(0, NaN)` if none
@@ -471,6 +519,21 @@ impl AcceptanceEstimator {
         ))
     }
 
+    /// The error for a step whose features or predictions failed a check: the first bad
+    /// prediction, else the first bad feature (the order the checks have always had), else,
+    /// when a second read finds none, that `argument` changed while the call read it.
+    fn culprit<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        features: MatrixView<'_, T>,
+        predictions: Option<MatrixView<'_, P>>,
+        argument: &'static str,
+    ) -> Error {
+        check_predictions(predictions)
+            .and_then(|()| self.check_features(features.data()))
+            .err()
+            .unwrap_or_else(|| changed_while_read(argument))
+    }
+
     /// Acceptance probabilities `σ(ω·x + β_k)` for features `[R, K]`, written to `out` (`R·K`).
     ///
     /// Features are clamped to `±max_log_odds` first; a non-finite feature, a wrong column
@@ -507,13 +570,19 @@ impl AcceptanceEstimator {
                 ),
             ));
         }
-        self.check_features(features.data())?;
+        // One read of each feature, checked as it is copied; the probabilities come from the
+        // copy (so a buffer another thread rewrites meanwhile cannot slip a NaN past the check).
+        let mut copy = Vec::with_capacity(features.data().len());
+        if !copy_checked(features.data(), &mut copy, f64::is_finite) {
+            self.check_features(features.data())?;
+            return Err(changed_while_read("features"));
+        }
         let mut intercepts = Vec::with_capacity(self.config.num_positions);
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
         let mut pattern = Vec::new();
         logistic::intercept_pattern(&intercepts, &mut pattern);
         let limit = self.config.max_log_odds;
-        logistic::probabilities(features.data(), slope, &pattern, limit, out);
+        logistic::probabilities(&copy, slope, &pattern, limit, out);
         Ok(())
     }
 
@@ -569,66 +638,69 @@ impl AcceptanceEstimator {
         if let Some(predictions) = &predictions {
             predictions.expect_cols("predictions", k)?;
             predictions.expect_rows("predictions", rows)?;
-            // One branch-free pass; the slow search for the culprit runs only on failure.
-            let in_range = |p: P| (0.0..=1.0).contains(&p.into());
-            if !predictions
-                .data()
-                .iter()
-                .fold(true, |ok, &p| ok & in_range(p))
-            {
-                let (index, p) = first_failure(predictions.data(), in_range);
-                return Err(Error::value(
-                    "predictions",
-                    format!("must be finite and in [0, 1], got {p} at flat index {index}"),
-                ));
-            }
         }
-        self.check_features(features.data())?;
-        // One branch-free pass over the counts (`0 <= accepted <= admitted <= K`); the per-row
-        // check that names the culprit runs only when some row fails.
-        let valid = num_admitted
+        // Every value below is read once, and what is checked is what is used: the counts in
+        // this loop, the features and predictions as they are copied. So a buffer that another
+        // thread rewrites during the call can only make it fail, never put an unchecked value
+        // into the statistics. The searches that name a culprit (in the order: predictions,
+        // features, counts) run only on failure.
+        let mut valid = true;
+        let counts: Vec<(usize, usize)> = num_admitted
             .iter()
             .zip(num_accepted)
             .map(|(&admitted, &accepted)| {
-                u32::from(!((0 <= accepted) & (accepted <= admitted) & (admitted <= k as i64)))
+                valid &= (0 <= accepted) & (accepted <= admitted) & (admitted <= k as i64);
+                (admitted as usize, accepted as usize)
             })
-            .sum::<u32>()
-            == 0;
-        let counts: Vec<(usize, usize)> = if valid {
-            num_admitted
-                .iter()
-                .zip(num_accepted)
-                .map(|(&admitted, &accepted)| (admitted as usize, accepted as usize))
-                .collect()
-        } else {
-            (0..rows)
-                .map(|row| validate_counts(row, num_admitted[row], num_accepted[row], k))
-                .collect::<Result<_>>()?
-        };
+            .collect();
+        if !valid {
+            check_predictions(predictions)?;
+            self.check_features(features.data())?;
+            for row in 0..rows {
+                validate_counts(row, num_admitted[row], num_accepted[row], k)?;
+            }
+            return Err(changed_while_read("num_admitted"));
+        }
 
         let mut intercepts = Vec::with_capacity(k);
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
-        let predictions = match &predictions {
-            Some(given) => Predictions::Given(given.data()),
+        // Features and predictions are read once each, into our own buffers, checked in the
+        // same vectorized pass; the kernel sums the buffers, which nobody else can write.
+        let mut xs = Vec::with_capacity(rows * k);
+        let features_ok = copy_checked(features.data(), &mut xs, f64::is_finite);
+        let mut ps = Vec::new();
+        let given = match &predictions {
+            Some(given) => {
+                ps.reserve_exact(rows * k);
+                if !copy_checked(given.data(), &mut ps, |p| (0.0..=1.0).contains(&p)) {
+                    return Err(self.culprit(features, predictions, "predictions"));
+                }
+                Predictions::Given(&ps[..])
+            }
             None => Predictions::Current {
                 slope,
                 intercepts: &intercepts,
             },
         };
-        let stats = batch_stats(
+        if !features_ok {
+            return Err(self.culprit(features, predictions, "features"));
+        }
+        Ok(batch_stats(
             k,
-            features.data(),
+            &xs,
             &counts,
-            predictions,
+            given,
             self.config.max_log_odds,
-        );
-        Ok(stats)
+        ))
     }
 
     /// Folds one decode step of verdicts into the round (see [`step_stats`](Self::step_stats)
     /// for the arguments). Returns `true` when this call completed a round and refitted.
     ///
-    /// Lock-free with respect to other observers; on a bad argument nothing changes.
+    /// Adds without a lock (the call that completes a round takes the refit lock to end it); on
+    /// a bad argument nothing changes. Each input element is read once, and the value checked
+    /// is the value used, so a buffer another thread writes during the call can make it fail,
+    /// never let an unchecked value into the statistics.
     ///
     /// # Example
     ///

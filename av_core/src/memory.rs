@@ -155,9 +155,14 @@ impl Memory {
         if self.total > limit {
             return fail(format!("total = {} exceeds {limit}", self.total));
         }
+        // A round's fixed-point sums are each off by up to half a unit per observation, so its
+        // arrowhead is positive semi-definite only once that much is added to every c_k and
+        // (scaled by the features' range) to a; summed over rounds, those margins are the
+        // discounted counts times half a unit. Float rounding of the sums themselves is
+        // relative.
         let tolerance = 1e-9;
-        let unit = 1.0 / crate::fixed_point::SCALE;
-        let rounding = (1.0 + self.total) * unit * (1.0 + max_log_odds.abs()).powi(2);
+        let half_unit = 0.5 / crate::fixed_point::SCALE;
+        let rounding = (1.0 + self.total) * 2.0 * half_unit * (1.0 + max_log_odds.abs()).powi(2);
         let mut schur = 0.0;
         let mut count_sum = 0.0;
         for position in 0..k {
@@ -167,14 +172,16 @@ impl Memory {
                     "position {position}: c = {c} and counts = {n} must be non-negative"
                 ));
             }
-            if c == 0.0 {
+            let margin = c + n * half_unit;
+            if margin == 0.0 {
                 if b != 0.0 {
                     return fail(format!(
-                        "position {position}: b = {b} with c = 0 (A is not positive semi-definite)"
+                        "position {position}: b = {b} without weight (A is not positive \
+                         semi-definite)"
                     ));
                 }
             } else {
-                schur += b * b / c;
+                schur += b * b / margin;
             }
             count_sum += n;
         }
