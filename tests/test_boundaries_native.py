@@ -320,10 +320,18 @@ def test_feature_kernels_give_the_contiguous_answer_on_every_layout(
             outcome(lambda: _native.draft_log_odds_bf16(a["bits"], *args)),
         )
 
-    # The kernels take numpy arrays (any layout); lists and tensors are the Python layer's.
+    # The kernels take numpy arrays (lists and tensors are the Python layer's): the per-row
+    # arguments in any layout; the logits, read in place and never copied, C-contiguous and
+    # aligned only (any other layout is a ValueError naming them, never a misread).
     expected = both_kernels({n: relayout(v, "C") for n, v in arrays.items()})
     chosen = {n: data.draw(st.sampled_from(NUMPY_LAYOUTS[:-1])) for n in arrays}
-    assert both_kernels({n: relayout(v, chosen[n]) for n, v in arrays.items()}) == expected
+    moved = {n: relayout(v, chosen[n]) for n, v in arrays.items()}
+    got = both_kernels(moved)
+    for i, name in enumerate(["logits", "bits"]):
+        if moved[name].flags.c_contiguous and moved[name].flags.aligned:
+            assert got[i] == expected[i], chosen
+        else:
+            assert got[i][:2] == ("error", "ValueError") and "logits" in got[i][2], got[i]
 
 
 def test_the_example_of_the_issue_is_no_longer_transposed() -> None:
@@ -521,6 +529,18 @@ def test_no_size_an_argument_implies_is_allocated_before_it_is_checked() -> None
         refused("slot", lambda: p.previous_confidences(10**12))
         refused("slot", lambda: p.add_request(2**63))
         assert assign_draft_budget(np.full((2, 3), 0.5), [3, 3], 2**63).tolist() == [3, 3]
+
+        # Views implying more elements than memory holds: refused by name, not an abort.
+        huge = 10**12
+        est = AcceptanceEstimator(3)
+        rows = np.broadcast_to(np.ones((1, 3)), (huge, 3))
+        counts = np.broadcast_to(np.int64(1), (huge,))
+        refused("features", lambda: est.predict(rows))
+        refused("features", lambda: est.observe(rows, counts, counts))
+        refused("confidences", lambda: assign_draft_budget(rows, counts, 1))
+        refused("slots", lambda: p.remember(counts, rows, counts))
+        refused("draft_ms", lambda: CostTables(np.broadcast_to(1.0, (huge,)), [1.0]))
+        refused("depths", lambda: t.step_draft_cost_ms(counts))
         print("ok")
         """
     )
@@ -1085,6 +1105,18 @@ def test_processes_killed_while_saving_leave_a_loadable_file(tmp_path: Path) -> 
                 child.wait()
         assert AcceptanceEstimator.load(path).to_bytes() in known
         assert VerificationPlanner.load(path + ".planner").to_bytes() in planners
+
+
+def test_file_errors_are_the_matching_python_exceptions(tmp_path: Path) -> None:
+    est = AcceptanceEstimator(K)
+    with pytest.raises(FileNotFoundError, match="path"):
+        AcceptanceEstimator.load(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="path"):
+        est.save(tmp_path / "no" / "such" / "directory")
+    with pytest.raises(ValueError, match="path"):
+        est.save(str(tmp_path / "nul\0byte"))
+    with pytest.raises(ValueError, match="path"):
+        VerificationPlanner.load(str(tmp_path / "nul\0byte"))
 
 
 def test_load_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:

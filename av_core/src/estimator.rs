@@ -356,6 +356,19 @@ pub struct AcceptanceEstimator {
     refit_lock: Mutex<Memory>,
 }
 
+/// An empty vector with room for `len` values, or an error naming `argument` when there is no
+/// memory for them (instead of aborting the process).
+fn buffer<T>(argument: &'static str, len: usize) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| {
+        Error::value(
+            argument,
+            format!("no memory for a copy of its {len} values"),
+        )
+    })?;
+    Ok(out)
+}
+
 /// Copies `source` into `out` and says whether every value passes `ok`: one read of each
 /// element, checked and stored from the same value, in a loop that vectorizes.
 #[inline]
@@ -572,7 +585,7 @@ impl AcceptanceEstimator {
         }
         // One read of each feature, checked as it is copied; the probabilities come from the
         // copy (so a buffer another thread rewrites meanwhile cannot slip a NaN past the check).
-        let mut copy = Vec::with_capacity(features.data().len());
+        let mut copy = buffer("features", features.data().len())?;
         if !copy_checked(features.data(), &mut copy, f64::is_finite) {
             self.check_features(features.data())?;
             return Err(changed_while_read("features"));
@@ -666,12 +679,11 @@ impl AcceptanceEstimator {
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
         // Features and predictions are read once each, into our own buffers, checked in the
         // same vectorized pass; the kernel sums the buffers, which nobody else can write.
-        let mut xs = Vec::with_capacity(rows * k);
+        let mut xs = buffer("features", rows * k)?;
         let features_ok = copy_checked(features.data(), &mut xs, f64::is_finite);
-        let mut ps = Vec::new();
+        let mut ps = buffer("predictions", predictions.map_or(0, |_| rows * k))?;
         let given = match &predictions {
             Some(given) => {
-                ps.reserve_exact(rows * k);
                 if !copy_checked(given.data(), &mut ps, |p| (0.0..=1.0).contains(&p)) {
                     return Err(self.culprit(features, predictions, "predictions"));
                 }
@@ -977,6 +989,12 @@ impl AcceptanceEstimator {
                     "= {} must be below refit_interval = {}",
                     state.steps_since_refit, config.refit_interval
                 ),
+            ));
+        }
+        if state.steps_since_refit > MAX_COUNT {
+            return Err(Error::value(
+                "steps_since_refit",
+                format!("= {} exceeds {MAX_COUNT}", state.steps_since_refit),
             ));
         }
         if state.num_refits > MAX_COUNT {
@@ -1304,7 +1322,7 @@ mod tests {
         let valid = state_with_memory();
         assert!(AcceptanceEstimator::from_state(&valid).is_ok());
         type Corruption = fn(&mut EstimatorState);
-        let cases: [(&str, Corruption); 14] = [
+        let cases: [(&str, Corruption); 15] = [
             ("round_stats", |s| s.stats.positions[0].n = u64::MAX),
             ("round_stats", |s| s.stats.positions[0].n = MAX_COUNT + 1),
             ("round_stats", |s| {
@@ -1327,6 +1345,10 @@ mod tests {
                 s.steps_since_refit = s.config.refit_interval
             }),
             ("num_refits", |s| s.num_refits = u64::MAX),
+            ("steps_since_refit", |s| {
+                s.config.refit_interval = u64::MAX;
+                s.steps_since_refit = u64::MAX - 1;
+            }),
             ("memory", |s| s.memory.c[1] = -1.0),
             ("memory", |s| s.memory.counts[0] = -2.0),
             ("memory", |s| {

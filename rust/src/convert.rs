@@ -332,25 +332,41 @@ fn dtype_name(array: &Bound<'_, PyUntypedArray>) -> String {
 }
 
 /// The elements of `array` in row-major order, in a vector of our own (one read of each
-/// element; see the module docs).
+/// element; see the module docs). `argument` names it if it cannot be copied.
 pub fn row_major<T: Element + Copy, D: numpy::ndarray::Dimension>(
     array: &Bound<'_, PyArray<T, D>>,
+    argument: &str,
 ) -> PyResult<Vec<T>> {
     let mut out = Vec::new();
-    row_major_into(array, &mut out)?;
+    row_major_into(array, argument, &mut out)?;
     Ok(out)
 }
 
 /// [`row_major`] into `out` (cleared first), reusing its allocation.
 fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
     array: &Bound<'_, PyArray<T, D>>,
+    argument: &str,
     out: &mut Vec<T>,
 ) -> PyResult<()> {
     out.clear();
+    // A view can imply far more elements than its memory holds (numpy.broadcast_to): a copy
+    // that does not fit is a ValueError naming the argument, never an abort.
+    let too_large = || {
+        value_error(
+            argument,
+            format!(
+                "cannot copy an array of shape {:?} ({} elements): out of memory",
+                array.shape(),
+                array.len()
+            ),
+        )
+    };
     if array.is_c_contiguous() {
         let readonly = array.try_readonly()?;
         // `as_slice` refuses a misaligned buffer; that goes through numpy's copy below.
         if let Ok(slice) = readonly.as_slice() {
+            out.try_reserve_exact(slice.len())
+                .map_err(|_| too_large())?;
             out.extend_from_slice(slice);
             return Ok(());
         }
@@ -358,14 +374,20 @@ fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
     // Any other layout: numpy's own C-order copy (aligned, row-major, nobody else's), read
     // once more into our vector.
     let py = array.py();
-    let copy = array
-        .call_method1(pyo3::intern!(py, "copy"), (pyo3::intern!(py, "C"),))?
-        .cast_into::<PyArray<T, D>>()
-        .map_err(PyErr::from)?;
+    let copy = match array.call_method1(pyo3::intern!(py, "copy"), (pyo3::intern!(py, "C"),)) {
+        Ok(copy) => copy,
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyMemoryError>(py) => {
+            return Err(too_large())
+        }
+        Err(e) => return Err(e),
+    };
+    let copy = copy.cast_into::<PyArray<T, D>>().map_err(PyErr::from)?;
     let readonly = copy.try_readonly()?;
     let slice = readonly
         .as_slice()
-        .map_err(|_| PyValueError::new_err("numpy's C-order copy is not contiguous"))?;
+        .map_err(|_| value_error(argument, "numpy's C-order copy is not contiguous"))?;
+    out.try_reserve_exact(slice.len())
+        .map_err(|_| too_large())?;
     out.extend_from_slice(slice);
     Ok(())
 }
@@ -432,9 +454,12 @@ pub struct Copied<T: Pooled>(Vec<T>);
 
 impl<T: Pooled> Copied<T> {
     /// The elements of `array`, row-major.
-    fn of<D: numpy::ndarray::Dimension>(array: &Bound<'_, PyArray<T, D>>) -> PyResult<Self> {
+    fn of<D: numpy::ndarray::Dimension>(
+        array: &Bound<'_, PyArray<T, D>>,
+        argument: &str,
+    ) -> PyResult<Self> {
         let mut copied = Copied(take_spare());
-        row_major_into(array, &mut copied.0)?;
+        row_major_into(array, argument, &mut copied.0)?;
         Ok(copied)
     }
 
@@ -578,10 +603,12 @@ fn matrix<'py>(
         ));
     }
     matrix_from(&converted.array, argument, in_place)
+        .map_err(|e| memory_error(obj.py(), e, argument))
 }
 
 fn elements<'py, T: Pooled>(
     array: &Bound<'py, PyArray2<T>>,
+    argument: &str,
     in_place: bool,
 ) -> PyResult<Elements<'py, T>> {
     if in_place && array.is_c_contiguous() {
@@ -590,7 +617,7 @@ fn elements<'py, T: Pooled>(
             return Ok(Elements::InPlace(readonly));
         }
     }
-    Ok(Elements::Copied(Copied::of(array)?))
+    Ok(Elements::Copied(Copied::of(array, argument)?))
 }
 
 fn matrix_from<'py>(
@@ -606,10 +633,18 @@ fn matrix_from<'py>(
     }
     let (rows, cols) = (array.shape()[0], array.shape()[1]);
     if let Ok(a) = array.cast::<PyArray2<f32>>() {
-        return Ok(FloatMatrix::F32(elements(a, in_place)?, rows, cols));
+        return Ok(FloatMatrix::F32(
+            elements(a, argument, in_place)?,
+            rows,
+            cols,
+        ));
     }
     if let Ok(a) = array.cast::<PyArray2<f64>>() {
-        return Ok(FloatMatrix::F64(elements(a, in_place)?, rows, cols));
+        return Ok(FloatMatrix::F64(
+            elements(a, argument, in_place)?,
+            rows,
+            cols,
+        ));
     }
     if let Some(native) = native_float(array)? {
         // A private copy in native byte order: nobody else can write it.
@@ -627,7 +662,21 @@ fn matrix_from<'py>(
 /// Extracts a 1-D float64 vector (any float or integer dtype is converted).
 pub fn float_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<f64>> {
     let converted = convert(obj, argument)?;
-    vector_from(&converted.array, argument)
+    vector_from(&converted.array, argument).map_err(|e| memory_error(obj.py(), e, argument))
+}
+
+/// numpy's MemoryError (a conversion of a view implying more elements than memory holds, such
+/// as a large `numpy.broadcast_to`) as a ValueError naming the argument; other errors as they
+/// are.
+fn memory_error(py: Python<'_>, error: PyErr, argument: &str) -> PyErr {
+    if error.is_instance_of::<pyo3::exceptions::PyMemoryError>(py) {
+        value_error(
+            argument,
+            format!("cannot be converted: out of memory ({error})"),
+        )
+    } else {
+        error
+    }
 }
 
 fn vector_from(array: &Bound<'_, PyUntypedArray>, argument: &str) -> PyResult<Vec<f64>> {
@@ -638,10 +687,10 @@ fn vector_from(array: &Bound<'_, PyUntypedArray>, argument: &str) -> PyResult<Ve
         ));
     }
     if let Ok(a) = array.cast::<PyArray1<f64>>() {
-        return row_major(a);
+        return row_major(a, argument);
     }
     if let Ok(a) = array.cast::<PyArray1<f32>>() {
-        return Ok(row_major(a)?.into_iter().map(f64::from).collect());
+        return Ok(row_major(a, argument)?.into_iter().map(f64::from).collect());
     }
     if let Some(native) = native_float(array)? {
         return vector_from(&native, argument);
@@ -649,7 +698,7 @@ fn vector_from(array: &Bound<'_, PyUntypedArray>, argument: &str) -> PyResult<Ve
     if is_integer(array) {
         let converted = array.call_method1("astype", ("float64",))?;
         let a = converted.cast::<PyArray1<f64>>()?;
-        return row_major(a);
+        return row_major(a, argument);
     }
     Err(type_error(
         argument,
@@ -670,6 +719,10 @@ fn is_integer(array: &Bound<'_, PyUntypedArray>) -> bool {
 /// API takes holds small counts or indices.
 pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<i64>> {
     let converted = convert(obj, argument)?;
+    ints_from(&converted, argument).map_err(|e| memory_error(obj.py(), e, argument))
+}
+
+fn ints_from(converted: &Converted<'_>, argument: &str) -> PyResult<Vec<i64>> {
     let array = &converted.array;
     if array.ndim() != 1 {
         return Err(value_error(
@@ -678,10 +731,10 @@ pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<i64>> 
         ));
     }
     if let Ok(a) = array.cast::<PyArray1<i64>>() {
-        return row_major(a);
+        return row_major(a, argument);
     }
     if let Ok(a) = array.cast::<PyArray1<i32>>() {
-        return Ok(row_major(a)?.into_iter().map(i64::from).collect());
+        return Ok(row_major(a, argument)?.into_iter().map(i64::from).collect());
     }
     if converted.inferred_empty() {
         return Ok(Vec::new());
@@ -689,7 +742,7 @@ pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<i64>> 
     if is_integer(array) {
         if array.dtype().kind() == b'u' && array.dtype().itemsize() == 8 {
             let converted = array.call_method1("astype", ("=u8",))?;
-            let values = row_major(converted.cast::<PyArray1<u64>>()?)?;
+            let values = row_major(converted.cast::<PyArray1<u64>>()?, argument)?;
             return values
                 .iter()
                 .enumerate()
@@ -700,7 +753,7 @@ pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<i64>> 
                 .collect();
         }
         let converted = array.call_method1("astype", ("int64",))?;
-        return row_major(converted.cast::<PyArray1<i64>>()?);
+        return row_major(converted.cast::<PyArray1<i64>>()?, argument);
     }
     Err(type_error(
         argument,

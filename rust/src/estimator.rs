@@ -91,7 +91,12 @@ impl PyAcceptanceEstimator {
         let view = matrix.view("features")?;
         let out = py
             .detach(|| {
-                let mut out = vec![0.0f32; view_len(view)];
+                let len = view_len(view);
+                let mut out = Vec::new();
+                out.try_reserve_exact(len).map_err(|_| {
+                    av_core::Error::value("features", format!("no memory for {len} probabilities"))
+                })?;
+                out.resize(len, 0.0f32);
                 match view {
                     FloatView::F32(v) => inner.predict(v, &mut out),
                     FloatView::F64(v) => inner.predict(v, &mut out),

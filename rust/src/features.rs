@@ -27,8 +27,9 @@ fn array<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Bound<'py, Py
 /// `logit(q_max)` of each row of float32 `[N, V]` logits, as float32 `[N]`.
 ///
 /// `inv_temperature` is float32 `[N]` (`1 / T`; 1 for greedy rows; NaN gives a NaN row);
-/// `row_valid`, optional bool `[N]`, marks the rows to compute (the others give 0). Any layout
-/// is accepted; C-contiguous logits are read in place (others are copied first).
+/// `row_valid`, optional bool `[N]`, marks the rows to compute (the others give 0); both in any
+/// layout. The logits are read in place and must be C-contiguous and aligned (ValueError
+/// otherwise).
 #[pyfunction]
 #[pyo3(signature = (logits, inv_temperature, max_log_odds, row_valid=None))]
 fn draft_log_odds_f32<'py>(
@@ -48,8 +49,8 @@ fn draft_log_odds_f32<'py>(
     )
 }
 
-/// [`draft_log_odds_f32`] for bfloat16 logits given as their bit patterns: an int16 `[N, V]`
-/// array (`tensor.view(torch.int16).numpy()`, no copy). Gives exactly the feature of the logits
+/// [`draft_log_odds_f32`] for bfloat16 logits given as their bit patterns: a C-contiguous int16
+/// `[N, V]` array (`tensor.view(torch.int16).numpy()`, no copy). Gives exactly the feature of the logits
 /// widened to float32.
 #[pyfunction]
 #[pyo3(signature = (logits, inv_temperature, max_log_odds, row_valid=None))]
@@ -73,10 +74,10 @@ fn draft_log_odds_bf16<'py>(
 /// Both entry points: argument checks and conversion, then the core kernel without the GIL.
 ///
 /// The per-row arguments (`inv_temperature`, `row_valid`, `N` values each) are copied, so what
-/// is checked is what is used. The logits are too big to copy on the hot path: C-contiguous
-/// ones are read in place, and a buffer that another thread rewrites during the call can only
-/// change what the affected rows come out as, never the shape or the range of the result (each
-/// row's feature is NaN or within `±max_log_odds`; see `av_core::features`).
+/// is checked is what is used. The logits are too big to copy on the hot path: they are read
+/// in place, and a buffer that another thread rewrites during the call can only change what
+/// the affected rows come out as, never the shape or the range of the result (each row's
+/// feature is NaN or within `±max_log_odds`; see `av_core::features`).
 fn log_odds<'py, E>(
     py: Python<'py>,
     logits: &Bound<'py, PyAny>,
@@ -105,25 +106,26 @@ where
     let temps = array(inv_temperature, "inv_temperature")?
         .cast::<PyArray1<f32>>()
         .map_err(|_| type_error("inv_temperature", "expected a 1-D float32 array"))
-        .and_then(|a| row_major(a))?;
+        .and_then(|a| row_major(a, "inv_temperature"))?;
     let valid = match row_valid {
         None => None,
         Some(obj) => Some(
             array(obj, "row_valid")?
                 .cast::<PyArray1<bool>>()
                 .map_err(|_| type_error("row_valid", "expected a 1-D bool array"))
-                .and_then(|a| row_major(a))?,
+                .and_then(|a| row_major(a, "row_valid"))?,
         ),
     };
+    // The logits are read in place, never copied (they are the big argument: `[N, V]` with V
+    // the vocabulary): another layout is refused rather than silently copied or misread.
     let readonly = logits.try_readonly()?;
-    let copied: Vec<E>;
     let logits_slice: &[E] = match readonly.as_slice() {
         Ok(slice) if logits_any.is_c_contiguous() => slice,
-        // Another layout (or a misaligned buffer): the kernel reads rows of contiguous memory,
-        // so it gets a C-order copy.
         _ => {
-            copied = row_major(logits)?;
-            &copied
+            return Err(value_error(
+                "logits",
+                "must be C-contiguous and aligned (numpy.ascontiguousarray gives such a copy)",
+            ))
         }
     };
     let mut out = vec![0.0f32; rows];

@@ -19,12 +19,28 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::{PyOSError, PyValueError};
-use pyo3::PyResult;
+use pyo3::{PyErr, PyResult};
 
 /// Writes `bytes` to `path` atomically (module docs).
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> PyResult<()> {
     write_through_temporary(path, bytes)
-        .map_err(|e| PyOSError::new_err(format!("path: cannot write {}: {e}", path.display())))
+        .map_err(|e| io_error(e, format!("path: cannot write {}", path.display())))
+}
+
+/// An I/O error as the matching Python exception (FileNotFoundError, PermissionError, ... or
+/// OSError; a path the platform cannot even represent, such as one holding a NUL byte, is a
+/// ValueError), with `context` (which names the path) before the system's message.
+fn io_error(error: std::io::Error, context: String) -> PyErr {
+    use pyo3::exceptions::{PyFileExistsError, PyFileNotFoundError, PyPermissionError};
+    use std::io::ErrorKind;
+    let message = format!("{context}: {error}");
+    match error.kind() {
+        ErrorKind::NotFound => PyFileNotFoundError::new_err(message),
+        ErrorKind::PermissionDenied => PyPermissionError::new_err(message),
+        ErrorKind::AlreadyExists => PyFileExistsError::new_err(message),
+        ErrorKind::InvalidInput => PyValueError::new_err(message),
+        _ => PyOSError::new_err(message),
+    }
 }
 
 /// Reads the regular file at `path`, refusing anything longer than `limit` bytes.
@@ -35,9 +51,7 @@ pub fn read_file(path: &Path, limit: u64) -> PyResult<Vec<u8>> {
             path.display()
         ))
     };
-    let os_error = |e: std::io::Error| {
-        PyOSError::new_err(format!("path: cannot read {}: {e}", path.display()))
-    };
+    let os_error = |e: std::io::Error| io_error(e, format!("path: cannot read {}", path.display()));
     let mut file = open_for_reading(path).map_err(os_error)?;
     let metadata = file.metadata().map_err(os_error)?;
     if metadata.is_dir() {
