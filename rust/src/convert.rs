@@ -11,7 +11,8 @@
 //!   memory the binding owns ([`float_matrix`], [`int_vector`], [`float_vector`]; an `R × K`
 //!   batch is a few kilobytes: one `memcpy`, into a pooled buffer for matrices), except where
 //!   the core itself reads each element once, checking and copying it in the same pass
-//!   (`AcceptanceEstimator::predict` and `observe`, through [`float_matrix_in_place`]), and the
+//!   (`AcceptanceEstimator::predict` and `observe`, through [`float_matrix_in_place`] and
+//!   [`int_vector_in_place`]), and the
 //!   big feature kernels (`features.rs`), whose contiguous logits are read in place.
 //!
 //! Scalars: integer and float arguments arrive as [`Int`] and [`Float`], which never fail to
@@ -720,6 +721,44 @@ fn is_integer(array: &Bound<'_, PyUntypedArray>) -> bool {
 pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<i64>> {
     let converted = convert(obj, argument)?;
     ints_from(&converted, argument).map_err(|e| memory_error(obj.py(), e, argument))
+}
+
+/// An integer vector: the caller's int64 buffer, read in place, or a vector of our own.
+pub enum Ints<'py> {
+    /// A C-contiguous, aligned int64 buffer, for a core call that reads each element once.
+    InPlace(numpy::PyReadonlyArray1<'py, i64>),
+    /// Converted or copied.
+    Owned(Vec<i64>),
+}
+
+impl std::ops::Deref for Ints<'_> {
+    type Target = [i64];
+
+    fn deref(&self) -> &[i64] {
+        match self {
+            // Checked contiguous and aligned when it was made (an empty slice otherwise would
+            // only fail the length check that follows).
+            Ints::InPlace(array) => array.as_slice().unwrap_or(&[]),
+            Ints::Owned(values) => values,
+        }
+    }
+}
+
+/// [`int_vector`] that reads a C-contiguous, aligned int64 array in place: only for a core call
+/// that reads each element once, checking and using the same value (`observe`'s counts).
+pub fn int_vector_in_place<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Ints<'py>> {
+    let converted = convert(obj, argument)?;
+    if converted.array.ndim() == 1 && converted.array.is_c_contiguous() {
+        if let Ok(a) = converted.array.cast::<PyArray1<i64>>() {
+            let readonly = a.try_readonly()?;
+            if readonly.as_slice().is_ok() {
+                return Ok(Ints::InPlace(readonly));
+            }
+        }
+    }
+    ints_from(&converted, argument)
+        .map(Ints::Owned)
+        .map_err(|e| memory_error(obj.py(), e, argument))
 }
 
 fn ints_from(converted: &Converted<'_>, argument: &str) -> PyResult<Vec<i64>> {

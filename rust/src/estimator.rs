@@ -11,8 +11,8 @@ use pyo3::types::{PyBytes, PyDict, PyType};
 use std::path::PathBuf;
 
 use crate::convert::{
-    float_matrix_in_place, int_vector, to_py_err, type_error, value_error, Float, FloatMatrix,
-    FloatView, Int,
+    float_matrix_in_place, int_vector_in_place, to_py_err, type_error, value_error, Float,
+    FloatMatrix, FloatView, Int,
 };
 use crate::files::{atomic_write, read_file};
 
@@ -125,8 +125,8 @@ impl PyAcceptanceEstimator {
         // into its own buffer, checking as it copies, so a buffer another thread rewrites
         // meanwhile can fail the call, never get an unchecked value in.
         let features = float_matrix_in_place(features, "features", k)?;
-        let num_admitted = int_vector(num_admitted, "num_admitted")?;
-        let num_accepted = int_vector(num_accepted, "num_accepted")?;
+        let num_admitted = int_vector_in_place(num_admitted, "num_admitted")?;
+        let num_accepted = int_vector_in_place(num_accepted, "num_accepted")?;
         let predictions: Option<FloatMatrix<'_>> = predictions
             .filter(|p| !p.is_none())
             .map(|p| float_matrix_in_place(p, "predictions", k))
@@ -137,7 +137,8 @@ impl PyAcceptanceEstimator {
             .map(|p| p.view("predictions"))
             .transpose()?;
         let inner = &self.inner;
-        py.detach(|| observe_views(inner, features, &num_admitted, &num_accepted, predictions))
+        let (admitted, accepted): (&[i64], &[i64]) = (&num_admitted, &num_accepted);
+        py.detach(|| observe_views(inner, features, admitted, accepted, predictions))
             .map_err(to_py_err)
     }
 
