@@ -482,6 +482,110 @@ def test_feature_kernels_racing_a_writer_stay_within_their_contract() -> None:
             assert (x[~valid] == 0).all()
 
 
+def racers(dtype: Any, bad: float) -> dict[str, tuple[np.ndarray, list[np.ndarray], Any, Any]]:
+    """Every array-taking hot call: (the buffer a writer rewrites, the values it cycles through,
+    the call, a check of the state afterwards)."""
+    rows = RACE_ROWS
+    rng = np.random.default_rng(5)
+    conf = np.full((rows, K), 0.5, dtype)
+    good_conf = rng.uniform(0, 1, size=conf.shape).astype(dtype)
+    bad_conf = good_conf.copy()
+    bad_conf[::3] = bad
+    ints = np.full(rows, K, np.int64)
+    bad_ints = ints.copy()
+    bad_ints[::5] = -3 if bad != bad else 10**6  # NaN draws negative counts, the rest huge
+    sched = np.full(rows, K, np.int64)
+    slots = np.arange(rows, dtype=np.int64)
+    t = CostTables([0.0] + [1.0] * rows, [1.0] * (rows * (K + 1) + 1))
+    d = t.with_draft_depth("autoregressive", max_depth=K)
+    step = {"num_non_draft_tokens": rows, "num_sampling_requests": rows}
+    est = AcceptanceEstimator(K, refit_interval=2)
+    planner = VerificationPlanner(d, K, num_slots=rows)
+
+    def estimator_ok() -> None:
+        AcceptanceEstimator.from_bytes(est.to_bytes())
+
+    def planner_ok() -> None:
+        VerificationPlanner.from_bytes(planner.to_bytes())
+
+    def nothing() -> None:
+        pass
+
+    values = [good_conf, bad_conf]
+    counts = [ints, bad_ints]
+    return {
+        "predict": (conf, values, lambda: est.predict(conf), estimator_ok),
+        "observe": (
+            conf,
+            values,
+            lambda: est.observe(conf, sched, np.ones(rows, np.int64)),
+            estimator_ok,
+        ),
+        "observe counts": (
+            ints,
+            counts,
+            lambda: est.observe(good_conf, ints, np.ones(rows, np.int64)),
+            estimator_ok,
+        ),
+        "plan": (conf, values, lambda: planner.plan(slots, conf, sched, **step), planner_ok),
+        "plan slots": (
+            slots,
+            [np.arange(rows), np.zeros(rows, np.int64)],
+            lambda: planner.plan(slots, good_conf, sched, **step),
+            planner_ok,
+        ),
+        "remember": (conf, values, lambda: planner.remember(slots, conf, sched), planner_ok),
+        "planner depth": (
+            ints,
+            counts,
+            lambda: planner.choose_draft_depth(slots, ints, **step),
+            planner_ok,
+        ),
+        "plan_verification": (
+            conf,
+            values,
+            lambda: plan_verification(conf, sched, cost_tables=t, budget_confidences=conf, **step),
+            nothing,
+        ),
+        "choose_draft_budget": (
+            conf,
+            values,
+            lambda: choose_draft_budget(conf, sched, cost_tables=t, **step),
+            nothing,
+        ),
+        "choose_draft_depth": (
+            conf,
+            values,
+            lambda: choose_draft_depth(conf, sched, cost_tables=d, **step),
+            nothing,
+        ),
+        "assign_draft_budget": (
+            ints,
+            counts,
+            lambda: assign_draft_budget(good_conf, ints, rows),
+            nothing,
+        ),
+        "step_draft_cost_ms": (ints, counts, lambda: d.step_draft_cost_ms(ints), nothing),
+    }
+
+
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    name=st.sampled_from(sorted(racers(np.float64, np.nan))),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    bad=st.sampled_from([np.nan, np.inf, -np.inf, 2.0, -1.0]),
+    calls=st.integers(5, 40),
+)
+def test_any_hot_call_racing_a_writer_raises_only_value_or_type_errors(
+    name: str, dtype: Any, bad: float, calls: int
+) -> None:
+    buffer, values, call, state_ok = racers(dtype, bad)[name]
+    with Writer(buffer, [v.astype(buffer.dtype) for v in values]):
+        for _ in range(calls):
+            only_value_or_type_errors(call)
+    state_ok()
+
+
 # --- sizes ---------------------------------------------------------------------------------
 
 
@@ -824,6 +928,27 @@ def test_every_float_parameter_refuses_by_name(
     for not_a_number in [True, "1.0", None, 1j]:
         with pytest.raises(TypeError, match=argument):
             call(not_a_number)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    parameter=st.sampled_from(INT_PARAMETERS),
+    value=st.one_of(
+        st.integers(-(2**70), 2**70),
+        st.sampled_from([2**63, 2**64, -(2**63) - 1, True, False, 0]),
+        st.integers(0, 8),
+    ),
+)
+def test_any_integer_to_any_parameter_is_a_result_or_a_value_or_type_error(
+    parameter: tuple[str, int, Callable[[Any], Any]], value: int
+) -> None:
+    argument, _, call = parameter
+    try:
+        call(value)
+    except (ValueError, TypeError) as error:
+        assert argument in str(error) or "cost_tables" in str(error) or "max" in str(error), error
+    except BaseException as error:  # noqa: B036 - exactly what must never escape
+        pytest.fail(f"{type(error).__name__} escaped for {argument}={value!r}: {error}")
 
 
 def test_the_examples_of_the_issue_raise_value_or_type_errors() -> None:
