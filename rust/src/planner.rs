@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use crate::files::{atomic_write, read_file};
 
 use crate::convert::{
-    as_ndarray, float_matrix, int_vector, to_py_err, type_error, value_error, Float, FloatMatrix,
-    FloatView, Int,
+    as_ndarray, float_matrix, float_matrix_in_place, int_vector, int_vector_in_place, to_py_err,
+    type_error, value_error, Float, FloatMatrix, FloatView, Int,
 };
 
 /// Adds the planner's classes and functions to the native module.
@@ -503,8 +503,10 @@ fn choose_draft_depth(
         num_sampling_requests,
         max_draft_budget,
     )?;
-    let matrix = float_matrix(confidences, "confidences", empty_width(&cost_tables.inner))?;
-    let caps = int_vector(max_depths, "max_depths")?;
+    let matrix =
+        float_matrix_in_place(confidences, "confidences", empty_width(&cost_tables.inner))?;
+    let cap_ints = int_vector_in_place(max_depths, "max_depths")?;
+    let caps: &[i64] = &cap_ints;
     let rows = matrix.rows();
     let view = matrix.view("confidences")?;
     let tables = &cost_tables.inner;
@@ -513,10 +515,10 @@ fn choose_draft_depth(
             let mut depths = vec![0i32; rows];
             match view {
                 FloatView::F32(v) => {
-                    planner::choose_draft_depth(v, &caps, &step, tables, mode, &mut depths)
+                    planner::choose_draft_depth(v, caps, &step, tables, mode, &mut depths)
                 }
                 FloatView::F64(v) => {
-                    planner::choose_draft_depth(v, &caps, &step, tables, mode, &mut depths)
+                    planner::choose_draft_depth(v, caps, &step, tables, mode, &mut depths)
                 }
             }
             .map(|plan| (plan, depths))
@@ -602,13 +604,15 @@ fn choose_draft_budget(
         num_sampling_requests,
         max_draft_budget,
     )?;
-    let matrix = float_matrix(confidences, "confidences", empty_width(&cost_tables.inner))?;
-    let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+    let matrix =
+        float_matrix_in_place(confidences, "confidences", empty_width(&cost_tables.inner))?;
+    let scheduled_ints = int_vector_in_place(scheduled_drafts, "scheduled_drafts")?;
+    let scheduled: &[i64] = &scheduled_ints;
     let view = matrix.view("confidences")?;
     let tables = &cost_tables.inner;
     py.detach(|| match view {
-        FloatView::F32(v) => planner::choose_draft_budget(v, &scheduled, &step, tables),
-        FloatView::F64(v) => planner::choose_draft_budget(v, &scheduled, &step, tables),
+        FloatView::F32(v) => planner::choose_draft_budget(v, scheduled, &step, tables),
+        FloatView::F64(v) => planner::choose_draft_budget(v, scheduled, &step, tables),
     })
     .map_err(to_py_err)
 }
@@ -623,8 +627,11 @@ fn assign_draft_budget<'py>(
     budget: Int,
 ) -> PyResult<Bound<'py, PyArray1<i32>>> {
     let budget = non_negative("budget", &budget)?;
-    let matrix = float_matrix(confidences, "confidences", 0)?;
-    let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+    // In place (when C-contiguous): the planning functions read each confidence and each
+    // scheduled count once, checking the value they use (see `av_core::planner`).
+    let matrix = float_matrix_in_place(confidences, "confidences", 0)?;
+    let scheduled_ints = int_vector_in_place(scheduled_drafts, "scheduled_drafts")?;
+    let scheduled: &[i64] = &scheduled_ints;
     let rows = matrix.rows();
     let view = matrix.view("confidences")?;
     let admitted = py
@@ -632,10 +639,10 @@ fn assign_draft_budget<'py>(
             let mut admitted = vec![0i32; rows];
             match view {
                 FloatView::F32(v) => {
-                    planner::assign_draft_budget(v, &scheduled, budget, &mut admitted)
+                    planner::assign_draft_budget(v, scheduled, budget, &mut admitted)
                 }
                 FloatView::F64(v) => {
-                    planner::assign_draft_budget(v, &scheduled, budget, &mut admitted)
+                    planner::assign_draft_budget(v, scheduled, budget, &mut admitted)
                 }
             }
             .map(|()| admitted)
@@ -692,11 +699,13 @@ fn plan_verification(
         num_sampling_requests,
         max_draft_budget,
     )?;
-    let matrix = float_matrix(confidences, "confidences", empty_width(&cost_tables.inner))?;
-    let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+    let matrix =
+        float_matrix_in_place(confidences, "confidences", empty_width(&cost_tables.inner))?;
+    let scheduled_ints = int_vector_in_place(scheduled_drafts, "scheduled_drafts")?;
+    let scheduled: &[i64] = &scheduled_ints;
     let budget_matrix: Option<FloatMatrix> = budget_confidences
         .filter(|b| !b.is_none())
-        .map(|b| float_matrix(b, "budget_confidences", empty_width(&cost_tables.inner)))
+        .map(|b| float_matrix_in_place(b, "budget_confidences", empty_width(&cost_tables.inner)))
         .transpose()?;
     let rows = matrix.rows();
     let view = matrix.view("confidences")?;
@@ -708,7 +717,7 @@ fn plan_verification(
     let (plan, admitted) = py
         .detach(|| {
             let mut admitted = vec![0i32; rows];
-            plan_views(view, budget_view, &scheduled, &step, tables, &mut admitted)
+            plan_views(view, budget_view, scheduled, &step, tables, &mut admitted)
                 .map(|plan| (plan, admitted))
         })
         .map_err(to_py_err)?;
@@ -825,9 +834,12 @@ impl PyVerificationPlanner {
             num_sampling_requests,
             max_draft_budget,
         )?;
+        // Copies: the planner reads its arguments more than once (the exploration floor and
+        // what it remembers read them again after planning), so they must be its own.
         let slots = int_vector(slots, "slots")?;
         let matrix = float_matrix(confidences, "confidences", self.num_positions)?;
-        let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+        let scheduled_ints: Vec<i64> = int_vector(scheduled_drafts, "scheduled_drafts")?;
+        let scheduled: &[i64] = &scheduled_ints;
         let rows = matrix.rows();
         let view = matrix.view("confidences")?;
         let (plan, admitted) = py
@@ -835,8 +847,8 @@ impl PyVerificationPlanner {
                 let mut admitted = vec![0i32; rows];
                 let mut planner = self.lock();
                 match view {
-                    FloatView::F32(v) => planner.plan(&slots, v, &scheduled, &step, &mut admitted),
-                    FloatView::F64(v) => planner.plan(&slots, v, &scheduled, &step, &mut admitted),
+                    FloatView::F32(v) => planner.plan(&slots, v, scheduled, &step, &mut admitted),
+                    FloatView::F64(v) => planner.plan(&slots, v, scheduled, &step, &mut admitted),
                 }
                 .map(|plan| (plan, admitted))
             })
@@ -867,12 +879,13 @@ impl PyVerificationPlanner {
             max_draft_budget,
         )?;
         let slots = int_vector(slots, "slots")?;
-        let caps = int_vector(max_depths, "max_depths")?;
+        let cap_ints: Vec<i64> = int_vector(max_depths, "max_depths")?;
+        let caps: &[i64] = &cap_ints;
         let (plan, depths) = py
             .detach(|| {
                 let mut depths = vec![0i32; slots.len()];
                 self.lock()
-                    .choose_draft_depth(&slots, &caps, &step, mode, &mut depths)
+                    .choose_draft_depth(&slots, caps, &step, mode, &mut depths)
                     .map(|plan| (plan, depths))
             })
             .map_err(to_py_err)?;
@@ -888,15 +901,18 @@ impl PyVerificationPlanner {
         confidences: &Bound<'_, PyAny>,
         scheduled_drafts: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        // Copies: the planner reads its arguments more than once (the exploration floor and
+        // what it remembers read them again after planning), so they must be its own.
         let slots = int_vector(slots, "slots")?;
         let matrix = float_matrix(confidences, "confidences", self.num_positions)?;
-        let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+        let scheduled_ints: Vec<i64> = int_vector(scheduled_drafts, "scheduled_drafts")?;
+        let scheduled: &[i64] = &scheduled_ints;
         let view = matrix.view("confidences")?;
         py.detach(|| {
             let mut planner = self.lock();
             match view {
-                FloatView::F32(v) => planner.remember(&slots, v, &scheduled),
-                FloatView::F64(v) => planner.remember(&slots, v, &scheduled),
+                FloatView::F32(v) => planner.remember(&slots, v, scheduled),
+                FloatView::F64(v) => planner.remember(&slots, v, scheduled),
             }
         })
         .map_err(to_py_err)
