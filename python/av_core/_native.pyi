@@ -108,7 +108,8 @@ class AcceptanceEstimator:
     def add_round_stats(self, round_stats: dict[str, Any]) -> None:
         """Adds another round's statistics (as in ``state_dict()["round_stats"]``) to the open
         round, exactly; refused, adding nothing, on other fraction bits, another number of
-        positions or a negative ``a``/``c`` entry."""
+        positions or statistics no sequence of observations can produce (a negative ``a``/``c``,
+        a count past the bound)."""
     def state_dict(self) -> dict[str, Any]: ...
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AcceptanceEstimator: ...
