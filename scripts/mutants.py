@@ -121,7 +121,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "av_core/src/refit.rs",
         "*beta = (*beta + limit(delta)).clamp(-self.max_intercept, self.max_intercept);",
         "*beta += limit(delta);",
-        "intercept range |β| ≤ max_intercept not enforced",
+        "intercept range β ∈ [−max_intercept, max_intercept] not enforced",
     ),
     Mutant(
         "M10",
