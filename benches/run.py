@@ -152,7 +152,11 @@ def figure(rows: list[dict[str, Any]], spec: str) -> str:
     if len(parts) not in (3, 4):
         raise ValueError(f"figure span {spec!r}: expected NAME|FIELD|FORMAT[|min|max]")
     name, field, fmt = parts[:3]
-    matches = [r for r in rows if fnmatch.fnmatchcase(r["name"], name)]
+    if "*" in name:  # a pattern; "[" is literal (row names hold shapes like [448, 129280])
+        pattern = name.replace("[", "[[]")
+        matches = [r for r in rows if fnmatch.fnmatchcase(r["name"], pattern)]
+    else:
+        matches = [r for r in rows if r["name"] == name]
     if not matches:
         raise ValueError(f"figure span {spec!r}: no benchmark row is called {name!r}")
     if len(matches) > 1 and len(parts) != 4:
