@@ -3,6 +3,11 @@
 
     python benches/run.py [--quick] [--update-readme] [--figures-only]
 
+Time the module a user gets: the release profile (``pip install .``; fat LTO, one codegen unit).
+A build without LTO and with 16 codegen units made ``observe`` about 7× slower in one comparison
+(55 µs against 8 µs at R = 256, K = 8, same machine, minutes apart; the cause was not
+investigated).
+
 Each benchmark module exposes ``run(quick) -> list[dict]``; every row times av_core and a
 reference implementation of the same math in the same run. Rows are normalized here to: name,
 median and interquartile range (microseconds), the reference and its median, the figure of merit
