@@ -39,6 +39,7 @@ for k, memory in ((1, 0.0), (4, 0.0), (8, 0.9)):
     open(f"corpus/state_bytes/seed-k{k}-edit", "wb").write(b"\x02" + bytes([k, 3]) + edit)
 PY
 fi
+failed=()
 for target in "${targets[@]}"; do
     mkdir -p "corpus/$target"
     log="target/fuzz-$target.log"
@@ -49,7 +50,11 @@ for target in "${targets[@]}"; do
         echo "   no crash ($(ls "corpus/$target" | wc -l) corpus entries)"
     else
         echo "   FAILED: see fuzz/$log and fuzz/artifacts/$target/"
-        tail -30 "$log"
-        exit 1
+        grep -E "panicked at|^attempt|assertion" "$log" | head -5 || true
+        failed+=("$target")
     fi
 done
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "fuzzing found crashes in: ${failed[*]}"
+    exit 1
+fi
