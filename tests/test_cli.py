@@ -9,7 +9,6 @@ import gzip
 import io
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -18,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from child_env import child_env
 
-import av_core
 from av_core.argtypes import parse_int_list
 from av_core.cli import collect_summary, shipped_names
 from av_core.collect import CollectSummary
@@ -30,16 +29,13 @@ from av_core.simulate import GpuLikeCost, MeasuredCost, simulate_trace
 from av_core.tables import Table, col, fixed, percent_change, signed
 from av_core.trace import DraftTrace, load_shipped_trace, write_trace
 
-PACKAGE_ROOT = Path(av_core.__file__).resolve().parent.parent
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "AV_CORE_DEBUG"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(PACKAGE_ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
-    )
-    env.update(extra)
+    env = child_env(**extra)
+    if "AV_CORE_DEBUG" not in extra:
+        env.pop("AV_CORE_DEBUG", None)
     return env
 
 

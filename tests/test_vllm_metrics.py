@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from child_env import child_env
 
 torch = pytest.importorskip("torch")
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -286,8 +286,7 @@ assert "prometheus_client" not in sys.modules
 print("ok")
 """
     off = ("AV_CORE_METRICS", "PROMETHEUS")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(off)}
-    env["PYTHONPATH"] = str(HERE.parent / "python")
+    env = child_env(drop=off)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -333,8 +332,7 @@ print(json.dumps({"labeled": labeled.tolist(), "refits": est.num_refits}))
 
 
 def test_prometheus_multiproc_dir_reaches_a_multiprocess_collector(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AV_CORE_METRICS")}
-    env.update(PYTHONPATH=str(HERE.parent / "python"), PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    env = child_env(drop=("AV_CORE_METRICS",), PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
     env["RANK"] = "3"
     out = subprocess.run(
         [sys.executable, "-c", _MULTIPROC_CHILD], env=env, capture_output=True, text=True

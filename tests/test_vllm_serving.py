@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from child_env import child_env
 
 torch = pytest.importorskip("torch")
 
@@ -138,11 +138,8 @@ def free_port() -> int:
 
 def run_ranks(state_dir: str, tmp_path: Path, tag: str) -> list[dict[str, Any]]:
     port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AV_CORE", "PROMETHEUS"))}
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(HERE.parent / "python"), str(HERE)]),
-        GLOO_SOCKET_IFNAME="lo",
-        OMP_NUM_THREADS="1",
+    env = child_env(
+        HERE, drop=("AV_CORE", "PROMETHEUS"), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"
     )
     outs = [tmp_path / f"{tag}-{rank}.json" for rank in range(2)]
     procs = [

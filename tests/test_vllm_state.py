@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from child_env import child_env
 
 torch = pytest.importorskip("torch")
 
@@ -87,8 +87,7 @@ json.dump({
 
 def serve(directory: Path | str, start: int, stop: int, tmp_path: Path, name: str) -> Any:
     out = tmp_path / f"{name}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AV_CORE", "PROMETHEUS"))}
-    env["PYTHONPATH"] = str(HERE.parent / "python")
+    env = child_env(drop=("AV_CORE", "PROMETHEUS"))
     proc = subprocess.run(
         [sys.executable, "-c", _SERVE, str(directory), str(start), str(stop), str(out)],
         env=env,
