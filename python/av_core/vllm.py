@@ -41,14 +41,8 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
 
 from av_core import vllm_metrics
 from av_core._native import AcceptanceEstimator
-from av_core.features import (
-    MAX_FEATURE_ENTRIES,
-    _check_device,
-    _check_integer_tensor,
-    _dense,
-    _snapshot,
-    draft_log_odds,
-)
+from av_core.features import MAX_FEATURE_ENTRIES, draft_log_odds
+from av_core.features.checks import _check_device, _check_integer_tensor, _dense, _snapshot
 
 __all__ = [
     "DAMPING_OBSERVATIONS",
