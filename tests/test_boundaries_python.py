@@ -66,7 +66,7 @@ from av_core.vllm import (  # noqa: E402
     batch_draft_budget,
     build_cost_tables_from_curves,
 )
-from av_core.vllm_depth import DraftDepthHook  # noqa: E402
+from av_core.vllm.depth import DraftDepthHook  # noqa: E402
 
 CPU = torch.device("cpu")
 LOGIT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]

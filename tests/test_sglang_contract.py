@@ -49,6 +49,7 @@ from test_sglang import geometric_counts, reference_choice, reference_rates
 
 from av_core import CostTables
 from av_core import sglang as av_sglang
+from av_core._engine_interface import signature_text
 from av_core.peers import SGLANG_DEFAULT_TIERS, EmaTier, EmaTierPolicy
 from av_core.sglang import (
     CONTROLLER_SIGNATURES,
@@ -59,7 +60,6 @@ from av_core.sglang import (
     CostAwarePolicy,
     SglangCompatibilityError,
 )
-from av_core.vllm_plugin import signature_text
 
 SGLANG_VERSION = "0.5.23"
 CACHE = Path(

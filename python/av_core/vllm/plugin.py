@@ -21,17 +21,17 @@ build whose interfaces still match); the signature checks always run.
 
 ``AV_CORE_STATE_DIR`` (warm restarts) and ``AV_CORE_SHARE_STATS=dp`` (pooled statistics across
 data-parallel ranks) wrap ``DraftModelSpeculator.load_model`` (and, for sharing,
-``Worker.execute_dummy_batch``) as :mod:`av_core.vllm_serving` describes; their interfaces are
+``Worker.execute_dummy_batch``) as :mod:`av_core.vllm.serving` describes; their interfaces are
 checked with the rest, before anything is patched. ``AV_CORE_VLLM_EXACT=1`` gives the estimator
 vLLM's unbounded refit; metrics (``AV_CORE_METRICS_PORT``, ``PROMETHEUS_MULTIPROC_DIR``) start
 with the first estimator, plugin or not.
 
-Drafting-depth control (:mod:`av_core.vllm_depth`) is off unless ``AV_CORE_VLLM_DEPTH`` is set
+Drafting-depth control (:mod:`av_core.vllm.depth`) is off unless ``AV_CORE_VLLM_DEPTH`` is set
 to ``batch`` (or ``1``) or ``per_request``; ``AV_CORE_VLLM_DRAFTER`` (``autoregressive``, the
 default, or ``parallel``) gives the shape of the drafter's cost by depth. Then
 :func:`install_depth_control` wraps ``propose`` of vLLM's autoregressive speculators (EAGLE/MTP
 ``TargetDependentARSpeculator``, ``StandaloneARSpeculator``, ``MultiModuleMTPSpeculator``): before
-drafting, a :class:`~av_core.vllm_depth.DraftDepthHook` catches up on the confidences vLLM's
+drafting, a :class:`~av_core.vllm.depth.DraftDepthHook` catches up on the confidences vLLM's
 ``AdaptiveVerificationManager`` has copied to the host (two proposals back; so vLLM's adaptive
 verification must be on), chooses the depth from them and the manager's profiled cost tables,
 passes it as ``num_speculative_tokens`` and marks undrafted positions ``-1``. The manager's
@@ -53,7 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from av_core import vllm_serving
+from av_core._engine_interface import engine_version, resolve, signature_text
+from av_core.vllm import serving as vllm_serving
 
 __all__ = [
     "BUDGET_MODULE",
@@ -187,53 +188,6 @@ class Replacement:
 _installed: list[Replacement] = []
 
 
-def signature_text(function: Callable[..., Any]) -> str:
-    """``(a, b=1, *, c=None)``: parameter names, kinds and defaults (as ``repr``), no
-    annotations. The same text :mod:`ast` gives for the source (``ast.unparse`` of a constant
-    default is its ``repr``), so live objects and released source compare as strings."""
-    parts: list[str] = []
-    star = False
-    parameters = list(inspect.signature(function).parameters.values())
-    for index, parameter in enumerate(parameters):
-        kind = parameter.kind
-        if kind is inspect.Parameter.VAR_POSITIONAL:
-            parts.append(f"*{parameter.name}")
-            star = True
-        elif kind is inspect.Parameter.VAR_KEYWORD:
-            parts.append(f"**{parameter.name}")
-        else:
-            if kind is inspect.Parameter.KEYWORD_ONLY and not star:
-                parts.append("*")
-                star = True
-            text = parameter.name
-            if parameter.default is not inspect.Parameter.empty:
-                text += f"={parameter.default!r}"
-            parts.append(text)
-        is_last_positional_only = kind is inspect.Parameter.POSITIONAL_ONLY and (
-            index + 1 == len(parameters)
-            or parameters[index + 1].kind is not inspect.Parameter.POSITIONAL_ONLY
-        )
-        if is_last_positional_only:
-            parts.append("/")
-    return "(" + ", ".join(parts) + ")"
-
-
-def _resolve(module: ModuleType, dotted: str) -> Any:
-    value: Any = module
-    for part in dotted.split("."):
-        value = inspect.getattr_static(value, part)
-    if isinstance(value, staticmethod | classmethod):
-        value = value.__func__
-    return value
-
-
-def _vllm_version() -> str:
-    version = getattr(sys.modules.get("vllm"), "__version__", None)
-    if version is None:
-        version = getattr(importlib.import_module("vllm.version"), "__version__", None)
-    return str(version)
-
-
 def _signature_problems(
     modules: Mapping[str, ModuleType], expected: Mapping[tuple[str, str], str]
 ) -> list[str]:
@@ -242,7 +196,7 @@ def _signature_problems(
     for (module_name, dotted), text in expected.items():
         where = f"{module_name}.{dotted}"
         try:
-            found = signature_text(_resolve(modules[module_name], dotted))
+            found = signature_text(resolve(modules[module_name], dotted))
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             problems.append(f"{where}: not found or not inspectable ({error})")
             continue
@@ -279,7 +233,7 @@ def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> l
     for (module_name, dotted), expected_value in EXPECTED_CONSTANTS.items():
         where = f"{module_name}.{dotted}"
         try:
-            value = _resolve(modules[module_name], dotted)
+            value = resolve(modules[module_name], dotted)
         except (AttributeError, KeyError) as error:
             problems.append(f"{where}: not found ({error})")
             continue
@@ -331,7 +285,7 @@ def _import(name: str) -> ModuleType | None:
 
 
 def _serving_plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
-    """The wrappers of :mod:`av_core.vllm_serving` (warm restarts, data-parallel pooling)."""
+    """The wrappers of :mod:`av_core.vllm.serving` (warm restarts, data-parallel pooling)."""
     speculator = modules[vllm_serving.SPECULATOR_MODULE].DraftModelSpeculator
     original = inspect.getattr_static(speculator, "load_model")
     plan = [
@@ -469,7 +423,7 @@ def _add_request(original: Callable[..., Any]) -> Callable[..., Any]:
 def _depth_hook(manager: Any, num_speculative_steps: int) -> Any:
     """The hook, built on first use from vLLM's profiled tables (rebuilt if they change)."""
     from av_core import CostTables
-    from av_core.vllm_depth import DraftDepthHook
+    from av_core.vllm.depth import DraftDepthHook
 
     tables = manager.cost_tables
     if _DepthState.hook is None or _DepthState.tables_source is not tables:
@@ -543,7 +497,7 @@ def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
     for module_name, class_name in DEPTH_SPECULATORS:
         where = f"{module_name}.{class_name}.propose"
         try:
-            text = signature_text(_resolve(modules[module_name], f"{class_name}.propose"))
+            text = signature_text(resolve(modules[module_name], f"{class_name}.propose"))
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             problems.append(f"{where}: not found or not inspectable ({error})")
             continue
@@ -616,7 +570,7 @@ def install() -> list[Replacement]:
     if _installed:
         return list(_installed)
     any_version = os.environ.get(ENV_ANY_VERSION, "").strip().lower() in {"1", "true", "yes"}
-    version = _vllm_version()
+    version = engine_version("vllm")
     modules = {name: importlib.import_module(name) for name in (ESTIMATOR_MODULE, BUDGET_MODULE)}
     problems = check_interface(modules, None if any_version else version)
     serving = vllm_serving.wanted()
