@@ -49,7 +49,9 @@ from av_core.features import (  # noqa: E402
     to_host,
     top2_margin,
 )
-from av_core.metrics import (  # noqa: E402
+from av_core.planner_torch import assign_draft_budget_torch, survivals_torch  # noqa: E402
+from av_core.testing import MAX_LAW_ENTRIES, SpecTables, emitted_distribution  # noqa: E402
+from av_core.tools.metrics import (  # noqa: E402
     MAX_BINS,
     CalibrationReport,
     expected_calibration_error,
@@ -57,9 +59,7 @@ from av_core.metrics import (  # noqa: E402
     reliability_curve,
     roc_auc,
 )
-from av_core.planner_torch import assign_draft_budget_torch, survivals_torch  # noqa: E402
-from av_core.simulate import round_streams  # noqa: E402
-from av_core.testing import MAX_LAW_ENTRIES, SpecTables, emitted_distribution  # noqa: E402
+from av_core.tools.simulate import round_streams  # noqa: E402
 from av_core.vllm import (  # noqa: E402
     OnlineAcceptanceEstimator,
     assign_draft_token_budget,
@@ -1038,8 +1038,8 @@ def test_tables_from_bad_functions_and_oversized_laws_are_refused() -> None:
 
 
 def test_simulated_streams_are_sized_before_allocation() -> None:
-    from av_core.evaluate import DraftRounds
-    from av_core.trace import trace_from_rows
+    from av_core.tools.evaluate import DraftRounds
+    from av_core.tools.trace import trace_from_rows
 
     trace = trace_from_rows(
         {

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
-from av_core.synthetic import SyntheticWorkload, sigmoid
+from av_core.tools.synthetic import SyntheticWorkload, sigmoid
 
 R, K = 32, 4
 STATIONARY = SyntheticWorkload(slope=0.55, intercepts=(1.4, 0.9, 0.5, 0.1))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from av_core.trace import (
+from av_core.tools.trace import (
     COLUMNS,
     REQUIRED_COLUMNS,
     UNLABELED,

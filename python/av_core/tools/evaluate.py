@@ -23,9 +23,9 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import AcceptanceEstimator
-from av_core.metrics import CalibrationReport, reliability_curve
-from av_core.tables import Table, col, fixed, render, signed
-from av_core.trace import UNLABELED, DraftTrace
+from av_core.tools.metrics import CalibrationReport, reliability_curve
+from av_core.tools.tables import Table, col, fixed, render, signed
+from av_core.tools.trace import UNLABELED, DraftTrace
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

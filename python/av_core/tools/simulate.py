@@ -16,7 +16,7 @@ so trimming shapes the labels it learns from, as in serving; and AV with draftin
 decides how far to draft (``choose_draft_depth``, from the remembered confidences) and only the
 drafted positions are paid for and planned. With ``peers``, the other engines' policies on the
 same rounds and costs (SGLang's EMA tiers, TensorRT-LLM's ``draft_len_schedule``, vLLM's adaptive
-verification; :mod:`av_core.peers`) and the hindsight oracle every policy is bounded by
+verification; :mod:`av_core.tools.peers`) and the hindsight oracle every policy is bounded by
 (:func:`simulate_oracle`). The model is documented in ``docs/simulate.md``.
 """
 
@@ -34,11 +34,11 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
-from av_core.argtypes import parse_int_list
-from av_core.evaluate import DraftRounds
-from av_core.peers import TRT_DEFAULT_SCHEDULE, EmaTierPolicy, trt_draft_length
-from av_core.tables import Table, col, fixed, general, render
-from av_core.trace import DraftTrace
+from av_core.tools.argtypes import parse_int_list
+from av_core.tools.evaluate import DraftRounds
+from av_core.tools.peers import TRT_DEFAULT_SCHEDULE, EmaTierPolicy, trt_draft_length
+from av_core.tools.tables import Table, col, fixed, general, render
+from av_core.tools.trace import DraftTrace
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -527,9 +527,9 @@ def simulate_sglang_ema(
     parallel_pass_tokens: PassTokens = "requests",
     policy: EmaTierPolicy | None = None,
 ) -> PolicyResult:
-    """SGLang's EMA-tier adaptive speculation (:class:`~av_core.peers.EmaTierPolicy`, its default
-    configuration unless ``policy`` is given, candidate steps above K clipped to K): before each
-    step the batch's tier gives the step count s, every request drafts and verifies
+    """SGLang's EMA-tier adaptive speculation (:class:`~av_core.tools.peers.EmaTierPolicy`, its
+    default configuration unless ``policy`` is given, candidate steps above K clipped to K):
+    before each step the batch's tier gives the step count s, every request drafts and verifies
     ``min(s, drafted)`` positions (SGLang verifies the whole chain), and the tier's EMA is fed
     the accepted counts. Charged like a fixed K = s step."""
     steps, num_requests = streams.rounds.shape
@@ -573,7 +573,7 @@ def simulate_trt_schedule(
     measure_from: int = 0,
     parallel_pass_tokens: PassTokens = "requests",
 ) -> PolicyResult:
-    """TensorRT-LLM's ``draft_len_schedule`` (:func:`~av_core.peers.trt_draft_length`; default
+    """TensorRT-LLM's ``draft_len_schedule`` (:func:`~av_core.tools.peers.trt_draft_length`; default
     ``{4: 4, 8: 2, 32: 1}``): the batch size alone fixes the draft length, so with R requests in
     flight it is fixed K = the schedule's length at R (capped at K)."""
     schedule = TRT_DEFAULT_SCHEDULE if schedule is None else schedule
@@ -830,7 +830,7 @@ def simulate_trace(
 
     The trace must carry verdicts: rounds are replayed with the target's recorded verdicts, so a
     trace without any label (nothing admitted, or nothing verified) is refused with a
-    ``ValueError``, as :func:`~av_core.evaluate.evaluate_trace` refuses it."""
+    ``ValueError``, as :func:`~av_core.tools.evaluate.evaluate_trace` refuses it."""
     steps = _check_int(steps, "steps", 1)
     warmup_steps = _check_int(warmup_steps, "warmup_steps", 0)
     seed = _check_int(seed, "seed", 0)
@@ -1239,7 +1239,7 @@ def format_markdown(simulation: Simulation) -> str:
 def parse_concurrency(text: str) -> list[int]:
     """``"1,2,4"`` → ``[1, 2, 4]``; ``"1-256"`` → 1, 2, 4, ..., 256 (doubling from LOW to HIGH).
 
-    The grammar of :func:`av_core.argtypes.parse_int_list`: comma-separated integers and
+    The grammar of :func:`av_core.tools.argtypes.parse_int_list`: comma-separated integers and
     ``LOW-HIGH`` doubling ranges, strictly increasing, each >= 1; anything else is a
     ``ValueError`` quoting the text."""
     try:

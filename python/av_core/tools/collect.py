@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from av_core.trace import UNLABELED, DraftTrace, append_trace, read_trace, trace_from_rows
+from av_core.tools.trace import UNLABELED, DraftTrace, append_trace, read_trace, trace_from_rows
 
 if TYPE_CHECKING:
     import torch

@@ -5,8 +5,9 @@ file, a missing extra) prints ``av-core COMMAND: error: MESSAGE`` on one line of
 the option or the file, and exits 2; a run that fails for another reason prints one line too and
 exits 1. A traceback is printed only with ``--debug`` or ``AV_CORE_DEBUG=1``. Output closed by
 the reader (``av-core evaluate | head -1``) ends quietly with status 141, like a tool killed by
-SIGPIPE. Options are checked while the arguments are parsed (:mod:`av_core.argtypes`), before a
-trace is read or a model loaded; output paths are checked writable before the work starts.
+SIGPIPE. Options are checked while the arguments are parsed (:mod:`av_core.tools.argtypes`),
+before a trace is read or a model loaded; output paths are checked writable before the work
+starts.
 
 Results go to stdout (text tables, ``--markdown`` or ``--json``); progress, notes (``wrote
 FILE``), warnings and errors go to stderr. Progress is drawn only on a terminal, and ``-q``
@@ -30,18 +31,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from av_core import __version__
-from av_core import argtypes as types
-from av_core.evaluate import DEFAULT_REFIT_INTERVAL
-from av_core.profile import DEFAULT_TOKENS
-from av_core.progress import Progress, progress_enabled
-from av_core.simulate import DEFAULT_CONCURRENCY, GpuLikeCost
-from av_core.trace import SHIPPED_TRACE, SHIPPED_TRACES
+from av_core.tools import argtypes as types
+from av_core.tools.evaluate import DEFAULT_REFIT_INTERVAL
+from av_core.tools.profile import DEFAULT_TOKENS
+from av_core.tools.progress import Progress, progress_enabled
+from av_core.tools.simulate import DEFAULT_CONCURRENCY, GpuLikeCost
+from av_core.tools.trace import SHIPPED_TRACE, SHIPPED_TRACES
 
 if TYPE_CHECKING:
-    from av_core.collect import CollectSummary
-    from av_core.simulate import CostModel, DepthControl
-    from av_core.tables import Table
-    from av_core.trace import DraftTrace
+    from av_core.tools.collect import CollectSummary
+    from av_core.tools.simulate import CostModel, DepthControl
+    from av_core.tools.tables import Table
+    from av_core.tools.trace import DraftTrace
 
 PROG = "av-core"
 #: Exit statuses: success, a run that failed, an expected failure (bad option or input file),
@@ -255,7 +256,7 @@ def trace_arg(text: str) -> TraceArg:
 
 def load_trace(arg: TraceArg) -> DraftTrace:
     """Reads the trace, any failure reported as one line naming it."""
-    from av_core.trace import load_shipped_trace, read_trace
+    from av_core.tools.trace import load_shipped_trace, read_trace
 
     if arg.shipped is not None:
         with reading(arg.label):
@@ -284,7 +285,7 @@ def _add_trace_argument(parser: argparse.ArgumentParser) -> None:
 
 def _plots_ready(args: argparse.Namespace, console: _Console) -> bool:
     """Whether plots will be written; checks ``--out`` up front when they will."""
-    from av_core.plots import plots_available
+    from av_core.tools.plots import plots_available
 
     if getattr(args, "no_plots", False):
         return False
@@ -316,7 +317,7 @@ def _emit_tables(
     tables: Sequence[Table],
     document: dict[str, Any],
 ) -> None:
-    from av_core.tables import render, to_json
+    from av_core.tools.tables import render, to_json
 
     if style == "json":
         console.result(to_json(document))
@@ -326,7 +327,7 @@ def _emit_tables(
 
 def _evaluate(args: argparse.Namespace) -> int:
     """Prequential feature comparison and per-workload fits on a labeled trace."""
-    from av_core.evaluate import (
+    from av_core.tools.evaluate import (
         evaluate_trace,
         evaluation_preamble,
         evaluation_tables,
@@ -354,7 +355,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         document,
     )
     if plots:
-        from av_core.plots import evaluation_plots
+        from av_core.tools.plots import evaluation_plots
 
         _write_plots(lambda d: evaluation_plots(evaluation, d), Path(args.out), console)
     return EXIT_OK
@@ -362,7 +363,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _cost_model(args: argparse.Namespace) -> CostModel:
     """``--cost-model``: checked and (for ``measured FILE``) read before the trace."""
-    from av_core.simulate import GpuLikeCost, MeasuredCost
+    from av_core.tools.simulate import GpuLikeCost, MeasuredCost
 
     spec = list(args.cost_model)
     if spec == ["gpu-like"]:
@@ -406,7 +407,7 @@ def depth_modes(text: str) -> tuple[DepthControl, ...]:
 
 def trt_schedule(text: str) -> dict[int, int]:
     """argparse type of ``--trt-schedule``: ``BATCH:LEN,...``."""
-    from av_core.peers import parse_trt_schedule
+    from av_core.tools.peers import parse_trt_schedule
 
     try:
         return parse_trt_schedule(text)
@@ -416,7 +417,7 @@ def trt_schedule(text: str) -> dict[int, int]:
 
 def _simulate(args: argparse.Namespace) -> int:
     """Serving simulation: adaptive verification against fixed K at several concurrencies."""
-    from av_core.simulate import (
+    from av_core.tools.simulate import (
         PEERS_TITLE,
         format_markdown,
         format_peers_markdown,
@@ -466,7 +467,7 @@ def _simulate(args: argparse.Namespace) -> int:
     document = {"command": "simulate", "trace": args.trace.text, **simulation_to_dict(simulation)}
     _emit_tables(console, style, preamble, tables, document)
     if plots:
-        from av_core.plots import simulation_plots
+        from av_core.tools.plots import simulation_plots
 
         _write_plots(
             lambda d: simulation_plots(simulation, d, f"_{args.drafter}"), Path(args.out), console
@@ -476,7 +477,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _traces(args: argparse.Namespace) -> int:
     """The shipped traces: names for TRACE, what each holds, and where it comes from."""
-    from av_core.tables import Table, col, fixed
+    from av_core.tools.tables import Table, col, fixed
 
     console = _console(args)
     table = Table(
@@ -556,7 +557,7 @@ def _profile(args: argparse.Namespace) -> int:
     """Measures forward times of a target (and a drafter) into a cost file."""
     console = _console(args)
     _require(_model_modules(args.target, args.drafter), "collect", "profile")
-    from av_core.profile import (
+    from av_core.tools.profile import (
         format_points,
         measure_forward_samples,
         medians,
@@ -618,9 +619,9 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """Evaluate and simulate on the trace shipped with the package; plots in ./av_core_demo/."""
-    from av_core.evaluate import ONLINE, RAW, evaluate_trace
-    from av_core.simulate import simulate_trace
-    from av_core.tables import percent_change
+    from av_core.tools.evaluate import ONLINE, RAW, evaluate_trace
+    from av_core.tools.simulate import simulate_trace
+    from av_core.tools.tables import percent_change
 
     console = _console(args)
     out = Path(args.out)
@@ -645,7 +646,7 @@ def _demo(args: argparse.Namespace) -> int:
         (out / f"simulate_{drafter}.txt").write_text(simulation.to_text() + "\n")
 
     if plots:
-        from av_core.plots import evaluation_plots, simulation_plots
+        from av_core.tools.plots import evaluation_plots, simulation_plots
 
         def make(directory: Path) -> list[Path]:
             paths = evaluation_plots(evaluation, directory)
@@ -713,7 +714,7 @@ def _collect(args: argparse.Namespace) -> int:
     if not args.output.name.endswith((".csv", ".csv.gz")):
         raise CommandError(f"--output must be a .csv or .csv.gz file, got {str(args.output)!r}")
     _require(_model_modules(args.target, args.drafter), "collect", "collect")
-    from av_core.collect import CollectConfig, collect, completed_prompt_ids, read_prompts
+    from av_core.tools.collect import CollectConfig, collect, completed_prompt_ids, read_prompts
 
     with reading(args.prompts):
         read_prompts(args.prompts)
@@ -742,7 +743,7 @@ def _collect(args: argparse.Namespace) -> int:
         progress=progress_enabled(args.quiet or args.no_progress),
         max_prompts=args.max_prompts,
     )
-    from av_core.trace import read_trace
+    from av_core.tools.trace import read_trace
 
     with reading(summary.output):
         whole = read_trace(summary.output) if summary.output.exists() else None
