@@ -37,6 +37,9 @@ from av_core.sglang.installer import (
     register,
     uninstall,
 )
+from av_core.sglang.installer import (
+    ENV_SKIP_ZERO_STEP_EXTEND as ENV_SKIP_ZERO_STEP_EXTEND,
+)
 from av_core.sglang.policy import (
     CostAwarePolicy,
     config_candidate_steps,
