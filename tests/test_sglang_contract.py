@@ -21,19 +21,18 @@ SGLang needs CUDA, so nothing of it is installed. Three parts:
 3. Refusal: on modified sources (a signature, the construction site, the controller's use of
    the policy, the version) ``install`` raises and patches nothing.
 
-The wheel is fetched once with ``pip download --no-deps sglang==0.5.23`` into
-``~/.cache/av_core/sglang-0.5.23`` (``AV_CORE_SGLANG_CACHE`` moves it, ``AV_CORE_SGLANG_WHEEL``
-names a wheel to use instead). Without it (offline) these tests are skipped with that reason:
-CI must prefetch it.
+The wheel is fetched once by ``scripts/fetch_reference_wheels.py`` (``pip download --no-deps
+sglang==0.5.23``) into ``~/.cache/av_core/sglang-0.5.23`` (``AV_CORE_CACHE`` moves
+``~/.cache/av_core``, ``AV_CORE_SGLANG_WHEEL`` names a wheel to use instead). Without it
+(offline) these tests are skipped with that reason; ``.ci/run`` prefetches it.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.util
 import json
-import os
-import subprocess
 import sys
 import textwrap
 import tomllib
@@ -62,11 +61,7 @@ from av_core.sglang import (
 from av_core.tools.peers import SGLANG_DEFAULT_TIERS, EmaTier, EmaTierPolicy
 
 SGLANG_VERSION = "0.5.23"
-CACHE = Path(
-    os.environ.get(
-        "AV_CORE_SGLANG_CACHE", str(Path.home() / ".cache" / "av_core" / f"sglang-{SGLANG_VERSION}")
-    )
-).expanduser()
+FETCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fetch_reference_wheels.py"
 PATHS = {
     RUNTIME_STATE_MODULE: "sglang/srt/speculative/adaptive_runtime_state.py",
     PARAMS_MODULE: "sglang/srt/speculative/adaptive_spec_params.py",
@@ -85,41 +80,17 @@ pytestmark = pytest.mark.sglang
 
 
 def sglang_wheel() -> Path:
-    """The SGLang wheel, downloaded once (no dependencies) into the cache; skips offline."""
-    named = os.environ.get("AV_CORE_SGLANG_WHEEL")
-    if named:
-        return Path(named)
-    pattern = f"sglang-{SGLANG_VERSION}-*.whl"
-    found = sorted(CACHE.glob(pattern))
-    if not found:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--platform",
-            "manylinux_2_34_x86_64",
-            "--python-version",
-            "3.11",
-            f"sglang=={SGLANG_VERSION}",
-            "-d",
-            str(CACHE),
-        ]
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
-        except subprocess.TimeoutExpired:
-            proc = None
-        found = sorted(CACHE.glob(pattern))
-        if proc is None or proc.returncode != 0 or not found:
-            tail = "" if proc is None else proc.stderr[-400:]
-            pytest.skip(
-                f"SGLang {SGLANG_VERSION}'s wheel is not cached in {CACHE} and could not be "
-                f"downloaded ({' '.join(command[2:])}): {tail}"
-            )
-    return found[0]
+    """The SGLang wheel from the cache, downloaded once (``scripts/fetch_reference_wheels.py``,
+    which ``.ci/run`` runs first); skips with the reason offline."""
+    spec = importlib.util.spec_from_file_location("fetch_reference_wheels", FETCH_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    fetcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetcher)
+    try:
+        wheel: Path = fetcher.fetch("sglang", SGLANG_VERSION)
+    except RuntimeError as error:
+        pytest.skip(f"SGLang {SGLANG_VERSION} wheel unavailable: {error}")
+    return wheel
 
 
 @pytest.fixture(scope="module")

@@ -16,15 +16,17 @@ Three parts:
    padded rows.
 
 Every test that reads a release runs once per release in ``RELEASES``. Each wheel is fetched
-once with ``pip download --no-deps vllm==<version>`` into ``~/.cache/av_core/vllm-<version>``
-(``AV_CORE_VLLM_CACHE`` moves the parent directory ``~/.cache/av_core``; ``AV_CORE_VLLM_WHEEL``
-lists wheels to use instead, separated by ``os.pathsep``, each used for the version its file name
-carries) and reused.
+once by ``scripts/fetch_reference_wheels.py`` (``pip download --no-deps vllm==<version>``) into
+``~/.cache/av_core/vllm-<version>`` (``AV_CORE_CACHE`` moves ``~/.cache/av_core``;
+``AV_CORE_VLLM_WHEEL`` lists wheels to use instead, separated by ``os.pathsep``) and reused;
+``.ci/run`` fetches them before the tests. Without network or cache the tests that read a
+release skip with the reason.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import linecache
 import os
 import subprocess
@@ -50,9 +52,7 @@ import reference  # noqa: E402
 
 #: The releases checked, one of each line the plugin accepts (vllm_plugin.SUPPORTED_VLLM_VERSIONS).
 RELEASES = ("0.32.0", "0.33.0")
-CACHE = Path(
-    os.environ.get("AV_CORE_VLLM_CACHE", str(Path.home() / ".cache" / "av_core"))
-).expanduser()
+FETCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fetch_reference_wheels.py"
 SPEC_DECODE = "vllm/v1/worker/gpu/spec_decode"
 PATHS = {
     ESTIMATOR_MODULE: f"{SPEC_DECODE}/acceptance_estimator.py",
@@ -351,38 +351,18 @@ def inspect_source(function: Callable[..., Any]) -> str:
 
 
 def vllm_wheel(version: str) -> Path:
-    """The vLLM ``version`` wheel, downloaded once (no dependencies) into the cache."""
-    pattern = f"vllm-{version}-*.whl"
-    for named in filter(None, os.environ.get("AV_CORE_VLLM_WHEEL", "").split(os.pathsep)):
-        if Path(named).name.startswith(f"vllm-{version}-"):
-            return Path(named)
-    cache = CACHE / f"vllm-{version}"
-    found = sorted(cache.glob(pattern))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--platform",
-            "manylinux_2_28_x86_64",
-            "--python-version",
-            "3.11",
-            f"vllm=={version}",
-            "-d",
-            str(cache),
-        ]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-        found = sorted(cache.glob(pattern))
-        if proc.returncode != 0 or not found:
-            pytest.fail(
-                f"could not download vLLM {version} for the contract test "
-                f"({' '.join(command)}):\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
-            )
-    return found[0]
+    """The vLLM ``version`` wheel from the cache, downloaded once
+    (``scripts/fetch_reference_wheels.py``, which ``.ci/run`` runs first so CI always has it);
+    without it (no network, no cache) the tests that read it skip and say why."""
+    spec = importlib.util.spec_from_file_location("fetch_reference_wheels", FETCH_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    fetcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetcher)
+    try:
+        wheel: Path = fetcher.fetch("vllm", version)
+    except RuntimeError as error:
+        pytest.skip(f"vLLM {version} wheel unavailable: {error}")
+    return wheel
 
 
 @pytest.fixture(scope="module", params=RELEASES)

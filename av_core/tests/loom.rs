@@ -1,7 +1,8 @@
 //! Model-checks the lock-free protocols under every interleaving loom can produce.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test -p av_core --release --test loom` (scripts in
-//! benches/ do; it is too slow for every CI run). Without `--cfg loom` this file is empty.
+//! Run with `RUSTFLAGS="--cfg loom" cargo test -p av_core --release --test loom` (`.ci/run`
+//! does, in its own target directory; about a minute to build, under a second to run). Without
+//! `--cfg loom` this file is empty.
 #![cfg(loom)]
 
 use av_core::accumulator::{Accumulator, PositionSums, RoundStats};

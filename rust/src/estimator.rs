@@ -446,7 +446,7 @@ fn int_field<T: TryFrom<i128>>(
     (min, max): (i128, i128),
 ) -> PyResult<T> {
     let value: Int = extract(d, key, argument)?;
-    checked_int(&value, key, argument, (min, max))
+    checked_int(&value, &format!("{argument}[{key:?}]"), (min, max))
 }
 
 /// Each entry of an integer list field, as [`int_field`].
@@ -460,19 +460,18 @@ fn int_list<T: TryFrom<i128>>(
     values
         .iter()
         .enumerate()
-        .map(|(i, v)| checked_int(v, &format!("{key}[{i}]"), argument, (min, max)))
+        .map(|(i, v)| checked_int(v, &format!("{argument}[{key:?}][{i}]"), (min, max)))
         .collect()
 }
 
+/// `value` as a `T` in `min..=max`; `named` is how errors name it (`state["steps_since_refit"]`).
 fn checked_int<T: TryFrom<i128>>(
     value: &Int,
-    key: &str,
-    argument: &str,
+    named: &str,
     (min, max): (i128, i128),
 ) -> PyResult<T> {
-    let named = format!("{argument}[{key:?}]");
-    let v = value.in_range(&named, min, max)?;
-    T::try_from(v).map_err(|_| value_error(&named, format!("{v} is out of range")))
+    let v = value.in_range(named, min, max)?;
+    T::try_from(v).map_err(|_| value_error(named, format!("{v} is out of range")))
 }
 
 /// A float field: a bool or a non-number is a `TypeError`, an int beyond float range a
