@@ -44,6 +44,17 @@ def q_max(logits: torch.Tensor, temperature: float | torch.Tensor | None = None)
         return torch.where(torch.isfinite(stats.max), q, torch.full_like(q, math.nan))
 
 
+def _drawn_token_args(
+    logits: object, tokens: object, temperature: float | torch.Tensor | None, max_log_odds: float
+) -> tuple[torch.Tensor, torch.Tensor, float | torch.Tensor, float]:
+    """The checked ``(logits, tokens, temperature, max_log_odds)`` of the ``sampled_*`` features."""
+    checked = _check_logits(logits)
+    max_log_odds = _check_max_log_odds(max_log_odds)
+    n, vocab = checked.shape
+    token_rows = _check_tokens(tokens, n, vocab, checked.device)
+    return checked, token_rows, _check_temperature(temperature, n, checked.device), max_log_odds
+
+
 def sampled_log_odds(
     logits: torch.Tensor,
     tokens: torch.Tensor,
@@ -57,12 +68,10 @@ def sampled_log_odds(
     (with p = (.5, .5), q = (.2, .8) and "verify only if q(x) >= .5" the output is (.4, .6);
     DESIGN.md §4). Computed as ``(z_t - m) / T - log(sum over j != t of exp((z_j - m) / T))``.
     """
-    logits = _check_logits(logits)
-    max_log_odds = _check_max_log_odds(max_log_odds)
-    n, vocab = logits.shape
-    tokens = _check_tokens(tokens, n, vocab, logits.device)
-    temp = _check_temperature(temperature, n, logits.device)
-    if n == 0:
+    logits, tokens, temp, max_log_odds = _drawn_token_args(
+        logits, tokens, temperature, max_log_odds
+    )
+    if logits.shape[0] == 0:
         return torch.empty(0, dtype=torch.float32, device=logits.device)
     with torch.no_grad():
         return _log_odds_from_stats(_stats_for_rows(logits, temp, None, tokens), max_log_odds)
@@ -81,12 +90,10 @@ def sampled_gumbel(
     ``log1p(complement)`` when the token is a maximum (exact as q -> 1) and
     ``log(exp(d) + complement) - d`` with ``d = (z_t - m) / T < 0`` otherwise.
     """
-    logits = _check_logits(logits)
-    max_log_odds = _check_max_log_odds(max_log_odds)
-    n, vocab = logits.shape
-    tokens = _check_tokens(tokens, n, vocab, logits.device)
-    temp = _check_temperature(temperature, n, logits.device)
-    if n == 0:
+    logits, tokens, temp, max_log_odds = _drawn_token_args(
+        logits, tokens, temperature, max_log_odds
+    )
+    if logits.shape[0] == 0:
         return torch.empty(0, dtype=torch.float32, device=logits.device)
     with torch.no_grad():
         stats = _stats_for_rows(logits, temp, None, tokens)

@@ -18,7 +18,7 @@ from av_core.features.checks import (
 )
 from av_core.features.native import _native_log_odds, _use_native
 from av_core.features.stats import _log_odds_from_stats, _scatter_rows, _stats_for_rows, _valid_rows
-from av_core.features.triton_kernels import _disable_triton, _stats_triton, _use_triton
+from av_core.features.triton_kernels import _triton_stats
 from av_core.features.truncation import _truncated_complement, _truncation_args
 
 
@@ -100,12 +100,9 @@ def _draft_log_odds_untruncated(
     n = logits.shape[0]
     if _use_native(logits):
         return _native_log_odds(logits, temp, valid, max_log_odds)
-    if _use_triton(logits):
-        try:
-            feature, _ = _stats_triton(logits, temp, valid, max_log_odds)
-            return feature
-        except Exception as error:
-            _disable_triton(error)
+    kernel = _triton_stats(logits, temp, valid, max_log_odds)
+    if kernel is not None:
+        return kernel[0]
     rows = _valid_rows(valid)
     if rows is not None and rows.numel() == 0:
         return torch.zeros(n, dtype=torch.float32, device=logits.device)

@@ -20,7 +20,7 @@ from av_core.features.checks import (
     _temperature_rows,
 )
 from av_core.features.stats import PartialStats, _scatter_rows, _stats_for_rows, _valid_rows
-from av_core.features.triton_kernels import _disable_triton, _stats_triton, _use_triton
+from av_core.features.triton_kernels import _triton_stats
 
 
 def partial_stats(
@@ -45,12 +45,9 @@ def partial_stats(
         empty = torch.empty(0, dtype=torch.float32, device=device)
         return PartialStats(empty, torch.empty(0, dtype=torch.int64, device=device), empty)
     with torch.no_grad():
-        if _use_triton(logits_shard):
-            try:
-                _, stats = _stats_triton(logits_shard, temp, valid, MAX_LOG_ODDS)
-                return stats
-            except Exception as error:
-                _disable_triton(error)
+        kernel = _triton_stats(logits_shard, temp, valid, MAX_LOG_ODDS)
+        if kernel is not None:
+            return kernel[1]
         rows = _valid_rows(valid)
         if rows is not None and rows.numel() == 0:
             return PartialStats(

@@ -248,5 +248,23 @@ def _disable_triton(error: Exception) -> None:
     warnings.warn(
         f"av_core.features: Triton kernel unavailable ({error!r}); using torch operations",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
+
+
+def _triton_stats(
+    logits: torch.Tensor,
+    temperature: float | torch.Tensor,
+    valid: torch.Tensor | None,
+    max_log_odds: float,
+) -> tuple[torch.Tensor, PartialStats] | None:
+    """:func:`_stats_triton` where it applies (CUDA logits, Triton present and working), else
+    None. A kernel that fails is disabled with a warning (at the caller's call site) and None
+    sends the caller down the torch path."""
+    if not _use_triton(logits):
+        return None
+    try:
+        return _stats_triton(logits, temperature, valid, max_log_odds)
+    except Exception as error:
+        _disable_triton(error)
+        return None

@@ -16,6 +16,7 @@ import torch
 
 from av_core.vllm import metrics as vllm_metrics
 from av_core.vllm.checks import (
+    _check_confidences,
     _check_int_tensor,
     _check_output,
     _check_positive_int,
@@ -150,15 +151,7 @@ def assign_draft_token_budget(
     """
     confidence_probs = _check_tensor(confidence_probs, "confidence_probs")
     num_steps = _check_positive_int(num_steps, "num_steps")
-    if confidence_probs.dim() != 2 or confidence_probs.shape[1] < num_steps:
-        raise ValueError(
-            f"confidence_probs must have shape [S, >= {num_steps}], got shape "
-            f"{tuple(confidence_probs.shape)}"
-        )
-    if not confidence_probs.dtype.is_floating_point:
-        raise TypeError(
-            f"confidence_probs must be a float tensor, got dtype {confidence_probs.dtype}"
-        )
+    confidence_probs = _check_confidences(confidence_probs, "S", num_steps)
     idx_mapping = _check_int_tensor(idx_mapping, "idx_mapping")
     if idx_mapping.dim() != 1:
         raise ValueError(f"idx_mapping must be 1-D, got shape {tuple(idx_mapping.shape)}")
@@ -297,19 +290,7 @@ def batch_draft_budget(
         max_total_logits, num_bonus_tokens: the sampler's logits cap and bonus tokens per request.
     """
     metrics = vllm_metrics.current()
-    if metrics is None:
-        return _batch_draft_budget(
-            num_tokens_per_req,
-            draft_tokens,
-            req_id_to_index,
-            stale_confidences,
-            num_computed_tokens,
-            prefill_len,
-            cost_tables,
-            max_total_logits,
-            num_bonus_tokens,
-        )
-    started = time.perf_counter()
+    started = time.perf_counter() if metrics is not None else 0.0
     plan = _batch_draft_budget(
         num_tokens_per_req,
         draft_tokens,
@@ -321,6 +302,8 @@ def batch_draft_budget(
         max_total_logits,
         num_bonus_tokens,
     )
+    if metrics is None:
+        return plan
     cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
     metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
     metrics.budget_chosen(plan.draft_budget, cost)

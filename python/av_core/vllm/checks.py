@@ -76,3 +76,14 @@ def _check_range_on_host(tensor: torch.Tensor, name: str, low: int, high: int) -
     if smallest < low or largest >= high:
         bad = smallest if smallest < low else largest
         raise ValueError(f"{name} entries must lie in [{low}, {high}), got {bad}")
+
+
+def _check_confidences(value: torch.Tensor, rows: str, width: int) -> torch.Tensor:
+    """``confidence_probs``: a 2-D float tensor of shape ``[rows, >= width]``."""
+    if value.dim() != 2 or value.shape[1] < width:
+        raise ValueError(
+            f"confidence_probs must have shape [{rows}, >= {width}], got shape {tuple(value.shape)}"
+        )
+    if not value.dtype.is_floating_point:
+        raise TypeError(f"confidence_probs must be a float tensor, got dtype {value.dtype}")
+    return value

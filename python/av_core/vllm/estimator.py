@@ -27,6 +27,7 @@ from av_core.features import MAX_FEATURE_ENTRIES, draft_log_odds
 from av_core.features.checks import _check_device
 from av_core.vllm import metrics as vllm_metrics
 from av_core.vllm.checks import (
+    _check_confidences,
     _check_int_tensor,
     _check_output,
     _check_positive_int,
@@ -353,15 +354,7 @@ class OnlineAcceptanceEstimator:
                 f"confidence_probs must be a torch.Tensor, got {type(confidence_probs).__name__}"
             )
         confidence_probs = _check_output(confidence_probs, "confidence_probs")
-        if confidence_probs.dim() != 2 or confidence_probs.shape[1] < k:
-            raise ValueError(
-                f"confidence_probs must have shape [B, >= {k}], got shape "
-                f"{tuple(confidence_probs.shape)}"
-            )
-        if not confidence_probs.dtype.is_floating_point:
-            raise TypeError(
-                f"confidence_probs must be a float tensor, got dtype {confidence_probs.dtype}"
-            )
+        confidence_probs = _check_confidences(confidence_probs, "B", k)
         temperature = _check_tensor(temperature, "temperature")
         if temperature.dim() != 1 or temperature.shape[0] < m:
             raise ValueError(

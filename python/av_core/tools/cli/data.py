@@ -221,6 +221,20 @@ def _collect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_models(parser: argparse.ArgumentParser, *, drafter_required: bool) -> None:
+    """``--target`` and ``--drafter``: model directories or GGUF files."""
+    parser.add_argument(
+        "--target", required=True, type=types.model_path, help="model directory or .gguf file"
+    )
+    parser.add_argument(
+        "--drafter",
+        required=drafter_required,
+        default=None,
+        type=types.model_path,
+        help="model directory or .gguf file",
+    )
+
+
 def add_traces(add: AddCommand) -> argparse.ArgumentParser:
     """``av-core traces`` and its options (``add`` creates the subparser)."""
     traces = add(
@@ -243,12 +257,7 @@ def add_profile(add: AddCommand) -> argparse.ArgumentParser:
         "of --context tokens; writes JSON for 'av-core simulate --cost-model measured FILE' "
         "(needs av_core[collect]). Warns when a sweep is non-monotone or noisy.",
     )
-    profile.add_argument(
-        "--target", required=True, type=types.model_path, help="model directory or .gguf file"
-    )
-    profile.add_argument(
-        "--drafter", default=None, type=types.model_path, help="model directory or .gguf file"
-    )
+    _add_models(profile, drafter_required=False)
     profile.add_argument(
         "--output", required=True, type=types.writable_file, help="cost file to write (.json)"
     )
@@ -289,12 +298,7 @@ def add_collect(add: AddCommand) -> argparse.ArgumentParser:
         "verification: every draft up to the first rejection is labeled. Resumable: prompts "
         "already in the output are skipped.",
     )
-    collect.add_argument(
-        "--target", required=True, type=types.model_path, help="model directory or .gguf file"
-    )
-    collect.add_argument(
-        "--drafter", required=True, type=types.model_path, help="model directory or .gguf file"
-    )
+    _add_models(collect, drafter_required=True)
     collect.add_argument(
         "--prompts",
         required=True,

@@ -5,6 +5,7 @@ streams of a trace and collects a :class:`~av_core.tools.simulate.report.Simulat
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 from av_core.tools.argtypes import parse_int_list
@@ -102,22 +103,19 @@ def simulate_trace(
             for k in range(rounds.num_positions + 1)
         ]
         advance(f"R={r} fixed K", rounds.num_positions + 1)
+        adaptive = functools.partial(
+            simulate_adaptive,
+            rounds,
+            features,
+            streams,
+            cost,
+            drafter,
+            measure_from=warmup_steps,
+            refit_interval=refit_interval,
+            parallel_pass_tokens=parallel_pass_tokens,
+        )
         for mode in (None, *depth_control):
-            row.append(
-                simulate_adaptive(
-                    rounds,
-                    features,
-                    streams,
-                    cost,
-                    drafter,
-                    measure_from=warmup_steps,
-                    refit_interval=refit_interval,
-                    parallel_pass_tokens=parallel_pass_tokens,
-                    exploration=exploration,
-                    depth_control=mode,
-                    memory=memory,
-                )
-            )
+            row.append(adaptive(exploration=exploration, depth_control=mode, memory=memory))
             advance(f"R={r} {row[-1].policy}")
         if peers:
             row.append(
@@ -143,18 +141,7 @@ def simulate_trace(
                 )
             )
             advance(f"R={r} {row[-1].policy}")
-            vllm = simulate_adaptive(
-                rounds,
-                features,
-                streams,
-                cost,
-                drafter,
-                measure_from=warmup_steps,
-                refit_interval=refit_interval,
-                parallel_pass_tokens=parallel_pass_tokens,
-                exploration=0.0,
-                memory=0.0,
-            )
+            vllm = adaptive(exploration=0.0, memory=0.0)
             row.append(dataclasses.replace(vllm, policy=PEER_POLICIES[2]))
             advance(f"R={r} {row[-1].policy}")
             row.append(
