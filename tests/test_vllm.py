@@ -469,8 +469,9 @@ def test_step_rejects_bad_input_naming_the_argument_and_changes_nothing() -> Non
 def cost_table_reference(
     curve: list[tuple[int, float]], limit: int, graph_limit: int
 ) -> np.ndarray:
-    """DESIGN.md's cost-table rule, written per entry: running max; a step function up to the
-    capture limit; linear between profiled points above it; the last segment extended."""
+    """The cost-table rule of docs/design.md ("The planner and its cost tables"), per entry:
+    running max; a step function up to the capture limit; linear between profiled points above
+    it; the last segment extended."""
     xs = [float(x) for x, _ in curve]
     ys = list(np.maximum.accumulate([float(y) for _, y in curve]))
     out = np.empty(limit + 1)
@@ -558,7 +559,8 @@ def budget_reference(
     verify_ms: np.ndarray,
     cap: int,
 ) -> int:
-    """DESIGN.md's budget by brute force: evaluate E(b) / C(b) for every b, first maximum."""
+    """The budget of docs/design.md ("The planner and its cost tables") by brute force:
+    evaluate E(b) / C(b) for every b, first maximum."""
     survival = np.cumprod(stale.astype(np.float64), axis=1)
     scores = sorted(
         (survival[r, k] for r in range(len(scheduled_drafts)) for k in range(scheduled_drafts[r])),

@@ -13,8 +13,8 @@ one of them. A row with a single finite entry gives ``+max_log_odds``; every val
 ``[-max_log_odds, max_log_odds]``.
 
 The feature reads the drafter's distribution, never the token drawn from it: a verification
-decision that depended on the drawn token would bias the emitted distribution (DESIGN.md §4). The
-``sampled_*`` functions do read it, and exist for offline evaluation only.
+decision that depended on the drawn token would bias the emitted distribution (``docs/design.md``,
+"Losslessness"). The ``sampled_*`` functions do read it, and exist for offline evaluation only.
 
 One concern per module: ``checks`` (arguments), ``stats`` (the torch path), ``native`` (the
 fused Rust kernel on the CPU), ``triton_kernels`` (the CUDA kernels), ``truncation`` (top-k and

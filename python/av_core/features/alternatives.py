@@ -66,7 +66,8 @@ def sampled_log_odds(
 
     It reads the sampled token, so gating verification on it biases the emitted distribution
     (with p = (.5, .5), q = (.2, .8) and "verify only if q(x) >= .5" the output is (.4, .6);
-    DESIGN.md §4). Computed as ``(z_t - m) / T - log(sum over j != t of exp((z_j - m) / T))``.
+    ``docs/design.md``, "Losslessness"). Computed as
+    ``(z_t - m) / T - log(sum over j != t of exp((z_j - m) / T))``.
     """
     logits, tokens, temp, max_log_odds = _drawn_token_args(
         logits, tokens, temperature, max_log_odds

@@ -1,7 +1,7 @@
 """Ranking and calibration metrics for acceptance predictions (numpy only).
 
-The four yardsticks of the original write-up, with scikit-learn's argument order (``y_true``
-first) so they read like the functions they are cross-checked against in the tests:
+The four yardsticks of the original write-up of the method, with scikit-learn's argument order
+(``y_true`` first) so they read like the functions they are cross-checked against in the tests:
 
 - :func:`roc_auc`: probability that a random accepted draft scores above a random rejected one
   (ties count ½). Ranking only: blind to calibration.
@@ -33,7 +33,7 @@ BinStrategy = Literal["uniform", "quantile"]
 LOG_LOSS_EPS = 1e-15
 
 #: Bins of the reliability curve and ECE: 15, the count used by the calibration literature
-#: (Guo et al., 2017) and by the original write-up's ECE figures.
+#: (Guo et al., 2017) and by the ECE figures of the original write-up of the method.
 DEFAULT_BINS = 15
 
 

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     import torch
 
 
-#: Features are clamped to [-X, X] like the estimator's (DESIGN.md §3), so one overconfident
-#: position cannot dominate a fit.
+#: Features are clamped to [-X, X] like the estimator's (``docs/design.md``, "The estimator"), so
+#: one overconfident position cannot dominate a fit.
 LOG_ODDS_CLAMP = 40.0
 
 
@@ -164,7 +164,8 @@ def draft_feature_columns(
 
     - ``logit_q_max = m - logsumexp(z without one occurrence of the max m)``, z = logits / T
       (T <= 0 leaves z unscaled): exact as q_max -> 1, clamped to ±40. It never reads the
-      drafted token, which is what keeps adaptive verification lossless (DESIGN.md §4).
+      drafted token, which is what keeps adaptive verification lossless (``docs/design.md``,
+      "Losslessness").
     - ``logit_q_sampled``: the same log-odds for the drafted token (lossy: it reads the token).
     - ``top2_margin = z_(1) - z_(2) = log q_(1) - log q_(2)``.
     - ``entropy = -sum q log q`` in nats.

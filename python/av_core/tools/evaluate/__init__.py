@@ -6,9 +6,10 @@ every ``refit_interval`` observes it refits. Every draft is scored with the pred
 draft time*, so no draft is ever scored by coefficients fitted on its own label (prequential,
 "test then train"). The same replay is run on the other candidate features (the lossy
 ``logit(q_sampled)``, the top-2 margin, the entropy, a head score), and raw ``q_max`` is scored
-without any fit, which gives the feature comparison table of the original write-up.
+without any fit, which gives the feature comparison table of the original write-up of the
+method.
 
-Each workload (prompt source) is also fitted offline by batch IRLS, to check the write-up's claim
+Each workload (prompt source) is also fitted offline by batch IRLS, to check that write-up's claim
 that the slope is a property of the model pair (it barely moves across workloads) while the first
 intercept tracks the drafter's mean entropy. See ``docs/evaluate.md``.
 
