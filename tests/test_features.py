@@ -868,6 +868,33 @@ def test_triton_kernel_in_the_interpreter_matches_the_torch_path() -> None:
     assert out["feature"][8] == 0.0 and out["feature"][2] == MAX_LOG_ODDS
 
 
+def test_a_failing_kernel_warns_once_and_the_torch_path_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Triton kernel that fails to build must not take a server down: one RuntimeWarning at
+    the caller's call site, the torch path's answer, and the kernel not tried again."""
+    kernels = features.triton_kernels
+    z = torch.randn(5, 300, generator=torch.Generator().manual_seed(9)).to(torch.float16)
+    want_x, want_parts = draft_log_odds(z, 0.7), partial_stats(z, 0.7)
+    tries: list[int] = []
+
+    def broken(*args: object) -> None:
+        tries.append(1)
+        raise RuntimeError("no kernel for this GPU")
+
+    monkeypatch.setattr(kernels, "_triton_failed", False)
+    monkeypatch.setattr(kernels, "_stats_triton", broken)
+    monkeypatch.setattr(kernels, "_use_triton", lambda logits: not kernels._triton_failed)
+    with pytest.warns(RuntimeWarning, match="Triton kernel unavailable") as caught:
+        got_parts = partial_stats(z, 0.7)
+    assert caught[0].filename == __file__  # the caller's line, not av_core's
+    assert kernels._triton_failed and tries == [1]
+    for got, want in zip(got_parts, want_parts, strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(draft_log_odds(z, 0.7), want_x, atol=0, rtol=0)
+    assert tries == [1]  # disabled: not tried again
+
+
 # --- CUDA ---------------------------------------------------------------------------------------
 
 
