@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 from child_env import child_env
 
-from av_core.argtypes import parse_int_list
-from av_core.cli import collect_summary, shipped_names
-from av_core.collect import CollectSummary
-from av_core.evaluate import Correlation, evaluate_trace, evaluation_tables
-from av_core.profile import measure_forward_samples, sweep_warnings
-from av_core.progress import Progress, progress_enabled
-from av_core.simulate import GpuLikeCost, MeasuredCost, simulate_trace
-from av_core.tables import Table, col, fixed, percent_change, signed
-from av_core.trace import DraftTrace, load_shipped_trace, write_trace
+from av_core.tools.argtypes import parse_int_list
+from av_core.tools.cli import collect_summary, shipped_names
+from av_core.tools.collect import CollectSummary
+from av_core.tools.evaluate import Correlation, evaluate_trace, evaluation_tables
+from av_core.tools.profile import measure_forward_samples, sweep_warnings
+from av_core.tools.progress import Progress, progress_enabled
+from av_core.tools.simulate import GpuLikeCost, MeasuredCost, simulate_trace
+from av_core.tools.tables import Table, col, fixed, percent_change, signed
+from av_core.tools.trace import DraftTrace, load_shipped_trace, write_trace
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,7 +48,8 @@ def run_cli(
         command = [
             sys.executable,
             "-c",
-            f"{prelude}\nimport sys\nfrom av_core.cli import main\nsys.exit(main(sys.argv[1:]))",
+            f"{prelude}\nimport sys\nfrom av_core.tools.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))",
             *args,
         ]
     else:
@@ -324,9 +325,9 @@ def test_debug_prints_the_traceback(files: Path) -> None:
 
 def test_an_unexpected_failure_is_one_line_exit_1(files: Path) -> None:
     prelude = (
-        "import av_core.evaluate\n"
+        "import av_core.tools.evaluate\n"
         "def boom(*args, **kwargs):\n    raise RuntimeError('the estimator exploded')\n"
-        "av_core.evaluate.evaluate_trace = boom"
+        "av_core.tools.evaluate.evaluate_trace = boom"
     )
     result = run_cli("evaluate", "small.csv", "--no-plots", cwd=files, prelude=prelude)
     line = assert_one_line_error(result, "evaluate", "RuntimeError", "exploded", code=1)
@@ -393,7 +394,7 @@ def test_integer_list_grammar() -> None:
 
 
 def test_options_take_their_typed_values(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from av_core.cli import build_parser
+    from av_core.tools.cli import build_parser
 
     args = build_parser().parse_args(
         [

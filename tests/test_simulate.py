@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from test_evaluate import synthetic_trace
 
-from av_core.cli import main
-from av_core.evaluate import DraftRounds
-from av_core.profile import measure_forward_ms, write_cost_file
-from av_core.simulate import (
+from av_core.tools.cli import main
+from av_core.tools.evaluate import DraftRounds
+from av_core.tools.profile import measure_forward_ms, write_cost_file
+from av_core.tools.simulate import (
     GpuLikeCost,
     MeasuredCost,
     cost_tables_for,
@@ -26,7 +26,7 @@ from av_core.simulate import (
     simulate_trace,
     step_draft_cost_ms,
 )
-from av_core.trace import trace_from_rows, write_trace
+from av_core.tools.trace import trace_from_rows, write_trace
 
 
 def tiny_trace() -> tuple[list[list[int]], object]:
@@ -232,9 +232,9 @@ def test_simulate_and_demo_commands(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_commands_skip_plots_without_matplotlib(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import av_core.plots
+    import av_core.tools.plots
 
-    monkeypatch.setattr(av_core.plots, "plots_available", lambda: False)
+    monkeypatch.setattr(av_core.tools.plots, "plots_available", lambda: False)
     trace_path = tmp_path / "trace.csv"
     write_trace(synthetic_trace(num_requests=4, num_steps=20), trace_path)
     out = tmp_path / "plots"
@@ -260,7 +260,7 @@ def tiny_qwen(transformers: Any) -> Any:
 def test_profile_times_a_tiny_transformers_model() -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
-    from av_core.profile import loaded_model_forward
+    from av_core.tools.profile import loaded_model_forward
 
     model = tiny_qwen(transformers)
     forward = loaded_model_forward(model, context=8)
@@ -354,7 +354,7 @@ def test_markdown_cells_match_closed_form_throughputs(drafter: str) -> None:
 def test_profile_times_drafting_by_depth_into_the_cost_file(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
-    from av_core.profile import loaded_drafting_forward
+    from av_core.tools.profile import loaded_drafting_forward
 
     model = tiny_qwen(transformers)
     points = measure_forward_ms(loaded_drafting_forward(model, context=8), [1, 4], repeats=3)

@@ -1,4 +1,4 @@
-"""The plugin's warm restarts and data-parallel pooling (av_core.vllm_serving), on fake vLLM
+"""The plugin's warm restarts and data-parallel pooling (av_core.vllm.serving), on fake vLLM
 modules with the control flow tests/test_vllm_contract.py checks in each release's source.
 
 - In one process: ``AV_CORE_STATE_DIR`` wraps ``DraftModelSpeculator.load_model``; an estimator
@@ -30,9 +30,9 @@ torch = pytest.importorskip("torch")
 
 import vllm_serving_fakes as fakes  # noqa: E402
 
-from av_core import vllm_plugin  # noqa: E402
 from av_core.vllm import OnlineAcceptanceEstimator  # noqa: E402
-from av_core.vllm_state import StateKey, WarmStart  # noqa: E402
+from av_core.vllm import plugin as vllm_plugin  # noqa: E402
+from av_core.vllm.state import StateKey, WarmStart  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SPECULATOR = f"{fakes.SPEC}.speculator"

@@ -163,7 +163,7 @@ def model_forward(
     Needs ``av_core[collect]`` (torch, transformers). Token ids are arbitrary: the time of a
     forward pass does not depend on them.
     """
-    from av_core.collect import HuggingFaceCausalLM
+    from av_core.tools.collect import HuggingFaceCausalLM
 
     model, _ = HuggingFaceCausalLM.load(path, device=device)
     return loaded_model_forward(model, device=device, context=context)
@@ -175,7 +175,7 @@ def _warm_cache(model: Any, device: str, context: int, seed: int) -> tuple[Any, 
     weights are paged in by the first passes, which run several times slower."""
     import torch
 
-    from av_core.collect import HuggingFaceCausalLM
+    from av_core.tools.collect import HuggingFaceCausalLM
 
     lm = HuggingFaceCausalLM(model, device)
     cache = lm.new_cache()
@@ -231,7 +231,7 @@ def model_drafting_forward(
     path: str | Path, *, device: str = "cpu", context: int = 128
 ) -> Callable[[int], None]:
     """:func:`loaded_drafting_forward` for a model directory or GGUF file."""
-    from av_core.collect import HuggingFaceCausalLM
+    from av_core.tools.collect import HuggingFaceCausalLM
 
     model, _ = HuggingFaceCausalLM.load(path, device=device)
     return loaded_drafting_forward(model, device=device, context=context)

@@ -39,8 +39,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from av_core.metrics import expected_calibration_error, log_loss
-
 __all__ = [
     "BUDGET",
     "BUDGET_BUCKETS",
@@ -86,7 +84,7 @@ BUDGET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 COST_BUCKETS_MS = (1, 2, 5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000)
 #: Upper bounds of the host-time-per-step histogram, seconds.
 HOST_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
-#: Equal-width bins of the rolling ECE (av_core.metrics' default).
+#: Equal-width bins of the rolling ECE (av_core.tools.metrics' default).
 _ECE_BINS = 15
 
 
@@ -505,6 +503,11 @@ class ProcessMetrics:
                     e.host.labels(label, call).inc(seconds)
             self.host_by_call = dict.fromkeys(self.host_by_call, 0.0)
             if self._ring_fill:
+                # The scores are the offline tools' (one owner, pure numpy), imported on the
+                # fold's thread the first time there is a window to score, so that importing
+                # av_core.vllm imports no tool.
+                from av_core.tools.metrics import expected_calibration_error, log_loss
+
                 p, y = self._window()
                 e.log_loss.labels(label).set(log_loss(y, p))
                 e.ece.labels(label).set(expected_calibration_error(y, p, _ECE_BINS))

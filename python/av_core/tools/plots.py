@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from av_core.evaluate import ONLINE, RAW, Evaluation
-from av_core.metrics import reliability_curve
-from av_core.simulate import Simulation
+from av_core.tools.evaluate import ONLINE, RAW, Evaluation
+from av_core.tools.metrics import reliability_curve
+from av_core.tools.simulate import Simulation
 
 
 def plots_available() -> bool:

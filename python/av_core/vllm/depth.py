@@ -41,7 +41,7 @@ scheduled before the drafts exist, so positions marked ``-1`` may still be sent 
 adaptive verification's budget trims it. The next step's non-draft token count is not known
 when ``propose`` runs; the decode-only count (one per request) is the natural estimate.
 
-:mod:`av_core.vllm_plugin` installs exactly this when ``AV_CORE_VLLM_DEPTH`` is set (off by
+:mod:`av_core.vllm.plugin` installs exactly this when ``AV_CORE_VLLM_DEPTH`` is set (off by
 default). Note for EAGLE-style speculators in vLLM 0.33.0: at depth 0 the drafter still runs its
 first pass over the accepted tokens (its KV cache must stay current) and only skips sampling, so
 profile ``draft_depth_ms`` as the cost above that floor.
@@ -56,8 +56,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from av_core import vllm_metrics
 from av_core._native import CostTables, DepthPlan, VerificationPlanner
+from av_core.vllm import metrics as vllm_metrics
 
 __all__ = ["DraftDepthHook"]
 

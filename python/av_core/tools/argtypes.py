@@ -254,22 +254,22 @@ def check_writable_dir(path: Path) -> str | None:
     return None
 
 
-def writable_file(text: str) -> Path:
-    """An argparse type for an output file whose folder exists and can be written."""
+def _checked_path(text: str, check: Callable[[Path], str | None]) -> Path:
     path = Path(text)
-    problem = check_writable_file(path)
+    problem = check(path)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return path
+
+
+def writable_file(text: str) -> Path:
+    """An argparse type for an output file whose folder exists and can be written."""
+    return _checked_path(text, check_writable_file)
 
 
 def writable_dir(text: str) -> Path:
     """An argparse type for an output folder (created later when missing)."""
-    path = Path(text)
-    problem = check_writable_dir(path)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
-    return path
+    return _checked_path(text, check_writable_dir)
 
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Warm restarts of the vLLM drop-in estimator: its state saved and restored across restarts.
 
-``AV_CORE_STATE_DIR=/path`` makes the plugin (:mod:`av_core.vllm_plugin`) attach a
+``AV_CORE_STATE_DIR=/path`` makes the plugin (:mod:`av_core.vllm.plugin`) attach a
 :class:`WarmStart` to every rank's estimator when vLLM builds it: the state saved by the last run
 with the same :class:`StateKey` (target model, draft model, method, K, rank) is loaded, and the
 state is saved again every ``AV_CORE_STATE_SAVE_EVERY`` refits (default 10) and at shutdown.

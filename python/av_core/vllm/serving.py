@@ -3,10 +3,10 @@ statistics across data-parallel ranks (``AV_CORE_STATE_DIR``, ``AV_CORE_SHARE_ST
 
 vLLM builds its estimator in ``DraftModelSpeculator.load_model`` (every speculator's
 ``load_model`` calls it through ``super()``), on every worker. With either variable set,
-:mod:`av_core.vllm_plugin` wraps that method; after it ran, :func:`attach` gives the av_core
+:mod:`av_core.vllm.plugin` wraps that method; after it ran, :func:`attach` gives the av_core
 estimator it built:
 
-- ``AV_CORE_STATE_DIR``: a :class:`av_core.vllm_state.WarmStart` keyed by the target model,
+- ``AV_CORE_STATE_DIR``: a :class:`av_core.vllm.state.WarmStart` keyed by the target model,
   the draft model, the method, K and the rank (``dp<data-parallel index>-rank<torch rank>``):
   the last saved state is loaded, then saved every ``AV_CORE_STATE_SAVE_EVERY`` refits and at
   exit.
@@ -74,7 +74,7 @@ def share_mode() -> str:
 
 def wanted() -> bool:
     """Whether either feature is asked for."""
-    from av_core.vllm_state import ENV_STATE_DIR
+    from av_core.vllm.state import ENV_STATE_DIR
 
     return bool(os.environ.get(ENV_STATE_DIR, "").strip()) or share_mode() != "off"
 
@@ -140,8 +140,8 @@ def wrap_execute_dummy_batch(original: Callable[..., Any]) -> Callable[..., Any]
 
 
 def state_key(speculator: Any) -> Any:
-    """The :class:`~av_core.vllm_state.StateKey` of a vLLM speculator's estimator."""
-    from av_core.vllm_state import StateKey
+    """The :class:`~av_core.vllm.state.StateKey` of a vLLM speculator's estimator."""
+    from av_core.vllm.state import StateKey
 
     config = speculator.vllm_config
     draft = getattr(speculator, "draft_model_config", None)
@@ -173,7 +173,7 @@ def _dp_group() -> Any:
 
 def attach(speculator: Any, estimator: Any) -> None:
     """Warm restarts and data-parallel pooling for one estimator (the module doc)."""
-    from av_core.vllm_state import ENV_STATE_DIR, WarmStart
+    from av_core.vllm.state import ENV_STATE_DIR, WarmStart
 
     group = None
     if share_mode() == "dp":
