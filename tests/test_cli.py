@@ -284,6 +284,59 @@ def test_options_are_refused_while_parsing_naming_the_option_and_value(
     assert not (files / "c.json").exists() and not (files / "o.csv").exists()
 
 
+#: A folder no one can create files in, whatever the permission bits say (root passes every
+#: os.access check): the kernel refuses new entries under /proc.
+UNWRITABLE = Path("/proc/av-core-refuses-this")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["evaluate", "small.csv", "--out", str(UNWRITABLE)], "--out"),
+        (["simulate", "small.csv", "--steps", "5", "--out", str(UNWRITABLE / "sub")], "--out"),
+        (["demo", "--trace", "small.csv", "--steps", "5", "--out", str(UNWRITABLE)], "--out"),
+        (["profile", "--target", "model", "--output", f"{UNWRITABLE}.json"], "--output"),
+        (
+            [
+                "collect",
+                "--target",
+                "model",
+                "--drafter",
+                "model",
+                "--prompts",
+                "prompts.jsonl",
+                "--output",
+                f"{UNWRITABLE}.csv",
+            ],
+            "--output",
+        ),
+    ],
+)
+def test_outputs_that_refuse_writes_are_found_before_the_work(
+    files: Path, argv: list[str], option: str
+) -> None:
+    result = run_cli(*argv, cwd=files)
+    assert_one_line_error(result, argv[0], option, str(UNWRITABLE))
+    assert result.stdout == ""  # no table printed: nothing ran before the refusal
+
+
+def test_output_probes_leave_files_as_they_were(tmp_path: Path) -> None:
+    from av_core.tools.argtypes import prepare_output_dir, probe_output_file
+
+    existing = tmp_path / "kept.csv"
+    existing.write_text("header\n")
+    assert probe_output_file(existing) is None
+    assert existing.read_text() == "header\n"
+    missing = tmp_path / "new.json"
+    assert probe_output_file(missing) is None
+    assert not missing.exists()
+    folder = tmp_path / "a" / "b"
+    assert prepare_output_dir(folder) is None
+    assert folder.is_dir() and list(folder.iterdir()) == []
+    assert prepare_output_dir(existing) is not None  # a file, not a folder
+
+
 def test_no_arguments_print_usage_and_exit_2(files: Path) -> None:
     result = run_cli(cwd=files)
     assert result.returncode == 2

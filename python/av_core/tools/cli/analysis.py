@@ -19,6 +19,7 @@ from av_core.tools.cli.common import (
     _Job,
     _output_options,
     _plots_ready,
+    _prepare_out,
     _style,
     _write_plots,
     about,
@@ -193,7 +194,7 @@ def _demo(args: argparse.Namespace) -> int:
     from av_core.tools.tables import percent_change
 
     console = _console(args)
-    out = Path(args.out)
+    out = _prepare_out(args)  # the tables go there even without plots
     plots = _plots_ready(args, console)
     trace = load_trace(args.trace)
     with _Job(console, "demo: evaluate", "replay") as job, about(args.trace.label):

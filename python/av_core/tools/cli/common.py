@@ -266,8 +266,18 @@ def _add_trace_argument(parser: argparse.ArgumentParser) -> None:
 # Plots
 
 
+def _prepare_out(args: argparse.Namespace) -> Path:
+    """``--out``, created and probed with a test file before any work (:class:`CommandError`
+    naming ``--out`` when it cannot be written)."""
+    out = Path(args.out)
+    problem = types.prepare_output_dir(out)
+    if problem is not None:
+        raise CommandError(f"--out: {problem}")
+    return out
+
+
 def _plots_ready(args: argparse.Namespace, console: _Console) -> bool:
-    """Whether plots will be written; checks ``--out`` up front when they will."""
+    """Whether plots will be written; prepares ``--out`` up front when they will."""
     from av_core.tools.plots import plots_available
 
     if getattr(args, "no_plots", False):
@@ -278,10 +288,15 @@ def _plots_ready(args: argparse.Namespace, console: _Console) -> bool:
             "'av_core[demo]' for the plots and progress bars)"
         )
         return False
-    problem = types.check_writable_dir(Path(args.out))
-    if problem is not None:
-        raise CommandError(f"--out: {problem}")
+    _prepare_out(args)
     return True
+
+
+def _probe_output(option: str, path: Path) -> None:
+    """An output file (``--output``) probed before any model is loaded."""
+    problem = types.probe_output_file(path)
+    if problem is not None:
+        raise CommandError(f"{option}: {problem}")
 
 
 def _write_plots(make: Callable[[Path], list[Path]], out: Path, console: _Console) -> None:

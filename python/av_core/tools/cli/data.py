@@ -24,6 +24,7 @@ from av_core.tools.cli.common import (
     _Job,
     _model_modules,
     _output_options,
+    _probe_output,
     _require,
     _style,
     about,
@@ -96,6 +97,7 @@ def _traces(args: argparse.Namespace) -> int:
 def _profile(args: argparse.Namespace) -> int:
     """Measures forward times of a target (and a drafter) into a cost file."""
     console = _console(args)
+    _probe_output("--output", args.output)
     _require(_model_modules(args.target, args.drafter), "collect", "profile")
     from av_core.tools.profile import (
         format_points,
@@ -183,6 +185,7 @@ def _collect(args: argparse.Namespace) -> int:
     console = _console(args)
     if not args.output.name.endswith((".csv", ".csv.gz")):
         raise CommandError(f"--output must be a .csv or .csv.gz file, got {str(args.output)!r}")
+    _probe_output("--output", args.output)
     _require(_model_modules(args.target, args.drafter), "collect", "collect")
     from av_core.tools.collect import CollectConfig, collect, completed_prompt_ids, read_prompts
 
