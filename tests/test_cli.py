@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -400,6 +401,44 @@ def test_output_into_a_closed_pipe_ends_quietly(files: Path) -> None:
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=300) == 141
     assert stderr == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["evaluate", "small.csv", "--bogus"], ["simulate", "--steps", "5", "--no-such-option"]],
+)
+def test_an_unknown_option_is_named_by_its_command(files: Path, argv: list[str]) -> None:
+    line = assert_one_line_error(run_cli(*argv, cwd=files), argv[0], "unrecognized arguments")
+    assert argv[-1] in line
+
+
+def test_a_closed_stdout_is_one_line_before_any_work(files: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "av_core", "evaluate", "small.csv", "--no-plots"],
+        cwd=files,
+        env=_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert_one_line_error(result, "evaluate", "standard output is closed")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["traces"], ["evaluate", "small.csv", "--no-plots", "--json"]])
+def test_a_full_stdout_is_one_line_naming_it(files: Path, argv: list[str]) -> None:
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "av_core", *argv],
+            cwd=files,
+            env=_env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    assert_one_line_error(result, argv[0], "standard output", "No space left")
 
 
 def test_piping_into_head(files: Path) -> None:

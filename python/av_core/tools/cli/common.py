@@ -131,7 +131,12 @@ class _Console:
     quiet: bool
 
     def result(self, text: str) -> None:
-        print(text)
+        try:
+            print(text)
+        except BrokenPipeError:
+            raise  # the reader left: the boundary ends quietly (141)
+        except OSError as error:  # a full disk, an I/O error: say where the results were going
+            raise CommandError(f"cannot write to standard output: {describe(error)}") from error
 
     def note(self, text: str) -> None:
         if not self.quiet:
