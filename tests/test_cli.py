@@ -190,6 +190,7 @@ OPTION_FAILURES = [
     (["simulate", "--depth-control", "deep"], "--depth-control", "'deep'"),
     (["simulate", "--trt-schedule", "8"], "--trt-schedule", "'8'"),
     (["simulate", "--trt-schedule", "4:4"], "--trt-schedule", "--peers"),
+    (["simulate", "--peers", "--trt-schedule", "4:4,4:2"], "--trt-schedule", "'4:4,4:2'"),
     (["evaluate", "--refit-interval", "0"], "--refit-interval", "'0'"),
     (["evaluate", "--groups-per-workload", "0"], "--groups-per-workload", "'0'"),
     (["evaluate", "--batch-rounds", "x"], "--batch-rounds", "'x'"),
