@@ -380,7 +380,7 @@ class CostAwarePolicy:
         """Verifying ``tokens`` tokens; past the table's end extended along its last segment
         (a batch larger than the tables cover must not look free to speculate on)."""
         verify = self._tables.verify_ms
-        last = verify.shape[0] - 1
+        last = int(verify.shape[0]) - 1
         if tokens <= last:
             return float(verify[tokens])
         slope = max(float(verify[last] - verify[last - 1]), 0.0) if last > 0 else 0.0
