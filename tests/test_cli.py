@@ -27,7 +27,7 @@ from av_core.tools.evaluate import Correlation, evaluate_trace, evaluation_table
 from av_core.tools.profile import measure_forward_samples, sweep_warnings
 from av_core.tools.progress import Progress, progress_enabled
 from av_core.tools.simulate import GpuLikeCost, MeasuredCost, simulate_trace
-from av_core.tools.tables import Table, col, fixed, percent_change, signed
+from av_core.tools.tables import Table, col, fixed, general, percent_change, signed
 from av_core.tools.trace import DraftTrace, load_shipped_trace, write_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -569,6 +569,18 @@ def test_text_tables_never_run_together() -> None:
     assert re.split(r"\s{2,}", text[3]) == ["a-long-policy-name", "1.235", "123456.000"]
     assert re.split(r"\s{2,}", text[4].strip()) == ["x", "0.000", "n/a"]  # no "-0.000"
     assert table.to_dict()["rows"][1]["AV+Dr/best"] is None
+
+
+def test_significant_digits_keep_their_trailing_zeros() -> None:
+    three, four = general(3), general(4)
+    assert [four(v) for v in (2.2, 38.0, 1.095, 1234.0, 0.5444)] == [
+        "2.200",
+        "38.00",
+        "1.095",
+        "1234",
+        "0.5444",
+    ]
+    assert three(0.63) == "0.630" and three(-0.0001) == "-0.000100" and three(math.nan) == "n/a"
 
 
 def test_no_negative_zero() -> None:
