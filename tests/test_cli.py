@@ -556,6 +556,25 @@ def test_simulate_takes_the_shipped_trace_and_prints_json_and_markdown(files: Pa
     assert markdown.stdout.count("\n**") >= 5  # every table has a bold title
 
 
+def test_a_trace_after_the_cost_model_is_the_trace(files: Path) -> None:
+    """``--cost-model`` takes one or two words; a TRACE written after them (its nargs took it)
+    is the trace, unless one was given before."""
+    (files / "cost-ok.json").write_text('{"verify": [[1, 5.0], [512, 9.0]]}')
+    base = ["--no-plots", "--json", "--steps", "5", "--warmup-steps", "2", "--concurrency", "1"]
+    for argv, trace in (
+        (["simulate", "--cost-model", "gpu-like", "small.csv"], "small.csv"),
+        (["simulate", "--cost-model", "measured", "cost-ok.json", "shipped-t0.6"], "shipped-t0.6"),
+        (["simulate", "shipped-t0.6", "--cost-model", "gpu-like"], "shipped-t0.6"),
+    ):
+        result = run_cli(*argv, *base, cwd=files)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["trace"] == trace
+    twice = run_cli("simulate", "small.csv", "--cost-model", "gpu-like", "small.csv", cwd=files)
+    assert_one_line_error(twice, "simulate", "--cost-model", "gpu-like small.csv")
+    missing = run_cli("simulate", "--cost-model", "gpu-like", "nowhere.csv", cwd=files)
+    assert_one_line_error(missing, "simulate", "TRACE", "nowhere.csv")
+
+
 def test_text_tables_never_run_together() -> None:
     table = Table(
         "a title",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from av_core.tools import argtypes as types
 from av_core.tools.cli.common import (
+    DEFAULT_TRACE,
     EXIT_OK,
     AddCommand,
     CommandError,
@@ -78,6 +79,13 @@ def _cost_model(args: argparse.Namespace) -> CostModel:
     from av_core.tools.simulate import GpuLikeCost, MeasuredCost
 
     spec = list(args.cost_model)
+    size = {"gpu-like": 1, "measured": 2}.get(spec[0], len(spec))
+    if len(spec) == size + 1 and args.trace is DEFAULT_TRACE:
+        # `--cost-model gpu-like TRACE`: the option's nargs took the trace; give it back.
+        try:
+            args.trace = trace_arg(spec.pop())
+        except argparse.ArgumentTypeError as error:
+            raise CommandError(f"argument TRACE: {error}") from None
     if spec == ["gpu-like"]:
         return GpuLikeCost(
             verify_base_ms=args.verify_base_ms,
@@ -95,8 +103,8 @@ def _cost_model(args: argparse.Namespace) -> CostModel:
         with reading(path):
             return MeasuredCost.load(path)
     raise CommandError(
-        f"--cost-model must be 'gpu-like' or 'measured FILE' (put TRACE before --cost-model), "
-        f"got {' '.join(spec)!r}"
+        f"--cost-model must be 'gpu-like' or 'measured FILE' (then at most a TRACE, when none "
+        f"was given before), got {' '.join(spec)!r}"
     )
 
 
@@ -341,7 +349,7 @@ def add_simulate(add: AddCommand) -> argparse.ArgumentParser:
         nargs="+",
         default=["gpu-like"],
         metavar="MODEL",
-        help="'gpu-like' or 'measured FILE' (a file from av-core profile; put TRACE first) "
+        help="'gpu-like' or 'measured FILE' (a file from av-core profile; TRACE may follow) "
         "(default: gpu-like)",
     )
     simulate.add_argument(

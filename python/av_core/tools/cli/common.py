@@ -224,6 +224,12 @@ class TraceArg:
         return f"shipped trace {self.text!r}" if self.shipped else str(self.path)
 
 
+#: ``TRACE`` when none is given (the main shipped trace). Identity tells it from an explicit
+#: ``shipped``: ``simulate --cost-model gpu-like FILE`` hands FILE to ``--cost-model`` (its
+#: ``nargs="+"``), and the command takes it back as the trace only when no TRACE was given.
+DEFAULT_TRACE = TraceArg("shipped", SHIPPED_TRACE, None)
+
+
 def trace_arg(text: str) -> TraceArg:
     """argparse type of ``TRACE``: a shipped name, or an existing trace file."""
     names = shipped_names()
@@ -259,7 +265,7 @@ def _add_trace_argument(parser: argparse.ArgumentParser) -> None:
         "trace",
         nargs="?",
         type=trace_arg,
-        default="shipped",
+        default=DEFAULT_TRACE,
         metavar="TRACE",
         help="labeled trace (.csv, .csv.gz, .parquet), or a shipped trace: "
         + ", ".join(shipped_names())
