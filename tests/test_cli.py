@@ -520,6 +520,27 @@ def test_options_take_their_typed_values(files: Path, capsys: pytest.CaptureFixt
         assert shown in text, shown
 
 
+def test_every_option_help_states_its_default() -> None:
+    """Every option that takes a value and is not required says what happens without it."""
+    import argparse
+
+    from av_core.tools.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = []
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            if not action.option_strings or action.required or action.nargs == 0:
+                continue
+            if action.help == argparse.SUPPRESS:
+                continue
+            help_text = " ".join(sub._get_formatter()._get_help_string(action).split())  # type: ignore[union-attr]
+            if "default" not in help_text:
+                silent.append(f"{name} {action.option_strings[-1]}")
+    assert silent == []
+
+
 # ---------------------------------------------------------------------------------------------
 # Shipped traces, tables, Markdown and JSON
 
