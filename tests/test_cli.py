@@ -191,6 +191,9 @@ OPTION_FAILURES = [
     (["simulate", "--trt-schedule", "8"], "--trt-schedule", "'8'"),
     (["simulate", "--trt-schedule", "4:4"], "--trt-schedule", "--peers"),
     (["simulate", "--peers", "--trt-schedule", "4:4,4:2"], "--trt-schedule", "'4:4,4:2'"),
+    (["simulate", "--steps", "2000000000"], "--steps", "2000000000"),
+    (["simulate", "--concurrency", "65536", "--steps", "100000"], "--concurrency", "65536"),
+    (["demo", "--steps", "1000000"], "--steps", "1000000"),
     (["evaluate", "--refit-interval", "0"], "--refit-interval", "'0'"),
     (["evaluate", "--groups-per-workload", "0"], "--groups-per-workload", "'0'"),
     (["evaluate", "--batch-rounds", "x"], "--batch-rounds", "'x'"),
@@ -337,6 +340,37 @@ def test_output_probes_leave_files_as_they_were(tmp_path: Path) -> None:
     assert prepare_output_dir(folder) is None
     assert folder.is_dir() and list(folder.iterdir()) == []
     assert prepare_output_dir(existing) is not None  # a file, not a folder
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["evaluate", "small.csv", "--no-plots", "--refit-interval", "5000"], "--refit-interval"),
+        (["evaluate", "small.csv", "--no-plots", "--batch-rounds", "100000"], "--batch-rounds"),
+        (
+            ["simulate", "small.csv", "--no-plots", "--steps", "10", "--refit-interval", "500"],
+            "--refit-interval",
+        ),
+    ],
+)
+def test_a_run_that_never_refits_says_so(files: Path, argv: list[str], option: str) -> None:
+    result = (
+        run_cli(*argv, "--concurrency", "1", cwd=files)
+        if argv[0] == "simulate"
+        else (run_cli(*argv, cwd=files))
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"av-core {argv[0]}: warning: "), lines
+    assert "never refit" in lines[0] and option in lines[0]
+    quiet = (
+        run_cli(
+            argv[0], "small.csv", "--no-plots", "--steps", "10", "--concurrency", "1", cwd=files
+        )
+        if argv[0] == "simulate"
+        else run_cli(*argv[:3], cwd=files)
+    )
+    assert "warning" not in quiet.stderr  # the defaults refit
 
 
 def test_no_arguments_print_usage_and_exit_2(files: Path) -> None:

@@ -15,6 +15,7 @@ from av_core.tools.cli.common import (
     AddCommand,
     CommandError,
     _add_trace_argument,
+    _Console,
     _console,
     _emit_tables,
     _Job,
@@ -34,6 +35,8 @@ from av_core.tools.simulate import DEFAULT_CONCURRENCY, GpuLikeCost
 if TYPE_CHECKING:
     from av_core.tools.simulate import CostModel, DepthControl
 
+#: The warm-up steps of the demo's simulations (``simulate_trace``'s default).
+DEMO_WARMUP_STEPS = 200
 #: Largest ``--concurrency`` value (the simulator holds [steps, R] round indices).
 MAX_CONCURRENCY = 65536
 
@@ -59,6 +62,13 @@ def _evaluate(args: argparse.Namespace) -> int:
             groups_per_workload=args.groups_per_workload,
             progress=job,
         )
+    _warn_without_refits(
+        console,
+        int(evaluation.trajectory.rounds.shape[0]),
+        f"--refit-interval {args.refit_interval} x --batch-rounds {args.batch_rounds} rounds "
+        f"reaches past the trace's {evaluation.num_rounds} drafting rounds",
+        "--refit-interval or --batch-rounds",
+    )
     document = {"command": "evaluate", "trace": args.trace.text, **evaluation_to_dict(evaluation)}
     _emit_tables(
         console,
@@ -72,6 +82,36 @@ def _evaluate(args: argparse.Namespace) -> int:
 
         _write_plots(lambda d: evaluation_plots(evaluation, d), Path(args.out), console)
     return EXIT_OK
+
+
+def _check_simulation_size(
+    steps: int, warmup_steps: int, concurrency: int, *, demo: bool = False
+) -> None:
+    """The simulator's request slots, (warm-up + measured steps) x R, named by their options."""
+    from av_core.tools.simulate import MAX_STREAM_ENTRIES
+
+    slots = (steps + warmup_steps) * concurrency
+    if slots <= MAX_STREAM_ENTRIES:
+        return
+    if demo:
+        raise CommandError(
+            f"--steps {steps}: the demo replays ({steps} + {warmup_steps} warm-up steps) x "
+            f"{concurrency} requests = {slots} request-steps, more than {MAX_STREAM_ENTRIES}: "
+            "lower --steps"
+        )
+    raise CommandError(
+        f"--steps {steps} + --warmup-steps {warmup_steps} at --concurrency {concurrency} make "
+        f"{slots} request-steps to replay, more than {MAX_STREAM_ENTRIES}: lower --steps or "
+        "the largest --concurrency"
+    )
+
+
+def _warn_without_refits(console: _Console, refits: int, what: str, advice: str) -> None:
+    if refits == 0:
+        console.warn(
+            f"the estimator was never refit ({what}): every prediction is the cold start; "
+            f"lower {advice}"
+        )
 
 
 def _cost_model(args: argparse.Namespace) -> CostModel:
@@ -150,6 +190,7 @@ def _simulate(args: argparse.Namespace) -> int:
     console = _console(args)
     if args.trt_schedule is not None and not args.peers:
         raise CommandError("--trt-schedule needs --peers (it sets the TensorRT-LLM peer policy)")
+    _check_simulation_size(args.steps, args.warmup_steps, max(args.concurrency))
     cost = _cost_model(args)
     plots = _plots_ready(args, console)
     trace = load_trace(args.trace)
@@ -170,6 +211,14 @@ def _simulate(args: argparse.Namespace) -> int:
             peers=args.peers,
             trt_schedule=args.trt_schedule,
             progress=job,
+        )
+    if args.refit_interval > args.warmup_steps + args.steps:
+        _warn_without_refits(
+            console,
+            0,
+            f"--refit-interval {args.refit_interval} is more than the "
+            f"{args.warmup_steps + args.steps} simulated steps",
+            "--refit-interval",
         )
     style = _style(args)
     tables = simulation_tables(simulation)
@@ -202,6 +251,7 @@ def _demo(args: argparse.Namespace) -> int:
     from av_core.tools.tables import percent_change
 
     console = _console(args)
+    _check_simulation_size(args.steps, DEMO_WARMUP_STEPS, max(DEFAULT_CONCURRENCY), demo=True)
     out = _prepare_out(args)  # the tables go there even without plots
     plots = _plots_ready(args, console)
     trace = load_trace(args.trace)
