@@ -140,3 +140,31 @@ def test_corrupt_planner_files_are_refused_and_crash_safe(tmp_path: Path) -> Non
             VerificationPlanner.load(tmp_path / "bad.avp")
     (tmp_path / f".{path.name}.tmp999").write_bytes(data[:10])  # a writer died mid-write
     assert VerificationPlanner.load(path).to_bytes() == data
+
+
+MAX_COUNT = 2**56  # the loader's bound on every counter, written out (not read from the code)
+
+
+def test_a_state_at_the_loaders_bounds_keeps_working_and_every_state_it_reaches_reloads() -> None:
+    """A restored state whose counters sit at the bound (2**56) refuses an observation that
+    would pass it (ValueError naming the argument, nothing changed), saturates its refit count,
+    and saves bytes that load again, through the state dict and the bytes alike."""
+    est = AcceptanceEstimator(2, refit_interval=5)
+    x = np.array([[0.5, -1.0]], np.float32)
+    est.observe(x, [2], [1])
+    state = est.state_dict()
+    state["num_refits"] = MAX_COUNT
+    state["round_stats"]["n"] = [MAX_COUNT, 3]
+    full = AcceptanceEstimator.from_state_dict(state)
+    before = full.to_bytes()
+    with pytest.raises(ValueError, match="num_admitted"):
+        full.observe(x, [2], [1])
+    assert full.to_bytes() == before
+    full.observe(np.array([[0.5, -1.0]], np.float32), [0], [0])  # labels nothing: accepted
+    full.refit()
+    assert full.num_refits == MAX_COUNT
+    again = AcceptanceEstimator.from_bytes(full.to_bytes())
+    again.observe(x, [2], [1])
+    again.refit()
+    assert again.num_refits == MAX_COUNT
+    assert AcceptanceEstimator.from_bytes(again.to_bytes()).num_refits == MAX_COUNT
