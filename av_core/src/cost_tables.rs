@@ -91,22 +91,28 @@ impl DrafterKind {
             .collect()
     }
 
-    /// Parses `"autoregressive"` or `"parallel"` (the names the bindings accept).
+    /// Parses `"autoregressive"` or `"parallel"` (the names the bindings accept), given as
+    /// `argument` (the name the caller's API gives it, for the error).
     ///
     /// ```rust
     /// use av_core::cost_tables::DrafterKind;
     ///
-    /// assert_eq!(DrafterKind::parse("parallel")?, DrafterKind::Parallel);
-    /// assert_eq!(DrafterKind::parse("block").unwrap_err().argument, "drafter");
+    /// assert_eq!(DrafterKind::parse("drafter", "parallel")?, DrafterKind::Parallel);
+    /// let err = DrafterKind::parse("drafter", "block").unwrap_err();
+    /// assert_eq!(err.argument, "drafter");
+    /// assert_eq!(
+    ///     err.message,
+    ///     r#"drafter kind must be 'autoregressive' or 'parallel', got "block""#
+    /// );
     /// # Ok::<(), av_core::Error>(())
     /// ```
-    pub fn parse(name: &str) -> Result<Self> {
+    pub fn parse(argument: &'static str, name: &str) -> Result<Self> {
         match name {
             "autoregressive" => Ok(DrafterKind::Autoregressive),
             "parallel" => Ok(DrafterKind::Parallel),
             other => Err(Error::value(
-                "drafter",
-                format!("must be 'autoregressive' or 'parallel', got {other:?}"),
+                argument,
+                format!("drafter kind must be 'autoregressive' or 'parallel', got {other:?}"),
             )),
         }
     }
@@ -314,7 +320,7 @@ impl CostTables {
 
     /// [`Self::with_draft_depth`] from profiled `(depth, ms)` points, built like the other
     /// curves (running maximum, each depth charged at the next profiled depth `≥` it, the last
-    /// segment extended) over `0..=max_depth`, with depth 0 set to 0 (no drafter runs).
+    /// segment extended) over `0..=max_draft_depth`, with depth 0 set to 0 (no drafter runs).
     ///
     /// # Example
     ///
@@ -326,15 +332,14 @@ impl CostTables {
     /// assert_eq!(tables.draft_depth_ms(), Some(&[0.0, 0.7, 1.3, 1.9000000000000001, 2.5][..]));
     /// # Ok::<(), av_core::Error>(())
     /// ```
-    pub fn with_draft_depth_curve(self, curve: &[(f64, f64)], max_depth: usize) -> Result<Self> {
+    pub fn with_draft_depth_curve(
+        self,
+        curve: &[(f64, f64)],
+        max_draft_depth: usize,
+    ) -> Result<Self> {
         check_curve("draft_depth_curve", curve)?;
-        if max_depth == 0 || max_depth > MAX_DRAFT_DEPTH {
-            return Err(Error::value(
-                "max_draft_depth",
-                format!("= {max_depth} must be in 1..={MAX_DRAFT_DEPTH}"),
-            ));
-        }
-        let mut table = build_table(curve, max_depth, 0);
+        check_max_depth("max_draft_depth", max_draft_depth)?;
+        let mut table = build_table(curve, max_draft_depth, 0);
         table[0] = 0.0;
         for i in 1..table.len() {
             table[i] = table[i].max(table[i - 1]).max(DRAFT_COST_FLOOR_MS);
@@ -354,12 +359,7 @@ impl CostTables {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn with_drafter(self, kind: DrafterKind, max_depth: usize) -> Result<Self> {
-        if max_depth == 0 || max_depth > MAX_DRAFT_DEPTH {
-            return Err(Error::value(
-                "max_draft_depth",
-                format!("= {max_depth} must be in 1..={MAX_DRAFT_DEPTH}"),
-            ));
-        }
+        check_max_depth("max_depth", max_depth)?;
         self.with_draft_depth(kind.depth_shape(max_depth))
     }
 
@@ -653,6 +653,16 @@ fn check_depth_table(table: &[f64]) -> Result<()> {
     Ok(())
 }
 
+fn check_max_depth(argument: &'static str, max_depth: usize) -> Result<()> {
+    if max_depth == 0 || max_depth > MAX_DRAFT_DEPTH {
+        return Err(Error::value(
+            argument,
+            format!("= {max_depth} must be in 1..={MAX_DRAFT_DEPTH}"),
+        ));
+    }
+    Ok(())
+}
+
 fn check_table_len(argument: &'static str, max_size: usize) -> Result<()> {
     if max_size >= MAX_TABLE_LEN {
         return Err(Error::value(
@@ -765,7 +775,7 @@ fn push_json_array(out: &mut String, values: &[f64]) {
 }
 
 fn json_error(message: String) -> Error {
-    Error::value("json", message)
+    Error::state("json", message)
 }
 
 /// Just enough JSON for `{"key": [numbers...], ...}`.

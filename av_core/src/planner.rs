@@ -26,17 +26,19 @@
 use std::cell::RefCell;
 
 use crate::cost_tables::CostTables;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::matrix::MatrixView;
 
 mod assignment;
 mod budget;
 mod counting;
 mod depth;
+mod exploration;
 mod order;
 mod stateful;
 
 pub use depth::{DepthMode, DepthPlan};
+pub use exploration::Exploration;
 pub use stateful::VerificationPlanner;
 
 use assignment::AssignBuffers;
@@ -239,7 +241,7 @@ fn prepare<T: Copy + Into<f64>>(
     cost_tables: &CostTables,
     running_sums: bool,
 ) -> Result<(usize, f64)> {
-    let total = check_common(confidences, scheduled_drafts, scratch)?;
+    let total = check_common(confidences, ("scheduled_drafts", scheduled_drafts), scratch)?;
     check_depth_table(cost_tables, confidences.cols())?;
     let limit = check_step(step, confidences.rows(), total, cost_tables)?;
     if !scratch
@@ -280,7 +282,7 @@ pub fn assign_draft_budget<T: Copy + Into<f64>>(
     admitted: &mut [i32],
 ) -> Result<()> {
     with_scratch(|scratch| {
-        check_common(confidences, scheduled_drafts, scratch)?;
+        check_common(confidences, ("scheduled_drafts", scheduled_drafts), scratch)?;
         check_admitted_len(admitted, confidences.rows())?;
         let Scratch {
             scheduled,
@@ -434,7 +436,8 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
 /// cost of drafting all of them.
 pub(crate) fn check_depth_table(cost_tables: &CostTables, cols: usize) -> Result<()> {
     match cost_tables.max_draft_depth() {
-        Some(depth) if depth != cols => Err(Error::value(
+        Some(depth) if depth != cols => Err(Error::new(
+            ErrorKind::DepthTableMismatch,
             "cost_tables",
             format!(
                 "draft-depth table covers depths 0..={depth} but the confidences have {cols} \
@@ -552,19 +555,15 @@ pub(crate) fn depth_with<T: Copy + Into<f64>>(
     let rows = confidences.rows();
     let cols = confidences.cols();
     cost_tables.max_draft_depth().ok_or_else(|| {
-        Error::value(
+        Error::new(
+            ErrorKind::MissingDepthTable,
             "cost_tables",
             "have no draft-depth table; add one (with_draft_depth, with_draft_depth_curve or \
              with_drafter) to decide drafting depth",
         )
     })?;
     check_depth_table(cost_tables, cols)?;
-    let total = check_common(confidences, max_depths, scratch).map_err(|mut e| {
-        if e.argument == "scheduled_drafts" {
-            e.argument = "max_depths";
-        }
-        e
-    })?;
+    let total = check_common(confidences, ("max_depths", max_depths), scratch)?;
     if depths.len() != rows {
         return Err(Error::value(
             "depths",
@@ -605,18 +604,19 @@ pub(crate) fn depth_with<T: Copy + Into<f64>>(
     })
 }
 
-/// Validates the shapes and scheduled drafts (the confidences' values are checked while their
-/// survivals are computed); fills `scratch.scheduled`; returns `Σ scheduled`.
+/// Validates the shapes and the per-request counts (`scheduled_drafts`, or `max_depths` for the
+/// depth decision: the caller names them) against the confidences (whose values are checked
+/// while their survivals are computed); fills `scratch.scheduled`; returns `Σ counts`.
 fn check_common<T>(
     confidences: MatrixView<'_, T>,
-    scheduled_drafts: &[i64],
+    (argument, scheduled_drafts): (&'static str, &[i64]),
     scratch: &mut Scratch,
 ) -> Result<usize> {
     let rows = confidences.rows();
     let cols = confidences.cols();
     if scheduled_drafts.len() != rows {
         return Err(Error::value(
-            "scheduled_drafts",
+            argument,
             format!(
                 "has length {} but confidences has {rows} rows",
                 scheduled_drafts.len()
@@ -629,7 +629,7 @@ fn check_common<T>(
     for (r, &n) in scheduled_drafts.iter().enumerate() {
         if n < 0 || n as u64 > cols as u64 {
             return Err(Error::value(
-                "scheduled_drafts",
+                argument,
                 format!("[{r}] = {n} is outside 0..={cols} (confidences has {cols} positions)"),
             ));
         }
@@ -661,11 +661,7 @@ fn probability_error<T: Copy + Into<f64>>(
                 i % cols
             ),
         ),
-        None => Error::value(
-            argument,
-            "held a value outside [0, 1] that changed while the call read it (another thread \
-             wrote the buffer)",
-        ),
+        None => Error::buffer_changed(argument),
     }
 }
 

@@ -173,7 +173,7 @@ pub(crate) struct Reader<'a> {
 impl Reader<'_> {
     pub(crate) fn take<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
         if self.bytes.len() < N {
-            return Err(Error::value(
+            return Err(Error::state(
                 ARGUMENT,
                 format!("truncated while reading {what}"),
             ));
@@ -204,7 +204,7 @@ impl Reader<'_> {
 /// payload; `what` names the expected kind of state in the error.
 pub(crate) fn unframe<'a>(magic: &[u8; 8], what: &str, bytes: &'a [u8]) -> Result<&'a [u8]> {
     if bytes.len() < magic.len() || &bytes[..magic.len()] != magic {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("not {what} (bad magic bytes)"),
         ));
@@ -214,7 +214,7 @@ pub(crate) fn unframe<'a>(magic: &[u8; 8], what: &str, bytes: &'a [u8]) -> Resul
     };
     let version = header.u32("the format version")?;
     if version != FORMAT_VERSION {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!(
                 "format version {version} is not supported (this build reads {FORMAT_VERSION})"
@@ -226,7 +226,7 @@ pub(crate) fn unframe<'a>(magic: &[u8; 8], what: &str, bytes: &'a [u8]) -> Resul
         .checked_add(length)
         .and_then(|n| n.checked_add(4));
     if expected != Some(bytes.len() as u64) {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!(
                 "length mismatch: header promises a {length}-byte payload, the data has {} bytes \
@@ -239,7 +239,7 @@ pub(crate) fn unframe<'a>(magic: &[u8; 8], what: &str, bytes: &'a [u8]) -> Resul
     let stored = u32::from_le_bytes(tail.try_into().expect("4 bytes"));
     let actual = crc32(body);
     if stored != actual {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x}): corrupt"),
         ));
@@ -269,7 +269,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     let mut r = Reader { bytes: payload };
     let num_positions = r.u64("num_positions")?;
     if num_positions == 0 || num_positions > EstimatorConfig::MAX_POSITIONS as u64 {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("num_positions {num_positions} out of range"),
         ));
@@ -299,7 +299,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         .collect::<Result<Vec<_>>>()?;
     let bits = r.u32("fraction_bits")?;
     if bits != FRACTION_BITS {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("statistics use {bits} fraction bits, this build uses {FRACTION_BITS}"),
         ));
@@ -331,7 +331,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         resets,
     };
     if !r.bytes.is_empty() {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("{} unexpected bytes after the last field", r.bytes.len()),
         ));

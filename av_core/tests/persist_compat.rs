@@ -9,7 +9,7 @@
 //! plans the next steps identically.
 
 use av_core::cost_tables::{CostTables, DrafterKind};
-use av_core::planner::{BudgetSource, DepthMode, StepTokens, VerificationPlanner};
+use av_core::planner::{BudgetSource, DepthMode, Exploration, StepTokens, VerificationPlanner};
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
@@ -60,9 +60,7 @@ fn confidences(round: usize, rows: usize, k: usize) -> Vec<f32> {
 fn recipe_planner(tables: CostTables, source: BudgetSource) -> VerificationPlanner {
     let k = 4;
     let mut planner = VerificationPlanner::new(tables, 12, k, source).unwrap();
-    planner
-        .set_exploration(0.25, 0xDEC0_DE5E_ED00_0001)
-        .unwrap();
+    planner.set_exploration(Exploration::new("exploration", 0.25, 0xDEC0_DE5E_ED00_0001).unwrap());
     let slots = [0i64, 3, 4, 7, 11];
     for round in 0..9 {
         let conf = confidences(round, slots.len(), k);

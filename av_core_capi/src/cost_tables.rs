@@ -307,14 +307,6 @@ pub const AVC_DRAFTER_KIND_AUTOREGRESSIVE: AvcDrafterKind = 0;
 /// cost, depth 0 nothing.
 pub const AVC_DRAFTER_KIND_PARALLEL: AvcDrafterKind = 1;
 
-/// `error` naming the C parameter `c` where the core names the same value `core`.
-fn rename_argument(mut error: av_core::Error, core: &str, c: &'static str) -> av_core::Error {
-    if error.argument == core {
-        error.argument = c;
-    }
-    error
-}
-
 /// New tables: a copy of tables plus a draft-cost-by-depth table, for the drafting-depth
 /// decision (avc_choose_draft_depth, avc_planner_choose_draft_depth). draft_depth_ms[d]
 /// (draft_depth_len = K + 1, 1 <= K <= 4096) is the drafter's cost when it drafts d
@@ -394,11 +386,7 @@ pub unsafe extern "C" fn avc_cost_tables_with_drafter(
                 ))
             }
         };
-        let tables = handle
-            .tables
-            .clone()
-            .with_drafter(kind, max_depth)
-            .map_err(|error| rename_argument(error, "max_draft_depth", "max_depth"))?;
+        let tables = handle.tables.clone().with_drafter(kind, max_depth)?;
         out.write(publish_tables(tables));
         Ok(())
     })

@@ -13,9 +13,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard};
 
 use av_core::planner::{
-    self, BudgetSource, DepthMode, DepthPlan, StepTokens, VerificationPlan, VerificationPlanner,
+    self, BudgetSource, DepthMode, DepthPlan, Exploration, StepTokens, VerificationPlan,
+    VerificationPlanner,
 };
-use av_core::MatrixView;
+use av_core::{ErrorKind, MatrixView};
 
 use crate::cost_tables::AvcCostTables;
 use crate::handle::{borrow, destroy, publish, Handle};
@@ -134,24 +135,22 @@ fn depth_mode(mode: AvcDepthMode) -> FfiResult<DepthMode> {
     }
 }
 
-/// A depth decision's error for C callers: the core's "cost_tables: have no draft-depth
-/// table" names Rust builders; say which C argument lacks it and how to add one.
+/// A depth decision's error for C callers: an error about the cost tables' draft-depth table
+/// (by its kind) names the C argument that holds the tables (`tables`, or `planner` for its
+/// tables) and, when the table is missing, how to add one with the C functions; any other error
+/// is the core's.
 fn depth_error(error: av_core::Error, tables: &'static str, what: &str) -> FfiError {
-    if error.argument != "cost_tables" {
-        return error.into();
-    }
-    if error.message.contains("no draft-depth table") {
-        return FfiError::value(
+    match error.kind {
+        ErrorKind::MissingDepthTable => FfiError::value(
             tables,
             format!(
                 "{what} no draft-depth table; add one with avc_cost_tables_with_draft_depth or \
                  avc_cost_tables_with_drafter"
             ),
-        );
+        ),
+        ErrorKind::DepthTableMismatch => FfiError::value(tables, error.message),
+        _ => error.into(),
     }
-    // Any other problem with the tables (a depth table of another K): the core's words, under
-    // the C argument's name.
-    FfiError::value(tables, error.message)
 }
 
 /// A stateful verification planner: remembers each request slot's confidences of the previous
@@ -543,10 +542,8 @@ pub unsafe extern "C" fn avc_planner_set_exploration(
     guard("avc_planner_set_exploration", || {
         // SAFETY: the caller's contract is `borrow`'s.
         let handle = unsafe { borrow(planner, "planner")? };
-        handle
-            .lock()
-            .set_exploration(probability, seed)
-            .map_err(|e| FfiError::value("probability", e.message))?;
+        let exploration = Exploration::new("probability", probability, seed)?;
+        handle.lock().set_exploration(exploration);
         Ok(())
     })
 }

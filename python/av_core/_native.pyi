@@ -26,8 +26,12 @@ import numpy.typing as npt
 __all__ = [
     "__version__",
     "AcceptanceEstimator",
+    "BufferChangedError",
     "CostTables",
     "DepthPlan",
+    "DepthTableError",
+    "OutOfMemoryError",
+    "StateError",
     "VerificationPlan",
     "VerificationPlanner",
     "assign_draft_budget",
@@ -39,6 +43,23 @@ __all__ = [
 ]
 
 __version__: str
+
+class StateError(ValueError):
+    """Saved state (bytes, a file or JSON text) that is corrupt, truncated, of another kind, of a
+    format version this build does not read, or that decodes to a state no planner or estimator
+    could hold. A ValueError."""
+
+class DepthTableError(ValueError):
+    """The call prices drafting by depth and the cost tables have no draft-depth table, or one
+    that does not cover the positions planned. A ValueError."""
+
+class BufferChangedError(ValueError):
+    """An input held a bad value that was gone when read again: another thread wrote the buffer
+    during the call, which did nothing. A ValueError."""
+
+class OutOfMemoryError(ValueError):
+    """There was no memory for a copy the call needs (an array far larger than memory, such as
+    a huge numpy.broadcast_to view). A ValueError, naming the argument."""
 
 @final
 class AcceptanceEstimator:

@@ -6,6 +6,7 @@
 use pyo3::prelude::*;
 
 mod convert;
+mod error;
 mod estimator;
 mod features;
 mod files;
@@ -15,6 +16,7 @@ mod planner;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    error::register(m)?;
     m.add_class::<estimator::PyAcceptanceEstimator>()?;
     planner::register(m)?;
     features::register(m)?;

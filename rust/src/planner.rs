@@ -8,7 +8,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use av_core::cost_tables::{median_curve, CostTables, DrafterKind};
 use av_core::planner::{
-    self, BudgetSource, DepthMode, DepthPlan, StepTokens, VerificationPlan, VerificationPlanner,
+    self, BudgetSource, DepthMode, DepthPlan, Exploration, StepTokens, VerificationPlan,
+    VerificationPlanner,
 };
 use av_core::MatrixView;
 use numpy::{IntoPyArray, PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
@@ -16,6 +17,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple, PyType};
 use std::path::PathBuf;
 
+use crate::error::loading;
 use crate::files::{atomic_write, read_file};
 
 use crate::convert::{
@@ -185,15 +187,7 @@ impl PyCostTables {
             let depth = max_depth.ok_or_else(|| {
                 value_error("max_depth", "is required with a drafter kind".to_owned())
             })?;
-            tables
-                .with_drafter(kind, non_negative("max_depth", &depth)?)
-                .map_err(|mut e| {
-                    // The core names its own parameter; this method calls it max_depth.
-                    if e.argument == "max_draft_depth" {
-                        e.argument = "max_depth";
-                    }
-                    e
-                })
+            tables.with_drafter(kind, non_negative("max_depth", &depth)?)
         } else {
             if max_depth.is_some() {
                 return Err(value_error(
@@ -421,8 +415,7 @@ fn depth_curve(
 
 /// A drafter kind given in place of `draft_depth_ms` (the error names that argument).
 fn drafter_kind(name: &str) -> PyResult<DrafterKind> {
-    DrafterKind::parse(name)
-        .map_err(|e| value_error("draft_depth_ms", format!("drafter kind {}", e.message)))
+    DrafterKind::parse("draft_depth_ms", name).map_err(to_py_err)
 }
 
 fn depth_mode(name: &str) -> PyResult<DepthMode> {
@@ -791,12 +784,14 @@ impl PyVerificationPlanner {
             source,
         )
         .map_err(to_py_err)?;
-        inner
-            .set_exploration(
+        inner.set_exploration(
+            Exploration::new(
+                "exploration",
                 exploration.value("exploration")?,
                 exploration_seed.to_u64("exploration_seed")?,
             )
-            .map_err(to_py_err)?;
+            .map_err(to_py_err)?,
+        );
         Ok(PyVerificationPlanner {
             num_positions: inner.num_positions(),
             inner: Mutex::new(inner),
@@ -960,8 +955,7 @@ impl PyVerificationPlanner {
     #[classmethod]
     fn load(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         let bytes = py.detach(|| read_file(&path, VerificationPlanner::MAX_ENCODED_LEN as u64))?;
-        let planner = VerificationPlanner::from_bytes(&bytes)
-            .map_err(|e| value_error("path", format!("{}: {e}", path.display())))?;
+        let planner = VerificationPlanner::from_bytes(&bytes).map_err(|e| loading(e, &path))?;
         Self::wrap(py, planner)
     }
 

@@ -413,7 +413,7 @@ mod tests {
 
     use crate::cost_tables::{CostTables, DrafterKind};
     use crate::planner::{
-        choose_draft_depth, BudgetSource, DepthMode, StepTokens, VerificationPlanner,
+        choose_draft_depth, BudgetSource, DepthMode, Exploration, StepTokens, VerificationPlanner,
     };
     use crate::MatrixView;
 
@@ -626,7 +626,7 @@ mod tests {
             .with_drafter(DrafterKind::Autoregressive, 3)
             .unwrap();
         let mut planner = VerificationPlanner::new(tables, 4, 3, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.0, 0).unwrap();
+        planner.set_exploration(Exploration::OFF);
         let step = StepTokens {
             num_non_draft_tokens: 2,
             num_sampling_requests: 2,
@@ -681,7 +681,7 @@ mod tests {
             .with_drafter(DrafterKind::Autoregressive, 4)
             .unwrap();
         let mut planner = VerificationPlanner::new(tables, 64, 4, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.1, 3).unwrap();
+        planner.set_exploration(Exploration::new("exploration", 0.1, 3).unwrap());
         let step = StepTokens {
             num_non_draft_tokens: 64,
             num_sampling_requests: 64,
@@ -728,7 +728,7 @@ mod tests {
         .with_drafter(DrafterKind::Autoregressive, 4)
         .unwrap();
         let mut planner = VerificationPlanner::new(tables, 64, 4, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.3, 1).unwrap();
+        planner.set_exploration(Exploration::new("exploration", 0.3, 1).unwrap());
         let step = StepTokens {
             num_non_draft_tokens: 64,
             num_sampling_requests: 64,
@@ -772,7 +772,7 @@ mod tests {
             .with_drafter(DrafterKind::Autoregressive, 4)
             .unwrap();
         let mut planner = VerificationPlanner::new(tables, 4, 4, BudgetSource::Previous).unwrap();
-        planner.set_exploration(1.0, 0).unwrap(); // every request explores
+        planner.set_exploration(Exploration::new("exploration", 1.0, 0).unwrap()); // every request explores
         let conf = [0.5; 8];
         let view = MatrixView::new("c", &conf, 2, 4).unwrap();
         let step = StepTokens {

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::{
-    depth_with, plan_with, BudgetSource, DepthMode, DepthPlan, Scratch, StepTokens,
+    depth_with, plan_with, BudgetSource, DepthMode, DepthPlan, Exploration, Scratch, StepTokens,
     VerificationPlan,
 };
 use crate::cost_tables::CostTables;
@@ -12,9 +12,6 @@ use crate::matrix::MatrixView;
 
 /// Most `num_slots × num_positions` entries of remembered confidences.
 const MAX_STATE_ENTRIES: usize = 1 << 26;
-
-/// The exploration draw of a whole step (slots are far below it, so draws never collide).
-const EXPLORATION_STEP: u64 = u64::MAX;
 
 /// Plans every decode step, sizing the budget from the previous step's confidences of each
 /// request slot (`BudgetSource::Previous`, the default, lossless for every drafter) or from the
@@ -78,8 +75,7 @@ pub struct VerificationPlanner {
     marks: Vec<bool>,
     stamp: u64,
     scratch: Scratch,
-    exploration: f64,
-    exploration_seed: u64,
+    exploration: Exploration,
 }
 
 impl VerificationPlanner {
@@ -136,29 +132,24 @@ impl VerificationPlanner {
             marks: vec![false; num_slots],
             stamp: 0,
             scratch: Scratch::default(),
-            exploration: Self::DEFAULT_EXPLORATION,
-            exploration_seed: 0,
+            exploration: Exploration::DEFAULT,
         })
     }
 
     /// Default exploration floor: one request in a hundred verifies its whole draft block.
-    pub const DEFAULT_EXPLORATION: f64 = 0.01;
+    pub const DEFAULT_EXPLORATION: f64 = Exploration::DEFAULT_PROBABILITY;
 
-    /// Sets the exploration floor: each step, each request independently verifies its whole
-    /// scheduled draft block with probability `probability`, whatever the budget.
-    ///
-    /// Why: with trimming on, a position whose estimate collapsed (one confidently wrong round)
-    /// is never admitted again, so it never gets another label and never recovers. A floor of
-    /// full verifications keeps labels coming. It stays lossless because the draw is a hash of
-    /// (`seed`, step number, slot): fixed before any token is drafted and independent of them.
-    /// The extra drafts never push the step past `max_draft_budget` or the cost tables. 0 turns
-    /// it off (vLLM's behaviour).
+    /// Sets the exploration floor ([`Exploration`]): each step, each request independently
+    /// verifies its whole scheduled draft block with its probability, whatever the budget, and
+    /// the drafting-depth decision widens the same requests. The extra drafts never push the
+    /// step past `max_draft_budget` or the cost tables. [`Exploration::OFF`] turns it off
+    /// (vLLM's behaviour).
     ///
     /// # Example
     ///
     /// ```rust
     /// use av_core::cost_tables::CostTables;
-    /// use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+    /// use av_core::planner::{BudgetSource, Exploration, StepTokens, VerificationPlanner};
     /// use av_core::MatrixView;
     ///
     /// let verify_ms: Vec<f64> = (0..=8).map(|t| 0.5 + 0.25 * t as f64).collect();
@@ -166,7 +157,8 @@ impl VerificationPlanner {
     /// let mut planner = VerificationPlanner::new(tables, 8, 2, BudgetSource::Current)?;
     /// assert_eq!(planner.exploration(), VerificationPlanner::DEFAULT_EXPLORATION);
     /// // Low confidences: the budget is 0, but with probability 1 every request explores.
-    /// planner.set_exploration(1.0, 42)?;
+    /// planner.set_exploration(Exploration::new("exploration", 1.0, 42)?);
+    /// assert_eq!((planner.exploration(), planner.exploration_seed()), (1.0, 42));
     /// let view = MatrixView::new("confidences", &[0.1, 0.1, 0.1, 0.1], 2, 2)?;
     /// let step = StepTokens {
     ///     num_non_draft_tokens: 2,
@@ -176,42 +168,26 @@ impl VerificationPlanner {
     /// let mut admitted = [0; 2];
     /// assert_eq!(planner.plan(&[0, 1], view, &[2, 2], &step, &mut admitted)?.budget, 4);
     /// assert_eq!(admitted, [2, 2]);
-    /// assert_eq!(planner.set_exploration(1.5, 0).unwrap_err().argument, "exploration");
+    /// assert_eq!(Exploration::new("exploration", 1.5, 0).unwrap_err().argument, "exploration");
     /// # Ok::<(), av_core::Error>(())
     /// ```
-    pub fn set_exploration(&mut self, probability: f64, seed: u64) -> Result<()> {
-        if !(0.0..=1.0).contains(&probability) {
-            return Err(Error::value(
-                "exploration",
-                format!("must be a probability in [0, 1], got {probability}"),
-            ));
-        }
-        self.exploration = probability;
-        self.exploration_seed = seed;
-        Ok(())
+    pub fn set_exploration(&mut self, exploration: Exploration) {
+        self.exploration = exploration;
     }
 
     /// The exploration probability.
     pub fn exploration(&self) -> f64 {
-        self.exploration
+        self.exploration.probability()
+    }
+
+    /// The seed of the exploration draws.
+    pub fn exploration_seed(&self) -> u64 {
+        self.exploration.seed()
     }
 
     /// Whether `slot` explores at the current step: a deterministic draw from (seed, step, slot).
     fn explores(&self, slot: u64) -> bool {
-        self.explores_at(self.stamp, slot)
-    }
-
-    /// The exploration draw of `slot` at step `stamp`.
-    fn explores_at(&self, stamp: u64, slot: u64) -> bool {
-        fn mix(mut z: u64) -> u64 {
-            // splitmix64's finalizer: a well-mixed 64-bit hash.
-            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        let draw = mix(self.exploration_seed ^ mix(stamp ^ mix(slot)));
-        ((draw >> 11) as f64) * (1.0 / (1u64 << 53) as f64) < self.exploration
+        self.exploration.explores(self.stamp, slot)
     }
 
     /// Widens `plan` to whole draft blocks for the requests that explore this step, within the
@@ -225,7 +201,7 @@ impl VerificationPlanner {
         admitted: &mut [i32],
         plan: &mut VerificationPlan,
     ) {
-        if self.exploration == 0.0 {
+        if !self.exploration.is_on() {
             return;
         }
         let total: usize = scheduled_drafts.iter().map(|&s| s.max(0) as usize).sum();
@@ -323,14 +299,14 @@ impl VerificationPlanner {
     ///
     /// ```rust
     /// use av_core::cost_tables::CostTables;
-    /// use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+    /// use av_core::planner::{BudgetSource, Exploration, StepTokens, VerificationPlanner};
     /// use av_core::MatrixView;
     ///
     /// // Drafting is free; verifying costs 0.5 ms + 0.25 ms per token.
     /// let verify_ms: Vec<f64> = (0..=8).map(|t| 0.5 + 0.25 * t as f64).collect();
     /// let tables = CostTables::new(vec![0.0; 9], verify_ms)?;
     /// let mut planner = VerificationPlanner::new(tables, 8, 2, BudgetSource::Previous)?;
-    /// planner.set_exploration(0.0, 0)?; // no exploration floor: the budget alone decides
+    /// planner.set_exploration(Exploration::OFF); // no exploration floor: the budget alone decides
     /// let step = StepTokens {
     ///     num_non_draft_tokens: 2,
     ///     num_sampling_requests: 2,
@@ -511,14 +487,14 @@ impl VerificationPlanner {
     ///
     /// ```rust
     /// use av_core::cost_tables::{CostTables, DrafterKind};
-    /// use av_core::planner::{BudgetSource, DepthMode, StepTokens, VerificationPlanner};
+    /// use av_core::planner::{BudgetSource, DepthMode, Exploration, StepTokens, VerificationPlanner};
     /// use av_core::MatrixView;
     ///
     /// // Drafting 2 positions costs 4 ms; verifying is a flat 10 ms.
     /// let tables = CostTables::new(vec![0.0, 4.0, 4.0], vec![10.0; 8])?
     ///     .with_drafter(DrafterKind::Autoregressive, 2)?;
     /// let mut planner = VerificationPlanner::new(tables, 4, 2, BudgetSource::Previous)?;
-    /// planner.set_exploration(0.0, 0)?;
+    /// planner.set_exploration(Exploration::OFF);
     /// let step = StepTokens {
     ///     num_non_draft_tokens: 2,
     ///     num_sampling_requests: 2,
@@ -571,20 +547,20 @@ impl VerificationPlanner {
             mode,
             depths,
         )?;
-        if self.exploration > 0.0 {
+        if self.exploration.is_on() {
             let next = self.stamp.wrapping_add(1);
             let before = (plan.drafts, plan.max_depth);
             // The requests the next plan explores (it verifies their whole drafted block) draft
             // as deep as the batch already does, which adds no drafter pass; in an exploration
             // step (probability ε, one draw per step) they draft their whole block.
-            let whole = self.explores_at(next, EXPLORATION_STEP);
+            let whole = self.exploration.is_exploration_step(next);
             for (r, (&slot, &cap)) in slots.iter().zip(max_depths).enumerate() {
                 let reach = if whole {
                     cap as i32
                 } else {
                     (cap as usize).min(plan.max_depth) as i32
                 };
-                if depths[r] < reach && self.explores_at(next, slot as u64) {
+                if depths[r] < reach && self.exploration.explores(next, slot as u64) {
                     depths[r] = reach;
                 }
             }
@@ -712,8 +688,8 @@ impl VerificationPlanner {
             BudgetSource::Previous => 0,
             BudgetSource::Current => 1,
         });
-        payload.extend(self.exploration.to_le_bytes());
-        payload.extend(self.exploration_seed.to_le_bytes());
+        payload.extend(self.exploration.probability().to_le_bytes());
+        payload.extend(self.exploration.seed().to_le_bytes());
         payload.extend(self.stamp.to_le_bytes());
         for table in [self.cost_tables.draft_ms(), self.cost_tables.verify_ms()] {
             payload.extend((table.len() as u64).to_le_bytes());
@@ -747,7 +723,7 @@ impl VerificationPlanner {
             0 => BudgetSource::Previous,
             1 => BudgetSource::Current,
             other => {
-                return Err(Error::value(
+                return Err(Error::state(
                     "data",
                     format!("budget_source code {other} is not 0 or 1"),
                 ))
@@ -761,7 +737,7 @@ impl VerificationPlanner {
             let len = r.u64(what)?;
             // Each entry takes 8 bytes: refuse a length the data cannot hold before allocating.
             if len > (r.bytes.len() / 8) as u64 {
-                return Err(Error::value(
+                return Err(Error::state(
                     "data",
                     format!("{what} length {len} exceeds the data"),
                 ));
@@ -781,7 +757,7 @@ impl VerificationPlanner {
             let len_bytes: [u8; 8] = r.bytes[at..at + 8].try_into().expect("8 bytes");
             let len = u64::from_le_bytes(len_bytes);
             if remaining != entries.saturating_add(1).saturating_add(len) {
-                return Err(Error::value(
+                return Err(Error::state(
                     "data",
                     format!("draft-depth table length {len} does not match the data"),
                 ));
@@ -792,7 +768,7 @@ impl VerificationPlanner {
         };
         let confidence_words = remaining - depth_len.map_or(0, |len| len + 1);
         if entries != confidence_words || r.bytes.len() % 8 != 0 {
-            return Err(Error::value(
+            return Err(Error::state(
                 "data",
                 format!(
                     "{num_slots} slots x {num_positions} positions do not match the {} bytes of \
@@ -810,20 +786,17 @@ impl VerificationPlanner {
             let depth = (0..depth_len.unwrap_or(0))
                 .map(|_| tail.f64("draft_depth_ms"))
                 .collect::<Result<Vec<_>>>()?;
-            tables = tables.with_draft_depth(depth).map_err(|e| {
-                Error::value(
-                    "data",
-                    format!("the saved draft-depth table is invalid: {e}"),
-                )
-            })?;
+            tables = tables
+                .with_draft_depth(depth)
+                .map_err(|e| e.in_saved("data", "the saved draft-depth table is invalid"))?;
         }
         let mut planner =
             VerificationPlanner::new(tables, num_slots as usize, num_positions as usize, source)?;
-        planner.set_exploration(exploration, seed)?;
+        planner.set_exploration(Exploration::new("exploration", exploration, seed)?);
         for slot in planner.previous.iter_mut() {
             let value = r.f64("previous confidences")?;
             if !(0.0..=1.0).contains(&value) {
-                return Err(Error::value(
+                return Err(Error::state(
                     "data",
                     format!("a remembered confidence is {value}, outside [0, 1]"),
                 ));
@@ -850,7 +823,6 @@ impl Clone for VerificationPlanner {
             stamp: self.stamp,
             scratch: Scratch::default(),
             exploration: self.exploration,
-            exploration_seed: self.exploration_seed,
         }
     }
 }
@@ -876,7 +848,7 @@ mod persistence_tests {
         )
         .unwrap();
         let mut planner = VerificationPlanner::new(tables, 6, 3, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.3, 7).unwrap();
+        planner.set_exploration(Exploration::new("exploration", 0.3, 7).unwrap());
         let conf = [0.9, 0.8, 0.7, 0.5, 0.4, 0.3, 0.99, 0.2, 0.1, 0.6, 0.6, 0.6];
         let step = StepTokens {
             num_non_draft_tokens: 4,
