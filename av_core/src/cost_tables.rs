@@ -467,17 +467,7 @@ impl CostTables {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn to_json(&self) -> String {
-        let mut out = String::with_capacity(24 * (self.draft_ms.len() + self.verify_ms.len()));
-        out.push_str("{\"draft_ms\": ");
-        push_json_array(&mut out, &self.draft_ms);
-        out.push_str(", \"verify_ms\": ");
-        push_json_array(&mut out, &self.verify_ms);
-        if let Some(depth) = &self.draft_depth_ms {
-            out.push_str(", \"draft_depth_ms\": ");
-            push_json_array(&mut out, depth);
-        }
-        out.push('}');
-        out
+        crate::persist::cost_tables::to_json(self)
     }
 
     /// Parses [`CostTables::to_json`]'s format (any JSON whitespace, keys in any order) and
@@ -495,53 +485,39 @@ impl CostTables {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn from_json(text: &str) -> Result<Self> {
-        let mut parser = JsonParser {
-            bytes: text.as_bytes(),
-            pos: 0,
-        };
-        let mut draft_ms = None;
-        let mut verify_ms = None;
-        let mut draft_depth_ms = None;
-        parser.expect(b'{')?;
-        loop {
-            let key = parser.string()?;
-            parser.expect(b':')?;
-            let values = parser.number_array()?;
-            let slot = match key.as_str() {
-                "draft_ms" => &mut draft_ms,
-                "verify_ms" => &mut verify_ms,
-                "draft_depth_ms" => &mut draft_depth_ms,
-                other => return Err(json_error(format!("unknown key \"{other}\""))),
-            };
-            if slot.replace(values).is_some() {
-                return Err(json_error(format!("duplicate key \"{key}\"")));
-            }
-            if parser.peek() == Some(b',') {
-                parser.pos += 1;
-            } else {
-                break;
-            }
-        }
-        parser.expect(b'}')?;
-        parser.skip_whitespace();
-        if parser.pos != parser.bytes.len() {
-            return Err(json_error(format!(
-                "trailing characters at byte {}",
-                parser.pos
-            )));
-        }
-        match (draft_ms, verify_ms) {
-            (Some(draft_ms), Some(verify_ms)) => {
-                let tables = CostTables::new(draft_ms, verify_ms)?;
-                match draft_depth_ms {
-                    Some(depth) => tables.with_draft_depth(depth),
-                    None => Ok(tables),
-                }
-            }
-            _ => Err(json_error(
-                "expected both \"draft_ms\" and \"verify_ms\"".to_owned(),
-            )),
-        }
+        crate::persist::cost_tables::from_json(text)
+    }
+
+    /// The longest [`to_bytes`](Self::to_bytes) output (both tables at [`MAX_TABLE_LEN`], the
+    /// deepest depth table): a reader never needs more bytes.
+    pub const MAX_ENCODED_LEN: usize = crate::persist::cost_tables::MAX_ENCODED_LEN;
+
+    /// The tables as versioned, checksummed bytes (the frame of [`crate::persist`], magic
+    /// `AVCORE\0C`; the payload is [`crate::persist::cost_tables`]), bit-exact.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::{CostTables, DrafterKind};
+    ///
+    /// let tables = CostTables::new(vec![0.0, 0.3], vec![7.1, 9.3])?
+    ///     .with_drafter(DrafterKind::Parallel, 4)?;
+    /// let bytes = tables.to_bytes();
+    /// assert_eq!(&bytes[..8], b"AVCORE\0C");
+    /// assert_eq!(CostTables::from_bytes(&bytes)?, tables);
+    /// let err = CostTables::from_bytes(&bytes[..20]).unwrap_err();
+    /// assert_eq!(err.kind, av_core::ErrorKind::State);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn to_bytes(&self) -> Vec<u8> {
+        crate::persist::cost_tables::encode(self)
+    }
+
+    /// Tables from [`to_bytes`](Self::to_bytes); corrupt, truncated, foreign or
+    /// future-version data, or a table no `CostTables` could hold, is an
+    /// [`ErrorKind::State`](crate::ErrorKind::State) error naming `data`.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        crate::persist::cost_tables::decode(bytes)
     }
 }
 
@@ -761,315 +737,5 @@ fn interpolate(x: f64, xs: &[f64], ys: &[f64]) -> f64 {
     slope * (x - xs[j]) + ys[j]
 }
 
-fn push_json_array(out: &mut String, values: &[f64]) {
-    out.push('[');
-    for (i, value) in values.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        // `{:?}` is the shortest string that parses back to the same bits, and JSON-valid
-        // for finite values ("0.5", "1e-6", "100.0").
-        out.push_str(&format!("{value:?}"));
-    }
-    out.push(']');
-}
-
-fn json_error(message: String) -> Error {
-    Error::state("json", message)
-}
-
-/// Just enough JSON for `{"key": [numbers...], ...}`.
-struct JsonParser<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl JsonParser<'_> {
-    fn skip_whitespace(&mut self) {
-        while self.pos < self.bytes.len() && self.bytes[self.pos].is_ascii_whitespace() {
-            self.pos += 1;
-        }
-    }
-
-    fn peek(&mut self) -> Option<u8> {
-        self.skip_whitespace();
-        self.bytes.get(self.pos).copied()
-    }
-
-    fn expect(&mut self, byte: u8) -> Result<()> {
-        match self.peek() {
-            Some(b) if b == byte => {
-                self.pos += 1;
-                Ok(())
-            }
-            found => Err(json_error(format!(
-                "expected '{}' at byte {}, found {}",
-                byte as char,
-                self.pos,
-                found.map_or("the end".to_owned(), |b| format!("'{}'", b as char))
-            ))),
-        }
-    }
-
-    fn string(&mut self) -> Result<String> {
-        self.expect(b'"')?;
-        let start = self.pos;
-        while self.pos < self.bytes.len() && self.bytes[self.pos] != b'"' {
-            if self.bytes[self.pos] == b'\\' {
-                return Err(json_error(format!(
-                    "unexpected escape at byte {}",
-                    self.pos
-                )));
-            }
-            self.pos += 1;
-        }
-        let text = std::str::from_utf8(&self.bytes[start..self.pos])
-            .map_err(|_| json_error(format!("invalid UTF-8 at byte {start}")))?
-            .to_owned();
-        self.expect(b'"')?;
-        Ok(text)
-    }
-
-    fn number(&mut self) -> Result<f64> {
-        self.skip_whitespace();
-        let start = self.pos;
-        while self.pos < self.bytes.len()
-            && matches!(
-                self.bytes[self.pos],
-                b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'
-            )
-        {
-            self.pos += 1;
-        }
-        let text = std::str::from_utf8(&self.bytes[start..self.pos]).unwrap_or("");
-        text.parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite())
-            .ok_or_else(|| json_error(format!("expected a finite number at byte {start}")))
-    }
-
-    fn number_array(&mut self) -> Result<Vec<f64>> {
-        self.expect(b'[')?;
-        let mut values = Vec::new();
-        if self.peek() == Some(b']') {
-            self.pos += 1;
-            return Ok(values);
-        }
-        loop {
-            values.push(self.number()?);
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                _ => break,
-            }
-        }
-        self.expect(b']')?;
-        Ok(values)
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn curve(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
-        points.to_vec()
-    }
-
-    #[test]
-    fn profiled_points_are_reproduced() {
-        let verify = curve(&[(1.0, 2.0), (4.0, 3.0), (8.0, 5.0), (16.0, 9.0)]);
-        let t = CostTables::from_curves(&verify, &verify, 16, 16, 8).unwrap();
-        for &(x, y) in &verify {
-            assert_eq!(t.verify_ms()[x as usize], y);
-            assert_eq!(t.draft_ms()[x as usize], y);
-        }
-    }
-
-    #[test]
-    fn step_below_limit_linear_above_and_extrapolated() {
-        let verify = curve(&[(2.0, 1.0), (4.0, 2.0), (8.0, 4.0), (16.0, 6.0)]);
-        let t = CostTables::from_curves(&verify, &verify, 1, 20, 4).unwrap();
-        let v = t.verify_ms();
-        // Step up to the limit: sizes 0..=2 pay size 2's cost, 3..=4 pay size 4's.
-        assert_eq!(&v[0..5], &[1.0, 1.0, 1.0, 2.0, 2.0]);
-        // Above the limit: only points above it are blended (8 and 16); 5..=7 sit before the
-        // first of them and take its value.
-        assert_eq!(&v[5..9], &[4.0, 4.0, 4.0, 4.0]);
-        assert_eq!(v[12], 5.0);
-        // Past 16: extend the last segment, slope 2/8.
-        assert_eq!(v[20], 7.0);
-    }
-
-    #[test]
-    fn no_limit_means_steps_then_extrapolation() {
-        let verify = curve(&[(2.0, 1.0), (4.0, 3.0)]);
-        let t = CostTables::from_curves(&verify, &verify, 0, 6, 0).unwrap();
-        assert_eq!(t.verify_ms(), &[1.0, 1.0, 1.0, 3.0, 3.0, 4.0, 5.0]);
-        assert_eq!(t.draft_ms(), &[1.0]);
-    }
-
-    #[test]
-    fn running_maximum_and_floors() {
-        let draft = curve(&[(1.0, -3.0), (2.0, -5.0)]);
-        let verify = curve(&[(1.0, 0.0), (2.0, 0.0)]);
-        let t = CostTables::from_curves(&draft, &verify, 3, 3, 0).unwrap();
-        assert_eq!(t.draft_ms(), &[0.0; 4]);
-        assert_eq!(t.verify_ms(), &[VERIFY_COST_FLOOR_MS; 4]);
-        let bumpy = curve(&[(1.0, 5.0), (2.0, 3.0), (3.0, 4.0), (4.0, 7.0)]);
-        let t = CostTables::from_curves(&bumpy, &bumpy, 4, 4, 0).unwrap();
-        assert_eq!(t.verify_ms(), &[5.0, 5.0, 5.0, 5.0, 7.0]);
-    }
-
-    #[test]
-    fn single_point_is_constant() {
-        let one = curve(&[(8.0, 2.5)]);
-        let t = CostTables::from_curves(&one, &one, 3, 20, 4).unwrap();
-        assert!(t.verify_ms().iter().all(|&v| v == 2.5));
-    }
-
-    #[test]
-    fn bad_curves_name_the_argument() {
-        let good = curve(&[(1.0, 1.0)]);
-        let cases: Vec<(Vec<(f64, f64)>, &str)> = vec![
-            (vec![], "empty"),
-            (curve(&[(1.0, f64::NAN)]), "finite"),
-            (curve(&[(f64::INFINITY, 1.0)]), "finite"),
-            (curve(&[(-1.0, 1.0)]), ">= 0"),
-            (curve(&[(2.0, 1.0), (2.0, 3.0)]), "strictly increasing"),
-            (curve(&[(2.0, 1.0), (1.0, 3.0)]), "strictly increasing"),
-        ];
-        for (bad, needle) in cases {
-            let e = CostTables::from_curves(&good, &bad, 4, 4, 0).unwrap_err();
-            assert_eq!(e.argument, "verify_curve");
-            assert!(e.message.contains(needle), "{}", e.message);
-            let e = CostTables::from_curves(&bad, &good, 4, 4, 0).unwrap_err();
-            assert_eq!(e.argument, "draft_curve");
-        }
-        let e = CostTables::from_curves(&good, &good, 4, MAX_TABLE_LEN, 0).unwrap_err();
-        assert_eq!(e.argument, "max_batch_tokens");
-    }
-
-    #[test]
-    fn explicit_tables_are_validated() {
-        assert_eq!(
-            CostTables::new(vec![], vec![1.0]).unwrap_err().argument,
-            "draft_ms"
-        );
-        assert_eq!(
-            CostTables::new(vec![-1.0], vec![1.0]).unwrap_err().argument,
-            "draft_ms"
-        );
-        assert_eq!(
-            CostTables::new(vec![0.0], vec![0.0]).unwrap_err().argument,
-            "verify_ms"
-        );
-        assert_eq!(
-            CostTables::new(vec![0.0], vec![f64::NAN])
-                .unwrap_err()
-                .argument,
-            "verify_ms"
-        );
-        assert!(CostTables::new(vec![0.0], vec![1e-9]).is_ok());
-    }
-
-    #[test]
-    fn median_per_size() {
-        let samples = [
-            (4.0, 9.0),
-            (2.0, 1.0),
-            (4.0, 1.0),
-            (2.0, 3.0),
-            (4.0, 2.0),
-            (2.0, 100.0),
-        ];
-        assert_eq!(
-            median_curve("s", &samples).unwrap(),
-            vec![(2.0, 3.0), (4.0, 2.0)]
-        );
-        let even = [(1.0, 1.0), (1.0, 2.0)];
-        assert_eq!(median_curve("s", &even).unwrap(), vec![(1.0, 1.5)]);
-        let t = CostTables::from_samples(&samples, &samples, 4, 4, 0).unwrap();
-        let expected = CostTables::from_curves(
-            &[(2.0, 3.0), (4.0, 2.0)],
-            &[(2.0, 3.0), (4.0, 2.0)],
-            4,
-            4,
-            0,
-        )
-        .unwrap();
-        assert_eq!(t, expected);
-        assert_eq!(
-            CostTables::from_samples(&[], &samples, 4, 4, 0)
-                .unwrap_err()
-                .argument,
-            "draft_samples"
-        );
-    }
-
-    #[test]
-    fn json_round_trip_and_errors() {
-        let t = CostTables::new(vec![0.0, 0.1, 1e-300], vec![1e-6, 0.3, 12345.678, 1e22]).unwrap();
-        let text = t.to_json();
-        assert_eq!(CostTables::from_json(&text).unwrap(), t);
-        let spaced = "\n{ \"verify_ms\" : [ 1 , 2.5e0 ] ,\"draft_ms\":[0]}\n";
-        let parsed = CostTables::from_json(spaced).unwrap();
-        assert_eq!(parsed.verify_ms(), &[1.0, 2.5]);
-        for bad in [
-            "",
-            "{}",
-            "{\"draft_ms\": [0]}",
-            "{\"draft_ms\": [0], \"verify_ms\": [NaN]}",
-            "{\"draft_ms\": [0], \"verify_ms\": [1], \"x\": [1]}",
-            "{\"draft_ms\": [0], \"verify_ms\": [1]} extra",
-            "{\"draft_ms\": [0], \"draft_ms\": [0], \"verify_ms\": [1]}",
-        ] {
-            assert_eq!(
-                CostTables::from_json(bad).unwrap_err().argument,
-                "json",
-                "{bad}"
-            );
-        }
-        assert_eq!(
-            CostTables::from_json("{\"draft_ms\": [0], \"verify_ms\": [0]}")
-                .unwrap_err()
-                .argument,
-            "verify_ms"
-        );
-    }
-
-    fn arb_curve() -> impl Strategy<Value = Vec<(f64, f64)>> {
-        prop::collection::vec((1u32..40, 0.0f64..50.0), 1..7).prop_map(|steps| {
-            let mut size = 0.0;
-            steps
-                .into_iter()
-                .map(|(gap, cost)| {
-                    size += f64::from(gap);
-                    (size, cost)
-                })
-                .collect()
-        })
-    }
-
-    proptest! {
-        #[test]
-        fn tables_are_monotone_and_hit_profiled_maxima(
-            curve in arb_curve(), limit in 0usize..120, max_size in 0usize..200
-        ) {
-            let t = CostTables::from_curves(&curve, &curve, max_size, max_size, limit).unwrap();
-            let mut running = f64::NEG_INFINITY;
-            for &(x, y) in &curve {
-                running = running.max(y);
-                if (x as usize) <= max_size {
-                    prop_assert_eq!(t.verify_ms()[x as usize], running.max(VERIFY_COST_FLOOR_MS));
-                    prop_assert_eq!(t.draft_ms()[x as usize], running.max(DRAFT_COST_FLOOR_MS));
-                }
-            }
-            for w in t.verify_ms().windows(2) {
-                prop_assert!(w[0] <= w[1] + 1e-12 * w[1].abs().max(1.0));
-            }
-            let back = CostTables::from_json(&t.to_json()).unwrap();
-            prop_assert_eq!(back, t);
-        }
-    }
-}
+mod tests;

@@ -54,6 +54,7 @@ pub mod labels;
 pub mod logistic;
 pub mod matrix;
 pub mod memory;
+pub mod persist;
 pub mod planner;
 pub mod refit;
 pub mod simd;
