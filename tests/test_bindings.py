@@ -202,3 +202,51 @@ def test_each_error_kind_has_its_value_error_subclass(tmp_path: Path) -> None:
             call()
         assert type(raised.value) is expected, (expected, raised.value)
         assert str(raised.value).startswith(argument), str(raised.value)
+
+
+def test_every_stateful_type_pickles_copies_saves_and_loads_through_the_core(
+    tmp_path: Path,
+) -> None:
+    """Planner and cost tables derive to_bytes/from_bytes, save/load and pickling from the
+    core's persistence: each way gives back exactly the same state, and the clone continues
+    exactly like the original."""
+    tables = CostTables.from_curves(
+        [(1, 0.4), (4, 0.9)],
+        [(1, 6.0), (16, 6.5), (64, 9.0)],
+        max_num_reqs=8,
+        max_batch_tokens=64,
+        cudagraph_limit=16,
+    ).with_draft_depth("autoregressive", max_depth=3)
+    for clone in (
+        pickle.loads(pickle.dumps(tables)),
+        copy.copy(tables),
+        copy.deepcopy(tables),
+        CostTables.from_bytes(tables.to_bytes()),
+    ):
+        assert clone == tables and clone.to_json() == tables.to_json()
+    tables.save(tmp_path / "tables.avt")
+    assert CostTables.load(tmp_path / "tables.avt") == tables
+    assert tables.to_bytes()[:8] == b"AVCORE\0C"
+
+    planner = VerificationPlanner(tables, 3, num_slots=4, exploration=0.4, exploration_seed=9)
+    step = {"num_non_draft_tokens": 2, "num_sampling_requests": 2}
+    rng = np.random.default_rng(3)
+    planner.plan([0, 2], rng.uniform(0.2, 0.9, (2, 3)), [3, 2], **step)
+    planner.save(tmp_path / "planner.avp")
+    clones = [
+        pickle.loads(pickle.dumps(planner)),
+        copy.deepcopy(planner),
+        VerificationPlanner.load(tmp_path / "planner.avp"),
+    ]
+    for clone in clones:
+        assert clone.to_bytes() == planner.to_bytes()
+        assert clone.exploration == 0.4 and clone.cost_tables == tables
+    for _ in range(4):
+        conf = rng.uniform(0.05, 0.95, (2, 3))
+        plans = [p.plan([1, 2], conf, [3, 3], **step) for p in [planner, *clones]]
+        depths = [p.choose_draft_depth([1, 2], [3, 3], **step) for p in [planner, *clones]]
+        for plan, depth in zip(plans[1:], depths[1:], strict=True):
+            assert plan.budget == plans[0].budget
+            np.testing.assert_array_equal(plan.admitted, plans[0].admitted)
+            np.testing.assert_array_equal(depth.depths, depths[0].depths)
+    assert len({p.to_bytes() for p in [planner, *clones]}) == 1

@@ -6,10 +6,12 @@
 use pyo3::prelude::*;
 
 mod convert;
+mod cost_tables;
 mod error;
 mod estimator;
 mod features;
 mod files;
+mod persist;
 mod planner;
 
 /// The native module.
