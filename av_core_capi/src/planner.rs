@@ -548,6 +548,71 @@ pub unsafe extern "C" fn avc_planner_set_exploration(
     })
 }
 
+/// Saves the planner's state (its cost tables, settings, the step count that drives the
+/// exploration draws, and every slot's remembered confidences) as versioned, checksummed bytes
+/// that avc_planner_load restores; the Python bindings' VerificationPlanner.to_bytes writes the
+/// same bytes. A restored planner plans every later step exactly as this one would.
+///
+/// Writes the size to *len_out, then the bytes to buf if cap is large enough; if not, returns
+/// AVC_ERR_BUFFER_TOO_SMALL and writes nothing to buf (a first call with buf = NULL, cap = 0
+/// learns the size; it changes only when the planner does).
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner; buf must point to cap writable bytes (or be NULL
+/// with cap = 0); len_out must be NULL (an error) or point to a writable size_t.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_save(
+    planner: *const AvcPlanner,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> AvcStatus {
+    guard("avc_planner_save", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (handle, out, len) = unsafe {
+            (
+                borrow(planner, "planner")?,
+                output(buf, cap, "buf")?,
+                out_value(len_out, "len_out")?,
+            )
+        };
+        let bytes = handle.lock().to_bytes();
+        crate::persist::write_state(&bytes, out, cap, &len)
+    })
+}
+
+/// Restores a planner saved by avc_planner_save (or by the Python bindings, of this release or
+/// an earlier one). On success *planner_out is a new handle owned by the caller; on failure it
+/// is NULL. Truncated, corrupt (checksum), foreign or future-version data, or a state no
+/// planner could hold, give AVC_ERR_VALUE naming "data".
+///
+/// # Safety
+///
+/// data must point to len readable bytes (or be NULL with len = 0); planner_out must be NULL
+/// (an error) or point to a writable avc_planner pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_load(
+    data: *const u8,
+    len: usize,
+    planner_out: *mut *mut AvcPlanner,
+) -> AvcStatus {
+    guard("avc_planner_load", || {
+        // SAFETY: the caller's contract is `out_value`'s and `input`'s.
+        let (out, bytes) = unsafe {
+            let out = out_value(planner_out, "planner_out")?;
+            out.write(std::ptr::null_mut());
+            (out, input(data, len, "data")?)
+        };
+        let planner = VerificationPlanner::from_bytes(bytes)?;
+        out.write(publish(AvcPlanner {
+            tag: AtomicU64::new(AvcPlanner::MAGIC),
+            planner: Mutex::new(planner),
+        }));
+        Ok(())
+    })
+}
+
 /// Plans one step for the requests in slots (distinct slot indices, slots_len = num_rows, one
 /// per row of confidences) and remembers, for the next, this step's confidences of the
 /// positions each request drafted (scheduled_drafts[r]; the others keep their values). The budget
