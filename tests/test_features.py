@@ -393,11 +393,14 @@ def test_draft_log_odds_routes_cpu_float32_to_the_native_kernel(
     valid = torch.tensor([True, True, True, True, False, True])
     got = draft_log_odds(z, temps, row_valid=valid)
     assert calls == ["draft_log_odds_f32"]
-    draft_log_odds(z.t().contiguous().t(), temps)  # strided: the torch path
+    # Strided: the kernel too, on contiguous copies of blocks of rows, so that every layout gives
+    # the bits of its contiguous copy (tests/test_feature_layouts_exact.py).
+    draft_log_odds(z.t().contiguous().t(), temps)
+    assert calls == ["draft_log_odds_f32"] * 2
     draft_log_odds(z.to(torch.float16), temps)  # float16: the torch path
-    assert calls == ["draft_log_odds_f32"]
+    assert calls == ["draft_log_odds_f32"] * 2
     draft_log_odds(z.to(torch.bfloat16), temps)  # bfloat16: its own kernel entry
-    assert calls == ["draft_log_odds_f32", "draft_log_odds_bf16"]
+    assert calls == ["draft_log_odds_f32"] * 2 + ["draft_log_odds_bf16"]
     monkeypatch.setattr(features.native, "_NATIVE_CPU", False)
     torch_path = draft_log_odds(z, temps, row_valid=valid)
     assert torch.isnan(got[3]) and torch.isnan(torch_path[3])  # T = inf

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "python" / "av_core"
@@ -26,8 +26,7 @@ MAX_MODULE_LINES = 700
 def modules_after(statement: str) -> list[str]:
     """The modules loaded in a fresh interpreter after ``statement``."""
     code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-    env = {k: v for k, v in env.items() if not k.startswith(("AV_CORE_", "PROMETHEUS"))}
+    env = child_env(drop=("AV_CORE_", "PROMETHEUS"))
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240
     )
@@ -111,3 +110,17 @@ def test_entry_points_and_the_console_script_resolve() -> None:
     assert _resolve(project["entry-points"]["sglang.srt.plugins"]["av_core"]) is sglang_register
     # Users' configs that name the plugin's old module keep working.
     assert _resolve("av_core.vllm_plugin:register") is vllm_register
+
+
+def test_child_processes_import_the_av_core_the_tests_import() -> None:
+    """A test that starts a Python child sets its ``PYTHONPATH`` through ``child_env``: a path
+    built from the source tree (``python/``) has no native module once CI installs the wheel,
+    and such a child fails only there."""
+    offenders = [
+        path.name
+        for path in sorted((ROOT / "tests").glob("*.py"))
+        if path.name != "child_env.py"
+        and "PYTHONPATH" in path.read_text()
+        and "from child_env import child_env" not in path.read_text()
+    ]
+    assert offenders == []

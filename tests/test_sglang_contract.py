@@ -410,7 +410,12 @@ def worker_module(worker_source: str) -> str:
     own = methods(cls)
     body = "\n".join(
         segment(worker_source, own[name])
-        for name in ("__init__", "on_verify_complete_cpu", "activate_step_by_batch")
+        for name in (
+            "__init__",
+            "on_verify_complete_cpu",
+            "activate_step_by_batch",
+            "forward_batch_generation",  # read by the installer's call-site check, never run
+        )
     )
     return WORKER_HEADER + body + WORKER_STANDINS
 
@@ -430,6 +435,9 @@ def sglang_on_cpu(
         PATHS[RUNTIME_STATE_MODULE]: src[RUNTIME_STATE_MODULE],
         PATHS[PARAMS_MODULE]: src[PARAMS_MODULE],
         PATHS[WORKER_MODULE]: worker_module(src[WORKER_MODULE]),
+        # Read (not imported) by the installer: where the scheduler feeds the verify counts.
+        "sglang/srt/managers/scheduler_components/__init__.py": "",
+        PATHS["processor"]: src["processor"],
     }
     for relative, text in files.items():
         path = root / relative
@@ -501,6 +509,11 @@ def test_install_passes_on_the_released_modules_and_builds_the_policy(
     with sglang_on_cpu(sources, tmp_path) as modules:
         worker_module_ = modules[WORKER_MODULE]
         assert av_sglang.check_interface(modules, SGLANG_VERSION) == []
+        # The scheduler's feed is read from its file: not found is a difference, not a pass.
+        unseen = av_sglang.check_interface(
+            modules, SGLANG_VERSION, sources={av_sglang.PROCESSOR_MODULE: None}
+        )
+        assert len(unseen) == 1 and av_sglang.PROCESSOR_MODULE in unseen[0]
         original = worker_module_.AdaptiveSpeculativeParams
         assert av_sglang.install(cost_tables=gpu_like_tables(7)) == [
             f"{WORKER_MODULE}.AdaptiveSpeculativeParams"
@@ -710,6 +723,24 @@ def test_sglang_own_policy_on_the_same_rounds_is_reproduced(
             "self, num_correct_drafts_per_req: list[int], batch_size: int = 1\n    ) -> None:\n"
             "        if self.adaptive_controller",
             "on_verify_complete_cpu",
+        ),
+        (
+            WORKER_MODULE,
+            "            self.activate_step_by_batch(batch.seq_lens.shape[0])\n",
+            "            pass\n",
+            "forward_batch_generation no longer calls self.activate_step_by_batch",
+        ),
+        (
+            WORKER_MODULE,
+            "num_correct_drafts_per_req, batch_size=batch_size\n",
+            "num_correct_drafts_per_req\n",
+            "does not pass batch_size=",
+        ),
+        (
+            "processor",
+            "result.num_correct_drafts_per_req_cpu, batch_size=len(batch.reqs)",
+            "result.num_correct_drafts_per_req_cpu",
+            "batch_result_processor: .*does not pass batch_size=",
         ),
     ],
 )

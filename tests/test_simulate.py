@@ -369,3 +369,37 @@ def test_profile_times_drafting_by_depth_into_the_cost_file(tmp_path: Path) -> N
     np.testing.assert_allclose(tables.draft_depth_ms, [0.0, 0.25, 0.5, 0.75, 1.0])
     tables = cost_tables_for(MeasuredCost.load(path), "parallel", 4, 8, depth_table=True)
     np.testing.assert_allclose(tables.draft_depth_ms, [0.0, 1.0, 1.0, 1.0, 1.0])
+
+
+def test_pareto_legend_is_outside_both_panels_and_labels_sit_on_top() -> None:
+    """With the peers the policies fill a legend that, inside a panel, covered curves: one
+    legend under both panels, overlapping neither, and the R labels drawn above every line."""
+    pytest.importorskip("matplotlib")
+    from av_core.tools.plots import _pyplot, pareto_figure
+
+    simulation = simulate_trace(
+        synthetic_trace(num_requests=6, num_steps=30),
+        concurrency=[1, 8, 64],
+        steps=30,
+        warmup_steps=5,
+        peers=True,
+    )
+    fig = pareto_figure(simulation)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        axes = fig.get_axes()
+        assert len(axes) == 2 and all(ax.get_legend() is None for ax in axes)
+        assert len(fig.legends) == 1
+        legend = fig.legends[0].get_window_extent(renderer)
+        names = {t.get_text() for t in fig.legends[0].get_texts()}
+        assert {"SGL-EMA", "TRT", "vLLM-AV", "oracle", "K=0"} <= names
+        for ax in axes:
+            assert not legend.overlaps(ax.get_window_extent(renderer))
+        left = axes[0]
+        labels = [t for t in left.texts if t.get_text() in {"1", "8", "64"}]
+        assert len(labels) == 3
+        top_line = max(line.get_zorder() for line in left.get_lines())
+        assert all(label.get_zorder() > top_line for label in labels)
+    finally:
+        _pyplot().close(fig)

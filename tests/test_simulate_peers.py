@@ -323,6 +323,11 @@ def test_trt_schedule_follows_the_documented_example() -> None:
             parse_trt_schedule(bad)
     with pytest.raises(ValueError, match="batch_size"):
         trt_draft_length(schedule, 0)
+    # A threshold given twice is a mistake, not "the last one wins"; an empty item is a typo.
+    for bad, message in (("4:4,4:2", "twice"), ("4:4,,8:2", "empty item"), ("4:4,", "empty")):
+        with pytest.raises(ValueError, match=message):
+            parse_trt_schedule(bad)
+    assert trt_draft_length(parse_trt_schedule("8:2,4:4"), 5) == 2  # pairs in any order
 
 
 def test_trt_schedule_in_the_simulator_is_fixed_k_at_the_scheduled_length() -> None:

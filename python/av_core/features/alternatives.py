@@ -144,7 +144,8 @@ def entropy(logits: torch.Tensor, temperature: float | torch.Tensor | None = Non
     block = _block_rows(vocab, _CPU_BLOCK_BYTES)
     with torch.no_grad():
         for start in range(0, n, block):
-            z = logits[start : start + block].to(torch.float32)
+            # Contiguous: the sums below then run in the same order for every layout.
+            z = logits[start : start + block].to(torch.float32).contiguous()
             y = (z - z.amax(dim=1, keepdim=True)).div_(temp[start : start + block, None])
             e = torch.exp(y)
             total = e.sum(dim=1)

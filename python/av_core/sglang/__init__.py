@@ -16,6 +16,7 @@ imports SGLang except the installer, and only when it runs.
 """
 
 from av_core.sglang.installer import (
+    CALL_SITES,
     CONTROLLER_SIGNATURES,
     ENV_ANY_VERSION,
     ENV_COSTS,
@@ -25,10 +26,12 @@ from av_core.sglang.installer import (
     PARAMS_MODULE,
     POLICY_METHODS,
     POLICY_PROPERTIES,
+    PROCESSOR_MODULE,
     RUNTIME_STATE_MODULE,
     SUPPORTED_SGLANG_VERSIONS,
     WORKER_MODULE,
     SglangCompatibilityError,
+    calls_to,
     check_interface,
     construction_sites,
     install,
@@ -47,6 +50,7 @@ from av_core.sglang.policy import (
 )
 
 __all__ = [
+    "CALL_SITES",
     "CONTROLLER_SIGNATURES",
     "ENV_ANY_VERSION",
     "ENV_COSTS",
@@ -56,11 +60,13 @@ __all__ = [
     "PARAMS_MODULE",
     "POLICY_METHODS",
     "POLICY_PROPERTIES",
+    "PROCESSOR_MODULE",
     "RUNTIME_STATE_MODULE",
     "SUPPORTED_SGLANG_VERSIONS",
     "WORKER_MODULE",
     "CostAwarePolicy",
     "SglangCompatibilityError",
+    "calls_to",
     "check_interface",
     "config_candidate_steps",
     "construction_sites",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import logging
 import os
@@ -43,6 +44,8 @@ SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 RUNTIME_STATE_MODULE = "sglang.srt.speculative.adaptive_runtime_state"
 PARAMS_MODULE = "sglang.srt.speculative.adaptive_spec_params"
 WORKER_MODULE = "sglang.srt.speculative.eagle_worker_v2"
+#: Where the scheduler feeds each verify's accepted counts to the worker (read, not imported).
+PROCESSOR_MODULE = "sglang.srt.managers.scheduler_components.batch_result_processor"
 
 #: ``AdaptiveSpecPolicy``'s methods, as :func:`~av_core._engine_interface.signature_text` writes
 #: them; :class:`CostAwarePolicy` has the same.
@@ -68,6 +71,29 @@ CONTROLLER_SIGNATURES: dict[tuple[str, str], str] = {
     ),
     (WORKER_MODULE, "EAGLEWorkerV2.activate_step_by_batch"): "(self, batch_size)",
 }
+
+
+#: The calls the policy's two inputs travel through, each ``(module, function or None for the
+#: whole module, callee, keywords every such call must pass)``: before each decode batch the worker
+#: asks the controller (hence the policy) for its steps, and after each verify the scheduler hands
+#: the accepted counts with the batch size to the worker, which hands them to the controller. A
+#: release that drops one of them would leave the policy deciding on nothing, or learning nothing.
+CALL_SITES: tuple[tuple[str, str | None, str, tuple[str, ...]], ...] = (
+    (WORKER_MODULE, "EAGLEWorkerV2.forward_batch_generation", "self.activate_step_by_batch", ()),
+    (
+        WORKER_MODULE,
+        "EAGLEWorkerV2.activate_step_by_batch",
+        "self.adaptive_controller.activate_step_by_batch",
+        (),
+    ),
+    (
+        WORKER_MODULE,
+        "EAGLEWorkerV2.on_verify_complete_cpu",
+        "self.adaptive_controller.on_verify_complete",
+        ("batch_size",),
+    ),
+    (PROCESSOR_MODULE, None, "on_verify_complete_cpu", ("batch_size",)),
+)
 
 
 class SglangCompatibilityError(RuntimeError):
@@ -126,9 +152,74 @@ def policy_calls(source: str) -> dict[str, int]:
     return counts
 
 
-def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> list[str]:
+def calls_to(source: str, callee: str) -> list[ast.Call]:
+    """The calls in ``source`` whose function is ``callee`` (``self.a.b``), or, for a bare name,
+    any attribute of that name (``x.y.callee``)."""
+    found = []
+    for node in ast.walk(ast.parse(textwrap.dedent(source))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
+            text = ast.unparse(node.func)
+            if text == callee or ("." not in callee and text.endswith("." + callee)):
+                found.append(node)
+    return found
+
+
+def module_source(name: str) -> str | None:
+    """The source text of module ``name`` without importing it (its parent packages are); None
+    when it cannot be found or read."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    if spec is None or not origin or not origin.endswith(".py"):
+        return None
+    try:
+        with open(origin, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _call_site_problems(
+    modules: Mapping[str, ModuleType], sources: Mapping[str, str | None]
+) -> list[str]:
+    problems = []
+    for module_name, dotted, callee, keywords in CALL_SITES:
+        where = f"{module_name}.{dotted}" if dotted else module_name
+        try:
+            if dotted is None:
+                text = sources.get(module_name)
+                if text is None:
+                    raise OSError("source not found")
+            else:
+                text = inspect.getsource(resolve(modules[module_name], dotted))
+            calls = calls_to(text, callee)
+        except (AttributeError, KeyError, OSError, TypeError, SyntaxError) as error:
+            problems.append(f"{where}: source not readable ({error})")
+            continue
+        if not calls:
+            problems.append(f"{where} no longer calls {callee}(...)")
+            continue
+        for call in calls:
+            passed = {k.arg for k in call.keywords}
+            missing = [k for k in keywords if k not in passed]
+            if missing:
+                problems.append(f"{where}: {ast.unparse(call)} does not pass {', '.join(missing)}=")
+    return problems
+
+
+def check_interface(
+    modules: Mapping[str, ModuleType],
+    version: str | None,
+    sources: Mapping[str, str | None] | None = None,
+) -> list[str]:
     """Every difference between the live SGLang modules and what the policy and the installer
-    rely on (empty when compatible). ``version=None`` skips the version check."""
+    rely on (empty when compatible). ``version=None`` skips the version check. ``sources``: the
+    text of modules read rather than imported (:data:`PROCESSOR_MODULE`; default: found with
+    :func:`module_source`)."""
+    if sources is None:
+        sources = {PROCESSOR_MODULE: module_source(PROCESSOR_MODULE)}
     problems: list[str] = []
     if version is not None and version not in SUPPORTED_SGLANG_VERSIONS:
         problems.append(
@@ -218,6 +309,7 @@ def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> l
                 f"{WORKER_MODULE}.EAGLEWorkerV2.__init__: expected one AdaptiveController(self, "
                 f"AdaptiveSpeculativeParams(initial_steps=..., cfg_path=...)), found {len(sites)}"
             )
+    problems += _call_site_problems(modules, sources)
     return problems
 
 

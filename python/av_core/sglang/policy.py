@@ -14,7 +14,8 @@ the one with the most expected tokens per millisecond:
 - **Cost** from av_core :class:`~av_core.CostTables` (``CostTables.from_curves`` on SGLang-style
   profiled ``(size, ms)`` curves, or an ``av-core profile`` file via :func:`load_cost_tables`),
   with a draft-cost-by-depth table: ``C(s) = draft(B, s) + verify[B·(s + 1)]`` (SGLang verifies
-  every drafted token, ``s + 1`` per request with ``topk = 1``), and
+  every drafted token, ``s + 1`` per request with ``topk = 1``; a batch beyond the tables is
+  priced along their last segment and counted in ``counters.beyond_tables``), and
   ``E(s) = B·(1 + S_1 + … + S_s)`` with ``S_j = p_1⋯p_j``. It picks the first ``s`` maximising
   ``E/C``; 0 (no speculation) when drafting does not pay. (av_core's batch depth rule,
   ``choose_draft_depth``, in the form SGLang runs: no verification budget below ``B·s``, only the
@@ -71,6 +72,7 @@ class _Counters:
     unmatched: int = 0
     inconsistent: int = 0
     without_features: int = 0
+    beyond_tables: int = 0  # decisions for a batch the cost tables do not cover (extrapolated)
     by_step: dict[int, int] = field(default_factory=dict)
 
 
@@ -219,6 +221,9 @@ class CostAwarePolicy:
             current = self._current[key]
             return current if current is not None else allowed[0]
         rates = self._rates(batch, allowed)
+        tables = self._tables
+        if batch > tables.max_num_reqs or batch * (allowed[-1] + 1) >= tables.verify_ms.shape[0]:
+            self.counters.beyond_tables += 1
         best = max(allowed, key=lambda s: (rates[s], -s))
         current = self._current[key]
         choice = best
@@ -358,18 +363,38 @@ class CostAwarePolicy:
         p = self._estimator.predict(rows).astype(np.float64)
         return np.asarray(np.cumprod(p, axis=1).mean(axis=0))
 
+    def _draft_ms(self, batch: int, depth: int) -> float:
+        """Drafting ``depth`` steps for ``batch`` requests; past the tables' last batch size
+        extended along their last segment (never below the last entry)."""
+        if depth <= 0:
+            return 0.0
+        tables = self._tables
+        last = tables.max_num_reqs
+        if batch <= last:
+            return float(tables.draft_cost_ms(batch, depth))
+        end = float(tables.draft_cost_ms(last, depth))
+        before = float(tables.draft_cost_ms(last - 1, depth)) if last > 1 else 0.0
+        return end + (batch - last) * max(end - before, 0.0)
+
+    def _verify_ms(self, tokens: int) -> float:
+        """Verifying ``tokens`` tokens; past the table's end extended along its last segment
+        (a batch larger than the tables cover must not look free to speculate on)."""
+        verify = self._tables.verify_ms
+        last = int(verify.shape[0]) - 1
+        if tokens <= last:
+            return float(verify[tokens])
+        slope = max(float(verify[last] - verify[last - 1]), 0.0) if last > 0 else 0.0
+        return float(verify[last]) + (tokens - last) * slope
+
     def _rates(self, batch: int, allowed: Sequence[int]) -> dict[int, float]:
         survival = self.survivals()
-        tables = self._tables
-        requests = min(batch, tables.max_num_reqs)
-        verify = tables.verify_ms
         rates = {}
         for s in allowed:
             tokens = batch * (1.0 + float(survival[:s].sum()))
-            draft = tables.draft_cost_ms(requests, s) if s > 0 else 0.0
+            draft = self._draft_ms(batch, s)
             if s == 0 and self._draft_extend_at_zero:
-                draft = tables.draft_cost_ms(requests, 1)
-            ms = draft + float(verify[min(batch * (s + 1), verify.shape[0] - 1)])
+                draft = self._draft_ms(batch, 1)
+            ms = draft + self._verify_ms(batch * (s + 1))
             rates[s] = tokens / ms
         return rates
 

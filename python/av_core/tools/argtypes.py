@@ -21,9 +21,11 @@ the option's bounds. ``1-512`` is 1, 2, 4, ..., 512; ``1,2,3,4,8-64`` is 1, 2, 3
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -254,6 +256,50 @@ def check_writable_dir(path: Path) -> str | None:
     return None
 
 
+def _os_problem(path: Path, what: str, error: OSError) -> str:
+    return f"cannot {what} {str(path)!r}: {error.strerror or error}"
+
+
+def prepare_output_dir(path: Path) -> str | None:
+    """Creates the output folder ``path`` (if missing) and writes and removes a probe file in
+    it: why it cannot be used, or ``None``. The permission checks of :func:`check_writable_dir`
+    cannot see a read-only file system, ``/proc`` or ``/sys`` (nor anything, as root); this
+    finds those before any work, so that no result is lost to a folder that refuses it."""
+    problem = check_writable_dir(path)
+    if problem is not None:
+        return problem
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return _os_problem(path, "create the folder", error)
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".av-core-probe-"):
+            pass
+    except OSError as error:
+        return _os_problem(path, "write into the folder", error)
+    return None
+
+
+def probe_output_file(path: Path) -> str | None:
+    """Opens ``path`` for appending (an existing file is left as it was; a missing one is created
+    and removed again): why it cannot be written, or ``None``. Catches what
+    :func:`check_writable_file`'s permission checks cannot see (read-only file systems,
+    ``/proc``, ``/sys``, root), before any model is loaded."""
+    problem = check_writable_file(path)
+    if problem is not None:
+        return problem
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as error:
+        return _os_problem(path, "write", error)
+    if not existed:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return None
+
+
 def _checked_path(text: str, check: Callable[[Path], str | None]) -> Path:
     path = Path(text)
     problem = check(path)
@@ -287,6 +333,8 @@ __all__ = [
     "non_negative_int",
     "parse_int_list",
     "positive_float",
+    "prepare_output_dir",
+    "probe_output_file",
     "positive_int",
     "probability",
     "readable_file",

@@ -67,6 +67,33 @@ def _exact_integers(value: list[Any] | tuple[Any, ...]) -> npt.NDArray[Any] | No
     return exact
 
 
+def _host_array(value: Any, name: str) -> npt.NDArray[Any]:
+    """``value`` as a private numpy copy (what is checked is then what is used, whatever another
+    thread writes into the caller's buffer). A torch tensor, in any of the forms torch hands out
+    (requiring grad, lazily negated or conjugated, bfloat16, on an accelerator), becomes the
+    values it stands for, without this module importing torch; numpy's own conversion refuses
+    most of those with a ``RuntimeError``. Anything numpy cannot read is a ``ValueError`` or
+    ``TypeError`` naming ``name``. Shared by the offline tools (the trace columns too)."""
+    if type(value).__module__.partition(".")[0] == "torch" and callable(
+        getattr(value, "detach", None)
+    ):
+        try:
+            tensor = value.detach().resolve_conj().resolve_neg()
+            if tensor.device.type != "cpu":
+                tensor = tensor.cpu()
+            if str(tensor.dtype) == "torch.bfloat16":
+                tensor = tensor.float()  # exact: every bfloat16 is a float32
+            return np.array(tensor.numpy())
+        except (RuntimeError, TypeError, ValueError) as error:
+            raise TypeError(f"{name} is a tensor numpy cannot hold: {error}") from None
+    try:
+        return np.array(value)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise ValueError(f"{name} must be a 1-D array: {error}") from None
+    except RuntimeError as error:  # another library's array refusing numpy
+        raise TypeError(f"{name} cannot be read as a numpy array: {error}") from None
+
+
 def _vector(value: npt.ArrayLike, name: str) -> npt.NDArray[Any]:
     """A 1-D, non-empty, real array of ``value`` as given (copied): integers stay integers
     (exact), an object array only for Python integers beyond 64 bits."""
@@ -74,12 +101,11 @@ def _vector(value: npt.ArrayLike, name: str) -> npt.NDArray[Any]:
     if isinstance(value, list | tuple):
         array = _exact_integers(value)
     if array is None:
-        try:
-            # A private copy: what is checked is what is used, whatever another thread writes.
-            array = np.array(value)
-        except (ValueError, TypeError, OverflowError) as error:
-            raise ValueError(f"{name} must be a 1-D array: {error}") from None
-        if not (np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)):
+        array = _host_array(value, name)
+        # Times are numbers to numpy (timedelta64 subclasses its signed integers), not scores.
+        if array.dtype.kind in "mM" or not (
+            np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)
+        ):
             raise TypeError(f"{name} must be numeric, got dtype {array.dtype}")
         if np.issubdtype(array.dtype, np.complexfloating):
             raise TypeError(f"{name} must be real, got dtype {array.dtype}")

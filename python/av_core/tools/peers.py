@@ -201,9 +201,11 @@ def trt_draft_length(schedule: Mapping[int, int], batch_size: int) -> int:
 def parse_trt_schedule(text: str) -> dict[int, int]:
     """``"4:4,8:2,32:1"`` → ``{4: 4, 8: 2, 32: 1}`` (batch-size threshold : draft length)."""
     schedule: dict[int, int] = {}
+    if not text.strip():
+        raise ValueError(f"trt schedule must hold at least one BATCH:LENGTH pair, got {text!r}")
     for part in (p.strip() for p in text.split(",")):
         if not part:
-            continue
+            raise ValueError(f"trt schedule has an empty item in {text!r} (write 4:4,8:2,32:1)")
         threshold, sep, length = part.partition(":")
         try:
             key, value = int(threshold), int(length)
@@ -212,6 +214,10 @@ def parse_trt_schedule(text: str) -> dict[int, int]:
         if not sep or key < 1 or value < 0:
             raise ValueError(
                 f"trt schedule must be BATCH:LENGTH pairs (batch >= 1, length >= 0), got {text!r}"
+            )
+        if key in schedule:
+            raise ValueError(
+                f"trt schedule lists the batch size {key} twice in {text!r} (each threshold once)"
             )
         schedule[key] = value
     if not schedule:

@@ -190,13 +190,17 @@ def _log_axis_ticks(axis: Any, values: Any) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def plot_pareto(simulation: Simulation, path: Path) -> Path:
-    """Two panels: throughput against interactivity (one curve per policy across
-    concurrency), and each policy's throughput relative to the best fixed K >= 1 at every
-    concurrency (the ratio the adaptive policies are judged by; K = 0 shows where not
-    speculating beats every K >= 1)."""
+#: Concurrency labels on the Pareto panel sit above every curve.
+_LABEL_ZORDER = 20
+#: Entries per row of the shared legend under the two Pareto panels.
+_LEGEND_COLUMNS = 5
+
+
+def pareto_figure(simulation: Simulation) -> Any:
+    """The figure :func:`plot_pareto` writes (the caller closes it): two panels sharing one
+    legend below them, outside both axes, so that no entry covers a curve."""
     plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13.0, 5.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13.0, 5.6))
     concurrency = list(simulation.results)
     names = _policy_names(simulation)
     best = np.array([simulation.best_fixed(c).throughput for c in concurrency])
@@ -216,6 +220,8 @@ def plot_pareto(simulation: Simulation, path: Path) -> Path:
                     textcoords="offset points",
                     ha="center",
                     color="crimson",
+                    zorder=_LABEL_ZORDER,
+                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
                 )
         ratio = y / best
         relative_values.append((name, ratio))
@@ -228,7 +234,6 @@ def plot_pareto(simulation: Simulation, path: Path) -> Path:
     left.set_ylabel("output tokens per ms (throughput)")
     left.set_title(f"Throughput vs interactivity, {simulation.drafter} drafter (labels: R)")
     left.grid(True, which="major", alpha=0.3)
-    left.legend(fontsize=7, loc="lower left")
 
     right.axhline(1.0, color="0.5", linewidth=1.0, linestyle="-", zorder=1)
     right.set_xscale("log", base=2)
@@ -241,8 +246,27 @@ def plot_pareto(simulation: Simulation, path: Path) -> Path:
     right.set_ylabel("throughput / best fixed K >= 1 at that R")
     right.set_title("Relative throughput (1 = the best fixed K >= 1 at that R)")
     right.grid(True, alpha=0.3)
-    right.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
+    handles, labels = left.get_legend_handles_labels()
+    rows = -(-len(labels) // _LEGEND_COLUMNS)
+    fig.legend(
+        handles,
+        labels,
+        loc="lower center",
+        ncol=min(_LEGEND_COLUMNS, len(labels)),
+        fontsize=8,
+        frameon=False,
+    )
+    fig.tight_layout(rect=(0.0, 0.035 * rows + 0.01, 1.0, 1.0))
+    return fig
+
+
+def plot_pareto(simulation: Simulation, path: Path) -> Path:
+    """Two panels: throughput against interactivity (one curve per policy across
+    concurrency), and each policy's throughput relative to the best fixed K >= 1 at every
+    concurrency (the ratio the adaptive policies are judged by; K = 0 shows where not
+    speculating beats every K >= 1); one legend below both."""
+    plt = _pyplot()
+    fig = pareto_figure(simulation)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -267,6 +291,7 @@ def simulation_plots(simulation: Simulation, out: Path, suffix: str = "") -> lis
 
 __all__ = [
     "evaluation_plots",
+    "pareto_figure",
     "plot_pareto",
     "plot_position_auc",
     "plot_reliability",

@@ -55,12 +55,14 @@ def signed(digits: int) -> Formatter:
 
 
 def general(significant: int) -> Formatter:
-    """``f"{x:.{significant}g}"``; NaN/None → ``n/a``."""
+    """``significant`` digits, trailing zeros kept so that a column reads evenly (``2.200``
+    beside ``1.095``, not ``2.2``; ``38.00``, not ``38``); NaN/None → ``n/a``."""
 
     def format_cell(value: Any) -> str:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "n/a"
-        return _no_negative_zero(f"{float(value):.{significant}g}")
+        text = f"{float(value):#.{significant}g}"
+        return _no_negative_zero(text[:-1] if text.endswith(".") else text)
 
     return format_cell
 

@@ -54,7 +54,10 @@ __all__ = [
     "ENV_PORT",
     "ENV_WINDOW",
     "HOST_BUCKETS_S",
+    "MAX_INTERVAL_S",
+    "MAX_WINDOW",
     "METRIC_NAMES",
+    "MIN_INTERVAL_S",
     "PREDICT",
     "STEP",
     "EstimatorRecorder",
@@ -76,8 +79,14 @@ ENV_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
 
 #: Labeled drafts the rolling log-loss and ECE are computed over.
 DEFAULT_WINDOW = 10_000
+#: The largest ``AV_CORE_METRICS_WINDOW``: the window is allocated up front (9 bytes a draft),
+#: so a size typed by mistake must not take the server's memory.
+MAX_WINDOW = 1_000_000
 #: Seconds between folds of the recorded values into the Prometheus values.
 DEFAULT_INTERVAL_S = 1.0
+#: ``AV_CORE_METRICS_INTERVAL`` is kept within these bounds (seconds): below, the fold thread
+#: would spin; above, the thread's wait cannot be represented (and nothing would be exported).
+MIN_INTERVAL_S, MAX_INTERVAL_S = 0.01, 86_400.0
 #: Upper bounds of the draft-budget histogram (drafts admitted per step).
 BUDGET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 #: Upper bounds of the predicted-step-cost histogram, milliseconds.
@@ -123,7 +132,11 @@ def enabled() -> bool:
     return bool(os.environ.get(ENV_PORT, "").strip() or os.environ.get(ENV_MULTIPROC, "").strip())
 
 
-def _env_number(name: str, default: float, *, integer: bool) -> float:
+def _env_number(
+    name: str, default: float, *, integer: bool, low: float, high: float, clamp: bool = False
+) -> float:
+    """A positive number from the environment within ``[low, high]``: outside, a warning and
+    the default (or, with ``clamp``, the nearest bound); never an exception."""
     text = os.environ.get(name, "").strip()
     if not text:
         return default
@@ -135,7 +148,33 @@ def _env_number(name: str, default: float, *, integer: bool) -> float:
     if not value > 0 or not math.isfinite(value):
         logger.warning("av_core: %s=%r must be positive; using %s", name, text, default)
         return default
-    return value
+    if low <= value <= high:
+        return value
+    used = (low if value < low else high) if clamp else default
+    logger.warning("av_core: %s=%r must lie in [%s, %s]; using %s", name, text, low, high, used)
+    return used
+
+
+def _port(text: str, offset: int) -> int | None:
+    """The server's port, ``AV_CORE_METRICS_PORT + offset``; None (with a warning) when that
+    is not a TCP port."""
+    try:
+        base = int(text)
+    except ValueError:
+        logger.warning("av_core: %s=%r is not a port number; no metrics server", ENV_PORT, text)
+        return None
+    port = base + offset
+    if not 0 < port <= 65535:
+        logger.warning(
+            "av_core: %s=%r plus this worker's offset %d is %d, not a TCP port (1..65535); no "
+            "metrics server",
+            ENV_PORT,
+            text,
+            offset,
+            port,
+        )
+        return None
+    return port
 
 
 def _rank() -> int:
@@ -386,7 +425,9 @@ class _Exporter:
 
         try:
             started = prom.start_http_server(port, addr=host, registry=self.registry)
-        except OSError as error:
+        # OSError: a taken port or an unknown host; UnicodeError (a ValueError): a host name
+        # that cannot be encoded; OverflowError: a port the socket refuses.
+        except (OSError, ValueError, OverflowError) as error:
             logger.warning(
                 "av_core: metrics server not started on %s:%d (%s); metrics still go to %s "
                 "if it is set",
@@ -415,8 +456,17 @@ class ProcessMetrics:
     def __init__(self, rank: int, port_offset: int) -> None:
         self.rank = rank
         self.label = str(rank)
-        self.window = int(_env_number(ENV_WINDOW, DEFAULT_WINDOW, integer=True))
-        self.interval = _env_number(ENV_INTERVAL, DEFAULT_INTERVAL_S, integer=False)
+        self.window = int(
+            _env_number(ENV_WINDOW, DEFAULT_WINDOW, integer=True, low=1, high=MAX_WINDOW)
+        )
+        self.interval = _env_number(
+            ENV_INTERVAL,
+            DEFAULT_INTERVAL_S,
+            integer=False,
+            low=MIN_INTERVAL_S,
+            high=MAX_INTERVAL_S,
+            clamp=True,
+        )
         self.exporter = _Exporter()
         self.events: deque[tuple[Any, ...]] = deque()
         self.state_lock = threading.Lock()
@@ -438,15 +488,11 @@ class ProcessMetrics:
         self._ring_fill = 0
         self._fold_lock = threading.Lock()
         self._stop = threading.Event()
-        port = os.environ.get(ENV_PORT, "").strip()
-        if port:
-            try:
-                base = int(port)
-            except ValueError:
-                logger.warning("av_core: %s=%r is not a port number; no server", ENV_PORT, port)
-            else:
-                host = os.environ.get(ENV_HOST, "").strip() or "127.0.0.1"
-                self.exporter.serve(base + port_offset, host)
+        text = os.environ.get(ENV_PORT, "").strip()
+        port = _port(text, port_offset) if text else None
+        if port is not None:
+            host = os.environ.get(ENV_HOST, "").strip() or "127.0.0.1"
+            self.exporter.serve(port, host)
         self._thread = threading.Thread(target=self._run, name="av_core-metrics", daemon=True)
         self._thread.start()
 
@@ -480,11 +526,17 @@ class ProcessMetrics:
     # -- the fold ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        failures = 0
         while not self._stop.wait(self.interval):
             try:
                 self.fold()
             except Exception:  # noqa: BLE001 - metrics must never take the server down
-                logger.warning("av_core: metrics fold failed", exc_info=True)
+                # Once with the traceback; a fold that keeps failing must not flood the log.
+                failures += 1
+                if failures == 1:
+                    logger.warning("av_core: metrics fold failed", exc_info=True)
+                else:
+                    logger.debug("av_core: metrics fold failed again", exc_info=True)
 
     def fold(self) -> None:
         """Drains the queue into the Prometheus values."""
@@ -652,6 +704,15 @@ def process_metrics(device_index: int | None = None) -> ProcessMetrics | None:
         return None
     with _process_lock:
         if _process is None:
+            directory = os.environ.get(ENV_MULTIPROC, "").strip()
+            if directory and not os.path.isdir(directory):
+                # prometheus_client would fail on every value written (its files go there).
+                logger.warning(
+                    "av_core: %s=%r is not a directory; av_core metrics are off",
+                    ENV_MULTIPROC,
+                    directory,
+                )
+                return None
             rank = _rank()
             offset = device_index
             if offset is None:

@@ -10,8 +10,12 @@ A save is atomic (a temporary file in the same directory, flushed to disk, then 
 old one), and happens on a background thread: the serving thread only takes a host snapshot. A
 file whose key or estimator configuration differs from the running one (another model, another
 K, ``AV_CORE_VLLM_EXACT`` switched, ...) is not loaded: a warning says which field differs, and
-the estimator cold-starts. So does a corrupt or truncated file (its checksum or its contents fail
-validation): a warning, never an exception into the server.
+the estimator cold-starts. Each key has its own file, so when this key has none, the states
+saved for the same target model and rank under another key (another draft model, method or K)
+are named in that warning. A corrupt or truncated file (its checksum or its contents fail
+validation), one that is not a regular file (a FIFO, a device, a directory) or that is longer
+than :data:`MAX_STATE_BYTES` is not loaded either, and not read past that bound: a warning,
+never an exception into the server, never a wait.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import re
+import stat
 import tempfile
 import threading
 import time
@@ -37,6 +43,7 @@ __all__ = [
     "ENV_STATE_DIR",
     "FORMAT",
     "FORMAT_VERSION",
+    "MAX_STATE_BYTES",
     "StateKey",
     "WarmStart",
 ]
@@ -49,6 +56,41 @@ ENV_SAVE_EVERY = "AV_CORE_STATE_SAVE_EVERY"
 DEFAULT_SAVE_EVERY = 10
 FORMAT = "av_core.vllm.warm_state"
 FORMAT_VERSION = 1
+#: The longest state file read: far above any saved state (K <= 64 positions: a few hundred
+#: KB), so that a foreign or damaged file cannot take the server's memory or time at start-up.
+MAX_STATE_BYTES = 16 << 20
+#: The most other keys' state files read to explain a cold start (see :meth:`WarmStart.load`).
+_MAX_NEIGHBOURS = 64
+
+
+def _read_document(path: Path) -> Any:
+    """The JSON document at ``path``: a regular file of at most :data:`MAX_STATE_BYTES`,
+    opened without blocking (a FIFO would wait for a writer forever). Raises
+    ``FileNotFoundError`` for no file, ``ValueError`` for anything that is not a state file."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    descriptor = os.open(path, flags)
+    with os.fdopen(descriptor, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError("not a regular file (a directory, FIFO, socket or device)")
+        data = handle.read(MAX_STATE_BYTES + 1)
+    if len(data) > MAX_STATE_BYTES:
+        raise ValueError(f"longer than any saved state ({MAX_STATE_BYTES} bytes)")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:  # nesting no saved state has
+        raise ValueError("nested too deeply to be a saved state") from None
+
+
+def _saved_at(payload: dict[str, Any]) -> str:
+    """When the payload was saved, for the log ("?" for anything but a plausible timestamp)."""
+    saved = payload.get("saved_at")
+    if isinstance(saved, bool) or not isinstance(saved, int | float) or not math.isfinite(saved):
+        return "?"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(saved))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 @dataclass(frozen=True)
@@ -123,32 +165,74 @@ class WarmStart:
         estimator's configuration; True when it did. Anything else (no file, another key or
         configuration, a corrupt file) leaves the estimator as it is, with a warning that says
         why (an info line when there is simply no file yet)."""
-        if not self.path.exists():
-            logger.info("av_core: no saved estimator state at %s; cold start", self.path)
-            return False
+        problem: str | None
         try:
-            document = json.loads(self.path.read_text())
-            problem = self._check(document, estimator)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
-            problem = f"unreadable ({type(error).__name__}: {error})"
+            document = _read_document(self.path)
+        except FileNotFoundError:
+            self._cold_start_without_file()
+            return False
+        except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+            document, problem = None, f"unreadable ({type(error).__name__}: {error})"
+        else:
+            try:
+                problem = self._check(document, estimator)
+            except (ValueError, TypeError, KeyError, AttributeError) as error:
+                problem = f"unreadable ({type(error).__name__}: {error})"
         if problem is None:
             try:
                 estimator.load_state_dict(document["payload"]["state"])
-            except (ValueError, TypeError, KeyError, OverflowError) as error:
+            except Exception as error:  # noqa: BLE001 - a saved state must never stop serving
                 problem = f"invalid state ({type(error).__name__}: {error})"
         if problem is not None:
             logger.warning(
                 "av_core: saved estimator state %s not loaded: %s; cold start", self.path, problem
             )
             return False
-        saved = document["payload"].get("saved_at")
         logger.info(
             "av_core: estimator state restored from %s (saved %s, %d refits)",
             self.path,
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(saved)) if saved else "?",
+            _saved_at(document["payload"]),
             estimator.num_refits,
         )
         return True
+
+    def _cold_start_without_file(self) -> None:
+        """No file for this key: an info line, or a warning naming what differs when the
+        directory holds a state for the same target model and rank under another key (another
+        draft model, method or K: a changed deployment, whose state is not loaded)."""
+        mine = asdict(self.key)
+        closest: tuple[int, str, Path] | None = None
+        try:
+            rank = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.key.rank)
+            candidates = sorted(self.directory.glob(f"*-{rank}-*.json"))[:_MAX_NEIGHBOURS]
+        except OSError:
+            candidates = []
+        for path in candidates:
+            try:
+                key = _read_document(path)["payload"]["key"]
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            if not isinstance(key, dict) or key.get("rank") != mine["rank"]:
+                continue
+            if key.get("target_model") != mine["target_model"]:
+                continue  # another deployment sharing the directory
+            differing = [name for name in mine if key.get(name) != mine[name]]
+            if differing and (closest is None or len(differing) < closest[0]):
+                text = ", ".join(
+                    f"{name} = {key.get(name)!r} (this server: {mine[name]!r})"
+                    for name in differing
+                )
+                closest = (len(differing), text, path)
+        if closest is None:
+            logger.info("av_core: no saved estimator state at %s; cold start", self.path)
+            return
+        logger.warning(
+            "av_core: no saved estimator state for this key at %s; %s is for %s: not loaded; "
+            "cold start",
+            self.path,
+            closest[2],
+            closest[1],
+        )
 
     def _check(self, document: Any, estimator: Any) -> str | None:
         if not isinstance(document, dict) or document.get("format") != FORMAT:
@@ -263,7 +347,7 @@ class WarmStart:
                 document, self._pending = self._pending, None
             try:
                 self._write(document)
-            except OSError as error:
+            except Exception as error:  # noqa: BLE001 - the writer must outlive a failed save
                 logger.warning("av_core: could not save state to %s: %s", self.path, error)
 
     def close(self) -> None:

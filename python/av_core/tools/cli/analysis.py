@@ -10,15 +10,18 @@ from typing import TYPE_CHECKING
 
 from av_core.tools import argtypes as types
 from av_core.tools.cli.common import (
+    DEFAULT_TRACE,
     EXIT_OK,
     AddCommand,
     CommandError,
     _add_trace_argument,
+    _Console,
     _console,
     _emit_tables,
     _Job,
     _output_options,
     _plots_ready,
+    _prepare_out,
     _style,
     _write_plots,
     about,
@@ -32,6 +35,8 @@ from av_core.tools.simulate import DEFAULT_CONCURRENCY, GpuLikeCost
 if TYPE_CHECKING:
     from av_core.tools.simulate import CostModel, DepthControl
 
+#: The warm-up steps of the demo's simulations (``simulate_trace``'s default).
+DEMO_WARMUP_STEPS = 200
 #: Largest ``--concurrency`` value (the simulator holds [steps, R] round indices).
 MAX_CONCURRENCY = 65536
 
@@ -57,6 +62,13 @@ def _evaluate(args: argparse.Namespace) -> int:
             groups_per_workload=args.groups_per_workload,
             progress=job,
         )
+    _warn_without_refits(
+        console,
+        int(evaluation.trajectory.rounds.shape[0]),
+        f"--refit-interval {args.refit_interval} x --batch-rounds {args.batch_rounds} rounds "
+        f"reaches past the trace's {evaluation.num_rounds} drafting rounds",
+        "--refit-interval or --batch-rounds",
+    )
     document = {"command": "evaluate", "trace": args.trace.text, **evaluation_to_dict(evaluation)}
     _emit_tables(
         console,
@@ -72,11 +84,48 @@ def _evaluate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_simulation_size(
+    steps: int, warmup_steps: int, concurrency: int, *, demo: bool = False
+) -> None:
+    """The simulator's request slots, (warm-up + measured steps) x R, named by their options."""
+    from av_core.tools.simulate import MAX_STREAM_ENTRIES
+
+    slots = (steps + warmup_steps) * concurrency
+    if slots <= MAX_STREAM_ENTRIES:
+        return
+    if demo:
+        raise CommandError(
+            f"--steps {steps}: the demo replays ({steps} + {warmup_steps} warm-up steps) x "
+            f"{concurrency} requests = {slots} request-steps, more than {MAX_STREAM_ENTRIES}: "
+            "lower --steps"
+        )
+    raise CommandError(
+        f"--steps {steps} + --warmup-steps {warmup_steps} at --concurrency {concurrency} make "
+        f"{slots} request-steps to replay, more than {MAX_STREAM_ENTRIES}: lower --steps or "
+        "the largest --concurrency"
+    )
+
+
+def _warn_without_refits(console: _Console, refits: int, what: str, advice: str) -> None:
+    if refits == 0:
+        console.warn(
+            f"the estimator was never refit ({what}): every prediction is the cold start; "
+            f"lower {advice}"
+        )
+
+
 def _cost_model(args: argparse.Namespace) -> CostModel:
     """``--cost-model``: checked and (for ``measured FILE``) read before the trace."""
     from av_core.tools.simulate import GpuLikeCost, MeasuredCost
 
     spec = list(args.cost_model)
+    size = {"gpu-like": 1, "measured": 2}.get(spec[0], len(spec))
+    if len(spec) == size + 1 and args.trace is DEFAULT_TRACE:
+        # `--cost-model gpu-like TRACE`: the option's nargs took the trace; give it back.
+        try:
+            args.trace = trace_arg(spec.pop())
+        except argparse.ArgumentTypeError as error:
+            raise CommandError(f"argument TRACE: {error}") from None
     if spec == ["gpu-like"]:
         return GpuLikeCost(
             verify_base_ms=args.verify_base_ms,
@@ -94,8 +143,8 @@ def _cost_model(args: argparse.Namespace) -> CostModel:
         with reading(path):
             return MeasuredCost.load(path)
     raise CommandError(
-        f"--cost-model must be 'gpu-like' or 'measured FILE' (put TRACE before --cost-model), "
-        f"got {' '.join(spec)!r}"
+        f"--cost-model must be 'gpu-like' or 'measured FILE' (then at most a TRACE, when none "
+        f"was given before), got {' '.join(spec)!r}"
     )
 
 
@@ -141,6 +190,7 @@ def _simulate(args: argparse.Namespace) -> int:
     console = _console(args)
     if args.trt_schedule is not None and not args.peers:
         raise CommandError("--trt-schedule needs --peers (it sets the TensorRT-LLM peer policy)")
+    _check_simulation_size(args.steps, args.warmup_steps, max(args.concurrency))
     cost = _cost_model(args)
     plots = _plots_ready(args, console)
     trace = load_trace(args.trace)
@@ -161,6 +211,14 @@ def _simulate(args: argparse.Namespace) -> int:
             peers=args.peers,
             trt_schedule=args.trt_schedule,
             progress=job,
+        )
+    if args.refit_interval > args.warmup_steps + args.steps:
+        _warn_without_refits(
+            console,
+            0,
+            f"--refit-interval {args.refit_interval} is more than the "
+            f"{args.warmup_steps + args.steps} simulated steps",
+            "--refit-interval",
         )
     style = _style(args)
     tables = simulation_tables(simulation)
@@ -193,7 +251,8 @@ def _demo(args: argparse.Namespace) -> int:
     from av_core.tools.tables import percent_change
 
     console = _console(args)
-    out = Path(args.out)
+    _check_simulation_size(args.steps, DEMO_WARMUP_STEPS, max(DEFAULT_CONCURRENCY), demo=True)
+    out = _prepare_out(args)  # the tables go there even without plots
     plots = _plots_ready(args, console)
     trace = load_trace(args.trace)
     with _Job(console, "demo: evaluate", "replay") as job, about(args.trace.label):
@@ -340,7 +399,7 @@ def add_simulate(add: AddCommand) -> argparse.ArgumentParser:
         nargs="+",
         default=["gpu-like"],
         metavar="MODEL",
-        help="'gpu-like' or 'measured FILE' (a file from av-core profile; put TRACE first) "
+        help="'gpu-like' or 'measured FILE' (a file from av-core profile; TRACE may follow) "
         "(default: gpu-like)",
     )
     simulate.add_argument(

@@ -131,7 +131,12 @@ class _Console:
     quiet: bool
 
     def result(self, text: str) -> None:
-        print(text)
+        try:
+            print(text)
+        except BrokenPipeError:
+            raise  # the reader left: the boundary ends quietly (141)
+        except OSError as error:  # a full disk, an I/O error: say where the results were going
+            raise CommandError(f"cannot write to standard output: {describe(error)}") from error
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -219,6 +224,12 @@ class TraceArg:
         return f"shipped trace {self.text!r}" if self.shipped else str(self.path)
 
 
+#: ``TRACE`` when none is given (the main shipped trace). Identity tells it from an explicit
+#: ``shipped``: ``simulate --cost-model gpu-like FILE`` hands FILE to ``--cost-model`` (its
+#: ``nargs="+"``), and the command takes it back as the trace only when no TRACE was given.
+DEFAULT_TRACE = TraceArg("shipped", SHIPPED_TRACE, None)
+
+
 def trace_arg(text: str) -> TraceArg:
     """argparse type of ``TRACE``: a shipped name, or an existing trace file."""
     names = shipped_names()
@@ -254,7 +265,7 @@ def _add_trace_argument(parser: argparse.ArgumentParser) -> None:
         "trace",
         nargs="?",
         type=trace_arg,
-        default="shipped",
+        default=DEFAULT_TRACE,
         metavar="TRACE",
         help="labeled trace (.csv, .csv.gz, .parquet), or a shipped trace: "
         + ", ".join(shipped_names())
@@ -266,8 +277,18 @@ def _add_trace_argument(parser: argparse.ArgumentParser) -> None:
 # Plots
 
 
+def _prepare_out(args: argparse.Namespace) -> Path:
+    """``--out``, created and probed with a test file before any work (:class:`CommandError`
+    naming ``--out`` when it cannot be written)."""
+    out = Path(args.out)
+    problem = types.prepare_output_dir(out)
+    if problem is not None:
+        raise CommandError(f"--out: {problem}")
+    return out
+
+
 def _plots_ready(args: argparse.Namespace, console: _Console) -> bool:
-    """Whether plots will be written; checks ``--out`` up front when they will."""
+    """Whether plots will be written; prepares ``--out`` up front when they will."""
     from av_core.tools.plots import plots_available
 
     if getattr(args, "no_plots", False):
@@ -278,10 +299,15 @@ def _plots_ready(args: argparse.Namespace, console: _Console) -> bool:
             "'av_core[demo]' for the plots and progress bars)"
         )
         return False
-    problem = types.check_writable_dir(Path(args.out))
-    if problem is not None:
-        raise CommandError(f"--out: {problem}")
+    _prepare_out(args)
     return True
+
+
+def _probe_output(option: str, path: Path) -> None:
+    """An output file (``--output``) probed before any model is loaded."""
+    problem = types.probe_output_file(path)
+    if problem is not None:
+        raise CommandError(f"{option}: {problem}")
 
 
 def _write_plots(make: Callable[[Path], list[Path]], out: Path, console: _Console) -> None:

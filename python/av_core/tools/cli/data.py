@@ -24,6 +24,7 @@ from av_core.tools.cli.common import (
     _Job,
     _model_modules,
     _output_options,
+    _probe_output,
     _require,
     _style,
     about,
@@ -96,6 +97,7 @@ def _traces(args: argparse.Namespace) -> int:
 def _profile(args: argparse.Namespace) -> int:
     """Measures forward times of a target (and a drafter) into a cost file."""
     console = _console(args)
+    _probe_output("--output", args.output)
     _require(_model_modules(args.target, args.drafter), "collect", "profile")
     from av_core.tools.profile import (
         format_points,
@@ -183,6 +185,7 @@ def _collect(args: argparse.Namespace) -> int:
     console = _console(args)
     if not args.output.name.endswith((".csv", ".csv.gz")):
         raise CommandError(f"--output must be a .csv or .csv.gz file, got {str(args.output)!r}")
+    _probe_output("--output", args.output)
     _require(_model_modules(args.target, args.drafter), "collect", "collect")
     from av_core.tools.collect import CollectConfig, collect, completed_prompt_ids, read_prompts
 
@@ -231,7 +234,8 @@ def _add_models(parser: argparse.ArgumentParser, *, drafter_required: bool) -> N
         required=drafter_required,
         default=None,
         type=types.model_path,
-        help="model directory or .gguf file",
+        help="model directory or .gguf file"
+        + ("" if drafter_required else " (default: none, the target alone is timed)"),
     )
 
 
@@ -282,7 +286,10 @@ def add_profile(add: AddCommand) -> argparse.ArgumentParser:
     )
     profile.add_argument("--device", type=types.device, default="cpu", help="cpu or cuda[:N]")
     profile.add_argument(
-        "--threads", type=types.positive_int, default=None, help="torch CPU threads"
+        "--threads",
+        type=types.positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's own choice, usually one per core)",
     )
     profile.set_defaults(handler=_profile)
     return profile
@@ -319,6 +326,7 @@ def add_collect(add: AddCommand) -> argparse.ArgumentParser:
         "--top-p",
         type=types.bounded_float(0.0, 1.0, low_open=True),
         default=1.0,
+        metavar="P",
         help="nucleus threshold in (0, 1]",
     )
     collect.add_argument(
@@ -327,10 +335,16 @@ def add_collect(add: AddCommand) -> argparse.ArgumentParser:
     collect.add_argument("--device", type=types.device, default="cpu", help="cpu or cuda[:N]")
     collect.add_argument("--seed", type=types.seed, default=0, help="sampling seed")
     collect.add_argument(
-        "--threads", type=types.positive_int, default=None, help="torch CPU threads"
+        "--threads",
+        type=types.positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's own choice, usually one per core)",
     )
     collect.add_argument(
-        "--max-prompts", type=types.positive_int, default=None, help="stop after N prompts"
+        "--max-prompts",
+        type=types.positive_int,
+        default=None,
+        help="stop after N prompts (default: every prompt in --prompts)",
     )
     collect.add_argument("--no-progress", action="store_true", help="no progress line")
     collect.set_defaults(handler=_collect)

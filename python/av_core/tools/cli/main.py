@@ -87,6 +87,17 @@ def _name_metavars(parser: argparse.ArgumentParser) -> None:
             action.metavar = "DIR"
 
 
+def _command_parser(
+    parser: argparse.ArgumentParser, command: str | None
+) -> argparse.ArgumentParser:
+    """The subparser of ``command`` (the main parser when there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            sub: argparse.ArgumentParser = action.choices[command]
+            return sub
+    return parser
+
+
 def _debug_requested(argv: Sequence[str]) -> bool:
     if os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):
         return True
@@ -105,7 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
-        args = parser.parse_args(arguments)
+        args, extras = parser.parse_known_args(arguments)
+        if extras:  # named by the command they were given to, not by the top-level parser
+            _command_parser(parser, args.command).error(
+                f"unrecognized arguments: {' '.join(extras)}"
+            )
     except SystemExit as stop:  # argparse printed the one-line error, or --help / --version
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
     debug = _debug_requested(arguments) or bool(args.debug)
@@ -114,9 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"{PROG}: error: a command is required\n")
         return EXIT_USAGE
     command = f"{PROG} {args.command}"
+    if sys.stdout is None:  # started with stdout closed (`av-core evaluate >&-`)
+        with contextlib.suppress(OSError, AttributeError):
+            sys.stderr.write(f"{command}: error: standard output is closed: nowhere to write\n")
+        return EXIT_USAGE
     try:
         status: int = args.handler(args)
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise CommandError(f"cannot write to standard output: {describe(error)}") from error
         return status
     except BrokenPipeError:
         _silence_stdout()

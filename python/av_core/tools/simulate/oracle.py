@@ -100,23 +100,6 @@ def _least_drafting_ms(
         span = slice(depth, depth + ms.shape[0])
         best[span] = np.minimum(best[span], ms)
     return best
-    levels = np.arange(2, accepted.shape[0] + 1)  # row m of a pass, m >= 2
-    marginal = np.concatenate([pass_ms[2:] - pass_ms[1:-1], [0.0]])  # padded: safe to index
-    passes_reaching = (counts[None, :] >= levels[:, None]).sum(axis=1)  # #{j: c_j >= m}
-    for depth in range(1, num_positions + 1):
-        if counts[depth - 1] < 1:
-            break
-        available = np.minimum(depth, passes_reaching)
-        cum_rows = np.concatenate([[0], np.cumsum(available)])
-        cum_ms = np.concatenate([[0.0], np.cumsum(available * marginal[:-1])])
-        extra = np.arange(int(counts[:depth].sum()) - depth + 1)  # rows beyond one per pass
-        level = np.searchsorted(cum_rows, extra, side="left")  # first level reaching `extra`
-        below = np.maximum(level - 1, 0)
-        ms = cum_ms[below] + (extra - cum_rows[below]) * marginal[np.maximum(level - 1, 0)]
-        ms = np.where(extra == 0, 0.0, ms)
-        drafted = depth + extra
-        best[drafted] = np.minimum(best[drafted], depth * pass_ms[1] + ms)
-    return best
 
 
 def simulate_oracle(

@@ -94,6 +94,24 @@ def _check_regular_file(path: Path) -> None:
         raise ValueError(f"{path}: not a regular file (a directory, FIFO or device is not a trace)")
 
 
+def _check_writable_path(path: Path) -> None:
+    """A trace is written to a new or a regular file only: opening a FIFO to write waits for a
+    reader forever, and a device or a directory is no trace."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path}: not a regular file (a directory, FIFO or device is not a trace)")
+
+
+def _plain_number(text: str) -> bool:
+    """Whether ``text`` spells a number the way a trace writes one: ASCII, no digit separators.
+    Python's ``int``/``float`` also read ``1_000`` and other scripts' digits (``"١٢"`` is 12),
+    which no trace writer produces: such a cell is malformed, not a number."""
+    return text.isascii() and "_" not in text
+
+
 def _format_cell(kind: ColumnKind, value: Any) -> str:
     if kind == "label":
         return "" if int(value) == UNLABELED else str(int(value))
@@ -133,6 +151,8 @@ def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
         raise ValueError("is empty")
     if kind == "int":
         try:
+            if not _plain_number(text):
+                raise ValueError(text)
             number = int(text)
         except ValueError:
             raise ValueError(f"expected an integer, got {_shown(text)}") from None
@@ -151,6 +171,8 @@ def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
             return False
         raise ValueError(f"expected 0 or 1, got {_shown(text)}")
     try:
+        if not _plain_number(text):
+            raise ValueError(text)
         number_ = float(text)
     except ValueError:
         raise ValueError(f"expected a number, got {_shown(text)}") from None
@@ -375,10 +397,13 @@ def read_trace(path: str | Path) -> DraftTrace:
 
 
 def write_trace(trace: DraftTrace, path: str | Path) -> None:
-    """Writes ``trace`` to ``.csv``, ``.csv.gz`` (lossless float repr) or ``.parquet``."""
+    """Writes ``trace`` to ``.csv``, ``.csv.gz`` (lossless float repr) or ``.parquet``: a new
+    file or over a regular one (anything else, such as a FIFO, is a ``ValueError``)."""
     trace = _check_trace(trace)
     path = _trace_path(path)
-    if _format_of(path) == "parquet":
+    kind = _format_of(path)
+    _check_writable_path(path)
+    if kind == "parquet":
         _write_parquet(trace, path)
         return
     with _open_text(path, "w") as handle:

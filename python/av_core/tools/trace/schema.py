@@ -14,6 +14,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from av_core.tools.metrics import _host_array
+
 ColumnKind = Literal["int", "float", "str", "bool", "label"]
 
 #: In memory, ``label == UNLABELED`` marks a position with no verdict (CSV: empty; Parquet: null).
@@ -124,10 +126,7 @@ class DraftTrace:
     def select(self, mask: npt.ArrayLike) -> DraftTrace:
         """Rows where ``mask`` is true (a boolean mask of ``len(self)`` entries) or the rows at
         ``mask`` (integer indices in ``[-len(self), len(self))``)."""
-        try:
-            index = np.asarray(mask)
-        except (ValueError, TypeError, OverflowError) as error:
-            raise ValueError(f"mask must be a 1-D array: {error}") from None
+        index = _host_array(mask, "mask")
         if index.ndim != 1:
             raise ValueError(f"mask must be 1-D, got shape {index.shape}")
         if index.dtype == np.bool_:
@@ -135,7 +134,7 @@ class DraftTrace:
                 raise ValueError(f"mask has {index.shape[0]} entries, the trace {len(self)} rows")
         elif index.size == 0:
             index = index.astype(np.int64)
-        elif not np.issubdtype(index.dtype, np.integer):
+        elif index.dtype.kind in "mM" or not np.issubdtype(index.dtype, np.integer):
             raise TypeError(f"mask must be a boolean mask or integer indices, got {index.dtype}")
         else:
             # Compared as given: a cast to int64 first would wrap a uint64 index.
@@ -184,16 +183,16 @@ def _range_error(row: int, column: Column, value: int) -> ValueError:
 
 
 def _as_array(column: Column, value: object) -> npt.NDArray[Any]:
-    """``value`` as an array, nothing cast yet. A list or tuple goes through an object array so
-    that every element is checked as given (numpy would turn ``[1, 2**63]`` into float64)."""
-    try:
-        if isinstance(value, np.ndarray):
-            return value
-        if isinstance(value, list | tuple):
+    """``value`` as a private array, nothing cast yet: what is checked is then what is stored,
+    whatever another thread writes into the caller's array meanwhile. A list or tuple goes
+    through an object array so that every element is checked as given (numpy would turn
+    ``[1, 2**63]`` into float64); a torch tensor in any form becomes the values it stands for."""
+    if isinstance(value, list | tuple):
+        try:
             return np.asarray(value, dtype=object)
-        return np.asarray(value)
-    except (ValueError, TypeError, OverflowError) as error:
-        raise ValueError(f"column {column.name!r} must be a 1-D array: {error}") from None
+        except (ValueError, TypeError, OverflowError) as error:
+            raise ValueError(f"column {column.name!r} must be a 1-D array: {error}") from None
+    return _host_array(value, f"column {column.name!r}")
 
 
 def _shown(value: object, limit: int = 40) -> str:
@@ -208,6 +207,8 @@ def _coerce(column: Column, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
     if array.dtype == object:
         return _from_objects(column, array.tolist())
     name, kind = column.name, column.kind
+    if array.dtype.kind in "mM":  # numpy counts timedelta64 among its integers
+        raise TypeError(f"column {name!r} must not hold times, got dtype {array.dtype}")
     if kind in ("int", "label"):
         if array.size and not np.issubdtype(array.dtype, np.integer):
             expected = "integers (-1 unlabeled)" if kind == "label" else "integers"
@@ -219,7 +220,7 @@ def _coerce(column: Column, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
             bad = np.flatnonzero((array < low) | (array > high))
         if bad.size:
             raise _range_error(int(bad[0]), column, int(array[bad[0]]))
-        return array.astype(np.int8 if kind == "label" else np.int64)
+        return array.astype(np.int8 if kind == "label" else np.int64, copy=False)
     if kind == "bool":
         if array.size and not (
             np.issubdtype(array.dtype, np.bool_) or np.issubdtype(array.dtype, np.integer)
@@ -232,16 +233,16 @@ def _coerce(column: Column, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
                     f"row {bad[0] + 1}, column {name!r}: expected 0 or 1, "
                     f"got {array[bad[0]].item()!r}"
                 )
-        return array.astype(np.bool_)
+        return array.astype(np.bool_, copy=False)
     if kind == "float":
         if array.size and not (
             np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
         ):
             raise TypeError(f"column {name!r} must hold numbers, got dtype {array.dtype}")
-        return array.astype(np.float64)
+        return array.astype(np.float64, copy=False)
     if array.dtype.kind == "S":
         raise TypeError(f"column {name!r} must hold str, got bytes (dtype {array.dtype})")
-    return array.astype(np.str_)
+    return array.astype(np.str_, copy=False)
 
 
 def _from_objects(column: Column, items: list[Any]) -> npt.NDArray[Any]:
@@ -252,6 +253,8 @@ def _from_objects(column: Column, items: list[Any]) -> npt.NDArray[Any]:
         for row, item in enumerate(items):
             if isinstance(item, bytes | bytearray):
                 raise TypeError(f"row {row + 1}, column {name!r}: expected a str, got bytes")
+            if item is None:  # str(None) would store the text "None"
+                raise TypeError(f"row {row + 1}, column {name!r}: expected a str, got None")
         return np.asarray([str(item) for item in items], dtype=np.str_).reshape(len(items))
     if kind == "float":
         floats: list[float] = []
