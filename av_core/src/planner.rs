@@ -6,8 +6,8 @@
 //! probability that the target accepts draft `k`, so verifying a set of prefixes is expected to
 //! yield the sum of their survivals in accepted drafts.
 //!
-//! * [`choose_draft_budget`] — how many drafts to verify in total (DESIGN.md "Budget",
-//!   vLLM-compatible bit for bit).
+//! * [`choose_draft_budget`] — how many drafts to verify in total (docs/design.md,
+//!   "The planner and its cost tables"; vLLM-compatible bit for bit).
 //! * [`assign_draft_budget`] — which ones: the highest survivals, a prefix of every request.
 //! * [`plan_verification`] — both in one call, with the budget optionally sized from other
 //!   confidences (the previous step's), which is what keeps autoregressive drafters lossless.

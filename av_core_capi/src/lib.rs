@@ -56,8 +56,8 @@ pub mod planner;
 #[cfg(feature = "capi")]
 mod persist;
 
-/// The core types a handle wraps must be shareable the way DESIGN.md section 5 says: the
-/// estimator and the cost tables are used from many threads at once, and the planner moves
+/// The core types a handle wraps must be shareable the way docs/design.md ("Determinism and
+/// concurrency") says: the estimator and the cost tables are used from many threads at once, and the planner moves
 /// between threads (its handle serializes calls with a mutex, so it needs `Send` only).
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}

@@ -881,7 +881,8 @@ static void test_thread_local_errors(void) {
           avc_last_error());
 }
 
-/* Concurrent observers on one handle give exactly the serial bytes (DESIGN.md section 5). */
+/* Concurrent observers on one handle give exactly the serial bytes (docs/design.md,
+ * "Determinism and concurrency"). */
 enum { THREADS = 4, BATCHES = 64, BATCH_ROWS = 8 };
 static float batch_features[BATCHES][BATCH_ROWS * K];
 static int64_t batch_admitted[BATCHES][BATCH_ROWS];
