@@ -306,8 +306,8 @@ impl CostTables {
     /// // Profiled at some batch: 1.1 ms for one position, 2.0 for two, 3.0 for three.
     /// let tables = tables.with_draft_depth(vec![0.0, 1.1, 2.0, 3.0])?;
     /// assert_eq!(tables.max_draft_depth(), Some(3));
-    /// assert_eq!(tables.draft_cost_ms(2, 3), 2.5); // full depth: draft_ms[2]
-    /// assert_eq!(tables.draft_cost_ms(2, 0), 0.0); // no drafter
+    /// assert_eq!(tables.draft_cost_ms(2, 3)?, 2.5); // full depth: draft_ms[2]
+    /// assert_eq!(tables.draft_cost_ms(2, 0)?, 0.0); // no drafter
     /// let err = CostTables::new(vec![0.0], vec![1.0])?.with_draft_depth(vec![0.0, 2.0, 1.0]);
     /// assert_eq!(err.unwrap_err().argument, "draft_depth_ms");
     /// # Ok::<(), av_core::Error>(())
@@ -355,7 +355,7 @@ impl CostTables {
     ///
     /// let tables = CostTables::new(vec![0.0, 0.8], vec![5.0; 9])?
     ///     .with_drafter(DrafterKind::Autoregressive, 4)?;
-    /// assert_eq!(tables.draft_cost_ms(1, 2), 0.4); // half the depth, half the passes
+    /// assert_eq!(tables.draft_cost_ms(1, 2)?, 0.4); // half the depth, half the passes
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn with_drafter(self, kind: DrafterKind, max_depth: usize) -> Result<Self> {
@@ -395,12 +395,31 @@ impl CostTables {
 
     /// The drafter's cost for `num_requests` requests drafting `depth` positions each:
     /// `draft_ms[R] · fraction(depth)` (see [`Self::depth_fraction`]); 0 when nothing is
-    /// drafted. `num_requests` must be within the draft table.
-    pub fn draft_cost_ms(&self, num_requests: usize, depth: usize) -> f64 {
+    /// drafted. More requests than [`Self::max_num_reqs`] are a value error naming
+    /// `num_requests`.
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    ///
+    /// let tables = CostTables::new(vec![0.0, 1.0, 1.5], vec![5.0; 9])?;
+    /// assert_eq!(tables.draft_cost_ms(2, 3)?, 1.5);
+    /// assert_eq!(tables.draft_cost_ms(3, 1).unwrap_err().argument, "num_requests");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn draft_cost_ms(&self, num_requests: usize, depth: usize) -> Result<f64> {
+        let Some(&full) = self.draft_ms.get(num_requests) else {
+            return Err(Error::value(
+                "num_requests",
+                format!(
+                    "= {num_requests} exceeds max_num_reqs = {}",
+                    self.max_num_reqs()
+                ),
+            ));
+        };
         if num_requests == 0 || depth == 0 {
-            return 0.0;
+            return Ok(0.0);
         }
-        self.draft_ms[num_requests] * self.depth_fraction(depth)
+        Ok(full * self.depth_fraction(depth))
     }
 
     /// The drafter's cost of a step whose requests draft `depths[r]` positions each: pass `j`
@@ -410,7 +429,8 @@ impl CostTables {
     /// up to rounding (the passes are summed).
     /// `counts` is scratch space, of at most `K + 1` entries whatever the depths (a depth past
     /// the depth table costs what `K` does, so only `min(depth, K)` is counted; without a depth
-    /// table `K` is 1). At most `max_num_reqs` requests may draft (`depths[r] > 0`); more panic.
+    /// table `K` is 1). At most `max_num_reqs` requests may draft (`depths[r] > 0`); more are a
+    /// value error naming `depths`.
     ///
     /// ```rust
     /// use av_core::cost_tables::{CostTables, DrafterKind};
@@ -418,19 +438,21 @@ impl CostTables {
     /// let draft_ms = vec![0.0, 1.0, 1.5, 2.0]; // full depth, by batch size
     /// let tables = CostTables::new(draft_ms, vec![5.0; 9])?.with_drafter(DrafterKind::Autoregressive, 2)?;
     /// // Two requests draft 2 positions, one drafts 1: pass 1 over 3 requests, pass 2 over 2.
-    /// let cost = tables.step_draft_cost_ms(&[2, 1, 2], &mut Vec::new());
+    /// let cost = tables.step_draft_cost_ms(&[2, 1, 2], &mut Vec::new())?;
     /// assert_eq!(cost, 2.0 * 0.5 + 1.5 * 0.5);
-    /// assert_eq!(cost, tables.draft_cost_ms(3, 1) + tables.draft_cost_ms(2, 2) - tables.draft_cost_ms(2, 1));
+    /// assert_eq!(cost, tables.draft_cost_ms(3, 1)? + tables.draft_cost_ms(2, 2)? - tables.draft_cost_ms(2, 1)?);
+    /// let err = tables.step_draft_cost_ms(&[1, 1, 1, 1], &mut Vec::new()).unwrap_err();
+    /// assert_eq!(err.argument, "depths");
     /// # Ok::<(), av_core::Error>(())
     /// ```
-    pub fn step_draft_cost_ms(&self, depths: &[usize], counts: &mut Vec<usize>) -> f64 {
+    pub fn step_draft_cost_ms(&self, depths: &[usize], counts: &mut Vec<usize>) -> Result<f64> {
         // Past the table every pass costs a zero fraction (fraction(j) = fraction(K) = 1 for
         // j ≥ K), so counting depths beyond K changes no bit of the sum; capping them keeps the
         // scratch at K + 1 entries whatever a caller passes.
         let cap = self.max_draft_depth().unwrap_or(1);
         let deepest = depths.iter().copied().max().unwrap_or(0).min(cap);
         if deepest == 0 {
-            return 0.0;
+            return Ok(0.0);
         }
         counts.clear();
         counts.resize(deepest + 1, 0);
@@ -441,6 +463,17 @@ impl CostTables {
         for j in (1..deepest).rev() {
             counts[j] += counts[j + 1];
         }
+        // counts[1] is every drafting request, the largest R_j.
+        if counts[1] > self.max_num_reqs() {
+            return Err(Error::value(
+                "depths",
+                format!(
+                    "has {} drafting requests, more than max_num_reqs = {}",
+                    counts[1],
+                    self.max_num_reqs()
+                ),
+            ));
+        }
         let mut cost = 0.0;
         let mut previous = 0.0;
         for (j, &rows) in counts.iter().enumerate().skip(1) {
@@ -450,7 +483,7 @@ impl CostTables {
             }
             previous = fraction;
         }
-        cost
+        Ok(cost)
     }
 
     /// `{"draft_ms": [...], "verify_ms": [...]}` (plus `"draft_depth_ms"` when there is a depth

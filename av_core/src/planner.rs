@@ -250,7 +250,7 @@ fn prepare<T: Copy + Into<f64>>(
     {
         return Err(probability_error("confidences", confidences));
     }
-    let draft_ms = step_draft_ms(cost_tables, &scratch.scheduled, &mut scratch.draft_counts);
+    let draft_ms = step_draft_ms(cost_tables, &scratch.scheduled, &mut scratch.draft_counts)?;
     Ok((limit, draft_ms))
 }
 
@@ -449,16 +449,17 @@ pub(crate) fn check_depth_table(cost_tables: &CostTables, cols: usize) -> Result
 }
 
 /// The drafting cost of a step with these scheduled drafts: `draft_ms[R]` (vLLM's constant)
-/// without a draft-depth table, the depth-priced cost with one.
+/// without a draft-depth table, the depth-priced cost with one. More requests than the draft
+/// table covers are a value error (callers check the step against the tables first).
 pub(crate) fn step_draft_ms(
     cost_tables: &CostTables,
     scheduled: &[usize],
     counts: &mut Vec<usize>,
-) -> f64 {
+) -> Result<f64> {
     if cost_tables.draft_depth_ms().is_some() {
         cost_tables.step_draft_cost_ms(scheduled, counts)
     } else {
-        cost_tables.draft_ms()[scheduled.len()]
+        cost_tables.draft_cost_ms(scheduled.len(), 1)
     }
 }
 

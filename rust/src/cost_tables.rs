@@ -237,13 +237,7 @@ impl PyCostTables {
     fn draft_cost_ms(&self, num_requests: Int, depth: Int) -> PyResult<f64> {
         let r = non_negative("num_requests", &num_requests)?;
         let d = non_negative("depth", &depth)?;
-        if r > self.inner.max_num_reqs() {
-            return Err(value_error(
-                "num_requests",
-                format!("= {r} exceeds max_num_reqs = {}", self.inner.max_num_reqs()),
-            ));
-        }
-        Ok(self.inner.draft_cost_ms(r, d))
+        self.inner.draft_cost_ms(r, d).map_err(to_py_err)
     }
 
     /// Drafting cost of a step whose requests draft `depths[r]` positions each (pass j runs
@@ -256,17 +250,9 @@ impl PyCostTables {
                 .map_err(|_| value_error("depths", format!("[{r}] = {d} is negative")))?;
             converted.push(d);
         }
-        let active = converted.iter().filter(|&&d| d > 0).count();
-        if active > self.inner.max_num_reqs() {
-            return Err(value_error(
-                "depths",
-                format!(
-                    "has {active} drafting requests, more than max_num_reqs = {}",
-                    self.inner.max_num_reqs()
-                ),
-            ));
-        }
-        Ok(self.inner.step_draft_cost_ms(&converted, &mut Vec::new()))
+        self.inner
+            .step_draft_cost_ms(&converted, &mut Vec::new())
+            .map_err(to_py_err)
     }
 
     /// Drafter cost by number of requests, float64 [max_num_reqs + 1] (a copy).

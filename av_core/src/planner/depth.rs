@@ -462,7 +462,7 @@ mod tests {
             let limit = step
                 .max_draft_budget
                 .map_or(values.len(), |c| c.min(values.len()));
-            let draft = tables.step_draft_cost_ms(&sched, &mut Vec::new());
+            let draft = tables.step_draft_cost_ms(&sched, &mut Vec::new()).unwrap();
             let mut e = s;
             let mut options = vec![(s, draft + tables.verify_ms()[t])];
             for (b, v) in values[..limit].iter().enumerate() {
@@ -905,7 +905,7 @@ mod tests {
                         depth[o.2] += 1;
                     }
                     let e = rows as f64 + allowed[..n].iter().map(|o| o.0).sum::<f64>();
-                    let c = tables.step_draft_cost_ms(&depth, &mut Vec::new())
+                    let c = tables.step_draft_cost_ms(&depth, &mut Vec::new()).unwrap()
                         + tables.verify_ms()[rows + n];
                     options.push((e, c));
                 }

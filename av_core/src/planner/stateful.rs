@@ -201,9 +201,9 @@ impl VerificationPlanner {
         step: &StepTokens,
         admitted: &mut [i32],
         plan: &mut VerificationPlan,
-    ) {
+    ) -> Result<()> {
         if !self.exploration.is_on() {
-            return;
+            return Ok(());
         }
         let total: usize = scheduled_drafts.iter().map(|&s| s.max(0) as usize).sum();
         let limit = step.max_draft_budget.map_or(total, |cap| cap.min(total));
@@ -229,10 +229,11 @@ impl VerificationPlanner {
                 .iter()
                 .map(|&s| s.max(0) as usize)
                 .collect();
-            let draft_ms = super::step_draft_ms(tables, &scheduled, &mut Vec::new());
+            let draft_ms = super::step_draft_ms(tables, &scheduled, &mut Vec::new())?;
             plan.predicted_cost_ms =
                 draft_ms + tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
         }
+        Ok(())
     }
 
     /// The cost tables the planner prices steps with.
@@ -373,7 +374,7 @@ impl VerificationPlanner {
         };
         // The step counts only once the plan succeeded: a rejected call changes nothing.
         self.stamp = self.stamp.wrapping_add(1);
-        self.explore(
+        let explored = self.explore(
             slots,
             confidences,
             scheduled_drafts,
@@ -381,6 +382,10 @@ impl VerificationPlanner {
             admitted,
             &mut plan,
         );
+        if let Err(error) = explored {
+            self.stamp = self.stamp.wrapping_sub(1);
+            return Err(error);
+        }
         self.store(slots, confidences, scheduled_drafts);
         Ok(plan)
     }
@@ -571,7 +576,7 @@ impl VerificationPlanner {
                 let scheduled: Vec<usize> = depths.iter().map(|&d| d as usize).collect();
                 let draft_ms = self
                     .cost_tables
-                    .step_draft_cost_ms(&scheduled, &mut Vec::new());
+                    .step_draft_cost_ms(&scheduled, &mut Vec::new())?;
                 plan.predicted_cost_ms = draft_ms
                     + self.cost_tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
             }
