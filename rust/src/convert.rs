@@ -252,13 +252,25 @@ pub fn convert<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Convert
     let inferred = obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>();
     let converted = match numpy_asarray(py)?.call1((obj,)) {
         Ok(array) => array,
-        // A tensor on an accelerator: stage it through av_core.features.to_host (a pinned
-        // buffer, one non-blocking copy and one event wait) instead of failing.
-        Err(_) if is_device_tensor(obj) => py
-            .import("av_core.features")?
-            .getattr("to_host")?
-            .call1((obj,))
-            .map_err(|e| type_error(argument, format!("cannot stage the tensor to host: {e}")))?,
+        // A tensor on an accelerator: its values copied to the host by the tensor's own
+        // `detach().cpu()` (one synchronous copy), then read like any host tensor. The
+        // extension asks nothing of the Python package; callers that reuse a pinned buffer
+        // stage through `av_core.features.to_host` themselves.
+        Err(_) if is_device_tensor(obj) => {
+            let host = obj
+                .call_method0("detach")
+                .and_then(|tensor| tensor.call_method0("cpu"))
+                .map_err(|e| {
+                    type_error(argument, format!("cannot copy the tensor to host: {e}"))
+                })?;
+            if is_device_tensor(&host) {
+                return Err(type_error(
+                    argument,
+                    format!("{}.cpu() gave a tensor still on a device", type_name(obj)),
+                ));
+            }
+            return convert(&host, argument);
+        }
         Err(e) => match resolved_tensor(obj) {
             // A CPU tensor that numpy refuses as it is (one that requires grad, or carries
             // torch's lazy negation or conjugation bit): its values, resolved.
