@@ -216,17 +216,12 @@ pub fn choose_draft_budget<T: Copy + Into<f64>>(
             budget_buffers,
             ..
         } = scratch;
-        Ok(budget_of(
+        let drafts = budget::Drafts {
             survivals,
-            confidences.cols(),
+            cols: confidences.cols(),
             scheduled,
-            step,
-            draft_ms,
-            cost_tables,
-            limit,
-            budget_buffers,
-        )
-        .budget)
+        };
+        Ok(budget_of(drafts, step, draft_ms, cost_tables, limit, budget_buffers).budget)
     })
 }
 
@@ -400,16 +395,12 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         }
         None => survivals,
     };
-    let chosen = budget_of(
-        sized_from,
+    let drafts = budget::Drafts {
+        survivals: sized_from,
         cols,
         scheduled,
-        step,
-        draft_ms,
-        cost_tables,
-        limit,
-        budget_buffers,
-    );
+    };
+    let chosen = budget_of(drafts, step, draft_ms, cost_tables, limit, budget_buffers);
     let budget = chosen.budget;
     assignment::admit(
         survivals,
@@ -463,12 +454,9 @@ pub(crate) fn step_draft_ms(
     }
 }
 
-/// The budget over the scheduled survivals, up to `limit`.
-#[allow(clippy::too_many_arguments)]
+/// The budget over `drafts`, up to `limit`, priced with the step's costs.
 fn budget_of(
-    survivals: &Survivals,
-    cols: usize,
-    scheduled: &[usize],
+    drafts: budget::Drafts<'_>,
     step: &StepTokens,
     draft_ms: f64,
     cost_tables: &CostTables,
@@ -476,17 +464,13 @@ fn budget_of(
     buffers: &mut BudgetBuffers,
 ) -> budget::Budget {
     let t = step.num_non_draft_tokens;
-    budget::best_budget(
-        survivals,
-        cols,
-        scheduled,
-        limit,
-        step.num_sampling_requests as f64,
+    let costs = budget::StepCosts {
+        s: step.num_sampling_requests as f64,
         draft_ms,
-        &cost_tables.verify_ms()[t..=t + limit],
-        cost_tables.verify_is_nondecreasing(),
-        buffers,
-    )
+        verify: &cost_tables.verify_ms()[t..=t + limit],
+        verify_nondecreasing: cost_tables.verify_is_nondecreasing(),
+    };
+    budget::best_budget(drafts, costs, buffers)
 }
 
 /// How many positions each request should draft this step, decided before drafting from
@@ -582,26 +566,19 @@ pub(crate) fn depth_with<T: Copy + Into<f64>>(
     if !survivals.compute(confidences, scheduled, false) {
         return Err(probability_error("confidences", confidences));
     }
+    let request = depth::DepthRequest {
+        cols,
+        caps: scheduled,
+        step,
+        tables: cost_tables,
+    };
     Ok(match mode {
-        DepthMode::Batch => depth::batch_depth(
-            survivals,
-            cols,
-            scheduled,
-            step,
-            cost_tables,
-            depth_buffers,
-            budget_buffers,
-            depths,
-        ),
-        DepthMode::PerRequest => depth::per_request_depth(
-            survivals,
-            cols,
-            scheduled,
-            step,
-            cost_tables,
-            depth_buffers,
-            depths,
-        ),
+        DepthMode::Batch => {
+            depth::batch_depth(survivals, request, depth_buffers, budget_buffers, depths)
+        }
+        DepthMode::PerRequest => {
+            depth::per_request_depth(survivals, request, depth_buffers, depths)
+        }
     })
 }
 
