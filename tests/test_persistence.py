@@ -168,3 +168,28 @@ def test_a_state_at_the_loaders_bounds_keeps_working_and_every_state_it_reaches_
     again.refit()
     assert again.num_refits == MAX_COUNT
     assert AcceptanceEstimator.from_bytes(again.to_bytes()).num_refits == MAX_COUNT
+
+
+DATA = Path(__file__).resolve().parents[1] / "av_core" / "tests" / "data"
+
+
+def test_state_written_by_0_1_0_still_loads() -> None:
+    """Bytes, JSON and a pickle written by av_core 0.1.0 (av_core/tests/persist_compat.rs has
+    the recipes and checks the states bit for bit; here: through the Python entry points)."""
+    import pickle
+
+    for name, source in (("planner_v1.bin", "previous"), ("planner_v1_depth.bin", "current")):
+        planner = VerificationPlanner.load(DATA / name)
+        assert (planner.num_slots, planner.num_positions) == (12, 4)
+        assert planner.budget_source == source and planner.exploration == 0.25
+        assert VerificationPlanner.from_bytes((DATA / name).read_bytes()).to_bytes() == (
+            planner.to_bytes()
+        )
+        np.testing.assert_array_equal(planner.previous_confidences(4), np.ones(4))
+    depth = CostTables.from_json((DATA / "cost_tables_depth.json").read_text())
+    assert depth.max_draft_depth == 4
+    assert VerificationPlanner.load(DATA / "planner_v1_depth.bin").cost_tables == depth
+    assert depth.to_json() == (DATA / "cost_tables_depth.json").read_text()
+    assert pickle.loads((DATA / "cost_tables_depth.pickle").read_bytes()) == depth
+    estimator = AcceptanceEstimator.load(DATA / "estimator_v1.bin")
+    assert estimator.to_bytes() == (DATA / "estimator_v1.bin").read_bytes()

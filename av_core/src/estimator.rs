@@ -363,7 +363,7 @@ pub struct AcceptanceEstimator {
 fn buffer<T>(argument: &'static str, len: usize) -> Result<Vec<T>> {
     let mut out = Vec::new();
     out.try_reserve_exact(len).map_err(|_| {
-        Error::value(
+        Error::out_of_memory(
             argument,
             format!("no memory for a copy of its {len} values"),
         )
@@ -410,10 +410,7 @@ fn check_predictions<P: Copy + Into<f64>>(predictions: Option<MatrixView<'_, P>>
 /// The error of a call whose input failed a check while being used but passed it when read
 /// again: another thread wrote the buffer during the call.
 fn changed_while_read(argument: &'static str) -> Error {
-    Error::value(
-        argument,
-        "changed while the call read it (another thread wrote the buffer); nothing was done",
-    )
+    Error::buffer_changed(argument)
 }
 
 /// The first element failing `ok`, with its index (called when one fails; `(0, NaN)` if none

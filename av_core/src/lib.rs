@@ -54,6 +54,7 @@ pub mod labels;
 pub mod logistic;
 pub mod matrix;
 pub mod memory;
+pub mod persist;
 pub mod planner;
 pub mod refit;
 pub mod simd;
@@ -66,8 +67,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState};
 pub use matrix::MatrixView;
 
-// The types DESIGN.md §5 shares across threads must stay `Send + Sync`; this fails to compile
-// if a field ever breaks that (a `Cell`, an `Rc`, a raw pointer).
+// The types that docs/design.md ("Determinism and concurrency") shares across threads must
+// stay `Send + Sync`; this fails to compile if a field ever breaks that (a `Cell`, an `Rc`, a raw pointer).
 const _: () = {
     fn assert_send_sync<T: Send + Sync>() {}
     #[allow(dead_code)]

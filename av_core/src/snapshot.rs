@@ -1,15 +1,9 @@
-//! A versioned, checksummed byte encoding of [`EstimatorState`], for persistence and the C ABI.
+//! A versioned, checksummed byte encoding of [`EstimatorState`], for persistence and the C ABI:
+//! the estimator's payload in the frame of [`crate::persist`] (kind tag `E`, magic
+//! `"AVCORE\0E"`), which says what the frame holds and checks it.
 //!
-//! Layout (little-endian):
-//!
-//! ```text
-//! magic  "AVCORE\0E"            8 bytes
-//! format version                u32   (currently 1)
-//! payload length                u64
-//! payload                       config, coefficients, fixed-point statistics, counters,
-//!                               memory of past rounds
-//! CRC-32 (IEEE) of all the above u32
-//! ```
+//! Payload, version 1: config, coefficients, fixed-point statistics, counters, memory of past
+//! rounds.
 //!
 //! Decoding checks magic, version, length and checksum before it reads a field, then validates
 //! the state like any other input ([`AcceptanceEstimator::from_state`]); arbitrary bytes give an
@@ -22,9 +16,11 @@ use crate::error::{Error, Result};
 use crate::estimator::{EstimatorConfig, EstimatorState};
 use crate::fixed_point::FRACTION_BITS;
 use crate::memory::Memory;
+pub use crate::persist::crc32;
+use crate::persist::{frame, unframe, Kind, Reader, FRAME_LEN};
 
 /// First bytes of an encoded estimator state.
-pub const MAGIC: &[u8; 8] = b"AVCORE\0E";
+pub const MAGIC: &[u8; 8] = &Kind::Estimator.magic();
 /// Version written by this build (and the only one it reads).
 ///
 /// # Example
@@ -41,9 +37,6 @@ pub const MAGIC: &[u8; 8] = b"AVCORE\0E";
 pub const FORMAT_VERSION: u32 = 1;
 
 const ARGUMENT: &str = "data";
-
-/// Bytes of the frame around a payload: magic, version, length and CRC-32.
-pub(crate) const FRAME_LEN: usize = 8 + 4 + 8 + 4;
 
 /// Length of [`encode`]'s output for an estimator with `num_positions` positions (it depends on
 /// nothing else).
@@ -68,28 +61,6 @@ pub const fn encoded_len(num_positions: usize) -> usize {
 
 /// The longest encoded estimator state (`K = 64`): a reader never needs more bytes.
 pub const MAX_ENCODED_LEN: usize = encoded_len(EstimatorConfig::MAX_POSITIONS);
-
-/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) of `bytes`.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::snapshot::crc32;
-///
-/// assert_eq!(crc32(b"123456789"), 0xCBF4_3926); // the standard check value
-/// assert_eq!(crc32(b""), 0);
-/// ```
-pub fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            let mask = (crc & 1).wrapping_neg();
-            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
-        }
-    }
-    !crc
-}
 
 /// Encodes `state`. The last four bytes are the CRC-32 of everything before them.
 ///
@@ -150,101 +121,7 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
         payload.extend(value.to_le_bytes());
     }
 
-    frame(MAGIC, &payload)
-}
-
-/// Wraps `payload` as `magic | version | length | payload | CRC-32`.
-pub(crate) fn frame(magic: &[u8; 8], payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + 24);
-    out.extend(magic);
-    out.extend(FORMAT_VERSION.to_le_bytes());
-    out.extend((payload.len() as u64).to_le_bytes());
-    out.extend(payload);
-    let checksum = crc32(&out);
-    out.extend(checksum.to_le_bytes());
-    out
-}
-
-/// A cursor that fails with a value error instead of reading past the end.
-pub(crate) struct Reader<'a> {
-    pub(crate) bytes: &'a [u8],
-}
-
-impl Reader<'_> {
-    pub(crate) fn take<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        if self.bytes.len() < N {
-            return Err(Error::value(
-                ARGUMENT,
-                format!("truncated while reading {what}"),
-            ));
-        }
-        let (head, rest) = self.bytes.split_at(N);
-        self.bytes = rest;
-        Ok(head.try_into().expect("split at N"))
-    }
-
-    pub(crate) fn u32(&mut self, what: &str) -> Result<u32> {
-        self.take::<4>(what).map(u32::from_le_bytes)
-    }
-
-    pub(crate) fn u64(&mut self, what: &str) -> Result<u64> {
-        self.take::<8>(what).map(u64::from_le_bytes)
-    }
-
-    pub(crate) fn f64(&mut self, what: &str) -> Result<f64> {
-        self.take::<8>(what).map(f64::from_le_bytes)
-    }
-
-    pub(crate) fn i128(&mut self, what: &str) -> Result<i128> {
-        self.take::<16>(what).map(i128::from_le_bytes)
-    }
-}
-
-/// Checks the frame written by [`frame`] (magic, version, length, checksum) and returns the
-/// payload; `what` names the expected kind of state in the error.
-pub(crate) fn unframe<'a>(magic: &[u8; 8], what: &str, bytes: &'a [u8]) -> Result<&'a [u8]> {
-    if bytes.len() < magic.len() || &bytes[..magic.len()] != magic {
-        return Err(Error::value(
-            ARGUMENT,
-            format!("not {what} (bad magic bytes)"),
-        ));
-    }
-    let mut header = Reader {
-        bytes: &bytes[magic.len()..],
-    };
-    let version = header.u32("the format version")?;
-    if version != FORMAT_VERSION {
-        return Err(Error::value(
-            ARGUMENT,
-            format!(
-                "format version {version} is not supported (this build reads {FORMAT_VERSION})"
-            ),
-        ));
-    }
-    let length = header.u64("the payload length")?;
-    let expected = (magic.len() as u64 + 12)
-        .checked_add(length)
-        .and_then(|n| n.checked_add(4));
-    if expected != Some(bytes.len() as u64) {
-        return Err(Error::value(
-            ARGUMENT,
-            format!(
-                "length mismatch: header promises a {length}-byte payload, the data has {} bytes \
-                 in all (truncated or padded)",
-                bytes.len()
-            ),
-        ));
-    }
-    let (body, tail) = bytes.split_at(bytes.len() - 4);
-    let stored = u32::from_le_bytes(tail.try_into().expect("4 bytes"));
-    let actual = crc32(body);
-    if stored != actual {
-        return Err(Error::value(
-            ARGUMENT,
-            format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x}): corrupt"),
-        ));
-    }
-    Ok(&body[magic.len() + 12..])
+    frame(Kind::Estimator, FORMAT_VERSION, &payload)
 }
 
 /// Decodes bytes written by [`encode`]; the state still has to pass
@@ -265,11 +142,11 @@ pub(crate) fn unframe<'a>(magic: &[u8; 8], what: &str, bytes: &'a [u8]) -> Resul
 /// # Ok::<(), av_core::Error>(())
 /// ```
 pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
-    let payload = unframe(MAGIC, "an av_core estimator state", bytes)?;
+    let payload = unframe(Kind::Estimator, FORMAT_VERSION..=FORMAT_VERSION, bytes)?.payload;
     let mut r = Reader { bytes: payload };
     let num_positions = r.u64("num_positions")?;
     if num_positions == 0 || num_positions > EstimatorConfig::MAX_POSITIONS as u64 {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("num_positions {num_positions} out of range"),
         ));
@@ -299,7 +176,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         .collect::<Result<Vec<_>>>()?;
     let bits = r.u32("fraction_bits")?;
     if bits != FRACTION_BITS {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("statistics use {bits} fraction bits, this build uses {FRACTION_BITS}"),
         ));
@@ -331,7 +208,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         resets,
     };
     if !r.bytes.is_empty() {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("{} unexpected bytes after the last field", r.bytes.len()),
         ));
