@@ -305,6 +305,63 @@ fn exploration_steps_draft_whole_blocks_for_explorers_only() {
 }
 
 #[test]
+fn a_depth_only_engine_draws_what_a_planning_engine_draws() {
+    // Drafting is far too expensive: only exploration drafts. Engine A plans verification with
+    // the planner; engine B plans it elsewhere (remember + count_step). Both make the same
+    // decisions every step, and these are exactly the draws `coming_explorers` reported.
+    let tables = CostTables::new(vec![100.0; 33], vec![10.0; 32 * 4 + 33])
+        .unwrap()
+        .with_drafter(DrafterKind::Autoregressive, 4)
+        .unwrap();
+    let mut a = VerificationPlanner::new(tables, 32, 4, BudgetSource::Previous).unwrap();
+    a.set_exploration(Exploration::new("exploration", 0.2, 11).unwrap());
+    let mut b = a.clone();
+    let step = StepTokens {
+        num_non_draft_tokens: 32,
+        num_sampling_requests: 32,
+        max_draft_budget: None,
+    };
+    let slots: Vec<i64> = (0..32).collect();
+    let caps: Vec<i64> = (0..32).map(|r| r % 5).collect(); // caps 0..=4
+    let conf = vec![0.01; 32 * 4];
+    let (mut whole_steps, mut explorers_seen, mut trials, mut seen) = (0, 0, 0, Vec::new());
+    for _ in 0..400 {
+        let mut explorers = vec![false; 32];
+        let whole = b.coming_explorers(&slots, &mut explorers).unwrap();
+        let (mut da, mut db) = (vec![0; 32], vec![0; 32]);
+        a.choose_draft_depth(&slots, &caps, &step, DepthMode::PerRequest, &mut da)
+            .unwrap();
+        b.choose_draft_depth(&slots, &caps, &step, DepthMode::PerRequest, &mut db)
+            .unwrap();
+        assert_eq!(da, db);
+        // The batch drafts nothing, so only an exploration step's explorers draft: their caps.
+        for r in 0..32 {
+            let want = if whole && explorers[r] { caps[r] } else { 0 };
+            assert_eq!(i64::from(db[r]), want, "request {r}");
+        }
+        let sched: Vec<i64> = db.iter().map(|&d| i64::from(d)).collect();
+        let view = MatrixView::new("c", &conf, 32, 4).unwrap();
+        a.plan(&slots, view, &sched, &step, &mut vec![0; 32])
+            .unwrap();
+        b.remember(&slots, view, &sched).unwrap();
+        b.count_step();
+        assert_eq!(a.to_bytes(), b.to_bytes()); // the same step count and memory
+        whole_steps += usize::from(whole);
+        if whole {
+            explorers_seen += explorers.iter().filter(|&&e| e).count();
+            trials += 32;
+        }
+        seen.push(explorers);
+    }
+    // Rates against the binomial law (ε = 0.2; about 5 standard deviations each way).
+    assert!((40..=120).contains(&whole_steps), "{whole_steps}");
+    let rate = explorers_seen as f64 / trials as f64;
+    assert!((0.12..0.28).contains(&rate), "{rate}");
+    // Without count_step the draws would repeat: they must not.
+    assert!(seen.windows(2).filter(|w| w[0] == w[1]).count() < 5);
+}
+
+#[test]
 fn explorers_draft_as_deep_as_the_batch_in_per_request_mode() {
     // Request 0 is confident, the others hopeless; drafting is cheap per position.
     let tables = CostTables::new(vec![0.0; 65], vec![10.0; 64 * 4 + 65])
