@@ -341,8 +341,7 @@ fn a_depth_only_engine_draws_what_a_planning_engine_draws() {
         }
         let sched: Vec<i64> = db.iter().map(|&d| i64::from(d)).collect();
         let view = MatrixView::new("c", &conf, 32, 4).unwrap();
-        a.plan(&slots, view, &sched, &step, &mut vec![0; 32])
-            .unwrap();
+        a.plan(&slots, view, &sched, &step, &mut [0; 32]).unwrap();
         b.remember(&slots, view, &sched).unwrap();
         b.count_step();
         assert_eq!(a.to_bytes(), b.to_bytes()); // the same step count and memory
