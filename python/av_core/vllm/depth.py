@@ -166,7 +166,6 @@ class DraftDepthHook:
         self.cost_tables = cost_tables
         self.num_speculative_steps = num_speculative_steps
         self.mode: DepthMode = mode
-        self.seed = seed
         # The remembered rows live in the core planner (which stores only drafted positions),
         # and so does the exploration policy: the planner draws the explorers, the hook counts
         # the steps (verification is vLLM's, so no `plan` call counts them).
@@ -201,6 +200,11 @@ class DraftDepthHook:
     @exploration.setter
     def exploration(self, value: float) -> None:
         self._planner.set_exploration(_probability(value), exploration_seed=self.seed)
+
+    @property
+    def seed(self) -> int:
+        """The seed of the exploration draws (the planner's)."""
+        return self._planner.exploration_seed
 
     def _slots(self, idx_mapping: Any) -> npt.NDArray[np.int64]:
         raw = _integers(idx_mapping, "idx_mapping").reshape(-1)
@@ -330,8 +334,8 @@ class DraftDepthHook:
             max_draft_budget=max_draft_budget,
             mode=self.mode,
         )
-        # The draws `plan` just used (the coming step's); then the step is counted, as a
-        # planner's `plan` would count it.
+        # The draws the decision just used (the coming step's); then the step is counted, as
+        # the planner's `plan` would count it.
         whole, explorers = self._planner.coming_explorers(slots)
         self._planner.count_step()
         self.last_plan = plan
