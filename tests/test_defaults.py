@@ -62,9 +62,7 @@ def stub_defaults(class_name: str) -> dict[str, Any]:
     (new,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__new__"]
     args = new.args
     named = args.kwonlyargs
-    return {
-        a.arg: ast.literal_eval(d) for a, d in zip(named, args.kw_defaults, strict=True) if d
-    }
+    return {a.arg: ast.literal_eval(d) for a, d in zip(named, args.kw_defaults, strict=True) if d}
 
 
 def test_the_estimators_signature_shows_the_cores_defaults() -> None:
