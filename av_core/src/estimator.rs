@@ -136,6 +136,33 @@ impl EstimatorConfig {
         }
     }
 
+    /// vLLM 0.33.0's estimator (`OnlineAcceptanceEstimator`) for `num_positions` positions: the
+    /// defaults' refit interval, damping, ridge, cold start and clamp (all vLLM's), with vLLM's
+    /// memoryless (`memory = 0`) and unbounded (`max_step`, `max_slope`, `max_intercept` = `inf`)
+    /// update. The preset `av_core.vllm` starts from (it keeps the default bounds unless asked
+    /// for vLLM's exact update).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::EstimatorConfig;
+    ///
+    /// let vllm = EstimatorConfig::vllm(4);
+    /// assert_eq!((vllm.refit_interval, vllm.damping, vllm.l2), (100, 50.0, 1e-3));
+    /// assert_eq!((vllm.init_slope, vllm.init_intercept, vllm.max_log_odds), (0.5, -0.2, 40.0));
+    /// assert_eq!((vllm.memory, vllm.max_step), (0.0, f64::INFINITY));
+    /// assert!(vllm.validate().is_ok());
+    /// ```
+    pub fn vllm(num_positions: usize) -> Self {
+        EstimatorConfig {
+            memory: 0.0,
+            max_step: f64::INFINITY,
+            max_slope: f64::INFINITY,
+            max_intercept: f64::INFINITY,
+            ..Self::new(num_positions)
+        }
+    }
+
     /// The refit limits of this configuration.
     ///
     /// # Example

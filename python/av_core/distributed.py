@@ -129,7 +129,7 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("pool_round needs torch.distributed to be initialized")
 
-    local = estimator.state_dict()["round_stats"]
+    local: Mapping[str, Any] = estimator.state_dict()["round_stats"]
     bits, k = int(local["fraction_bits"]), len(local["n"])
     header = torch.tensor([k, -k, bits, -bits], dtype=torch.int64)
     header = _reduce(header, group, dist.ReduceOp.MAX)

@@ -56,7 +56,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from av_core._native import CostTables, DepthPlan, VerificationPlanner
+from av_core._native import DEFAULT_EXPLORATION, CostTables, DepthPlan, VerificationPlanner
 from av_core.vllm import metrics as vllm_metrics
 
 __all__ = ["DraftDepthHook"]
@@ -141,7 +141,7 @@ class DraftDepthHook:
         num_speculative_steps: int,
         *,
         mode: DepthMode = "batch",
-        exploration: float = 0.01,
+        exploration: float = DEFAULT_EXPLORATION,
         seed: int = 0,
         lag: int = 2,
     ) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 from collections import deque
@@ -22,9 +21,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from av_core._native import AcceptanceEstimator
+from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR, AcceptanceEstimator
 from av_core.features import MAX_FEATURE_ENTRIES, draft_log_odds
 from av_core.features.checks import _check_device
+from av_core.state_types import RoundStatsDict
 from av_core.vllm import metrics as vllm_metrics
 from av_core.vllm.checks import (
     _check_confidences,
@@ -152,17 +152,23 @@ class OnlineAcceptanceEstimator:
         self._refit_listeners: list[Callable[[OnlineAcceptanceEstimator], None]] = []
         m, k = self.max_num_reqs, self.num_speculative_steps
 
-        unbounded = {"max_step": math.inf, "max_slope": math.inf, "max_intercept": math.inf}
+        # The core's vLLM preset, with vLLM's memoryless update whatever av_core's default; its
+        # unbounded refit only when exact, else the core's default bounds.
+        vllm = VLLM_ESTIMATOR
+        bounds = vllm if self.exact else ESTIMATOR_DEFAULTS
         self._native = AcceptanceEstimator(
             k,
             refit_interval=_NATIVE_NEVER_REFITS,
             damping=float(self.DAMPING_OBSERVATIONS),
             l2=float(self.L2),
-            init_slope=INIT_SLOPE,
-            init_intercept=INIT_INTERCEPT,
-            max_log_odds=MAX_LOG_ODDS,
-            memory=0.0,  # vLLM's memoryless update, whatever av_core's default
-            **(unbounded if self.exact else {}),
+            init_slope=vllm["init_slope"],
+            init_intercept=vllm["init_intercept"],
+            max_log_odds=vllm["max_log_odds"],
+            memory=vllm["memory"],
+            max_step=bounds["max_step"],
+            max_slope=bounds["max_slope"],
+            max_intercept=bounds["max_intercept"],
+            drift_z=vllm["drift_z"],
         )
         try:
             self.slope = torch.full((1,), INIT_SLOPE, dtype=torch.float32, device=self.device)
@@ -446,10 +452,10 @@ class OnlineAcceptanceEstimator:
         the device). ``slope``/``intercepts`` are their float32 copies on ``device``."""
         return self._native.slope, self._native.intercepts
 
-    def round_stats(self) -> dict[str, Any]:
+    def round_stats(self) -> RoundStatsDict:
         """The open round's exact statistics as folded so far (``state_dict()["round_stats"]``
         of the native estimator; staged verdicts still in flight are not in it)."""
-        return self._native.state_dict()["round_stats"]  # type: ignore[no-any-return]
+        return self._native.state_dict()["round_stats"]
 
     def on_refit(self, callback: Callable[[OnlineAcceptanceEstimator], None]) -> None:
         """Calls ``callback(self)`` after every refit (on the thread that runs :meth:`step`);

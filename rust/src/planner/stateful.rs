@@ -59,7 +59,7 @@ impl PyVerificationPlanner {
         budget_source = "previous",
         exploration = Float::new(VerificationPlanner::DEFAULT_EXPLORATION),
         exploration_seed = Int::new(0),
-    ), text_signature = "(cost_tables, num_positions, *, num_slots=None, budget_source=\"previous\", exploration=..., exploration_seed=0)")]
+    ), text_signature = "(cost_tables, num_positions, *, num_slots=None, budget_source=\"previous\", exploration=0.01, exploration_seed=0)")]
     fn new(
         cost_tables: Bound<'_, PyCostTables>,
         num_positions: Int,
