@@ -17,6 +17,7 @@ import torch
 from av_core.vllm import metrics as vllm_metrics
 from av_core.vllm.checks import (
     _check_confidences,
+    _check_count,
     _check_int_tensor,
     _check_output,
     _check_positive_int,
@@ -195,15 +196,6 @@ def _assign_on_device(
 
 
 _INT64_MAX = 2**63 - 1
-
-
-def _check_count(value: object, name: str) -> int:
-    """A non-negative int of any size (token counts), as a Python int."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return int(value)
 
 
 def _draft_count(draft_tokens: Mapping[str, Sequence[int]], req_id: str) -> int:

@@ -44,12 +44,23 @@ def _check_vector(
     raise ValueError(f"{name} must have shape [{wanted}], got shape {tuple(tensor.shape)}")
 
 
-def _check_positive_int(value: object, name: str) -> int:
+def _check_int(value: object, name: str, minimum: int) -> int:
+    """An int (Python or numpy, not bool) of any size that is at least ``minimum``, as a Python
+    int."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def _check_positive_int(value: object, name: str) -> int:
+    return _check_int(value, name, 1)
+
+
+def _check_count(value: object, name: str) -> int:
+    """A non-negative int of any size (token counts), as a Python int."""
+    return _check_int(value, name, 0)
 
 
 def _check_setting(value: object, name: str, *, integer: bool = False) -> None:
