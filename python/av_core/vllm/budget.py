@@ -283,48 +283,6 @@ def batch_draft_budget(
     """
     metrics = vllm_metrics.current()
     started = time.perf_counter() if metrics is not None else 0.0
-    plan = _batch_draft_budget(
-        num_tokens_per_req,
-        draft_tokens,
-        req_id_to_index,
-        stale_confidences,
-        num_computed_tokens,
-        prefill_len,
-        cost_tables,
-        max_total_logits,
-        num_bonus_tokens,
-    )
-    if metrics is None:
-        return plan
-    cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
-    metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
-    metrics.budget_chosen(plan.draft_budget, cost)
-    return plan
-
-
-def _predicted_cost_ms(cost_tables: Any, num_reqs: int, num_tokens: int) -> float | None:
-    """``draft_ms[R] + verify_ms[T + b]``: the planner's cost of the step it chose (metrics)."""
-    if isinstance(cost_tables, tuple) and len(cost_tables) == 2:
-        draft_ms, verify_ms = cost_tables
-    else:
-        native = _native_cost_tables(cost_tables)
-        draft_ms, verify_ms = native.draft_ms, native.verify_ms
-    if num_reqs >= len(draft_ms) or num_tokens >= len(verify_ms):
-        return None
-    return float(draft_ms[num_reqs]) + float(verify_ms[num_tokens])
-
-
-def _batch_draft_budget(
-    num_tokens_per_req: Mapping[str, int],
-    draft_tokens: Mapping[str, Sequence[int]],
-    req_id_to_index: Mapping[str, int],
-    stale_confidences: npt.NDArray[Any],
-    num_computed_tokens: npt.NDArray[Any],
-    prefill_len: npt.NDArray[Any],
-    cost_tables: Any,
-    max_total_logits: int,
-    num_bonus_tokens: int,
-) -> BatchDraftBudget:
     if not isinstance(num_tokens_per_req, Mapping):
         raise TypeError(
             f"num_tokens_per_req must be a mapping, got {type(num_tokens_per_req).__name__}"
@@ -392,6 +350,24 @@ def _batch_draft_budget(
                 max_draft_budget=max_draft_budget,
             )
         )
-    return BatchDraftBudget(
+    plan = BatchDraftBudget(
         total_non_draft + budget, budget, num_drafts_per_req, num_non_draft_per_req
     )
+    if metrics is None:
+        return plan
+    cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
+    metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
+    metrics.budget_chosen(plan.draft_budget, cost)
+    return plan
+
+
+def _predicted_cost_ms(cost_tables: Any, num_reqs: int, num_tokens: int) -> float | None:
+    """``draft_ms[R] + verify_ms[T + b]``: the planner's cost of the step it chose (metrics)."""
+    if isinstance(cost_tables, tuple) and len(cost_tables) == 2:
+        draft_ms, verify_ms = cost_tables
+    else:
+        native = _native_cost_tables(cost_tables)
+        draft_ms, verify_ms = native.draft_ms, native.verify_ms
+    if num_reqs >= len(draft_ms) or num_tokens >= len(verify_ms):
+        return None
+    return float(draft_ms[num_reqs]) + float(verify_ms[num_tokens])
