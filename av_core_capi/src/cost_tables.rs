@@ -8,7 +8,7 @@ use av_core::cost_tables::{CostTables, DrafterKind};
 
 use crate::handle::{borrow, destroy, publish, Handle};
 use crate::raw::{input, out_value, output};
-use crate::status::{guard, AvcStatus, FfiError, FfiResult, AVC_ERR_BUFFER_TOO_SMALL};
+use crate::status::{guard, AvcStatus, FfiError, FfiResult};
 
 /// Dense step-cost tables in milliseconds: draft_ms[r] for r requests and verify_ms[t] for t
 /// target tokens. Create with avc_cost_tables_new / _from_curves / _from_samples, free with
@@ -420,19 +420,12 @@ pub unsafe extern "C" fn avc_cost_tables_draft_depth(
             )
         };
         let table = handle.tables.draft_depth_ms().unwrap_or(&[]);
-        let needed = table.len();
-        len.write(needed);
-        if capacity < needed {
-            return Err(FfiError {
-                status: AVC_ERR_BUFFER_TOO_SMALL,
-                message: format!(
-                    "draft_depth_ms: capacity = {capacity}, the table has {needed} entries \
-                     (written to *len_out)"
-                ),
-            });
-        }
-        out.prefix(needed).write(table);
-        Ok(())
+        out.write_sized(table, &len, |capacity, needed| {
+            format!(
+                "draft_depth_ms: capacity = {capacity}, the table has {needed} entries \
+                 (written to *len_out)"
+            )
+        })
     })
 }
 

@@ -3,7 +3,7 @@
 //! loads in the other.
 
 use crate::raw::{OutSlice, OutValue};
-use crate::status::{FfiError, FfiResult, AVC_ERR_BUFFER_TOO_SMALL};
+use crate::status::FfiResult;
 
 /// The save convention of every `avc_*_save`: the state's size to `len`, then the bytes to
 /// `out` when its capacity `cap` is large enough; otherwise AVC_ERR_BUFFER_TOO_SMALL and
@@ -14,16 +14,9 @@ pub(crate) fn write_state(
     cap: usize,
     len: &OutValue<'_, usize>,
 ) -> FfiResult {
-    let needed = bytes.len();
-    len.write(needed);
-    if cap < needed {
-        return Err(FfiError {
-            status: AVC_ERR_BUFFER_TOO_SMALL,
-            message: format!(
-                "buf: cap = {cap} bytes, the state needs {needed} (written to *len_out)"
-            ),
-        });
-    }
-    out.prefix(needed).write(bytes);
-    Ok(())
+    // `cap` is `out`'s capacity (checked by `output`).
+    debug_assert_eq!(cap, out.len());
+    out.write_sized(bytes, len, |cap, needed| {
+        format!("buf: cap = {cap} bytes, the state needs {needed} (written to *len_out)")
+    })
 }
