@@ -161,10 +161,7 @@ def assign_draft_token_budget(
     output = capacities
     # A private copy on the host (checked, then used); the result goes into the caller's tensor.
     capacities = _check_vector(capacities, "capacities", idx_mapping.shape[0])
-    if isinstance(draft_budget, bool) or not isinstance(draft_budget, int | np.integer):
-        raise TypeError(f"draft_budget must be an int, got {type(draft_budget).__name__}")
-    if draft_budget < 0:
-        raise ValueError(f"draft_budget must be >= 0, got {draft_budget}")
+    _check_count(draft_budget, "draft_budget")
     _check_range_on_host(idx_mapping, "idx_mapping", 0, confidence_probs.shape[0])
     _check_range_on_host(capacities, "capacities", 0, num_steps + 1)
     # A budget beyond every slot admits every slot: capped, it fits any integer type.

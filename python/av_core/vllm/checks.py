@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from av_core._checks import _check_int
 from av_core.features.checks import _check_integer_tensor, _dense, _snapshot
 
 
@@ -42,16 +43,6 @@ def _check_vector(
         return tensor[:length]
     wanted = f">= {length}" if longer_ok else f"{length}"
     raise ValueError(f"{name} must have shape [{wanted}], got shape {tuple(tensor.shape)}")
-
-
-def _check_int(value: object, name: str, minimum: int) -> int:
-    """An int (Python or numpy, not bool) of any size that is at least ``minimum``, as a Python
-    int."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _check_positive_int(value: object, name: str) -> int:

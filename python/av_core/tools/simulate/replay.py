@@ -8,6 +8,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from av_core._checks import _check_int
 from av_core.tools.argtypes import parse_int_list
 from av_core.tools.evaluate import DraftRounds
 from av_core.tools.simulate.costs import CostModel, DrafterKind, GpuLikeCost, PassTokens
@@ -17,7 +18,6 @@ from av_core.tools.simulate.policies import (
     DepthControl,
     PolicyResult,
     RoundStreams,
-    _check_int,
     _check_stream_size,
     round_streams,
     simulate_adaptive,
