@@ -449,15 +449,12 @@ pub unsafe extern "C" fn avc_cost_tables_save(
     len_out: *mut usize,
 ) -> AvcStatus {
     guard("avc_cost_tables_save", || {
-        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
-        let (handle, out, len) = unsafe {
-            (
-                borrow(tables, "tables")?,
-                output(buf, cap, "buf")?,
-                out_value(len_out, "len_out")?,
-            )
-        };
-        crate::persist::write_state(&handle.tables.to_bytes(), out, cap, &len)
+        // SAFETY: the caller's contract is `persist::save`'s.
+        unsafe {
+            crate::persist::save(tables, "tables", buf, cap, len_out, |handle| {
+                handle.tables.to_bytes()
+            })
+        }
     })
 }
 
@@ -477,13 +474,11 @@ pub unsafe extern "C" fn avc_cost_tables_load(
     tables_out: *mut *mut AvcCostTables,
 ) -> AvcStatus {
     guard("avc_cost_tables_load", || {
-        // SAFETY: the caller's contract is `out_value`'s and `input`'s.
-        let (out, bytes) = unsafe {
-            let out = out_value(tables_out, "tables_out")?;
-            out.write(std::ptr::null_mut());
-            (out, input(data, len, "data")?)
-        };
-        out.write(publish_tables(CostTables::from_bytes(bytes)?));
-        Ok(())
+        // SAFETY: the caller's contract is `persist::load`'s.
+        unsafe {
+            crate::persist::load(data, len, tables_out, "tables_out", |bytes| {
+                Ok(publish_tables(CostTables::from_bytes(bytes)?))
+            })
+        }
     })
 }
