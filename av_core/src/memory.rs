@@ -178,7 +178,10 @@ impl Memory {
             }
             let margin = c + n * half_unit;
             if margin == 0.0 {
-                if b != 0.0 {
+                // A position no round labels any more decays geometrically, and with no ridge
+                // (l2 = 0) its weight can underflow to zero a few multiplications before its
+                // `b` (|b| ≤ max_log_odds·c): a subnormal `b` is that, not an impossible state.
+                if b.abs() >= f64::MIN_POSITIVE {
                     return fail(format!(
                         "position {position}: b = {b} without weight (A is not positive \
                          semi-definite)"
