@@ -11,13 +11,18 @@ calls spell their keyword arguments out, as a scheduler would; merging a ``**kwa
 each call, as these benchmarks once did, adds about 0.3 µs that is the benchmark's, not the
 call's.
 
+The stateful ``VerificationPlanner.plan`` (the call the README shows: gather each slot's
+remembered confidences for the budget, plan, store this step's confidences for the next step,
+and the exploration floor's draws) is timed against numpy doing the same gather, host math and
+store.
+
 Drafting depth (``choose_draft_depth``, batch and per-request modes) is timed against numpy
 doing the same decision (for each depth, the budget search above over the slots at shallower
 positions), and the whole per-step planning (depth, then budget and assignment) against the sum
 of the two numpy references.
 
-Target (DESIGN.md section 7): plan at R = 256, K = 8 >= 10x faster than numpy and <= 5 us; the
-issue on drafting depth holds depth + budget + assignment to the same latency target.
+Target: plan at R = 256, K = 8 (stateless and stateful) >= 10x faster than numpy and <= 5 us;
+the issue on drafting depth holds depth + budget + assignment to the same latency target.
 
     python benches/bench_planner.py [--quick] [--json PATH]
 
@@ -33,7 +38,7 @@ from typing import Any
 import numpy as np
 from timing import summary, timed
 
-from av_core import CostTables, choose_draft_depth, plan_verification
+from av_core import CostTables, VerificationPlanner, choose_draft_depth, plan_verification
 
 TARGET_US = 5.0
 TARGET_SPEEDUP = 10.0
@@ -148,6 +153,62 @@ def plan_rows(r: int, k: int, tables: CostTables, repeats: int, inner: int) -> l
     ]
 
 
+class NumpyStatefulPlanner:
+    """The stateful planner in numpy: remembered confidences per slot (1.0 for a new request),
+    the budget from them, the assignment from the current ones, then this step's stored."""
+
+    def __init__(self, slots: int, k: int, tables: CostTables) -> None:
+        self.previous = np.ones((slots, k))
+        self.draft_ms, self.verify_ms = tables.draft_ms, tables.verify_ms
+
+    def plan(
+        self, slots: np.ndarray, confidences: np.ndarray, scheduled: np.ndarray
+    ) -> tuple[int, np.ndarray]:
+        r = len(slots)
+        budget, admitted = numpy_plan(
+            confidences, self.previous[slots], scheduled, r, r, self.draft_ms, self.verify_ms
+        )
+        drafted = np.arange(confidences.shape[1])[None, :] < scheduled[:, None]
+        self.previous[slots] = np.where(drafted, confidences, self.previous[slots])
+        return budget, admitted
+
+
+def stateful_rows(
+    r: int, k: int, tables: CostTables, repeats: int, inner: int
+) -> list[dict[str, Any]]:
+    """``VerificationPlanner.plan`` as the README calls it, alternating two steps' confidences
+    (so every budget reads the other step's), against :class:`NumpyStatefulPlanner`."""
+    current, previous, scheduled = workload(r, k)
+    slots = np.arange(r, dtype=np.int64)
+    check = VerificationPlanner(tables, k, num_slots=r, exploration=0.0)
+    reference = NumpyStatefulPlanner(r, k, tables)
+    for confidences in (previous, current, previous):
+        ours = check.plan(
+            slots, confidences, scheduled, num_non_draft_tokens=r, num_sampling_requests=r
+        )
+        budget, admitted = reference.plan(slots, confidences, scheduled)
+        if ours.budget != budget or not np.array_equal(ours.admitted, admitted):
+            raise AssertionError(f"R={r} K={k}: stateful av_core and numpy disagree")
+    planner = VerificationPlanner(tables, k, num_slots=r)  # default exploration, as in README
+    steps = [current, previous]
+    state = {"i": 0}
+
+    def ours_step() -> None:
+        state["i"] ^= 1
+        planner.plan(
+            slots, steps[state["i"]], scheduled, num_non_draft_tokens=r, num_sampling_requests=r
+        )
+
+    def numpy_step() -> None:
+        state["i"] ^= 1
+        reference.plan(slots, steps[state["i"]], scheduled)
+
+    samples = timed({"av_core": ours_step, "numpy": numpy_step}, repeats, inner)
+    result = row(f"VerificationPlanner.plan R={r} K={k}", samples, (r, k) == (256, 8))
+    result["reference"] = "numpy, remembered confidences + vLLM's host math + assignment"
+    return [result]
+
+
 def numpy_depth(previous: np.ndarray, caps: np.ndarray, t: int, s: int, tables: CostTables) -> int:
     """Batch-mode depth in numpy: for every depth, vLLM's budget search over the shallower
     slots with the depth-priced drafting cost; the first best depth."""
@@ -247,6 +308,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     for k in (4, 8, 16):
         for r in (8, 64, 256, 1024):
             rows += plan_rows(r, k, tables, repeats, max(5, inner * 256 // max(r, 256)))
+    for r in (8, 64, 256, 1024):
+        rows += stateful_rows(r, 8, tables, repeats, max(5, inner * 256 // max(r, 256)))
     for r in (64, 256, 1024):
         rows += depth_rows(r, 8, tables, repeats, max(5, inner * 256 // max(r, 256)))
     return rows

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs each cargo-fuzz target for a bounded time (default 300 s each) and prints a summary.
-# Not part of CI. Needs `cargo install cargo-fuzz`; stable Rust works with RUSTC_BOOTSTRAP=1
-# and no sanitizer (-s none): the core has no unsafe code, so the targets check for panics,
-# assertion failures (invariants) and timeouts, which need no sanitizer.
+# .ci/run runs it with 60 s per target. Needs `cargo install cargo-fuzz` (installed on demand);
+# stable Rust works with RUSTC_BOOTSTRAP=1 (cargo-fuzz passes nightly-only flags) and no
+# sanitizer (-s none): the core's unsafe code is the SIMD dispatch, so the targets check for
+# panics, assertion failures (invariants) and timeouts, which need no sanitizer. Debug
+# assertions are on (-a), so integer overflow panics instead of wrapping silently.
 #
 #   benches/fuzz.sh [SECONDS_PER_TARGET [TARGET ...]]
 set -euo pipefail
@@ -12,7 +14,10 @@ shift || true
 targets=("${@:-state_bytes cost_tables planner}")
 targets=(${targets[*]})
 export RUSTC_BOOTSTRAP=1
-cargo fuzz build -s none --release
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    cargo install --locked cargo-fuzz
+fi
+cargo fuzz build -s none --release -a
 # Seed the state loader with real encoded states (a byte 1 first selects the "wrap in a valid
 # header" mode, so the payload itself is what gets mutated).
 if python3 -c "import av_core" 2>/dev/null; then
@@ -29,19 +34,27 @@ for k, memory in ((1, 0.0), (4, 0.0), (8, 0.9)):
     payload = data[20:-4]
     open(f"corpus/state_bytes/seed-k{k}-raw", "wb").write(b"\x00" + data)
     open(f"corpus/state_bytes/seed-k{k}-payload", "wb").write(b"\x01" + payload)
+    # Mode 2 (a real state with overwritten words): K, flags, then one 10-byte edit.
+    edit = (20 + 8 * k).to_bytes(2, "little") + np.float64(np.nan).tobytes()
+    open(f"corpus/state_bytes/seed-k{k}-edit", "wb").write(b"\x02" + bytes([k, 3]) + edit)
 PY
 fi
+failed=()
 for target in "${targets[@]}"; do
     mkdir -p "corpus/$target"
     log="target/fuzz-$target.log"
     echo "== $target: ${seconds}s"
-    if cargo fuzz run -s none --release "$target" "corpus/$target" -- \
+    if cargo fuzz run -s none --release -a "$target" "corpus/$target" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 >"$log" 2>&1; then
         grep -E "^#[0-9]+.*(DONE|pulse)" "$log" | tail -1
         echo "   no crash ($(ls "corpus/$target" | wc -l) corpus entries)"
     else
         echo "   FAILED: see fuzz/$log and fuzz/artifacts/$target/"
-        tail -30 "$log"
-        exit 1
+        grep -E "panicked at|^attempt|assertion" "$log" | head -5 || true
+        failed+=("$target")
     fi
 done
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "fuzzing found crashes in: ${failed[*]}"
+    exit 1
+fi

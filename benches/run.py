@@ -1,7 +1,12 @@
 """Runs every benchmark, writes benches/results.json and benches/results.md, and (with
 --update-readme) replaces the benchmark table in README.md between its markers.
 
-    python benches/run.py [--quick] [--update-readme]
+    python benches/run.py [--quick] [--update-readme] [--figures-only]
+
+Time the module a user gets: the release profile (``pip install .``; fat LTO, one codegen unit).
+A build without LTO and with 16 codegen units made ``observe`` about 7× slower in one comparison
+(55 µs against 8 µs at R = 256, K = 8, same machine, minutes apart; the cause was not
+investigated).
 
 Each benchmark module exposes ``run(quick) -> list[dict]``; every row times av_core and a
 reference implementation of the same math in the same run. Rows are normalized here to: name,
@@ -13,19 +18,32 @@ DESIGN.md target and pass/miss.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import importlib
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-MODULES = ["bench_estimator", "bench_planner", "bench_features", "bench_vllm", "bench_stress"]
+MODULES = [
+    "bench_estimator",
+    "bench_planner",
+    "bench_features",
+    "bench_vllm",
+    "bench_vllm_metrics",
+    "bench_stress",
+]
 README_START = "<!-- benchmarks:start -->"
 README_END = "<!-- benchmarks:end -->"
+ROOT = HERE.parent
+#: The prose files whose figure spans are filled from the results.
+FIGURE_FILES = ("README.md", "docs/planner.md", "docs/drafting-depth.md", "docs/reliability.md")
+SPAN = re.compile(r"<!--b:(?P<spec>[^>]*?)-->(?P<value>.*?)<!--/b-->", re.S)
 
 
 def _us(row: dict[str, Any], stem: str) -> float | None:
@@ -140,6 +158,60 @@ def markdown(rows: list[dict[str, Any]], notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def figure(rows: list[dict[str, Any]], spec: str) -> str:
+    """The text of one figure span (see the module docs)."""
+    parts = spec.split("|")
+    if len(parts) not in (3, 4):
+        raise ValueError(f"figure span {spec!r}: expected NAME|FIELD|FORMAT[|min|max]")
+    name, field, fmt = parts[:3]
+    if "*" in name:  # a pattern; "[" is literal (row names hold shapes like [448, 129280])
+        pattern = name.replace("[", "[[]")
+        matches = [r for r in rows if fnmatch.fnmatchcase(r["name"], pattern)]
+    else:
+        matches = [r for r in rows if r["name"] == name]
+    if not matches:
+        raise ValueError(f"figure span {spec!r}: no benchmark row is called {name!r}")
+    if len(matches) > 1 and len(parts) != 4:
+        raise ValueError(f"figure span {spec!r}: {len(matches)} rows match; add |min or |max")
+    scale = 1.0
+    if "/" in field:
+        field, divisor = field.split("/")
+        scale = 1.0 / float(divisor)
+    if field == "verdict":
+        verdicts = {r["pass"] for r in matches}
+        if len(verdicts) != 1:
+            raise ValueError(f"figure span {spec!r}: the rows disagree on pass/miss")
+        return {True: "pass", False: "miss", None: "no target"}[verdicts.pop()]
+    values = []
+    for r in matches:
+        value = r["raw"][field[4:]] if field.startswith("raw.") else r[field]
+        values.append(float(value) * scale)
+    chosen = values[0] if len(parts) == 3 else {"min": min, "max": max}[parts[3]](values)
+    return format(chosen, fmt)
+
+
+def fill_figures(text: str, rows: list[dict[str, Any]]) -> str:
+    return SPAN.sub(lambda m: f"<!--b:{m['spec']}-->{figure(rows, m['spec'])}<!--/b-->", text)
+
+
+def stale_figures(text: str, rows: list[dict[str, Any]]) -> list[str]:
+    """Each span whose shown value differs from the results, as 'spec: shown, expected'."""
+    return [
+        f"{m['spec']}: shows {m['value']!r}, results give {figure(rows, m['spec'])!r}"
+        for m in SPAN.finditer(text)
+        if m["value"] != figure(rows, m["spec"])
+    ]
+
+
+def update_figures(rows: list[dict[str, Any]]) -> None:
+    for name in FIGURE_FILES:
+        path = ROOT / name
+        text = path.read_text()
+        filled = fill_figures(text, rows)
+        if filled != text:
+            path.write_text(filled)
+
+
 def update_readme(table: str) -> None:
     readme = HERE.parent / "README.md"
     text = readme.read_text()
@@ -154,7 +226,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--update-readme", action="store_true")
+    parser.add_argument(
+        "--figures-only",
+        action="store_true",
+        help="refill the prose figures from the saved results.json; run nothing",
+    )
     args = parser.parse_args()
+    if args.figures_only:
+        update_figures(json.loads((HERE / "results.json").read_text()))
+        return
     start = time.perf_counter()
     rows, notes = run_all(args.quick)
     notes.append(f"total {time.perf_counter() - start:.0f} s")
@@ -164,6 +244,7 @@ def main() -> None:
     print(table)
     if args.update_readme:
         update_readme(table)
+        update_figures(rows)
 
 
 if __name__ == "__main__":

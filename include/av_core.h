@@ -391,8 +391,10 @@ avc_status avc_estimator_predict(const avc_estimator *estimator,
  *
  * Errors: AVC_ERR_NULL, AVC_ERR_VALUE (K mismatch, array lengths that do not match num_rows,
  * NaN or infinite features, counts out of range, predictions outside [0, 1]). A rejected
- * call changes nothing. Lock-free; safe to call from many threads at once, and the result
- * does not depend on how observations are split or interleaved.
+ * call changes nothing. Safe to call from many threads at once: statistics are added without a
+ * lock (the call that completes a round waits for a refit in progress), the result does not
+ * depend on how observations are split or interleaved, and the refit counters end as a serial
+ * run of the same calls leaves them.
  *
  * # Safety
  *
@@ -473,7 +475,9 @@ avc_status avc_estimator_save(const avc_estimator *estimator,
 /**
  * Restores an estimator saved by avc_estimator_save. On success *estimator_out is a new
  * handle owned by the caller; on failure it is NULL. Truncated, corrupt (checksum) or
- * future-version data gives AVC_ERR_VALUE naming "data".
+ * future-version data gives AVC_ERR_VALUE naming "data"; a state no sequence of observations
+ * can produce (impossible statistics, counters or memory) gives AVC_ERR_VALUE naming the field
+ * ("round_stats", "steps_since_refit", "num_refits", "memory", ...).
  *
  * # Safety
  *

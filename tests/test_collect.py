@@ -172,20 +172,23 @@ def test_sample_token_follows_the_distribution_and_skips_zeros() -> None:
     assert sample_token(unnormalized, generator) == 2
 
 
-def test_cli_collect_subcommand_parses() -> None:
+def test_cli_collect_subcommand_parses(tmp_path: Path) -> None:
     from av_core.cli import build_parser
 
+    # Model and prompt paths are checked while parsing: they must exist.
+    for name in ("t.gguf", "d.gguf", "p.jsonl"):
+        (tmp_path / name).write_text("")
     args = build_parser().parse_args(
         [
             "collect",
             "--target",
-            "t.gguf",
+            str(tmp_path / "t.gguf"),
             "--drafter",
-            "d.gguf",
+            str(tmp_path / "d.gguf"),
             "--prompts",
-            "p.jsonl",
+            str(tmp_path / "p.jsonl"),
             "--output",
-            "o.csv",
+            str(tmp_path / "o.csv"),
             "--k",
             "5",
             "--top-p",

@@ -4,6 +4,7 @@ with depth control, proven by exact enumeration (``av_core.testing``)."""
 
 from __future__ import annotations
 
+import itertools
 import pickle
 
 import numpy as np
@@ -117,28 +118,68 @@ def survivals(confidences: np.ndarray) -> np.ndarray:
     return np.cumprod(confidences, axis=1)
 
 
+def drafting_ms(tables: CostTables, depths: np.ndarray) -> float:
+    """The documented drafting price, from the raw tables (not ``step_draft_cost_ms``): pass
+    ``j`` runs over the ``R_j`` requests drafting at least ``j`` positions and costs
+    ``draft_ms[R_j] · (f(j) − f(j − 1))``, ``f(j) = draft_depth_ms[j] / draft_depth_ms[K]``."""
+    depth_ms = tables.draft_depth_ms
+    assert depth_ms is not None
+    full = float(depth_ms[-1])
+
+    def fraction(j: int) -> float:
+        if j == 0:
+            return 0.0
+        return 0.0 if full <= 0 else float(depth_ms[min(j, len(depth_ms) - 1)]) / full
+
+    cost = 0.0
+    for j in range(1, int(np.max(depths, initial=0)) + 1):
+        rows = int(np.sum(np.asarray(depths) >= j))
+        if rows:
+            cost += float(tables.draft_ms[rows]) * (fraction(j) - fraction(j - 1))
+    return cost
+
+
+def test_the_reference_drafting_price_is_the_documented_one() -> None:
+    """Hand values for the reference itself (the function under test is not consulted)."""
+    tables = CostTables([0.0, 1.0, 1.5, 2.0], [5.0] * 13)
+    auto = tables.with_draft_depth("autoregressive", max_depth=4)
+    # Pass 1 over 2 requests (1.5 ms · 1/4), passes 2-4 over one (1.0 · 3/4).
+    assert drafting_ms(auto, np.array([4, 1, 0])) == pytest.approx(1.5 * 0.25 + 1.0 * 0.75)
+    block = tables.with_draft_depth("parallel", max_depth=4)
+    assert drafting_ms(block, np.array([4, 1, 0])) == pytest.approx(1.5)
+    assert drafting_ms(auto, np.array([0, 0])) == 0.0
+
+
+def best_ratio_for_depths(
+    surv: np.ndarray, depths: np.ndarray, tables: CostTables, t: int, s: int
+) -> float:
+    """With the depths fixed, the best verification budget: the top-b drafted survivals."""
+    values = np.sort(np.concatenate([surv[r, :d] for r, d in enumerate(depths)]))[::-1]
+    draft = drafting_ms(tables, depths)
+    verify = tables.verify_ms
+    ratios = (s + np.r_[0.0, np.cumsum(values)]) / (draft + verify[t : t + len(values) + 1])
+    return float(ratios.max())
+
+
 def reference_batch(
     conf: np.ndarray, caps: np.ndarray, tables: CostTables, t: int, s: int
 ) -> tuple[int, float]:
     """Every depth, every budget: the first depth with the best tokens per ms."""
     surv = survivals(conf)
-    verify = tables.verify_ms
-    best_depth, best = 0, s / verify[t]
+    best_depth, best = 0, s / tables.verify_ms[t]
     for d in range(1, int(caps.max(initial=0)) + 1):
-        sched = np.minimum(caps, d)
-        values = np.sort(np.concatenate([surv[r, :n] for r, n in enumerate(sched)]))[::-1]
-        draft = tables.step_draft_cost_ms(sched)
-        ratios = (s + np.r_[0.0, np.cumsum(values)]) / (draft + verify[t : t + len(values) + 1])
-        if ratios.max() > best * (1 + 1e-12):
-            best_depth, best = d, float(ratios.max())
+        ratio = best_ratio_for_depths(surv, np.minimum(caps, d), tables, t, s)
+        if ratio > best * (1 + 1e-12):
+            best_depth, best = d, ratio
     return best_depth, best
 
 
 def reference_per_request(
     conf: np.ndarray, caps: np.ndarray, tables: CostTables, t: int, s: int
 ) -> tuple[np.ndarray, float]:
-    """For each number of passes D, the slots at positions < D in survival order (shallower,
-    then lower request on ties); every prefix priced from scratch."""
+    """The documented per-request rule (``planner/depth.rs``): for each number of passes D,
+    the slots at positions < D in survival order (shallower, then lower request on ties),
+    every prefix priced from scratch with :func:`drafting_ms`."""
     surv = survivals(conf)
     slots = sorted(
         ((surv[r, j], j, r) for r in range(conf.shape[0]) for j in range(caps[r])),
@@ -151,10 +192,22 @@ def reference_per_request(
         for n, (value, _, r) in enumerate((x for x in slots if x[1] < d), start=1):
             depths[r] += 1
             e += value
-            ratio = e / (tables.step_draft_cost_ms(depths) + tables.verify_ms[t + n])
+            ratio = e / (drafting_ms(tables, depths) + tables.verify_ms[t + n])
             if ratio > best * (1 + 1e-12):
                 best_depths, best = depths.copy(), ratio
     return best_depths, best
+
+
+def exhaustive_per_request(
+    conf: np.ndarray, caps: np.ndarray, tables: CostTables, t: int, s: int
+) -> float:
+    """Brute force over every depth vector (0..caps[r] per request) and every budget: the best
+    tokens per ms any per-request depth choice can reach."""
+    surv = survivals(conf)
+    best = s / tables.verify_ms[t]
+    for depths in itertools.product(*(range(int(c) + 1) for c in caps)):
+        best = max(best, best_ratio_for_depths(surv, np.array(depths), tables, t, s))
+    return best
 
 
 @st.composite
@@ -210,6 +263,19 @@ def test_per_request_depth_matches_brute_force(
     assert plan.predicted_cost_ms == pytest.approx(
         tables.step_draft_cost_ms(plan.depths) + tables.verify_ms[r + plan.budget], rel=1e-12
     )
+    # Priced independently: the plan's own depths and budget give its ratio.
+    surv = survivals(conf)
+    taken = np.sort(np.concatenate([surv[i, :d] for i, d in enumerate(plan.depths)]))[::-1]
+    assert plan.expected_accepted_tokens == pytest.approx(r + taken[: plan.budget].sum())
+    assert plan.predicted_cost_ms == pytest.approx(
+        drafting_ms(tables, plan.depths) + tables.verify_ms[r + plan.budget], rel=1e-9
+    )
+    # Against every depth vector: a greedy, so never above the exhaustive optimum, and (the
+    # documented guarantee, for non-decreasing draft costs) never below batch mode.
+    if np.prod(caps + 1) <= 4096:
+        assert got <= exhaustive_per_request(conf, caps, tables, r, r) * (1 + 1e-9)
+    if np.all(np.diff(tables.draft_ms) >= 0):
+        assert got >= reference_batch(conf, caps, tables, r, r)[1] * (1 - 1e-9)
 
 
 def test_depth_follows_load() -> None:

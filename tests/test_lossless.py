@@ -126,8 +126,66 @@ def planning_case(
     return tables, costs, previous, scheduled
 
 
-@settings(max_examples=80, deadline=None)
-@given(case=planning_case("autoregressive"))
+@st.composite
+def revealing_case(draw: st.DrawFn) -> tuple[SpecTables, CostTables, np.ndarray, list[int]]:
+    """The family :func:`biased_case` belongs to: an autoregressive drafter whose second
+    confidence reveals the first draft token (high after one token, low after the other), and a
+    verify curve whose one-draft budget is ruinous and whose two-draft cost sits between the
+    two values the second confidence implies. A budget sized from the current confidences then
+    verifies draft 1 only after one of its tokens, which biases the first emitted token for any
+    target with 0 < p(0) < 1; a budget sized from the previous step cannot see it."""
+    root = draw(st.integers(2, 6)) / 8
+    high = draw(st.sampled_from([7 / 8, 1.0]))
+    low = draw(st.sampled_from([4 / 8, 5 / 8]))
+    revealing_token = draw(st.integers(0, 1))
+    after = {revealing_token: [high, 1 - high], 1 - revealing_token: [low, 1 - low]}
+    target = draw(spec_tables(num_requests=1, vocab_size=2, num_positions=2)).target
+    tables = SpecTables.from_functions(
+        vocab_size=2,
+        num_positions=2,
+        num_requests=1,
+        target=lambda r, prefix: target[0][prefix],
+        drafter=lambda r, prefix: [root, 1 - root] if not prefix else after[prefix[0]],
+    )
+    first = max(root, 1 - root)
+    two_drafts = 1 + first + first * (high + low) / 2  # between the two E(2) values
+    costs = CostTables([0.0, 0.0], [1.0, 1.0, draw(st.sampled_from([50.0, 100.0])), two_drafts])
+    previous = draw(confidence_matrices(1, 2))
+    return tables, costs, previous, [2]
+
+
+def test_revealing_cases_are_biased_when_sized_from_the_current_step() -> None:
+    """The harness sees what the generated family is for: every member with 0 < p(0) < 1 is
+    biased under a budget sized from the current confidences, on every grid point."""
+    for root in range(2, 7):
+        for high in (7 / 8, 1.0):
+            for low in (4 / 8, 5 / 8):
+                for token in (0, 1):
+                    for p0 in (0.1, 0.5, 0.9):
+                        after = {token: [high, 1 - high], 1 - token: [low, 1 - low]}
+                        tables = SpecTables.from_functions(
+                            vocab_size=2,
+                            num_positions=2,
+                            num_requests=1,
+                            target=lambda r, prefix, p0=p0: [p0, 1 - p0],
+                            drafter=lambda r, prefix, root=root, after=after: (
+                                [root / 8, 1 - root / 8] if not prefix else after[prefix[0]]
+                            ),
+                        )
+                        first = max(root / 8, 1 - root / 8)
+                        costs = CostTables(
+                            [0.0, 0.0], [1.0, 1.0, 100.0, 1 + first + first * (high + low) / 2]
+                        )
+                        current = VerificationPlanner(
+                            costs, 2, budget_source="current", exploration=0.0
+                        )
+                        assert not lossless(emitted_distribution(current, tables), tables)
+                        previous = VerificationPlanner(costs, 2, exploration=0.0)
+                        assert lossless(emitted_distribution(previous, tables), tables)
+
+
+@settings(max_examples=120, deadline=None)
+@given(case=st.one_of(planning_case("autoregressive"), revealing_case()))
 def test_previous_budget_is_lossless_for_every_drafter(
     case: tuple[SpecTables, CostTables, np.ndarray, list[int]],
 ) -> None:

@@ -44,7 +44,9 @@ def sklearn_ece(labels: np.ndarray, probs: np.ndarray, n_bins: int, strategy: st
     if strategy == "uniform":
         edges = np.linspace(0.0, 1.0, n_bins + 1)
     else:
-        edges = np.percentile(probs, np.linspace(0, 100, n_bins + 1))
+        # The percentile positions exactly as scikit-learn computes them: with ties, an edge
+        # one rounding away moves a whole group of tied predictions between bins.
+        edges = np.percentile(probs, np.linspace(0, 1, n_bins + 1) * 100)
     counts = np.bincount(np.searchsorted(edges[1:-1], probs), minlength=n_bins)
     counts = counts[counts > 0]
     return float((counts / counts.sum() * np.abs(prob_true - prob_pred)).sum())

@@ -239,7 +239,8 @@ def test_commands_skip_plots_without_matplotlib(
     write_trace(synthetic_trace(num_requests=4, num_steps=20), trace_path)
     out = tmp_path / "plots"
     assert main(["evaluate", str(trace_path), "--out", str(out)]) == 0
-    assert "plots skipped: matplotlib is not installed" in capsys.readouterr().out
+    # Notes go to stderr (stdout holds only the tables).
+    assert "plots skipped: matplotlib is not installed" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -279,6 +280,75 @@ def test_markdown_summary_names_every_policy_and_ratio() -> None:
     assert float(cells[-2]) == pytest.approx(
         simulation.adaptive(16, "AV+D").throughput / best_all, abs=5e-4
     )
+
+
+def accept_everything_trace(num_requests: int, num_steps: int, k: int) -> object:
+    """Every draft accepted: a fixed-K policy then emits exactly K + 1 tokens per request and
+    step, so its throughput has a closed form."""
+    rows = [
+        {
+            "request_id": r,
+            "step": step,
+            "position": position,
+            "workload": "w",
+            "logit_q_max": 5.0,
+            "admitted": True,
+            "label": 1,
+        }
+        for r in range(num_requests)
+        for step in range(num_steps)
+        for position in range(k)
+    ]
+    return trace_from_rows(rows)
+
+
+@pytest.mark.parametrize("drafter", ["parallel", "autoregressive"])
+def test_markdown_cells_match_closed_form_throughputs(drafter: str) -> None:
+    """The printed K=0 and best-fixed cells against throughputs computed by hand from the cost
+    model (not from the simulator), and every ratio cell against the printed cells it divides:
+    the best *including* K=0 (at R = 4 here no speculation wins)."""
+    k = 3
+    cost = GpuLikeCost(
+        verify_base_ms=2.0,
+        verify_knee=4,
+        verify_per_token_ms=0.5,
+        draft_base_ms=0.3,
+        draft_knee=100,
+        draft_per_token_ms=0.0,
+    )
+    trace = accept_everything_trace(3, 12, k)
+    simulation = simulate_trace(
+        trace,  # type: ignore[arg-type]
+        cost=cost,
+        drafter=drafter,  # type: ignore[arg-type]
+        concurrency=[1, 4],
+        steps=30,
+        warmup_steps=5,
+    )
+
+    def by_hand(r: int, fixed_k: int) -> float:
+        passes = 0 if fixed_k == 0 else (1 if drafter == "parallel" else fixed_k)
+        verify = 2.0 + max(0, r * (fixed_k + 1) - 4) * 0.5
+        return r * (fixed_k + 1) / (verify + passes * 0.3)
+
+    lines = format_markdown(simulation).splitlines()
+    policies = ["AV", "AV+D", "AV+Dr"]
+    for line, r in zip(lines[2:], (1, 4), strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == str(r)
+        assert float(cells[1]) == pytest.approx(by_hand(r, 0), rel=1e-3)
+        best_k = max(range(1, k + 1), key=lambda j: by_hand(r, j))
+        value, label = cells[2].split()
+        assert label == f"(K={best_k})"
+        assert float(value) == pytest.approx(by_hand(r, best_k), rel=1e-3)
+        best_all = max(by_hand(r, j) for j in range(k + 1))
+        for i, _ in enumerate(policies):
+            adaptive = float(cells[3 + i])
+            assert float(cells[3 + len(policies) + i]) == pytest.approx(
+                adaptive / best_all, abs=2e-3
+            )
+    # At R = 4 verifying costs more than it brings: no speculation is the best fixed choice.
+    assert max(range(k + 1), key=lambda j: by_hand(4, j)) == 0
 
 
 def test_profile_times_drafting_by_depth_into_the_cost_file(tmp_path: Path) -> None:

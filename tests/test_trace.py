@@ -239,3 +239,166 @@ def test_shipped_trace_is_real_and_well_formed() -> None:
     accepted = trace.acceptance_probability[trace.label == 1].mean()
     rejected = trace.acceptance_probability[trace.label == 0].mean()
     assert accepted > rejected + 0.2
+
+
+# --- the shipped traces are the documented collections -------------------------------------
+
+#: Qwen2.5's vocabulary (logit rows of the drafter): bounds the entropy given q_max.
+QWEN_VOCAB = 151_936
+SHIPPED_NAME = "qwen2.5-coder-1.5b_0.5b_k4_t1.csv.gz"
+K_SHIPPED = 4
+MAX_NEW_TOKENS = 128
+
+#: docs/collect.md: per workload (prompts, rows, labeled, acceptance, AUC of logit_q_max), the
+#: decode steps, acceptance by position, and the temperature.
+DOCUMENTED = {
+    "qwen2.5-coder-1.5b_0.5b_k4_t1.csv.gz": {
+        "workloads": {
+            "humaneval": (18, 1724, 1663, 0.977, 0.943),
+            "prose": (18, 3136, 2095, 0.740, 0.727),
+            "all": (36, 4860, 3758, 0.845, 0.847),
+        },
+        "steps": 1215,
+        "by_position": (0.816, 0.836, 0.874, 0.874),
+        "temperature": 1.0,
+        "first_prompt": "HumanEval/0",
+    },
+    "qwen2.5-coder-1.5b_0.5b_k4_t0.6.csv.gz": {
+        "workloads": {
+            "humaneval": (18, 1664, 1613, 0.978, 0.977),
+            "prose": (18, 2836, 2053, 0.795, 0.813),
+            "all": (36, 4500, 3666, 0.876, 0.895),
+        },
+        "steps": 1125,
+        "by_position": (0.854, 0.866, 0.899, 0.896),
+        "temperature": 0.6,
+        "first_prompt": "HumanEval/18",
+    },
+}
+
+
+def rank_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Mann-Whitney AUC with average ranks for ties (independent of av_core.metrics)."""
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    positives = labels == 1
+    n1, n0 = int(positives.sum()), int((~positives).sum())
+    return float((ranks[positives].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def collection_violations(trace: DraftTrace, documented: dict) -> list[str]:  # type: ignore[type-arg]
+    """What about ``trace`` contradicts a real speculative-sampling collection as documented:
+    empty for the shipped traces, non-empty for a synthetic stand-in (see the test below)."""
+    problems: list[str] = []
+    q = trace.logit_q_max
+    sampled, margin, entropy = trace.logit_q_sampled, trace.top2_margin, trace.entropy
+    accept = trace.acceptance_probability
+    if sampled is None or margin is None or entropy is None or accept is None:
+        return ["lacks the columns a collection writes"]
+    # One softmax gives all features: q_sampled <= q_max, logit(q_max) <= log q1 - log q2 (as
+    # 1 - q1 >= q2), and H_b(q1) <= H <= H_b(q1) + (1 - q1) log(V - 1) (grouping).
+    if np.any(sampled > q + 1e-9):
+        problems.append("logit_q_sampled above logit_q_max")
+    if np.any(q > margin + 1e-9):
+        problems.append("logit_q_max above top2_margin")
+    q1 = 1.0 / (1.0 + np.exp(-q))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        binary = -(q1 * np.log(q1) + np.where(q1 < 1, (1 - q1) * np.log1p(-q1), 0.0))
+    if np.any(entropy < binary - 1e-6) or np.any(
+        entropy > binary + (1 - q1) * np.log(QWEN_VOCAB - 1) + 1e-6
+    ):
+        problems.append("entropy impossible for its q_max")
+    if not np.any(sampled == q):
+        problems.append("the drafter never sampled its own argmax")
+    # Speculative sampling accepts with probability min(1, p/q): 1 is never rejected, 0 never
+    # accepted, and labels are calibrated to it.
+    labeled = trace.labeled
+    y, a = trace.label[labeled], accept[labeled]
+    if np.any(y[a == 1.0] == 0) or np.any(y[a == 0.0] == 1):
+        problems.append("a label contradicts its acceptance probability")
+    for low, high in zip(np.linspace(0, 1, 6)[:-1], np.linspace(0, 1, 6)[1:], strict=True):
+        bin_ = (a >= low) & (a < high) if high < 1 else (a >= low)
+        if bin_.sum() >= 30:
+            se = np.sqrt(max(a[bin_].mean() * (1 - a[bin_].mean()), 1e-4) / bin_.sum())
+            if abs(y[bin_].mean() - a[bin_].mean()) > 5 * se + 0.01:
+                problems.append(f"labels not calibrated to acceptance in [{low:.1f}, {high:.1f})")
+    # Full verification of K drafts per step, 128 new tokens per prompt (a step emits its
+    # accepted drafts plus one token): no request emits more than 128 + K.
+    if not trace.admitted.all():
+        problems.append("not fully verified")
+    for request in np.unique(trace.request_id):
+        mine = trace.request_id == request
+        steps = np.unique(trace.step[mine])
+        if not np.array_equal(steps, np.arange(len(steps))) or mine.sum() != K_SHIPPED * len(steps):
+            problems.append(f"request {request}: steps are not whole blocks of K drafts")
+            continue
+        emitted = int((trace.label[mine] == 1).sum()) + len(steps)
+        if emitted > MAX_NEW_TOKENS + K_SHIPPED:
+            problems.append(f"request {request} emitted {emitted} tokens")
+    if trace.temperature is None or not np.all(trace.temperature == documented["temperature"]):
+        problems.append("temperature differs from the documented collection")
+    if trace.prompt_id is None or trace.prompt_id[0] != documented["first_prompt"]:
+        problems.append("prompts differ from the documented collection")
+    # The documented figures (docs/collect.md), to their printed precision.
+    for workload, (prompts, rows, n_labeled, rate, auc) in documented["workloads"].items():
+        mine = np.ones(len(q), bool) if workload == "all" else trace.workload == workload
+        lab = mine & labeled
+        got = (
+            len(np.unique(trace.request_id[mine])),
+            int(mine.sum()),
+            int(lab.sum()),
+            round(float((trace.label[lab] == 1).mean()), 3) if lab.any() else None,
+            round(rank_auc(q[lab], trace.label[lab]), 3) if lab.any() else None,
+        )
+        if got != (prompts, rows, n_labeled, rate, auc):
+            problems.append(
+                f"{workload}: {got} is not the documented {documented['workloads'][workload]}"
+            )
+    steps_total = len({(r, s) for r, s in zip(trace.request_id, trace.step, strict=True)})
+    if steps_total != documented["steps"]:
+        problems.append(f"{steps_total} decode steps, documented {documented['steps']}")
+    by_position = tuple(
+        round(float((trace.label[labeled & (trace.position == k)] == 1).mean()), 3)
+        for k in range(K_SHIPPED)
+    )
+    if by_position != documented["by_position"]:
+        problems.append(f"acceptance by position {by_position}")
+    return problems
+
+
+@pytest.mark.parametrize("name", sorted(DOCUMENTED))
+def test_shipped_traces_are_the_documented_collections(name: str) -> None:
+    trace = load_shipped_trace(name)
+    assert collection_violations(trace, DOCUMENTED[name]) == []
+
+
+def test_a_synthetic_stand_in_is_told_apart() -> None:
+    """A trace that passes format checks and the mean-difference check above — labels drawn
+    from acceptance probabilities, the same shape, columns and prompts — is not taken for the
+    collection: its features are not one softmax's, and its figures are not the documented
+    ones."""
+    real = load_shipped_trace()
+    rng = np.random.default_rng(0)
+    columns = real.to_dict()
+    n = len(real.label)
+    q = rng.normal(2.0, 3.0, n)
+    columns["logit_q_max"] = q
+    columns["logit_q_sampled"] = q - rng.exponential(0.5, n)
+    columns["top2_margin"] = q + rng.exponential(0.5, n)
+    columns["entropy"] = rng.uniform(0.0, 3.0, n)
+    synthetic = DraftTrace(**columns)
+    accepted = synthetic.acceptance_probability[synthetic.label == 1].mean()  # type: ignore[index]
+    rejected = synthetic.acceptance_probability[synthetic.label == 0].mean()  # type: ignore[index]
+    assert accepted > rejected + 0.2  # what the older check asked for
+    problems = collection_violations(synthetic, DOCUMENTED[SHIPPED_NAME])
+    assert any("entropy" in p for p in problems), problems
+    assert any("argmax" in p for p in problems), problems
+    assert any(p.startswith("all:") for p in problems), problems  # its AUC is not 0.847

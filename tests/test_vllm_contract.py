@@ -1,4 +1,4 @@
-"""The contract with vLLM 0.33.0, checked against its released source.
+"""The contract with vLLM, checked against each supported release's own source (0.32.0, 0.33.0).
 
 Three parts:
 
@@ -15,14 +15,18 @@ Three parts:
    references (no download): the feature, the damping example, untouched deeper intercepts and
    padded rows.
 
-The wheel is fetched once with ``pip download --no-deps vllm==0.33.0`` into
-``~/.cache/av_core/vllm-0.33.0`` (``AV_CORE_VLLM_CACHE`` moves it; ``AV_CORE_VLLM_WHEEL`` names
-a wheel to use instead) and reused.
+Every test that reads a release runs once per release in ``RELEASES``. Each wheel is fetched
+once by ``scripts/fetch_reference_wheels.py`` (``pip download --no-deps vllm==<version>``) into
+``~/.cache/av_core/vllm-<version>`` (``AV_CORE_CACHE`` moves ``~/.cache/av_core``;
+``AV_CORE_VLLM_WHEEL`` lists wheels to use instead, separated by ``os.pathsep``) and reused;
+``.ci/run`` fetches them before the tests. Without network or cache the tests that read a
+release skip with the reason.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import linecache
 import os
 import subprocess
@@ -46,10 +50,9 @@ from av_core.vllm_plugin import BUDGET_MODULE, ESTIMATOR_MODULE  # noqa: E402
 
 import reference  # noqa: E402
 
-VLLM_VERSION = "0.33.0"
-CACHE = Path(
-    os.environ.get("AV_CORE_VLLM_CACHE", str(Path.home() / ".cache" / "av_core" / "vllm-0.33.0"))
-).expanduser()
+#: The releases checked, one of each line the plugin accepts (vllm_plugin.SUPPORTED_VLLM_VERSIONS).
+RELEASES = ("0.32.0", "0.33.0")
+FETCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fetch_reference_wheels.py"
 SPEC_DECODE = "vllm/v1/worker/gpu/spec_decode"
 PATHS = {
     ESTIMATOR_MODULE: f"{SPEC_DECODE}/acceptance_estimator.py",
@@ -347,43 +350,29 @@ def inspect_source(function: Callable[..., Any]) -> str:
 # --- the released source -----------------------------------------------------------------------
 
 
-def vllm_wheel() -> Path:
-    """The vLLM 0.33.0 wheel, downloaded once (no dependencies) into the cache."""
-    named = os.environ.get("AV_CORE_VLLM_WHEEL")
-    if named:
-        return Path(named)
-    pattern = f"vllm-{VLLM_VERSION}-*.whl"
-    found = sorted(CACHE.glob(pattern))
-    if not found:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--platform",
-            "manylinux_2_28_x86_64",
-            "--python-version",
-            "3.11",
-            f"vllm=={VLLM_VERSION}",
-            "-d",
-            str(CACHE),
-        ]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-        found = sorted(CACHE.glob(pattern))
-        if proc.returncode != 0 or not found:
-            pytest.fail(
-                f"could not download vLLM {VLLM_VERSION} for the contract test "
-                f"({' '.join(command)}):\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
-            )
-    return found[0]
+def vllm_wheel(version: str) -> Path:
+    """The vLLM ``version`` wheel from the cache, downloaded once
+    (``scripts/fetch_reference_wheels.py``, which ``.ci/run`` runs first so CI always has it);
+    without it (no network, no cache) the tests that read it skip and say why."""
+    spec = importlib.util.spec_from_file_location("fetch_reference_wheels", FETCH_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    fetcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetcher)
+    try:
+        wheel: Path = fetcher.fetch("vllm", version)
+    except RuntimeError as error:
+        pytest.skip(f"vLLM {version} wheel unavailable: {error}")
+    return wheel
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def release(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def wheel() -> Path:
-    return vllm_wheel()
+def wheel(release: str) -> Path:
+    return vllm_wheel(release)
 
 
 @pytest.fixture(scope="module")
@@ -393,10 +382,11 @@ def vllm_sources(wheel: Path) -> dict[str, str]:
 
 
 @pytest.mark.vllm
-def test_wheel_is_the_expected_release(wheel: Path) -> None:
+def test_wheel_is_the_expected_release(wheel: Path, release: str) -> None:
     with zipfile.ZipFile(wheel) as archive:
         version_file = archive.read("vllm/_version.py").decode()
-    assert f"__version__ = version = '{VLLM_VERSION}'" in version_file
+    assert f"__version__ = version = '{release}'" in version_file
+    assert vllm_plugin.version_supported(release)
 
 
 @pytest.mark.vllm
@@ -463,6 +453,9 @@ est.REFIT_INTERVAL = scenario["refit_interval"]
 conf = torch.zeros(scenario["max_num_reqs"], scenario["K"])
 trajectory = []
 for step in scenario["steps"]:
+    if "fill" in step:  # features and predictions set directly: the refit's inputs alone
+        est.features[step["fill"]["slots"]] = step["fill"]["features"]
+        est.predictions[step["fill"]["slots"]] = step["fill"]["predictions"]
     est.step(*step["verdict"])
     trajectory.append(torch.cat([est.slope, est.intercepts]).clone())
     for call in step["predict"]:
@@ -520,11 +513,14 @@ def differential_scenario(seed: int) -> dict[str, Any]:
 
 def run_ours(scenario: dict[str, Any]) -> dict[str, torch.Tensor]:
     m, k = scenario["max_num_reqs"], scenario["K"]
-    est = OnlineAcceptanceEstimator(m, k, CPU)
+    est = OnlineAcceptanceEstimator(m, k, CPU)  # AV_CORE_VLLM_EXACT decides the refit
     est.REFIT_INTERVAL = scenario["refit_interval"]
     conf = torch.zeros(m, k)
     trajectory = []
     for step in scenario["steps"]:
+        if "fill" in step:
+            est.features[step["fill"]["slots"]] = step["fill"]["features"]
+            est.predictions[step["fill"]["slots"]] = step["fill"]["predictions"]
         est.step(*step["verdict"])
         trajectory.append(torch.cat([est.slope, est.intercepts]).clone())
         for call in step["predict"]:
@@ -956,3 +952,271 @@ def depth_control_problems(wheel: Path) -> list[str]:
 @pytest.mark.vllm
 def test_depth_control_targets_exist_in_the_release(wheel: Path) -> None:
     assert depth_control_problems(wheel) == []
+
+
+# --- warm restarts and data-parallel pooling: what av_core.vllm_serving relies on --------------
+
+SERVING_PATHS = {
+    "speculator": f"{SPEC_DECODE}/speculator.py",
+    "worker": "vllm/v1/worker/gpu_worker.py",
+    "runner": "vllm/v1/worker/gpu/model_runner.py",
+    "parallel_state": "vllm/distributed/parallel_state.py",
+    "parallel_config": "vllm/config/parallel.py",
+}
+
+
+def call_name(call: ast.Call) -> str:
+    """``self.speculator.propose`` for ``self.speculator.propose(...)``."""
+    parts: list[str] = []
+    node: ast.expr = call.func
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def calls_in_order(function: ast.FunctionDef) -> list[ast.Call]:
+    found = [node for node in ast.walk(function) if isinstance(node, ast.Call)]
+    return sorted(found, key=lambda call: (call.lineno, call.col_offset))
+
+
+def passes_true(call: ast.Call, keyword: str) -> bool:
+    return any(
+        k.arg == keyword and isinstance(k.value, ast.Constant) and k.value.value is True
+        for k in call.keywords
+    )
+
+
+def serving_contract_problems(sources: Mapping[str, str]) -> list[str]:
+    """Every way the sources differ from what ``av_core.vllm_serving`` relies on."""
+    from av_core import vllm_serving
+
+    problems: list[str] = []
+    speculator = definitions(sources["speculator"])
+    worker = definitions(sources["worker"])
+    runner = definitions(sources["runner"])
+    signature_of = {
+        vllm_serving.SPECULATOR_MODULE: speculator,
+        vllm_serving.WORKER_MODULE: worker,
+    }
+    for (module, dotted), expected in vllm_serving.SERVING_SIGNATURES.items():
+        node = signature_of[module].get(dotted)
+        if node is None:
+            problems.append(f"{dotted}: not defined")
+        elif arguments_text(node.args) != expected:
+            problems.append(f"{dotted}{arguments_text(node.args)}: the plugin expects {expected}")
+    # The estimator is built in load_model, and the key's attributes are set in __init__.
+    load_model = speculator.get("DraftModelSpeculator.load_model")
+    builds = load_model is not None and any(
+        isinstance(node, ast.Assign)
+        and any(
+            isinstance(t, ast.Attribute) and t.attr == "acceptance_estimator" for t in node.targets
+        )
+        and isinstance(node.value, ast.Call)
+        and call_name(node.value) == "OnlineAcceptanceEstimator"
+        for node in ast.walk(load_model)
+    )
+    if not builds:
+        problems.append("DraftModelSpeculator.load_model no longer builds the estimator")
+    init = speculator.get("DraftModelSpeculator.__init__")
+    assigned = self_attributes(init) if init is not None else set()
+    for name in ("vllm_config", "speculative_config", "method", "num_speculative_steps"):
+        if name not in assigned:
+            problems.append(f"DraftModelSpeculator.__init__ no longer sets self.{name}")
+    # A dummy batch: the worker runs the runner's _dummy_run, which runs execute_model (the
+    # data-parallel batch sync) and then the speculator's propose with dummy_run=True.
+    dummy_batch = worker.get("Worker.execute_dummy_batch")
+    if dummy_batch is None or "self.model_runner._dummy_run" not in {
+        call_name(c) for c in calls_in_order(dummy_batch)
+    }:
+        problems.append("Worker.execute_dummy_batch no longer calls self.model_runner._dummy_run")
+    dummy_run = runner.get("GPUModelRunner._dummy_run")
+    order = [call_name(c) for c in calls_in_order(dummy_run)] if dummy_run else []
+    proposes = [
+        c
+        for c in (calls_in_order(dummy_run) if dummy_run else [])
+        if call_name(c) == "self.speculator.propose"
+    ]
+    if not proposes or not all(passes_true(c, "dummy_run") for c in proposes):
+        problems.append("GPUModelRunner._dummy_run: no self.speculator.propose(dummy_run=True)")
+    elif "self.execute_model" not in order or order.index("self.execute_model") > order.index(
+        "self.speculator.propose"
+    ):
+        problems.append("GPUModelRunner._dummy_run: propose no longer follows execute_model")
+    # A real step: the verdicts are graded in sample_tokens before propose, with no
+    # data-parallel collective in between.
+    sample = runner.get("GPUModelRunner.sample_tokens")
+    names = [call_name(c) for c in calls_in_order(sample)] if sample else []
+    collective = ("dispatch_cg_and_sync_dp", "cpu_all_reduce_", "get_dp_group")
+    if "self.speculator.observe_verification" not in names or (
+        "self.speculator.propose" not in names
+    ):
+        problems.append("GPUModelRunner.sample_tokens: no observe_verification and propose")
+    else:
+        first, last = (
+            names.index("self.speculator.observe_verification"),
+            names.index("self.speculator.propose"),
+        )
+        if first > last:
+            problems.append("GPUModelRunner.sample_tokens: propose now precedes the verdicts")
+        elif any(n.endswith(collective) for n in names[first:last]):
+            problems.append("GPUModelRunner.sample_tokens: a DP collective before propose")
+    execute = runner.get("GPUModelRunner.execute_model")
+    if execute is None or not any(
+        call_name(c).endswith("dispatch_cg_and_sync_dp") for c in calls_in_order(execute)
+    ):
+        problems.append("GPUModelRunner.execute_model: the DP batch sync moved")
+    # vLLM's data-parallel group and its CPU group, and the data-parallel index of the key.
+    state = definitions(sources["parallel_state"])
+    if "get_dp_group" not in state:
+        problems.append("parallel_state.get_dp_group: not defined")
+    coordinator = state.get("GroupCoordinator.__init__")
+    members = self_attributes(coordinator) if coordinator else set()
+    for name in ("cpu_group", "world_size", "ranks"):
+        if name not in members:
+            problems.append(f"GroupCoordinator no longer sets self.{name}")
+    if "data_parallel_index" not in sources["parallel_config"]:
+        problems.append("ParallelConfig.data_parallel_index: not found")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def serving_sources(wheel: Path) -> dict[str, str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return {name: archive.read(path).decode() for name, path in SERVING_PATHS.items()}
+
+
+@pytest.mark.vllm
+def test_serving_targets_hold_in_the_release(serving_sources: dict[str, str]) -> None:
+    assert serving_contract_problems(serving_sources) == []
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("name", "old", "new", "named"),
+    [
+        ("runner", "dummy_run=True,\n                    skip_attn", "skip_attn", "dummy_run"),
+        ("worker", "def execute_dummy_batch(self)", "def execute_dummy_batch(self, n)", "dummy"),
+        ("speculator", "self.acceptance_estimator = Online", "self.estimator = Online", "builds"),
+        ("parallel_state", "def get_dp_group(", "def get_data_parallel_group(", "get_dp"),
+    ],
+)
+def test_the_serving_checker_fails_on_a_modified_release(
+    serving_sources: dict[str, str], name: str, old: str, new: str, named: str
+) -> None:
+    assert old in serving_sources[name], old
+    changed = {**serving_sources, name: serving_sources[name].replace(old, new)}
+    problems = serving_contract_problems(changed)
+    assert any(named in problem for problem in problems), problems
+
+
+@pytest.mark.vllm
+def test_the_serving_checker_sees_verdicts_moved_after_propose(
+    serving_sources: dict[str, str],
+) -> None:
+    source = serving_sources["runner"]
+    start = source.index("    def sample_tokens(")
+    stop = source.index("\n    def ", start + 1)
+    body = source[start:stop]
+    grade = "self.speculator.observe_verification("
+    assert body.count(grade) == 1 and body.count("self.speculator.propose(") == 1
+    # Swap the two calls' names inside sample_tokens: propose first, then the verdicts.
+    body = (
+        body.replace(grade, "@@GRADE@@(")
+        .replace("self.speculator.propose(", grade)
+        .replace("@@GRADE@@(", "self.speculator.propose(")
+    )
+    swapped = source[:start] + body + source[stop:]
+    problems = serving_contract_problems({**serving_sources, "runner": swapped})
+    assert any("precedes" in problem for problem in problems), problems
+
+
+def test_the_plugin_accepts_exactly_the_checked_releases() -> None:
+    for version in ("0.32.0", "0.32.1", "0.32.17", "0.33.0"):
+        assert vllm_plugin.version_supported(version), version
+    for version in ("0.33.1", "0.31.9", "0.34.0", "0.32", "0.32.0rc1", "0.32.1.dev3+gabc", "1.0"):
+        assert not vllm_plugin.version_supported(version), version
+    assert all(vllm_plugin.version_supported(v) for v in RELEASES)
+
+
+# --- AV_CORE_VLLM_EXACT=1: vLLM's unbounded update, against vLLM's own kernels -----------------
+
+
+def update_scenario(seed: int) -> dict[str, Any]:
+    """The refit's inputs alone: each step sets features and draft-time predictions (float32,
+    the same on both sides) for a few slots and grades them. Rounds of 4 steps; the third holds
+    nothing but two confidently wrong drafts (feature 30, predicted 0.9995, rejected), the round
+    vLLM's update throws the first intercept far down with."""
+    gen = torch.Generator().manual_seed(seed)
+    m, k = 6, 3
+    steps = []
+    for index in range(24):
+        if index in (8, 10, 11):
+            empty = torch.zeros(0, dtype=torch.int32)
+            steps.append({"verdict": (empty, empty, empty), "predict": []})
+            continue
+        if index == 9:
+            slots = torch.tensor([1, 4], dtype=torch.int32)
+            features = torch.full((2, k), 30.0)
+            predictions = torch.full((2, k), 0.9995)
+            sampled = torch.ones(2, dtype=torch.int32)
+            rejected = torch.ones(2, dtype=torch.int32)
+        else:
+            live = int(torch.randint(1, m + 1, (1,), generator=gen))
+            slots = torch.randperm(m, generator=gen)[:live].to(torch.int32)
+            features = torch.randn(live, k, generator=gen) * 3
+            predictions = torch.rand(live, k, generator=gen) * 0.96 + 0.02
+            admitted = torch.randint(0, k + 1, (live,), generator=gen)
+            accepted = (torch.rand(live, generator=gen) * (admitted + 1)).floor().long()
+            accepted = accepted.clamp(max=admitted)
+            sampled = (accepted + 1).to(torch.int32)
+            rejected = (admitted - accepted).to(torch.int32)
+        fill = {"slots": slots.long(), "features": features, "predictions": predictions}
+        steps.append({"fill": fill, "verdict": (slots, sampled, rejected), "predict": []})
+    return {
+        "max_num_reqs": m,
+        "K": k,
+        "refit_interval": 4,
+        "temperature": torch.ones(m),
+        "steps": steps,
+    }
+
+
+def run_vllm(wheel: Path, scenario: dict[str, Any], tmp_path: Path) -> dict[str, torch.Tensor]:
+    torch.save(scenario, tmp_path / "scenario.pt")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _VLLM_RUNNER, str(wheel), str(tmp_path / "scenario.pt")]
+        + [str(tmp_path / "vllm.pt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(torch.load(tmp_path / "vllm.pt"))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("seed", [21, 5, 8])
+def test_exact_mode_equals_vllms_kernels_where_the_bounds_bind(
+    wheel: Path, tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("triton")
+    scenario = update_scenario(seed)
+    theirs = run_vllm(wheel, scenario, tmp_path)["trajectory"].double()
+    monkeypatch.setenv("AV_CORE_VLLM_EXACT", "1")
+    exact = run_ours(scenario)["trajectory"].double()
+    monkeypatch.delenv("AV_CORE_VLLM_EXACT")
+    bounded = run_ours(scenario)["trajectory"].double()
+    # vLLM's update leaves av_core's bounds far behind: the first intercept falls by more than
+    # 10 in one refit (the step after the third round).
+    assert theirs[11, 1] - theirs[10, 1] < -10.0, theirs
+    # Exact mode: vLLM's kernels to 1e-6 (float32 coefficients, so relative where they are large).
+    torch.testing.assert_close(exact, theirs, rtol=1e-6, atol=1e-6)
+    # The default keeps the bounds (a step of at most 4) and so parts from vLLM there.
+    assert bounded[11, 1] - bounded[10, 1] == pytest.approx(-4.0, abs=1e-6)
+    assert (bounded - theirs).abs().max() > 5.0
+    torch.testing.assert_close(bounded[:11], theirs[:11], rtol=1e-6, atol=1e-6)

@@ -16,7 +16,27 @@
 
 use crate::sync::{backoff, AtomicU64, Ordering};
 
+use crate::error::{Error, Result};
 use crate::fixed_point::{to_f64, AtomicI128, MAGIC, MAGIC_BITS, SCALE};
+
+/// Largest observation count a round may hold per position, and the largest value of the
+/// estimator's other counters that a restored state may carry: `2^56`.
+///
+/// No run reaches it (a position labeled a billion times a second would take two years without a
+/// refit), and from it a `u64` still has room for more observations than any call can add, with
+/// the sum over 64 positions far from wrapping too.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::accumulator::{RoundStats, MAX_COUNT};
+///
+/// let mut stats = RoundStats::new(1);
+/// stats.positions[0].n = u64::MAX; // no sequence of observations gets here
+/// assert_eq!(stats.validate("round_stats", 1, 40.0).unwrap_err().argument, "round_stats");
+/// assert!(MAX_COUNT.checked_mul(64).is_some()); // 64 positions sum without wrapping
+/// ```
+pub const MAX_COUNT: u64 = 1 << 56;
 
 /// One position's statistics in fixed point (units of `2^-FRACTION_BITS`), plus its count.
 ///
@@ -62,6 +82,85 @@ impl PositionSums {
         self.g0 += i128::from(g0);
         self.g1 += i128::from(g1);
         self.n += 1;
+    }
+
+    /// Why these sums cannot have come from `n` observations of features clamped to
+    /// `±max_log_odds`, or `None` when they can.
+    ///
+    /// Every observation adds `w x²`, `w x`, `w`, `r x` and `r` with `w = p(1 − p) ∈ [0, 1/4]`,
+    /// `r = y − p ∈ [−1, 1]` and `|x| ≤ max_log_odds`, each rounded to the nearest unit: so the
+    /// weight sums `a` and `c` are non-negative, every sum is at most `n` times its largest term
+    /// (plus half a unit of rounding per term), a position without observations holds zeros,
+    /// and `b² ≤ a·c` (Cauchy–Schwarz, `Σ w x` against `Σ w x²` and `Σ w`) up to the same
+    /// rounding.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::accumulator::PositionSums;
+    ///
+    /// let mut sums = PositionSums::default();
+    /// sums.add_observation(2.0, 0.3, true);
+    /// sums.add_observation(-1.5, 0.8, false);
+    /// assert_eq!(sums.impossibility(40.0), None);
+    /// let negative_weight = PositionSums { c: -1, ..sums };
+    /// assert!(negative_weight.impossibility(40.0).is_some());
+    /// let beyond_cauchy_schwarz = PositionSums { b: sums.b * 4, ..sums };
+    /// assert!(beyond_cauchy_schwarz.impossibility(40.0).is_some());
+    /// ```
+    pub fn impossibility(&self, max_log_odds: f64) -> Option<String> {
+        let n = self.n;
+        if n > MAX_COUNT {
+            return Some(format!("count {n} exceeds {MAX_COUNT}"));
+        }
+        let sums = [self.a, self.b, self.c, self.g0, self.g1];
+        if n == 0 {
+            return (sums != [0; 5]).then(|| "a position without observations has sums".into());
+        }
+        if self.a < 0 || self.c < 0 {
+            return Some(format!(
+                "weight sums must be non-negative, got a = {} and c = {}",
+                self.a, self.c
+            ));
+        }
+        // Largest term of each sum, in units, with room for the rounding of the float products
+        // (a few ulps) and of the conversion (half a unit).
+        let limit = if max_log_odds.is_finite() && max_log_odds > 0.0 {
+            max_log_odds
+        } else {
+            return Some(format!(
+                "max_log_odds {max_log_odds} is not finite and positive"
+            ));
+        };
+        let slack = 1.0 + 1e-9;
+        let count = n as f64;
+        let largest = [
+            SCALE / 4.0 * limit * limit,
+            SCALE / 4.0 * limit,
+            SCALE / 4.0,
+            SCALE * limit,
+            SCALE,
+        ];
+        for ((name, &sum), term) in ["a", "b", "c", "g0", "g1"].iter().zip(&sums).zip(largest) {
+            let bound = count * (term * slack + 1.0);
+            if (sum as f64).abs() > bound {
+                return Some(format!(
+                    "|{name}| = {} exceeds {n} observations of at most {term} units each",
+                    sum.unsigned_abs()
+                ));
+            }
+        }
+        let rounding = count / 2.0 + 1.0;
+        let (a, b, c) = (self.a as f64, self.b as f64, self.c as f64);
+        let cauchy_schwarz = ((a + rounding) * (c + rounding)).sqrt() * slack + rounding;
+        if b.abs() > cauchy_schwarz {
+            return Some(format!(
+                "|b| = {} exceeds sqrt(a c) = {} (Cauchy-Schwarz)",
+                self.b.unsigned_abs(),
+                (a * c).sqrt()
+            ));
+        }
+        None
     }
 
     /// Adds another position's sums (exact).
@@ -131,6 +230,35 @@ impl RoundStats {
         RoundStats {
             positions: vec![PositionSums::default(); num_positions],
         }
+    }
+
+    /// Checks that these statistics could have come from observations: `num_positions`
+    /// positions, each passing [`PositionSums::impossibility`] for features clamped to
+    /// `±max_log_odds`. `argument` names them in the error.
+    pub fn validate(
+        &self,
+        argument: &'static str,
+        num_positions: usize,
+        max_log_odds: f64,
+    ) -> Result<()> {
+        if self.positions.len() != num_positions {
+            return Err(Error::value(
+                argument,
+                format!(
+                    "expected {num_positions} positions, got {}",
+                    self.positions.len()
+                ),
+            ));
+        }
+        for (k, position) in self.positions.iter().enumerate() {
+            if let Some(why) = position.impossibility(max_log_odds) {
+                return Err(Error::value(
+                    argument,
+                    format!("position {k}: {why}; no sequence of observations gives that"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Total labeled observations over all positions.

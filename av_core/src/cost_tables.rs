@@ -408,7 +408,9 @@ impl CostTables {
     /// costs `draft_ms[R_j] · (fraction(j) − fraction(j − 1))` — requests that stop drafting
     /// leave the drafter's batch. With equal depths `d` this is [`Self::draft_cost_ms`]`(R, d)`
     /// up to rounding (the passes are summed).
-    /// `counts` is scratch space.
+    /// `counts` is scratch space, of at most `K + 1` entries whatever the depths (a depth past
+    /// the depth table costs what `K` does, so only `min(depth, K)` is counted; without a depth
+    /// table `K` is 1). At most `max_num_reqs` requests may draft (`depths[r] > 0`); more panic.
     ///
     /// ```rust
     /// use av_core::cost_tables::{CostTables, DrafterKind};
@@ -422,14 +424,18 @@ impl CostTables {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn step_draft_cost_ms(&self, depths: &[usize], counts: &mut Vec<usize>) -> f64 {
-        let deepest = depths.iter().copied().max().unwrap_or(0);
+        // Past the table every pass costs a zero fraction (fraction(j) = fraction(K) = 1 for
+        // j ≥ K), so counting depths beyond K changes no bit of the sum; capping them keeps the
+        // scratch at K + 1 entries whatever a caller passes.
+        let cap = self.max_draft_depth().unwrap_or(1);
+        let deepest = depths.iter().copied().max().unwrap_or(0).min(cap);
         if deepest == 0 {
             return 0.0;
         }
         counts.clear();
         counts.resize(deepest + 1, 0);
         for &d in depths {
-            counts[d] += 1;
+            counts[d.min(cap)] += 1;
         }
         // counts[j] becomes R_j, the requests drafting at least j positions.
         for j in (1..deepest).rev() {

@@ -379,7 +379,9 @@ fn row_log_odds_generic<E: LogitElement, const FMA: bool>(
                 return f32::NAN;
             }
             let (sum, ties) = block_sum_excluding::<FMA>(block, m, s);
-            c += sum + (ties - 1) as f64;
+            // At least the maximum itself ties, unless another thread rewrote the block between its
+            // two passes; the row then comes out NaN or clamped, never a panic.
+            c += sum + ties.saturating_sub(1) as f64;
         }
     }
     if !m.is_finite() {

@@ -30,7 +30,8 @@
 //! memoryless (vLLM) step. While the coefficients are still converging `T` is large too, which
 //! is harmless: the estimator then behaves like γ = 0 until it has settled.
 
-use crate::accumulator::FloatStats;
+use crate::accumulator::{FloatStats, MAX_COUNT};
+use crate::error::{Error, Result};
 use crate::refit::ArrowheadSystem;
 
 /// The discounted sum of past rounds' quadratic models.
@@ -80,6 +81,123 @@ impl Memory {
     /// Number of positions.
     pub fn num_positions(&self) -> usize {
         self.b.len()
+    }
+
+    /// Checks that this memory could have been built by refits of an estimator with
+    /// `num_positions` positions, memory discount `gamma`, features clamped to `±max_log_odds`
+    /// and `num_refits` refits so far: the
+    /// right lengths, finite values, all zeros when `gamma` is 0 (the memoryless refit never
+    /// touches it), non-negative counts and weights, discounted counts that add up
+    /// (`total = Σ counts`), a positive semi-definite `A` (a discounted sum of rounds'
+    /// `XᵀWX + λI`: `c_k = 0` only with `b_k = 0`, and `a ≥ Σ b_k² / c_k`), and no more resets
+    /// than refits. The sums are allowed their rounding (of the float arithmetic, and of the
+    /// rounds' fixed-point statistics: half a unit per observation, amplified by at most
+    /// `(1 + max_log_odds)²` in the Schur complement).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::memory::Memory;
+    ///
+    /// let mut memory = Memory::new(2);
+    /// assert!(memory.validate(2, 0.8, 40.0, 0).is_ok());
+    /// memory.c[1] = -3.0; // a negative weight sum
+    /// assert_eq!(memory.validate(2, 0.8, 40.0, 5).unwrap_err().argument, "memory");
+    /// ```
+    pub fn validate(
+        &self,
+        num_positions: usize,
+        gamma: f64,
+        max_log_odds: f64,
+        num_refits: u64,
+    ) -> Result<()> {
+        let fail = |message: String| Err(Error::value("memory", message));
+        let k = num_positions;
+        if self.b.len() != k
+            || self.c.len() != k
+            || self.counts.len() != k
+            || self.rhs.len() != k + 1
+        {
+            return fail(format!(
+                "expected {k} positions ({} slope-and-intercept entries)",
+                k + 1
+            ));
+        }
+        let values = [self.a, self.total].into_iter().chain(
+            self.b
+                .iter()
+                .chain(&self.c)
+                .chain(&self.rhs)
+                .chain(&self.counts)
+                .copied(),
+        );
+        for value in values {
+            if !value.is_finite() {
+                return fail(format!("must be finite, got {value}"));
+            }
+        }
+        if gamma == 0.0 && *self != Memory::new(k) {
+            return fail("must be empty with memory = 0 (the memoryless refit keeps none)".into());
+        }
+        if self.resets > num_refits {
+            return fail(format!(
+                "{} resets but only {num_refits} refits (each reset is one refit)",
+                self.resets
+            ));
+        }
+        if self.a < 0.0 || self.total < 0.0 {
+            return fail(format!(
+                "a = {} and total = {} must be non-negative",
+                self.a, self.total
+            ));
+        }
+        let limit = MAX_COUNT as f64 * k as f64;
+        if self.total > limit {
+            return fail(format!("total = {} exceeds {limit}", self.total));
+        }
+        // A round's fixed-point sums are each off by up to half a unit per observation, so its
+        // arrowhead is positive semi-definite only once that much is added to every c_k and
+        // (scaled by the features' range) to a; summed over rounds, those margins are the
+        // discounted counts times half a unit. Float rounding of the sums themselves is
+        // relative.
+        let tolerance = 1e-9;
+        let half_unit = 0.5 / crate::fixed_point::SCALE;
+        let rounding = (1.0 + self.total) * 2.0 * half_unit * (1.0 + max_log_odds.abs()).powi(2);
+        let mut schur = 0.0;
+        let mut count_sum = 0.0;
+        for position in 0..k {
+            let (b, c, n) = (self.b[position], self.c[position], self.counts[position]);
+            if c < 0.0 || n < 0.0 {
+                return fail(format!(
+                    "position {position}: c = {c} and counts = {n} must be non-negative"
+                ));
+            }
+            let margin = c + n * half_unit;
+            if margin == 0.0 {
+                if b != 0.0 {
+                    return fail(format!(
+                        "position {position}: b = {b} without weight (A is not positive \
+                         semi-definite)"
+                    ));
+                }
+            } else {
+                schur += b * b / margin;
+            }
+            count_sum += n;
+        }
+        if schur > self.a * (1.0 + tolerance) + rounding {
+            return fail(format!(
+                "a = {} is below sum(b^2 / c) = {schur} (A is not positive semi-definite)",
+                self.a
+            ));
+        }
+        if (self.total - count_sum).abs() > tolerance * (1.0 + self.total.max(count_sum)) {
+            return fail(format!(
+                "total = {} is not the sum of the counts ({count_sum})",
+                self.total
+            ));
+        }
+        Ok(())
     }
 
     fn decay(&mut self, gamma: f64) {

@@ -639,27 +639,34 @@ fn check_common<T>(
     Ok(total)
 }
 
-/// The error for the first entry of `matrix` outside `[0, 1]` (call only when one is).
+/// The error for the first entry of `matrix` outside `[0, 1]` (call only when one was: if a
+/// second read finds none, another thread rewrote the buffer during the call).
 fn probability_error<T: Copy + Into<f64>>(
     argument: &'static str,
     matrix: MatrixView<'_, T>,
 ) -> Error {
     let cols = matrix.cols().max(1);
-    let (i, p) = matrix
+    let found = matrix
         .data()
         .iter()
         .map(|&p| -> f64 { p.into() })
         .enumerate()
-        .find(|&(_, p)| !(0.0..=1.0).contains(&p))
-        .unwrap_or((0, f64::NAN));
-    Error::value(
-        argument,
-        format!(
-            "[{}, {}] = {p} is not a probability in [0, 1]",
-            i / cols,
-            i % cols
+        .find(|&(_, p)| !(0.0..=1.0).contains(&p));
+    match found {
+        Some((i, p)) => Error::value(
+            argument,
+            format!(
+                "[{}, {}] = {p} is not a probability in [0, 1]",
+                i / cols,
+                i % cols
+            ),
         ),
-    )
+        None => Error::value(
+            argument,
+            "held a value outside [0, 1] that changed while the call read it (another thread \
+             wrote the buffer)",
+        ),
+    }
 }
 
 fn check_same_shape<P>(other: MatrixView<'_, P>, rows: usize, cols: usize) -> Result<()> {

@@ -42,6 +42,33 @@ pub const FORMAT_VERSION: u32 = 1;
 
 const ARGUMENT: &str = "data";
 
+/// Bytes of the frame around a payload: magic, version, length and CRC-32.
+pub(crate) const FRAME_LEN: usize = 8 + 4 + 8 + 4;
+
+/// Length of [`encode`]'s output for an estimator with `num_positions` positions (it depends on
+/// nothing else).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::snapshot::{encode, encoded_len};
+/// use av_core::{AcceptanceEstimator, EstimatorConfig};
+///
+/// let state = AcceptanceEstimator::new(EstimatorConfig::new(5))?.state();
+/// assert_eq!(encode(&state).len(), encoded_len(5));
+/// # Ok::<(), av_core::Error>(())
+/// ```
+pub const fn encoded_len(num_positions: usize) -> usize {
+    let k = num_positions;
+    // K and refit_interval; ten config floats and the slope; intercepts; fraction bits;
+    // five i128 sums and a count per position; three counters; the memory.
+    let payload = 8 + 8 + 11 * 8 + k * 8 + 4 + k * (5 * 16 + 8) + 3 * 8 + (2 + 4 * k + 1) * 8;
+    FRAME_LEN + payload
+}
+
+/// The longest encoded estimator state (`K = 64`): a reader never needs more bytes.
+pub const MAX_ENCODED_LEN: usize = encoded_len(EstimatorConfig::MAX_POSITIONS);
+
 /// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) of `bytes`.
 ///
 /// # Example
@@ -385,6 +412,17 @@ mod tests {
                 assert!(decode(&corrupt).is_err(), "flip at byte {i} bit {bit}");
             }
         }
+    }
+
+    #[test]
+    fn encoded_len_is_the_length_for_every_k() {
+        for k in 1..=EstimatorConfig::MAX_POSITIONS {
+            let state = AcceptanceEstimator::new(EstimatorConfig::new(k))
+                .unwrap()
+                .state();
+            assert_eq!(encode(&state).len(), encoded_len(k), "K = {k}");
+        }
+        assert!(encode(&sample_state()).len() <= MAX_ENCODED_LEN);
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Model-checks the lock-free protocols under every interleaving loom can produce.
 //!
-//! Run with `RUSTFLAGS="--cfg loom" cargo test -p av_core --release --test loom` (scripts in
-//! benches/ do; it is too slow for every CI run). Without `--cfg loom` this file is empty.
+//! Run with `RUSTFLAGS="--cfg loom" cargo test -p av_core --release --test loom` (`.ci/run`
+//! does, in its own target directory; about a minute to build, under a second to run). Without
+//! `--cfg loom` this file is empty.
 #![cfg(loom)]
 
 use av_core::accumulator::{Accumulator, PositionSums, RoundStats};
 use av_core::coefficients::SharedCoefficients;
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -65,5 +67,41 @@ fn readers_never_see_a_mixed_coefficient_vector() {
         assert!(c.intercepts.iter().all(|&b| b == c.slope));
         assert_eq!(c.slope, c.version as f64);
         writer.join().unwrap();
+    });
+}
+
+/// One decode step without verdicts: it counts toward the round like any other (and keeps the
+/// statistics out of the model, which is about the schedule).
+fn empty_step(estimator: &AcceptanceEstimator) {
+    let features = MatrixView::<f32>::new("features", &[], 0, 1).unwrap();
+    estimator
+        .observe(features, &[], &[], None::<MatrixView<'_, f32>>)
+        .unwrap();
+}
+
+#[test]
+fn contended_observes_keep_the_serial_refit_schedule() {
+    // Two threads, two steps each, a round of two: a serial run refits twice and ends with no
+    // steps counted. The schedule that skipped a refit when the lock was busy could end with one
+    // refit and two steps left over (and then refit at every later step).
+    model(|| {
+        let mut config = EstimatorConfig::new(1);
+        config.refit_interval = 2;
+        config.memory = 0.0;
+        let estimator = Arc::new(AcceptanceEstimator::new(config).unwrap());
+        let other = {
+            let estimator = Arc::clone(&estimator);
+            thread::spawn(move || {
+                empty_step(&estimator);
+                empty_step(&estimator);
+            })
+        };
+        empty_step(&estimator);
+        empty_step(&estimator);
+        other.join().unwrap();
+        assert_eq!(
+            (estimator.num_refits(), estimator.steps_since_refit()),
+            (2, 0)
+        );
     });
 }

@@ -309,3 +309,50 @@ fn the_planner_handle_plans_like_the_core_planner() {
     // SAFETY: live planner, no other user.
     assert_eq!(unsafe { avc_planner_free(planner) }, AVC_OK);
 }
+
+/// The bytes of an estimator state that no sequence of observations can produce: with a count at
+/// the end of `u64` in the open round, the next observe would wrap it.
+fn impossible_state(corrupt: fn(&mut av_core::EstimatorState)) -> Vec<u8> {
+    let core = AcceptanceEstimator::new(EstimatorConfig::new(K)).unwrap();
+    let (features, admitted, accepted) = batch(3, 6);
+    let view = MatrixView::new("features", &features, 6, K).unwrap();
+    core.observe::<f32, f32>(view, &admitted, &accepted, None)
+        .unwrap();
+    let mut state = core.state();
+    corrupt(&mut state);
+    av_core::snapshot::encode(&state)
+}
+
+#[test]
+fn load_refuses_statistics_no_observations_can_produce() {
+    type Corruption = fn(&mut av_core::EstimatorState);
+    let cases: [(Corruption, &str); 4] = [
+        (|s| s.stats.positions[0].n = u64::MAX, "round_stats"),
+        (|s| s.stats.positions[0].c = -1, "round_stats"),
+        (
+            |s| s.steps_since_refit = s.config.refit_interval,
+            "steps_since_refit",
+        ),
+        (|s| s.memory.c[0] = -1.0, "memory"),
+    ];
+    for (corrupt, argument) in cases {
+        let bytes = impossible_state(corrupt);
+        let mut loaded = null_mut();
+        // SAFETY: `bytes` is readable for its length; `loaded` is a writable local.
+        let status = unsafe { avc_estimator_load(bytes.as_ptr(), bytes.len(), &mut loaded) };
+        assert_eq!(status, AVC_ERR_VALUE);
+        assert!(loaded.is_null());
+        assert!(
+            last_error().starts_with(&format!("avc_estimator_load: {argument}: ")),
+            "{}",
+            last_error()
+        );
+    }
+    // The same state before the corruption loads.
+    let bytes = impossible_state(|_| {});
+    let mut loaded = null_mut();
+    // SAFETY: as above.
+    let status = unsafe { avc_estimator_load(bytes.as_ptr(), bytes.len(), &mut loaded) };
+    assert_eq!(status, AVC_OK, "{}", last_error());
+    drop(Estimator(loaded));
+}

@@ -1,32 +1,74 @@
 //! Arbitrary bytes as a saved estimator state: an error or a working estimator, never a panic,
 //! and a state that loads must save back to the same bytes and keep working.
 //!
-//! Random bytes almost never carry a valid CRC, so half the inputs are wrapped in a valid
-//! header and checksum first: that lets the fuzzer reach the field decoding and validation.
+//! Random bytes almost never carry a valid CRC, so the first byte picks one of three modes:
+//! the bytes as they are; the bytes as a payload wrapped in a valid header and checksum; or a
+//! real encoded state (K, memory and round chosen by the next bytes) whose payload is
+//! overwritten at fuzzer-chosen offsets with fuzzer-chosen 8-byte words, checksum recomputed.
+//! The last mode keeps the field layout intact, so the fuzzer spends its time on the values
+//! validation must refuse (NaN, ±∞, negative or overflowing counters) rather than on lengths.
 #![no_main]
 
 use av_core::snapshot::{crc32, FORMAT_VERSION, MAGIC};
-use av_core::{AcceptanceEstimator, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 use libfuzzer_sys::fuzz_target;
+
+const HEADER: usize = 8 + 4 + 8;
+
+fn framed(payload: &[u8]) -> Vec<u8> {
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend(FORMAT_VERSION.to_le_bytes());
+    bytes.extend((payload.len() as u64).to_le_bytes());
+    bytes.extend(payload);
+    let checksum = crc32(&bytes);
+    bytes.extend(checksum.to_le_bytes());
+    bytes
+}
+
+/// A real state: `k` positions, memory on or off, a few observed steps and refits.
+fn real_state(k: usize, memory: bool, steps: usize) -> Vec<u8> {
+    let mut config = EstimatorConfig::new(k);
+    config.memory = if memory { 0.8 } else { 0.0 };
+    config.refit_interval = 2;
+    let est = AcceptanceEstimator::new(config).expect("valid config");
+    for step in 0..steps {
+        let x: Vec<f32> = (0..3 * k).map(|i| ((i + step) % 7) as f32 - 3.0).collect();
+        let admitted: Vec<i64> = (0..3).map(|r| ((r + step) % (k + 1)) as i64).collect();
+        let accepted: Vec<i64> = admitted.iter().map(|&a| a / 2).collect();
+        let view = MatrixView::new("f", &x, 3, k).expect("shape");
+        est.observe(view, &admitted, &accepted, None::<MatrixView<'_, f32>>)
+            .expect("valid observation");
+    }
+    est.to_bytes()
+}
+
+fn mutated(input: &[u8]) -> Option<Vec<u8>> {
+    let (&[k, flags], edits) = input.split_first_chunk::<2>()?;
+    let mut bytes = real_state(1 + usize::from(k % 8), flags & 1 == 1, usize::from(flags >> 1) % 6);
+    let payload = bytes.len() - HEADER - 4;
+    for edit in edits.chunks_exact(10) {
+        let at = HEADER + usize::from(u16::from_le_bytes([edit[0], edit[1]])) % (payload - 7);
+        bytes[at..at + 8].copy_from_slice(&edit[2..10]);
+    }
+    let body = bytes.len() - 4;
+    let checksum = crc32(&bytes[..body]);
+    bytes[body..].copy_from_slice(&checksum.to_le_bytes());
+    Some(bytes)
+}
 
 fuzz_target!(|input: &[u8]| {
     let Some((&mode, rest)) = input.split_first() else {
         return;
     };
-    let wrapped;
-    let data = if mode & 1 == 0 {
-        rest
-    } else {
-        let mut bytes = MAGIC.to_vec();
-        bytes.extend(FORMAT_VERSION.to_le_bytes());
-        bytes.extend((rest.len() as u64).to_le_bytes());
-        bytes.extend(rest);
-        let checksum = crc32(&bytes);
-        bytes.extend(checksum.to_le_bytes());
-        wrapped = bytes;
-        &wrapped[..]
+    let data = match mode % 3 {
+        0 => rest.to_vec(),
+        1 => framed(rest),
+        _ => match mutated(rest) {
+            Some(bytes) => bytes,
+            None => return,
+        },
     };
-    if let Ok(est) = AcceptanceEstimator::from_bytes(data) {
+    if let Ok(est) = AcceptanceEstimator::from_bytes(&data) {
         let bytes = est.to_bytes();
         assert_eq!(bytes, data, "a loaded state must re-encode to its own bytes");
         let k = est.num_positions();
@@ -40,5 +82,6 @@ fuzz_target!(|input: &[u8]| {
         let c = est.coefficients();
         assert!(c.slope.is_finite() && c.slope >= 0.0);
         assert!(c.intercepts.iter().all(|b| b.is_finite()));
+        AcceptanceEstimator::from_bytes(&est.to_bytes()).expect("a working estimator reloads");
     }
 });

@@ -1,4 +1,22 @@
 # Stub of the compiled module av_core._native; tests/test_stubs.py checks it with mypy.stubtest.
+#
+# What every entry point promises at its boundary (tests/test_boundaries_native.py):
+# - Arrays: any layout (Fortran order, transposed, negative or zero strides, non-contiguous
+#   slices, misaligned buffers, lists, CPU torch tensors and their .t() views) gives exactly the
+#   answer of its C-contiguous copy; each argument is read once, so another thread writing it
+#   during the call can make the call fail (ValueError), never let an unchecked value into a
+#   result or the state. An empty list is accepted wherever an empty array is.
+# - Integers: a bool is not an int (TypeError); a value outside the argument's range is a
+#   ValueError naming the argument and the value, never OverflowError. Floats likewise (an int
+#   beyond float range is a ValueError).
+# - save() is atomic for any number of concurrent savers (threads or processes), killed at any
+#   moment: the path holds the old file or one complete new one. load() refuses anything but a
+#   regular file (a FIFO, a directory, a device) and anything longer than a saved state can be.
+# - from_state_dict / from_bytes / load refuse statistics no sequence of observations can
+#   produce (counts beyond 2**56, negative weight sums, |b| beyond sqrt(a c), a count of steps
+#   at or past refit_interval, a memory that is not positive semi-definite, ...).
+# - After any number of threads observing at once, num_refits and steps_since_refit are those of
+#   a serial run of the same calls.
 import os
 from typing import Any, Literal, final, overload
 
@@ -87,6 +105,11 @@ class AcceptanceEstimator:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> AcceptanceEstimator: ...
     def round_counts(self) -> npt.NDArray[np.int64]: ...
+    def add_round_stats(self, round_stats: dict[str, Any]) -> None:
+        """Adds another round's statistics (as in ``state_dict()["round_stats"]``) to the open
+        round, exactly; refused, adding nothing, on other fraction bits, another number of
+        positions or statistics no sequence of observations can produce (a negative ``a``/``c``,
+        a count past the bound)."""
     def state_dict(self) -> dict[str, Any]: ...
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AcceptanceEstimator: ...

@@ -430,17 +430,35 @@ class Prompt:
 
 
 def read_prompts(path: str | Path) -> list[Prompt]:
-    """Reads a JSONL prompts file: ``{"prompt_id", "workload", "prompt", "chat" (optional)}``."""
+    """Reads a JSONL prompts file: ``{"prompt_id", "workload", "prompt", "chat" (optional)}``.
+
+    A malformed file (not UTF-8, a line that is not a JSON object, a missing field) raises
+    ``ValueError`` naming the file and the line."""
     prompts: list[Prompt] = []
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path}: line {line_number}: not UTF-8 text ({error.reason})"
+                ) from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}: line {line_number}: invalid JSON ({error})") from None
+            except RecursionError:
+                raise ValueError(
+                    f"{path}: line {line_number}: invalid JSON (nested too deeply)"
+                ) from None
+            if not isinstance(record, dict):
+                raise ValueError(
+                    f"{path}: line {line_number}: expected a JSON object with 'prompt_id', "
+                    f"'workload' and 'prompt', got a JSON {type(record).__name__}"
+                )
             for key in ("prompt_id", "workload", "prompt"):
                 if not isinstance(record.get(key), str) or not record[key]:
                     raise ValueError(

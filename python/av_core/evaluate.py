@@ -16,7 +16,7 @@ intercept tracks the drafter's mean entropy. See ``docs/evaluate.md``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from av_core import AcceptanceEstimator
 from av_core.metrics import CalibrationReport, reliability_curve
+from av_core.tables import Table, col, fixed, render, signed
 from av_core.trace import UNLABELED, DraftTrace
 
 FloatArray = npt.NDArray[np.float64]
@@ -38,6 +39,10 @@ DEFAULT_REFIT_INTERVAL = 25
 
 #: Features are clamped to ±40, the estimator's own ``max_log_odds``.
 MAX_FEATURE = 40.0
+
+
+#: The most ``rounds x K`` entries :meth:`DraftRounds.from_trace` lays out (2 GiB of int64).
+MAX_ROUND_ENTRIES = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -81,11 +86,21 @@ class DraftRounds:
 
     @staticmethod
     def from_trace(trace: DraftTrace) -> DraftRounds:
+        """Regroups ``trace``; the ``[rounds, K]`` layout is checked against
+        :data:`MAX_ROUND_ENTRIES` before it is allocated (K is the deepest position + 1, so one
+        stray position could otherwise ask for terabytes)."""
+        if not isinstance(trace, DraftTrace):
+            raise TypeError(f"trace must be a DraftTrace, got {type(trace).__name__}")
         if len(trace) == 0:
             raise ValueError("trace must not be empty")
         num_positions = trace.num_positions
         keys = np.stack([trace.request_id, trace.step], axis=1)
         unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        if unique.shape[0] * num_positions > MAX_ROUND_ENTRIES:
+            raise ValueError(
+                f"trace: {unique.shape[0]} rounds x {num_positions} positions (the deepest "
+                f"position + 1) exceed MAX_ROUND_ENTRIES = {MAX_ROUND_ENTRIES}"
+            )
         inverse = inverse.reshape(-1)
         order = np.argsort(first, kind="stable")
         rank = np.empty_like(order)
@@ -157,6 +172,8 @@ def replay_online(
     ``memory`` is the estimator's memory across rounds (``None``: av_core's default; 0: vLLM's
     memoryless update).
     """
+    if isinstance(batch_rounds, bool) or not isinstance(batch_rounds, int | np.integer):
+        raise TypeError(f"batch_rounds must be an int, got {type(batch_rounds).__name__}")
     if batch_rounds < 1:
         raise ValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
     if features.shape != rounds.rows.shape:
@@ -254,9 +271,15 @@ class WorkloadFit:
     acceptance_rate: float
 
 
+#: Fewest points for a correlation: through two points any line fits, so r is always ±1.
+MIN_CORRELATION_POINTS = 3
+
+
 @dataclass(frozen=True)
 class Correlation:
-    """Pearson r over ``n`` points with a Fisher-z 95% interval (NaN when n < 4)."""
+    """Pearson r over the ``n`` pairs where both values are finite, with a Fisher-z 95%
+    interval (NaN when n < 4). r is NaN with fewer than :data:`MIN_CORRELATION_POINTS` pairs
+    (two points always give r = ±1) or when either side is constant."""
 
     r: float
     n: int
@@ -266,8 +289,10 @@ class Correlation:
     @staticmethod
     def of(a: Sequence[float], b: Sequence[float]) -> Correlation:
         x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        finite = np.isfinite(x) & np.isfinite(y)
+        x, y = x[finite], y[finite]
         n = int(x.shape[0])
-        if n < 2 or float(np.std(x)) == 0.0 or float(np.std(y)) == 0.0:
+        if n < MIN_CORRELATION_POINTS or float(np.std(x)) == 0.0 or float(np.std(y)) == 0.0:
             return Correlation(math.nan, n, math.nan, math.nan)
         r = float(np.corrcoef(x, y)[0, 1])
         if n < 4 or abs(r) >= 1.0:
@@ -277,10 +302,16 @@ class Correlation:
 
     def to_text(self) -> str:
         if math.isnan(self.r):
-            return f"r = n/a (n = {self.n})"
+            if self.n < MIN_CORRELATION_POINTS:
+                return (
+                    f"r = n/a (n = {self.n}: a correlation needs >= {MIN_CORRELATION_POINTS} "
+                    "points)"
+                )
+            return f"r = n/a (n = {self.n}: one side is constant)"
+        r = signed(2)(self.r)
         if math.isnan(self.low):
-            return f"r = {self.r:+.2f} (n = {self.n}: too few points for an interval)"
-        return f"r = {self.r:+.2f} (n = {self.n}, 95% CI {self.low:+.2f} .. {self.high:+.2f})"
+            return f"r = {r} (n = {self.n}: too few points for an interval)"
+        return f"r = {r} (n = {self.n}, 95% CI {signed(2)(self.low)} .. {signed(2)(self.high)})"
 
 
 @dataclass(frozen=True)
@@ -360,7 +391,12 @@ def _fit_subset(
     labels = rounds.labels[labeled].astype(np.int64)
     fit = fit_batch(x[labeled], positions.astype(np.int64), labels, rounds.num_positions)
     drafted = (rounds.rows >= 0) & mask[:, None]
-    mean_entropy = float(entropy[drafted].mean()) if entropy is not None else math.nan
+    mean_entropy = math.nan
+    if entropy is not None:
+        # Rows without an entropy (NaN) are left out: the mean is over the rows that have one.
+        values = entropy[drafted]
+        values = values[np.isfinite(values)]
+        mean_entropy = float(values.mean()) if values.size else math.nan
     rate = float(labels.mean()) if labels.size else math.nan
     return WorkloadFit(name, fit, mean_entropy, rate)
 
@@ -372,8 +408,16 @@ def evaluate_trace(
     batch_rounds: int = 1,
     memory: float | None = None,
     groups_per_workload: int = 4,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> Evaluation:
-    """Prequential feature comparison, coefficient trajectory and per-workload fits."""
+    """Prequential feature comparison, coefficient trajectory and per-workload fits.
+
+    ``progress(done, total, status)`` is called after each feature's replay and after the
+    per-workload fits."""
+    if groups_per_workload < 1:
+        raise ValueError(f"groups_per_workload must be >= 1, got {groups_per_workload}")
+    if batch_rounds < 1:
+        raise ValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
     rounds = DraftRounds.from_trace(trace)
     labeled = rounds.labels >= 0
     if not labeled.any():
@@ -406,7 +450,8 @@ def evaluate_trace(
     features: list[FeatureScore] = []
     scores: dict[str, FloatArray] = {}
     trajectory: Trajectory | None = None
-    for name, lossy, column in candidates:
+    total = len(candidates) + 1
+    for index, (name, lossy, column) in enumerate(candidates):
         matrix = column if column is x else rounds.column(column)
         if column is not x:
             missing = int(np.sum(~np.isfinite(column)))
@@ -442,6 +487,8 @@ def evaluate_trace(
                     CalibrationReport.from_predictions(labels, in_sample, positions),
                 )
             )
+        if progress is not None:
+            progress(index + 1, total, name)
     if trace.acceptance_probability is not None:
         oracle = rounds.column(trace.acceptance_probability, fill=0.5)[labeled]
         scores["oracle min(1, p/q) [LOSSY]"] = oracle
@@ -464,6 +511,8 @@ def evaluate_trace(
         _fit_subset(name, mask, rounds, x, entropy)
         for name, mask in _groups(rounds, groups_per_workload)
     ]
+    if progress is not None:
+        progress(total, total, "batch fits")
     return Evaluation(
         num_rows=len(trace),
         num_labeled=int(labeled.sum()),
@@ -484,59 +533,88 @@ def evaluate_trace(
     )
 
 
-def _fmt(value: float, width: int, digits: int) -> str:
-    return f"{'n/a':>{width}}" if math.isnan(value) else f"{value:>{width}.{digits}f}"
-
-
-def _fit_table(fits: Sequence[WorkloadFit]) -> list[str]:
+def _fit_table(title: str, fits: Sequence[WorkloadFit], entropy: bool) -> Table:
     k = len(fits[0].fit.intercepts) if fits else 0
-    header = (
-        f"  {'workload':<16}{'labels':>8}{'accept':>8}{'slope':>8}"
-        + "".join(f"{'b' + str(i):>8}" for i in range(k))
-        + f"{'entropy':>9}"
+    table = Table(
+        title,
+        [
+            col("workload", align="<"),
+            col("labels"),
+            col("accept", fixed(3)),
+            col("slope", fixed(3)),
+            *(col(f"b{i}", signed(3)) for i in range(k)),
+            *([col("mean entropy", fixed(3))] if entropy else []),
+        ],
     )
-    lines = [header]
     for item in fits:
-        lines.append(
-            f"  {item.name:<16}{item.fit.num_labels:>8}{_fmt(item.acceptance_rate, 8, 3)}"
-            f"{item.fit.slope:>8.3f}"
-            + "".join(f"{b:>8.3f}" for b in item.fit.intercepts)
-            + _fmt(item.mean_entropy, 9, 3)
+        table.add(
+            item.name,
+            item.fit.num_labels,
+            item.acceptance_rate,
+            item.fit.slope,
+            *(float(b) for b in item.fit.intercepts),
+            *([item.mean_entropy] if entropy else []),
         )
-    return lines
+    return table
 
 
-def _agreement(evaluation: Evaluation) -> list[str]:
-    lines: list[str] = []
+def _agreement(evaluation: Evaluation) -> Table:
+    """Slope and first intercept across workloads and prompt groups, and how they correlate
+    with the mean draft entropy (only with >= 3 fits: two points always give r = ±1)."""
+    table = Table(
+        "slope and first intercept across fits, against the mean draft entropy",
+        [
+            col("fits", align="<"),
+            col("n"),
+            col("slope min", fixed(3)),
+            col("slope max", fixed(3)),
+            col("b0 min", signed(3)),
+            col("b0 max", signed(3)),
+            col("r(b0, entropy)", signed(2)),
+            col("r(b0) 95% CI", align="<"),
+            col("r(slope, entropy)", signed(2)),
+            col("r(slope) 95% CI", align="<"),
+        ],
+    )
+
+    def interval(c: Correlation) -> str:
+        if math.isnan(c.low):
+            return "n/a"
+        return f"{signed(2)(c.low)} .. {signed(2)(c.high)}"
+
     for title, fits in (("workloads", evaluation.workloads), ("prompt groups", evaluation.groups)):
         if len(fits) < 2:
             continue
         slopes = [f.fit.slope for f in fits]
         first = [float(f.fit.intercepts[0]) for f in fits]
-        entropy = [f.mean_entropy for f in fits]
-        lines.append(
-            f"  across {len(fits)} {title}: slope {min(slopes):.3f} .. {max(slopes):.3f}; "
-            f"first intercept {min(first):+.3f} .. {max(first):+.3f}"
+        entropy = [f.mean_entropy if evaluation.entropy_available else math.nan for f in fits]
+        first_r, slope_r = Correlation.of(first, entropy), Correlation.of(slopes, entropy)
+        table.add(
+            title,
+            len(fits),
+            min(slopes),
+            max(slopes),
+            min(first),
+            max(first),
+            first_r.r,
+            interval(first_r),
+            slope_r.r,
+            interval(slope_r),
         )
-        if evaluation.entropy_available:
-            lines.append(
-                f"    first intercept vs mean entropy: {Correlation.of(first, entropy).to_text()}"
-            )
-            lines.append(
-                f"    slope vs mean entropy:           {Correlation.of(slopes, entropy).to_text()}"
-            )
+    table.notes.append(
+        "r: Pearson correlation over the fits with an entropy, n/a with fewer than "
+        f"{MIN_CORRELATION_POINTS} (two points always give r = ±1) or without an entropy "
+        "column; 95% CI: Fisher z, n/a below 4 fits."
+    )
     fits = evaluation.groups if len(evaluation.groups) >= 4 else evaluation.workloads
     if evaluation.entropy_available and len(fits) >= 4:
         slopes = [f.fit.slope for f in fits]
-        first_corr = Correlation.of(
-            [float(f.fit.intercepts[0]) for f in fits], [f.mean_entropy for f in fits]
-        )
-        spread = max(slopes) - min(slopes)
         intercepts = [float(f.fit.intercepts[0]) for f in fits]
+        first_corr = Correlation.of(intercepts, [f.mean_entropy for f in fits])
         tracks = first_corr.high < 0.0 if not math.isnan(first_corr.high) else False
-        lines.append(
-            f"  verdict vs the write-up (slope 0.51-0.55, first intercept vs entropy r = -0.89): "
-            f"slope spread {spread:.2f} against first-intercept spread "
+        table.notes.append(
+            f"verdict vs the write-up (slope 0.51-0.55, first intercept vs entropy r = -0.89): "
+            f"slope spread {max(slopes) - min(slopes):.2f} against first-intercept spread "
             f"{max(intercepts) - min(intercepts):.2f}; first intercept "
             + (
                 "tracks entropy (r < 0, interval excludes 0)"
@@ -545,68 +623,124 @@ def _agreement(evaluation: Evaluation) -> list[str]:
             )
         )
     else:
-        lines.append("  too few workloads or groups for a correlation (need >= 4)")
-    return lines
+        table.notes.append("too few workloads or groups for a verdict (need >= 4 fits)")
+    return table
 
 
-def format_evaluation(evaluation: Evaluation) -> str:
-    """The tables ``av-core evaluate`` prints."""
+def evaluation_preamble(evaluation: Evaluation) -> list[str]:
+    """The lines above the tables: what was replayed and how."""
     e = evaluation
-    lines = [
+    return [
         f"trace: {e.num_rows} rows, {e.num_rounds} drafting rounds, {e.num_labeled} labeled "
         f"drafts, K = {e.num_positions}",
         f"prequential replay: {e.batch_rounds} round(s) per observe, refit every "
         f"{e.refit_interval} observes ({e.trajectory.rounds.shape[0]} refits); every draft is "
         "scored with the prediction made at draft time",
-        "",
-        f"{'feature':<38}{'AUC':>7}{'logloss':>9}{'ECE':>8}"
-        f"{'| >=1 AUC':>10}{'logloss':>9}{'ECE':>8}",
     ]
-    lines.append("-" * len(lines[-1]))
+
+
+def evaluation_tables(evaluation: Evaluation) -> list[Table]:
+    """Every table of :func:`format_evaluation`, titled (also for Markdown and JSON)."""
+    e = evaluation
+    comparison = Table(
+        "feature comparison (prequential)",
+        [
+            col("feature", align="<"),
+            col("AUC", fixed(4)),
+            col("log-loss", fixed(4)),
+            col("ECE", fixed(4)),
+            col("AUC k>=1", fixed(4)),
+            col("log-loss k>=1", fixed(4)),
+            col("ECE k>=1", fixed(4)),
+        ],
+    )
     for score in e.features:
         o, later = score.report.overall, score.report.excluding_first_position
-        row = f"{score.name:<38}{_fmt(o.auc, 7, 4)}{o.log_loss:>9.4f}{o.ece:>8.4f}"
-        if later is not None:
-            row += f"{'| ':>4}{_fmt(later.auc, 6, 4)}{later.log_loss:>9.4f}{later.ece:>8.4f}"
-        lines.append(row)
-    lines.append("(| >=1: excluding draft position 0.  LOSSY: reads the sampled token, not usable)")
-    lines.append("")
+        comparison.add(
+            score.name,
+            o.auc,
+            o.log_loss,
+            o.ece,
+            *((later.auc, later.log_loss, later.ece) if later is not None else (None,) * 3),
+        )
+    comparison.notes.append(
+        "k>=1: excluding draft position 0. LOSSY: reads the sampled token, not usable for "
+        "deciding what to verify."
+    )
+
     positions = sorted(e.features[0].report.per_position)
-    lines.append(f"{'per-position AUC':<38}" + "".join(f"{'k=' + str(k):>8}" for k in positions))
+    per_position = Table(
+        "per-position AUC",
+        [col("feature", align="<"), *(col(f"k={k}", fixed(4)) for k in positions)],
+    )
     for score in e.features:
         per = score.report.per_position
-        lines.append(
-            f"{score.name:<38}" + "".join(_fmt(per[k].auc, 8, 4) for k in positions if k in per)
-        )
+        per_position.add(score.name, *(per[k].auc if k in per else None for k in positions))
+
     counts = e.features[0].report.per_position
-    lines.append(
-        f"{'labels':<38}" + "".join(f"{counts[k].count:>8}" for k in positions if k in counts)
+    labels = Table(
+        "labels per draft position",
+        [col("position"), col("labels"), col("acceptance rate", fixed(3))],
     )
-    lines.append(
-        f"{'acceptance rate':<38}"
-        + "".join(f"{counts[k].observed_rate:>8.3f}" for k in positions if k in counts)
-    )
-    lines.append("")
+    for k in positions:
+        labels.add(k, counts[k].count, counts[k].observed_rate)
+
     t = e.trajectory
-    lines.append(f"online coefficients ({ONLINE}), after refit:")
+    k = t.intercepts.shape[1] if t.intercepts.ndim == 2 else 0
+    coefficients = Table(
+        f"online coefficients ({ONLINE}), after refit",
+        [col("round"), col("slope", fixed(3)), *(col(f"b{i}", signed(3)) for i in range(k))],
+    )
     if t.rounds.shape[0]:
         picks = sorted(
             set(np.linspace(0, t.rounds.shape[0] - 1, min(8, t.rounds.shape[0])).astype(int))
         )
         for i in picks:
-            bs = " ".join(f"{b:+.3f}" for b in t.intercepts[i])
-            lines.append(f"  round {int(t.rounds[i]):>6}: slope {t.slope[i]:.3f}  intercepts {bs}")
+            coefficients.add(int(t.rounds[i]), float(t.slope[i]), *map(float, t.intercepts[i]))
     else:
-        lines.append("  no refit happened (trace shorter than one refit window)")
-    lines.append("")
-    lines.append("batch fit per workload (offline IRLS on logit(q_max)):")
-    lines.extend(_fit_table(e.workloads))
-    lines.append("batch fit per prompt group (each workload's prompts in contiguous groups):")
-    lines.extend(_fit_table(e.groups))
-    lines.extend(_agreement(e))
-    for note in e.notes:
-        lines.append(f"note: {note}")
-    return "\n".join(lines)
+        coefficients.notes.append("no refit happened (trace shorter than one refit window)")
+
+    tables = [
+        comparison,
+        per_position,
+        labels,
+        coefficients,
+        _fit_table(
+            "batch fit per workload (offline IRLS on logit(q_max))",
+            e.workloads,
+            e.entropy_available,
+        ),
+        _fit_table(
+            "batch fit per prompt group (each workload's prompts in contiguous groups)",
+            e.groups,
+            e.entropy_available,
+        ),
+        _agreement(e),
+    ]
+    tables[-1].notes.extend(f"note: {note}" for note in e.notes)
+    return tables
+
+
+def format_evaluation(evaluation: Evaluation) -> str:
+    """The tables ``av-core evaluate`` prints, each titled, columns two spaces apart."""
+    return render(evaluation_tables(evaluation), "text", evaluation_preamble(evaluation))
+
+
+def evaluation_to_dict(evaluation: Evaluation) -> dict[str, object]:
+    """Everything ``av-core evaluate --json`` prints: the replay's settings and the tables."""
+    e = evaluation
+    return {
+        "num_rows": e.num_rows,
+        "num_labeled": e.num_labeled,
+        "num_rounds": e.num_rounds,
+        "num_positions": e.num_positions,
+        "refit_interval": e.refit_interval,
+        "batch_rounds": e.batch_rounds,
+        "num_refits": int(e.trajectory.rounds.shape[0]),
+        "fully_verified": e.fully_verified,
+        "notes": list(e.notes),
+        "tables": [t.to_dict() for t in evaluation_tables(e)],
+    }
 
 
 def reliability_data(
@@ -622,6 +756,8 @@ def reliability_data(
 
 __all__ = [
     "DEFAULT_REFIT_INTERVAL",
+    "MIN_CORRELATION_POINTS",
+    "MAX_ROUND_ENTRIES",
     "ONLINE",
     "RAW",
     "BatchFit",
@@ -633,6 +769,9 @@ __all__ = [
     "Trajectory",
     "WorkloadFit",
     "evaluate_trace",
+    "evaluation_preamble",
+    "evaluation_tables",
+    "evaluation_to_dict",
     "fit_batch",
     "format_evaluation",
     "reliability_data",

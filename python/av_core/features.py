@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - triton ships with torch's CUDA wheels
     triton = None
 
 __all__ = [
+    "MAX_FEATURE_ENTRIES",
     "MAX_LOG_ODDS",
     "FeatureExtractor",
     "PartialStats",
@@ -79,6 +80,10 @@ _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CPU_BLOCK_BYTES = 4 << 20
 _DEVICE_BLOCK_BYTES = 256 << 20
 _TRUNCATED_BLOCK_BYTES = 32 << 20
+#: The most feature slots a :class:`FeatureExtractor` holds, ``(max_num_reqs + 1) x
+#: num_speculative_steps`` (256 MiB of float32): the bound the core's planner puts on its own
+#: per-slot state, so that a size typed by mistake is refused before anything is allocated.
+MAX_FEATURE_ENTRIES = 1 << 26
 # CPU float32 and bfloat16 C-contiguous logits go to the fused Rust kernel
 # (`_native.draft_log_odds_f32` / `_bf16`): one pass over memory instead of the torch path's
 # several. Tests switch it off to compare the two.
@@ -110,6 +115,28 @@ class _RowStats(NamedTuple):
 # Argument checks
 
 
+# torch's unsigned types wider than 8 bits have "limited support": min/max and comparisons are
+# missing on CPU, so an argument of those dtypes is refused up front rather than failing inside.
+_LIMITED_INTEGER_DTYPES = tuple(
+    getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)
+)
+
+
+def _dense(value: torch.Tensor, name: str) -> torch.Tensor:
+    """``value`` with torch's lazy negation and conjugation applied, and a strided layout.
+
+    A tensor with the negative bit set (``x._neg_view()``, the imaginary part of a conjugated
+    tensor) stores ``-x`` and negates on read; a dtype-converting ``copy_`` and a kernel that
+    reads memory (numpy, Triton, the Rust kernel) would see ``-x``. Resolving costs a copy only
+    when a bit is set.
+    """
+    if value.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
+    if value.is_neg() or value.is_conj():
+        value = value.resolve_conj().resolve_neg()
+    return value
+
+
 def _check_logits(logits: object, name: str = "logits") -> torch.Tensor:
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
@@ -119,15 +146,52 @@ def _check_logits(logits: object, name: str = "logits") -> torch.Tensor:
         raise ValueError(f"{name} must have shape [N, V], got shape {tuple(logits.shape)}")
     if logits.shape[1] == 0:
         raise ValueError(f"{name} must have at least one vocabulary column, got shape [N, 0]")
-    return logits
+    return _dense(logits.detach(), name)
+
+
+def _check_device(device: object) -> torch.device:
+    if not isinstance(device, str | torch.device):
+        raise TypeError(f"device must be a str or a torch.device, got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(f"device must name a torch device, got {device!r} ({error})") from None
+
+
+def _check_integer_tensor(value: object, name: str) -> torch.Tensor:
+    """An integer tensor argument (int8..int64 or uint8), dense, negation resolved."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor, got {type(value).__name__}")
+    if value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
+        raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+    if value.dtype in _LIMITED_INTEGER_DTYPES:
+        raise TypeError(
+            f"{name} must be int8, int16, int32, int64 or uint8, got dtype {value.dtype} "
+            "(which torch supports only in part)"
+        )
+    return _dense(value.detach(), name)
+
+
+#: The clamp of every feature is float32, so ``max_log_odds`` must be a positive normal float32:
+#: the same bound on every dtype and path (the Rust kernel takes it as float32 too).
+_MAX_LOG_ODDS_RANGE = (_FLOAT32_TINY, _FLOAT32_MAX)
 
 
 def _check_max_log_odds(max_log_odds: float) -> float:
     if isinstance(max_log_odds, bool) or not isinstance(max_log_odds, numbers.Real):
         raise TypeError(f"max_log_odds must be a number, got {type(max_log_odds).__name__}")
-    value = float(max_log_odds)
+    try:
+        value = float(max_log_odds)
+    except OverflowError:
+        value = math.inf
+    low, high = _MAX_LOG_ODDS_RANGE
     if not (math.isfinite(value) and value > 0.0):
         raise ValueError(f"max_log_odds must be finite and positive, got {max_log_odds!r}")
+    if not low <= value <= high:
+        raise ValueError(
+            f"max_log_odds must lie in float32's normal range [{low:.4g}, {high:.4g}] (the "
+            f"features are float32), got {max_log_odds!r}"
+        )
     return value
 
 
@@ -137,6 +201,11 @@ def _per_row(value: object, n: int, name: str, device: torch.device) -> torch.Te
         raise TypeError(f"{name} must be a number or a torch.Tensor, got {type(value).__name__}")
     if value.dtype == torch.bool or value.is_complex():
         raise TypeError(f"{name} must be a real-valued tensor, got dtype {value.dtype}")
+    if value.dtype in _LIMITED_INTEGER_DTYPES:
+        raise TypeError(
+            f"{name} must not have dtype {value.dtype} (torch supports it only in part)"
+        )
+    value = _dense(value.detach(), name)
     if value.dim() == 0:
         return value.to(device).expand(n)
     if value.dim() != 1 or value.shape[0] != n:
@@ -147,17 +216,33 @@ def _per_row(value: object, n: int, name: str, device: torch.device) -> torch.Te
     return value.to(device)
 
 
+def _first_bad_row(bad: torch.Tensor, valid: torch.Tensor | None) -> int | None:
+    """The first row flagged in ``bad`` among the valid ones (host tensors only), else None."""
+    if valid is not None:
+        bad = bad & valid
+    rows = torch.nonzero(bad)
+    return int(rows[0, 0]) if rows.numel() else None
+
+
+def _real(value: numbers.Real, name: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got {value!r}") from None
+
+
 def _check_temperature(
     temperature: float | torch.Tensor | None, n: int, device: torch.device
 ) -> float | torch.Tensor:
     """A validated temperature: a float with greedy (<= 0) and None read as 1, or a per-row
-    tensor on device, left as given (greedy rows are resolved where it is used)."""
+    tensor on device, left as given (greedy rows are resolved where it is used; a NaN or
+    ``+inf`` row gives a NaN feature, see :func:`draft_log_odds`)."""
     if temperature is None:
         return 1.0
     if isinstance(temperature, bool):
         raise TypeError("temperature must be a number or a torch.Tensor, got bool")
     if isinstance(temperature, numbers.Real):
-        value = float(temperature)
+        value = _real(temperature, "temperature")
         if not math.isfinite(value):
             raise ValueError(f"temperature must be finite, got {temperature!r}")
         return value if value > 0.0 else 1.0
@@ -195,22 +280,28 @@ def _check_row_valid(row_valid: object, n: int, device: torch.device) -> torch.T
         raise TypeError(f"row_valid must have dtype torch.bool, got {row_valid.dtype}")
     if row_valid.shape != (n,):
         raise ValueError(f"row_valid must have shape [{n}], got shape {tuple(row_valid.shape)}")
-    return row_valid.to(device)
+    # Contiguous: the Triton kernels and the Rust kernel index it as a flat array.
+    return _dense(row_valid.detach(), "row_valid").to(device).contiguous()
 
 
 def _check_tokens(tokens: object, n: int, vocab: int, device: torch.device) -> torch.Tensor:
-    if not isinstance(tokens, torch.Tensor):
-        raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
-    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
-        raise TypeError(f"tokens must be an integer tensor, got dtype {tokens.dtype}")
+    tokens = _check_integer_tensor(tokens, "tokens")
     if tokens.shape != (n,):
         raise ValueError(f"tokens must have shape [{n}], got shape {tuple(tokens.shape)}")
+    tokens = _snapshot(tokens)
     if n:
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
             raise ValueError(f"tokens must lie in [0, {vocab}), got {bad}")
     return tokens.to(device=device, dtype=torch.int64)
+
+
+def _snapshot(value: torch.Tensor) -> torch.Tensor:
+    """A private copy of a host tensor that is checked and then used: what was validated must be
+    what is used, even if another thread writes the caller's tensor in between (a device tensor
+    is not read on the host, so it is used as given)."""
+    return value.clone() if value.device.type == "cpu" else value
 
 
 # --------------------------------------------------------------------------------------------
@@ -628,8 +719,14 @@ def _truncation_args(
     n: int,
     vocab: int,
     device: torch.device,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Per-row k (vocab where off) and p (1 where off), or None when the argument is absent."""
+    """Per-row k (vocab where off) and p (1 where off), or None when the argument is absent.
+
+    Host tensors are checked like the scalars on the rows that ``valid`` keeps (a padded row's
+    value is never used): a top-k below -1, a top-p that is NaN or <= 0 raise. Device tensors are
+    not checked (it would synchronise); see :func:`draft_log_odds` for what such entries do.
+    """
     k_rows = p_rows = None
     if top_k is not None:
         if isinstance(top_k, bool):
@@ -638,21 +735,37 @@ def _truncation_args(
             top_k = int(top_k)
             if top_k < -1:
                 raise ValueError(f"top_k must be >= 1, or 0 or -1 for no top-k, got {top_k}")
-            k_rows = torch.full((n,), top_k, dtype=torch.int64, device=device)
+            # Anything above the vocabulary is no top-k: the same row, and it fits int64.
+            k_rows = torch.full((n,), min(top_k, vocab), dtype=torch.int64, device=device)
         else:
-            if isinstance(top_k, torch.Tensor) and top_k.dtype.is_floating_point:
-                raise TypeError(f"top_k must be an integer tensor, got dtype {top_k.dtype}")
-            k_rows = _per_row(top_k, n, "top_k", device).to(torch.int64)
+            if isinstance(top_k, torch.Tensor):
+                top_k = _check_integer_tensor(top_k, "top_k")
+            k_rows = _snapshot(_per_row(top_k, n, "top_k", device).to(torch.int64))
+            if k_rows.device.type == "cpu":
+                row = _first_bad_row(k_rows < -1, valid)
+                if row is not None:
+                    raise ValueError(
+                        f"top_k[{row}] must be >= 1, or 0 or -1 for no top-k, got "
+                        f"{int(k_rows[row])}"
+                    )
         k_rows = torch.where((k_rows <= 0) | (k_rows > vocab), vocab, k_rows)
     if top_p is not None:
         if isinstance(top_p, bool):
             raise TypeError("top_p must be a float or a torch.Tensor, got bool")
         if isinstance(top_p, numbers.Real):
-            if not 0.0 < float(top_p) <= 1.0:
+            value = _real(top_p, "top_p")
+            if not 0.0 < value <= 1.0:
                 raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
-            p_rows = torch.full((n,), float(top_p), dtype=torch.float64, device=device)
+            p_rows = torch.full((n,), value, dtype=torch.float64, device=device)
         else:
-            p_rows = _per_row(top_p, n, "top_p", device).to(torch.float64)
+            p_rows = _snapshot(_per_row(top_p, n, "top_p", device).to(torch.float64))
+            if p_rows.device.type == "cpu":
+                row = _first_bad_row(~(p_rows > 0.0), valid)
+                if row is not None:
+                    raise ValueError(
+                        f"top_p[{row}] must lie in (0, 1] (>= 1 is no top-p), got "
+                        f"{float(p_rows[row])!r}"
+                    )
             p_rows = torch.where(p_rows >= 1.0, torch.ones_like(p_rows), p_rows)
     return k_rows, p_rows
 
@@ -726,15 +839,25 @@ def draft_log_odds(
     exact as ``q_max -> 1`` because ``1 - q_max`` is summed, never formed as ``total - 1``.
 
     Args:
-        logits: ``[N, V]`` float32, bfloat16 or float16 (computed in float32).
+        logits: ``[N, V]`` float32, bfloat16 or float16 (computed in float32), any strides; a
+            lazily negated view (``x._neg_view()``) is read as the values it stands for.
         temperature: scalar or ``[N]`` tensor; ``<= 0`` is greedy and leaves the logits
-            unscaled (vLLM's convention). ``None`` means 1.
+            unscaled (vLLM's convention). ``None`` means 1. A scalar must be finite; a tensor
+            row that is NaN or ``+inf`` gives a NaN feature (see below) instead of failing the
+            whole batch.
         top_k: optional int or ``[N]`` tensor applied to q before taking q_max; ``<= 0`` or
-            ``>= V`` disables it for a row. Off by default, as in vLLM's estimator.
+            ``>= V`` disables it for a row, below -1 raises. Off by default, as in vLLM's
+            estimator.
         top_p: optional float in (0, 1] or ``[N]`` tensor, applied after top-k on the
-            renormalised distribution; ``>= 1`` disables it for a row.
-        max_log_odds: the symmetric clamp, 40 by default.
+            renormalised distribution; ``>= 1`` disables it for a row; NaN or ``<= 0`` raises.
+        max_log_odds: the symmetric clamp, 40 by default: a positive normal float32 (about
+            1.2e-38 to 3.4e38), whatever the logits' dtype.
         row_valid: optional bool ``[N]``; rows marked False (padding) are not computed and give 0.
+
+    Per-row ``top_k``/``top_p`` tensors are checked entry by entry only on the host, and only on
+    rows ``row_valid`` keeps. On an accelerator the entries are not checked (that would wait for
+    the device): there a ``top_k`` below -1 acts as no top-k, and a ``top_p`` that is NaN or
+    ``<= 0`` keeps only the most likely token, so the row gives ``+max_log_odds``.
 
     A row with one finite entry gives ``+max_log_odds``. A valid row whose maximum is not finite
     (a NaN or ``+inf`` logit, or no finite entry), or whose temperature is NaN or ``+inf``, gives
@@ -746,7 +869,7 @@ def draft_log_odds(
     device = logits.device
     temp = _check_temperature(temperature, n, device)
     valid = _check_row_valid(row_valid, n, device)
-    k_rows, p_rows = _truncation_args(top_k, top_p, n, vocab, device)
+    k_rows, p_rows = _truncation_args(top_k, top_p, n, vocab, device, valid)
     if n == 0:
         return torch.empty(0, dtype=torch.float32, device=device)
     with torch.no_grad():
@@ -877,17 +1000,29 @@ def combine_partials(
     for i, part in enumerate(partials):
         if not isinstance(part, PartialStats):
             raise TypeError(f"partials[{i}] must be a PartialStats, got {type(part).__name__}")
-    n = partials[0].max.shape[0]
+    fields: dict[str, list[torch.Tensor]] = {"max": [], "complement": []}
+    n = device = None
     for i, part in enumerate(partials):
-        for field in ("max", "complement"):
+        for field, values in fields.items():
             value = getattr(part, field)
-            if value.shape != (n,):
-                raise ValueError(
-                    f"partials[{i}].{field} must have shape [{n}], got {tuple(value.shape)}"
-                )
+            where = f"partials[{i}].{field}"
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
+            if not value.dtype.is_floating_point:
+                raise TypeError(f"{where} must be a float tensor, got dtype {value.dtype}")
+            if value.dim() != 1:
+                raise ValueError(f"{where} must be 1-D, got shape {tuple(value.shape)}")
+            if n is None:
+                n, device = value.shape[0], value.device
+            if value.shape[0] != n:
+                raise ValueError(f"{where} must have shape [{n}], got {tuple(value.shape)}")
+            if value.device != device:
+                raise ValueError(f"{where} must be on {device}, got {value.device}")
+            values.append(_dense(value.detach(), where).to(torch.float32))
+    assert n is not None
     with torch.no_grad():
-        maxima = torch.stack([p.max.to(torch.float32) for p in partials])
-        comps = torch.stack([p.complement.to(torch.float32) for p in partials])
+        maxima = torch.stack(fields["max"])
+        comps = torch.stack(fields["complement"])
         top = maxima.amax(dim=0)
         first = maxima.argmax(dim=0)
         shards = torch.arange(len(partials), device=maxima.device)[:, None]
@@ -1038,7 +1173,7 @@ def to_host(features: torch.Tensor, out: torch.Tensor | None = None) -> np.ndarr
     """
     if not isinstance(features, torch.Tensor):
         raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
-    features = features.detach()
+    features = _dense(features.detach(), "features")
     if features.device.type == "cpu":
         return _numpy_view(features, "features")
     if out is None:
@@ -1068,6 +1203,8 @@ def _check_host_buffer(out: object, features: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"out must have dtype {features.dtype}, got {out.dtype}")
     if not out.is_contiguous():
         raise ValueError("out must be contiguous")
+    if out.is_neg() or out.is_conj() or out.layout != torch.strided:
+        raise ValueError("out must be a plain dense tensor, not a negated or conjugated view")
     if features.dim() == 0:
         if out.dim() != 0:
             raise ValueError(f"out must have shape [], got {tuple(out.shape)}")
@@ -1138,36 +1275,49 @@ class FeatureExtractor:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        # Checked before anything is allocated: the slots (and a host copy) would otherwise ask
+        # for whatever the product is, and fail only after trying.
+        entries = (int(max_num_reqs) + 1) * int(num_speculative_steps)
+        if entries > MAX_FEATURE_ENTRIES:
+            raise ValueError(
+                f"max_num_reqs x num_speculative_steps must stay within {MAX_FEATURE_ENTRIES} "
+                f"feature slots (MAX_FEATURE_ENTRIES), got {max_num_reqs} x "
+                f"{num_speculative_steps}"
+            )
         self.max_num_reqs = int(max_num_reqs)
         self.num_speculative_steps = int(num_speculative_steps)
-        self.device = torch.device(device)
+        self.device = _check_device(device)
         self.max_log_odds = _check_max_log_odds(max_log_odds)
-        self._slots = torch.zeros(
-            max_num_reqs + 1, num_speculative_steps, dtype=torch.float32, device=self.device
-        )
-        self.features = self._slots[:max_num_reqs]
+        try:
+            self._slots = torch.zeros(
+                self.max_num_reqs + 1,
+                self.num_speculative_steps,
+                dtype=torch.float32,
+                device=self.device,
+            )
+        except (RuntimeError, AssertionError) as error:  # an absent or exhausted device
+            raise ValueError(
+                f"device: cannot hold the features on {self.device} ({error})"
+            ) from None
+        self.features = self._slots[: self.max_num_reqs]
         self._host: torch.Tensor | None = None
         if self.device.type != "cpu":
             self._host = torch.empty(
-                max_num_reqs,
-                num_speculative_steps,
+                self.max_num_reqs,
+                self.num_speculative_steps,
                 dtype=torch.float32,
                 pin_memory=self.device.type == "cuda",
             )
 
     def _slot_index(self, idx_mapping: object, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot per row with padding sent to the spare row, validity per row)."""
-        if not isinstance(idx_mapping, torch.Tensor):
-            raise TypeError(
-                f"idx_mapping must be an integer torch.Tensor, got {type(idx_mapping).__name__}"
-            )
-        if idx_mapping.dtype.is_floating_point or idx_mapping.dtype == torch.bool:
-            raise TypeError(f"idx_mapping must be an integer tensor, got dtype {idx_mapping.dtype}")
+        idx_mapping = _check_integer_tensor(idx_mapping, "idx_mapping")
         if idx_mapping.shape != (n,):
             raise ValueError(
                 f"idx_mapping must have shape [{n}] (one per logits row), got "
                 f"{tuple(idx_mapping.shape)}"
             )
+        idx_mapping = _snapshot(idx_mapping)
         if idx_mapping.device.type == "cpu" and n:
             low, high = int(idx_mapping.min()), int(idx_mapping.max())
             if low < -1 or high >= self.max_num_reqs:
@@ -1180,14 +1330,16 @@ class FeatureExtractor:
         return torch.where(valid, idx, self.max_num_reqs), valid
 
     def _by_slot(self, value: Any, name: str, slot: torch.Tensor) -> Any:
-        if value is None or not isinstance(value, torch.Tensor):
+        """A per-slot sampling parameter gathered per row (a number or 0-d tensor as is)."""
+        if value is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
             return value
         if value.shape != (self.max_num_reqs,):
             raise ValueError(
                 f"{name} must be a scalar or have shape [{self.max_num_reqs}] (one per request "
                 f"slot), got {tuple(value.shape)}"
             )
-        padded = torch.cat([value.to(self.device), value[:1].to(self.device)])
+        value = _dense(value.detach(), name).to(self.device)
+        padded = torch.cat([value, value[:1]])
         return padded[slot]
 
     def _step_index(self, draft_step: object, n: int) -> torch.Tensor:
@@ -1204,16 +1356,14 @@ class FeatureExtractor:
                 f"draft_step must be an int or an integer torch.Tensor, got "
                 f"{type(draft_step).__name__}"
             )
-        if draft_step.dtype.is_floating_point or draft_step.dtype == torch.bool:
-            raise TypeError(f"draft_step must be an integer tensor, got dtype {draft_step.dtype}")
-        step = _per_row(draft_step, n, "draft_step", self.device).to(torch.int64)
-        if draft_step.device.type == "cpu" and n:
+        draft_step = _snapshot(_check_integer_tensor(draft_step, "draft_step"))
+        if draft_step.device.type == "cpu" and draft_step.numel():
             low, high = int(draft_step.min()), int(draft_step.max())
             if low < 0 or high >= k:
                 raise ValueError(
                     f"draft_step entries must lie in [0, {k}), got {low if low < 0 else high}"
                 )
-        return step
+        return _per_row(draft_step, n, "draft_step", self.device).to(torch.int64)
 
     def write(
         self,
@@ -1232,16 +1382,25 @@ class FeatureExtractor:
             idx_mapping: ``[N]`` request-state index per row, -1 for padding. On the host,
                 entries outside ``[-1, max_num_reqs)`` raise; on a device they count as padding
                 (checking them would synchronise).
-            draft_step: the draft position of every row (int or 0-d tensor), or ``[N]`` per row.
+            draft_step: the draft position of every row (int or 0-d tensor), or ``[N]`` per row;
+                like ``idx_mapping``, a device entry outside ``[0, K)`` counts as padding.
             temperature, top_k, top_p: scalars, or ``[max_num_reqs]`` tensors indexed by
-                request-state index (vLLM keeps sampling parameters in that layout).
+                request-state index (vLLM keeps sampling parameters in that layout); host
+                tensors are checked on the slots this call uses (:func:`draft_log_odds`).
 
-        Returns the ``[N]`` features in row order (0 on padded rows).
+        Returns the ``[N]`` features in row order (0 on padded rows). A call that raises has
+        written nothing.
         """
         logits = _check_logits(logits)
         n = logits.shape[0]
         slot, valid = self._slot_index(idx_mapping, n)
         step = self._step_index(draft_step, n)
+        # A device step outside [0, K) (not checked: it would synchronise) counts as padding, as
+        # an out-of-range request index does: not computed, written to the spare row.
+        in_range = (step >= 0) & (step < self.num_speculative_steps)
+        valid = valid & in_range
+        slot = torch.where(valid, slot, self.max_num_reqs)
+        step = step.clamp(0, self.num_speculative_steps - 1)
         x = draft_log_odds(
             logits.to(self.device),
             self._by_slot(temperature, "temperature", slot),

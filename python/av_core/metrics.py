@@ -17,6 +17,7 @@ All arithmetic is float64.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,17 +37,66 @@ LOG_LOSS_EPS = 1e-15
 DEFAULT_BINS = 15
 
 
+#: The most bins :func:`reliability_curve` and :func:`expected_calibration_error` accept: far more
+#: than any calibration plot resolves, and few enough that the per-bin arrays stay small.
+MAX_BINS = 1 << 16
+
+#: The most (position slices × bins) :meth:`CalibrationReport.from_predictions` computes: each
+#: position's summary has its own bins, so the work grows with the product.
+MAX_REPORT_CELLS = 1 << 24
+
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+
+
+def _exact_integers(value: list[Any] | tuple[Any, ...]) -> npt.NDArray[Any] | None:
+    """A sequence of Python integers as an exact integer array (int64, uint64, or an object
+    array of ints beyond both), or None if it holds anything else. ``np.asarray`` would turn
+    ``[2**63, 1]`` into float64 and merge neighbouring values."""
+    if not value or not all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool | np.bool_) for v in value
+    ):
+        return None
+    ints = [int(v) for v in value]
+    low, high = min(ints), max(ints)
+    if _INT64_MIN <= low and high <= _INT64_MAX:
+        return np.asarray(ints, dtype=np.int64)
+    if 0 <= low and high <= _UINT64_MAX:
+        return np.asarray(ints, dtype=np.uint64)
+    exact = np.empty(len(ints), dtype=object)
+    exact[:] = ints
+    return exact
+
+
 def _vector(value: npt.ArrayLike, name: str) -> npt.NDArray[Any]:
-    array = np.asarray(value)
+    """A 1-D, non-empty, real array of ``value`` as given (copied): integers stay integers
+    (exact), an object array only for Python integers beyond 64 bits."""
+    array: npt.NDArray[Any] | None = None
+    if isinstance(value, list | tuple):
+        array = _exact_integers(value)
+    if array is None:
+        try:
+            # A private copy: what is checked is what is used, whatever another thread writes.
+            array = np.array(value)
+        except (ValueError, TypeError, OverflowError) as error:
+            raise ValueError(f"{name} must be a 1-D array: {error}") from None
+        if not (np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)):
+            raise TypeError(f"{name} must be numeric, got dtype {array.dtype}")
+        if np.issubdtype(array.dtype, np.complexfloating):
+            raise TypeError(f"{name} must be real, got dtype {array.dtype}")
     if array.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
     if array.shape[0] == 0:
         raise ValueError(f"{name} must not be empty, got shape {array.shape}")
-    if not (np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)):
-        raise TypeError(f"{name} must be numeric, got dtype {array.dtype}")
-    if np.issubdtype(array.dtype, np.complexfloating):
-        raise TypeError(f"{name} must be real, got dtype {array.dtype}")
     return array
+
+
+def _item(value: Any) -> Any:
+    """A numpy scalar as the Python number it holds (object arrays hold Python ints already)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _is_integer(array: npt.NDArray[Any]) -> bool:
+    return array.dtype == object or np.issubdtype(array.dtype, np.integer)
 
 
 def _labels(y_true: npt.ArrayLike) -> npt.NDArray[np.bool_]:
@@ -54,15 +104,20 @@ def _labels(y_true: npt.ArrayLike) -> npt.NDArray[np.bool_]:
     bad = np.flatnonzero((array != 0) & (array != 1))
     if bad.size:
         raise ValueError(
-            f"y_true must hold only 0 and 1, got {array[bad[0]].item()!r} at index {int(bad[0])}"
+            f"y_true must hold only 0 and 1, got {_item(array[bad[0]])!r} at index {int(bad[0])}"
         )
-    return np.asarray(array == 1)
+    return np.asarray(array == 1, dtype=np.bool_)
 
 
-def _scores(y_score: npt.ArrayLike, name: str, length: int) -> FloatArray:
-    array = _vector(y_score, name).astype(np.float64)
+def _scores(y_score: npt.ArrayLike, name: str, length: int) -> npt.NDArray[Any]:
+    """Finite scores, exact: integer scores keep their integer dtype (float64 would merge
+    ``2**53`` and ``2**53 + 1``), floating and boolean ones become float64 (exactly)."""
+    array = _vector(y_score, name)
     if array.shape[0] != length:
         raise ValueError(f"{name} has {array.shape[0]} entries, y_true has {length}")
+    if _is_integer(array):
+        return array
+    array = array.astype(np.float64)
     bad = np.flatnonzero(~np.isfinite(array))
     if bad.size:
         raise ValueError(f"{name} must be finite, got {array[bad[0]]} at index {int(bad[0])}")
@@ -71,10 +126,24 @@ def _scores(y_score: npt.ArrayLike, name: str, length: int) -> FloatArray:
 
 def _probabilities(y_prob: npt.ArrayLike, length: int) -> FloatArray:
     array = _scores(y_prob, "y_prob", length)
-    bad = np.flatnonzero((array < 0.0) | (array > 1.0))
+    bad = np.flatnonzero((array < 0) | (array > 1))
     if bad.size:
-        raise ValueError(f"y_prob must lie in [0, 1], got {array[bad[0]]} at index {int(bad[0])}")
-    return array
+        raise ValueError(
+            f"y_prob must lie in [0, 1], got {_item(array[bad[0]])} at index {int(bad[0])}"
+        )
+    return np.asarray(array, dtype=np.float64)
+
+
+def _check_bins(n_bins: object, strategy: object) -> int:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int | np.integer):
+        raise TypeError(f"n_bins must be an int, got {n_bins!r}")
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    if n_bins > MAX_BINS:
+        raise ValueError(f"n_bins must be <= {MAX_BINS} (MAX_BINS), got {n_bins}")
+    if not isinstance(strategy, str) or strategy not in ("uniform", "quantile"):
+        raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+    return int(n_bins)
 
 
 def roc_auc(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> float:
@@ -94,6 +163,7 @@ def roc_auc(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> float:
             f"roc_auc needs both classes in y_true, got {num_positive} positives and "
             f"{num_negative} negatives"
         )
+    # Ranked in the scores' own dtype: integers compare exactly, whatever their size.
     order = np.argsort(scores, kind="mergesort")
     sorted_scores = scores[order]
     starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
@@ -115,8 +185,11 @@ def log_loss(y_true: npt.ArrayLike, y_prob: npt.ArrayLike, eps: float = LOG_LOSS
     """
     labels = _labels(y_true)
     probs = _probabilities(y_prob, labels.shape[0])
-    if not 0.0 < eps < 0.5:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
+    if not 0.0 < eps < 0.5:  # compared as given: float(10**400) would overflow
         raise ValueError(f"eps must lie in (0, 0.5), got {eps}")
+    eps = float(eps)
     clipped = np.clip(probs, eps, 1.0 - eps)
     losses = np.where(labels, -np.log(clipped), -np.log1p(-clipped))
     return float(losses.mean())
@@ -155,23 +228,19 @@ def reliability_curve(
     """Bins predictions and compares each bin's mean prediction with its acceptance rate.
 
     ``strategy="uniform"``: ``n_bins`` equal-width bins, edges ``linspace(0, 1, n_bins + 1)``.
-    ``strategy="quantile"`` (equal mass): edges at the ``linspace(0, 100, n_bins + 1)``
-    percentiles of ``y_prob`` (linear interpolation), so bins hold about N / n_bins predictions
+    ``strategy="quantile"`` (equal mass): edges at the ``100 * linspace(0, 1, n_bins + 1)``
+    percentiles of ``y_prob`` (linear interpolation, the percentile positions scikit-learn's
+    ``calibration_curve`` uses), so bins hold about N / n_bins predictions
     each; ties can leave some bins empty. Bin membership is described on
     :class:`ReliabilityCurve`.
     """
     labels = _labels(y_true)
     probs = _probabilities(y_prob, labels.shape[0])
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int | np.integer):
-        raise TypeError(f"n_bins must be an int, got {n_bins!r}")
-    if n_bins < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    n_bins = _check_bins(n_bins, strategy)
     if strategy == "uniform":
-        edges = np.linspace(0.0, 1.0, int(n_bins) + 1)
-    elif strategy == "quantile":
-        edges = np.percentile(probs, np.linspace(0.0, 100.0, int(n_bins) + 1))
+        edges = np.linspace(0.0, 1.0, n_bins + 1)
     else:
-        raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+        edges = np.percentile(probs, np.linspace(0.0, 1.0, n_bins + 1) * 100.0)
     bins = np.searchsorted(edges[1:-1], probs, side="left")
     counts = np.bincount(bins, minlength=n_bins).astype(np.int64)
     sums = np.bincount(bins, weights=probs, minlength=n_bins)
@@ -259,25 +328,37 @@ class CalibrationReport:
             raise ValueError(
                 f"positions has {position_array.shape[0]} entries, y_true has {labels.shape[0]}"
             )
-        if not np.issubdtype(position_array.dtype, np.integer):
+        if not _is_integer(position_array):
             raise TypeError(f"positions must hold integers, got dtype {position_array.dtype}")
         bad = np.flatnonzero(position_array < 0)
         if bad.size:
             raise ValueError(
                 f"positions must be >= 0, got {position_array[bad[0]]} at index {int(bad[0])}"
             )
+        n_bins = _check_bins(n_bins, strategy)
+        # One stable sort groups the rows by position: each slice is then a contiguous run.
+        order = np.argsort(position_array, kind="stable")
+        ordered = position_array[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        slices = starts.shape[0] + 2  # every position, overall and positions >= 1
+        if slices * (n_bins + 1) > MAX_REPORT_CELLS:
+            raise ValueError(
+                f"positions has {starts.shape[0]} distinct values: with n_bins = {n_bins} that is "
+                f"more than MAX_REPORT_CELLS = {MAX_REPORT_CELLS} bins to compute"
+            )
         overall = CalibrationSummary.of(labels, probs, n_bins, strategy)
-        later = position_array > 0
+        later = np.asarray(position_array > 0, dtype=np.bool_)
         excluding_first = (
             CalibrationSummary.of(labels[later], probs[later], n_bins, strategy)
             if later.any()
             else None
         )
+        ends = np.r_[starts[1:], ordered.shape[0]]
         per_position = {
-            int(k): CalibrationSummary.of(
-                labels[position_array == k], probs[position_array == k], n_bins, strategy
+            int(ordered[start]): CalibrationSummary.of(
+                labels[order[start:end]], probs[order[start:end]], n_bins, strategy
             )
-            for k in np.unique(position_array)
+            for start, end in zip(starts.tolist(), ends.tolist(), strict=True)
         }
         return cls(overall, excluding_first, per_position, n_bins, strategy)
 
@@ -307,6 +388,8 @@ class CalibrationReport:
 __all__ = [
     "DEFAULT_BINS",
     "LOG_LOSS_EPS",
+    "MAX_BINS",
+    "MAX_REPORT_CELLS",
     "CalibrationReport",
     "CalibrationSummary",
     "ReliabilityCurve",

@@ -26,6 +26,45 @@ from typing import Any
 DEFAULT_TOKENS = (1, 2, 3, 4, 5, 8, 16, 32, 64, 128, 256)
 
 
+def measure_forward_samples(
+    forward: Callable[[int], None],
+    tokens: Sequence[int],
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> list[tuple[int, list[float]]]:
+    """Every timed run in ms of ``forward(t)`` for each ``t`` (after ``warmup`` untimed calls).
+
+    ``forward`` must finish its work before returning (synchronize a GPU inside it).
+    ``progress(done, total, status)`` is called after each token count.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for t in tokens:
+        if t < 1:
+            raise ValueError(f"token counts must be >= 1, got {t}")
+    samples: list[tuple[int, list[float]]] = []
+    for index, t in enumerate(tokens):
+        for _ in range(warmup):
+            forward(t)
+        times = []
+        for _ in range(repeats):
+            start = clock()
+            forward(t)
+            times.append((clock() - start) * 1000.0)
+        samples.append((int(t), times))
+        if progress is not None:
+            progress(index + 1, len(tokens), f"{t} tokens")
+    return samples
+
+
+def medians(samples: Sequence[tuple[int, Sequence[float]]]) -> list[tuple[int, float]]:
+    """``(t, median ms)`` of each sample list."""
+    return [(int(t), float(statistics.median(times))) for t, times in samples]
+
+
 def measure_forward_ms(
     forward: Callable[[int], None],
     tokens: Sequence[int],
@@ -38,21 +77,82 @@ def measure_forward_ms(
 
     ``forward`` must finish its work before returning (synchronize a GPU inside it).
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    points: list[tuple[int, float]] = []
-    for t in tokens:
-        if t < 1:
-            raise ValueError(f"token counts must be >= 1, got {t}")
-        for _ in range(warmup):
-            forward(t)
-        times = []
-        for _ in range(repeats):
-            start = clock()
-            forward(t)
-            times.append((clock() - start) * 1000.0)
-        points.append((int(t), float(statistics.median(times))))
-    return points
+    return medians(
+        measure_forward_samples(forward, tokens, repeats=repeats, warmup=warmup, clock=clock)
+    )
+
+
+#: A forward pass over more tokens may not be faster than one over fewer by more than this
+#: fraction (memory-bound passes are flat, compute-bound ones grow): a larger drop is noise.
+MONOTONE_TOLERANCE = 0.2
+#: The spread (max - min) of one size's repeats, relative to their median, above which the
+#: sweep is called noisy.
+NOISE_TOLERANCE = 0.5
+
+
+def _tokens(count: int) -> str:
+    return f"{count} token" if count == 1 else f"{count} tokens"
+
+
+def sweep_warnings(
+    name: str,
+    samples: Sequence[tuple[int, Sequence[float]]],
+    *,
+    threads: int | None = None,
+    repeats: int | None = None,
+    monotone_tolerance: float = MONOTONE_TOLERANCE,
+    noise_tolerance: float = NOISE_TOLERANCE,
+) -> list[str]:
+    """What looks wrong with a timing sweep, one sentence each (empty when it looks clean).
+
+    Two checks on ``(tokens, [ms, ...])`` samples, in increasing token order: **non-monotone**,
+    a size whose median is more than ``monotone_tolerance`` below the median of a smaller size
+    (more tokens cannot take much less time; the worst such pair is named), and **noisy**, a
+    size whose repeats spread over more than ``noise_tolerance`` times their median (the
+    noisiest size is named). Each warning ends with what to try: ``--threads 1`` (unless
+    ``threads`` is already 1) and more ``--repeats``.
+    """
+    points = sorted((int(t), [float(v) for v in times]) for t, times in samples)
+    centre = [(t, statistics.median(times)) for t, times in points if times]
+    advice = []
+    if threads != 1:
+        advice.append("--threads 1 (threads contending on a busy machine skew small passes)")
+    advice.append(f"more --repeats (now {repeats})" if repeats is not None else "more --repeats")
+    hint = "; try " + " and ".join(advice)
+    found: list[str] = []
+    worst: tuple[float, int, float, int, float] | None = None
+    running_max: tuple[int, float] | None = None
+    for t, ms in centre:
+        if running_max is not None and running_max[1] > 0:
+            drop = 1.0 - ms / running_max[1]
+            if drop > monotone_tolerance and (worst is None or drop > worst[0]):
+                worst = (drop, running_max[0], running_max[1], t, ms)
+        if running_max is None or ms > running_max[1]:
+            running_max = (t, ms)
+    if worst is not None:
+        _, t0, ms0, t1, ms1 = worst
+        found.append(
+            f"{name} timings are not monotone: {_tokens(t1)} took {ms1:.2f} ms but "
+            f"{_tokens(t0)} took {ms0:.2f} ms (a larger pass cannot be much faster: the "
+            f"machine was busy or the timing is noisy){hint}"
+        )
+    noisiest: tuple[float, int, float, float, float] | None = None
+    for t, times in points:
+        if len(times) < 2:
+            continue
+        median = statistics.median(times)
+        if median <= 0:
+            continue
+        spread = (max(times) - min(times)) / median
+        if spread > noise_tolerance and (noisiest is None or spread > noisiest[0]):
+            noisiest = (spread, t, min(times), max(times), median)
+    if noisiest is not None:
+        _, t, low, high, median = noisiest
+        found.append(
+            f"{name} timings are noisy: the repeats at {_tokens(t)} range from {low:.2f} to "
+            f"{high:.2f} ms around a median of {median:.2f} ms{hint}"
+        )
+    return found
 
 
 def model_forward(
@@ -165,11 +265,16 @@ def format_points(name: str, points: Sequence[tuple[int, float]]) -> str:
 
 __all__ = [
     "DEFAULT_TOKENS",
+    "MONOTONE_TOLERANCE",
+    "NOISE_TOLERANCE",
     "format_points",
     "loaded_drafting_forward",
     "loaded_model_forward",
     "measure_forward_ms",
+    "measure_forward_samples",
+    "medians",
     "model_drafting_forward",
     "model_forward",
+    "sweep_warnings",
     "write_cost_file",
 ]

@@ -100,3 +100,75 @@ def labeled_log_loss(
     accepted, admitted = s.num_accepted[:, None], s.num_admitted[:, None]
     labeled = (k < accepted) | ((k == accepted) & (accepted < admitted))
     return float(-np.where(k < accepted, np.log(p), np.log1p(-p))[labeled].mean())
+
+
+#: A grid over the bulk of a workload's feature distribution (N(1, 2.5)).
+CURVE_GRID = np.linspace(-4.0, 6.0, 41)
+
+
+def curve_error(estimator: AcceptanceEstimator, workload: SyntheticWorkload) -> float:
+    """Largest |estimated − true| acceptance probability over positions and features in
+    :data:`CURVE_GRID`."""
+    k = workload.num_positions
+    x = np.repeat(CURVE_GRID[:, None], k, axis=1).astype(np.float32)
+    truth = sigmoid(workload.slope * CURVE_GRID[:, None] + np.asarray(workload.intercepts)[None, :])
+    return float(np.abs(estimator.predict(x) - truth).max())
+
+
+class TrimmingServing:
+    """Decode steps with trimming on: predict, plan (budget from the previous step), verify
+    what the plan admitted, observe. Verification is compute-bound (every extra token costs
+    ``per_token`` of a step), so the planner trims. ``estimator`` keyword arguments go to
+    :class:`~av_core.AcceptanceEstimator` (its defaults otherwise)."""
+
+    def __init__(
+        self,
+        num_requests: int = 32,
+        num_positions: int = 4,
+        *,
+        exploration: float = 0.01,
+        seed: int = 0,
+        per_token: float = 0.08,
+        **estimator: float,
+    ) -> None:
+        from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
+
+        r, k = num_requests, num_positions
+        tables = CostTables(np.zeros(r + 1), 1.0 + per_token * np.arange(r * (k + 1) + 1))
+        self.num_requests, self.num_positions = r, k
+        self.est = AcceptanceEstimator(k, **estimator)  # type: ignore[arg-type]
+        self.planner = VerificationPlanner(tables, k, num_slots=r, exploration=exploration)
+        self.rng = np.random.default_rng(seed)
+        self.trimmed = 0
+
+    def round(self, workload: SyntheticWorkload) -> None:
+        """One refit interval of decode steps."""
+        r, k = self.num_requests, self.num_positions
+        slots, scheduled = np.arange(r), np.full(r, k)
+        for _ in range(self.est.refit_interval):
+            s = workload.step(self.rng, r, scheduled)
+            p = self.est.predict(s.features)
+            plan = self.planner.plan(
+                slots, p, scheduled, num_non_draft_tokens=r, num_sampling_requests=r
+            )
+            admitted = plan.admitted.astype(np.int64)
+            self.trimmed += int((admitted < k).sum())
+            accepted = np.minimum(s.num_accepted, admitted)
+            self.est.observe(s.features, admitted, accepted, p)
+
+    def adversarial_round(self) -> None:
+        """A confidently wrong round: feature 30 everywhere, every request rejected at
+        position 0."""
+        r, k = self.num_requests, self.num_positions
+        x = np.full((r, k), 30.0, np.float32)
+        for _ in range(self.est.refit_interval):
+            self.est.observe(x, np.full(r, k), np.zeros(r, np.int64), self.est.predict(x))
+
+    def rounds_until(self, workload: SyntheticWorkload, tolerance: float, limit: int) -> int:
+        """Rounds of ``workload`` until :func:`curve_error` is within ``tolerance``;
+        ``limit + 1`` if it never gets there within ``limit`` rounds."""
+        for rounds in range(1, limit + 1):
+            self.round(workload)
+            if curve_error(self.est, workload) <= tolerance:
+                return rounds
+        return limit + 1

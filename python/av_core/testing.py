@@ -36,6 +36,7 @@ test dependency, imported only when a strategy is built.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
 __all__ = [
+    "MAX_LAW_ENTRIES",
     "DraftOutcome",
     "Law",
     "SpecTables",
@@ -70,6 +72,39 @@ __all__ = [
 
 FloatArray = npt.NDArray[np.float64]
 Prefix = tuple[int, ...]
+
+#: The most entries of a joint law (``V^((K + 1)·R)``, V counted as at least 2), and so of draft
+#: outcomes, the exact checks enumerate: beyond it they would run for hours or exhaust memory, so
+#: they refuse first.
+MAX_LAW_ENTRIES = 1 << 22
+
+
+def _check_dimensions(vocab_size: object, num_positions: object, num_requests: object) -> None:
+    """Types and ranges of a table's dimensions, and the size of the law they imply, before
+    anything is enumerated."""
+    for name, value in (
+        ("vocab_size", vocab_size),
+        ("num_positions", num_positions),
+        ("num_requests", num_requests),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    assert isinstance(vocab_size, int | np.integer)
+    assert isinstance(num_positions, int | np.integer)
+    assert isinstance(num_requests, int | np.integer)
+    # Compared as exponents first (no huge power is formed), with V counted as at least 2: the
+    # enumeration walks K + 1 prefix lengths per request even for a one-token vocabulary.
+    exponent = (int(num_positions) + 1) * int(num_requests)
+    base = max(int(vocab_size), 2)
+    if exponent > MAX_LAW_ENTRIES.bit_length() - 1 or base**exponent > MAX_LAW_ENTRIES:
+        raise ValueError(
+            f"vocab_size ** ((num_positions + 1) * num_requests) = {vocab_size} ** {exponent} "
+            f"outcomes exceed MAX_LAW_ENTRIES = {MAX_LAW_ENTRIES}: keep V, K and R tiny"
+        )
+
+
 #: An exact law: one completed ``K + 1``-token sequence per request -> probability.
 Law = dict[tuple[Prefix, ...], float]
 
@@ -104,6 +139,7 @@ class SpecTables:
         drafter: Callable[[int, Prefix], Sequence[float]],
     ) -> SpecTables:
         """Tables from ``target(request, prefix)`` and ``drafter(request, prefix)``."""
+        _check_dimensions(vocab_size, num_positions, num_requests)
 
         def table(fn: Callable[[int, Prefix], Sequence[float]], r: int, max_len: int) -> Any:
             return {
@@ -122,9 +158,11 @@ class SpecTables:
         return tables
 
     def validate(self) -> None:
-        """Raises ``ValueError`` unless every table is a distribution over the vocabulary."""
+        """Raises ``ValueError`` unless every table is a distribution over the vocabulary (and
+        the law of its outcomes small enough to enumerate, :data:`MAX_LAW_ENTRIES`)."""
         if len(self.target) != len(self.drafter) or not self.target:
             raise ValueError("tables: need one target and one drafter table per request")
+        _check_dimensions(self.vocab_size, self.num_positions, len(self.target))
         for name, tables, max_len in (
             ("target", self.target, self.num_positions),
             ("drafter", self.drafter, self.num_positions - 1),
@@ -135,14 +173,25 @@ class SpecTables:
                         dist = table.get(prefix)
                         if dist is None:
                             raise ValueError(f"{name}[{r}] lacks prefix {prefix}")
+                        if not isinstance(dist, np.ndarray) or dist.dtype.kind != "f":
+                            raise ValueError(f"{name}[{r}][{prefix}] is not a float array")
                         ok = dist.shape == (self.vocab_size,) and np.all(dist >= 0)
                         if not ok or abs(float(dist.sum()) - 1.0) > 1e-12:
                             raise ValueError(f"{name}[{r}][{prefix}] is not a distribution")
 
 
 def _distribution(weights: Sequence[float] | FloatArray) -> FloatArray:
-    w: FloatArray = np.asarray(weights, dtype=np.float64)
-    out: FloatArray = w / w.sum()
+    try:
+        w: FloatArray = np.asarray(weights, dtype=np.float64)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise ValueError(f"a table function must return weights, got {weights!r}") from error
+    total = float(w.sum()) if w.ndim == 1 else math.nan
+    if not (np.all(np.isfinite(w)) and np.all(w >= 0) and total > 0):
+        raise ValueError(
+            f"a table function must return finite, non-negative weights with a positive sum "
+            f"as a 1-D sequence, got {weights!r}"
+        )
+    out: FloatArray = w / total
     return out
 
 
@@ -498,6 +547,14 @@ def position_marginal(
     law: Mapping[tuple[Prefix, ...], float], request: int, position: int
 ) -> FloatArray:
     """The law of one request's token at one position, from a joint law."""
+    if not law:
+        raise ValueError("law must not be empty")
+    first = next(iter(law))
+    if isinstance(request, bool) or not isinstance(request, int) or not 0 <= request < len(first):
+        raise ValueError(f"request must be an int in [0, {len(first)}), got {request!r}")
+    length = len(first[request])
+    if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < length:
+        raise ValueError(f"position must be an int in [0, {length}), got {position!r}")
     size = 1 + max(seqs[request][position] for seqs in law)
     out = np.zeros(size)
     for seqs, p in law.items():
@@ -618,6 +675,13 @@ def confidence_matrices(
     power-of-two denominator, so survival sums are exact and ties are real)."""
     from hypothesis import strategies as st
 
+    for name, value in (
+        ("num_requests", num_requests),
+        ("num_positions", num_positions),
+        ("denominator", denominator),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return st.lists(
         st.integers(0, denominator),
         min_size=num_requests * num_positions,

@@ -18,9 +18,13 @@ import gzip
 import importlib
 import io
 import math
+import numbers
+import stat
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from os import PathLike
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
@@ -110,9 +114,10 @@ class DraftTrace:
                 if column.required:
                     raise ValueError(f"column {column.name!r} is required, got None")
                 continue
-            array = _coerce(column, value)
+            array = _as_array(column, value)
             if array.ndim != 1:
                 raise ValueError(f"column {column.name!r} must be 1-D, got shape {array.shape}")
+            array = _coerce(column, array)
             if length is None:
                 length = array.shape[0]
             elif array.shape[0] != length:
@@ -141,8 +146,30 @@ class DraftTrace:
         return int(self.position.max()) + 1 if len(self) else 0
 
     def select(self, mask: npt.ArrayLike) -> DraftTrace:
-        """Rows where ``mask`` is true (a boolean mask or integer indices)."""
-        index = np.asarray(mask)
+        """Rows where ``mask`` is true (a boolean mask of ``len(self)`` entries) or the rows at
+        ``mask`` (integer indices in ``[-len(self), len(self))``)."""
+        try:
+            index = np.asarray(mask)
+        except (ValueError, TypeError, OverflowError) as error:
+            raise ValueError(f"mask must be a 1-D array: {error}") from None
+        if index.ndim != 1:
+            raise ValueError(f"mask must be 1-D, got shape {index.shape}")
+        if index.dtype == np.bool_:
+            if index.shape[0] != len(self):
+                raise ValueError(f"mask has {index.shape[0]} entries, the trace {len(self)} rows")
+        elif index.size == 0:
+            index = index.astype(np.int64)
+        elif not np.issubdtype(index.dtype, np.integer):
+            raise TypeError(f"mask must be a boolean mask or integer indices, got {index.dtype}")
+        else:
+            # Compared as given: a cast to int64 first would wrap a uint64 index.
+            low, high = index.min(), index.max()
+            too_low = not np.issubdtype(index.dtype, np.unsignedinteger) and low < -len(self)
+            if too_low or high >= len(self):
+                bad = low if too_low else high
+                raise ValueError(
+                    f"mask indices must lie in [{-len(self)}, {len(self)}), got {int(bad)}"
+                )
         return DraftTrace(**{name: getattr(self, name)[index] for name in self.columns})
 
     def to_dict(self) -> dict[str, npt.NDArray[Any]]:
@@ -152,8 +179,13 @@ class DraftTrace:
     @staticmethod
     def concatenate(traces: Sequence[DraftTrace]) -> DraftTrace:
         """Rows of every trace in order; all must have the same columns."""
+        if isinstance(traces, DraftTrace) or not isinstance(traces, Sequence):
+            raise TypeError(f"traces must be a sequence of DraftTrace, got {type(traces).__name__}")
         if not traces:
             raise ValueError("traces must not be empty, got []")
+        for index, trace in enumerate(traces):
+            if not isinstance(trace, DraftTrace):
+                raise TypeError(f"traces[{index}] must be a DraftTrace, got {type(trace).__name__}")
         names = traces[0].columns
         for index, trace in enumerate(traces):
             if trace.columns != names:
@@ -165,39 +197,124 @@ class DraftTrace:
         )
 
 
-def _coerce(column: Column, value: npt.ArrayLike) -> npt.NDArray[Any]:
-    if column.kind == "int":
-        array = np.asarray(value)
-        if array.size and not np.issubdtype(array.dtype, np.integer):
-            raise TypeError(f"column {column.name!r} must hold integers, got dtype {array.dtype}")
-        return array.astype(np.int64)
+#: Inclusive bounds of an integer column before it is stored: int64 for ids, -1..1 for labels.
+_INT_RANGE: dict[str, tuple[int, int]] = {"int": (-(2**63), 2**63 - 1), "label": (UNLABELED, 1)}
+
+
+def _range_error(row: int, column: Column, value: int) -> ValueError:
     if column.kind == "label":
-        array = np.asarray(value)
+        return _fail(row, column.name, f"must be 1, 0 or unlabeled ({UNLABELED}), got {value}")
+    return _fail(row, column.name, f"must fit in int64, got {value}")
+
+
+def _as_array(column: Column, value: object) -> npt.NDArray[Any]:
+    """``value`` as an array, nothing cast yet. A list or tuple goes through an object array so
+    that every element is checked as given (numpy would turn ``[1, 2**63]`` into float64)."""
+    try:
+        if isinstance(value, np.ndarray):
+            return value
+        if isinstance(value, list | tuple):
+            return np.asarray(value, dtype=object)
+        return np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise ValueError(f"column {column.name!r} must be a 1-D array: {error}") from None
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a malformed cell can be megabytes long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _coerce(column: Column, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A 1-D column in the schema's dtype, every value checked *before* it is cast (a cast that
+    wraps or truncates would hide the value the caller passed)."""
+    if array.dtype == object:
+        return _from_objects(column, array.tolist())
+    name, kind = column.name, column.kind
+    if kind in ("int", "label"):
         if array.size and not np.issubdtype(array.dtype, np.integer):
-            raise TypeError(f"column 'label' must hold integers (-1 unlabeled), got {array.dtype}")
-        return array.astype(np.int8)
-    if column.kind == "bool":
-        array = np.asarray(value)
+            expected = "integers (-1 unlabeled)" if kind == "label" else "integers"
+            raise TypeError(f"column {name!r} must hold {expected}, got dtype {array.dtype}")
+        low, high = _INT_RANGE[kind]
+        if np.issubdtype(array.dtype, np.unsignedinteger):
+            bad = np.flatnonzero(array > high)
+        else:
+            bad = np.flatnonzero((array < low) | (array > high))
+        if bad.size:
+            raise _range_error(int(bad[0]), column, int(array[bad[0]]))
+        return array.astype(np.int8 if kind == "label" else np.int64)
+    if kind == "bool":
         if array.size and not (
             np.issubdtype(array.dtype, np.bool_) or np.issubdtype(array.dtype, np.integer)
         ):
-            raise TypeError(f"column {column.name!r} must hold booleans, got dtype {array.dtype}")
+            raise TypeError(f"column {name!r} must hold booleans, got dtype {array.dtype}")
         if array.size and np.issubdtype(array.dtype, np.integer):
             bad = np.flatnonzero((array != 0) & (array != 1))
             if bad.size:
                 raise ValueError(
-                    f"row {bad[0] + 1}, column {column.name!r}: expected 0 or 1, "
+                    f"row {bad[0] + 1}, column {name!r}: expected 0 or 1, "
                     f"got {array[bad[0]].item()!r}"
                 )
         return array.astype(np.bool_)
-    if column.kind == "float":
-        array = np.asarray(value)
+    if kind == "float":
         if array.size and not (
             np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
         ):
-            raise TypeError(f"column {column.name!r} must hold numbers, got dtype {array.dtype}")
+            raise TypeError(f"column {name!r} must hold numbers, got dtype {array.dtype}")
         return array.astype(np.float64)
-    return np.asarray(value).astype(np.str_)
+    if array.dtype.kind == "S":
+        raise TypeError(f"column {name!r} must hold str, got bytes (dtype {array.dtype})")
+    return array.astype(np.str_)
+
+
+def _from_objects(column: Column, items: list[Any]) -> npt.NDArray[Any]:
+    """A column given as Python objects, checked element by element, then built in the schema's
+    dtype."""
+    name, kind = column.name, column.kind
+    if kind == "str":
+        for row, item in enumerate(items):
+            if isinstance(item, bytes | bytearray):
+                raise TypeError(f"row {row + 1}, column {name!r}: expected a str, got bytes")
+        return np.asarray([str(item) for item in items], dtype=np.str_).reshape(len(items))
+    if kind == "float":
+        floats: list[float] = []
+        for row, item in enumerate(items):
+            if isinstance(item, bool | np.bool_) or not isinstance(item, numbers.Real):
+                raise TypeError(
+                    f"row {row + 1}, column {name!r}: expected a number, got {_shown(item)}"
+                )
+            try:
+                floats.append(float(item))
+            except OverflowError:
+                raise _fail(row, name, f"{_shown(item)} is too large for float64") from None
+        return np.asarray(floats, dtype=np.float64).reshape(len(items))
+    if kind == "bool":
+        flags: list[bool] = []
+        for row, item in enumerate(items):
+            if isinstance(item, bool | np.bool_):
+                flags.append(bool(item))
+            elif not isinstance(item, numbers.Integral):
+                raise TypeError(
+                    f"row {row + 1}, column {name!r}: expected a boolean, got {_shown(item)}"
+                )
+            elif item in (0, 1):
+                flags.append(bool(item))
+            else:
+                raise _fail(row, name, f"expected 0 or 1, got {_shown(item)}")
+        return np.asarray(flags, dtype=np.bool_).reshape(len(items))
+    low, high = _INT_RANGE[kind]
+    values: list[int] = []
+    for row, item in enumerate(items):
+        if isinstance(item, bool | np.bool_) or not isinstance(item, numbers.Integral):
+            raise TypeError(
+                f"row {row + 1}, column {name!r}: expected an integer, got {_shown(item)}"
+            )
+        number = int(item)
+        if not low <= number <= high:
+            raise _range_error(row, column, number)
+        values.append(number)
+    return np.asarray(values, dtype=np.int8 if kind == "label" else np.int64).reshape(len(items))
 
 
 def _fail(row: int, name: str, message: str) -> ValueError:
@@ -217,9 +334,6 @@ def _check_values(trace: DraftTrace) -> None:
     bad = np.flatnonzero(np.char.str_len(trace.workload) == 0) if len(trace) else bad[:0]
     if bad.size:
         raise _fail(int(bad[0]), "workload", "must not be empty")
-    bad = np.flatnonzero((trace.label < -1) | (trace.label > 1))
-    if bad.size:
-        raise _fail(int(bad[0]), "label", f"must be 1, 0 or unlabeled, got {trace.label[bad[0]]}")
     bad = np.flatnonzero((trace.label != UNLABELED) & ~trace.admitted)
     if bad.size:
         raise _fail(
@@ -279,11 +393,58 @@ def _check_label_order(trace: DraftTrace) -> None:
 # ---------------------------------------------------------------------------------------------
 # Files
 
+#: What a damaged or foreign file raises while it is decoded; each becomes a ValueError that names
+#: the file (OSError, such as a missing file, passes through as is: it names the file already).
+_DECODE_ERRORS: tuple[type[BaseException], ...] = (
+    UnicodeDecodeError,
+    EOFError,
+    gzip.BadGzipFile,
+    zlib.error,
+    csv.Error,
+    OverflowError,
+)
+
+
+def _undecodable_line(path: Path) -> str:
+    """Where a file stops being UTF-8: text is decoded in blocks, so the error itself does not
+    know its line; the raw lines are scanned again (only on this error path)."""
+    opener: Any = gzip.open if path.name.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rb") as raw:
+            for number, data in enumerate(raw, start=1):
+                try:
+                    data.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    return f"line {number}: not UTF-8 text ({error.reason} at byte {error.start})"
+    except (OSError, EOFError, zlib.error):
+        pass
+    return "not UTF-8 text"
+
+
+def _decode_problem(error: BaseException) -> str:
+    if isinstance(error, gzip.BadGzipFile):
+        return f"not a gzip file ({error})"
+    if isinstance(error, EOFError):
+        return "the gzip stream ends early (truncated file)"
+    if isinstance(error, zlib.error):
+        return f"the gzip stream is corrupt ({error})"
+    if isinstance(error, csv.Error):
+        return f"malformed CSV ({error})"
+    return f"{type(error).__name__}: {error}"
+
 
 def _open_text(path: Path, mode: Literal["r", "w", "a"]) -> IO[str]:
-    if path.name.endswith(".gz"):
-        return cast(IO[str], gzip.open(path, mode + "t", encoding="utf-8", newline=""))
-    return open(path, mode, encoding="utf-8", newline="")
+    # Reading accepts a byte-order mark (spreadsheet exports write one); writing never adds one.
+    encoding = "utf-8-sig" if mode == "r" else "utf-8"
+    if path.name.lower().endswith(".gz"):
+        return cast(IO[str], gzip.open(path, mode + "t", encoding=encoding, newline=""))
+    return open(path, mode, encoding=encoding, newline="")
+
+
+def _check_regular_file(path: Path) -> None:
+    """A trace is read from a regular file only: a FIFO or a device would block or never end."""
+    if not stat.S_ISREG(path.stat().st_mode):  # a missing file raises FileNotFoundError
+        raise ValueError(f"{path}: not a regular file (a directory, FIFO or device is not a trace)")
 
 
 def _format_cell(kind: ColumnKind, value: Any) -> str:
@@ -310,6 +471,9 @@ def _write_csv_rows(trace: DraftTrace, handle: IO[str], header: bool) -> None:
         writer.writerow([_format_cell(kind, value) for kind, value in zip(kinds, row, strict=True)])
 
 
+_INT64_MIN, _INT64_MAX = _INT_RANGE["int"]
+
+
 def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
     text = text.strip()
     if kind == "str":
@@ -322,12 +486,15 @@ def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
         raise ValueError("is empty")
     if kind == "int":
         try:
-            return int(text)
+            number = int(text)
         except ValueError:
-            raise ValueError(f"expected an integer, got {text!r}") from None
+            raise ValueError(f"expected an integer, got {_shown(text)}") from None
+        if not _INT64_MIN <= number <= _INT64_MAX:
+            raise ValueError(f"must fit in int64, got {_shown(text)}")
+        return number
     if kind == "label":
         if text not in ("0", "1"):
-            raise ValueError(f"expected 1, 0 or empty, got {text!r}")
+            raise ValueError(f"expected 1, 0 or empty, got {_shown(text)}")
         return int(text)
     if kind == "bool":
         lowered = text.lower()
@@ -335,21 +502,21 @@ def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
             return True
         if lowered in ("0", "false"):
             return False
-        raise ValueError(f"expected 0 or 1, got {text!r}")
+        raise ValueError(f"expected 0 or 1, got {_shown(text)}")
     try:
-        number = float(text)
+        number_ = float(text)
     except ValueError:
-        raise ValueError(f"expected a number, got {text!r}") from None
-    if math.isnan(number) and required:
-        raise ValueError(f"expected a number, got {text!r}")
-    return number
+        raise ValueError(f"expected a number, got {_shown(text)}") from None
+    if math.isnan(number_) and required:
+        raise ValueError(f"expected a number, got {_shown(text)}")
+    return number_
 
 
 def _header_columns(header: Sequence[str], where: str) -> list[Column]:
     columns: list[Column] = []
     for name in header:
         if name not in _BY_NAME:
-            raise ValueError(f"{where}: column {name!r} is not part of the trace schema")
+            raise ValueError(f"{where}: column {_shown(name)} is not part of the trace schema")
         columns.append(_BY_NAME[name])
     duplicated = sorted({name for name in header if list(header).count(name) > 1})
     if duplicated:
@@ -360,17 +527,20 @@ def _header_columns(header: Sequence[str], where: str) -> list[Column]:
     return columns
 
 
+_DTYPES: dict[ColumnKind, Any] = {
+    "int": np.int64,
+    "float": np.float64,
+    "bool": np.bool_,
+    "label": np.int8,
+    "str": np.str_,
+}
+
+
 def _from_columns(where: str, values: Mapping[str, list[Any]]) -> DraftTrace:
+    """A trace from parsed cells (already of their column's Python type and range)."""
     arrays: dict[str, npt.NDArray[Any]] = {}
     for name, cells in values.items():
-        kind = _BY_NAME[name].kind
-        dtype: Any = {
-            "int": np.int64,
-            "float": np.float64,
-            "bool": np.bool_,
-            "label": np.int8,
-            "str": np.str_,
-        }[kind]
+        dtype = _DTYPES[_BY_NAME[name].kind]
         arrays[name] = np.asarray(cells, dtype=dtype) if cells else np.zeros(0, dtype=dtype)
     try:
         return DraftTrace(**arrays)
@@ -380,30 +550,38 @@ def _from_columns(where: str, values: Mapping[str, list[Any]]) -> DraftTrace:
 
 def _read_csv(path: Path) -> DraftTrace:
     where = str(path)
-    with _open_text(path, "r") as handle:
-        reader = csv.reader(handle)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise ValueError(f"{where}: empty file, expected a header row") from None
-        columns = _header_columns([name.strip() for name in header], where)
-        values: dict[str, list[Any]] = {c.name: [] for c in columns}
-        for row_index, row in enumerate(reader):
-            if not row:
-                continue
-            if len(row) != len(columns):
-                raise ValueError(
-                    f"{where}: row {row_index + 1} (line {reader.line_num}): expected "
-                    f"{len(columns)} fields, got {len(row)}"
-                )
-            for column, text in zip(columns, row, strict=True):
-                try:
-                    values[column.name].append(_parse_cell(column.kind, column.required, text))
-                except ValueError as error:
+    line = 0  # the last line read whole, for decoding errors
+    try:
+        with _open_text(path, "r") as handle:
+            reader = csv.reader(handle)
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise ValueError(f"{where}: empty file, expected a header row") from None
+            line = reader.line_num
+            columns = _header_columns([name.strip() for name in header], where)
+            values: dict[str, list[Any]] = {c.name: [] for c in columns}
+            for row_index, row in enumerate(reader):
+                line = reader.line_num
+                if not row:
+                    continue
+                if len(row) != len(columns):
                     raise ValueError(
-                        f"{where}: row {row_index + 1} (line {reader.line_num}), "
-                        f"column {column.name!r}: {error}"
-                    ) from None
+                        f"{where}: row {row_index + 1} (line {line}): expected "
+                        f"{len(columns)} fields, got {len(row)}"
+                    )
+                for column, text in zip(columns, row, strict=True):
+                    try:
+                        values[column.name].append(_parse_cell(column.kind, column.required, text))
+                    except ValueError as error:
+                        raise ValueError(
+                            f"{where}: row {row_index + 1} (line {line}), "
+                            f"column {column.name!r}: {error}"
+                        ) from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: {_undecodable_line(path)}") from None
+    except _DECODE_ERRORS as error:
+        raise ValueError(f"{where}: line {line + 1}: {_decode_problem(error)}") from None
     return _from_columns(where, values)
 
 
@@ -418,16 +596,38 @@ def _require_pyarrow() -> Any:
     return pyarrow
 
 
+def _parquet_failure(where: str, error: Exception) -> Exception:
+    """What pyarrow raised while decoding, as a ValueError naming the file. A damaged file shows
+    up as an ArrowException, a plain OSError without an errno ("Couldn't deserialize thrift"),
+    or a Python decoding error (a column name that is not UTF-8); an OSError with an errno is the
+    file system's and is returned as is, and so is anything that is not a decoding failure."""
+    decoding = (UnicodeDecodeError, EOFError, OverflowError, ValueError, TypeError, KeyError)
+    if isinstance(error, OSError) and error.errno is not None:
+        return error
+    if isinstance(error, (OSError, *decoding)) or type(error).__module__.startswith("pyarrow"):
+        return ValueError(
+            f"{where}: not a readable Parquet trace ({type(error).__name__}: {error})"
+        )
+    return error
+
+
 def _read_parquet(path: Path) -> DraftTrace:
     pa = _require_pyarrow()
     where = str(path)
-    table = pa.parquet.read_table(path)
-    columns = _header_columns(table.column_names, where)
+    try:
+        table = pa.parquet.read_table(path)
+        names = [str(name) for name in table.column_names]
+    except Exception as error:  # noqa: BLE001 - sorted out by _parquet_failure
+        raise _parquet_failure(where, error) from None
+    columns = _header_columns(names, where)
+    try:
+        cells_by_name = {column.name: table.column(column.name).to_pylist() for column in columns}
+    except Exception as error:  # noqa: BLE001 - sorted out by _parquet_failure
+        raise _parquet_failure(where, error) from None
     values: dict[str, list[Any]] = {}
     for column in columns:
-        cells = table.column(column.name).to_pylist()
         parsed: list[Any] = []
-        for row_index, cell in enumerate(cells):
+        for row_index, cell in enumerate(cells_by_name[column.name]):
             try:
                 parsed.append(_parse_parquet_cell(column, cell))
             except ValueError as error:
@@ -448,22 +648,24 @@ def _parse_parquet_cell(column: Column, cell: Any) -> Any:
     kind = column.kind
     if kind == "str":
         if not isinstance(cell, str):
-            raise ValueError(f"expected a string, got {cell!r}")
+            raise ValueError(f"expected a string, got {_shown(cell)}")
         return cell
     if kind == "float":
         if isinstance(cell, bool) or not isinstance(cell, int | float):
-            raise ValueError(f"expected a number, got {cell!r}")
+            raise ValueError(f"expected a number, got {_shown(cell)}")
         if column.required and math.isnan(cell):
-            raise ValueError(f"expected a number, got {cell!r}")
+            raise ValueError(f"expected a number, got {_shown(cell)}")
         return float(cell)
     if kind == "bool":
         if isinstance(cell, bool) or (isinstance(cell, int) and cell in (0, 1)):
             return bool(cell)
-        raise ValueError(f"expected a boolean, got {cell!r}")
+        raise ValueError(f"expected a boolean, got {_shown(cell)}")
     if isinstance(cell, bool) or not isinstance(cell, int):
-        raise ValueError(f"expected an integer, got {cell!r}")
+        raise ValueError(f"expected an integer, got {_shown(cell)}")
     if kind == "label" and cell not in (0, 1):
-        raise ValueError(f"expected 1, 0 or null, got {cell!r}")
+        raise ValueError(f"expected 1, 0 or null, got {_shown(cell)}")
+    if not _INT64_MIN <= cell <= _INT64_MAX:
+        raise ValueError(f"must fit in int64, got {cell}")
     return cell
 
 
@@ -486,6 +688,12 @@ def _write_parquet(trace: DraftTrace, path: Path) -> None:
     pa.parquet.write_table(pa.table(arrays), path)
 
 
+def _trace_path(path: object) -> Path:
+    if not isinstance(path, str | PathLike):
+        raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
+    return Path(path)
+
+
 def _format_of(path: Path) -> Literal["csv", "parquet"]:
     name = path.name.lower()
     if name.endswith((".csv", ".csv.gz")):
@@ -495,22 +703,34 @@ def _format_of(path: Path) -> Literal["csv", "parquet"]:
     raise ValueError(f"path must end in .csv, .csv.gz or .parquet, got {str(path)!r}")
 
 
+def _check_trace(trace: object) -> DraftTrace:
+    if not isinstance(trace, DraftTrace):
+        raise TypeError(f"trace must be a DraftTrace, got {type(trace).__name__}")
+    return trace
+
+
 def read_trace(path: str | Path) -> DraftTrace:
     """Reads and validates a trace from ``.csv``, ``.csv.gz`` or ``.parquet``.
 
     Raises ``ValueError`` naming the file, the 1-based data row and the column of the first
     problem: an unknown or missing column, an unparsable or empty required cell, or a broken
-    invariant (for example a label after the first rejection of a step).
+    invariant (for example a label after the first rejection of a step); naming the file and
+    the line for a file that does not decode (not UTF-8, a damaged or truncated gzip stream,
+    malformed CSV quoting, a damaged Parquet file) or that is not a regular file. A file that
+    cannot be opened raises the ``OSError`` (``FileNotFoundError``, ``PermissionError``) as is.
     """
-    path = Path(path)
-    if _format_of(path) == "parquet":
+    path = _trace_path(path)
+    kind = _format_of(path)
+    _check_regular_file(path)
+    if kind == "parquet":
         return _read_parquet(path)
     return _read_csv(path)
 
 
 def write_trace(trace: DraftTrace, path: str | Path) -> None:
     """Writes ``trace`` to ``.csv``, ``.csv.gz`` (lossless float repr) or ``.parquet``."""
-    path = Path(path)
+    trace = _check_trace(trace)
+    path = _trace_path(path)
     if _format_of(path) == "parquet":
         _write_parquet(trace, path)
         return
@@ -525,14 +745,23 @@ def append_trace(trace: DraftTrace, path: str | Path) -> None:
     leaves whole prompts behind. The columns must match the existing header. A ``.csv.gz`` file
     grows by one gzip member per call, which every gzip reader concatenates.
     """
-    path = Path(path)
+    trace = _check_trace(trace)
+    path = _trace_path(path)
     if _format_of(path) != "csv":
         raise ValueError(f"path must be a .csv or .csv.gz file to append to, got {str(path)!r}")
-    exists = path.exists() and path.stat().st_size > 0
+    exists = path.exists()
     if exists:
-        with _open_text(path, "r") as handle:
-            header = next(csv.reader(handle), [])
-        if tuple(header) != trace.columns:
+        _check_regular_file(path)
+    exists = exists and path.stat().st_size > 0
+    if exists:
+        try:
+            with _open_text(path, "r") as handle:
+                header = next(csv.reader(handle), [])
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: {_undecodable_line(path)}") from None
+        except _DECODE_ERRORS as error:
+            raise ValueError(f"{path}: line 1: {_decode_problem(error)}") from None
+        if tuple(name.strip() for name in header) != trace.columns:
             raise ValueError(
                 f"{path}: existing columns {tuple(header)} differ from the trace's {trace.columns}"
             )
@@ -554,18 +783,30 @@ def load_shipped_trace(name: str = SHIPPED_TRACE) -> DraftTrace:
 
 
 def trace_from_rows(rows: Iterable[Mapping[str, Any]]) -> DraftTrace:
-    """Builds a trace from row mappings (column name → value; label ``None`` is unlabeled)."""
+    """Builds a trace from row mappings (column name → value; label ``None`` is unlabeled).
+
+    Every value is checked as given, before any cast: an id that does not fit int64, a label
+    other than 1, 0 or None, a float where an integer belongs raise ``ValueError`` or
+    ``TypeError`` naming the row and the column.
+    """
+    if isinstance(rows, Mapping) or not isinstance(rows, Iterable):
+        raise TypeError(f"rows must be an iterable of mappings, got {type(rows).__name__}")
     materialized = list(rows)
     if not materialized:
         raise ValueError("rows must not be empty, got no rows")
+    for index, row in enumerate(materialized):
+        if not isinstance(row, Mapping):
+            raise TypeError(f"row {index + 1}: expected a mapping, got {type(row).__name__}")
     names = [c.name for c in COLUMNS if c.name in materialized[0]]
-    unknown = sorted(set(materialized[0]) - set(_BY_NAME))
+    unknown = sorted((key for key in materialized[0] if key not in _BY_NAME), key=repr)
     if unknown:
-        raise ValueError(f"row 1: column {unknown[0]!r} is not part of the trace schema")
+        raise ValueError(f"row 1: column {_shown(unknown[0])} is not part of the trace schema")
     values: dict[str, list[Any]] = {name: [] for name in names}
     for index, row in enumerate(materialized):
-        if set(row) != set(names):
-            raise ValueError(f"row {index + 1}: columns {sorted(row)} differ from row 1's")
+        if len(row) != len(names) or any(name not in row for name in names):
+            raise ValueError(
+                f"row {index + 1}: columns {sorted(map(str, row))} differ from row 1's {names}"
+            )
         for name in names:
             value = row[name]
             if name == "label" and value is None:
@@ -573,7 +814,8 @@ def trace_from_rows(rows: Iterable[Mapping[str, Any]]) -> DraftTrace:
             elif _BY_NAME[name].kind == "float" and value is None:
                 value = math.nan
             values[name].append(value)
-    return _from_columns("rows", values)
+    arrays = {name: _from_objects(_BY_NAME[name], cells) for name, cells in values.items()}
+    return DraftTrace(**arrays)
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Drop-in replacements for vLLM 0.33.0's adaptive-verification pieces, backed by av_core.
+"""Drop-in replacements for vLLM's adaptive-verification pieces (0.32.x, 0.33.0), backed by av_core.
 
 vLLM ships adaptive verification in ``vllm/v1/worker/gpu/spec_decode/``: an online acceptance
 estimator (``acceptance_estimator.OnlineAcceptanceEstimator``) and the budget logic
@@ -19,10 +19,13 @@ torch is required (``pip install "av_core[torch]"``); vLLM is not: nothing here 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
+import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -36,11 +39,20 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
         'av_core.vllm needs PyTorch, an optional dependency: pip install "av_core[torch]"'
     ) from error
 
+from av_core import vllm_metrics
 from av_core._native import AcceptanceEstimator
-from av_core.features import draft_log_odds
+from av_core.features import (
+    MAX_FEATURE_ENTRIES,
+    _check_device,
+    _check_integer_tensor,
+    _dense,
+    _snapshot,
+    draft_log_odds,
+)
 
 __all__ = [
     "DAMPING_OBSERVATIONS",
+    "ENV_EXACT",
     "INIT_INTERCEPT",
     "INIT_SLOPE",
     "L2",
@@ -56,7 +68,8 @@ __all__ = [
     "gpu_selfcheck",
 ]
 
-#: The vLLM release whose interfaces this module mirrors.
+#: The newest vLLM release whose interfaces this module mirrors (every release the plugin
+#: accepts: ``av_core.vllm_plugin.SUPPORTED_VLLM_VERSIONS``).
 VLLM_VERSION = "0.33.0"
 
 # vLLM 0.33.0's constants (acceptance_estimator.py), mirrored so results agree. The cold start is
@@ -68,6 +81,12 @@ INIT_INTERCEPT = -0.2
 REFIT_INTERVAL = 100
 DAMPING_OBSERVATIONS = 50.0
 L2 = 1e-3
+
+#: ``AV_CORE_VLLM_EXACT=1``: refit with vLLM's unbounded update (no step or range limits), the
+#: default of the ``exact`` keyword (docs/vllm.md, "Deviations from vLLM").
+ENV_EXACT = "AV_CORE_VLLM_EXACT"
+
+logger = logging.getLogger("vllm.av_core")
 
 # The native estimator never refits on its own: the schedule runs here, from the instance's
 # REFIT_INTERVAL, so that it can be changed on a live instance as in vLLM.
@@ -82,16 +101,24 @@ _STAGING_DEPTH = 4
 
 
 def _check_tensor(value: object, name: str) -> torch.Tensor:
+    """A dense tensor argument, read as the values it stands for (a lazily negated view is
+    resolved: the host copies below read memory)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    return value
+    return _dense(value, name)
 
 
 def _check_int_tensor(value: object, name: str) -> torch.Tensor:
-    tensor = _check_tensor(value, name)
-    if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or tensor.is_complex():
-        raise TypeError(f"{name} must be an integer tensor, got dtype {tensor.dtype}")
-    return tensor
+    """An integer tensor argument; a host one as a private copy, so that the entries checked
+    are the entries used even if another thread writes the caller's tensor meanwhile."""
+    return _snapshot(_check_integer_tensor(value, name))
+
+
+def _check_output(value: torch.Tensor, name: str) -> torch.Tensor:
+    """A tensor written in place: resolving a lazy view would write to a copy, so refuse it."""
+    if value.is_neg() or value.is_conj() or value.layout != torch.strided:
+        raise ValueError(f"{name} is written in place: pass a plain tensor, not a negated view")
+    return value
 
 
 def _check_vector(
@@ -113,6 +140,22 @@ def _check_positive_int(value: object, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return int(value)
+
+
+def _check_setting(value: object, name: str, *, integer: bool = False) -> None:
+    """An instance setting (vLLM lets a caller change them on a live instance): checked before a
+    step changes anything, so a bad one is refused without advancing the schedule."""
+    if integer:
+        _check_positive_int(value, name)
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = float("inf")
+    if not (np.isfinite(number) and number >= 0.0):
+        raise ValueError(f"{name} must be finite and non-negative, got {value!r}")
 
 
 def _check_range_on_host(tensor: torch.Tensor, name: str, low: int, high: int) -> None:
@@ -232,22 +275,51 @@ class OnlineAcceptanceEstimator:
         device: torch.device,
         *,
         staged: bool | None = None,
+        process_group: Any = None,
+        exact: bool | None = None,
     ) -> None:
-        """``staged`` chooses the asynchronous hand-over of :meth:`step` (default: on for CUDA,
-        off for host tensors; other accelerators copy synchronously)."""
+        """vLLM's constructor, plus keyword-only extras (every call vLLM makes means the same):
+
+        - ``staged`` chooses the asynchronous hand-over of :meth:`step` (default: on for CUDA,
+          off for host tensors; other accelerators copy synchronously).
+        - ``process_group``: a ``torch.distributed`` group (e.g. the data-parallel ranks' CPU
+          group) over which every refit first sums the round's statistics
+          (:func:`av_core.distributed.pool_round`), so every rank refits on the pooled round and
+          holds the same coefficients. Every rank of the group must call :meth:`step` the same
+          number of times (a rank without requests steps with empty tensors and contributes
+          zeros). ``None``: each rank learns from its own verdicts.
+        - ``exact``: vLLM's unbounded refit instead of av_core's bounded one (no cap on one
+          refit's step, on the slope or on the intercepts); default ``AV_CORE_VLLM_EXACT``.
+        """
         self.max_num_reqs = _check_positive_int(max_num_reqs, "max_num_reqs")
         self.num_speculative_steps = _check_positive_int(
             num_speculative_steps, "num_speculative_steps"
         )
-        self.device = torch.device(device)
-        self._staged = self.device.type == "cuda" if staged is None else bool(staged)
+        # Checked before anything is allocated (features and predictions per slot, and as many
+        # host copies as the staging ring holds): the bound of av_core.features.
+        if (self.max_num_reqs + 1) * self.num_speculative_steps > MAX_FEATURE_ENTRIES:
+            raise ValueError(
+                f"max_num_reqs x num_speculative_steps must stay within {MAX_FEATURE_ENTRIES} "
+                f"slots (av_core.features.MAX_FEATURE_ENTRIES), got {self.max_num_reqs} x "
+                f"{self.num_speculative_steps}"
+            )
+        if staged is not None and not isinstance(staged, bool):
+            raise TypeError(f"staged must be a bool or None, got {type(staged).__name__}")
+        self.device = _check_device(device)
+        if exact is None:
+            exact = os.environ.get(ENV_EXACT, "").strip().lower() in ("1", "true", "yes")
+        self.exact = bool(exact)
+        self.process_group = process_group
+        self._staged = self.device.type == "cuda" if staged is None else staged
         self._pin = self.device.type == "cuda"
         self._steps_since_refit = 0
         self._refits = 0
         self._refit_pending = False
         self.num_dropped_rows = 0
+        self._refit_listeners: list[Callable[[OnlineAcceptanceEstimator], None]] = []
         m, k = self.max_num_reqs, self.num_speculative_steps
 
+        unbounded = {"max_step": math.inf, "max_slope": math.inf, "max_intercept": math.inf}
         self._native = AcceptanceEstimator(
             k,
             refit_interval=_NATIVE_NEVER_REFITS,
@@ -257,12 +329,21 @@ class OnlineAcceptanceEstimator:
             init_intercept=INIT_INTERCEPT,
             max_log_odds=MAX_LOG_ODDS,
             memory=0.0,  # vLLM's memoryless update, whatever av_core's default
+            **(unbounded if self.exact else {}),
         )
-        self.slope = torch.full((1,), INIT_SLOPE, dtype=torch.float32, device=self.device)
-        self.intercepts = torch.full((k,), INIT_INTERCEPT, dtype=torch.float32, device=self.device)
-        # Features (plane 0) and draft-time predictions (plane 1) by request slot, plus one spare
-        # row that padded rows (request index -1) write to, so no write needs a mask on the host.
-        self._slots = torch.zeros(2, m + 1, k, dtype=torch.float32, device=self.device)
+        try:
+            self.slope = torch.full((1,), INIT_SLOPE, dtype=torch.float32, device=self.device)
+            self.intercepts = torch.full(
+                (k,), INIT_INTERCEPT, dtype=torch.float32, device=self.device
+            )
+            # Features (plane 0) and draft-time predictions (plane 1) by request slot, plus one
+            # spare row that padded rows (request index -1) write to, so no write needs a mask
+            # on the host.
+            self._slots = torch.zeros(2, m + 1, k, dtype=torch.float32, device=self.device)
+        except (RuntimeError, AssertionError) as error:  # an absent or exhausted device
+            raise ValueError(
+                f"device: cannot hold the estimator on {self.device} ({error})"
+            ) from None
         self.features = self._slots[0, :m]
         self.predictions = self._slots[1, :m]
 
@@ -275,6 +356,9 @@ class OnlineAcceptanceEstimator:
                 _HostBuffers(torch.empty(2, m + 1, k, dtype=torch.float32, pin_memory=self._pin))
                 for _ in range(_STAGING_DEPTH)
             ]
+        # Metrics (av_core.vllm_metrics): None unless AV_CORE_METRICS_PORT or
+        # PROMETHEUS_MULTIPROC_DIR is set, and then only host arrays are recorded.
+        self._recorder: Any = _metrics_recorder(self)
 
     # ----------------------------------------------------------------------------------------
     # vLLM's interface
@@ -300,7 +384,31 @@ class OnlineAcceptanceEstimator:
                 confidence and would bias the coefficients every request shares.
 
         Must run before the next :meth:`predict` overwrites the slots it grades (as in vLLM).
+        Everything is checked before anything changes: a call that raises leaves the statistics
+        and the refit schedule as they were (host tensors; on a device, out-of-range entries are
+        not read back and count as no request).
         """
+        recorder = self._recorder
+        if recorder is None:
+            self._step(idx_mapping, num_sampled, num_rejected, skip_rows)
+            return
+        recorder.owner.end_step()
+        started = time.perf_counter()
+        try:
+            self._step(idx_mapping, num_sampled, num_rejected, skip_rows)
+        finally:
+            recorder.host_time(vllm_metrics.STEP, time.perf_counter() - started)
+
+    def _step(
+        self,
+        idx_mapping: torch.Tensor,
+        num_sampled: torch.Tensor,
+        num_rejected: torch.Tensor,
+        skip_rows: torch.Tensor | None,
+    ) -> None:
+        _check_setting(self.REFIT_INTERVAL, "REFIT_INTERVAL", integer=True)
+        _check_setting(self.DAMPING_OBSERVATIONS, "DAMPING_OBSERVATIONS")
+        _check_setting(self.L2, "L2")
         idx_mapping = _check_int_tensor(idx_mapping, "idx_mapping")
         if idx_mapping.dim() != 1:
             raise ValueError(f"idx_mapping must be 1-D, got shape {tuple(idx_mapping.shape)}")
@@ -371,14 +479,34 @@ class OnlineAcceptanceEstimator:
         out-of-range request index or batch row counts as padding and a step is clamped to
         ``[0, K)`` (checking them would synchronise); host tensors raise ValueError instead.
         """
+        recorder = self._recorder
+        if recorder is None:
+            self._predict(logits, idx_mapping, draft_step, confidence_probs, temperature)
+            return
+        started = time.perf_counter()
+        try:
+            self._predict(logits, idx_mapping, draft_step, confidence_probs, temperature)
+        finally:
+            recorder.host_time(vllm_metrics.PREDICT, time.perf_counter() - started)
+
+    def _predict(
+        self,
+        logits: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        draft_step: torch.Tensor,
+        confidence_probs: torch.Tensor,
+        temperature: torch.Tensor,
+    ) -> None:
         logits = _check_tensor(logits, "logits")
         if logits.dim() != 2:
             raise ValueError(f"logits must have shape [N, V], got shape {tuple(logits.shape)}")
         n = logits.shape[0]
         k, m = self.num_speculative_steps, self.max_num_reqs
         idx_mapping = _check_vector(idx_mapping, "idx_mapping", n, longer_ok=True)
-        if isinstance(draft_step, int) and not isinstance(draft_step, bool):
-            draft_step = torch.tensor(draft_step, device=self.device)
+        if isinstance(draft_step, int | np.integer) and not isinstance(draft_step, bool):
+            if not 0 <= draft_step < k:
+                raise ValueError(f"draft_step must lie in [0, {k}), got {draft_step}")
+            draft_step = torch.tensor(int(draft_step), device=self.device)
         draft_step = _check_int_tensor(draft_step, "draft_step")
         per_row = draft_step.dim() > 0
         if per_row and (draft_step.dim() != 1 or draft_step.shape[0] < n):
@@ -388,7 +516,11 @@ class OnlineAcceptanceEstimator:
             )
         if per_row:
             draft_step = draft_step[:n]
-        confidence_probs = _check_tensor(confidence_probs, "confidence_probs")
+        if not isinstance(confidence_probs, torch.Tensor):
+            raise TypeError(
+                f"confidence_probs must be a torch.Tensor, got {type(confidence_probs).__name__}"
+            )
+        confidence_probs = _check_output(confidence_probs, "confidence_probs")
         if confidence_probs.dim() != 2 or confidence_probs.shape[1] < k:
             raise ValueError(
                 f"confidence_probs must have shape [B, >= {k}], got shape "
@@ -484,6 +616,23 @@ class OnlineAcceptanceEstimator:
         return self._steps_since_refit
 
     @property
+    def host_coefficients(self) -> tuple[float, npt.NDArray[np.float64]]:
+        """``(slope, intercepts)`` as the host holds them (float64; reading them never touches
+        the device). ``slope``/``intercepts`` are their float32 copies on ``device``."""
+        return self._native.slope, self._native.intercepts
+
+    def round_stats(self) -> dict[str, Any]:
+        """The open round's exact statistics as folded so far (``state_dict()["round_stats"]``
+        of the native estimator; staged verdicts still in flight are not in it)."""
+        return self._native.state_dict()["round_stats"]  # type: ignore[no-any-return]
+
+    def on_refit(self, callback: Callable[[OnlineAcceptanceEstimator], None]) -> None:
+        """Calls ``callback(self)`` after every refit (on the thread that runs :meth:`step`);
+        warm restarts (:mod:`av_core.vllm_state`) save through it. A callback that raises is
+        logged and dropped, never propagated into serving."""
+        self._refit_listeners.append(callback)
+
+    @property
     def staged(self) -> bool:
         """Whether :meth:`step` hands its verdicts over asynchronously (see the class doc)."""
         return self._staged
@@ -496,9 +645,12 @@ class OnlineAcceptanceEstimator:
             self._refit_pending = False
             self._refit()
 
-    def state_dict(self) -> dict[str, Any]:
-        """Coefficients, this round's statistics and the schedule, after :meth:`flush`."""
-        self.flush()
+    def state_dict(self, *, flush: bool = True) -> dict[str, Any]:
+        """Coefficients, this round's statistics and the schedule, after :meth:`flush`
+        (``flush=False``: as folded so far, without waiting for verdicts in flight or running a
+        refit that is due; what periodic checkpoints take on the serving thread)."""
+        if flush:
+            self.flush()
         return {
             "format": "av_core.vllm.OnlineAcceptanceEstimator",
             "estimator": self._native.state_dict(),
@@ -512,6 +664,13 @@ class OnlineAcceptanceEstimator:
             "av_core.vllm.OnlineAcceptanceEstimator"
         ):
             raise ValueError("state must come from OnlineAcceptanceEstimator.state_dict()")
+        for key in ("estimator", "steps_since_refit", "refits"):
+            if key not in state:
+                raise ValueError(f"state has no {key!r} entry; it must come from state_dict()")
+        if not isinstance(state["estimator"], Mapping):
+            raise ValueError(
+                f"state['estimator'] must be a mapping, got {type(state['estimator']).__name__}"
+            )
         native = AcceptanceEstimator.from_state_dict(dict(state["estimator"]))
         if native.num_positions != self.num_speculative_steps:
             raise ValueError(
@@ -523,7 +682,11 @@ class OnlineAcceptanceEstimator:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"state[{name!r}] must be an int >= 0, got {value!r}")
         self.flush()
-        self._native = native
+        recorder = self._recorder
+        with contextlib.nullcontext() if recorder is None else recorder.state_lock():
+            self._native = native
+            if recorder is not None:
+                recorder.restored(native.state_dict()["round_stats"])
         self._steps_since_refit, self._refits = steps, refits
         self._upload()
 
@@ -563,6 +726,8 @@ class OnlineAcceptanceEstimator:
         accepted, admitted = accepted[keep], admitted[keep]
         try:
             self._native.observe(x, admitted, accepted, p)
+            if self._recorder is not None:
+                self._recorder.verdicts(p, accepted, admitted)
         except ValueError:
             # The core refuses non-finite features (a drafter row with no distribution) and
             # changes nothing; that must not stop serving. Drop the rows where such a value
@@ -575,12 +740,10 @@ class OnlineAcceptanceEstimator:
             self.num_dropped_rows += int(bad.sum())
             accepted[bad] = 0
             admitted[bad] = 0
-            self._native.observe(
-                np.where(finite_x, x, np.float32(0.0)),
-                admitted,
-                accepted,
-                np.where(sane_p, p, np.float32(0.5)),
-            )
+            sane = np.where(sane_p, p, np.float32(0.5))
+            self._native.observe(np.where(finite_x, x, np.float32(0.0)), admitted, accepted, sane)
+            if self._recorder is not None:
+                self._recorder.verdicts(sane, accepted, admitted)
 
     def _new_event(self) -> _Event:
         if self.device.type == "cuda":
@@ -640,16 +803,36 @@ class OnlineAcceptanceEstimator:
 
     def _refit(self) -> None:
         """One damped Newton step on the round's statistics (then cleared), with the instance's
-        L2 and DAMPING_OBSERVATIONS; the new coefficients go to the device in place."""
-        native = self._native
-        l2, damping = float(self.L2), float(self.DAMPING_OBSERVATIONS)
-        if native.l2 != l2 or native.damping != damping:
-            state = native.state_dict()
-            state["config"] = {**state["config"], "l2": l2, "damping": damping}
-            native = self._native = AcceptanceEstimator.from_state_dict(state)
-        native.refit()
+        L2 and DAMPING_OBSERVATIONS, on the round pooled over ``process_group`` if one is set;
+        the new coefficients go to the device in place."""
+        recorder = self._recorder
+        # With metrics on, their fold must not read the round while it changes hands.
+        with contextlib.nullcontext() if recorder is None else recorder.state_lock():
+            native = self._native
+            l2, damping = float(self.L2), float(self.DAMPING_OBSERVATIONS)
+            if native.l2 != l2 or native.damping != damping:
+                state = native.state_dict()
+                state["config"] = {**state["config"], "l2": l2, "damping": damping}
+                native = self._native = AcceptanceEstimator.from_state_dict(state)
+            own = None if recorder is None else native.state_dict()["round_stats"]
+            if self.process_group is not None:
+                from av_core.distributed import pool_round
+
+                pool_round(native, self.process_group)
+            if recorder is None:
+                native.refit()
+            else:
+                recorder.round_closed(own, native.refit(report=True))
         self._refits += 1
         self._upload()
+        for callback in list(self._refit_listeners):
+            try:
+                callback(self)
+            except Exception:  # noqa: BLE001 - a listener must never stop serving
+                logger.warning(
+                    "av_core: refit listener %r failed; dropped", callback, exc_info=True
+                )
+                self._refit_listeners.remove(callback)
 
     def _upload(self) -> None:
         """Copy the native coefficients into ``slope``/``intercepts`` in place: a captured graph
@@ -664,6 +847,21 @@ class OnlineAcceptanceEstimator:
             self.slope.copy_(host[:1], non_blocking=True)
             self.intercepts.copy_(host[1:], non_blocking=True)
         self._upload_event = self._new_event()
+
+
+def _metrics_recorder(estimator: OnlineAcceptanceEstimator) -> Any:
+    """The estimator's metrics recorder, or None when metrics are off (or cannot start)."""
+    if not vllm_metrics.enabled():
+        return None
+    device = estimator.device
+    try:
+        metrics = vllm_metrics.process_metrics(device.index if device.type == "cuda" else None)
+    except ImportError as error:
+        logger.warning("av_core: metrics are off: %s", error)
+        return None
+    if metrics is None:
+        return None
+    return metrics.recorder(estimator, estimator.num_speculative_steps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -716,8 +914,8 @@ def build_cost_tables_from_curves(
     """
     (cost_tables,) = _planner("CostTables")
     native = cost_tables.from_curves(
-        [(float(size), float(ms)) for size, ms in draft_curve],
-        [(float(size), float(ms)) for size, ms in verify_curve],
+        _curve_points(draft_curve, "draft_curve"),
+        _curve_points(verify_curve, "verify_curve"),
         max_num_reqs=max_num_reqs,
         max_batch_tokens=max_batch_tokens,
         cudagraph_limit=cudagraph_limit,
@@ -725,6 +923,30 @@ def build_cost_tables_from_curves(
     draft_ms = np.asarray(native.draft_ms, dtype=np.float64)
     verify_ms = np.asarray(native.verify_ms, dtype=np.float64)
     return CostTablePair(draft_ms, verify_ms, native)
+
+
+def _curve_points(curve: object, name: str) -> list[tuple[float, float]]:
+    """``[(size, ms), ...]`` as float pairs; ranges are the core's to check."""
+    if isinstance(curve, str | bytes) or not isinstance(curve, Sequence):
+        raise TypeError(f"{name} must be a list of (size, ms) pairs, got {type(curve).__name__}")
+    points: list[tuple[float, float]] = []
+    for index, point in enumerate(curve):
+        if isinstance(point, str | bytes) or not isinstance(point, Sequence) or len(point) != 2:
+            raise TypeError(f"{name}[{index}] must be a (size, ms) pair, got {point!r}")
+        pair: list[float] = []
+        for value in point:
+            if isinstance(value, bool) or not isinstance(
+                value, int | float | np.integer | np.floating
+            ):
+                raise TypeError(f"{name}[{index}] must hold numbers, got {point!r}")
+            try:
+                pair.append(float(value))
+            except OverflowError:
+                raise ValueError(
+                    f"{name}[{index}] must hold finite numbers, got {point!r}"
+                ) from None
+        points.append((pair[0], pair[1]))
+    return points
 
 
 def _native_cost_tables(cost_tables: Any) -> Any:
@@ -735,11 +957,15 @@ def _native_cost_tables(cost_tables: Any) -> Any:
     if isinstance(cost_tables, cost_tables_type):
         return cost_tables
     if isinstance(cost_tables, tuple) and len(cost_tables) == 2:
-        draft_ms, verify_ms = cost_tables
-        return cost_tables_type(
-            np.ascontiguousarray(draft_ms, dtype=np.float64),
-            np.ascontiguousarray(verify_ms, dtype=np.float64),
-        )
+        tables = []
+        for name, table in zip(("draft_ms", "verify_ms"), cost_tables, strict=True):
+            try:
+                tables.append(np.ascontiguousarray(table, dtype=np.float64))
+            except (ValueError, TypeError, OverflowError) as error:
+                raise ValueError(
+                    f"cost_tables: {name} must be a 1-D array of numbers ({error})"
+                ) from None
+        return cost_tables_type(tables[0], tables[1])
     raise TypeError(
         "cost_tables must be av_core.CostTables or a (draft_ms, verify_ms) pair, got "
         f"{type(cost_tables).__name__}"
@@ -772,9 +998,17 @@ def assign_draft_token_budget(
             f"confidence_probs must have shape [S, >= {num_steps}], got shape "
             f"{tuple(confidence_probs.shape)}"
         )
+    if not confidence_probs.dtype.is_floating_point:
+        raise TypeError(
+            f"confidence_probs must be a float tensor, got dtype {confidence_probs.dtype}"
+        )
     idx_mapping = _check_int_tensor(idx_mapping, "idx_mapping")
     if idx_mapping.dim() != 1:
         raise ValueError(f"idx_mapping must be 1-D, got shape {tuple(idx_mapping.shape)}")
+    if isinstance(capacities, torch.Tensor):
+        _check_output(capacities, "capacities")
+    output = capacities
+    # A private copy on the host (checked, then used); the result goes into the caller's tensor.
     capacities = _check_vector(capacities, "capacities", idx_mapping.shape[0])
     if isinstance(draft_budget, bool) or not isinstance(draft_budget, int | np.integer):
         raise TypeError(f"draft_budget must be an int, got {type(draft_budget).__name__}")
@@ -782,19 +1016,22 @@ def assign_draft_token_budget(
         raise ValueError(f"draft_budget must be >= 0, got {draft_budget}")
     _check_range_on_host(idx_mapping, "idx_mapping", 0, confidence_probs.shape[0])
     _check_range_on_host(capacities, "capacities", 0, num_steps + 1)
+    # A budget beyond every slot admits every slot: capped, it fits any integer type.
+    budget = min(int(draft_budget), idx_mapping.shape[0] * num_steps)
     with torch.inference_mode():
         confidences = confidence_probs[idx_mapping.to(torch.int64), :num_steps]
         if capacities.device.type == "cpu" and confidences.device.type == "cpu":
             (assign,) = _planner("assign_draft_budget")
             admitted = assign(
-                np.ascontiguousarray(confidences.numpy()),
+                # float64 holds every float dtype exactly (numpy has no bfloat16).
+                np.ascontiguousarray(confidences.to(torch.float64).numpy()),
                 capacities.numpy().astype(np.int64),
-                int(draft_budget),
+                budget,
             )
-            capacities.copy_(torch.from_numpy(np.asarray(admitted)))
+            output.copy_(torch.from_numpy(np.asarray(admitted)))
             return
-        admitted_t = _assign_on_device(confidences, capacities, int(draft_budget))
-        capacities.copy_(admitted_t)
+        admitted_t = _assign_on_device(confidences, capacities, budget)
+        output.copy_(admitted_t)
 
 
 def _assign_on_device(
@@ -805,6 +1042,54 @@ def _assign_on_device(
     from av_core.planner_torch import assign_draft_budget_torch
 
     return assign_draft_budget_torch(confidences, capacities, budget).to(capacities.dtype)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _check_count(value: object, name: str) -> int:
+    """A non-negative int of any size (token counts), as a Python int."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _draft_count(draft_tokens: Mapping[str, Sequence[int]], req_id: str) -> int:
+    tokens = draft_tokens.get(req_id, ())
+    try:
+        return len(tokens)
+    except TypeError:
+        raise TypeError(
+            f"draft_tokens[{req_id!r}] must be a sequence of tokens, got {type(tokens).__name__}"
+        ) from None
+
+
+def _slot_of(req_id_to_index: Mapping[str, int], req_id: str, num_slots: int) -> int:
+    if req_id not in req_id_to_index:
+        raise ValueError(f"req_id_to_index has no slot for request {req_id!r}")
+    slot = req_id_to_index[req_id]
+    name = f"req_id_to_index[{req_id!r}]"
+    if isinstance(slot, bool) or not isinstance(slot, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(slot).__name__}")
+    if not 0 <= slot < num_slots:
+        raise ValueError(
+            f"{name} must lie in [0, {num_slots}) (stale_confidences rows), got {slot}"
+        )
+    return int(slot)
+
+
+def _per_slot(value: object, name: str) -> npt.NDArray[Any]:
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise ValueError(f"{name} must be a 1-D integer array: {error}") from None
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one per slot), got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    return array
 
 
 class BatchDraftBudget(NamedTuple):
@@ -854,46 +1139,121 @@ def batch_draft_budget(
             ``(draft_ms, verify_ms)`` pair, or an ``av_core.CostTables``.
         max_total_logits, num_bonus_tokens: the sampler's logits cap and bonus tokens per request.
     """
+    metrics = vllm_metrics.current()
+    if metrics is None:
+        return _batch_draft_budget(
+            num_tokens_per_req,
+            draft_tokens,
+            req_id_to_index,
+            stale_confidences,
+            num_computed_tokens,
+            prefill_len,
+            cost_tables,
+            max_total_logits,
+            num_bonus_tokens,
+        )
+    started = time.perf_counter()
+    plan = _batch_draft_budget(
+        num_tokens_per_req,
+        draft_tokens,
+        req_id_to_index,
+        stale_confidences,
+        num_computed_tokens,
+        prefill_len,
+        cost_tables,
+        max_total_logits,
+        num_bonus_tokens,
+    )
+    cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
+    metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
+    metrics.budget_chosen(plan.draft_budget, cost)
+    return plan
+
+
+def _predicted_cost_ms(cost_tables: Any, num_reqs: int, num_tokens: int) -> float | None:
+    """``draft_ms[R] + verify_ms[T + b]``: the planner's cost of the step it chose (metrics)."""
+    if isinstance(cost_tables, tuple) and len(cost_tables) == 2:
+        draft_ms, verify_ms = cost_tables
+    else:
+        native = _native_cost_tables(cost_tables)
+        draft_ms, verify_ms = native.draft_ms, native.verify_ms
+    if num_reqs >= len(draft_ms) or num_tokens >= len(verify_ms):
+        return None
+    return float(draft_ms[num_reqs]) + float(verify_ms[num_tokens])
+
+
+def _batch_draft_budget(
+    num_tokens_per_req: Mapping[str, int],
+    draft_tokens: Mapping[str, Sequence[int]],
+    req_id_to_index: Mapping[str, int],
+    stale_confidences: npt.NDArray[Any],
+    num_computed_tokens: npt.NDArray[Any],
+    prefill_len: npt.NDArray[Any],
+    cost_tables: Any,
+    max_total_logits: int,
+    num_bonus_tokens: int,
+) -> BatchDraftBudget:
+    if not isinstance(num_tokens_per_req, Mapping):
+        raise TypeError(
+            f"num_tokens_per_req must be a mapping, got {type(num_tokens_per_req).__name__}"
+        )
+    for name, mapping in (("draft_tokens", draft_tokens), ("req_id_to_index", req_id_to_index)):
+        if not isinstance(mapping, Mapping):
+            raise TypeError(f"{name} must be a mapping, got {type(mapping).__name__}")
+    max_total_logits = _check_count(max_total_logits, "max_total_logits")
+    num_bonus_tokens = _check_count(num_bonus_tokens, "num_bonus_tokens")
     req_ids = list(num_tokens_per_req)
     num_reqs = len(req_ids)
-    scheduled_tokens = np.fromiter(num_tokens_per_req.values(), dtype=np.int64, count=num_reqs)
-    scheduled_drafts = np.fromiter(
-        (len(draft_tokens.get(req_id, ())) for req_id in req_ids), dtype=np.int64, count=num_reqs
-    )
-    num_non_draft = scheduled_tokens - scheduled_drafts
-    if num_reqs and int(num_non_draft.min()) < 0:
-        row = int(np.argmin(num_non_draft))
+    tokens_list = [
+        _check_count(num_tokens_per_req[req_id], f"num_tokens_per_req[{req_id!r}]")
+        for req_id in req_ids
+    ]
+    drafts_list = [_draft_count(draft_tokens, req_id) for req_id in req_ids]
+    for req_id, tokens, drafts in zip(req_ids, tokens_list, drafts_list, strict=True):
+        if tokens < drafts:
+            raise ValueError(
+                f"num_tokens_per_req[{req_id!r}] = {tokens} is less than its {drafts} draft tokens"
+            )
+    if sum(tokens_list) > _INT64_MAX:
         raise ValueError(
-            f"num_tokens_per_req[{req_ids[row]!r}] = {int(scheduled_tokens[row])} is less than "
-            f"its {int(scheduled_drafts[row])} draft tokens"
+            f"num_tokens_per_req: {sum(tokens_list)} tokens in all exceed int64 (2**63 - 1)"
         )
-    num_drafts_per_req = dict(zip(req_ids, scheduled_drafts.tolist(), strict=True))
-    num_non_draft_per_req = dict(zip(req_ids, num_non_draft.tolist(), strict=True))
-    total_non_draft = int(num_non_draft.sum())
-    total_drafts = int(scheduled_drafts.sum())
+    non_draft_list = [t - d for t, d in zip(tokens_list, drafts_list, strict=True)]
+    num_drafts_per_req = dict(zip(req_ids, drafts_list, strict=True))
+    num_non_draft_per_req = dict(zip(req_ids, non_draft_list, strict=True))
+    # Python integers: a sum of int64 entries could wrap.
+    total_non_draft = sum(non_draft_list)
+    total_drafts = sum(drafts_list)
     max_draft_budget = min(total_drafts, max(0, max_total_logits - num_reqs * num_bonus_tokens))
     if max_draft_budget == 0:
         budget = 0
     else:
-        slots = np.fromiter(
-            (req_id_to_index[req_id] for req_id in req_ids), dtype=np.int64, count=num_reqs
-        )
         stale = np.asarray(stale_confidences)
         if stale.ndim != 2:
             raise ValueError(
                 f"stale_confidences must have shape [max_num_reqs, K], got shape {stale.shape}"
             )
-        num_sampling = int(
-            np.count_nonzero(
-                np.asarray(num_computed_tokens)[slots] + num_non_draft
-                >= np.asarray(prefill_len)[slots]
-            )
+        computed = _per_slot(num_computed_tokens, "num_computed_tokens")
+        prefill = _per_slot(prefill_len, "prefill_len")
+        slots = np.asarray(
+            [_slot_of(req_id_to_index, req_id, stale.shape[0]) for req_id in req_ids],
+            dtype=np.int64,
+        )
+        for name, array in (("num_computed_tokens", computed), ("prefill_len", prefill)):
+            if slots.size and array.shape[0] <= int(slots.max()):
+                raise ValueError(
+                    f"{name} has {array.shape[0]} entries, slot {int(slots.max())} is used"
+                )
+        # Compared as Python integers: computed + non-draft tokens can exceed int64.
+        num_sampling = sum(
+            int(computed[slot]) + non_draft >= int(prefill[slot])
+            for slot, non_draft in zip(slots.tolist(), non_draft_list, strict=True)
         )
         (choose,) = _planner("choose_draft_budget")
         budget = int(
             choose(
                 np.ascontiguousarray(stale[slots]),
-                scheduled_drafts,
+                np.asarray(drafts_list, dtype=np.int64),
                 num_non_draft_tokens=total_non_draft,
                 num_sampling_requests=num_sampling,
                 cost_tables=_native_cost_tables(cost_tables),
@@ -1001,8 +1361,58 @@ def gpu_selfcheck(steps: int = 2000) -> dict[str, Any]:
     device = torch.device("cuda", torch.cuda.current_device())
     report = _compare_with_host(device, steps)
     report["graph_capture"] = _graph_capture_check(device, 1024)
-    report["ok"] = bool(report["ok"] and report["graph_capture"].get("ok", False))
+    report["metrics"] = _metrics_sync_check(device, min(steps, 300))
+    report["ok"] = bool(
+        report["ok"]
+        and report["graph_capture"].get("ok", False)
+        and report["metrics"].get("ok", True)  # skipped (no prometheus_client) is not a failure
+    )
     return report
+
+
+def _metrics_sync_check(device: torch.device, steps: int) -> dict[str, Any]:
+    """The staged estimator with metrics recording (av_core.vllm_metrics) under
+    ``torch.cuda.set_sync_debug_mode("error")``, folded while it runs: metrics must not read the
+    device. Returns ``{"ok": ..., "labeled_drafts": ...}``, or ``{"skipped": why}``."""
+    try:
+        metrics = vllm_metrics.ProcessMetrics(rank=0, port_offset=0)
+    except ImportError as error:
+        return {"skipped": str(error)}
+    m, k, vocab = 32, 4, 1024
+    cuda = device.type == "cuda"
+    try:
+        est = OnlineAcceptanceEstimator(m, k, device, staged=True)
+        est.REFIT_INTERVAL = 25
+        est._recorder = metrics.recorder(est, k)
+        batches = [
+            {name: value.to(device) for name, value in batch.items()}
+            for batch in _synthetic_steps(steps, m, k, vocab, 99)
+        ]
+        confidence = torch.zeros(m + 4, k, dtype=torch.float32, device=device)
+        if cuda:
+            torch.cuda.synchronize()
+        previous = torch.cuda.get_sync_debug_mode() if cuda else 0
+        sync_error: str | None = None
+        try:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("error")
+            for start in range(0, steps, 50):  # folds interleaved with the serving loop
+                _run_trace(est, iter(batches[start : start + 50]), device, None, confidence)
+                metrics.fold()
+        except RuntimeError as failure:
+            sync_error = f"{type(failure).__name__}: {failure}"
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(previous)
+        return {
+            "ok": sync_error is None and est.num_refits == steps // 25,
+            "no_blocking_sync": sync_error is None,
+            **({} if sync_error is None else {"sync_error": sync_error}),
+            "refits": est.num_refits,
+            "open_round_drafts": int(sum(est.round_stats()["n"])),
+        }
+    finally:
+        metrics.close()
 
 
 def _compare_with_host(

@@ -49,12 +49,14 @@ profile ``draft_depth_ms`` as the cost above that floor.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from av_core import vllm_metrics
 from av_core._native import CostTables, DepthPlan, VerificationPlanner
 
 __all__ = ["DraftDepthHook"]
@@ -63,16 +65,52 @@ DepthMode = Literal["batch", "per_request"]
 
 
 def _host(value: Any, name: str) -> npt.NDArray[Any]:
-    """A numpy view of ``value`` (a CUDA tensor is copied once; pass host copies to avoid it)."""
+    """A numpy view of ``value`` (a CUDA tensor is copied once; pass host copies to avoid it).
+
+    A torch tensor is read as the values it stands for (a lazily negated view is resolved) and
+    bfloat16, which numpy lacks, is widened to float32 (exactly)."""
     if isinstance(value, np.ndarray):
         return value
     detach = getattr(value, "detach", None)
     if detach is not None:
-        return np.asarray(detach().cpu().numpy())
+        tensor = detach().cpu().resolve_conj().resolve_neg()
+        if str(tensor.dtype) == "torch.bfloat16":
+            tensor = tensor.float()
+        try:
+            return np.asarray(tensor.numpy())
+        except (TypeError, RuntimeError) as error:
+            raise TypeError(f"{name}: cannot read a tensor of dtype {tensor.dtype}") from error
     try:
         return np.asarray(value)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError) as error:
         raise TypeError(f"{name}: expected an array, got {type(value).__name__}") from error
+
+
+def _integers(value: Any, name: str) -> npt.NDArray[Any]:
+    """An integer array as given (no cast yet: a float would truncate, a uint64 wrap), copied:
+    the entries checked are the entries used, whatever another thread writes meanwhile."""
+    array = np.array(_host(value, name))
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
+    return array
+
+
+def _in_range(array: npt.NDArray[Any], name: str, low: int, high: int) -> npt.NDArray[np.int64]:
+    """``array`` as int64 after checking, in its own dtype, that it lies in ``low..=high``."""
+    if array.size:
+        smallest, largest = array.min(), array.max()
+        if smallest < low or largest > high:
+            bad = smallest if smallest < low else largest
+            raise ValueError(f"{name}: must be in {low}..{high}, got {int(bad)}")
+    return array.astype(np.int64)
+
+
+def _check_int(value: object, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name}: must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 class DraftDepthHook:
@@ -104,12 +142,8 @@ class DraftDepthHook:
             raise TypeError(
                 f"cost_tables: expected av_core.CostTables, got {type(cost_tables).__name__}"
             )
-        if not isinstance(max_num_reqs, int) or max_num_reqs < 1:
-            raise ValueError(f"max_num_reqs: must be a positive int, got {max_num_reqs!r}")
-        if not isinstance(num_speculative_steps, int) or num_speculative_steps < 1:
-            raise ValueError(
-                f"num_speculative_steps: must be a positive int, got {num_speculative_steps!r}"
-            )
+        max_num_reqs = _check_int(max_num_reqs, "max_num_reqs", 1)
+        num_speculative_steps = _check_int(num_speculative_steps, "num_speculative_steps", 1)
         depth = cost_tables.max_draft_depth
         if depth != num_speculative_steps:
             raise ValueError(
@@ -119,8 +153,13 @@ class DraftDepthHook:
             )
         if mode not in ("batch", "per_request"):
             raise ValueError(f"mode: must be 'batch' or 'per_request', got {mode!r}")
+        if isinstance(exploration, bool) or not isinstance(
+            exploration, int | float | np.integer | np.floating
+        ):
+            raise TypeError(f"exploration: must be a number, got {type(exploration).__name__}")
         if not 0.0 <= exploration <= 1.0:
             raise ValueError(f"exploration: must be in [0, 1], got {exploration!r}")
+        seed = _check_int(seed, "seed", 0)
         if not isinstance(lag, int) or isinstance(lag, bool) or lag < 1:
             raise ValueError(f"lag: must be a positive int, got {lag!r}")
         self.cost_tables = cost_tables
@@ -146,16 +185,23 @@ class DraftDepthHook:
         return self._planner.num_slots
 
     def _slots(self, idx_mapping: Any) -> npt.NDArray[np.int64]:
-        slots = _host(idx_mapping, "idx_mapping").astype(np.int64, copy=False).reshape(-1)
-        if slots.size and (slots.min() < 0 or slots.max() >= self.max_num_reqs):
-            bad = slots[(slots < 0) | (slots >= self.max_num_reqs)][0]
-            raise ValueError(f"idx_mapping: {bad} is outside 0..{self.max_num_reqs - 1}")
+        raw = _integers(idx_mapping, "idx_mapping").reshape(-1)
+        if raw.size:
+            bad = raw[(raw < 0) | (raw >= self.max_num_reqs)]
+            if bad.size:
+                raise ValueError(
+                    f"idx_mapping: {int(bad[0])} is outside 0..{self.max_num_reqs - 1}"
+                )
+        slots = raw.astype(np.int64)
         if np.unique(slots).size != slots.size:
             raise ValueError("idx_mapping: a request slot appears twice")
         return slots
 
     def add_request(self, slot: int) -> None:
         """A new request took ``slot``: forget the old one's confidences (back to 1.0)."""
+        slot = _check_int(slot, "slot", 0)
+        if slot >= self.max_num_reqs:
+            raise ValueError(f"slot: {slot} is outside 0..{self.max_num_reqs - 1}")
         self._planner.add_request(slot)
         # Confidences the old request drafted before it left must not land on the new one.
         for entry in self._proposals:
@@ -172,8 +218,14 @@ class DraftDepthHook:
                 )
             chosen = self.last_depths.astype(np.int64)
         else:
+            raw = _integers(depths, "depths")
+            if raw.shape not in ((), slots.shape):
+                raise ValueError(
+                    f"depths: expected one int or one per request ({slots.size}), got shape "
+                    f"{raw.shape}"
+                )
             chosen = np.broadcast_to(
-                np.asarray(_host(depths, "depths"), dtype=np.int64), slots.shape
+                _in_range(raw, "depths", 0, self.num_speculative_steps), slots.shape
             ).copy()
         self._proposals.append([slots.copy(), chosen, False])
 
@@ -205,25 +257,27 @@ class DraftDepthHook:
         the positions each drafted (``num_drafted``: one int for all, or one per request).
         Validated in full before anything changes."""
         slots = self._slots(idx_mapping)
-        conf = np.asarray(_host(confidences, "confidences"), dtype=np.float64)
+        conf = _host(confidences, "confidences")
+        if conf.size and not (
+            np.issubdtype(conf.dtype, np.floating) or np.issubdtype(conf.dtype, np.integer)
+        ):
+            raise TypeError(f"confidences: expected numbers, got dtype {conf.dtype}")
         k = self.num_speculative_steps
         if conf.ndim != 2 or conf.shape[0] < slots.size or conf.shape[1] < k:
             raise ValueError(
                 f"confidences: expected shape [{slots.size}, {k}] or larger, got {conf.shape}"
             )
-        conf = conf[: slots.size, :k]
-        raw = np.asarray(_host(num_drafted, "num_drafted"))
+        conf = conf[: slots.size, :k].astype(np.float64)
+        raw = np.array(_host(num_drafted, "num_drafted"))  # a copy: checked, then used
         if raw.dtype.kind not in "iu" or raw.shape not in ((), slots.shape):
             raise ValueError(
                 f"num_drafted: expected one int or one per request ({slots.size}), got "
                 f"{raw.dtype} array of shape {raw.shape}"
             )
+        if raw.size and (raw.min() < 0 or raw.max() > k):
+            raise ValueError(f"num_drafted: must be in 0..{k}, got {raw.min()}..{raw.max()}")
         drafted = np.broadcast_to(raw.astype(np.int64), slots.shape)
-        if drafted.size and (drafted.min() < 0 or drafted.max() > k):
-            raise ValueError(
-                f"num_drafted: must be in 0..{k}, got {drafted.min()}..{drafted.max()}"
-            )
-        self._planner.remember(slots, np.ascontiguousarray(conf), drafted)
+        self._planner.remember(slots, np.ascontiguousarray(conf), np.ascontiguousarray(drafted))
 
     def choose(
         self,
@@ -239,11 +293,15 @@ class DraftDepthHook:
         details stay in :attr:`last_plan` and :attr:`explored`."""
         slots = self._slots(idx_mapping)
         k = self.num_speculative_steps
-        caps = (
-            np.full(slots.size, k, dtype=np.int64)
-            if max_depths is None
-            else np.asarray(_host(max_depths, "max_depths"), dtype=np.int64).reshape(-1)
-        )
+        if max_depths is None:
+            caps = np.full(slots.size, k, dtype=np.int64)
+        else:
+            raw = _integers(max_depths, "max_depths").reshape(-1)
+            if raw.shape != slots.shape:
+                raise ValueError(
+                    f"max_depths: expected one per request ({slots.size}), got {raw.size}"
+                )
+            caps = _in_range(raw, "max_depths", 0, k)
         plan = self._planner.choose_draft_depth(
             slots,
             caps,
@@ -276,8 +334,10 @@ class DraftDepthHook:
     ) -> int:
         """The ``num_speculative_tokens`` to pass to ``propose``: the deepest chosen depth, at
         most ``limit`` (the scheduler's own count)."""
-        if not isinstance(limit, int) or limit < 0:
+        if isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit < 0:
             raise ValueError(f"limit: must be a non-negative int, got {limit!r}")
+        metrics = vllm_metrics.current()
+        started = time.perf_counter() if metrics is not None else 0.0
         count = int(np.size(_host(idx_mapping, "idx_mapping")))
         depths = self.choose(
             idx_mapping,
@@ -285,16 +345,31 @@ class DraftDepthHook:
             num_sampling_requests=num_sampling_requests,
             max_depths=np.full(count, min(limit, self.num_speculative_steps)),
         )
-        return int(depths.max(initial=0))
+        depth = int(depths.max(initial=0))
+        if metrics is not None:
+            metrics.host_time(vllm_metrics.DEPTH, time.perf_counter() - started)
+            plan = self.last_plan
+            metrics.depth_chosen(depth, None if plan is None else plan.predicted_cost_ms)
+        return depth
 
     def mask(self, draft_tokens: Any) -> None:
         """Writes ``-1`` into ``draft_tokens[r, d_r:]`` for the last decision's per-request
         depths (in batch mode this matters only in exploration steps, where explorers draft
         deeper than the rest). Works on numpy arrays and on torch tensors of any device (one
         small host-to-device copy)."""
+        shape = getattr(draft_tokens, "shape", None)
+        if shape is None or not hasattr(draft_tokens, "__setitem__"):
+            raise TypeError(
+                f"draft_tokens: expected a numpy array or a torch tensor, got "
+                f"{type(draft_tokens).__name__}"
+            )
         if self.last_depths is None:
             return
         depths = self.last_depths.astype(np.int64)
+        if len(shape) != 2 or shape[0] < depths.size:
+            raise ValueError(
+                f"draft_tokens: expected shape [>= {depths.size}, K], got {tuple(shape)}"
+            )
         width = draft_tokens.shape[1]
         keep = np.arange(width)[None, :] < depths[:, None]
         if isinstance(draft_tokens, np.ndarray):

@@ -1,4 +1,4 @@
-"""vLLM general plugin: run vLLM 0.33.0's adaptive verification on av_core.
+"""vLLM general plugin: run vLLM's adaptive verification on av_core (vLLM 0.32.x and 0.33.0).
 
 Registered as the entry point ``av_core`` of the group ``vllm.general_plugins``, which vLLM calls
 in every process it starts. With ``AV_CORE_VLLM=1`` in the environment, :func:`register` swaps, in
@@ -18,6 +18,13 @@ mirror; on any difference it raises :class:`VllmCompatibilityError` listing them
 nothing: silently serving with a half-patched or mismatched vLLM would be worse than not starting.
 ``AV_CORE_VLLM_ANY_VERSION=1`` waives the version check only (for a point release or a source
 build whose interfaces still match); the signature checks always run.
+
+``AV_CORE_STATE_DIR`` (warm restarts) and ``AV_CORE_SHARE_STATS=dp`` (pooled statistics across
+data-parallel ranks) wrap ``DraftModelSpeculator.load_model`` (and, for sharing,
+``Worker.execute_dummy_batch``) as :mod:`av_core.vllm_serving` describes; their interfaces are
+checked with the rest, before anything is patched. ``AV_CORE_VLLM_EXACT=1`` gives the estimator
+vLLM's unbounded refit; metrics (``AV_CORE_METRICS_PORT``, ``PROMETHEUS_MULTIPROC_DIR``) start
+with the first estimator, plugin or not.
 
 Drafting-depth control (:mod:`av_core.vllm_depth`) is off unless ``AV_CORE_VLLM_DEPTH`` is set
 to ``batch`` (or ``1``) or ``per_request``; ``AV_CORE_VLLM_DRAFTER`` (``autoregressive``, the
@@ -46,6 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from av_core import vllm_serving
+
 __all__ = [
     "BUDGET_MODULE",
     "DEPTH_MANAGER_SIGNATURES",
@@ -60,6 +69,7 @@ __all__ = [
     "GET_NUM_TOKENS_READS",
     "SUPPORTED_VLLM_VERSIONS",
     "Replacement",
+    "version_supported",
     "VllmCompatibilityError",
     "check_interface",
     "install",
@@ -76,7 +86,9 @@ ENV_ENABLE = "AV_CORE_VLLM"
 ENV_ANY_VERSION = "AV_CORE_VLLM_ANY_VERSION"
 ENV_DEPTH = "AV_CORE_VLLM_DEPTH"
 ENV_DRAFTER = "AV_CORE_VLLM_DRAFTER"
-SUPPORTED_VLLM_VERSIONS = ("0.33.0",)
+#: The releases whose interfaces the contract tests check: every 0.32 point release (0.32.x) and
+#: 0.33.0 (their estimator files are identical; the manager differs in what av_core leaves alone).
+SUPPORTED_VLLM_VERSIONS = ("0.32.x", "0.33.0")
 ESTIMATOR_MODULE = "vllm.v1.worker.gpu.spec_decode.acceptance_estimator"
 BUDGET_MODULE = "vllm.v1.worker.gpu.spec_decode.adaptive_verification"
 
@@ -239,11 +251,25 @@ def _signature_problems(
     return problems
 
 
+def version_supported(version: str) -> bool:
+    """Whether ``version`` is one of :data:`SUPPORTED_VLLM_VERSIONS` (``0.32.x``: any release
+    ``0.32.N``; pre-releases and source builds are not releases: waive with
+    ``AV_CORE_VLLM_ANY_VERSION=1``)."""
+    for supported in SUPPORTED_VLLM_VERSIONS:
+        if supported.endswith(".x"):
+            prefix = supported[:-1]
+            if version.startswith(prefix) and version[len(prefix) :].isdigit():
+                return True
+        elif version == supported:
+            return True
+    return False
+
+
 def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> list[str]:
     """Every difference between the live vLLM modules and what the drop-ins mirror (empty when
     compatible). ``version=None`` skips the version check."""
     problems: list[str] = []
-    if version is not None and version not in SUPPORTED_VLLM_VERSIONS:
+    if version is not None and not version_supported(version):
         problems.append(
             f"vLLM version {version} is not one av_core's plugin was written against "
             f"({', '.join(SUPPORTED_VLLM_VERSIONS)}); set {ENV_ANY_VERSION}=1 to try it anyway "
@@ -295,6 +321,41 @@ def _get_num_tokens(
         plan.draft_budget,
     )
     return plan.num_tokens
+
+
+def _import(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _serving_plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
+    """The wrappers of :mod:`av_core.vllm_serving` (warm restarts, data-parallel pooling)."""
+    speculator = modules[vllm_serving.SPECULATOR_MODULE].DraftModelSpeculator
+    original = inspect.getattr_static(speculator, "load_model")
+    plan = [
+        Replacement(
+            speculator,
+            f"{vllm_serving.SPECULATOR_MODULE}.DraftModelSpeculator",
+            "load_model",
+            original,
+            vllm_serving.wrap_load_model(original),
+        )
+    ]
+    if vllm_serving.share_mode() == "dp":
+        worker = modules[vllm_serving.WORKER_MODULE].Worker
+        original = inspect.getattr_static(worker, "execute_dummy_batch")
+        plan.append(
+            Replacement(
+                worker,
+                f"{vllm_serving.WORKER_MODULE}.Worker",
+                "execute_dummy_batch",
+                original,
+                vllm_serving.wrap_execute_dummy_batch(original),
+            )
+        )
+    return plan
 
 
 def _plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
@@ -558,17 +619,28 @@ def install() -> list[Replacement]:
     version = _vllm_version()
     modules = {name: importlib.import_module(name) for name in (ESTIMATOR_MODULE, BUDGET_MODULE)}
     problems = check_interface(modules, None if any_version else version)
+    serving = vllm_serving.wanted()
+    if serving:
+        serving_modules = {name: _import(name) for name in vllm_serving.modules_needed()}
+        missing = [name for name, module in serving_modules.items() if module is None]
+        problems += [f"{name}: cannot be imported" for name in missing]
+        present = {name: m for name, m in serving_modules.items() if m is not None}
+        problems += vllm_serving.problems(present, _signature_problems)
     if problems:
         raise VllmCompatibilityError(
             f"av_core's vLLM plugin ({ENV_ENABLE}=1) cannot run on this vLLM ({version}); "
             "nothing was patched. Differences:\n  - " + "\n  - ".join(problems)
         )
     plan = _plan(modules)
+    if serving:
+        plan += _serving_plan(present)
     for entry in plan:
         setattr(entry.owner, entry.attribute, entry.replacement)
         _installed.append(entry)
         logger.info("av_core: replaced %s", entry.describe())
     logger.info("av_core: vLLM %s runs adaptive verification on av_core", version)
+    if os.environ.get("AV_CORE_VLLM_EXACT", "").strip().lower() in {"1", "true", "yes"}:
+        logger.info("av_core: AV_CORE_VLLM_EXACT=1: estimators refit with vLLM's unbounded update")
     return list(_installed)
 
 

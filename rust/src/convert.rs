@@ -1,17 +1,36 @@
 //! Argument conversion and error mapping: Python objects in, core views out.
 //!
-//! Arrays are read in place when they are C-contiguous numpy arrays of a supported dtype; other
-//! array-likes (CPU torch tensors, lists, strided views) go through `numpy.asarray` and a
-//! contiguous copy only when one is unavoidable. Every failure names the argument.
+//! Arrays: every array argument reaches the core in row-major (C) order and is read once:
+//!
+//! * any layout gives exactly the answer of its C-contiguous copy: an array that is not
+//!   C-contiguous and aligned (Fortran order, transposes, negative or zero strides,
+//!   non-contiguous slices, misaligned buffers, CPU torch views) goes through numpy's own
+//!   C-order copy;
+//! * what the core validates is what it uses: other threads may write the caller's buffer
+//!   while the call runs (numpy and torch release the GIL). So arguments are copied into
+//!   memory the binding owns ([`float_matrix`], [`int_vector`], [`float_vector`]; an `R × K`
+//!   batch is a few kilobytes: one `memcpy`, into a pooled buffer for matrices), except where
+//!   the core itself reads each element once, checking and copying it in the same pass
+//!   (`AcceptanceEstimator::predict` and `observe`, through [`float_matrix_in_place`] and
+//!   [`int_vector_in_place`]), and the
+//!   big feature kernels (`features.rs`), whose contiguous logits are read in place.
+//!
+//! Scalars: integer and float arguments arrive as [`Int`] and [`Float`], which never fail to
+//! convert, so that the function body can refuse them with an error naming the argument: a bool
+//! is a `TypeError` (not an int), an integer outside the argument's range a `ValueError` with
+//! the value (PyO3's own conversion would raise `OverflowError` without the name).
+//!
+//! Every failure names the argument.
 
 use av_core::{Error, ErrorKind, MatrixView};
 use numpy::{
-    Element, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1,
-    PyUntypedArray, PyUntypedArrayMethods,
+    Element, PyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray,
+    PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyException, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyList, PyTuple};
 
 /// Maps a core error to `ValueError`/`TypeError` with the core's message (which names the
 /// argument).
@@ -32,6 +51,175 @@ pub fn type_error(argument: &str, message: impl std::fmt::Display) -> PyErr {
     PyTypeError::new_err(format!("{argument}: {message}"))
 }
 
+// --- scalars ---------------------------------------------------------------------------------
+
+/// The longest rendering of a rejected value kept in a message.
+const MAX_VALUE_CHARS: usize = 80;
+
+/// `repr(obj)` for a message, shortened past [`MAX_VALUE_CHARS`].
+fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+    let text = obj
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "?".to_owned());
+    if text.chars().count() <= MAX_VALUE_CHARS {
+        return text;
+    }
+    let head: String = text.chars().take(MAX_VALUE_CHARS).collect();
+    format!("{head}... ({} characters)", text.chars().count())
+}
+
+/// An integer argument as the caller passed it; [`Int::to_usize`] and friends check it with the
+/// argument's name.
+#[derive(Clone, Debug)]
+pub struct Int(IntValue);
+
+#[derive(Clone, Debug)]
+enum IntValue {
+    /// An int (or an object with `__index__`, such as a numpy integer) that fits in `i128`.
+    Value(i128),
+    /// An int too large in magnitude for `i128`, as its (shortened) repr.
+    Huge(String),
+    /// A bool, which is not accepted as an int.
+    Bool(bool),
+    /// Not an integer at all: its type and repr.
+    Other(String, String),
+}
+
+impl Int {
+    /// A default value.
+    pub const fn new(value: i128) -> Self {
+        Int(IntValue::Value(value))
+    }
+
+    /// The value within `min..=max`, or an error naming `argument` (`TypeError` for a bool or a
+    /// non-integer, `ValueError` with the value for one out of range).
+    pub fn in_range(&self, argument: &str, min: i128, max: i128) -> PyResult<i128> {
+        let range = || format!("must be an integer in {min}..={max}");
+        match &self.0 {
+            IntValue::Value(v) if (min..=max).contains(v) => Ok(*v),
+            IntValue::Value(v) => Err(value_error(argument, format!("{}, got {v}", range()))),
+            IntValue::Huge(text) => Err(value_error(argument, format!("{}, got {text}", range()))),
+            IntValue::Bool(b) => Err(type_error(
+                argument,
+                format!(
+                    "must be an integer, got bool ({})",
+                    if *b { "True" } else { "False" }
+                ),
+            )),
+            IntValue::Other(kind, text) => Err(type_error(
+                argument,
+                format!("must be an integer, got {kind} ({text})"),
+            )),
+        }
+    }
+
+    /// The value as a non-negative `usize`.
+    pub fn to_usize(&self, argument: &str) -> PyResult<usize> {
+        // `usize` is at most 64 bits on every supported platform, so the cast is exact.
+        self.in_range(argument, 0, usize::MAX as i128)
+            .map(|v| v as usize)
+    }
+
+    /// The value as a `u64`.
+    pub fn to_u64(&self, argument: &str) -> PyResult<u64> {
+        self.in_range(argument, 0, i128::from(u64::MAX))
+            .map(|v| v as u64)
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Int {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let obj = obj.to_owned();
+        if let Ok(flag) = obj.cast::<PyBool>() {
+            return Ok(Int(IntValue::Bool(flag.is_true())));
+        }
+        match obj.extract::<i64>() {
+            Ok(v) => return Ok(Int(IntValue::Value(i128::from(v)))),
+            Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {}
+            Err(e) if e.is_instance_of::<PyException>(obj.py()) => {
+                return Ok(Int(IntValue::Other(type_name(&obj), short_repr(&obj))));
+            }
+            Err(e) => return Err(e),
+        }
+        // Beyond i64: a 128-bit value, or something only its repr can show.
+        Ok(match obj.extract::<i128>() {
+            Ok(v) => Int(IntValue::Value(v)),
+            Err(_) => Int(IntValue::Huge(short_repr(&obj))),
+        })
+    }
+}
+
+/// A float argument as the caller passed it; [`Float::value`] checks it with the argument's
+/// name.
+#[derive(Clone, Debug)]
+pub struct Float(FloatValue);
+
+#[derive(Clone, Debug)]
+enum FloatValue {
+    Value(f64),
+    /// An int too large for a float, as its repr.
+    Huge(String),
+    Bool(bool),
+    Other(String, String),
+}
+
+impl Float {
+    /// A default value.
+    pub const fn new(value: f64) -> Self {
+        Float(FloatValue::Value(value))
+    }
+
+    /// The value, or an error naming `argument` (`TypeError` for a bool or a non-number,
+    /// `ValueError` for an int beyond float range). The value's own range is the core's to
+    /// check.
+    pub fn value(&self, argument: &str) -> PyResult<f64> {
+        match &self.0 {
+            FloatValue::Value(v) => Ok(*v),
+            FloatValue::Huge(text) => Err(value_error(
+                argument,
+                format!("{text} is too large for a float"),
+            )),
+            FloatValue::Bool(b) => Err(type_error(
+                argument,
+                format!(
+                    "must be a number, got bool ({})",
+                    if *b { "True" } else { "False" }
+                ),
+            )),
+            FloatValue::Other(kind, text) => Err(type_error(
+                argument,
+                format!("must be a number, got {kind} ({text})"),
+            )),
+        }
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Float {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let obj = obj.to_owned();
+        if let Ok(flag) = obj.cast::<PyBool>() {
+            return Ok(Float(FloatValue::Bool(flag.is_true())));
+        }
+        match obj.extract::<f64>() {
+            Ok(v) => Ok(Float(FloatValue::Value(v))),
+            Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
+                Ok(Float(FloatValue::Huge(short_repr(&obj))))
+            }
+            Err(e) if e.is_instance_of::<PyException>(obj.py()) => {
+                Ok(Float(FloatValue::Other(type_name(&obj), short_repr(&obj))))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+// --- arrays ----------------------------------------------------------------------------------
+
 fn numpy_asarray<'py>(py: Python<'py>) -> PyResult<&'py Bound<'py, PyAny>> {
     static ASARRAY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     ASARRAY
@@ -41,36 +229,88 @@ fn numpy_asarray<'py>(py: Python<'py>) -> PyResult<&'py Bound<'py, PyAny>> {
         .map(|f| f.bind(py))
 }
 
+/// An argument as a numpy array, and whether numpy inferred its dtype (a list or tuple: an
+/// empty one then is float64, and is accepted wherever an empty array of the right dtype is).
+pub struct Converted<'py> {
+    /// The array (the caller's own object when it is one).
+    pub array: Bound<'py, PyUntypedArray>,
+    /// The argument was a Python sequence, not an array or tensor.
+    pub inferred: bool,
+}
+
+impl Converted<'_> {
+    /// An empty array whose dtype came from numpy's inference, not from the caller.
+    fn inferred_empty(&self) -> bool {
+        self.inferred && self.array.len() == 0
+    }
+}
+
 /// The object as a numpy array: itself if it is one, else `numpy.asarray(obj)` (zero-copy for
 /// CPU torch tensors and anything else exposing the array interface).
 pub fn as_ndarray<'py>(
     obj: &Bound<'py, PyAny>,
     argument: &str,
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
+    convert(obj, argument).map(|c| c.array)
+}
+
+/// [`as_ndarray`], saying whether the dtype was inferred.
+pub fn convert<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Converted<'py>> {
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
-        return Ok(array.clone());
+        return Ok(Converted {
+            array: array.clone(),
+            inferred: false,
+        });
     }
-    let converted = match numpy_asarray(obj.py())?.call1((obj,)) {
+    let py = obj.py();
+    let inferred = obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>();
+    let converted = match numpy_asarray(py)?.call1((obj,)) {
         Ok(array) => array,
         // A tensor on an accelerator: stage it through av_core.features.to_host (a pinned
         // buffer, one non-blocking copy and one event wait) instead of failing.
-        Err(_) if is_device_tensor(obj) => obj
-            .py()
+        Err(_) if is_device_tensor(obj) => py
             .import("av_core.features")?
             .getattr("to_host")?
             .call1((obj,))
             .map_err(|e| type_error(argument, format!("cannot stage the tensor to host: {e}")))?,
-        Err(e) => {
-            return Err(type_error(
-                argument,
-                format!(
-                    "expected a numpy array or a tensor, got {} ({e})",
-                    type_name(obj)
-                ),
-            ))
-        }
+        Err(e) => match resolved_tensor(obj) {
+            // A CPU tensor that numpy refuses as it is (one that requires grad, or carries
+            // torch's lazy negation or conjugation bit): its values, resolved.
+            Some(resolved) => numpy_asarray(py)?
+                .call1((resolved,))
+                .map_err(|e| not_an_array(obj, argument, e))?,
+            None => return Err(not_an_array(obj, argument, e)),
+        },
     };
-    Ok(converted.cast_into::<PyUntypedArray>()?)
+    let array = converted.cast_into::<PyUntypedArray>().map_err(|e| {
+        type_error(
+            argument,
+            format!("numpy.asarray gave {}", type_name(e.into_inner().as_any())),
+        )
+    })?;
+    Ok(Converted { array, inferred })
+}
+
+/// The `TypeError` for an object numpy cannot read (a `BaseException` that is not an
+/// `Exception`, such as `KeyboardInterrupt`, goes through unchanged).
+fn not_an_array(obj: &Bound<'_, PyAny>, argument: &str, error: PyErr) -> PyErr {
+    if !error.is_instance_of::<PyException>(obj.py()) {
+        return error;
+    }
+    type_error(
+        argument,
+        format!(
+            "expected a numpy array or a tensor, got {} ({error})",
+            type_name(obj)
+        ),
+    )
+}
+
+/// `obj.detach().resolve_conj().resolve_neg()` for a torch tensor, else `None`.
+fn resolved_tensor<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
+    let tensor = obj.call_method0("detach").ok()?;
+    let tensor = tensor.call_method0("resolve_conj").ok()?;
+    tensor.call_method0("resolve_neg").ok()
 }
 
 /// Whether `obj` looks like a torch tensor on a device other than the CPU.
@@ -92,44 +332,203 @@ fn dtype_name(array: &Bound<'_, PyUntypedArray>) -> String {
     array.dtype().to_string()
 }
 
-/// Array data borrowed from numpy when contiguous, copied into row-major order otherwise.
-pub struct Data<'py, T: Element, D: numpy::ndarray::Dimension> {
-    borrowed: Option<numpy::PyReadonlyArray<'py, T, D>>,
-    owned: Vec<T>,
+/// The elements of `array` in row-major order, in a vector of our own (one read of each
+/// element; see the module docs). `argument` names it if it cannot be copied.
+pub fn row_major<T: Element + Copy, D: numpy::ndarray::Dimension>(
+    array: &Bound<'_, PyArray<T, D>>,
+    argument: &str,
+) -> PyResult<Vec<T>> {
+    let mut out = Vec::new();
+    row_major_into(array, argument, &mut out)?;
+    Ok(out)
 }
 
-impl<'py, T: Element + Copy, D: numpy::ndarray::Dimension> Data<'py, T, D> {
-    fn from_array(array: &Bound<'py, numpy::PyArray<T, D>>) -> PyResult<Self> {
+/// [`row_major`] into `out` (cleared first), reusing its allocation.
+fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
+    array: &Bound<'_, PyArray<T, D>>,
+    argument: &str,
+    out: &mut Vec<T>,
+) -> PyResult<()> {
+    out.clear();
+    // A view can imply far more elements than its memory holds (numpy.broadcast_to): a copy
+    // that does not fit is a ValueError naming the argument, never an abort.
+    let too_large = || {
+        value_error(
+            argument,
+            format!(
+                "cannot copy an array of shape {:?} ({} elements): out of memory",
+                array.shape(),
+                array.len()
+            ),
+        )
+    };
+    if array.is_c_contiguous() {
         let readonly = array.try_readonly()?;
-        if readonly.as_slice().is_ok() {
-            Ok(Data {
-                borrowed: Some(readonly),
-                owned: Vec::new(),
-            })
-        } else {
-            let owned = readonly.as_array().iter().copied().collect();
-            Ok(Data {
-                borrowed: None,
-                owned,
-            })
+        // `as_slice` refuses a misaligned buffer; that goes through numpy's copy below.
+        if let Ok(slice) = readonly.as_slice() {
+            out.try_reserve_exact(slice.len())
+                .map_err(|_| too_large())?;
+            out.extend_from_slice(slice);
+            return Ok(());
         }
     }
+    // Any other layout: numpy's own C-order copy (aligned, row-major, nobody else's), read
+    // once more into our vector.
+    let py = array.py();
+    let copy = match array.call_method1(pyo3::intern!(py, "copy"), (pyo3::intern!(py, "C"),)) {
+        Ok(copy) => copy,
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyMemoryError>(py) => {
+            return Err(too_large())
+        }
+        Err(e) => return Err(e),
+    };
+    let copy = copy.cast_into::<PyArray<T, D>>().map_err(PyErr::from)?;
+    let readonly = copy.try_readonly()?;
+    let slice = readonly
+        .as_slice()
+        .map_err(|_| value_error(argument, "numpy's C-order copy is not contiguous"))?;
+    out.try_reserve_exact(slice.len())
+        .map_err(|_| too_large())?;
+    out.extend_from_slice(slice);
+    Ok(())
+}
 
-    /// The elements in row-major order.
-    pub fn slice(&self) -> &[T] {
-        match &self.borrowed {
-            Some(array) => array.as_slice().expect("checked contiguous"),
-            None => &self.owned,
+/// Element types whose copies come from a per-thread pool of buffers.
+pub trait Pooled: Element + Copy + 'static {
+    /// This thread's spare buffers of `Self`.
+    fn spares() -> &'static std::thread::LocalKey<std::cell::RefCell<Vec<Vec<Self>>>>;
+}
+
+macro_rules! pooled {
+    ($($t:ty),*) => {$(
+        impl Pooled for $t {
+            fn spares() -> &'static std::thread::LocalKey<std::cell::RefCell<Vec<Vec<Self>>>> {
+                thread_local! {
+                    static SPARES: std::cell::RefCell<Vec<Vec<$t>>> = const {
+                        std::cell::RefCell::new(Vec::new())
+                    };
+                }
+                &SPARES
+            }
+        }
+    )*};
+}
+
+pooled!(f32, f64);
+
+/// A spare buffer of this thread's pool, or a new empty one.
+fn take_spare<T: Pooled>() -> Vec<T> {
+    T::spares()
+        .try_with(|cell| {
+            cell.try_borrow_mut()
+                .ok()
+                .and_then(|mut spares| spares.pop())
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Keeps `buffer` for reuse on this thread (unless the pool is full or the buffer huge).
+fn give_spare<T: Pooled>(buffer: Vec<T>) {
+    if buffer.capacity() == 0 || buffer.capacity() > MAX_SPARE_LEN {
+        return;
+    }
+    // A thread shutting down has no pool any more: the buffer is then simply freed.
+    let _ = T::spares().try_with(|cell| {
+        if let Ok(mut spares) = cell.try_borrow_mut() {
+            if spares.len() < MAX_SPARES {
+                spares.push(buffer);
+            }
+        }
+    });
+}
+
+/// Buffers larger than this (elements) are not kept for reuse.
+const MAX_SPARE_LEN: usize = 1 << 20;
+/// Spare buffers kept per thread and element type.
+const MAX_SPARES: usize = 4;
+
+/// A row-major copy in a buffer borrowed from the thread's pool and returned to it on drop, so
+/// that a hot loop copies its arguments without allocating.
+pub struct Copied<T: Pooled>(Vec<T>);
+
+impl<T: Pooled> Copied<T> {
+    /// The elements of `array`, row-major.
+    fn of<D: numpy::ndarray::Dimension>(
+        array: &Bound<'_, PyArray<T, D>>,
+        argument: &str,
+    ) -> PyResult<Self> {
+        let mut copied = Copied(take_spare());
+        row_major_into(array, argument, &mut copied.0)?;
+        Ok(copied)
+    }
+
+    /// An empty copy.
+    fn empty() -> Self {
+        Copied(Vec::new())
+    }
+}
+
+impl<T: Pooled> std::ops::Deref for Copied<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        &self.0
+    }
+}
+
+impl<T: Pooled> Drop for Copied<T> {
+    fn drop(&mut self) {
+        give_spare(std::mem::take(&mut self.0));
+    }
+}
+
+/// A native-byte-order copy of a float array in the other byte order (`None` for any other
+/// dtype).
+fn native_float<'py>(
+    array: &Bound<'py, PyUntypedArray>,
+) -> PyResult<Option<Bound<'py, PyUntypedArray>>> {
+    let dtype = array.dtype();
+    if dtype.kind() != b'f' || dtype.is_native_byteorder() != Some(false) {
+        return Ok(None);
+    }
+    let target = match dtype.itemsize() {
+        4 => "=f4",
+        8 => "=f8",
+        _ => return Ok(None),
+    };
+    let converted = array.call_method1("astype", (target,))?;
+    Ok(Some(converted.cast_into::<PyUntypedArray>()?))
+}
+
+/// A matrix's elements: the caller's buffer, read in place, or a row-major copy of our own.
+pub enum Elements<'py, T: Pooled> {
+    /// A C-contiguous, aligned numpy buffer, for a core call that reads each element once.
+    InPlace(numpy::PyReadonlyArray2<'py, T>),
+    /// A row-major copy (see the module docs).
+    Copied(Copied<T>),
+}
+
+impl<T: Pooled> std::ops::Deref for Elements<'_, T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            // Checked contiguous and aligned when it was made; an empty slice otherwise would
+            // only fail the shape check that follows.
+            Elements::InPlace(array) => array.as_slice().unwrap_or(&[]),
+            Elements::Copied(copied) => copied,
         }
     }
 }
 
-/// A `[rows, cols]` float matrix in one of the supported dtypes.
+/// A `[rows, cols]` float matrix in one of the supported dtypes, row-major.
 pub enum FloatMatrix<'py> {
     /// float32 data.
-    F32(Data<'py, f32, numpy::Ix2>, usize, usize),
+    F32(Elements<'py, f32>, usize, usize),
     /// float64 data.
-    F64(Data<'py, f64, numpy::Ix2>, usize, usize),
+    F64(Elements<'py, f64>, usize, usize),
 }
 
 impl FloatMatrix<'_> {
@@ -146,6 +545,18 @@ impl FloatMatrix<'_> {
             FloatMatrix::F32(_, _, c) | FloatMatrix::F64(_, _, c) => *c,
         }
     }
+
+    /// A core view of the data (`argument` names it in errors).
+    pub fn view(&self, argument: &'static str) -> PyResult<FloatView<'_>> {
+        Ok(match self {
+            FloatMatrix::F32(d, r, c) => {
+                FloatView::F32(MatrixView::new(argument, d, *r, *c).map_err(to_py_err)?)
+            }
+            FloatMatrix::F64(d, r, c) => {
+                FloatView::F64(MatrixView::new(argument, d, *r, *c).map_err(to_py_err)?)
+            }
+        })
+    }
 }
 
 /// A view of one of the dtypes; `Copy`, so it moves into a GIL-free closure.
@@ -157,23 +568,64 @@ pub enum FloatView<'a> {
     F64(MatrixView<'a, f64>),
 }
 
-impl<'py> FloatMatrix<'py> {
-    /// A core view of the data (`argument` names it in errors).
-    pub fn view(&self, argument: &'static str) -> PyResult<FloatView<'_>> {
-        Ok(match self {
-            FloatMatrix::F32(d, r, c) => {
-                FloatView::F32(MatrixView::new(argument, d.slice(), *r, *c).map_err(to_py_err)?)
-            }
-            FloatMatrix::F64(d, r, c) => {
-                FloatView::F64(MatrixView::new(argument, d.slice(), *r, *c).map_err(to_py_err)?)
-            }
-        })
-    }
+/// Extracts a 2-D float32/float64 matrix, copied (module docs). An empty list or tuple is a
+/// `[0, empty_cols]` float64 matrix (pass the width the call expects, or 0).
+pub fn float_matrix<'py>(
+    obj: &Bound<'py, PyAny>,
+    argument: &str,
+    empty_cols: usize,
+) -> PyResult<FloatMatrix<'py>> {
+    matrix(obj, argument, empty_cols, false)
 }
 
-/// Extracts a 2-D float32/float64 matrix.
-pub fn float_matrix<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<FloatMatrix<'py>> {
-    let array = as_ndarray(obj, argument)?;
+/// [`float_matrix`] that reads a C-contiguous, aligned array in place: only for a core call that
+/// reads each element once, checking and using the same value (`AcceptanceEstimator::observe`
+/// does), so that a buffer rewritten during the call cannot slip an unchecked value past it.
+pub fn float_matrix_in_place<'py>(
+    obj: &Bound<'py, PyAny>,
+    argument: &str,
+    empty_cols: usize,
+) -> PyResult<FloatMatrix<'py>> {
+    matrix(obj, argument, empty_cols, true)
+}
+
+fn matrix<'py>(
+    obj: &Bound<'py, PyAny>,
+    argument: &str,
+    empty_cols: usize,
+    in_place: bool,
+) -> PyResult<FloatMatrix<'py>> {
+    let converted = convert(obj, argument)?;
+    if converted.inferred_empty() && converted.array.ndim() == 1 {
+        return Ok(FloatMatrix::F64(
+            Elements::Copied(Copied::empty()),
+            0,
+            empty_cols,
+        ));
+    }
+    matrix_from(&converted.array, argument, in_place)
+        .map_err(|e| memory_error(obj.py(), e, argument))
+}
+
+fn elements<'py, T: Pooled>(
+    array: &Bound<'py, PyArray2<T>>,
+    argument: &str,
+    in_place: bool,
+) -> PyResult<Elements<'py, T>> {
+    if in_place && array.is_c_contiguous() {
+        let readonly = array.try_readonly()?;
+        if readonly.as_slice().is_ok() {
+            return Ok(Elements::InPlace(readonly));
+        }
+    }
+    Ok(Elements::Copied(Copied::of(array, argument)?))
+}
+
+fn matrix_from<'py>(
+    array: &Bound<'py, PyUntypedArray>,
+    argument: &str,
+    in_place: bool,
+) -> PyResult<FloatMatrix<'py>> {
     if array.ndim() != 2 {
         return Err(value_error(
             argument,
@@ -182,23 +634,53 @@ pub fn float_matrix<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Fl
     }
     let (rows, cols) = (array.shape()[0], array.shape()[1]);
     if let Ok(a) = array.cast::<PyArray2<f32>>() {
-        return Ok(FloatMatrix::F32(Data::from_array(a)?, rows, cols));
+        return Ok(FloatMatrix::F32(
+            elements(a, argument, in_place)?,
+            rows,
+            cols,
+        ));
     }
     if let Ok(a) = array.cast::<PyArray2<f64>>() {
-        return Ok(FloatMatrix::F64(Data::from_array(a)?, rows, cols));
+        return Ok(FloatMatrix::F64(
+            elements(a, argument, in_place)?,
+            rows,
+            cols,
+        ));
+    }
+    if let Some(native) = native_float(array)? {
+        // A private copy in native byte order: nobody else can write it.
+        return matrix_from(&native, argument, true);
     }
     Err(type_error(
         argument,
         format!(
             "unsupported dtype {}; expected float32 or float64",
-            dtype_name(&array)
+            dtype_name(array)
         ),
     ))
 }
 
 /// Extracts a 1-D float64 vector (any float or integer dtype is converted).
 pub fn float_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<f64>> {
-    let array = as_ndarray(obj, argument)?;
+    let converted = convert(obj, argument)?;
+    vector_from(&converted.array, argument).map_err(|e| memory_error(obj.py(), e, argument))
+}
+
+/// numpy's MemoryError (a conversion of a view implying more elements than memory holds, such
+/// as a large `numpy.broadcast_to`) as a ValueError naming the argument; other errors as they
+/// are.
+fn memory_error(py: Python<'_>, error: PyErr, argument: &str) -> PyErr {
+    if error.is_instance_of::<pyo3::exceptions::PyMemoryError>(py) {
+        value_error(
+            argument,
+            format!("cannot be converted: out of memory ({error})"),
+        )
+    } else {
+        error
+    }
+}
+
+fn vector_from(array: &Bound<'_, PyUntypedArray>, argument: &str) -> PyResult<Vec<f64>> {
     if array.ndim() != 1 {
         return Err(value_error(
             argument,
@@ -206,26 +688,24 @@ pub fn float_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<f64>
         ));
     }
     if let Ok(a) = array.cast::<PyArray1<f64>>() {
-        return Ok(a.try_readonly()?.as_array().to_vec());
+        return row_major(a, argument);
     }
     if let Ok(a) = array.cast::<PyArray1<f32>>() {
-        return Ok(a
-            .try_readonly()?
-            .as_array()
-            .iter()
-            .map(|&v| f64::from(v))
-            .collect());
+        return Ok(row_major(a, argument)?.into_iter().map(f64::from).collect());
     }
-    if is_integer(&array) {
+    if let Some(native) = native_float(array)? {
+        return vector_from(&native, argument);
+    }
+    if is_integer(array) {
         let converted = array.call_method1("astype", ("float64",))?;
         let a = converted.cast::<PyArray1<f64>>()?;
-        return Ok(a.try_readonly()?.as_array().to_vec());
+        return row_major(a, argument);
     }
     Err(type_error(
         argument,
         format!(
             "unsupported dtype {}; expected a float array",
-            dtype_name(&array)
+            dtype_name(array)
         ),
     ))
 }
@@ -235,9 +715,54 @@ fn is_integer(array: &Bound<'_, PyUntypedArray>) -> bool {
 }
 
 /// Extracts a 1-D integer vector as `i64` (int32 and int64 are read directly; other integer
-/// dtypes are converted; floats and bools are refused).
+/// dtypes are converted; floats and bools are refused, except an empty list or tuple). An
+/// unsigned value beyond `i64::MAX` is refused here, with its value: every integer array the
+/// API takes holds small counts or indices.
 pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<i64>> {
-    let array = as_ndarray(obj, argument)?;
+    let converted = convert(obj, argument)?;
+    ints_from(&converted, argument).map_err(|e| memory_error(obj.py(), e, argument))
+}
+
+/// An integer vector: the caller's int64 buffer, read in place, or a vector of our own.
+pub enum Ints<'py> {
+    /// A C-contiguous, aligned int64 buffer, for a core call that reads each element once.
+    InPlace(numpy::PyReadonlyArray1<'py, i64>),
+    /// Converted or copied.
+    Owned(Vec<i64>),
+}
+
+impl std::ops::Deref for Ints<'_> {
+    type Target = [i64];
+
+    fn deref(&self) -> &[i64] {
+        match self {
+            // Checked contiguous and aligned when it was made (an empty slice otherwise would
+            // only fail the length check that follows).
+            Ints::InPlace(array) => array.as_slice().unwrap_or(&[]),
+            Ints::Owned(values) => values,
+        }
+    }
+}
+
+/// [`int_vector`] that reads a C-contiguous, aligned int64 array in place: only for a core call
+/// that reads each element once, checking and using the same value (`observe`'s counts).
+pub fn int_vector_in_place<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Ints<'py>> {
+    let converted = convert(obj, argument)?;
+    if converted.array.ndim() == 1 && converted.array.is_c_contiguous() {
+        if let Ok(a) = converted.array.cast::<PyArray1<i64>>() {
+            let readonly = a.try_readonly()?;
+            if readonly.as_slice().is_ok() {
+                return Ok(Ints::InPlace(readonly));
+            }
+        }
+    }
+    ints_from(&converted, argument)
+        .map(Ints::Owned)
+        .map_err(|e| memory_error(obj.py(), e, argument))
+}
+
+fn ints_from(converted: &Converted<'_>, argument: &str) -> PyResult<Vec<i64>> {
+    let array = &converted.array;
     if array.ndim() != 1 {
         return Err(value_error(
             argument,
@@ -245,42 +770,35 @@ pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<i64>> 
         ));
     }
     if let Ok(a) = array.cast::<PyArray1<i64>>() {
-        let a: PyReadonlyArray1<i64> = a.try_readonly()?;
-        return Ok(match a.as_slice() {
-            Ok(s) => s.to_vec(),
-            Err(_) => a.as_array().to_vec(),
-        });
+        return row_major(a, argument);
     }
     if let Ok(a) = array.cast::<PyArray1<i32>>() {
-        let a: PyReadonlyArray1<i32> = a.try_readonly()?;
-        // A contiguous slice widens in a vectorized loop; ndarray's strided iterator does not.
-        return Ok(match a.as_slice() {
-            Ok(s) => s.iter().map(|&v| i64::from(v)).collect(),
-            Err(_) => a.as_array().iter().map(|&v| i64::from(v)).collect(),
-        });
+        return Ok(row_major(a, argument)?.into_iter().map(i64::from).collect());
     }
-    if is_integer(&array) {
-        // Unsigned 64-bit values above i64::MAX would wrap; they are far beyond any K anyway,
-        // so clamp them to a value validation rejects.
+    if converted.inferred_empty() {
+        return Ok(Vec::new());
+    }
+    if is_integer(array) {
         if array.dtype().kind() == b'u' && array.dtype().itemsize() == 8 {
-            let a = array.call_method1("astype", ("float64",))?;
-            let a = a.cast::<PyArray1<f64>>()?;
-            return Ok(a
-                .try_readonly()?
-                .as_array()
+            let converted = array.call_method1("astype", ("=u8",))?;
+            let values = row_major(converted.cast::<PyArray1<u64>>()?, argument)?;
+            return values
                 .iter()
-                .map(|&v| v.min(i64::MAX as f64) as i64)
-                .collect());
+                .enumerate()
+                .map(|(i, &v)| {
+                    i64::try_from(v)
+                        .map_err(|_| value_error(argument, format!("[{i}] = {v} is out of range")))
+                })
+                .collect();
         }
         let converted = array.call_method1("astype", ("int64",))?;
-        let a = converted.cast::<PyArray1<i64>>()?;
-        return Ok(a.try_readonly()?.as_array().to_vec());
+        return row_major(converted.cast::<PyArray1<i64>>()?, argument);
     }
     Err(type_error(
         argument,
         format!(
             "unsupported dtype {}; expected an integer array",
-            dtype_name(&array)
+            dtype_name(array)
         ),
     ))
 }

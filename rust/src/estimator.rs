@@ -11,7 +11,8 @@ use pyo3::types::{PyBytes, PyDict, PyType};
 use std::path::PathBuf;
 
 use crate::convert::{
-    float_matrix, int_vector, to_py_err, type_error, value_error, FloatMatrix, FloatView,
+    float_matrix_in_place, int_vector_in_place, to_py_err, type_error, value_error, Float,
+    FloatMatrix, FloatView, Int,
 };
 use crate::files::{atomic_write, read_file};
 
@@ -26,57 +27,52 @@ pub struct PyAcceptanceEstimator {
     inner: AcceptanceEstimator,
 }
 
-fn non_negative(argument: &'static str, value: i64) -> PyResult<usize> {
-    usize::try_from(value)
-        .map_err(|_| value_error(argument, format!("must be non-negative, got {value}")))
-}
-
 #[pymethods]
 impl PyAcceptanceEstimator {
     #[new]
     #[pyo3(signature = (
         num_positions,
         *,
-        refit_interval = EstimatorConfig::DEFAULT_REFIT_INTERVAL as i64,
-        damping = EstimatorConfig::DEFAULT_DAMPING,
-        l2 = EstimatorConfig::DEFAULT_L2,
-        init_slope = EstimatorConfig::DEFAULT_INIT_SLOPE,
-        init_intercept = EstimatorConfig::DEFAULT_INIT_INTERCEPT,
-        max_log_odds = EstimatorConfig::DEFAULT_MAX_LOG_ODDS,
-        max_step = EstimatorConfig::DEFAULT_MAX_STEP,
-        max_slope = EstimatorConfig::DEFAULT_MAX_SLOPE,
-        max_intercept = EstimatorConfig::DEFAULT_MAX_INTERCEPT,
-        memory = EstimatorConfig::DEFAULT_MEMORY,
-        drift_z = EstimatorConfig::DEFAULT_DRIFT_Z,
+        refit_interval = Int::new(EstimatorConfig::DEFAULT_REFIT_INTERVAL as i128),
+        damping = Float::new(EstimatorConfig::DEFAULT_DAMPING),
+        l2 = Float::new(EstimatorConfig::DEFAULT_L2),
+        init_slope = Float::new(EstimatorConfig::DEFAULT_INIT_SLOPE),
+        init_intercept = Float::new(EstimatorConfig::DEFAULT_INIT_INTERCEPT),
+        max_log_odds = Float::new(EstimatorConfig::DEFAULT_MAX_LOG_ODDS),
+        max_step = Float::new(EstimatorConfig::DEFAULT_MAX_STEP),
+        max_slope = Float::new(EstimatorConfig::DEFAULT_MAX_SLOPE),
+        max_intercept = Float::new(EstimatorConfig::DEFAULT_MAX_INTERCEPT),
+        memory = Float::new(EstimatorConfig::DEFAULT_MEMORY),
+        drift_z = Float::new(EstimatorConfig::DEFAULT_DRIFT_Z),
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        num_positions: i64,
-        refit_interval: i64,
-        damping: f64,
-        l2: f64,
-        init_slope: f64,
-        init_intercept: f64,
-        max_log_odds: f64,
-        max_step: f64,
-        max_slope: f64,
-        max_intercept: f64,
-        memory: f64,
-        drift_z: f64,
+        num_positions: Int,
+        refit_interval: Int,
+        damping: Float,
+        l2: Float,
+        init_slope: Float,
+        init_intercept: Float,
+        max_log_odds: Float,
+        max_step: Float,
+        max_slope: Float,
+        max_intercept: Float,
+        memory: Float,
+        drift_z: Float,
     ) -> PyResult<Self> {
         let config = EstimatorConfig {
-            num_positions: non_negative("num_positions", num_positions)?,
-            refit_interval: non_negative("refit_interval", refit_interval)? as u64,
-            damping,
-            l2,
-            init_slope,
-            init_intercept,
-            max_log_odds,
-            max_step,
-            max_slope,
-            max_intercept,
-            memory,
-            drift_z,
+            num_positions: num_positions.to_usize("num_positions")?,
+            refit_interval: refit_interval.to_u64("refit_interval")?,
+            damping: damping.value("damping")?,
+            l2: l2.value("l2")?,
+            init_slope: init_slope.value("init_slope")?,
+            init_intercept: init_intercept.value("init_intercept")?,
+            max_log_odds: max_log_odds.value("max_log_odds")?,
+            max_step: max_step.value("max_step")?,
+            max_slope: max_slope.value("max_slope")?,
+            max_intercept: max_intercept.value("max_intercept")?,
+            memory: memory.value("memory")?,
+            drift_z: drift_z.value("drift_z")?,
         };
         let inner = AcceptanceEstimator::new(config).map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
@@ -88,13 +84,19 @@ impl PyAcceptanceEstimator {
         py: Python<'py>,
         features: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let matrix = float_matrix(features, "features")?;
+        let inner = &self.inner;
+        // In place when C-contiguous: the core copies it once, checking as it copies.
+        let matrix = float_matrix_in_place(features, "features", inner.num_positions())?;
         let (rows, cols) = (matrix.rows(), matrix.cols());
         let view = matrix.view("features")?;
-        let inner = &self.inner;
         let out = py
             .detach(|| {
-                let mut out = vec![0.0f32; rows * cols];
+                let len = view_len(view);
+                let mut out = Vec::new();
+                out.try_reserve_exact(len).map_err(|_| {
+                    av_core::Error::value("features", format!("no memory for {len} probabilities"))
+                })?;
+                out.resize(len, 0.0f32);
                 match view {
                     FloatView::F32(v) => inner.predict(v, &mut out),
                     FloatView::F64(v) => inner.predict(v, &mut out),
@@ -102,7 +104,8 @@ impl PyAcceptanceEstimator {
                 .map(|()| out)
             })
             .map_err(to_py_err)?;
-        let array = Array2::from_shape_vec((rows, cols), out).expect("length is rows * cols");
+        let array = Array2::from_shape_vec((rows, cols), out)
+            .map_err(|e| value_error("features", format!("shape [{rows}, {cols}]: {e}")))?;
         Ok(array.into_pyarray(py))
     }
 
@@ -117,12 +120,16 @@ impl PyAcceptanceEstimator {
         num_accepted: &Bound<'_, PyAny>,
         predictions: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        let features = float_matrix(features, "features")?;
-        let num_admitted = int_vector(num_admitted, "num_admitted")?;
-        let num_accepted = int_vector(num_accepted, "num_accepted")?;
+        let k = self.inner.num_positions();
+        // Read in place when C-contiguous: the core reads each feature and prediction once,
+        // into its own buffer, checking as it copies, so a buffer another thread rewrites
+        // meanwhile can fail the call, never get an unchecked value in.
+        let features = float_matrix_in_place(features, "features", k)?;
+        let num_admitted = int_vector_in_place(num_admitted, "num_admitted")?;
+        let num_accepted = int_vector_in_place(num_accepted, "num_accepted")?;
         let predictions: Option<FloatMatrix<'_>> = predictions
             .filter(|p| !p.is_none())
-            .map(|p| float_matrix(p, "predictions"))
+            .map(|p| float_matrix_in_place(p, "predictions", k))
             .transpose()?;
         let features = features.view("features")?;
         let predictions = predictions
@@ -130,13 +137,16 @@ impl PyAcceptanceEstimator {
             .map(|p| p.view("predictions"))
             .transpose()?;
         let inner = &self.inner;
-        py.detach(|| observe_views(inner, features, &num_admitted, &num_accepted, predictions))
+        let (admitted, accepted): (&[i64], &[i64]) = (&num_admitted, &num_accepted);
+        py.detach(|| observe_views(inner, features, admitted, accepted, predictions))
             .map_err(to_py_err)
     }
 
     /// Ends the round now: refits on whatever it holds and clears it. With `report=True`,
-    /// returns the round's statistics (as in `state_dict()["round_stats"]`) and the Newton step
-    /// taken from them (`slope_step`, `intercept_steps`, before the step and range bounds).
+    /// returns the round's statistics (as in `state_dict()["round_stats"]`), the Newton step
+    /// taken from them (`slope_step`, `intercept_steps`, before the step and range bounds) and
+    /// the round's drift statistic (`drift_statistic`: about chi-square with K + 1 degrees of
+    /// freedom while the coefficients it was collected under fit).
     #[pyo3(signature = (*, report = false))]
     fn refit<'py>(&self, py: Python<'py>, report: bool) -> PyResult<Option<Bound<'py, PyDict>>> {
         let inner = &self.inner;
@@ -147,7 +157,19 @@ impl PyAcceptanceEstimator {
         let d = stats_dict(py, &outcome.stats)?;
         d.set_item("slope_step", outcome.step.slope)?;
         d.set_item("intercept_steps", outcome.step.intercepts)?;
+        d.set_item("drift_statistic", inner.drift_statistic(&outcome.stats))?;
         Ok(Some(d))
+    }
+
+    /// Adds another round's statistics (a dict as in `state_dict()["round_stats"]`) to the open
+    /// round, exactly: e.g. the other ranks' share of a round pooled across data-parallel ranks
+    /// (`av_core.distributed.pool_round`). Refused, adding nothing, if the fraction bits or the
+    /// number of positions differ or an `a`/`c` entry is negative.
+    fn add_round_stats(&self, py: Python<'_>, round_stats: &Bound<'_, PyAny>) -> PyResult<()> {
+        let stats = parse_round_stats(round_stats, "round_stats")?;
+        let inner = &self.inner;
+        py.detach(|| inner.add_round_stats(&stats))
+            .map_err(to_py_err)
     }
 
     /// Shared slope.
@@ -258,7 +280,7 @@ impl PyAcceptanceEstimator {
     /// ValueError naming the path.
     #[classmethod]
     fn load(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let bytes = py.detach(|| read_file(&path))?;
+        let bytes = py.detach(|| read_file(&path, av_core::snapshot::MAX_ENCODED_LEN as u64))?;
         let inner = AcceptanceEstimator::from_bytes(&bytes)
             .map_err(|e| value_error("path", format!("{}: {e}", path.display())))?;
         Ok(PyAcceptanceEstimator { inner })
@@ -364,6 +386,14 @@ fn stats_dict<'py>(py: Python<'py>, stats: &RoundStats) -> PyResult<Bound<'py, P
     Ok(d)
 }
 
+/// Number of elements of a view.
+fn view_len(view: FloatView<'_>) -> usize {
+    match view {
+        FloatView::F32(v) => v.data().len(),
+        FloatView::F64(v) => v.data().len(),
+    }
+}
+
 /// Dispatches `observe` over the dtype combinations.
 fn observe_views(
     inner: &AcceptanceEstimator,
@@ -407,6 +437,63 @@ fn extract<'py, T: FromPyObjectOwned<'py>>(
     })
 }
 
+/// An integer field in `min..=max`: a bool or a non-integer is a `TypeError`, a value out of
+/// range a `ValueError`, both naming the key.
+fn int_field<T: TryFrom<i128>>(
+    d: &Bound<'_, PyDict>,
+    key: &str,
+    argument: &str,
+    (min, max): (i128, i128),
+) -> PyResult<T> {
+    let value: Int = extract(d, key, argument)?;
+    checked_int(&value, &format!("{argument}[{key:?}]"), (min, max))
+}
+
+/// Each entry of an integer list field, as [`int_field`].
+fn int_list<T: TryFrom<i128>>(
+    d: &Bound<'_, PyDict>,
+    key: &str,
+    argument: &str,
+    (min, max): (i128, i128),
+) -> PyResult<Vec<T>> {
+    let values: Vec<Int> = extract(d, key, argument)?;
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| checked_int(v, &format!("{argument}[{key:?}][{i}]"), (min, max)))
+        .collect()
+}
+
+/// `value` as a `T` in `min..=max`; `named` is how errors name it (`state["steps_since_refit"]`).
+fn checked_int<T: TryFrom<i128>>(
+    value: &Int,
+    named: &str,
+    (min, max): (i128, i128),
+) -> PyResult<T> {
+    let v = value.in_range(named, min, max)?;
+    T::try_from(v).map_err(|_| value_error(named, format!("{v} is out of range")))
+}
+
+/// A float field: a bool or a non-number is a `TypeError`, an int beyond float range a
+/// `ValueError`.
+fn float_field(d: &Bound<'_, PyDict>, key: &str, argument: &str) -> PyResult<f64> {
+    let value: Float = extract(d, key, argument)?;
+    value.value(&format!("{argument}[{key:?}]"))
+}
+
+/// A list of floats, as [`float_field`].
+fn float_list(d: &Bound<'_, PyDict>, key: &str, argument: &str) -> PyResult<Vec<f64>> {
+    let values: Vec<Float> = extract(d, key, argument)?;
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v.value(&format!("{argument}[{key:?}][{i}]")))
+        .collect()
+}
+
+const U64: (i128, i128) = (0, u64::MAX as i128);
+const I128: (i128, i128) = (i128::MIN, i128::MAX);
+
 fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
     let arg = "state";
     let d = state
@@ -419,7 +506,7 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
             format!("format is {format:?}, expected {STATE_FORMAT:?}"),
         ));
     }
-    let version: u32 = extract(d, "format_version", arg)?;
+    let version: u32 = int_field(d, "format_version", arg, U64)?;
     if version != STATE_FORMAT_VERSION {
         return Err(value_error(
             arg,
@@ -431,24 +518,49 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         .cast::<PyDict>()
         .map_err(|_| type_error(arg, "key \"config\" must be a dict"))?;
     let config = EstimatorConfig {
-        num_positions: extract(c, "num_positions", arg)?,
-        refit_interval: extract(c, "refit_interval", arg)?,
-        damping: extract(c, "damping", arg)?,
-        l2: extract(c, "l2", arg)?,
-        init_slope: extract(c, "init_slope", arg)?,
-        init_intercept: extract(c, "init_intercept", arg)?,
-        max_log_odds: extract(c, "max_log_odds", arg)?,
-        max_step: extract(c, "max_step", arg)?,
-        max_slope: extract(c, "max_slope", arg)?,
-        max_intercept: extract(c, "max_intercept", arg)?,
-        memory: extract(c, "memory", arg)?,
-        drift_z: extract(c, "drift_z", arg)?,
+        num_positions: int_field(c, "num_positions", arg, U64)?,
+        refit_interval: int_field(c, "refit_interval", arg, U64)?,
+        damping: float_field(c, "damping", arg)?,
+        l2: float_field(c, "l2", arg)?,
+        init_slope: float_field(c, "init_slope", arg)?,
+        init_intercept: float_field(c, "init_intercept", arg)?,
+        max_log_odds: float_field(c, "max_log_odds", arg)?,
+        max_step: float_field(c, "max_step", arg)?,
+        max_slope: float_field(c, "max_slope", arg)?,
+        max_intercept: float_field(c, "max_intercept", arg)?,
+        memory: float_field(c, "memory", arg)?,
+        drift_z: float_field(c, "drift_z", arg)?,
     };
-    let stats_item = get_item(d, "round_stats", arg)?;
-    let s = stats_item
+    let stats = parse_round_stats(&get_item(d, "round_stats", arg)?, arg)?;
+    let memory_item = get_item(d, "memory_state", arg)?;
+    let m = memory_item
         .cast::<PyDict>()
-        .map_err(|_| type_error(arg, "key \"round_stats\" must be a dict"))?;
-    let bits: u32 = extract(s, "fraction_bits", arg)?;
+        .map_err(|_| type_error(arg, "key \"memory_state\" must be a dict"))?;
+    Ok(EstimatorState {
+        config,
+        slope: float_field(d, "slope", arg)?,
+        intercepts: float_list(d, "intercepts", arg)?,
+        stats,
+        steps_since_refit: int_field(d, "steps_since_refit", arg, U64)?,
+        num_refits: int_field(d, "num_refits", arg, U64)?,
+        memory: Memory {
+            a: float_field(m, "a", arg)?,
+            b: float_list(m, "b", arg)?,
+            c: float_list(m, "c", arg)?,
+            rhs: float_list(m, "rhs", arg)?,
+            total: float_field(m, "total", arg)?,
+            counts: float_list(m, "counts", arg)?,
+            resets: int_field(m, "resets", arg, U64)?,
+        },
+    })
+}
+
+/// A round's statistics from the dict `stats_dict` writes (`argument` names it in errors).
+fn parse_round_stats(item: &Bound<'_, PyAny>, arg: &'static str) -> PyResult<RoundStats> {
+    let s = item
+        .cast::<PyDict>()
+        .map_err(|_| type_error(arg, "round_stats must be a dict"))?;
+    let bits: u32 = int_field(s, "fraction_bits", arg, U64)?;
     if bits != FRACTION_BITS {
         return Err(value_error(
             arg,
@@ -457,13 +569,9 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
     }
     let columns: Vec<Vec<i128>> = ["a", "b", "c", "g0", "g1"]
         .iter()
-        .map(|key| extract::<Vec<i128>>(s, key, arg))
+        .map(|key| int_list::<i128>(s, key, arg, I128))
         .collect::<PyResult<_>>()?;
-    let n: Vec<u64> = extract(s, "n", arg)?;
-    let memory_item = get_item(d, "memory_state", arg)?;
-    let m = memory_item
-        .cast::<PyDict>()
-        .map_err(|_| type_error(arg, "key \"memory_state\" must be a dict"))?;
+    let n: Vec<u64> = int_list(s, "n", arg, U64)?;
     if columns.iter().any(|col| col.len() != n.len()) {
         return Err(value_error(
             arg,
@@ -480,21 +588,5 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
             n: n[k],
         })
         .collect();
-    Ok(EstimatorState {
-        config,
-        slope: extract(d, "slope", arg)?,
-        intercepts: extract(d, "intercepts", arg)?,
-        stats: RoundStats { positions },
-        steps_since_refit: extract(d, "steps_since_refit", arg)?,
-        num_refits: extract(d, "num_refits", arg)?,
-        memory: Memory {
-            a: extract(m, "a", arg)?,
-            b: extract(m, "b", arg)?,
-            c: extract(m, "c", arg)?,
-            rhs: extract(m, "rhs", arg)?,
-            total: extract(m, "total", arg)?,
-            counts: extract(m, "counts", arg)?,
-            resets: extract(m, "resets", arg)?,
-        },
-    })
+    Ok(RoundStats { positions })
 }

@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use crate::files::{atomic_write, read_file};
 
 use crate::convert::{
-    as_ndarray, float_matrix, int_vector, to_py_err, type_error, value_error, FloatMatrix,
-    FloatView,
+    as_ndarray, float_matrix, float_matrix_in_place, int_vector, int_vector_in_place, to_py_err,
+    type_error, value_error, Float, FloatMatrix, FloatView, Int,
 };
 
 /// Adds the planner's classes and functions to the native module.
@@ -36,9 +36,14 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-fn non_negative(argument: &'static str, value: i64) -> PyResult<usize> {
-    usize::try_from(value)
-        .map_err(|_| value_error(argument, format!("must be non-negative, got {value}")))
+fn non_negative(argument: &'static str, value: &Int) -> PyResult<usize> {
+    value.to_usize(argument)
+}
+
+/// The width an empty list of confidences gets: the `K` of the tables' draft-depth table (which
+/// an array must match), or 0 without one (no width is required then).
+fn empty_width(tables: &CostTables) -> usize {
+    tables.max_draft_depth().unwrap_or(0)
 }
 
 /// `(size, ms)` points from a sequence of pairs or an `[n, 2]` array.
@@ -87,7 +92,7 @@ type TableBuilder =
 type DepthArgument<'a, 'py> = (
     Option<&'a Bound<'py, PyAny>>,
     &'static str,
-    Option<i64>,
+    Option<Int>,
     bool,
 );
 
@@ -97,7 +102,7 @@ fn build_tables(
     builder: TableBuilder,
     (draft, draft_name): (&Bound<'_, PyAny>, &'static str),
     (verify, verify_name): (&Bound<'_, PyAny>, &'static str),
-    [max_num_reqs, max_batch_tokens, cudagraph_limit]: [i64; 3],
+    [max_num_reqs, max_batch_tokens, cudagraph_limit]: [Int; 3],
     (depth, depth_name, max_draft_depth, samples): DepthArgument<'_, '_>,
 ) -> PyResult<PyCostTables> {
     let depth = depth_curve(depth, depth_name, max_draft_depth, samples)?;
@@ -106,9 +111,9 @@ fn build_tables(
     let inner = builder(
         &draft,
         &verify,
-        non_negative("max_num_reqs", max_num_reqs)?,
-        non_negative("max_batch_tokens", max_batch_tokens)?,
-        non_negative("cudagraph_limit", cudagraph_limit)?,
+        non_negative("max_num_reqs", &max_num_reqs)?,
+        non_negative("max_batch_tokens", &max_batch_tokens)?,
+        non_negative("cudagraph_limit", &cudagraph_limit)?,
     )
     .map_err(to_py_err)?;
     let inner = match depth {
@@ -121,15 +126,15 @@ fn build_tables(
 }
 
 fn step_tokens(
-    num_non_draft_tokens: i64,
-    num_sampling_requests: i64,
-    max_draft_budget: Option<i64>,
+    num_non_draft_tokens: Int,
+    num_sampling_requests: Int,
+    max_draft_budget: Option<Int>,
 ) -> PyResult<StepTokens> {
     Ok(StepTokens {
-        num_non_draft_tokens: non_negative("num_non_draft_tokens", num_non_draft_tokens)?,
-        num_sampling_requests: non_negative("num_sampling_requests", num_sampling_requests)?,
+        num_non_draft_tokens: non_negative("num_non_draft_tokens", &num_non_draft_tokens)?,
+        num_sampling_requests: non_negative("num_sampling_requests", &num_sampling_requests)?,
         max_draft_budget: max_draft_budget
-            .map(|cap| non_negative("max_draft_budget", cap))
+            .map(|cap| non_negative("max_draft_budget", &cap))
             .transpose()?,
     })
 }
@@ -172,7 +177,7 @@ impl PyCostTables {
     fn with_draft_depth(
         &self,
         draft_depth_ms: &Bound<'_, PyAny>,
-        max_depth: Option<i64>,
+        max_depth: Option<Int>,
     ) -> PyResult<Self> {
         let tables = self.inner.clone();
         let inner = if let Ok(kind) = draft_depth_ms.extract::<String>() {
@@ -180,7 +185,15 @@ impl PyCostTables {
             let depth = max_depth.ok_or_else(|| {
                 value_error("max_depth", "is required with a drafter kind".to_owned())
             })?;
-            tables.with_drafter(kind, non_negative("max_depth", depth)?)
+            tables
+                .with_drafter(kind, non_negative("max_depth", &depth)?)
+                .map_err(|mut e| {
+                    // The core names its own parameter; this method calls it max_depth.
+                    if e.argument == "max_draft_depth" {
+                        e.argument = "max_depth";
+                    }
+                    e
+                })
         } else {
             if max_depth.is_some() {
                 return Err(value_error(
@@ -200,17 +213,20 @@ impl PyCostTables {
     /// `draft_depth_curve` adds a draft-cost-by-depth table from profiled (depth, ms) points
     /// over depths `0..=max_draft_depth` (default: the deepest profiled depth).
     #[classmethod]
-    #[pyo3(signature = (draft_curve, verify_curve, *, max_num_reqs, max_batch_tokens, cudagraph_limit = 0, draft_depth_curve = None, max_draft_depth = None))]
+    #[pyo3(
+        signature = (draft_curve, verify_curve, *, max_num_reqs, max_batch_tokens, cudagraph_limit = Int::new(0), draft_depth_curve = None, max_draft_depth = None),
+        text_signature = "($cls, draft_curve, verify_curve, *, max_num_reqs, max_batch_tokens, cudagraph_limit=0, draft_depth_curve=None, max_draft_depth=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn from_curves(
         _cls: &Bound<'_, PyType>,
         draft_curve: &Bound<'_, PyAny>,
         verify_curve: &Bound<'_, PyAny>,
-        max_num_reqs: i64,
-        max_batch_tokens: i64,
-        cudagraph_limit: i64,
+        max_num_reqs: Int,
+        max_batch_tokens: Int,
+        cudagraph_limit: Int,
         draft_depth_curve: Option<&Bound<'_, PyAny>>,
-        max_draft_depth: Option<i64>,
+        max_draft_depth: Option<Int>,
     ) -> PyResult<Self> {
         build_tables(
             CostTables::from_curves,
@@ -230,17 +246,20 @@ impl PyCostTables {
     /// `draft_depth_samples`: raw repeated (depth, ms) timings of the drafter, reduced to the
     /// median per depth like the others.
     #[classmethod]
-    #[pyo3(signature = (draft_samples, verify_samples, *, max_num_reqs, max_batch_tokens, cudagraph_limit = 0, draft_depth_samples = None, max_draft_depth = None))]
+    #[pyo3(
+        signature = (draft_samples, verify_samples, *, max_num_reqs, max_batch_tokens, cudagraph_limit = Int::new(0), draft_depth_samples = None, max_draft_depth = None),
+        text_signature = "($cls, draft_samples, verify_samples, *, max_num_reqs, max_batch_tokens, cudagraph_limit=0, draft_depth_samples=None, max_draft_depth=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn from_samples(
         _cls: &Bound<'_, PyType>,
         draft_samples: &Bound<'_, PyAny>,
         verify_samples: &Bound<'_, PyAny>,
-        max_num_reqs: i64,
-        max_batch_tokens: i64,
-        cudagraph_limit: i64,
+        max_num_reqs: Int,
+        max_batch_tokens: Int,
+        cudagraph_limit: Int,
         draft_depth_samples: Option<&Bound<'_, PyAny>>,
-        max_draft_depth: Option<i64>,
+        max_draft_depth: Option<Int>,
     ) -> PyResult<Self> {
         build_tables(
             CostTables::from_samples,
@@ -273,9 +292,9 @@ impl PyCostTables {
     /// Drafting cost of `num_requests` requests drafting `depth` positions each:
     /// draft_ms[R] * draft_depth_ms[depth] / draft_depth_ms[K] (draft_ms[R] without a depth
     /// table; 0 for no requests or depth 0).
-    fn draft_cost_ms(&self, num_requests: i64, depth: i64) -> PyResult<f64> {
-        let r = non_negative("num_requests", num_requests)?;
-        let d = non_negative("depth", depth)?;
+    fn draft_cost_ms(&self, num_requests: Int, depth: Int) -> PyResult<f64> {
+        let r = non_negative("num_requests", &num_requests)?;
+        let d = non_negative("depth", &depth)?;
         if r > self.inner.max_num_reqs() {
             return Err(value_error(
                 "num_requests",
@@ -378,7 +397,7 @@ type DepthCurve = (Vec<(f64, f64)>, usize);
 fn depth_curve(
     obj: Option<&Bound<'_, PyAny>>,
     argument: &'static str,
-    max_draft_depth: Option<i64>,
+    max_draft_depth: Option<Int>,
     samples: bool,
 ) -> PyResult<Option<DepthCurve>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
@@ -392,7 +411,7 @@ fn depth_curve(
         curve = median_curve(argument, &curve).map_err(to_py_err)?;
     }
     let max_depth = match max_draft_depth {
-        Some(d) => non_negative("max_draft_depth", d)?,
+        Some(d) => non_negative("max_draft_depth", &d)?,
         None => curve
             .last()
             .map_or(0, |&(depth, _)| depth.max(0.0) as usize),
@@ -472,10 +491,10 @@ fn choose_draft_depth(
     py: Python<'_>,
     confidences: &Bound<'_, PyAny>,
     max_depths: &Bound<'_, PyAny>,
-    num_non_draft_tokens: i64,
-    num_sampling_requests: i64,
+    num_non_draft_tokens: Int,
+    num_sampling_requests: Int,
     cost_tables: PyRef<'_, PyCostTables>,
-    max_draft_budget: Option<i64>,
+    max_draft_budget: Option<Int>,
     mode: &str,
 ) -> PyResult<PyDepthPlan> {
     let mode = depth_mode(mode)?;
@@ -484,8 +503,10 @@ fn choose_draft_depth(
         num_sampling_requests,
         max_draft_budget,
     )?;
-    let matrix = float_matrix(confidences, "confidences")?;
-    let caps = int_vector(max_depths, "max_depths")?;
+    let matrix =
+        float_matrix_in_place(confidences, "confidences", empty_width(&cost_tables.inner))?;
+    let cap_ints = int_vector_in_place(max_depths, "max_depths")?;
+    let caps: &[i64] = &cap_ints;
     let rows = matrix.rows();
     let view = matrix.view("confidences")?;
     let tables = &cost_tables.inner;
@@ -494,10 +515,10 @@ fn choose_draft_depth(
             let mut depths = vec![0i32; rows];
             match view {
                 FloatView::F32(v) => {
-                    planner::choose_draft_depth(v, &caps, &step, tables, mode, &mut depths)
+                    planner::choose_draft_depth(v, caps, &step, tables, mode, &mut depths)
                 }
                 FloatView::F64(v) => {
-                    planner::choose_draft_depth(v, &caps, &step, tables, mode, &mut depths)
+                    planner::choose_draft_depth(v, caps, &step, tables, mode, &mut depths)
                 }
             }
             .map(|plan| (plan, depths))
@@ -573,23 +594,25 @@ fn choose_draft_budget(
     py: Python<'_>,
     confidences: &Bound<'_, PyAny>,
     scheduled_drafts: &Bound<'_, PyAny>,
-    num_non_draft_tokens: i64,
-    num_sampling_requests: i64,
+    num_non_draft_tokens: Int,
+    num_sampling_requests: Int,
     cost_tables: PyRef<'_, PyCostTables>,
-    max_draft_budget: Option<i64>,
+    max_draft_budget: Option<Int>,
 ) -> PyResult<usize> {
     let step = step_tokens(
         num_non_draft_tokens,
         num_sampling_requests,
         max_draft_budget,
     )?;
-    let matrix = float_matrix(confidences, "confidences")?;
-    let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+    let matrix =
+        float_matrix_in_place(confidences, "confidences", empty_width(&cost_tables.inner))?;
+    let scheduled_ints = int_vector_in_place(scheduled_drafts, "scheduled_drafts")?;
+    let scheduled: &[i64] = &scheduled_ints;
     let view = matrix.view("confidences")?;
     let tables = &cost_tables.inner;
     py.detach(|| match view {
-        FloatView::F32(v) => planner::choose_draft_budget(v, &scheduled, &step, tables),
-        FloatView::F64(v) => planner::choose_draft_budget(v, &scheduled, &step, tables),
+        FloatView::F32(v) => planner::choose_draft_budget(v, scheduled, &step, tables),
+        FloatView::F64(v) => planner::choose_draft_budget(v, scheduled, &step, tables),
     })
     .map_err(to_py_err)
 }
@@ -601,11 +624,14 @@ fn assign_draft_budget<'py>(
     py: Python<'py>,
     confidences: &Bound<'py, PyAny>,
     scheduled_drafts: &Bound<'py, PyAny>,
-    budget: i64,
+    budget: Int,
 ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-    let budget = non_negative("budget", budget)?;
-    let matrix = float_matrix(confidences, "confidences")?;
-    let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+    let budget = non_negative("budget", &budget)?;
+    // In place (when C-contiguous): the planning functions read each confidence and each
+    // scheduled count once, checking the value they use (see `av_core::planner`).
+    let matrix = float_matrix_in_place(confidences, "confidences", 0)?;
+    let scheduled_ints = int_vector_in_place(scheduled_drafts, "scheduled_drafts")?;
+    let scheduled: &[i64] = &scheduled_ints;
     let rows = matrix.rows();
     let view = matrix.view("confidences")?;
     let admitted = py
@@ -613,10 +639,10 @@ fn assign_draft_budget<'py>(
             let mut admitted = vec![0i32; rows];
             match view {
                 FloatView::F32(v) => {
-                    planner::assign_draft_budget(v, &scheduled, budget, &mut admitted)
+                    planner::assign_draft_budget(v, scheduled, budget, &mut admitted)
                 }
                 FloatView::F64(v) => {
-                    planner::assign_draft_budget(v, &scheduled, budget, &mut admitted)
+                    planner::assign_draft_budget(v, scheduled, budget, &mut admitted)
                 }
             }
             .map(|()| admitted)
@@ -662,10 +688,10 @@ fn plan_verification(
     py: Python<'_>,
     confidences: &Bound<'_, PyAny>,
     scheduled_drafts: &Bound<'_, PyAny>,
-    num_non_draft_tokens: i64,
-    num_sampling_requests: i64,
+    num_non_draft_tokens: Int,
+    num_sampling_requests: Int,
     cost_tables: PyRef<'_, PyCostTables>,
-    max_draft_budget: Option<i64>,
+    max_draft_budget: Option<Int>,
     budget_confidences: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyVerificationPlan> {
     let step = step_tokens(
@@ -673,11 +699,13 @@ fn plan_verification(
         num_sampling_requests,
         max_draft_budget,
     )?;
-    let matrix = float_matrix(confidences, "confidences")?;
-    let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
-    let budget_matrix: Option<FloatMatrix<'_>> = budget_confidences
+    let matrix =
+        float_matrix_in_place(confidences, "confidences", empty_width(&cost_tables.inner))?;
+    let scheduled_ints = int_vector_in_place(scheduled_drafts, "scheduled_drafts")?;
+    let scheduled: &[i64] = &scheduled_ints;
+    let budget_matrix: Option<FloatMatrix> = budget_confidences
         .filter(|b| !b.is_none())
-        .map(|b| float_matrix(b, "budget_confidences"))
+        .map(|b| float_matrix_in_place(b, "budget_confidences", empty_width(&cost_tables.inner)))
         .transpose()?;
     let rows = matrix.rows();
     let view = matrix.view("confidences")?;
@@ -689,7 +717,7 @@ fn plan_verification(
     let (plan, admitted) = py
         .detach(|| {
             let mut admitted = vec![0i32; rows];
-            plan_views(view, budget_view, &scheduled, &step, tables, &mut admitted)
+            plan_views(view, budget_view, scheduled, &step, tables, &mut admitted)
                 .map(|plan| (plan, admitted))
         })
         .map_err(to_py_err)?;
@@ -702,6 +730,8 @@ fn plan_verification(
 pub struct PyVerificationPlanner {
     inner: Mutex<VerificationPlanner>,
     cost_tables: Py<PyCostTables>,
+    /// K, fixed at construction (an empty list of confidences is `[0, K]`).
+    num_positions: usize,
 }
 
 impl PyVerificationPlanner {
@@ -720,6 +750,7 @@ impl PyVerificationPlanner {
             },
         )?;
         Ok(PyVerificationPlanner {
+            num_positions: planner.num_positions(),
             inner: Mutex::new(planner),
             cost_tables: tables,
         })
@@ -735,34 +766,38 @@ impl PyVerificationPlanner {
         *,
         num_slots = None,
         budget_source = "previous",
-        exploration = VerificationPlanner::DEFAULT_EXPLORATION,
-        exploration_seed = 0,
-    ))]
+        exploration = Float::new(VerificationPlanner::DEFAULT_EXPLORATION),
+        exploration_seed = Int::new(0),
+    ), text_signature = "(cost_tables, num_positions, *, num_slots=None, budget_source=\"previous\", exploration=..., exploration_seed=0)")]
     fn new(
         cost_tables: Bound<'_, PyCostTables>,
-        num_positions: i64,
-        num_slots: Option<i64>,
+        num_positions: Int,
+        num_slots: Option<Int>,
         budget_source: &str,
-        exploration: f64,
-        exploration_seed: u64,
+        exploration: Float,
+        exploration_seed: Int,
     ) -> PyResult<Self> {
         let source = BudgetSource::parse(budget_source).map_err(to_py_err)?;
         let tables = cost_tables.get().inner.clone();
         let num_slots = match num_slots {
-            Some(n) => non_negative("num_slots", n)?,
+            Some(n) => non_negative("num_slots", &n)?,
             None => tables.max_num_reqs(),
         };
         let mut inner = VerificationPlanner::new(
             tables,
             num_slots,
-            non_negative("num_positions", num_positions)?,
+            non_negative("num_positions", &num_positions)?,
             source,
         )
         .map_err(to_py_err)?;
         inner
-            .set_exploration(exploration, exploration_seed)
+            .set_exploration(
+                exploration.value("exploration")?,
+                exploration_seed.to_u64("exploration_seed")?,
+            )
             .map_err(to_py_err)?;
         Ok(PyVerificationPlanner {
+            num_positions: inner.num_positions(),
             inner: Mutex::new(inner),
             cost_tables: cost_tables.unbind(),
         })
@@ -775,8 +810,8 @@ impl PyVerificationPlanner {
     }
 
     /// A new request took `slot`: its remembered confidences restart at 1.0.
-    fn add_request(&self, slot: i64) -> PyResult<()> {
-        let slot = non_negative("slot", slot)?;
+    fn add_request(&self, slot: Int) -> PyResult<()> {
+        let slot = non_negative("slot", &slot)?;
         self.lock().add_request(slot).map_err(to_py_err)
     }
 
@@ -790,18 +825,21 @@ impl PyVerificationPlanner {
         slots: &Bound<'_, PyAny>,
         confidences: &Bound<'_, PyAny>,
         scheduled_drafts: &Bound<'_, PyAny>,
-        num_non_draft_tokens: i64,
-        num_sampling_requests: i64,
-        max_draft_budget: Option<i64>,
+        num_non_draft_tokens: Int,
+        num_sampling_requests: Int,
+        max_draft_budget: Option<Int>,
     ) -> PyResult<PyVerificationPlan> {
         let step = step_tokens(
             num_non_draft_tokens,
             num_sampling_requests,
             max_draft_budget,
         )?;
+        // Copies: the planner reads its arguments more than once (the exploration floor and
+        // what it remembers read them again after planning), so they must be its own.
         let slots = int_vector(slots, "slots")?;
-        let matrix = float_matrix(confidences, "confidences")?;
-        let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+        let matrix = float_matrix(confidences, "confidences", self.num_positions)?;
+        let scheduled_ints: Vec<i64> = int_vector(scheduled_drafts, "scheduled_drafts")?;
+        let scheduled: &[i64] = &scheduled_ints;
         let rows = matrix.rows();
         let view = matrix.view("confidences")?;
         let (plan, admitted) = py
@@ -809,8 +847,8 @@ impl PyVerificationPlanner {
                 let mut admitted = vec![0i32; rows];
                 let mut planner = self.lock();
                 match view {
-                    FloatView::F32(v) => planner.plan(&slots, v, &scheduled, &step, &mut admitted),
-                    FloatView::F64(v) => planner.plan(&slots, v, &scheduled, &step, &mut admitted),
+                    FloatView::F32(v) => planner.plan(&slots, v, scheduled, &step, &mut admitted),
+                    FloatView::F64(v) => planner.plan(&slots, v, scheduled, &step, &mut admitted),
                 }
                 .map(|plan| (plan, admitted))
             })
@@ -829,9 +867,9 @@ impl PyVerificationPlanner {
         py: Python<'_>,
         slots: &Bound<'_, PyAny>,
         max_depths: &Bound<'_, PyAny>,
-        num_non_draft_tokens: i64,
-        num_sampling_requests: i64,
-        max_draft_budget: Option<i64>,
+        num_non_draft_tokens: Int,
+        num_sampling_requests: Int,
+        max_draft_budget: Option<Int>,
         mode: &str,
     ) -> PyResult<PyDepthPlan> {
         let mode = depth_mode(mode)?;
@@ -841,12 +879,13 @@ impl PyVerificationPlanner {
             max_draft_budget,
         )?;
         let slots = int_vector(slots, "slots")?;
-        let caps = int_vector(max_depths, "max_depths")?;
+        let cap_ints: Vec<i64> = int_vector(max_depths, "max_depths")?;
+        let caps: &[i64] = &cap_ints;
         let (plan, depths) = py
             .detach(|| {
                 let mut depths = vec![0i32; slots.len()];
                 self.lock()
-                    .choose_draft_depth(&slots, &caps, &step, mode, &mut depths)
+                    .choose_draft_depth(&slots, caps, &step, mode, &mut depths)
                     .map(|plan| (plan, depths))
             })
             .map_err(to_py_err)?;
@@ -862,15 +901,18 @@ impl PyVerificationPlanner {
         confidences: &Bound<'_, PyAny>,
         scheduled_drafts: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        // Copies: the planner reads its arguments more than once (the exploration floor and
+        // what it remembers read them again after planning), so they must be its own.
         let slots = int_vector(slots, "slots")?;
-        let matrix = float_matrix(confidences, "confidences")?;
-        let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
+        let matrix = float_matrix(confidences, "confidences", self.num_positions)?;
+        let scheduled_ints: Vec<i64> = int_vector(scheduled_drafts, "scheduled_drafts")?;
+        let scheduled: &[i64] = &scheduled_ints;
         let view = matrix.view("confidences")?;
         py.detach(|| {
             let mut planner = self.lock();
             match view {
-                FloatView::F32(v) => planner.remember(&slots, v, &scheduled),
-                FloatView::F64(v) => planner.remember(&slots, v, &scheduled),
+                FloatView::F32(v) => planner.remember(&slots, v, scheduled),
+                FloatView::F64(v) => planner.remember(&slots, v, scheduled),
             }
         })
         .map_err(to_py_err)
@@ -880,9 +922,9 @@ impl PyVerificationPlanner {
     fn previous_confidences<'py>(
         &self,
         py: Python<'py>,
-        slot: i64,
+        slot: Int,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
-        let slot = non_negative("slot", slot)?;
+        let slot = non_negative("slot", &slot)?;
         let row = self
             .lock()
             .previous_confidences(slot)
@@ -916,7 +958,7 @@ impl PyVerificationPlanner {
     /// ValueError naming the path.
     #[classmethod]
     fn load(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let bytes = py.detach(|| read_file(&path))?;
+        let bytes = py.detach(|| read_file(&path, VerificationPlanner::MAX_ENCODED_LEN as u64))?;
         let planner = VerificationPlanner::from_bytes(&bytes)
             .map_err(|e| value_error("path", format!("{}: {e}", path.display())))?;
         Self::wrap(py, planner)
@@ -927,6 +969,7 @@ impl PyVerificationPlanner {
         PyVerificationPlanner {
             inner: Mutex::new(self.lock().clone()),
             cost_tables: self.cost_tables.clone_ref(py),
+            num_positions: self.num_positions,
         }
     }
 

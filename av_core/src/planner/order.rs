@@ -64,16 +64,15 @@ impl Survivals {
             return true;
         }
         let data = confidences.data();
-        // A separate, vectorized pass: fused into the loop below it costs more.
-        let in_range = data
-            .iter()
-            .fold(true, |ok, &p| ok & (0.0..=1.0).contains(&p.into()));
         if running_sums {
             self.cumulative.resize(len, 0.0);
         }
         let rows = (data, &mut self.values[..], &mut self.cumulative[..]);
-        // Common depths get a loop the compiler unrolls (independent rows then overlap).
-        match cols {
+        // Common depths get a loop the compiler unrolls (independent rows then overlap). Each
+        // confidence is read once: range-checked and multiplied from the same value, so a
+        // buffer another thread rewrites during the call cannot slip an unchecked one in (the
+        // check costs nothing next to the multiply chain, and saves the pass it replaces).
+        let in_range = match cols {
             1 => fill_rows::<T, 1>(rows, running_sums),
             2 => fill_rows::<T, 2>(rows, running_sums),
             3 => fill_rows::<T, 3>(rows, running_sums),
@@ -86,7 +85,7 @@ impl Survivals {
             12 => fill_rows::<T, 12>(rows, running_sums),
             16 => fill_rows::<T, 16>(rows, running_sums),
             _ => fill_rows_any(cols, rows),
-        }
+        };
         let values = &self.values[..];
         // Rows are sorted: the extremes are among the heads and the last scheduled entries.
         let (mut max, mut min, mut count) = (0.0f64, 1.0f64, 0usize);
@@ -152,21 +151,31 @@ impl Survivals {
 /// Confidences in, survivals and (when kept) running sums out.
 type Rows<'a, T> = (&'a [T], &'a mut [f64], &'a mut [f64]);
 
-/// Survivals of rows of `K` confidences, and their running sums when asked.
+/// Whether a confidence is a probability (NaN is not).
+#[inline(always)]
+fn probability(p: f64) -> bool {
+    (0.0..=1.0).contains(&p)
+}
+
+/// Survivals of rows of `K` confidences, and their running sums when asked; whether every
+/// confidence was in `[0, 1]`.
 fn fill_rows<T: Copy + Into<f64>, const K: usize>(
     (data, values, cumulative): Rows<'_, T>,
     running_sums: bool,
-) {
+) -> bool {
+    let mut in_range = true;
     if !running_sums {
         for (row, out) in data.chunks_exact(K).zip(values.chunks_exact_mut(K)) {
             let mut survival = 1.0f64;
             for k in 0..K {
+                let p: f64 = row[k].into();
+                in_range &= probability(p);
                 // `+ 0.0` folds a `-0.0` confidence onto `+0.0` (off the multiply chain).
-                survival *= row[k].into() + 0.0;
+                survival *= p + 0.0;
                 out[k] = survival;
             }
         }
-        return;
+        return in_range;
     }
     let rows = data
         .chunks_exact(K)
@@ -176,16 +185,23 @@ fn fill_rows<T: Copy + Into<f64>, const K: usize>(
         let mut survival = 1.0f64;
         let mut sum = 0.0f64;
         for k in 0..K {
-            survival *= row[k].into() + 0.0;
+            let p: f64 = row[k].into();
+            in_range &= probability(p);
+            survival *= p + 0.0;
             sum += survival;
             out[k] = survival;
             sums[k] = sum;
         }
     }
+    in_range
 }
 
 /// [`fill_rows`] for any row length (running sums when `cumulative` is not empty).
-fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values, cumulative): Rows<'_, T>) {
+fn fill_rows_any<T: Copy + Into<f64>>(
+    cols: usize,
+    (data, values, cumulative): Rows<'_, T>,
+) -> bool {
+    let mut in_range = true;
     for (r, (row, out)) in data
         .chunks_exact(cols)
         .zip(values.chunks_exact_mut(cols))
@@ -193,7 +209,9 @@ fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values, cumulative): R
     {
         let mut survival = 1.0f64;
         for (value, &p) in out.iter_mut().zip(row) {
-            survival *= p.into() + 0.0;
+            let p: f64 = p.into();
+            in_range &= probability(p);
+            survival *= p + 0.0;
             *value = survival;
         }
         if let Some(sums) = cumulative.get_mut(r * cols..(r + 1) * cols) {
@@ -204,6 +222,7 @@ fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values, cumulative): R
             }
         }
     }
+    in_range
 }
 
 /// Keys further below the maximum than this many binades share the last bucket, so one zero

@@ -109,6 +109,12 @@ impl VerificationPlanner {
         if num_positions == 0 {
             return Err(Error::value("num_positions", "must be >= 1, got 0"));
         }
+        if num_positions > MAX_STATE_ENTRIES {
+            return Err(Error::value(
+                "num_positions",
+                format!("= {num_positions} exceeds {MAX_STATE_ENTRIES}"),
+            ));
+        }
         super::check_depth_table(&cost_tables, num_positions)?;
         let entries = num_slots
             .checked_mul(num_positions)
@@ -389,7 +395,7 @@ impl VerificationPlanner {
             )?,
         };
         // The step counts only once the plan succeeded: a rejected call changes nothing.
-        self.stamp += 1;
+        self.stamp = self.stamp.wrapping_add(1);
         self.explore(
             slots,
             confidences,
@@ -566,7 +572,7 @@ impl VerificationPlanner {
             depths,
         )?;
         if self.exploration > 0.0 {
-            let next = self.stamp + 1;
+            let next = self.stamp.wrapping_add(1);
             let before = (plan.drafts, plan.max_depth);
             // The requests the next plan explores (it verifies their whole drafted block) draft
             // as deep as the batch already does, which adds no drafter pass; in an exploration
@@ -642,6 +648,48 @@ impl VerificationPlanner {
 pub const PLANNER_MAGIC: &[u8; 8] = b"AVCORE\0P";
 
 impl VerificationPlanner {
+    /// Length of [`VerificationPlanner::to_bytes`]'s output for tables of `draft_len` and
+    /// `verify_len` entries, `entries` remembered confidences (`num_slots × K`) and, when there is
+    /// one, a draft-depth table of `depth_len` entries.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    /// use av_core::planner::{BudgetSource, VerificationPlanner};
+    ///
+    /// let tables = CostTables::new(vec![0.0; 3], vec![1.0; 9])?;
+    /// let planner = VerificationPlanner::new(tables, 2, 4, BudgetSource::Previous)?;
+    /// assert_eq!(planner.to_bytes().len(), VerificationPlanner::encoded_len(3, 9, 8, None));
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub const fn encoded_len(
+        draft_len: usize,
+        verify_len: usize,
+        entries: usize,
+        depth_len: Option<usize>,
+    ) -> usize {
+        // Slots, K, the budget source byte, exploration, seed and step count; the two tables with
+        // their lengths; the confidences; the optional depth table with its length.
+        let depth = match depth_len {
+            Some(len) => 8 + 8 * len,
+            None => 0,
+        };
+        let payload =
+            8 + 8 + 1 + 8 + 8 + 8 + (8 + 8 * draft_len) + (8 + 8 * verify_len) + 8 * entries;
+        crate::snapshot::FRAME_LEN + payload + depth
+    }
+
+    /// The longest state [`to_bytes`](Self::to_bytes) can write (both tables at
+    /// [`MAX_TABLE_LEN`](crate::cost_tables::MAX_TABLE_LEN), the most remembered confidences,
+    /// the deepest depth table): a reader never needs more bytes.
+    pub const MAX_ENCODED_LEN: usize = Self::encoded_len(
+        crate::cost_tables::MAX_TABLE_LEN,
+        crate::cost_tables::MAX_TABLE_LEN,
+        MAX_STATE_ENTRIES,
+        Some(crate::cost_tables::MAX_DRAFT_DEPTH + 1),
+    );
+
     /// The planner's state — cost tables, settings, the step count that drives exploration and
     /// every slot's remembered confidences — as versioned, checksummed bytes (the same frame as
     /// [`crate::snapshot`], magic `AVCORE\0P`).
@@ -867,6 +915,48 @@ mod persistence_tests {
                 .unwrap();
             assert_eq!((x, a), (y, b));
         }
+    }
+
+    #[test]
+    fn encoded_len_is_the_length() {
+        let planner = planner_after_steps();
+        let tables = planner.cost_tables();
+        let (draft, verify) = (tables.draft_ms().len(), tables.verify_ms().len());
+        assert_eq!(
+            planner.to_bytes().len(),
+            VerificationPlanner::encoded_len(draft, verify, 6 * 3, None)
+        );
+        let deep = VerificationPlanner::new(
+            tables
+                .clone()
+                .with_draft_depth(vec![0.0, 1.0, 2.0, 2.5])
+                .unwrap(),
+            5,
+            3,
+            BudgetSource::Current,
+        )
+        .unwrap();
+        let bytes = deep.to_bytes();
+        assert_eq!(
+            bytes.len(),
+            VerificationPlanner::encoded_len(draft, verify, 5 * 3, Some(4))
+        );
+        assert!(bytes.len() <= VerificationPlanner::MAX_ENCODED_LEN);
+    }
+
+    #[test]
+    fn a_saved_step_count_at_the_end_of_u64_wraps_instead_of_panicking() {
+        let mut planner = planner_after_steps();
+        planner.stamp = u64::MAX;
+        let mut back = VerificationPlanner::from_bytes(&planner.to_bytes()).unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: 1,
+            num_sampling_requests: 1,
+            max_draft_budget: None,
+        };
+        let view = MatrixView::new("c", &[0.5; 3], 1, 3).unwrap();
+        back.plan(&[0], view, &[3], &step, &mut [0]).unwrap();
+        assert_eq!(back.stamp, 0);
     }
 
     #[test]

@@ -1,0 +1,185 @@
+//! Saved estimator states that are corrupt *behind a valid checksum* never panic.
+//!
+//! Random bytes almost never get past the frame (magic, version, length, CRC-32), so they test
+//! little beyond it. Here real encoded states — several K, with and without memory, mid-round —
+//! have words of their payload overwritten with hostile values (NaN, ±∞, −0, huge and negative
+//! numbers, all-ones counts, random bits) and the checksum recomputed, so every input reaches
+//! field decoding and state validation. Whatever loads must then work: predict in [0, 1],
+//! observe, refit to finite coefficients, and save back to the bytes it was loaded from.
+
+use av_core::snapshot::{crc32, decode, MAGIC};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use proptest::prelude::*;
+use std::sync::OnceLock;
+
+const HEADER: usize = 8 + 4 + 8;
+
+fn real_state(k: usize, memory: f64, rounds: usize) -> Vec<u8> {
+    let mut config = EstimatorConfig::new(k);
+    config.memory = memory;
+    config.refit_interval = 3;
+    let est = AcceptanceEstimator::new(config).unwrap();
+    for round in 0..rounds {
+        let x: Vec<f32> = (0..4 * k)
+            .map(|i| ((i * 7 + round * 3) % 11) as f32 - 4.0)
+            .collect();
+        let admitted: Vec<i64> = (0..4).map(|r| ((r + round) % (k + 1)) as i64).collect();
+        let accepted: Vec<i64> = admitted.iter().map(|&a| a / 2).collect();
+        let view = MatrixView::new("features", &x, 4, k).unwrap();
+        est.observe(view, &admitted, &accepted, None::<MatrixView<'_, f32>>)
+            .unwrap();
+    }
+    est.to_bytes()
+}
+
+/// Hostile 8-byte words: special floats, extreme integers, or the random bits given.
+fn word(kind: u8, random: u64) -> [u8; 8] {
+    match kind % 12 {
+        0 => f64::NAN.to_le_bytes(),
+        1 => f64::INFINITY.to_le_bytes(),
+        2 => f64::NEG_INFINITY.to_le_bytes(),
+        3 => (-0.0f64).to_le_bytes(),
+        4 => f64::MAX.to_le_bytes(),
+        5 => (-1.0f64).to_le_bytes(),
+        6 => 1e-310f64.to_le_bytes(), // subnormal
+        7 => u64::MAX.to_le_bytes(),
+        8 => 0u64.to_le_bytes(),
+        9 => (1u64 << 63).to_le_bytes(),
+        10 => 2.0f64.to_le_bytes(),
+        _ => random.to_le_bytes(),
+    }
+}
+
+/// `bytes` with the given payload edits and a recomputed, valid checksum.
+fn corrupt(mut bytes: Vec<u8>, edits: &[(usize, u8, u64)]) -> Vec<u8> {
+    let payload = bytes.len() - HEADER - 4;
+    for &(at, kind, random) in edits {
+        let at = HEADER + at % (payload - 7);
+        bytes[at..at + 8].copy_from_slice(&word(kind, random));
+    }
+    let body = bytes.len() - 4;
+    let checksum = crc32(&bytes[..body]);
+    bytes[body..].copy_from_slice(&checksum.to_le_bytes());
+    bytes
+}
+
+/// Everything a loaded estimator must do without panicking.
+fn exercise(est: &AcceptanceEstimator, bytes: &[u8]) {
+    assert_eq!(
+        est.to_bytes(),
+        bytes,
+        "a loaded state re-encodes to its own bytes"
+    );
+    let k = est.num_positions();
+    let x: Vec<f32> = (0..3 * k).map(|i| i as f32 - 2.0).collect();
+    let view = MatrixView::new("features", &x, 3, k).unwrap();
+    let mut p = vec![0.0f32; 3 * k];
+    est.predict(view, &mut p).unwrap();
+    assert!(p.iter().all(|p| (0.0..=1.0).contains(p)), "{p:?}");
+    est.observe(
+        view,
+        &[k as i64, 1, 0],
+        &[1, 0, 0],
+        Some(MatrixView::new("p", &p, 3, k).unwrap()),
+    )
+    .unwrap();
+    est.refit();
+    let c = est.coefficients();
+    assert!(c.slope.is_finite() && c.slope >= 0.0, "slope {}", c.slope);
+    assert!(
+        c.intercepts.iter().all(|b| b.is_finite()),
+        "{:?}",
+        c.intercepts
+    );
+    AcceptanceEstimator::from_bytes(&est.to_bytes())
+        .expect("a working estimator saves a loadable state");
+}
+
+fn seeds() -> &'static [Vec<u8>] {
+    static SEEDS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
+    SEEDS.get_or_init(|| {
+        vec![
+            real_state(1, 0.0, 2),
+            real_state(3, 0.8, 7),
+            real_state(8, 0.9, 5),
+            real_state(16, 0.0, 4),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn corrupt_payloads_behind_a_valid_checksum_never_panic(
+        seed in 0usize..4,
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>(), any::<u64>()), 1..4),
+    ) {
+        let bytes = corrupt(seeds()[seed].clone(), &edits);
+        assert_eq!(&bytes[..8], MAGIC);
+        match decode(&bytes) {
+            Err(e) => prop_assert!(!e.message.contains("checksum"), "stopped at the frame: {e}"),
+            Ok(state) => {
+                if let Ok(est) = AcceptanceEstimator::from_state(&state) {
+                    exercise(&est, &bytes);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_corruptions_reach_validation_and_loading() {
+    // The property above is only as strong as the paths it reaches: most corrupt payloads must
+    // decode (the frame and field layout are intact), and some must even load.
+    let (mut decoded, mut loaded, total) = (0, 0, 2000u64);
+    for i in 0..total {
+        let edits = [(
+            (i as usize).wrapping_mul(2_654_435_761),
+            (i % 256) as u8,
+            i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        )];
+        let bytes = corrupt(seeds()[(i % 4) as usize].clone(), &edits);
+        if let Ok(state) = decode(&bytes) {
+            decoded += 1;
+            if let Ok(est) = AcceptanceEstimator::from_state(&state) {
+                loaded += 1;
+                exercise(&est, &bytes);
+            }
+        }
+    }
+    eprintln!("{decoded} of {total} decoded, {loaded} loaded");
+    assert!(
+        decoded * 10 >= total * 8,
+        "only {decoded} of {total} decoded"
+    );
+    assert!(loaded * 10 >= total, "only {loaded} of {total} loaded");
+}
+
+#[test]
+fn saved_counters_at_their_limit_never_panic() {
+    // The counters a corrupt file can carry at u64::MAX: the refit count (the next refit
+    // increments it), the steps since the last refit (the next observe increments it) and the
+    // memory's drift resets (the next round that fails the drift test increments it).
+    // Refusing such a state is fine; loading it and then panicking is not.
+    let bytes = real_state(2, 0.8, 4);
+    let state = decode(&bytes).unwrap();
+    for field in ["num_refits", "steps_since_refit", "memory.resets"] {
+        let mut corrupt = state.clone();
+        match field {
+            "num_refits" => corrupt.num_refits = u64::MAX,
+            "steps_since_refit" => corrupt.steps_since_refit = u64::MAX,
+            _ => corrupt.memory.resets = u64::MAX,
+        }
+        if let Ok(est) = AcceptanceEstimator::from_state(&corrupt) {
+            let encoded = est.to_bytes();
+            exercise(&est, &encoded);
+            // A confidently wrong round: the drift test fires and drops the memory.
+            let x = vec![30.0f32; 64 * 2];
+            let view = MatrixView::new("features", &x, 64, 2).unwrap();
+            est.observe(view, &[2; 64], &[0; 64], None::<MatrixView<'_, f32>>)
+                .unwrap();
+            est.refit();
+        }
+    }
+}

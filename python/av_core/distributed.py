@@ -1,0 +1,150 @@
+"""Pooled statistics across data-parallel ranks, over a ``torch.distributed`` process group.
+
+Each data-parallel rank of a server sees its own share of the traffic, so an estimator per rank
+learns from a fraction of the verdicts. :func:`pool_round` sums the open round of every rank's
+estimator over a process group, so that the next ``refit()`` fits every rank on the pooled round.
+The round's statistics are exact fixed-point integers, so the sum is exact: it does not depend on
+the order the ranks (or their verdicts) come in, and when every rank starts from the same
+coefficients, every rank refits to the same bits as one estimator fed all the verdicts.
+
+    import torch.distributed as dist
+    from av_core import AcceptanceEstimator
+    from av_core.distributed import pool_round
+
+    est = AcceptanceEstimator(4, refit_interval=2**40)  # refits only when told
+    ...                                                 # est.observe(...) every step
+    pool_round(est, group)                              # on every rank, at the same step
+    est.refit()                                         # same coefficients everywhere
+
+It is a collective: every rank of ``group`` must call it the same number of times, in the same
+order relative to the group's other collectives. A rank that served nothing since the last call
+contributes zeros. Only the estimator's own refit may not run in between (``refit_interval``
+large, as above), or ranks would refit on their own rounds. ``av_core.vllm``'s drop-in estimator
+pools before each of its refits when given ``process_group=``; ``AV_CORE_SHARE_STATS=dp`` wires it
+to vLLM's data-parallel group (docs/vllm.md).
+
+torch is needed only here (``pip install "av_core[torch]"``); the group may be gloo (a CPU
+tensor is reduced) or NCCL (the tensor goes to the current CUDA device, a synchronising copy, once
+per refit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from av_core._native import AcceptanceEstimator
+
+__all__ = ["LIMB_BITS", "NUM_LIMBS", "STAT_COLUMNS", "limbs_to_round", "pool_round", "round_limbs"]
+
+#: The round's integer columns, in the order they travel.
+STAT_COLUMNS = ("a", "b", "c", "g0", "g1", "n")
+#: Every statistic is sent as ``NUM_LIMBS`` limbs of ``LIMB_BITS`` bits (its value modulo
+#: ``2**128``, the core's ``i128``), one int64 each: the sum of a limb over fewer than ``2**31``
+#: ranks cannot overflow, so the all-reduce is an exact integer sum.
+LIMB_BITS = 32
+NUM_LIMBS = 4
+_WIDTH = LIMB_BITS * NUM_LIMBS
+_MODULUS = 1 << _WIDTH
+_LIMB_MASK = (1 << LIMB_BITS) - 1
+
+
+def round_limbs(round_stats: Mapping[str, Any]) -> npt.NDArray[np.int64]:
+    """The round's statistics (``state_dict()["round_stats"]``) as ``[6, K, NUM_LIMBS]`` int64
+    limbs, least significant first, of each value modulo ``2**128``."""
+    columns = [[int(v) for v in round_stats[name]] for name in STAT_COLUMNS]
+    k = len(columns[0])
+    if any(len(column) != k for column in columns):
+        raise ValueError("round_stats columns must all have one entry per position")
+    out = np.empty((len(STAT_COLUMNS), k, NUM_LIMBS), dtype=np.int64)
+    for row, column in enumerate(columns):
+        for position, value in enumerate(column):
+            wrapped = value % _MODULUS
+            for limb in range(NUM_LIMBS):
+                out[row, position, limb] = (wrapped >> (limb * LIMB_BITS)) & _LIMB_MASK
+    return out
+
+
+def limbs_to_round(limbs: npt.ArrayLike, fraction_bits: int) -> dict[str, Any]:
+    """Inverse of :func:`round_limbs` after a sum: each value is ``sum(limb_i * 2**(32 i))``
+    modulo ``2**128``, read as a signed 128-bit integer (counts as non-negative)."""
+    array = np.asarray(limbs, dtype=np.int64)
+    if array.ndim != 3 or array.shape[0] != len(STAT_COLUMNS) or array.shape[2] != NUM_LIMBS:
+        raise ValueError(
+            f"limbs must have shape [{len(STAT_COLUMNS)}, K, {NUM_LIMBS}], got {array.shape}"
+        )
+    out: dict[str, Any] = {"fraction_bits": int(fraction_bits)}
+    for row, name in enumerate(STAT_COLUMNS):
+        values = []
+        for position in range(array.shape[1]):
+            total = sum(int(limb) << (i * LIMB_BITS) for i, limb in enumerate(array[row, position]))
+            total %= _MODULUS
+            if name != "n" and total >= _MODULUS // 2:
+                total -= _MODULUS
+            values.append(total)
+        out[name] = values
+    return out
+
+
+def _reduce(tensor: Any, group: Any, op: Any) -> Any:
+    """All-reduce ``tensor`` (int64, host) over ``group``; back on the host."""
+    import torch
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group)).lower()
+    on_device = "nccl" in backend
+    work = tensor.to(torch.device("cuda", torch.cuda.current_device())) if on_device else tensor
+    dist.all_reduce(work, op=op, group=group)
+    return work.cpu() if on_device else work
+
+
+def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, Any]:
+    """Sums ``estimator``'s open round over the ranks of ``group`` (a ``torch.distributed``
+    process group; ``None``: the default group) and leaves the pooled round open in it, so that
+    the next ``estimator.refit()`` fits the pooled round. Returns the pooled round's statistics
+    (as in ``state_dict()["round_stats"]``).
+
+    A collective: every rank of ``group`` calls it at the same point (see the module doc). First
+    the ranks check that they agree on the number of positions and the fixed-point format (a
+    rank that differs makes every rank raise ``ValueError``, and nothing is added anywhere);
+    then one all-reduce of exact integers. Observations another thread adds during the call
+    stay in this rank's round only.
+    """
+    if not isinstance(estimator, AcceptanceEstimator):
+        raise TypeError(
+            f"estimator must be an av_core.AcceptanceEstimator, got {type(estimator).__name__} "
+            "(av_core.vllm.OnlineAcceptanceEstimator pools itself: pass process_group=)"
+        )
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as error:  # pragma: no cover - exercised only without torch
+        raise ImportError(
+            "av_core.distributed needs PyTorch, an optional dependency: "
+            'pip install "av_core[torch]"'
+        ) from error
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("pool_round needs torch.distributed to be initialized")
+
+    local = estimator.state_dict()["round_stats"]
+    bits, k = int(local["fraction_bits"]), len(local["n"])
+    header = torch.tensor([k, -k, bits, -bits], dtype=torch.int64)
+    header = _reduce(header, group, dist.ReduceOp.MAX)
+    most_k, least_k, most_bits, least_bits = (int(v) for v in header)
+    if (most_k, -least_k, most_bits, -least_bits) != (k, k, bits, bits):
+        raise ValueError(
+            f"estimator: the ranks of the group disagree on the round's layout (positions "
+            f"{-least_k}..{most_k}, fraction bits {-least_bits}..{most_bits}; this rank has "
+            f"{k} positions and {bits} fraction bits)"
+        )
+    summed = _reduce(torch.from_numpy(round_limbs(local)), group, dist.ReduceOp.SUM)
+    pooled = limbs_to_round(summed.numpy(), bits)
+    others: dict[str, Any] = {"fraction_bits": bits}
+    for name in STAT_COLUMNS:
+        pairs = zip(pooled[name], local[name], strict=True)
+        others[name] = [int(total) - int(mine) for total, mine in pairs]
+    estimator.add_round_stats(others)
+    return pooled

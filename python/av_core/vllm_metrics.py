@@ -1,0 +1,679 @@
+"""Prometheus metrics of av_core inside a serving engine (``pip install "av_core[metrics]"``).
+
+On when ``AV_CORE_METRICS_PORT`` or ``PROMETHEUS_MULTIPROC_DIR`` is set (``AV_CORE_METRICS=0``
+turns both off); then the first :class:`av_core.vllm.OnlineAcceptanceEstimator` a process
+constructs starts them, so they work with or without the vLLM plugin:
+
+- ``AV_CORE_METRICS_PORT=P``: an HTTP server on ``AV_CORE_METRICS_HOST`` (default ``127.0.0.1``)
+  port ``P + offset`` serves ``/metrics`` (``offset``: the estimator's CUDA device index, else
+  ``LOCAL_RANK``, else the rank; one port per worker process on a node).
+- ``PROMETHEUS_MULTIPROC_DIR``: the values go to prometheus_client's multiprocess files there,
+  so vLLM's own ``/metrics`` (which collects that directory in multiprocess mode) shows them.
+
+Every metric is named ``av_core_*`` and labeled ``rank`` (the ``torch.distributed`` rank, else
+``RANK``, else 0), and ``position`` (the draft position) where it applies; the list and what to
+do when one goes bad are in ``docs/operations.md``.
+
+**Cost.** Nothing when off: the drop-ins hold ``None`` and test it. When on, the serving thread
+only appends references to host arrays it already has (the verdicts it folds into the
+estimator anyway), the budget, the depth and a few ``perf_counter`` readings to a queue, with no
+lock; a daemon thread drains the queue into the Prometheus values every
+``AV_CORE_METRICS_INTERVAL`` seconds (default 1). Nothing reads the device.
+``benches/bench_vllm_metrics.py`` measures the cost per step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import bisect
+import logging
+import math
+import os
+import threading
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from av_core.metrics import expected_calibration_error, log_loss
+
+__all__ = [
+    "BUDGET",
+    "BUDGET_BUCKETS",
+    "CALLS",
+    "COST_BUCKETS_MS",
+    "DEFAULT_INTERVAL_S",
+    "DEPTH",
+    "DEFAULT_WINDOW",
+    "ENV_ENABLE",
+    "ENV_HOST",
+    "ENV_INTERVAL",
+    "ENV_MULTIPROC",
+    "ENV_PORT",
+    "ENV_WINDOW",
+    "HOST_BUCKETS_S",
+    "METRIC_NAMES",
+    "PREDICT",
+    "STEP",
+    "EstimatorRecorder",
+    "ProcessMetrics",
+    "current",
+    "enabled",
+    "process_metrics",
+    "reset",
+]
+
+logger = logging.getLogger("vllm.av_core")
+
+ENV_ENABLE = "AV_CORE_METRICS"
+ENV_PORT = "AV_CORE_METRICS_PORT"
+ENV_HOST = "AV_CORE_METRICS_HOST"
+ENV_WINDOW = "AV_CORE_METRICS_WINDOW"
+ENV_INTERVAL = "AV_CORE_METRICS_INTERVAL"
+ENV_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
+
+#: Labeled drafts the rolling log-loss and ECE are computed over.
+DEFAULT_WINDOW = 10_000
+#: Seconds between folds of the recorded values into the Prometheus values.
+DEFAULT_INTERVAL_S = 1.0
+#: Upper bounds of the draft-budget histogram (drafts admitted per step).
+BUDGET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: Upper bounds of the predicted-step-cost histogram, milliseconds.
+COST_BUCKETS_MS = (1, 2, 5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000)
+#: Upper bounds of the host-time-per-step histogram, seconds.
+HOST_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2)
+#: Equal-width bins of the rolling ECE (av_core.metrics' default).
+_ECE_BINS = 15
+
+
+#: Every metric this module exports (as the exposition names them, counters with ``_total``).
+METRIC_NAMES = (
+    "av_core_labeled_drafts_total",
+    "av_core_accepted_drafts_total",
+    "av_core_predicted_accepted_drafts_total",
+    "av_core_log_loss",
+    "av_core_expected_calibration_error",
+    "av_core_window_drafts",
+    "av_core_slope",
+    "av_core_intercept",
+    "av_core_refits_total",
+    "av_core_drift_statistic",
+    "av_core_dropped_rows_total",
+    "av_core_draft_budget",
+    "av_core_drafting_depth",
+    "av_core_predicted_step_cost_ms",
+    "av_core_step_host_seconds",
+    "av_core_host_seconds_total",
+)
+
+
+def _env_true(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value not in ("0", "false", "no", "off")
+
+
+def enabled() -> bool:
+    """Whether metrics are on in this process (see the module doc)."""
+    if not _env_true(ENV_ENABLE, True):
+        return False
+    return bool(os.environ.get(ENV_PORT, "").strip() or os.environ.get(ENV_MULTIPROC, "").strip())
+
+
+def _env_number(name: str, default: float, *, integer: bool) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        logger.warning("av_core: %s=%r is not a number; using %s", name, text, default)
+        return default
+    if not value > 0 or not math.isfinite(value):
+        logger.warning("av_core: %s=%r must be positive; using %s", name, text, default)
+        return default
+    return value
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:  # pragma: no cover - torch is there whenever the drop-ins are
+        pass
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+class _LocalHistogram:
+    """Bucket counts kept in Python lists between folds (``le`` semantics, +Inf last)."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = [float(b) for b in bounds]
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def drain_into(self, child: Any) -> None:
+        """Adds the counts to a prometheus_client histogram child and clears them."""
+        if not any(self.counts):
+            return
+        buckets, total = getattr(child, "_buckets", None), getattr(child, "_sum", None)
+        if buckets is not None and total is not None and len(buckets) == len(self.counts):
+            for value, count in zip(buckets, self.counts, strict=True):
+                if count:
+                    value.inc(count)
+            total.inc(self.total)
+        else:  # pragma: no cover - a prometheus_client without the bucket values
+            edges = [*self.bounds, math.inf]
+            for bound, count in zip(edges, self.counts, strict=True):
+                for _ in range(count):
+                    child.observe(bound if math.isfinite(bound) else self.bounds[-1] * 2)
+        self.counts = [0] * len(self.counts)
+        self.total = 0.0
+
+
+def _columns(round_stats: dict[str, Any]) -> tuple[npt.NDArray[np.int64], list[int]]:
+    return np.asarray(round_stats["n"], dtype=np.int64), [int(v) for v in round_stats["g1"]]
+
+
+@dataclass
+class EstimatorRecorder:
+    """What the fold keeps for one estimator.
+
+    Labeled drafts and the sum of their predictions come from the estimator's own exact round
+    statistics: ``n_k`` counts the labeled drafts and ``g1_k = sum(y - p)``, so ``sum(p) =
+    accepted_k - g1_k``. The serving thread therefore only queues references to the host arrays
+    it folded anyway (made fresh each step); the fold thread takes every step's accepted counts
+    (for ``accepted_k``) and the last ``window`` labeled drafts' predictions (rolling log-loss and
+    ECE) from them.
+    """
+
+    owner: ProcessMetrics
+    num_positions: int
+    source: Any  # weakref to the estimator
+    drift_statistic: float = math.nan
+    # Rounds this estimator closed (its own share, before any pooling), and what the open round
+    # held when this record started (a restored state's round is not ours to count).
+    closed_n: npt.NDArray[np.int64] = field(init=False)
+    closed_g1: list[int] = field(init=False)
+    baseline_n: npt.NDArray[np.int64] = field(init=False)
+    baseline_g1: list[int] = field(init=False)
+    hits: npt.NDArray[np.int64] = field(init=False)
+    pushed_labeled: npt.NDArray[np.int64] = field(init=False)
+    pushed_hits: npt.NDArray[np.int64] = field(init=False)
+    pushed_predicted: npt.NDArray[np.float64] = field(init=False)
+    pushed_refits: int = 0
+    pushed_dropped: int = 0
+
+    def __post_init__(self) -> None:
+        k = self.num_positions
+        for name in ("closed_n", "baseline_n", "hits", "pushed_labeled", "pushed_hits"):
+            setattr(self, name, np.zeros(k, np.int64))
+        self.pushed_predicted = np.zeros(k, np.float64)
+        self.closed_g1, self.baseline_g1 = [0] * k, [0] * k
+
+    # -- the serving thread: queue and return --------------------------------------------------
+
+    def verdicts(
+        self,
+        predictions: npt.NDArray[Any],
+        num_accepted: npt.NDArray[Any],
+        num_admitted: npt.NDArray[Any],
+    ) -> None:
+        """One step's rows as the estimator observed them: draft-time predictions ``[R, K]``
+        and the counts the labels come from (``k < accepted``: 1; ``k == accepted < admitted``:
+        0; else unlabeled). The arrays must not be changed afterwards."""
+        self.owner.events.append((_VERDICTS, self, predictions, num_accepted, num_admitted))
+
+    def state_lock(self) -> threading.Lock:
+        """Held by the estimator while its round changes hands (pooling, refit, restore), so
+        that the fold never reads a round half-closed or holding other ranks' share."""
+        return self.owner.state_lock
+
+    def round_closed(self, round_stats: dict[str, Any], report: dict[str, Any] | None) -> None:
+        """The estimator refitted on this round (``round_stats``: its own share, read before
+        any pooling; ``report``: the native ``refit(report=True)``). Call under
+        :meth:`state_lock`, after the refit."""
+        n, g1 = _columns(round_stats)
+        self.closed_n += n - self.baseline_n
+        rows = zip(self.closed_g1, g1, self.baseline_g1, strict=True)
+        self.closed_g1 = [c + v - b for c, v, b in rows]
+        self.baseline_n = np.zeros(self.num_positions, np.int64)
+        self.baseline_g1 = [0] * self.num_positions
+        if report is not None:
+            self.drift_statistic = float(report.get("drift_statistic", math.nan))
+
+    def restored(self, round_stats: dict[str, Any]) -> None:
+        """The estimator's state was replaced: its open round is not this record's (call under
+        :meth:`state_lock`)."""
+        self.baseline_n, self.baseline_g1 = _columns(round_stats)
+
+    def host_time(self, call: int, seconds: float) -> None:
+        """``call``: one of :data:`CALLS`' indices (``STEP``, ``PREDICT``, ...)."""
+        self.owner.step_seconds[call] += seconds
+
+
+# Kinds of queued events (the first entry of each tuple).
+_VERDICTS, _END_STEP, _BUDGET, _DEPTH = range(4)
+#: The calls host time is kept for, in the order of ``ProcessMetrics.step_seconds``.
+CALLS = ("step", "predict", "budget", "depth")
+STEP, PREDICT, BUDGET, DEPTH = range(len(CALLS))
+
+
+class _Exporter:
+    """The prometheus_client objects (one set per process) and the HTTP server."""
+
+    def __init__(self) -> None:
+        try:
+            import prometheus_client as prom
+        except ImportError as error:
+            raise ImportError(
+                "av_core metrics need prometheus_client, an optional dependency: "
+                'pip install "av_core[metrics]"'
+            ) from error
+        self.registry = prom.CollectorRegistry(auto_describe=True)
+        r = self.registry
+        rank, pos = ["rank"], ["rank", "position"]
+        latest: dict[str, Any] = {"multiprocess_mode": "mostrecent"}
+        self.labeled = prom.Counter(
+            "av_core_labeled_drafts", "Drafts the target gave a verdict on.", pos, registry=r
+        )
+        self.accepted = prom.Counter(
+            "av_core_accepted_drafts", "Drafts the target accepted.", pos, registry=r
+        )
+        self.predicted = prom.Counter(
+            "av_core_predicted_accepted_drafts",
+            "Sum of the draft-time acceptance predictions of the labeled drafts (expected "
+            "accepted drafts).",
+            pos,
+            registry=r,
+        )
+        self.log_loss = prom.Gauge(
+            "av_core_log_loss",
+            "Prequential log-loss (nats) of the draft-time predictions over the window.",
+            rank,
+            registry=r,
+            **latest,
+        )
+        self.ece = prom.Gauge(
+            "av_core_expected_calibration_error",
+            f"Expected calibration error ({_ECE_BINS} equal bins) over the window.",
+            rank,
+            registry=r,
+            **latest,
+        )
+        self.window = prom.Gauge(
+            "av_core_window_drafts",
+            "Labeled drafts in the log-loss/ECE window.",
+            rank,
+            registry=r,
+            **latest,
+        )
+        self.slope = prom.Gauge(
+            "av_core_slope", "The estimator's slope.", rank, registry=r, **latest
+        )
+        self.intercept = prom.Gauge(
+            "av_core_intercept", "The estimator's intercepts.", pos, registry=r, **latest
+        )
+        self.refits = prom.Counter("av_core_refits", "Refits run.", rank, registry=r)
+        self.drift = prom.Gauge(
+            "av_core_drift_statistic",
+            "Drift statistic of the last refit's round: about chi-square with K + 1 degrees "
+            "of freedom while the coefficients fit.",
+            rank,
+            registry=r,
+            **latest,
+        )
+        self.dropped = prom.Counter(
+            "av_core_dropped_rows",
+            "Verdict rows dropped for a non-finite feature or prediction.",
+            rank,
+            registry=r,
+        )
+        self.budget = prom.Histogram(
+            "av_core_draft_budget",
+            "Draft tokens admitted for verification per step.",
+            rank,
+            buckets=BUDGET_BUCKETS,
+            registry=r,
+        )
+        self.depth = prom.Histogram(
+            "av_core_drafting_depth",
+            "Drafting depth (num_speculative_tokens) chosen per step.",
+            rank,
+            buckets=tuple(range(17)),
+            registry=r,
+        )
+        self.cost = prom.Histogram(
+            "av_core_predicted_step_cost_ms",
+            "The planner's predicted cost of the step it chose, milliseconds, by decision "
+            "(budget: the verification budget; depth: the drafting depth).",
+            ["rank", "decision"],
+            buckets=COST_BUCKETS_MS,
+            registry=r,
+        )
+        self.step_host = prom.Histogram(
+            "av_core_step_host_seconds",
+            "Host time av_core spent per decode step (estimator, budget, depth).",
+            rank,
+            buckets=HOST_BUCKETS_S,
+            registry=r,
+        )
+        self.host = prom.Counter(
+            "av_core_host_seconds",
+            "Host time av_core spent, by call.",
+            ["rank", "call"],
+            registry=r,
+        )
+        self.server: Any = None
+        self.port: int | None = None
+
+    def serve(self, port: int, host: str) -> None:
+        import prometheus_client as prom
+
+        try:
+            started = prom.start_http_server(port, addr=host, registry=self.registry)
+        except OSError as error:
+            logger.warning(
+                "av_core: metrics server not started on %s:%d (%s); metrics still go to %s "
+                "if it is set",
+                host,
+                port,
+                error,
+                ENV_MULTIPROC,
+            )
+            return
+        self.server = started[0] if isinstance(started, tuple) else None
+        self.port = port
+        logger.info("av_core: metrics on http://%s:%d/metrics", host, port)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+class ProcessMetrics:
+    """This process's metrics: a queue the serving thread appends to (``deque.append`` is
+    atomic, so no lock on that path), and a daemon thread that every ``interval`` seconds drains
+    it into the Prometheus values (:meth:`fold`; also at exit, and callable directly)."""
+
+    def __init__(self, rank: int, port_offset: int) -> None:
+        self.rank = rank
+        self.label = str(rank)
+        self.window = int(_env_number(ENV_WINDOW, DEFAULT_WINDOW, integer=True))
+        self.interval = _env_number(ENV_INTERVAL, DEFAULT_INTERVAL_S, integer=False)
+        self.exporter = _Exporter()
+        self.events: deque[tuple[Any, ...]] = deque()
+        self.state_lock = threading.Lock()
+        self.recorders: list[EstimatorRecorder] = []
+        self.budget = _LocalHistogram(BUDGET_BUCKETS)
+        self.depth = _LocalHistogram(range(17))
+        self.cost = {name: _LocalHistogram(COST_BUCKETS_MS) for name in ("budget", "depth")}
+        self.step_host = _LocalHistogram(HOST_BUCKETS_S)
+        self.host_by_call = dict.fromkeys(CALLS, 0.0)
+        # The current step's host time by call: written by the serving thread only, handed to
+        # the queue whole at the start of the next step.
+        self.step_seconds = [0.0] * len(CALLS)
+        self._accepted: dict[int, list[npt.NDArray[Any]]] = {}
+        self._recent: dict[int, deque[tuple[npt.NDArray[Any], ...]]] = {}
+        self._recent_rows: dict[int, int] = {}
+        self._ring_p = np.zeros(self.window, dtype=np.float64)
+        self._ring_y = np.zeros(self.window, dtype=np.bool_)
+        self._ring_next = 0
+        self._ring_fill = 0
+        self._fold_lock = threading.Lock()
+        self._stop = threading.Event()
+        port = os.environ.get(ENV_PORT, "").strip()
+        if port:
+            try:
+                base = int(port)
+            except ValueError:
+                logger.warning("av_core: %s=%r is not a port number; no server", ENV_PORT, port)
+            else:
+                host = os.environ.get(ENV_HOST, "").strip() or "127.0.0.1"
+                self.exporter.serve(base + port_offset, host)
+        self._thread = threading.Thread(target=self._run, name="av_core-metrics", daemon=True)
+        self._thread.start()
+
+    # -- the serving thread ------------------------------------------------------------------
+
+    def recorder(self, estimator: Any, num_positions: int) -> EstimatorRecorder:
+        recorder = EstimatorRecorder(self, num_positions, weakref.ref(estimator))
+        with self._fold_lock:
+            self.recorders.append(recorder)
+        return recorder
+
+    def host_time(self, call: int, seconds: float) -> None:
+        """Adds host time to the current step (``call``: an index of :data:`CALLS`). On the
+        serving thread, the one that steps the estimator."""
+        self.step_seconds[call] += seconds
+
+    def end_step(self) -> None:
+        """At the start of each estimator step: the time recorded since the last one was one
+        step's."""
+        seconds = self.step_seconds
+        if any(seconds):
+            self.events.append((_END_STEP, tuple(seconds)))
+            self.step_seconds = [0.0] * len(CALLS)
+
+    def budget_chosen(self, budget: int, predicted_cost_ms: float | None) -> None:
+        self.events.append((_BUDGET, budget, predicted_cost_ms))
+
+    def depth_chosen(self, depth: int, predicted_cost_ms: float | None = None) -> None:
+        self.events.append((_DEPTH, depth, predicted_cost_ms))
+
+    # -- the fold ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.fold()
+            except Exception:  # noqa: BLE001 - metrics must never take the server down
+                logger.warning("av_core: metrics fold failed", exc_info=True)
+
+    def fold(self) -> None:
+        """Drains the queue into the Prometheus values."""
+        with self._fold_lock:
+            self._drain()
+            e, label = self.exporter, self.label
+            for recorder in list(self.recorders):
+                self._fold_recorder(recorder)
+            self.budget.drain_into(e.budget.labels(label))
+            self.depth.drain_into(e.depth.labels(label))
+            for decision, histogram in self.cost.items():
+                histogram.drain_into(e.cost.labels(label, decision))
+            self.step_host.drain_into(e.step_host.labels(label))
+            for call, seconds in self.host_by_call.items():
+                if seconds:
+                    e.host.labels(label, call).inc(seconds)
+            self.host_by_call = dict.fromkeys(self.host_by_call, 0.0)
+            if self._ring_fill:
+                p, y = self._window()
+                e.log_loss.labels(label).set(log_loss(y, p))
+                e.ece.labels(label).set(expected_calibration_error(y, p, _ECE_BINS))
+            e.window.labels(label).set(self._ring_fill)
+
+    def _drain(self) -> None:
+        events, window = self.events, self.window
+        while events:
+            event = events.popleft()
+            kind = event[0]
+            if kind == _VERDICTS:
+                key = id(event[1])
+                self._accepted.setdefault(key, []).append(event[3])
+                recent = self._recent.setdefault(key, deque())
+                recent.append(event[2:])
+                # Every row observed has a label: the last `window` rows hold the window.
+                rows = self._recent_rows.get(key, 0) + event[3].shape[0]
+                while rows - recent[0][1].shape[0] >= window:
+                    rows -= recent.popleft()[1].shape[0]
+                self._recent_rows[key] = rows
+            elif kind == _END_STEP:
+                for call, seconds in zip(CALLS, event[1], strict=True):
+                    self.host_by_call[call] += seconds
+                self.step_host.observe(sum(event[1]))
+            elif kind == _BUDGET or kind == _DEPTH:
+                (self.budget if kind == _BUDGET else self.depth).observe(event[1])
+                if event[2] is not None:
+                    self.cost["budget" if kind == _BUDGET else "depth"].observe(event[2])
+
+    def _fold_recorder(self, recorder: EstimatorRecorder) -> None:
+        e, label, k, key = self.exporter, self.label, recorder.num_positions, id(recorder)
+        estimator = recorder.source()
+        if estimator is None:
+            self.recorders.remove(recorder)
+            for table in (self._accepted, self._recent, self._recent_rows):
+                table.pop(key, None)
+            return
+        log = self._accepted.pop(key, [])
+        if log:
+            accepted = np.minimum(np.concatenate(log).astype(np.int64), k)
+            # Rows accepting position k: accepted_r > k.
+            recorder.hits += np.cumsum(np.bincount(accepted, minlength=k + 1)[::-1])[::-1][1:]
+        # After the drain: a refit queued later has not moved its round into closed_* yet, so
+        # the counts can only lag (and catch up at the next fold), never double count.
+        with self.state_lock:
+            stats = estimator.round_stats()
+            n, g1 = _columns(stats)
+            labeled = recorder.closed_n + n - recorder.baseline_n
+            rows = zip(recorder.closed_g1, g1, recorder.baseline_g1, strict=True)
+            residual = [c + v - b for c, v, b in rows]
+        scale = float(2 ** int(stats["fraction_bits"]))
+        predicted = recorder.hits - np.asarray(residual, dtype=np.float64) / scale
+        labeled = np.maximum(labeled, recorder.pushed_labeled)
+        predicted = np.maximum(predicted, recorder.pushed_predicted)
+        for index in range(k):
+            where = str(index)
+            e.labeled.labels(label, where).inc(int(labeled[index] - recorder.pushed_labeled[index]))
+            new_hits = int(recorder.hits[index] - recorder.pushed_hits[index])
+            e.accepted.labels(label, where).inc(new_hits)
+            grown = float(predicted[index] - recorder.pushed_predicted[index])
+            e.predicted.labels(label, where).inc(grown)
+        recorder.pushed_labeled, recorder.pushed_predicted = labeled, predicted
+        recorder.pushed_hits = recorder.hits.copy()
+        recent = self._recent.pop(key, None)
+        self._recent_rows.pop(key, None)
+        if recent:
+            self._remember_recent(list(recent), k)
+        slope, intercepts = estimator.host_coefficients  # host values: no device read
+        e.slope.labels(label).set(float(slope))
+        for index, value in enumerate(intercepts.tolist()):
+            e.intercept.labels(label, str(index)).set(value)
+        refits, dropped = int(estimator.num_refits), int(estimator.num_dropped_rows)
+        # inc(0) makes the series exist (at 0) from the first fold on.
+        e.refits.labels(label).inc(max(0, refits - recorder.pushed_refits))
+        e.dropped.labels(label).inc(max(0, dropped - recorder.pushed_dropped))
+        recorder.pushed_refits = max(refits, recorder.pushed_refits)
+        recorder.pushed_dropped = max(dropped, recorder.pushed_dropped)
+        if not math.isnan(recorder.drift_statistic):
+            e.drift.labels(label).set(recorder.drift_statistic)
+
+    def _remember_recent(self, recent: list[tuple[npt.NDArray[Any], ...]], k: int) -> None:
+        """Moves the recent steps' labeled drafts into the window (step, row, position order)."""
+        p = np.concatenate([entry[0] for entry in recent])
+        accepted = np.concatenate([entry[1] for entry in recent]).astype(np.int64)
+        admitted = np.concatenate([entry[2] for entry in recent]).astype(np.int64)
+        # Row r labels its first L_r positions: the accepted ones and the first rejection.
+        length = np.minimum(accepted + 1, admitted)
+        # Only the last `window` labeled drafts can stay in the window.
+        from_end = np.cumsum(length[::-1])
+        start = max(length.shape[0] - int(np.searchsorted(from_end, self.window)) - 1, 0)
+        position = np.arange(k)
+        mask = position < length[start:, None]
+        ones = position < accepted[start:, None]
+        self._remember(p[start:][mask].astype(np.float64), ones[mask])
+
+    def _remember(self, p: npt.NDArray[np.float64], y: npt.NDArray[np.bool_]) -> None:
+        """Appends labeled drafts to the ring of the last ``window``."""
+        n, size = p.shape[0], self.window
+        if n >= size:
+            self._ring_p[:], self._ring_y[:] = p[-size:], y[-size:]
+            self._ring_next, self._ring_fill = 0, size
+            return
+        start = self._ring_next
+        first = min(n, size - start)
+        self._ring_p[start : start + first] = p[:first]
+        self._ring_y[start : start + first] = y[:first]
+        self._ring_p[: n - first] = p[first:]
+        self._ring_y[: n - first] = y[first:]
+        self._ring_next = (start + n) % size
+        self._ring_fill = min(size, self._ring_fill + n)
+
+    def _window(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        if self._ring_fill < self.window:
+            return self._ring_p[: self._ring_fill], self._ring_y[: self._ring_fill]
+        order = np.roll(np.arange(self.window), -self._ring_next)
+        return self._ring_p[order], self._ring_y[order]
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.exporter.close()
+
+
+_process: ProcessMetrics | None = None
+_process_lock = threading.Lock()
+
+
+def current() -> ProcessMetrics | None:
+    """This process's metrics if an estimator has started them, else ``None`` (one global read:
+    what the budget and depth helpers test on every call)."""
+    return _process
+
+
+def process_metrics(device_index: int | None = None) -> ProcessMetrics | None:
+    """This process's metrics, started on first use when :func:`enabled`; ``None`` when off.
+    ``device_index`` (the caller's CUDA device) chooses the server's port offset."""
+    global _process
+    if _process is not None:
+        return _process
+    if not enabled():
+        return None
+    with _process_lock:
+        if _process is None:
+            rank = _rank()
+            offset = device_index
+            if offset is None:
+                try:
+                    offset = int(os.environ["LOCAL_RANK"])
+                except (KeyError, ValueError):
+                    offset = rank
+            _process = ProcessMetrics(rank, offset)
+            atexit.register(_fold_at_exit)
+    return _process
+
+
+def _fold_at_exit() -> None:
+    if _process is not None:
+        try:
+            _process.fold()
+        except Exception:  # noqa: BLE001 - exiting: a failed last fold must not raise
+            logger.debug("av_core: final metrics fold failed", exc_info=True)
+
+
+def reset() -> None:
+    """Stops the server and forgets this process's metrics (the next use starts afresh, with
+    the environment as it is then). For tests and for engines that restart in-process."""
+    global _process
+    with _process_lock:
+        if _process is not None:
+            _process.close()
+        _process = None

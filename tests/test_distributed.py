@@ -1,0 +1,203 @@
+"""Pooled statistics across data-parallel ranks (av_core.distributed), with real processes.
+
+- 4 ranks on 127.0.0.1 (torch.distributed, gloo), each fed a different share of the same verdicts
+  in a different order, one of them fed nothing: after every pooled refit every rank's
+  coefficients are bit-identical to one estimator fed all verdicts, for the native estimator
+  (``pool_round`` + ``refit``) and for the vLLM drop-in (``process_group=``); a rank whose layout
+  differs makes every rank raise instead of hanging.
+- The tensor-parallel promise, without any collective: 2 processes (torch.distributed never
+  initialized) fed the same verdicts in different orders agree bit for bit.
+- The limb encoding of the 128-bit statistics, against Python integer sums.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import distributed_scenarios as scenarios  # noqa: E402
+
+from av_core import AcceptanceEstimator  # noqa: E402
+from av_core.distributed import (  # noqa: E402
+    NUM_LIMBS,
+    STAT_COLUMNS,
+    limbs_to_round,
+    pool_round,
+    round_limbs,
+)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(mode: str, world: int, tmp_path: Path) -> list[dict[str, Any]]:
+    port = str(free_port()) if mode == "dp" else "-"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(HERE)]),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+    }
+    for name in ("AV_CORE_METRICS_PORT", "PROMETHEUS_MULTIPROC_DIR", "AV_CORE_VLLM_EXACT"):
+        env.pop(name, None)
+    outputs = [tmp_path / f"{mode}-{rank}.json" for rank in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "distributed_scenarios.py"), mode, str(rank), str(world)]
+            + [port, str(outputs[rank])],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    logs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=240)
+            logs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-3000:]}"
+    return [json.loads(path.read_text()) for path in outputs]
+
+
+@pytest.fixture(scope="module")
+def dp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_ranks("dp", 4, tmp_path_factory.mktemp("dp"))
+
+
+def test_four_gloo_ranks_pool_to_the_bits_of_one_estimator(
+    dp_results: list[dict[str, Any]],
+) -> None:
+    expected = scenarios.native_reference()
+    assert len(expected) == scenarios.NATIVE_STEPS // scenarios.NATIVE_ROUND
+    # The coefficients move from refit to refit, so equality is not the cold start twice.
+    assert len({tuple(c) for c in expected}) == len(expected)
+    for result in dp_results:
+        assert result["native"]["coefficients"] == expected, result["rank"]
+    # The pooled counts are every row's labels (rank 3 served nothing and contributed zeros).
+    counts = [result["native"]["pooled_counts"] for result in dp_results]
+    assert all(c == counts[0] for c in counts)
+    total = np.zeros(scenarios.NATIVE_K, dtype=np.int64)
+    for step, (_, admitted, accepted, owner) in enumerate(scenarios.native_steps(), start=1):
+        labeled = np.minimum(accepted + 1, admitted)
+        total += (np.arange(scenarios.NATIVE_K)[None, :] < labeled[:, None]).sum(axis=0)
+        if step % scenarios.NATIVE_ROUND == 0:
+            assert counts[0][step // scenarios.NATIVE_ROUND - 1] == total.tolist()
+            total[:] = 0
+        assert not np.any(owner == 3)
+
+
+def test_four_gloo_ranks_of_the_drop_in_refit_to_the_bits_of_one_estimator(
+    dp_results: list[dict[str, Any]],
+) -> None:
+    expected = scenarios.drop_in_reference()
+    refits = scenarios.DROP_IN_STEPS // scenarios.DROP_IN_INTERVAL
+    assert len({tuple(c) for c in expected}) == refits + 1  # the cold start, then each refit
+    for result in dp_results:
+        assert result["drop_in"] == expected, result["rank"]
+
+
+def test_a_rank_with_another_layout_makes_every_rank_refuse(
+    dp_results: list[dict[str, Any]],
+) -> None:
+    for result in dp_results:
+        assert result["mismatch"].startswith("ValueError: estimator:"), result
+        assert "disagree" in result["mismatch"]
+
+
+def test_tensor_parallel_ranks_agree_bit_for_bit_without_a_collective(tmp_path: Path) -> None:
+    results = run_ranks("tp", 2, tmp_path)
+    assert not any(result["torch_distributed_initialized"] for result in results)
+    first, second = (result["drop_in"] for result in results)
+    assert first == second
+    assert first == scenarios.drop_in_reference()
+    assert len({tuple(c) for c in first}) > 1
+
+
+# --- the encoding, in one process --------------------------------------------------------------
+
+
+def random_round(rng: np.random.Generator, k: int) -> dict[str, Any]:
+    big = 1 << 124  # five of them still sum inside the signed 128-bit range
+    out: dict[str, Any] = {"fraction_bits": 40}
+    for name in STAT_COLUMNS:
+        if name == "n":
+            out[name] = [int(v) for v in rng.integers(0, 1 << 62, size=k)]
+        else:
+            out[name] = [int(rng.integers(-(1 << 62), 1 << 62)) * (1 << 63) % big for _ in range(k)]
+            out[name] = [v if i % 2 else -v for i, v in enumerate(out[name])]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_limbs_sum_to_the_python_integer_sum(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 9))
+    rounds = [random_round(rng, k) for _ in range(int(rng.integers(1, 6)))]
+    limbs = [round_limbs(r) for r in rounds]
+    assert limbs[0].shape == (len(STAT_COLUMNS), k, NUM_LIMBS)
+    assert all(0 <= int(v) < (1 << 32) for v in limbs[0].reshape(-1))
+    summed = limbs_to_round(np.sum(limbs, axis=0), 40)
+    for name in STAT_COLUMNS:
+        assert summed[name] == [sum(r[name][i] for r in rounds) for i in range(k)], name
+    # One round decodes to itself.
+    assert limbs_to_round(limbs[0], 40) == rounds[0]
+
+
+def test_limbs_reject_a_wrong_shape_and_ragged_columns() -> None:
+    with pytest.raises(ValueError, match="limbs must have shape"):
+        limbs_to_round(np.zeros((5, 2, NUM_LIMBS), dtype=np.int64), 40)
+    ragged = {name: [0, 0] for name in STAT_COLUMNS}
+    ragged["n"] = [0]
+    with pytest.raises(ValueError, match="one entry per position"):
+        round_limbs(ragged)
+
+
+def test_pool_round_needs_a_native_estimator_and_an_initialized_group() -> None:
+    with pytest.raises(TypeError, match="estimator must be an av_core.AcceptanceEstimator"):
+        pool_round(object())  # type: ignore[arg-type]
+    if not dist.is_initialized():
+        with pytest.raises(RuntimeError, match="initialized"):
+            pool_round(AcceptanceEstimator(2))
+
+
+def test_add_round_stats_refuses_bad_rounds_and_changes_nothing() -> None:
+    est = AcceptanceEstimator(2, refit_interval=1 << 40)
+    est.observe(np.array([[1.0, 2.0]], np.float32), [2], [1])
+    before = est.state_dict()
+    good = est.state_dict()["round_stats"]
+    for bad, error in (
+        ({**good, "n": [1, 2, 3]}, ValueError),
+        ({**good, "a": [-1, 0]}, ValueError),
+        ({**good, "fraction_bits": 3}, ValueError),
+        ({**good, "n": [-1, 0]}, ValueError),  # an out-of-range integer is a wrong value
+        ("not a dict", TypeError),
+    ):
+        with pytest.raises(error, match="round_stats"):
+            est.add_round_stats(bad)  # type: ignore[arg-type]
+        assert est.state_dict() == before
+    est.add_round_stats(good)
+    assert est.round_counts().tolist() == [2 * n for n in before["round_stats"]["n"]]
