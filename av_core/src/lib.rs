@@ -50,8 +50,10 @@ pub mod error;
 pub mod estimator;
 pub mod features;
 pub mod fixed_point;
+pub mod histogram;
 pub mod labels;
 pub mod logistic;
+pub mod map;
 pub mod matrix;
 pub mod memory;
 pub mod planner;
@@ -63,7 +65,7 @@ mod sync;
 mod test_rng;
 
 pub use error::{Error, ErrorKind, Result};
-pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState};
+pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, Update};
 pub use matrix::MatrixView;
 
 // The types DESIGN.md §5 shares across threads must stay `Send + Sync`; this fails to compile
