@@ -1251,6 +1251,44 @@ impl AcceptanceEstimator {
         }
     }
 
+    /// [`observe`](Self::observe) without counting the step: the verdicts join the open round
+    /// and the schedule does not move (no refit runs). For callers that run the schedule
+    /// themselves, with [`refit`](Self::refit) and [`refit_within_round`](Self::refit_within_round)
+    /// (`av_core.vllm`'s drop-in). Validated like `observe`; on a bad argument nothing changes.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
+    /// estimator.add_observations(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
+    /// assert_eq!((estimator.num_refits(), estimator.steps_since_refit()), (0, 0));
+    /// assert_eq!(estimator.round_counts(), [1, 1]);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn add_observations<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        features: MatrixView<'_, T>,
+        num_admitted: &[i64],
+        num_accepted: &[i64],
+        predictions: Option<MatrixView<'_, P>>,
+    ) -> Result<()> {
+        match self.config.update {
+            Update::Vllm => {
+                let stats = self.step_stats(features, num_admitted, num_accepted, predictions)?;
+                self.accumulator.add(&stats);
+            }
+            Update::Map => {
+                let step =
+                    self.step_histogram(features, num_admitted, num_accepted, predictions)?;
+                self.histogram.add(&step);
+            }
+        }
+        Ok(())
+    }
+
     /// Adds one step's statistics and counts the step; refits when the round is complete.
     /// Returns `true` when this call refitted.
     ///

@@ -57,7 +57,18 @@ class AcceptanceEstimator:
         max_intercept: float = ...,
         memory: float = ...,
         drift_z: float = ...,
-    ) -> AcceptanceEstimator: ...
+        update: Literal["map", "vllm"] | str = "map",
+        bins: int = ...,
+        prior_slope_sd: float = ...,
+        prior_level_sd: float = ...,
+        prior_trend_sd: float = ...,
+        prior_spread_sd: float = ...,
+    ) -> AcceptanceEstimator:
+        """``update="map"`` (the default) is av_core's refit (docs/estimator.md): per-position
+        histograms of the feature (``bins`` per position), the MAP fit iterated to convergence
+        under a prior centred on the cold start (``prior_*_sd``), fits after 1, 2, 4, ...
+        observes of every round and at its end. ``update="vllm"`` is vLLM 0.33.0's damped
+        Newton step once per round, bit for bit (``damping`` applies to it only)."""
     def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
     def observe(
         self,
@@ -65,11 +76,19 @@ class AcceptanceEstimator:
         num_admitted: npt.ArrayLike,
         num_accepted: npt.ArrayLike,
         predictions: npt.ArrayLike | None = None,
-    ) -> bool: ...
+        *,
+        count_step: bool = True,
+    ) -> bool:
+        """Folds one decode step of verdicts into the round; True when it refitted. With
+        ``count_step=False`` the verdicts join the round without counting a step (no refit
+        runs), for callers that run their own schedule with :meth:`refit`."""
     @overload
-    def refit(self, *, report: Literal[False] = False) -> None: ...
+    def refit(self, *, report: Literal[False] = False, end_round: bool = True) -> None:
+        """Ends the round now and refits (``end_round=False``, map only: fits the memory plus
+        the open round without ending it, as the schedule does after the 1st, 2nd, 4th, ...
+        observe of a round)."""
     @overload
-    def refit(self, *, report: Literal[True]) -> dict[str, Any]: ...
+    def refit(self, *, report: Literal[True], end_round: bool = True) -> dict[str, Any]: ...
     @property
     def slope(self) -> float: ...
     @property
@@ -98,6 +117,19 @@ class AcceptanceEstimator:
     def memory(self) -> float: ...
     @property
     def drift_z(self) -> float: ...
+    @property
+    def update(self) -> str:
+        """How the estimator refits: ``"map"`` or ``"vllm"``."""
+    @property
+    def bins(self) -> int: ...
+    @property
+    def prior_slope_sd(self) -> float: ...
+    @property
+    def prior_level_sd(self) -> float: ...
+    @property
+    def prior_trend_sd(self) -> float: ...
+    @property
+    def prior_spread_sd(self) -> float: ...
     def to_bytes(self) -> bytes: ...
     @classmethod
     def from_bytes(cls, data: bytes) -> AcceptanceEstimator: ...
@@ -106,13 +138,19 @@ class AcceptanceEstimator:
     def load(cls, path: str | os.PathLike[str]) -> AcceptanceEstimator: ...
     def round_counts(self) -> npt.NDArray[np.int64]: ...
     def add_round_stats(self, round_stats: dict[str, Any]) -> None:
-        """Adds another round's statistics (as in ``state_dict()["round_stats"]``) to the open
-        round, exactly; refused, adding nothing, on other fraction bits, another number of
-        positions or statistics no sequence of observations can produce (a negative ``a``/``c``,
-        a count past the bound)."""
+        """Adds another round's statistics (as in ``state_dict()["round_stats"]``: vllm's IRLS
+        moments or map's histograms, the estimator's own kind) to the open round, exactly;
+        refused, adding nothing, on other fraction bits, bins or number of positions, or
+        statistics no sequence of observations can produce (a negative ``a``/``c``, more
+        accepted than labeled, a count past the bound)."""
     def state_dict(self) -> dict[str, Any]: ...
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> AcceptanceEstimator: ...
+    def from_state_dict(
+        cls, state: dict[str, Any], *, update: Literal["map", "vllm"] | str | None = None
+    ) -> AcceptanceEstimator:
+        """Restores ``state_dict()`` (format version 1, before the map update, restores as a
+        vllm estimator, bit for bit). With ``update``, moves the estimator to that update:
+        configuration and coefficients kept, open round and memory started over."""
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
 
 # --- the verification planner (rust/src/planner.rs) ---

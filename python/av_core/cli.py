@@ -342,6 +342,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             refit_interval=args.refit_interval,
             batch_rounds=args.batch_rounds,
             memory=args.memory,
+            update=args.update,
             groups_per_workload=args.groups_per_workload,
             progress=job,
         )
@@ -850,6 +851,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="estimator memory across rounds, gamma in [0, 1) (default: the estimator's, 0.8; "
         "0 is vLLM's memoryless update)",
+    )
+    evaluate.add_argument(
+        "--update",
+        choices=("map", "vllm"),
+        default=None,
+        help="how the estimator refits: map (av_core's, the default) or vllm (vLLM's damped "
+        "Newton step once per round); docs/estimator.md",
     )
     evaluate.add_argument(
         "--groups-per-workload",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -162,6 +163,7 @@ def replay_online(
     refit_interval: int = DEFAULT_REFIT_INTERVAL,
     batch_rounds: int = 1,
     memory: float | None = None,
+    update: str | None = None,
 ) -> Replay:
     """Replays the online estimator prequentially over ``rounds`` with feature matrix [rounds, K].
 
@@ -170,7 +172,8 @@ def replay_online(
     estimator refits itself every ``refit_interval`` observes; the prediction stored for a draft
     is the one made before its own step was observed, so its label never influences its score.
     ``memory`` is the estimator's memory across rounds (``None``: av_core's default; 0: vLLM's
-    memoryless update).
+    memoryless update); ``update`` how it refits (``None``: av_core's default, ``"map"``;
+    ``"vllm"``: vLLM's damped Newton step, docs/estimator.md).
     """
     if isinstance(batch_rounds, bool) or not isinstance(batch_rounds, int | np.integer):
         raise TypeError(f"batch_rounds must be an int, got {type(batch_rounds).__name__}")
@@ -178,11 +181,12 @@ def replay_online(
         raise ValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
     if features.shape != rounds.rows.shape:
         raise ValueError(f"features must have shape {rounds.rows.shape}, got {features.shape}")
-    estimator = (
-        AcceptanceEstimator(rounds.num_positions, refit_interval=refit_interval)
-        if memory is None
-        else AcceptanceEstimator(rounds.num_positions, refit_interval=refit_interval, memory=memory)
-    )
+    options: dict[str, Any] = {"refit_interval": refit_interval}
+    if memory is not None:
+        options["memory"] = memory
+    if update is not None:
+        options["update"] = update
+    estimator = AcceptanceEstimator(rounds.num_positions, **options)
     x = np.ascontiguousarray(np.clip(features, -MAX_FEATURE, MAX_FEATURE), dtype=np.float32)
     predictions = np.empty(x.shape, dtype=np.float64)
     refit_rounds: list[int] = []
@@ -407,6 +411,7 @@ def evaluate_trace(
     refit_interval: int = DEFAULT_REFIT_INTERVAL,
     batch_rounds: int = 1,
     memory: float | None = None,
+    update: str | None = None,
     groups_per_workload: int = 4,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> Evaluation:
@@ -458,7 +463,12 @@ def evaluate_trace(
             if missing:
                 notes.append(f"{name}: {missing} rows without a value scored with feature 0")
         replay = replay_online(
-            rounds, matrix, refit_interval=refit_interval, batch_rounds=batch_rounds, memory=memory
+            rounds,
+            matrix,
+            refit_interval=refit_interval,
+            batch_rounds=batch_rounds,
+            memory=memory,
+            update=update,
         )
         if trajectory is None:
             trajectory = replay.trajectory

@@ -85,6 +85,9 @@ L2 = 1e-3
 #: ``AV_CORE_VLLM_EXACT=1``: refit with vLLM's unbounded update (no step or range limits), the
 #: default of the ``exact`` keyword (docs/vllm.md, "Deviations from vLLM").
 ENV_EXACT = "AV_CORE_VLLM_EXACT"
+#: ``AV_CORE_VLLM_ESTIMATOR=map``: refit with av_core's own update (docs/estimator.md) instead of
+#: vLLM's, the default of the ``update`` keyword (docs/vllm.md, "av_core's update").
+ENV_ESTIMATOR = "AV_CORE_VLLM_ESTIMATOR"
 
 logger = logging.getLogger("vllm.av_core")
 
@@ -237,6 +240,13 @@ class OnlineAcceptanceEstimator:
     (``[K]``) float32 tensors on ``device``, and ``REFIT_INTERVAL``, ``DAMPING_OBSERVATIONS``
     and ``L2`` are read from the instance (set them on one to change it).
 
+    It refits with vLLM's update (one damped Newton step per round, no memory) unless told
+    otherwise: ``update="map"`` (or ``AV_CORE_VLLM_ESTIMATOR=map``) opts into av_core's own update
+    (docs/estimator.md), which is calibrated from its first refits and after a workload switch:
+    per-position histograms, the MAP fit iterated to convergence, fits after the 1st, 2nd, 4th,
+    ... step of every round (with ``process_group``, only at the pooled round ends), memory
+    across rounds.
+
     Per decode step, driven by vLLM's ``DraftModelSpeculator``:
 
     1. :meth:`step` grades the drafts stored at draft time: for row ``r`` with slot
@@ -277,6 +287,7 @@ class OnlineAcceptanceEstimator:
         staged: bool | None = None,
         process_group: Any = None,
         exact: bool | None = None,
+        update: str | None = None,
     ) -> None:
         """vLLM's constructor, plus keyword-only extras (every call vLLM makes means the same):
 
@@ -290,6 +301,8 @@ class OnlineAcceptanceEstimator:
           zeros). ``None``: each rank learns from its own verdicts.
         - ``exact``: vLLM's unbounded refit instead of av_core's bounded one (no cap on one
           refit's step, on the slope or on the intercepts); default ``AV_CORE_VLLM_EXACT``.
+        - ``update``: ``"vllm"`` (vLLM's update, the default) or ``"map"`` (av_core's own,
+          with its memory and bounds; not with ``exact``); default ``AV_CORE_VLLM_ESTIMATOR``.
         """
         self.max_num_reqs = _check_positive_int(max_num_reqs, "max_num_reqs")
         self.num_speculative_steps = _check_positive_int(
@@ -309,17 +322,35 @@ class OnlineAcceptanceEstimator:
         if exact is None:
             exact = os.environ.get(ENV_EXACT, "").strip().lower() in ("1", "true", "yes")
         self.exact = bool(exact)
+        if update is None:
+            update = os.environ.get(ENV_ESTIMATOR, "").strip().lower() or "vllm"
+        if update not in ("vllm", "map"):
+            raise ValueError(
+                f"update must be 'vllm' or 'map' (or set {ENV_ESTIMATOR}), got {update!r}"
+            )
+        if update == "map" and self.exact:
+            raise ValueError(
+                f"exact (vLLM's unbounded refit) applies to update='vllm' only; {ENV_EXACT} or "
+                "exact=True cannot be combined with update='map'"
+            )
+        self.update = update
         self.process_group = process_group
         self._staged = self.device.type == "cuda" if staged is None else staged
         self._pin = self.device.type == "cuda"
         self._steps_since_refit = 0
         self._refits = 0
-        self._refit_pending = False
+        self._refit_pending: str | None = None
         self.num_dropped_rows = 0
         self._refit_listeners: list[Callable[[OnlineAcceptanceEstimator], None]] = []
         m, k = self.max_num_reqs, self.num_speculative_steps
 
-        unbounded = {"max_step": math.inf, "max_slope": math.inf, "max_intercept": math.inf}
+        unbounded: dict[str, Any] = {
+            "max_step": math.inf,
+            "max_slope": math.inf,
+            "max_intercept": math.inf,
+        }
+        # vLLM's memoryless update, whatever av_core's defaults; or av_core's own, whole.
+        own: dict[str, Any] = {"memory": 0.0} if update == "vllm" else {}
         self._native = AcceptanceEstimator(
             k,
             refit_interval=_NATIVE_NEVER_REFITS,
@@ -328,7 +359,8 @@ class OnlineAcceptanceEstimator:
             init_slope=INIT_SLOPE,
             init_intercept=INIT_INTERCEPT,
             max_log_odds=MAX_LOG_ODDS,
-            memory=0.0,  # vLLM's memoryless update, whatever av_core's default
+            update=update,
+            **own,
             **(unbounded if self.exact else {}),
         )
         try:
@@ -438,14 +470,16 @@ class OnlineAcceptanceEstimator:
                     num_rejected.cpu().numpy(),
                     None if skip_rows is None else skip_rows.cpu().numpy(),
                 )
-            if self._advance():
-                self._refit()
+            due = self._advance()
+            if due is not None:
+                self._refit(end_round=due == "end")
             return
 
-        self._drain(wait=self._refit_pending)
-        if self._refit_pending:
-            self._refit_pending = False
-            self._refit()
+        pending = self._refit_pending
+        self._drain(wait=pending is not None)
+        if pending is not None:
+            self._refit_pending = None
+            self._refit(end_round=pending == "end")
         if rows:
             self._stage(idx_mapping, num_sampled, num_rejected, skip_rows)
         self._refit_pending = self._advance()
@@ -641,9 +675,10 @@ class OnlineAcceptanceEstimator:
         """Fold every staged verdict now (waiting for copies in flight) and run a refit that is
         due. A no-op for host tensors. For shutdown, checkpoints and tests, not per step."""
         self._drain(wait=True)
-        if self._refit_pending:
-            self._refit_pending = False
-            self._refit()
+        pending = self._refit_pending
+        if pending is not None:
+            self._refit_pending = None
+            self._refit(end_round=pending == "end")
 
     def state_dict(self, *, flush: bool = True) -> dict[str, Any]:
         """Coefficients, this round's statistics and the schedule, after :meth:`flush`
@@ -671,7 +706,8 @@ class OnlineAcceptanceEstimator:
             raise ValueError(
                 f"state['estimator'] must be a mapping, got {type(state['estimator']).__name__}"
             )
-        native = AcceptanceEstimator.from_state_dict(dict(state["estimator"]))
+        # A state saved under the other update keeps its coefficients and starts a new round.
+        native = AcceptanceEstimator.from_state_dict(dict(state["estimator"]), update=self.update)
         if native.num_positions != self.num_speculative_steps:
             raise ValueError(
                 f"state has {native.num_positions} positions, the estimator "
@@ -693,13 +729,18 @@ class OnlineAcceptanceEstimator:
     # ----------------------------------------------------------------------------------------
     # Internals
 
-    def _advance(self) -> bool:
-        """Count one step; True when a refit is due (vLLM's schedule)."""
+    def _advance(self) -> str | None:
+        """Count one step; the refit due: ``"end"`` of a round (vLLM's schedule, every
+        ``REFIT_INTERVAL`` steps), ``"within"`` (update ``"map"`` without a process group: after
+        the 1st, 2nd, 4th, ... step of a round), or None."""
         self._steps_since_refit += 1
-        if self._steps_since_refit < self.REFIT_INTERVAL:
-            return False
-        self._steps_since_refit = 0
-        return True
+        steps = self._steps_since_refit
+        if steps >= self.REFIT_INTERVAL:
+            self._steps_since_refit = 0
+            return "end"
+        if self.update == "map" and self.process_group is None and steps & (steps - 1) == 0:
+            return "within"
+        return None
 
     def _fold(
         self,
@@ -725,7 +766,7 @@ class OnlineAcceptanceEstimator:
         x, p = features[slots], predictions[slots]
         accepted, admitted = accepted[keep], admitted[keep]
         try:
-            self._native.observe(x, admitted, accepted, p)
+            self._native.observe(x, admitted, accepted, p, count_step=False)
             if self._recorder is not None:
                 self._recorder.verdicts(p, accepted, admitted)
         except ValueError:
@@ -741,7 +782,9 @@ class OnlineAcceptanceEstimator:
             accepted[bad] = 0
             admitted[bad] = 0
             sane = np.where(sane_p, p, np.float32(0.5))
-            self._native.observe(np.where(finite_x, x, np.float32(0.0)), admitted, accepted, sane)
+            self._native.observe(
+                np.where(finite_x, x, np.float32(0.0)), admitted, accepted, sane, count_step=False
+            )
             if self._recorder is not None:
                 self._recorder.verdicts(sane, accepted, admitted)
 
@@ -801,10 +844,11 @@ class OnlineAcceptanceEstimator:
             self._free.append(entry.buffers)
             folded += 1
 
-    def _refit(self) -> None:
+    def _refit(self, *, end_round: bool = True) -> None:
         """One damped Newton step on the round's statistics (then cleared), with the instance's
         L2 and DAMPING_OBSERVATIONS, on the round pooled over ``process_group`` if one is set;
-        the new coefficients go to the device in place."""
+        the new coefficients go to the device in place. (Update ``"map"``: the round's end, or
+        with ``end_round=False`` a fit within it.)"""
         recorder = self._recorder
         # With metrics on, their fold must not read the round while it changes hands.
         with contextlib.nullcontext() if recorder is None else recorder.state_lock():
@@ -814,15 +858,18 @@ class OnlineAcceptanceEstimator:
                 state = native.state_dict()
                 state["config"] = {**state["config"], "l2": l2, "damping": damping}
                 native = self._native = AcceptanceEstimator.from_state_dict(state)
-            own = None if recorder is None else native.state_dict()["round_stats"]
-            if self.process_group is not None:
-                from av_core.distributed import pool_round
-
-                pool_round(native, self.process_group)
-            if recorder is None:
-                native.refit()
+            if not end_round:
+                native.refit(end_round=False)
             else:
-                recorder.round_closed(own, native.refit(report=True))
+                own = None if recorder is None else native.state_dict()["round_stats"]
+                if self.process_group is not None:
+                    from av_core.distributed import pool_round
+
+                    pool_round(native, self.process_group)
+                if recorder is None:
+                    native.refit()
+                else:
+                    recorder.round_closed(own, native.refit(report=True))
         self._refits += 1
         self._upload()
         for callback in list(self._refit_listeners):
