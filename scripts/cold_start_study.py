@@ -1,8 +1,12 @@
-"""The cold-start and refit study of issue #23: measured in numpy before the core changes.
+"""The cold-start and refit study of issue #23, on av_core's own implementation.
 
-Today's estimator (vLLM's damped Newton step once per round, γ-memory of past rounds'
-quadratic models, drift test) is replicated in numpy and checked against ``av_core`` bit for
-bit on the shipped traces. Candidate schemes then replace its statistics and refit:
+The estimator before issue #23 (vLLM's damped Newton step once per round, γ-memory of past
+rounds' quadratic models, drift test: ``update="vllm"``) is replicated in numpy and checked
+against ``av_core`` bit for bit on the shipped traces; so is the numpy model of the chosen scheme
+against its Rust implementation (``update="map"``, the default). Every table of
+docs/estimator.md is printed by this script; the "today" and "map" rows run the Rust core, the
+ablations that change the scheme's structure (schedule, memory kind, bin centres) run the numpy
+model, marked "(model)". The scheme replaces today's statistics and refit with:
 
 * per-position **histograms** of the feature with exact integer label counts (O(K·B));
 * a **MAP refit iterated to convergence** (Newton on the histogram's exact log-likelihood);
@@ -14,12 +18,14 @@ bit on the shipped traces. Candidate schemes then replace its statistics and ref
 Everything is scored prequentially exactly as ``av-core evaluate`` does (each draft by the
 prediction made before its own step was observed). Sections (Markdown on stdout):
 
-1. the replica against ``av_core`` (bit-identical predictions);
-2. today against the chosen scheme on both shipped traces: refit 25 and 100, 1 and 4 rounds
+1. the replica against ``av_core`` (bit-identical predictions), and the numpy model of the
+   scheme against its Rust implementation;
+2. today against the map update on both shipped traces: refit 25 and 100, 1 and 4 rounds
    per observe, first 25% of the labels and the whole trace;
 3. ablations and robustness: each component removed, bins, prior precisions, γ — on the
    shipped order and on prompt-order permutations (medians), since one order is one draw;
-4. the noise floor of ECE on the first quarter (perfectly calibrated labels, batch fits);
+4. the noise floor of ECE on the first quarter (perfectly calibrated labels, batch fits), and
+   where each cell's ECE falls among labels drawn from the scheme's own predictions;
 5. the workload-switch evaluation;
 6. synthetic workloads (known truth; slopes outside the prior; depth-falling intercepts;
    serving-sized batches);
@@ -42,7 +48,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from av_core import CostTables, VerificationPlanner
+from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
 from av_core.evaluate import DraftRounds, fit_batch, replay_online
 from av_core.metrics import expected_calibration_error, log_loss, roc_auc
 from av_core.synthetic import SyntheticWorkload
@@ -598,6 +604,33 @@ def candidate(**kwargs: Any) -> Maker:
     return lambda k, interval: Histogram(k, replace(scheme, refit_interval=interval))
 
 
+class Native:
+    """``av_core.AcceptanceEstimator`` (the Rust core) behind the study's estimator protocol."""
+
+    def __init__(self, k: int, interval: int, **options: Any) -> None:
+        self.est = AcceptanceEstimator(k, refit_interval=interval, **options)
+
+    @property
+    def slope(self) -> float:
+        return self.est.slope
+
+    @property
+    def intercepts(self) -> F64:
+        return self.est.intercepts
+
+    def predict(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        return self.est.predict(x)
+
+    def observe(self, x: npt.NDArray[np.float32], admitted: I64, accepted: I64, p: Any) -> bool:
+        return self.est.observe(x, admitted, accepted, p)
+
+
+def native(update: str = "map", **options: Any) -> Maker:
+    """The Rust core with ``update`` (``"vllm"``: the estimator before issue #23, vLLM's damped
+    step with av_core's bounds, γ = 0.8 memory and drift test) and any other options."""
+    return lambda k, interval: Native(k, interval, update=update, **options)
+
+
 def evaluate(stream: Stream, make: Maker, interval: int, batch_rounds: int) -> Scores:
     predictions, _ = replay(stream, make(stream.x.shape[1], interval), batch_rounds)
     return Scores.of(stream, predictions)
@@ -607,34 +640,41 @@ def evaluate(stream: Stream, make: Maker, interval: int, batch_rounds: int) -> S
 # The chosen scheme and the variants it was chosen against
 # ---------------------------------------------------------------------------------------------
 
-CHOSEN = candidate()
+CHOSEN = candidate()  # the numpy model of the scheme
+TODAY = native("vllm")  # the Rust core before issue #23 (vLLM's update, γ = 0.8, bounds)
+MAP = native("map")  # the Rust core's map update, the default
 BASE_PRIOR = Prior()
 VARIANTS: dict[str, Maker] = {
-    "today (av_core 0.x: damped step, γ = 0.8)": today(),
-    "today + doubling warm-up (1, 2, 4, … then every interval)": today(warmup=True),
-    "**chosen**": CHOSEN,
-    "chosen, no doubling schedule": candidate(schedule=""),
-    "chosen, doubling only in the first round and after a reset": candidate(schedule="warmup"),
-    "chosen, no slope prior": candidate(prior=replace(BASE_PRIOR, slope_sd=math.inf)),
-    "chosen, slope prior sd 0.1": candidate(prior=replace(BASE_PRIOR, slope_sd=0.1)),
-    "chosen, slope prior sd 0.2": candidate(prior=replace(BASE_PRIOR, slope_sd=0.2)),
-    "chosen, no intercept shrinkage": candidate(prior=replace(BASE_PRIOR, spread_sd=math.inf)),
-    "chosen, shrinkage to the mean only (no trend)": candidate(
-        prior=replace(BASE_PRIOR, trend_sd=0.0)
+    "today (update vllm: damped step, γ = 0.8)": TODAY,
+    "today + doubling warm-up (1, 2, 4, … then every interval) (model)": today(warmup=True),
+    "**map** (the default)": MAP,
+    "map, no doubling schedule (model)": candidate(schedule=""),
+    "map, doubling only in the first round and after a reset (model)": candidate(schedule="warmup"),
+    "map, no slope prior": native(prior_slope_sd=math.inf),
+    "map, slope prior sd 0.1": native(prior_slope_sd=0.1),
+    "map, slope prior sd 0.2": native(prior_slope_sd=0.2),
+    "map, prior centred on slope 0.52": native(init_slope=0.52),
+    "map, no intercept shrinkage": native(prior_spread_sd=math.inf),
+    "map, shrinkage to the mean only (no trend)": native(prior_trend_sd=0.0),
+    "map, trend sd 0.1": native(prior_trend_sd=0.1),
+    "map, spread sd 0.05": native(prior_spread_sd=0.05),
+    "map, spread sd 0.2": native(prior_spread_sd=0.2),
+    "map, level sd 0.5": native(prior_level_sd=0.5),
+    "map, γ = 0": native(memory=0.0),
+    "map, γ = 0.5": native(memory=0.5),
+    "map, γ = 0.9": native(memory=0.9),
+    "map, γ = 0.95": native(memory=0.95),
+    "map, no drift test": native(drift_z=math.inf),
+    "map, drift test at 2 sd": native(drift_z=2.0),
+    "map, past rounds as a quadratic at their MAP (laplace) (model)": candidate(
+        memory_mode="laplace"
     ),
-    "chosen, trend sd 0.1": candidate(prior=replace(BASE_PRIOR, trend_sd=0.1)),
-    "chosen, spread sd 0.2": candidate(prior=replace(BASE_PRIOR, spread_sd=0.2)),
-    "chosen, γ = 0.5": candidate(memory=0.5),
-    "chosen, γ = 0.9": candidate(memory=0.9),
-    "chosen, γ = 0.95": candidate(memory=0.95),
-    "chosen, no drift test": candidate(drift_z=math.inf),
-    "chosen, past rounds as a quadratic at their MAP (laplace)": candidate(memory_mode="laplace"),
-    "chosen, B = 16": candidate(bins=16),
-    "chosen, B = 32": candidate(bins=32),
-    "chosen, B = 128": candidate(bins=128),
-    "chosen, B = 256": candidate(bins=256),
-    "chosen, B = 32, bin centres": candidate(bins=32, exact_x=False),
-    "chosen, B = 128, bin centres": candidate(bins=128, exact_x=False),
+    "map, B = 16": native(bins=16),
+    "map, B = 32": native(bins=32),
+    "map, B = 128": native(bins=128),
+    "map, B = 256": native(bins=256),
+    "map, B = 32, bin centres (model)": candidate(bins=32, exact_x=False),
+    "map, B = 128, bin centres (model)": candidate(bins=128, exact_x=False),
 }
 
 
@@ -644,7 +684,7 @@ VARIANTS: dict[str, Maker] = {
 
 
 def section_replica(streams: Sequence[Stream]) -> None:
-    print("## 1. The numpy replica of today's estimator against av_core\n")
+    print("## 1. The numpy replica of today's estimator against av_core (update vllm)\n")
     print("| trace | refit | rounds/observe | drafts | max abs difference | identical |")
     print("|---|---|---|---|---|---|")
     for stream in streams:
@@ -662,7 +702,11 @@ def section_replica(streams: Sequence[Stream]) -> None:
         )
         for interval, batch in CONFIGS:
             real = replay_online(
-                rounds, stream.x.astype(np.float64), refit_interval=interval, batch_rounds=batch
+                rounds,
+                stream.x.astype(np.float64),
+                refit_interval=interval,
+                batch_rounds=batch,
+                update="vllm",
             ).predictions
             mine, _ = replay(stream, today()(stream.x.shape[1], interval), batch)
             lab = stream.labeled
@@ -673,10 +717,21 @@ def section_replica(streams: Sequence[Stream]) -> None:
                 f"| {same:.2%} |"
             )
     print()
+    print("The numpy model of the scheme (section 2's *model*) against av_core's map update:\n")
+    print("| trace | refit | rounds/observe | max abs difference of predictions |")
+    print("|---|---|---|---|")
+    for stream in streams:
+        for interval, batch in CONFIGS:
+            k = stream.x.shape[1]
+            model, _ = replay(stream, CHOSEN(k, interval), batch)
+            rust, _ = replay(stream, MAP(k, interval), batch)
+            diff = float(np.abs(model - rust)[stream.labeled].max())
+            print(f"| {stream.name} | {interval} | {batch} | {diff:.1e} |")
+    print()
 
 
 def section_main(streams: Sequence[Stream]) -> dict[tuple[str, int, int], Scores]:
-    print("## 2. Today against the chosen scheme on the shipped traces (prequential)\n")
+    print("## 2. Today against the map update on the shipped traces (prequential)\n")
     print(
         "First 25%: the first quarter of the labeled drafts in decode order. AUC gap: raw "
         "q_max's AUC minus the estimator's on the same drafts (target ≤ 0.006 first 25%, "
@@ -691,7 +746,7 @@ def section_main(streams: Sequence[Stream]) -> dict[tuple[str, int, int], Scores
     out = {}
     for stream in streams:
         for interval, batch in CONFIGS:
-            for label, make in (("today", today()), ("chosen", CHOSEN)):
+            for label, make in (("today", TODAY), ("map", MAP)):
                 s = evaluate(stream, make, interval, batch)
                 out[stream.name, interval, batch, label] = s  # type: ignore[index]
                 print(
@@ -794,6 +849,45 @@ def section_noise_floor(streams: Sequence[Stream], permutations: int) -> None:
     print()
 
 
+def section_self_calibration(streams: Sequence[Stream], draws: int) -> None:
+    print("### Each cell against labels drawn from the map update's own predictions\n")
+    print(
+        "If the map update's prequential predictions were perfectly calibrated, labels drawn from "
+        "them would score like the real ones. Each cell: the real ECE, then the median and 90th "
+        f"percentile of the ECE over {draws} label draws from the same predictions (same drafts, "
+        "same bins), and the share of draws at least as high as the real ECE (a p-value of "
+        "calibration: small means miscalibrated beyond noise).\n"
+    )
+    print(
+        "| trace | refit | rounds/observe | first 25%: ECE | if calibrated: median (p90) | p "
+        "| whole: ECE | if calibrated: median (p90) | p |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(2024)
+    for stream in streams:
+        for interval, batch in CONFIGS:
+            predictions, _ = replay(stream, MAP(stream.x.shape[1], interval), batch)
+            p, y = predictions[stream.labeled], stream.y
+            q = y.shape[0] // 4
+            cells = []
+            for part in (slice(0, q), slice(None)):
+                real = expected_calibration_error(y[part], p[part])
+                sims = np.array(
+                    [
+                        expected_calibration_error(
+                            (rng.random(p[part].shape[0]) < p[part]).astype(np.int64), p[part]
+                        )
+                        for _ in range(draws)
+                    ]
+                )
+                cells.append(
+                    f"{real:.4f} | {np.median(sims):.4f} ({np.percentile(sims, 90):.4f}) "
+                    f"| {(sims >= real).mean():.2f}"
+                )
+            print(f"| {stream.name} | {interval} | {batch} | " + " | ".join(cells) + " |")
+    print()
+
+
 # --- the workload-switch evaluation ------------------------------------------------------------
 
 CHECKPOINTS = np.arange(0, 4001, 25)
@@ -871,7 +965,7 @@ def section_switch(t1: Stream, t06: Stream, permutations: int) -> None:
         segments = [np.arange(start), np.arange(start, stream.rounds)]
         orders = [stream] + [stream.shuffled(seed, segments) for seed in range(permutations)]
         target = fresh_ece(stream, start)
-        for label, make in (("today", today()), ("chosen", CHOSEN)):
+        for label, make in (("today", TODAY), ("map", MAP)):
             cells = []
             for interval, batch in CONFIGS:
                 curves = []
@@ -939,10 +1033,10 @@ def section_synthetic(seeds: int) -> None:
         "observe, refit 100 (vLLM's interval): today's cold start then holds for 100 steps.\n"
     )
     schemes = {
-        "today": today(),
-        "chosen": CHOSEN,
-        "mean-only shrinkage": candidate(prior=replace(BASE_PRIOR, trend_sd=0.0)),
-        "slope sd 0.1": candidate(prior=replace(BASE_PRIOR, slope_sd=0.1)),
+        "today": TODAY,
+        "map": MAP,
+        "mean-only shrinkage": native(prior_trend_sd=0.0),
+        "slope sd 0.1": native(prior_slope_sd=0.1),
     }
     print("| workload | setting | " + " | ".join(schemes) + " |")
     print("|---|---|" + "---|" * len(schemes))
@@ -1045,12 +1139,12 @@ def labeled_log_loss(est: Estimator | None, workload: SyntheticWorkload) -> floa
 
 
 def section_constraints() -> None:
-    print("## 7. What the test suite checks, on the numpy model of the chosen scheme\n")
+    print("## 7. What the test suite checks, on av_core's map update\n")
     rows: list[tuple[str, str, str]] = []
     # tests/test_estimator.py: one adversarial round cannot throw an intercept out of reach.
     x = np.full((64, 4), 30.0, dtype=np.float32)
     fours, zeros = np.full(64, 4, np.int64), np.zeros(64, np.int64)
-    for label, make in (("today", today()), ("chosen", CHOSEN)):
+    for label, make in (("today", TODAY), ("map", MAP)):
         est = make(4, 1)
         est.observe(x, fours, zeros, est.predict(x))
         rows.append(
@@ -1062,7 +1156,7 @@ def section_constraints() -> None:
         )
     # tests/test_estimator.py: positions never reached keep their intercepts bit for bit.
     rng = np.random.default_rng(3)
-    est = CHOSEN(4, 10)
+    est = MAP(4, 10)
     for _ in range(50):
         xs = rng.normal(size=(32, 4)).astype(np.float32)
         admitted = rng.integers(0, 3, size=32)
@@ -1071,7 +1165,7 @@ def section_constraints() -> None:
     same = est.intercepts[2:].tobytes() == np.full(2, -0.2).tobytes()
     rows.append(("positions never reached keep their intercepts", str(same), "must be True"))
     # tests/test_lockout.py
-    serving = Serving(candidate(memory=0.9)(4, 100), 100, exploration=0.05)
+    serving = Serving(native(memory=0.9)(4, 100), 100, exploration=0.05)
     for _ in range(20):
         serving.round(STATIONARY)
     serving.adversarial_round()
@@ -1087,7 +1181,7 @@ def section_constraints() -> None:
         )
     )
     for gamma in (0.0, 0.9):
-        serving = Serving(candidate(memory=gamma)(4, 100), 100, exploration=0.05)
+        serving = Serving(native(memory=gamma)(4, 100), 100, exploration=0.05)
         for _ in range(20):
             serving.round(HIGH)
         off = curve_error(serving.est, LOW_LOCKOUT)
@@ -1102,7 +1196,7 @@ def section_constraints() -> None:
     stds, means = {}, {}
     for gamma in (0.0, 0.9):
         history = synthetic_history(
-            candidate(memory=gamma)(4, 100), STATIONARY, 50, np.random.default_rng(1)
+            native(memory=gamma)(4, 100), STATIONARY, 50, np.random.default_rng(1)
         )[15:]
         stds[gamma], means[gamma] = history.std(axis=0), history.mean(axis=0)
     ratio = float(np.min(stds[0.0] / stds[0.9]))
@@ -1120,9 +1214,9 @@ def section_constraints() -> None:
                 return r
         return 40
 
-    r0, r9 = recover(candidate(memory=0.0)(4, 100)), recover(candidate(memory=0.9)(4, 100))
+    r0, r9 = recover(native(memory=0.0)(4, 100)), recover(native(memory=0.9)(4, 100))
     rows.append(("memory: rounds to recover, γ = 0 / γ = 0.9", f"{r0} / {r9}", "γ=0.9 ≤ 1.5× γ=0"))
-    est = candidate(memory=0.9, drift_z=math.inf)(4, 100)
+    est = native(memory=0.9, drift_z=math.inf)(4, 100)
     rng = np.random.default_rng(2)
     synthetic_history(est, HIGH, 30, rng)
     synthetic_history(est, LOW_MEMORY, 2, rng)
@@ -1135,7 +1229,7 @@ def section_constraints() -> None:
         )
     )
     # tests/test_estimator.py: the online fit recovers a known workload.
-    est = CHOSEN(4, 100)
+    est = MAP(4, 100)
     rng = np.random.default_rng(7)
     late = []
     for step in range(4000):
@@ -1181,7 +1275,7 @@ def section_plot(streams: Sequence[Stream], folder: str) -> None:
         x = stream.x.astype(np.float64)[stream.labeled]
         pos = np.broadcast_to(np.arange(k), stream.x.shape)[stream.labeled]
         fit = fit_batch(x, pos, stream.y, k)
-        for make, style in ((today(), "--"), (CHOSEN, "-")):
+        for make, style in ((TODAY, "--"), (MAP, "-")):
             _, trajectory = replay(stream, make(k, interval), batch)
             # The cold start is in force from the first label on (log axis: start at 1).
             n = np.concatenate([[1.0], np.maximum(labels_after(stream, trajectory[:, 0]), 1.0)])
@@ -1203,14 +1297,14 @@ def section_plot(streams: Sequence[Stream], folder: str) -> None:
         axes[1, col].set_xlim(1, 3000)
         styles = [
             Line2D([], [], color="black", ls="--", label="today"),
-            Line2D([], [], color="black", ls="-", label="chosen"),
+            Line2D([], [], color="black", ls="-", label="map (the default)"),
             Line2D([], [], color="gray", ls=":", label="batch fit, all labels"),
         ]
         axes[0, col].legend(handles=styles, fontsize=8, loc="upper left")
         positions = [Line2D([], [], color=colors[j % 6], label=f"β{j}") for j in range(k)]
         axes[1, col].legend(handles=positions, fontsize=8, ncol=k, loc="upper left")
     fig.suptitle(
-        "Coefficients over the first refits: today (dashed) and the chosen scheme (solid); "
+        "Coefficients over the first refits: today (dashed) and the map update (solid); "
         "dotted: batch fit of the whole trace",
         fontsize=10,
     )
@@ -1243,6 +1337,7 @@ def main() -> None:
         section_ablations(streams, permutations)
     if 4 in sections:
         section_noise_floor(streams, 20 if not args.quick else permutations)
+        section_self_calibration(streams, 200 if not args.quick else 40)
     if 5 in sections:
         section_switch(t1, t06, permutations)
     if 6 in sections:
