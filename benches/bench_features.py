@@ -25,10 +25,10 @@ import torch
 from av_core.features import draft_log_odds
 
 CPU_TARGET = 2.0
-# DESIGN.md section 7 sets the CPU target for the large float32 batch only. [64, 32000] is 8 MB,
-# read by amax from the last-level cache at over 100 GB/s, while one exponential per entry bounds
-# the kernel; bfloat16 halves the bytes amax reads but not the exponentials. Their ratios are
-# reported without a target.
+# docs/design.md ("Performance targets") sets the CPU target for the large float32 batch only.
+# [64, 32000] is 8 MB, read by amax from the last-level cache at over 100 GB/s, while one
+# exponential per entry bounds the kernel; bfloat16 halves the bytes amax reads but not the
+# exponentials. Their ratios are reported without a target.
 CPU_TARGET_CASE = ((448, 129280), torch.float32)
 # torch's OpenMP workers keep spinning for about 10 ms after amax returns and take the second core
 # from a multi-threaded call timed next (measured on [448, 129280]: draft_log_odds 12.7 ms right

@@ -1,4 +1,4 @@
-"""What the Prometheus metrics (av_core.vllm_metrics) cost the vLLM drop-ins per decode step.
+"""What the Prometheus metrics (av_core.vllm.metrics) cost the vLLM drop-ins per decode step.
 
 The same decode step with metrics on (HTTP server on 127.0.0.1) and off, alternated sample by
 sample in one run: R = 64 requests, K = 8, on CPU tensors. What the serving thread pays is
@@ -28,12 +28,12 @@ import numpy as np
 import torch
 from timing import summary, timed
 
-from av_core import vllm_metrics
 from av_core.vllm import (
     OnlineAcceptanceEstimator,
     batch_draft_budget,
     build_cost_tables_from_curves,
 )
+from av_core.vllm import metrics as vllm_metrics
 
 R, K, V, SLOTS = 64, 8, 4096, 128
 

@@ -104,7 +104,9 @@ def main() -> int:
 
         rows = bench_features.run(quick=False)
         backend = (
-            "torch fallback" if features.triton is None or features._triton_failed else "triton"
+            "torch fallback"
+            if features.triton_kernels.triton is None or features.triton_kernels._triton_failed
+            else "triton"
         )
         lines.append(f"benchmark (GPU path: {backend}):")
         lines += ["  " + bench_features.format_row(row) for row in rows]

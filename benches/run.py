@@ -12,7 +12,7 @@ Each benchmark module exposes ``run(quick) -> list[dict]``; every row times av_c
 reference implementation of the same math in the same run. Rows are normalized here to: name,
 median and interquartile range (microseconds), the reference and its median, the figure of merit
 (speedup = reference / av_core, or ratio = av_core / reference where the target is a ratio), the
-DESIGN.md target and pass/miss.
+target of docs/design.md ("Performance targets") and pass/miss.
 """
 
 from __future__ import annotations

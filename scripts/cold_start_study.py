@@ -30,7 +30,11 @@ prediction made before its own step was observed). Sections (Markdown on stdout)
 6. synthetic workloads (known truth; slopes outside the prior; depth-falling intercepts;
    serving-sized batches);
 7. the adversarial-round, lock-out and drift-tracking checks of the test suite, on the model;
-8. the plot of coefficients over the first refits (``--plot``).
+8. the plot of coefficients over the first refits (``--plot``);
+9. the benchmarks of the issue's targets (``--sections 9``; on a release build).
+
+``--json`` keeps sections 2, 5 and 9 in ``scripts/cold_start_study.json``; ``--update-docs``
+renders docs/estimator.md's tables from it (tests/test_doc_figures.py checks they agree).
 
 ``python scripts/cold_start_study.py [--quick] [--permutations P] [--plot docs/img]``
 """
@@ -38,20 +42,24 @@ prediction made before its own step was observed). Sections (Markdown on stdout)
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import re
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
-from av_core.evaluate import DraftRounds, fit_batch, replay_online
-from av_core.metrics import expected_calibration_error, log_loss, roc_auc
-from av_core.synthetic import SyntheticWorkload
+from av_core.tools.evaluate import DraftRounds, fit_batch, replay_online
+from av_core.tools.metrics import expected_calibration_error, log_loss, roc_auc
+from av_core.tools.synthetic import SyntheticWorkload
 from av_core.trace import SHIPPED_TRACES, load_shipped_trace
 
 F64 = npt.NDArray[np.float64]
@@ -540,7 +548,7 @@ def shipped_stream(name: str) -> Stream:
 
 
 def replay(stream: Stream, estimator: Estimator, batch_rounds: int) -> tuple[F64, F64]:
-    """Prequential replay as ``av_core.evaluate.replay_online``: (draft-time predictions
+    """Prequential replay as ``av_core.tools.evaluate.replay_online``: (draft-time predictions
     [R, K], trajectory [refits, 2 + K] = (rounds observed, slope, intercepts))."""
     predictions = np.empty(stream.x.shape)
     trajectory = []
@@ -730,7 +738,52 @@ def section_replica(streams: Sequence[Stream]) -> None:
     print()
 
 
-def section_main(streams: Sequence[Stream]) -> dict[tuple[str, int, int], Scores]:
+#: The issue's "Done when" thresholds: first 25% ECE and AUC gap, whole-trace ECE and AUC gap
+#: (log-loss: below today's in the same cell).
+TARGETS = {"ece_first": 0.022, "auc_gap_first": 0.006, "ece": 0.017, "auc_gap": 0.004}
+
+
+def main_rows(streams: Sequence[Stream]) -> list[dict[str, Any]]:
+    """Today and the map update on both shipped traces in every configuration (JSON rows)."""
+    out = []
+    for stream in streams:
+        for interval, batch in CONFIGS:
+            for label, make in (("today", TODAY), ("map", MAP)):
+                scores = evaluate(stream, make, interval, batch)
+                row = {"trace": stream.name, "refit": interval, "batch": batch, "scheme": label}
+                out.append(row | {k: float(v) for k, v in vars(scores).items()})
+    return out
+
+
+def render_main(rows: Sequence[dict[str, Any]]) -> str:
+    """The before/after table of docs/estimator.md; ✗ marks a map cell that misses its target
+    (log-loss: not below today's in the same cell)."""
+    lines = [
+        "| trace | refit | rounds/observe | update | first 25%: ECE | AUC (raw) | log-loss "
+        "| whole: ECE | AUC (raw) | log-loss |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    today = {(r["trace"], r["refit"], r["batch"]): r for r in rows if r["scheme"] == "today"}
+    for r in rows:
+        mark = dict.fromkeys(("ece_first", "auc_gap_first", "ece", "auc_gap", "log_loss"), "")
+        if r["scheme"] == "map":
+            for key, bound in TARGETS.items():
+                mark[key] = " ✗" if r[key] > bound else ""
+            before = today[r["trace"], r["refit"], r["batch"]]
+            mark["log_loss"] = " ✗" if r["log_loss"] >= before["log_loss"] else ""
+        name = "before (vllm)" if r["scheme"] == "today" else "**after (map)**"
+        lines.append(
+            f"| {r['trace']} | {r['refit']} | {r['batch']} | {name} "
+            f"| {r['ece_first']:.4f}{mark['ece_first']} "
+            f"| {r['auc_first']:.4f} ({r['raw_auc_first']:.4f}){mark['auc_gap_first']} "
+            f"| {r['log_loss_first']:.4f} | {r['ece']:.4f}{mark['ece']} "
+            f"| {r['auc']:.4f} ({r['raw_auc']:.4f}){mark['auc_gap']} "
+            f"| {r['log_loss']:.4f}{mark['log_loss']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def section_main(streams: Sequence[Stream]) -> list[dict[str, Any]]:
     print("## 2. Today against the map update on the shipped traces (prequential)\n")
     print(
         "First 25%: the first quarter of the labeled drafts in decode order. AUC gap: raw "
@@ -738,24 +791,9 @@ def section_main(streams: Sequence[Stream]) -> dict[tuple[str, int, int], Scores
         "≤ 0.004 whole). Targets: ECE ≤ 0.022 first 25%, ≤ 0.017 whole; log-loss below "
         "today's.\n"
     )
-    print(
-        "| trace | refit | rounds/observe | scheme | first 25%: ECE | AUC (raw) | log-loss "
-        "| whole: ECE | AUC (raw) | log-loss |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    out = {}
-    for stream in streams:
-        for interval, batch in CONFIGS:
-            for label, make in (("today", TODAY), ("map", MAP)):
-                s = evaluate(stream, make, interval, batch)
-                out[stream.name, interval, batch, label] = s  # type: ignore[index]
-                print(
-                    f"| {stream.name} | {interval} | {batch} | {label} | {s.ece_first:.4f} "
-                    f"| {s.auc_first:.4f} ({s.raw_auc_first:.4f}) | {s.log_loss_first:.4f} "
-                    f"| {s.ece:.4f} | {s.auc:.4f} ({s.raw_auc:.4f}) | {s.log_loss:.4f} |"
-                )
-    print()
-    return out  # type: ignore[return-value]
+    rows = main_rows(streams)
+    print(render_main(rows))
+    return rows
 
 
 METRICS = ("ece_first", "auc_gap_first", "log_loss_first", "ece", "auc_gap", "log_loss")
@@ -947,20 +985,11 @@ def recovered_at(curve: F64, target: float, tolerance: float = 0.01) -> int | No
     return None
 
 
-def section_switch(t1: Stream, t06: Stream, permutations: int) -> None:
-    print("## 5. Workload switches\n")
-    print(
-        "Each stream runs one workload, then another (the first trace then the second, or one "
-        "trace's humaneval prompts then its prose prompts, or the reverse). After the switch, "
-        "the coefficients in force when the n-th new label is drafted are scored on the whole "
-        "new segment (frozen ECE) against the *fresh fit*, a batch fit of that segment alone. "
-        "Cell: labels after the switch from which the frozen ECE stays within 0.01 of the fresh "
-        f"fit's — on the shipped prompt order / on the mean curve over {permutations} prompt "
-        "orders (shuffled within each segment); 0 = already within at the switch.\n"
-    )
-    header = " | ".join(f"refit {i}, {b}/obs" for i, b in CONFIGS)
-    print(f"| switch | fresh-fit ECE | scheme | {header} |")
-    print("|---|---|---|" + "---|" * len(CONFIGS))
+def switch_rows(t1: Stream, t06: Stream, permutations: int) -> list[dict[str, Any]]:
+    """Per switch and update: the fresh fit's ECE and, per configuration, the labels after the
+    switch from which the frozen ECE stays within 0.01 of it (shipped order, mean curve over
+    ``permutations`` orders; None: it does not stay within)."""
+    out = []
     for name, stream, start in switch_streams(t1, t06):
         segments = [np.arange(start), np.arange(start, stream.rounds)]
         orders = [stream] + [stream.shuffled(seed, segments) for seed in range(permutations)]
@@ -973,15 +1002,52 @@ def section_switch(t1: Stream, t06: Stream, permutations: int) -> None:
                     _, trajectory = replay(s, make(s.x.shape[1], interval), batch)
                     curves.append(frozen_ece_curve(s, start, trajectory, (0.5, -0.2)))
                 shipped = recovered_at(curves[0], target)
-                with np.errstate(all="ignore"):
+                with warnings.catch_warnings():  # past the shortest order's end: all NaN
+                    warnings.simplefilter("ignore", RuntimeWarning)
                     mean = recovered_at(np.nanmean(np.array(curves[1:]), axis=0), target)
-                cells.append(
-                    f"{shipped if shipped is not None else '—'} / "
-                    f"{mean if mean is not None else '—'}"
-                )
-            print(f"| {name} | {target:.4f} | {label} | " + " | ".join(cells) + " |")
+                cells.append([shipped, mean])
+            out.append({"switch": name, "fresh_ece": target, "scheme": label, "cells": cells})
             sys.stdout.flush()
-    print()
+    return out
+
+
+def render_switch(rows: Sequence[dict[str, Any]]) -> str:
+    """The switch table of docs/estimator.md: shipped order / mean over orders; ✗ marks a map
+    cell that recovers later than today on the mean over orders."""
+    header = " | ".join(f"refit {i}, {b}/obs" for i, b in CONFIGS)
+    lines = [f"| switch | fresh-fit ECE | update | {header} |", "|---|---|---|" + "---|" * 4]
+    today = {r["switch"]: r for r in rows if r["scheme"] == "today"}
+
+    def text(value: int | None) -> str:
+        return "—" if value is None else f"{value:,}"
+
+    for r in rows:
+        cells = []
+        for j, (shipped, mean) in enumerate(r["cells"]):
+            before = today[r["switch"]]["cells"][j][1]
+            late = r["scheme"] == "map" and before is not None and (mean is None or mean > before)
+            cells.append(f"{text(shipped)} / {text(mean)}{' ✗' if late else ''}")
+        name = "before (vllm)" if r["scheme"] == "today" else "**after (map)**"
+        lines.append(
+            f"| {r['switch']} | {r['fresh_ece']:.4f} | {name} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def section_switch(t1: Stream, t06: Stream, permutations: int) -> list[dict[str, Any]]:
+    print("## 5. Workload switches\n")
+    print(
+        "Each stream runs one workload, then another (the first trace then the second, or one "
+        "trace's humaneval prompts then its prose prompts, or the reverse). After the switch, "
+        "the coefficients in force when the n-th new label is drafted are scored on the whole "
+        "new segment (frozen ECE) against the *fresh fit*, a batch fit of that segment alone. "
+        "Cell: labels after the switch from which the frozen ECE stays within 0.01 of the fresh "
+        f"fit's — on the shipped prompt order / on the mean curve over {permutations} prompt "
+        "orders (shuffled within each segment); 0 = already within at the switch.\n"
+    )
+    rows = switch_rows(t1, t06, permutations)
+    print(render_switch(rows))
+    return rows
 
 
 # --- synthetic workloads ---------------------------------------------------------------------
@@ -1028,7 +1094,7 @@ def section_synthetic(seeds: int) -> None:
     print("## 6. Synthetic workloads (known truth)\n")
     print(
         "Mean prequential log-loss above the true model's, over the first 1,000 labels / "
-        f"labels 1,000–3,000 ({seeds} seeds). Features N(1, 2.5²) as in `av_core.synthetic`. "
+        f"labels 1,000–3,000 ({seeds} seeds). Features N(1, 2.5²) as in `av_core.tools.synthetic`. "
         "*Trace-like*: one request per observe, refit 25. *Serving-like*: 64 requests per "
         "observe, refit 100 (vLLM's interval): today's cold start then holds for 100 steps.\n"
     )
@@ -1116,7 +1182,7 @@ def rounds_until(serving: Serving, workload: SyntheticWorkload, tol: float, limi
 def synthetic_history(
     est: Estimator, workload: SyntheticWorkload, refits: int, rng: np.random.Generator
 ) -> F64:
-    """av_core.synthetic.refit_rounds for any estimator: coefficients after each round's end
+    """av_core.tools.synthetic.refit_rounds for any estimator: coefficients after each round's end
     (intermediate doubling refits are not rounds)."""
     history = []
     steps = 0
@@ -1314,6 +1380,73 @@ def section_plot(streams: Sequence[Stream], folder: str) -> None:
     print(f"plot: {path}\n")
 
 
+# --- the figures of docs/estimator.md ----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Every figure docs/estimator.md shows as a generated table: ``--json`` writes them,
+#: ``--update-docs`` fills the doc's blocks from it, tests/test_doc_figures.py checks the doc.
+RESULTS = ROOT / "scripts" / "cold_start_study.json"
+DOC = ROOT / "docs" / "estimator.md"
+BLOCK = re.compile(
+    r"(?P<head><!-- cold-start:(?P<name>[a-z]+) -->\n)(?P<body>.*?)(?P<tail><!-- /cold-start -->)",
+    re.S,
+)
+
+
+def bench_rows(quick: bool) -> list[dict[str, Any]]:
+    """benches/bench_estimator.py's rows for the issue's targets, run here with the module this
+    process imports (time it on the release build): observe at R = 256, K = 8 and the refit at
+    K = 16, each update, each against its numpy reference of the same math in the same run."""
+    sys.path.insert(0, str(ROOT / "benches"))
+    try:
+        import bench_estimator as bench
+    finally:
+        sys.path.remove(str(ROOT / "benches"))
+    repeats, inner = (7, 50) if quick else (21, 200)
+    rows = bench.observe_and_predict(256, 8, repeats, inner)[:2]
+    for update in ("map", "vllm"):
+        rows += [bench.refit(16, memory, repeats, inner, update) for memory in (0.8, 0.0)]
+    keys = ("name", "median_us", "reference_median_us", "speedup", "target", "pass")
+    return [{k: r[k] for k in keys} for r in rows]
+
+
+def render_bench(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| benchmark | av_core, median µs | numpy reference, µs | speedup (reference / av_core) "
+        "| target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        target = "—" if r["target"] is None else r["target"].replace("<=", "≤").replace("us", "µs")
+        met = "—" if r["pass"] is None else ("yes" if r["pass"] else "**no**")
+        lines.append(
+            f"| {r['name']} | {r['median_us']:.2f} | {r['reference_median_us']:.2f} "
+            f"| {r['speedup']:.1f}× | {target} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+RENDER: dict[str, Callable[[Any], str]] = {
+    "main": render_main,
+    "switch": render_switch,
+    "bench": render_bench,
+}
+
+
+def render_blocks(text: str, figures: dict[str, Any]) -> str:
+    """``text`` with every ``<!-- cold-start:NAME -->`` block rendered from ``figures``."""
+    return BLOCK.sub(lambda m: m["head"] + RENDER[m["name"]](figures[m["name"]]) + m["tail"], text)
+
+
+def stale_blocks(text: str, figures: dict[str, Any]) -> list[str]:
+    """The blocks of ``text`` that differ from what ``figures`` renders."""
+    return [
+        m["name"]
+        for m in BLOCK.finditer(text)
+        if m["body"] != RENDER[m["name"]](figures[m["name"]])
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer orders and seeds")
@@ -1322,7 +1455,21 @@ def main() -> None:
     parser.add_argument(
         "--sections", default="1,2,3,4,5,6,7", help="comma-separated section numbers"
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"write sections 2 and 5 and the benchmarks to {RESULTS.name} (time on a release "
+        "build: maturin build --release)",
+    )
+    parser.add_argument(
+        "--update-docs", action="store_true", help=f"fill {DOC.name}'s tables from {RESULTS.name}"
+    )
     args = parser.parse_args()
+    if args.update_docs and not args.json:
+        figures = json.loads(RESULTS.read_text())
+        DOC.write_text(render_blocks(DOC.read_text(), figures))
+        return
+    figures: dict[str, Any] = {}
     permutations = args.permutations or (3 if args.quick else 8)
     seeds = 2 if args.quick else 4
     sections = {int(s) for s in args.sections.split(",") if s}
@@ -1332,20 +1479,30 @@ def main() -> None:
     if 1 in sections:
         section_replica(streams)
     if 2 in sections:
-        section_main(streams)
+        figures["main"] = section_main(streams)
     if 3 in sections:
         section_ablations(streams, permutations)
     if 4 in sections:
         section_noise_floor(streams, 20 if not args.quick else permutations)
         section_self_calibration(streams, 200 if not args.quick else 40)
     if 5 in sections:
-        section_switch(t1, t06, permutations)
+        figures["switch"] = section_switch(t1, t06, permutations)
     if 6 in sections:
         section_synthetic(seeds)
     if 7 in sections:
         section_constraints()
     if args.plot:
         section_plot(streams, args.plot)
+    if 9 in sections:  # the benchmarks (not in the default sections: time a release build)
+        figures["bench"] = bench_rows(args.quick)
+        print(render_bench(figures["bench"]))
+    if args.json:
+        saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        saved.update(figures)
+        saved["meta"] = {"permutations": permutations, "quick": args.quick}
+        RESULTS.write_text(json.dumps(saved, indent=1) + "\n")
+        if args.update_docs:
+            DOC.write_text(render_blocks(DOC.read_text(), saved))
     print(f"({time.perf_counter() - started:.0f} s)")
 
 

@@ -33,7 +33,7 @@ mkdir -p "$OUT"
 if [ ! -s "$OUT/prompts.jsonl" ]; then
   python -c "
 import sys
-from av_core.collect import default_prompts, write_prompts
+from av_core.tools.collect import default_prompts, write_prompts
 write_prompts(default_prompts(), sys.argv[1])
 " "$OUT/prompts.jsonl"
 fi

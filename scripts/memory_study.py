@@ -3,12 +3,12 @@
 For each γ (0 is vLLM's memoryless update):
 
 1. real traces, scored prequentially (each draft by the coefficients in force when it was
-   drafted, ``av_core.evaluate``): AUC, log-loss and ECE overall and per draft position;
+   drafted, ``av_core.tools.evaluate``): AUC, log-loss and ECE overall and per draft position;
 2. coefficient jitter on a stationary synthetic workload (2,560 observations per round): the
    standard deviation of every coefficient across 35 rounds after 15 warm-up rounds;
 3. drift: after 30 rounds of a high-acceptance workload, rounds of a low-acceptance one until
    the log-loss is within 5% of the post-switch optimum;
-4. simulated throughput (``av_core.simulate``, gpu-like cost model) of adaptive verification,
+4. simulated throughput (``av_core.tools.simulate``, gpu-like cost model) of adaptive verification,
    with and without drafting-depth control, at concurrency 1…512, for both drafter kinds.
 
 Prints Markdown. ``python scripts/memory_study.py [--traces A.csv.gz B.csv.gz] [--quick]``;
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from av_core import AcceptanceEstimator
-from av_core.evaluate import ONLINE, evaluate_trace
-from av_core.simulate import simulate_trace
-from av_core.synthetic import SyntheticWorkload, labeled_log_loss, refit_rounds
-from av_core.trace import SHIPPED_TRACES, DraftTrace, read_trace
+from av_core.tools.evaluate import ONLINE, evaluate_trace
+from av_core.tools.simulate import simulate_trace
+from av_core.tools.synthetic import SyntheticWorkload, labeled_log_loss, refit_rounds
+from av_core.tools.trace import SHIPPED_TRACES, DraftTrace, read_trace
 
 STATIONARY = SyntheticWorkload(slope=0.55, intercepts=(1.4, 0.9, 0.5, 0.1))
 HIGH = SyntheticWorkload(slope=0.55, intercepts=(2.0, 1.5, 1.0, 0.5))

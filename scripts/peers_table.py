@@ -19,8 +19,8 @@ from importlib import resources
 
 import numpy as np
 
-from av_core.simulate import format_peers_markdown, peer_rows, simulate_trace
-from av_core.trace import read_trace
+from av_core.tools.simulate import format_peers_markdown, peer_rows, simulate_trace
+from av_core.tools.trace import read_trace
 
 TRACES = {
     "t = 1.0": "qwen2.5-coder-1.5b_0.5b_k4_t1.csv.gz",

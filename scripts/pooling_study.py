@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from av_core import AcceptanceEstimator
-from av_core.evaluate import MAX_FEATURE, DraftRounds, fit_batch
-from av_core.synthetic import SyntheticWorkload, labeled_log_loss
-from av_core.trace import SHIPPED_TRACES, load_shipped_trace
+from av_core.tools.evaluate import MAX_FEATURE, DraftRounds, fit_batch
+from av_core.tools.synthetic import SyntheticWorkload, labeled_log_loss
+from av_core.tools.trace import SHIPPED_TRACES, load_shipped_trace
 
 RANKS = 4
 STATS = ("a", "b", "c", "g0", "g1", "n")

@@ -5,7 +5,7 @@ worst) or with a bootstrap interval.
 
 Sections (each prints a Markdown table):
 
-1. **Lockout** (``av_core.synthetic.TrimmingServing``: 32 requests, K = 4, compute-bound costs
+1. **Lockout** (``av_core.tools.synthetic.TrimmingServing``: 32 requests, K = 4, compute-bound costs
    so the planner trims): rounds until the estimator is back within 0.05 of the true curve after
    one adversarial round, and within 0.1 after a switch from a high- to a low-acceptance
    workload; for the defaults and for the settings ``tests/test_lockout.py`` uses.
@@ -13,7 +13,7 @@ Sections (each prints a Markdown table):
    jitter against γ = 0 (worst coefficient) and rounds to recover after a workload switch, per γ.
 3. **Memory on the real traces**: prequential AUC, log-loss and ECE per γ, the difference to
    γ = 0 with a 90% bootstrap interval over prompts, and ECE at 10, 15 and 20 bins.
-4. **Simulated throughput** (``av_core.simulate``, gpu-like cost model, one stream seed per
+4. **Simulated throughput** (``av_core.tools.simulate``, gpu-like cost model, one stream seed per
    run): γ = 0.8 against γ = 0, and adaptive verification (with and without drafting-depth
    control) against the best fixed K including no speculation, per concurrency.
 
@@ -37,11 +37,16 @@ from typing import Any
 import numpy as np
 
 from av_core import AcceptanceEstimator
-from av_core.evaluate import DraftRounds, replay_online
-from av_core.metrics import expected_calibration_error, log_loss, roc_auc
-from av_core.simulate import simulate_trace
-from av_core.synthetic import SyntheticWorkload, TrimmingServing, labeled_log_loss, refit_rounds
-from av_core.trace import SHIPPED_TRACES, load_shipped_trace
+from av_core.tools.evaluate import DraftRounds, replay_online
+from av_core.tools.metrics import expected_calibration_error, log_loss, roc_auc
+from av_core.tools.simulate import simulate_trace
+from av_core.tools.synthetic import (
+    SyntheticWorkload,
+    TrimmingServing,
+    labeled_log_loss,
+    refit_rounds,
+)
+from av_core.tools.trace import SHIPPED_TRACES, load_shipped_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "scripts" / "seed_study.json"

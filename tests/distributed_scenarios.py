@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from av_core import AcceptanceEstimator
-from av_core.vllm import OnlineAcceptanceEstimator, _synthetic_steps
+from av_core.vllm import OnlineAcceptanceEstimator
+from av_core.vllm.selfcheck import _synthetic_steps
 
 #: Shares of the requests per rank in the pooled scenarios; rank 3 serves nothing.
 SHARES = (0.45, 0.3, 0.25, 0.0)

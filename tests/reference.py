@@ -9,7 +9,7 @@ FloatArray = npt.NDArray[np.float64]
 
 
 def labels(num_positions: int, admitted: int, accepted: int) -> list[float | None]:
-    """DESIGN.md section 3's label rule, written out case by case."""
+    """The label rule of docs/design.md ("The estimator"), written out case by case."""
     out: list[float | None] = []
     for k in range(num_positions):
         if k < accepted:

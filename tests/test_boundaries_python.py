@@ -49,7 +49,9 @@ from av_core.features import (  # noqa: E402
     to_host,
     top2_margin,
 )
-from av_core.metrics import (  # noqa: E402
+from av_core.planner_torch import assign_draft_budget_torch, survivals_torch  # noqa: E402
+from av_core.testing import MAX_LAW_ENTRIES, SpecTables, emitted_distribution  # noqa: E402
+from av_core.tools.metrics import (  # noqa: E402
     MAX_BINS,
     CalibrationReport,
     expected_calibration_error,
@@ -57,16 +59,14 @@ from av_core.metrics import (  # noqa: E402
     reliability_curve,
     roc_auc,
 )
-from av_core.planner_torch import assign_draft_budget_torch, survivals_torch  # noqa: E402
-from av_core.simulate import round_streams  # noqa: E402
-from av_core.testing import MAX_LAW_ENTRIES, SpecTables, emitted_distribution  # noqa: E402
+from av_core.tools.simulate import round_streams  # noqa: E402
 from av_core.vllm import (  # noqa: E402
     OnlineAcceptanceEstimator,
     assign_draft_token_budget,
     batch_draft_budget,
     build_cost_tables_from_curves,
 )
-from av_core.vllm_depth import DraftDepthHook  # noqa: E402
+from av_core.vllm.depth import DraftDepthHook  # noqa: E402
 
 CPU = torch.device("cpu")
 LOGIT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -197,7 +197,7 @@ def test_every_layout_of_the_logits_gives_the_canonical_features(
         ),
     }
     for native in (True, False):
-        features._NATIVE_CPU = native
+        features.native._NATIVE_CPU = native
         try:
             wanted = {name: call(canonical) for name, call in calls.items()}
             # An independent float64 reference for the feature itself.
@@ -206,7 +206,7 @@ def test_every_layout_of_the_logits_gives_the_canonical_features(
                 for name, call in calls.items():
                     assert_close(call(tensor), wanted[name], f"{name} on {layout}")
         finally:
-            features._NATIVE_CPU = True
+            features.native._NATIVE_CPU = True
 
 
 @settings(max_examples=60, deadline=None)
@@ -253,14 +253,14 @@ def test_max_log_odds_is_checked_the_same_on_every_dtype_and_path(value: float) 
     outcomes = []
     for dtype in LOGIT_DTYPES:
         for native in (True, False):
-            features._NATIVE_CPU = native
+            features.native._NATIVE_CPU = native
             try:
                 error = clean_or_none(
                     lambda dtype=dtype: draft_log_odds(z.to(dtype), max_log_odds=value),
                     "max_log_odds",
                 )
             finally:
-                features._NATIVE_CPU = True
+                features.native._NATIVE_CPU = True
             outcomes.append(type(error))
     assert len(set(outcomes)) == 1, (value, outcomes)
     # Python compares ints and floats exactly (no overflow), NaN compares False.
@@ -429,7 +429,7 @@ def test_to_host_reads_negated_views_as_their_values() -> None:
     values = torch.randn(3, 4)
     assert np.array_equal(to_host((-values)._neg_view()), values.numpy())
     with pytest.raises(ValueError, match="out"):
-        features._check_host_buffer((-torch.zeros(3, 4))._neg_view(), values)
+        features.host._check_host_buffer((-torch.zeros(3, 4))._neg_view(), values)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1038,8 +1038,8 @@ def test_tables_from_bad_functions_and_oversized_laws_are_refused() -> None:
 
 
 def test_simulated_streams_are_sized_before_allocation() -> None:
-    from av_core.evaluate import DraftRounds
-    from av_core.trace import trace_from_rows
+    from av_core.tools.evaluate import DraftRounds
+    from av_core.tools.trace import trace_from_rows
 
     trace = trace_from_rows(
         {

@@ -18,28 +18,25 @@ from typing import Any
 
 import numpy as np
 import pytest
+from child_env import child_env
 
-import av_core
-from av_core.argtypes import parse_int_list
-from av_core.cli import collect_summary, shipped_names
-from av_core.collect import CollectSummary
-from av_core.evaluate import Correlation, evaluate_trace, evaluation_tables
-from av_core.profile import measure_forward_samples, sweep_warnings
-from av_core.progress import Progress, progress_enabled
-from av_core.simulate import GpuLikeCost, MeasuredCost, simulate_trace
-from av_core.tables import Table, col, fixed, percent_change, signed
-from av_core.trace import DraftTrace, load_shipped_trace, write_trace
+from av_core.tools.argtypes import parse_int_list
+from av_core.tools.cli import collect_summary, shipped_names
+from av_core.tools.collect import CollectSummary
+from av_core.tools.evaluate import Correlation, evaluate_trace, evaluation_tables
+from av_core.tools.profile import measure_forward_samples, sweep_warnings
+from av_core.tools.progress import Progress, progress_enabled
+from av_core.tools.simulate import GpuLikeCost, MeasuredCost, simulate_trace
+from av_core.tools.tables import Table, col, fixed, general, percent_change, signed
+from av_core.tools.trace import DraftTrace, load_shipped_trace, write_trace
 
-PACKAGE_ROOT = Path(av_core.__file__).resolve().parent.parent
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "AV_CORE_DEBUG"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(PACKAGE_ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
-    )
-    env.update(extra)
+    env = child_env(**extra)
+    if "AV_CORE_DEBUG" not in extra:
+        env.pop("AV_CORE_DEBUG", None)
     return env
 
 
@@ -52,7 +49,8 @@ def run_cli(
         command = [
             sys.executable,
             "-c",
-            f"{prelude}\nimport sys\nfrom av_core.cli import main\nsys.exit(main(sys.argv[1:]))",
+            f"{prelude}\nimport sys\nfrom av_core.tools.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))",
             *args,
         ]
     else:
@@ -192,6 +190,10 @@ OPTION_FAILURES = [
     (["simulate", "--depth-control", "deep"], "--depth-control", "'deep'"),
     (["simulate", "--trt-schedule", "8"], "--trt-schedule", "'8'"),
     (["simulate", "--trt-schedule", "4:4"], "--trt-schedule", "--peers"),
+    (["simulate", "--peers", "--trt-schedule", "4:4,4:2"], "--trt-schedule", "'4:4,4:2'"),
+    (["simulate", "--steps", "2000000000"], "--steps", "2000000000"),
+    (["simulate", "--concurrency", "65536", "--steps", "100000"], "--concurrency", "65536"),
+    (["demo", "--steps", "1000000"], "--steps", "1000000"),
     (["evaluate", "--refit-interval", "0"], "--refit-interval", "'0'"),
     (["evaluate", "--groups-per-workload", "0"], "--groups-per-workload", "'0'"),
     (["evaluate", "--batch-rounds", "x"], "--batch-rounds", "'x'"),
@@ -287,6 +289,90 @@ def test_options_are_refused_while_parsing_naming_the_option_and_value(
     assert not (files / "c.json").exists() and not (files / "o.csv").exists()
 
 
+#: A folder no one can create files in, whatever the permission bits say (root passes every
+#: os.access check): the kernel refuses new entries under /proc.
+UNWRITABLE = Path("/proc/av-core-refuses-this")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["evaluate", "small.csv", "--out", str(UNWRITABLE)], "--out"),
+        (["simulate", "small.csv", "--steps", "5", "--out", str(UNWRITABLE / "sub")], "--out"),
+        (["demo", "--trace", "small.csv", "--steps", "5", "--out", str(UNWRITABLE)], "--out"),
+        (["profile", "--target", "model", "--output", f"{UNWRITABLE}.json"], "--output"),
+        (
+            [
+                "collect",
+                "--target",
+                "model",
+                "--drafter",
+                "model",
+                "--prompts",
+                "prompts.jsonl",
+                "--output",
+                f"{UNWRITABLE}.csv",
+            ],
+            "--output",
+        ),
+    ],
+)
+def test_outputs_that_refuse_writes_are_found_before_the_work(
+    files: Path, argv: list[str], option: str
+) -> None:
+    result = run_cli(*argv, cwd=files)
+    assert_one_line_error(result, argv[0], option, str(UNWRITABLE))
+    assert result.stdout == ""  # no table printed: nothing ran before the refusal
+
+
+def test_output_probes_leave_files_as_they_were(tmp_path: Path) -> None:
+    from av_core.tools.argtypes import prepare_output_dir, probe_output_file
+
+    existing = tmp_path / "kept.csv"
+    existing.write_text("header\n")
+    assert probe_output_file(existing) is None
+    assert existing.read_text() == "header\n"
+    missing = tmp_path / "new.json"
+    assert probe_output_file(missing) is None
+    assert not missing.exists()
+    folder = tmp_path / "a" / "b"
+    assert prepare_output_dir(folder) is None
+    assert folder.is_dir() and list(folder.iterdir()) == []
+    assert prepare_output_dir(existing) is not None  # a file, not a folder
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["evaluate", "small.csv", "--no-plots", "--refit-interval", "5000"], "--refit-interval"),
+        (["evaluate", "small.csv", "--no-plots", "--batch-rounds", "100000"], "--batch-rounds"),
+        (
+            ["simulate", "small.csv", "--no-plots", "--steps", "10", "--refit-interval", "500"],
+            "--refit-interval",
+        ),
+    ],
+)
+def test_a_run_that_never_refits_says_so(files: Path, argv: list[str], option: str) -> None:
+    result = (
+        run_cli(*argv, "--concurrency", "1", cwd=files)
+        if argv[0] == "simulate"
+        else (run_cli(*argv, cwd=files))
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"av-core {argv[0]}: warning: "), lines
+    assert "never refit" in lines[0] and option in lines[0]
+    quiet = (
+        run_cli(
+            argv[0], "small.csv", "--no-plots", "--steps", "10", "--concurrency", "1", cwd=files
+        )
+        if argv[0] == "simulate"
+        else run_cli(*argv[:3], cwd=files)
+    )
+    assert "warning" not in quiet.stderr  # the defaults refit
+
+
 def test_no_arguments_print_usage_and_exit_2(files: Path) -> None:
     result = run_cli(cwd=files)
     assert result.returncode == 2
@@ -328,9 +414,9 @@ def test_debug_prints_the_traceback(files: Path) -> None:
 
 def test_an_unexpected_failure_is_one_line_exit_1(files: Path) -> None:
     prelude = (
-        "import av_core.evaluate\n"
+        "import av_core.tools.evaluate\n"
         "def boom(*args, **kwargs):\n    raise RuntimeError('the estimator exploded')\n"
-        "av_core.evaluate.evaluate_trace = boom"
+        "av_core.tools.evaluate.evaluate_trace = boom"
     )
     result = run_cli("evaluate", "small.csv", "--no-plots", cwd=files, prelude=prelude)
     line = assert_one_line_error(result, "evaluate", "RuntimeError", "exploded", code=1)
@@ -350,6 +436,44 @@ def test_output_into_a_closed_pipe_ends_quietly(files: Path) -> None:
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=300) == 141
     assert stderr == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["evaluate", "small.csv", "--bogus"], ["simulate", "--steps", "5", "--no-such-option"]],
+)
+def test_an_unknown_option_is_named_by_its_command(files: Path, argv: list[str]) -> None:
+    line = assert_one_line_error(run_cli(*argv, cwd=files), argv[0], "unrecognized arguments")
+    assert argv[-1] in line
+
+
+def test_a_closed_stdout_is_one_line_before_any_work(files: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "av_core", "evaluate", "small.csv", "--no-plots"],
+        cwd=files,
+        env=_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert_one_line_error(result, "evaluate", "standard output is closed")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["traces"], ["evaluate", "small.csv", "--no-plots", "--json"]])
+def test_a_full_stdout_is_one_line_naming_it(files: Path, argv: list[str]) -> None:
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "av_core", *argv],
+            cwd=files,
+            env=_env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    assert_one_line_error(result, argv[0], "standard output", "No space left")
 
 
 def test_piping_into_head(files: Path) -> None:
@@ -397,7 +521,7 @@ def test_integer_list_grammar() -> None:
 
 
 def test_options_take_their_typed_values(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from av_core.cli import build_parser
+    from av_core.tools.cli import build_parser
 
     args = build_parser().parse_args(
         [
@@ -428,6 +552,27 @@ def test_options_take_their_typed_values(files: Path, capsys: pytest.CaptureFixt
     text = " ".join(capsys.readouterr().out.split())
     for shown in ("(default: 1000)", "(default: 200)", "(default: 0)", "(default: 6.0)"):
         assert shown in text, shown
+
+
+def test_every_option_help_states_its_default() -> None:
+    """Every option that takes a value and is not required says what happens without it."""
+    import argparse
+
+    from av_core.tools.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = []
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            if not action.option_strings or action.required or action.nargs == 0:
+                continue
+            if action.help == argparse.SUPPRESS:
+                continue
+            help_text = " ".join(sub._get_formatter()._get_help_string(action).split())  # type: ignore[union-attr]
+            if "default" not in help_text:
+                silent.append(f"{name} {action.option_strings[-1]}")
+    assert silent == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,6 +611,25 @@ def test_simulate_takes_the_shipped_trace_and_prints_json_and_markdown(files: Pa
     assert markdown.stdout.count("\n**") >= 5  # every table has a bold title
 
 
+def test_a_trace_after_the_cost_model_is_the_trace(files: Path) -> None:
+    """``--cost-model`` takes one or two words; a TRACE written after them (its nargs took it)
+    is the trace, unless one was given before."""
+    (files / "cost-ok.json").write_text('{"verify": [[1, 5.0], [512, 9.0]]}')
+    base = ["--no-plots", "--json", "--steps", "5", "--warmup-steps", "2", "--concurrency", "1"]
+    for argv, trace in (
+        (["simulate", "--cost-model", "gpu-like", "small.csv"], "small.csv"),
+        (["simulate", "--cost-model", "measured", "cost-ok.json", "shipped-t0.6"], "shipped-t0.6"),
+        (["simulate", "shipped-t0.6", "--cost-model", "gpu-like"], "shipped-t0.6"),
+    ):
+        result = run_cli(*argv, *base, cwd=files)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["trace"] == trace
+    twice = run_cli("simulate", "small.csv", "--cost-model", "gpu-like", "small.csv", cwd=files)
+    assert_one_line_error(twice, "simulate", "--cost-model", "gpu-like small.csv")
+    missing = run_cli("simulate", "--cost-model", "gpu-like", "nowhere.csv", cwd=files)
+    assert_one_line_error(missing, "simulate", "TRACE", "nowhere.csv")
+
+
 def test_text_tables_never_run_together() -> None:
     table = Table(
         "a title",
@@ -479,6 +643,18 @@ def test_text_tables_never_run_together() -> None:
     assert re.split(r"\s{2,}", text[3]) == ["a-long-policy-name", "1.235", "123456.000"]
     assert re.split(r"\s{2,}", text[4].strip()) == ["x", "0.000", "n/a"]  # no "-0.000"
     assert table.to_dict()["rows"][1]["AV+Dr/best"] is None
+
+
+def test_significant_digits_keep_their_trailing_zeros() -> None:
+    three, four = general(3), general(4)
+    assert [four(v) for v in (2.2, 38.0, 1.095, 1234.0, 0.5444)] == [
+        "2.200",
+        "38.00",
+        "1.095",
+        "1234",
+        "0.5444",
+    ]
+    assert three(0.63) == "0.630" and three(-0.0001) == "-0.000100" and three(math.nan) == "n/a"
 
 
 def test_no_negative_zero() -> None:
@@ -680,12 +856,13 @@ def test_quickstart_runs_and_the_readme_shows_it() -> None:
     source = script.read_text()
     begin, end = '# --- README "Use" begins\n', '# --- README "Use" ends'
     region = source[source.index(begin) + len(begin) : source.index(end)]
-    assert block.endswith(region)  # the whole loop, verbatim
-    lines = source.splitlines()
-    position = 0
-    for line in block.splitlines():  # the rest (imports) in the file's order
-        if line.strip():
-            position = lines.index(line, position) + 1
+    assert block == region  # the file's marked part, verbatim
+    # Pasted alone (a newcomer's first try), the block runs: nothing it uses is defined elsewhere.
+    pasted = subprocess.run(
+        [sys.executable, "-c", block], env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert pasted.returncode == 0, pasted.stderr
+    assert "slope" in pasted.stdout
 
 
 def test_readme_first_command_installs_what_the_demo_draws_with() -> None:
@@ -695,3 +872,17 @@ def test_readme_first_command_installs_what_the_demo_draws_with() -> None:
     demo = re.search(r"^demo = \[(.*)\]$", pyproject, re.M)
     assert demo is not None and "matplotlib" in demo.group(1)
     assert re.search(r'^dependencies = \["numpy>=[\d.]+"\]$', pyproject, re.M)
+
+
+def test_a_run_that_never_ends_a_round_says_what_the_update_did(files: Path) -> None:
+    # vLLM's update never fits before a round ends: every prediction is the cold start. The
+    # map update (the default) fits after the 1st, 2nd, 4th, ... observes of its first round.
+    argv = ["evaluate", "small.csv", "--no-plots", "--refit-interval", "5000"]
+    vllm = run_cli(*argv, "--update", "vllm", cwd=files)
+    assert vllm.returncode == 0, vllm.stderr
+    assert "every prediction is the cold start" in vllm.stderr, vllm.stderr
+    default = run_cli(*argv, cwd=files)
+    assert default.returncode == 0, default.stderr
+    lines = default.stderr.strip().splitlines()
+    assert len(lines) == 1 and "at a round's end" in lines[0], lines
+    assert "cold start" not in lines[0]

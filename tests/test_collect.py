@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from av_core.collect import (  # noqa: E402
+from av_core.tools.collect import (  # noqa: E402
     CollectConfig,
     Prompt,
     acceptance_probability,
@@ -35,7 +35,7 @@ from av_core.collect import (  # noqa: E402
     verify_drafts,
     write_prompts,
 )
-from av_core.trace import UNLABELED, read_trace  # noqa: E402
+from av_core.tools.trace import UNLABELED, read_trace  # noqa: E402
 
 distributions = st.lists(
     st.floats(min_value=0.0, max_value=1.0, allow_nan=False), min_size=2, max_size=6
@@ -173,7 +173,7 @@ def test_sample_token_follows_the_distribution_and_skips_zeros() -> None:
 
 
 def test_cli_collect_subcommand_parses(tmp_path: Path) -> None:
-    from av_core.cli import build_parser
+    from av_core.tools.cli import build_parser
 
     # Model and prompt paths are checked while parsing: they must exist.
     for name in ("t.gguf", "d.gguf", "p.jsonl"):
@@ -370,7 +370,7 @@ def test_config_rejects_bad_values() -> None:
 def test_huggingface_adapter_on_a_tiny_random_model() -> None:
     """The transformers adapter's cache handling against a cache-free forward pass."""
     transformers = pytest.importorskip("transformers")
-    from av_core.collect import HuggingFaceCausalLM
+    from av_core.tools.collect import HuggingFaceCausalLM
 
     config = transformers.Qwen2Config(
         vocab_size=32,

@@ -18,9 +18,9 @@ FloatArray = np.ndarray
 def reference_table(
     curve: list[tuple[float, float]], limit: int, cudagraph_limit: int
 ) -> FloatArray:
-    """The documented recipe in float64 numpy, written from DESIGN.md's description (running
-    maximum, step up to the capture limit, interpolation above it among points above it,
-    extrapolation along the last segment)."""
+    """The documented recipe in float64 numpy, written from docs/design.md's description ("The
+    planner and its cost tables": running maximum, step up to the capture limit, interpolation
+    above it among points above it, extrapolation along the last segment)."""
     xs = np.array([p[0] for p in curve], dtype=np.float64)
     ys = np.maximum.accumulate(np.array([p[1] for p in curve], dtype=np.float64))
     sizes = np.arange(limit + 1)

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from child_env import child_env
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -41,7 +41,6 @@ from av_core.distributed import (  # noqa: E402
 COLUMNS = HISTOGRAM_COLUMNS
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 
 
 def free_port() -> int:
@@ -52,12 +51,7 @@ def free_port() -> int:
 
 def run_ranks(mode: str, world: int, tmp_path: Path) -> list[dict[str, Any]]:
     port = str(free_port()) if mode == "dp" else "-"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(HERE)]),
-        "GLOO_SOCKET_IFNAME": "lo",
-        "OMP_NUM_THREADS": "1",
-    }
+    env = child_env(HERE, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     for name in ("AV_CORE_METRICS_PORT", "PROMETHEUS_MULTIPROC_DIR", "AV_CORE_VLLM_EXACT"):
         env.pop(name, None)
     outputs = [tmp_path / f"{mode}-{rank}.json" for rank in range(world)]

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from av_core import AcceptanceEstimator
-from av_core.synthetic import SyntheticWorkload, sigmoid
+from av_core.tools.synthetic import SyntheticWorkload, sigmoid
 
 import reference
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from av_core.cli import main
-from av_core.evaluate import (
+from av_core.tools.cli import main
+from av_core.tools.evaluate import (
     ONLINE,
     RAW,
     Correlation,
@@ -18,7 +18,7 @@ from av_core.evaluate import (
     fit_batch,
     replay_online,
 )
-from av_core.trace import DraftTrace, write_trace
+from av_core.tools.trace import DraftTrace, write_trace
 
 
 def synthetic_trace(

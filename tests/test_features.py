@@ -288,7 +288,7 @@ def test_result_does_not_depend_on_the_row_block_size(monkeypatch: pytest.Monkey
     z = torch.randn(11, 9000) * 3.0
     temps = torch.linspace(0.2, 2.0, 11)
     whole = draft_log_odds(z, temps)
-    monkeypatch.setattr(features, "_CPU_BLOCK_BYTES", 9000 * 4 * 3)  # 3 rows per block
+    monkeypatch.setattr(features.stats, "_CPU_BLOCK_BYTES", 9000 * 4 * 3)  # 3 rows per block
     torch.testing.assert_close(draft_log_odds(z, temps), whole, atol=1e-6, rtol=0)
 
 
@@ -387,18 +387,21 @@ def test_draft_log_odds_routes_cpu_float32_to_the_native_kernel(
             calls.append(_name)
             return _kernel(*args)
 
-        monkeypatch.setattr(features._native, name, spy)
+        monkeypatch.setattr(features.native._native, name, spy)
     z = torch.randn(6, 3000) * 3.0
     temps = torch.tensor([0.0, 0.5, 1.0, math.inf, 2.0, 1e-30], dtype=torch.float64)
     valid = torch.tensor([True, True, True, True, False, True])
     got = draft_log_odds(z, temps, row_valid=valid)
     assert calls == ["draft_log_odds_f32"]
-    draft_log_odds(z.t().contiguous().t(), temps)  # strided: the torch path
+    # Strided: the kernel too, on contiguous copies of blocks of rows, so that every layout gives
+    # the bits of its contiguous copy (tests/test_feature_layouts_exact.py).
+    draft_log_odds(z.t().contiguous().t(), temps)
+    assert calls == ["draft_log_odds_f32"] * 2
     draft_log_odds(z.to(torch.float16), temps)  # float16: the torch path
-    assert calls == ["draft_log_odds_f32"]
+    assert calls == ["draft_log_odds_f32"] * 2
     draft_log_odds(z.to(torch.bfloat16), temps)  # bfloat16: its own kernel entry
-    assert calls == ["draft_log_odds_f32", "draft_log_odds_bf16"]
-    monkeypatch.setattr(features, "_NATIVE_CPU", False)
+    assert calls == ["draft_log_odds_f32"] * 2 + ["draft_log_odds_bf16"]
+    monkeypatch.setattr(features.native, "_NATIVE_CPU", False)
     torch_path = draft_log_odds(z, temps, row_valid=valid)
     assert torch.isnan(got[3]) and torch.isnan(torch_path[3])  # T = inf
     keep = torch.tensor([True, True, True, False, True, True])
@@ -427,7 +430,7 @@ def test_bfloat16_kernel_equals_the_float32_kernel_on_the_widened_logits(
     assert got.dtype == torch.float32
     np.testing.assert_array_equal(got.view(torch.int32).numpy(), want.view(torch.int32).numpy())
     assert got[2] == 40.0 and torch.isnan(got[3:5]).all() and got[8] == 0.0
-    monkeypatch.setattr(features, "_NATIVE_CPU", False)
+    monkeypatch.setattr(features.native, "_NATIVE_CPU", False)
     torch_path = draft_log_odds(low, temps, row_valid=valid)
     keep = torch.isfinite(torch_path)
     torch.testing.assert_close(got[keep], torch_path[keep], atol=2e-5, rtol=0)
@@ -813,7 +816,7 @@ def test_import_av_core_does_not_import_torch_and_features_names_the_extra() -> 
     assert 'pip install "av_core[torch]"' in result.stdout
 
 
-@pytest.mark.skipif(features.triton is None, reason="triton is not installed")
+@pytest.mark.skipif(features.triton_kernels.triton is None, reason="triton is not installed")
 def test_triton_kernel_in_the_interpreter_matches_the_torch_path() -> None:
     """The CUDA kernel's arithmetic, run on the CPU by Triton's interpreter."""
     result = run_python(
@@ -834,16 +837,16 @@ def test_triton_kernel_in_the_interpreter_matches_the_torch_path() -> None:
         logits = torch.from_numpy(z)
         temps = torch.tensor([1.0, 0.0, 0.5, 1.0, 2.0, 0.3, 1e-3, 5.0, 1.0], dtype=torch.float64)
         valid = torch.tensor([True] * 8 + [False])
-        temp = F._check_temperature(temps, 9, logits.device)
-        feature, stats = F._stats_triton(logits, temp, valid, 40.0)
+        temp = F.checks._check_temperature(temps, 9, logits.device)
+        feature, stats = F.triton_kernels._stats_triton(logits, temp, valid, 40.0)
         want = F.draft_log_odds(logits, temps, row_valid=valid)
         torch_stats = F.partial_stats(logits, temps, row_valid=valid)
-        half, _ = F._stats_triton(logits.to(torch.bfloat16), temp, valid, 40.0)
+        half, _ = F.triton_kernels._stats_triton(logits.to(torch.bfloat16), temp, valid, 40.0)
         want_half = F.draft_log_odds(logits.to(torch.bfloat16), temps, row_valid=valid)
-        scalar, _ = F._stats_triton(logits, 0.7, None, 40.0)
+        scalar, _ = F.triton_kernels._stats_triton(logits, 0.7, None, 40.0)
         want_scalar = F.draft_log_odds(logits, 0.7)
         odd = torch.tensor([1.0, math.inf, math.nan, -2.0] * 2 + [1.0], dtype=torch.float16)
-        odd_got, _ = F._stats_triton(logits, odd, None, 40.0)
+        odd_got, _ = F.triton_kernels._stats_triton(logits, odd, None, 40.0)
         odd_want = F.draft_log_odds(logits, odd)
         print(json.dumps({
             "feature": feature.tolist(), "want": want.tolist(),
@@ -868,6 +871,33 @@ def test_triton_kernel_in_the_interpreter_matches_the_torch_path() -> None:
     assert out["feature"][8] == 0.0 and out["feature"][2] == MAX_LOG_ODDS
 
 
+def test_a_failing_kernel_warns_once_and_the_torch_path_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Triton kernel that fails to build must not take a server down: one RuntimeWarning at
+    the caller's call site, the torch path's answer, and the kernel not tried again."""
+    kernels = features.triton_kernels
+    z = torch.randn(5, 300, generator=torch.Generator().manual_seed(9)).to(torch.float16)
+    want_x, want_parts = draft_log_odds(z, 0.7), partial_stats(z, 0.7)
+    tries: list[int] = []
+
+    def broken(*args: object) -> None:
+        tries.append(1)
+        raise RuntimeError("no kernel for this GPU")
+
+    monkeypatch.setattr(kernels, "_triton_failed", False)
+    monkeypatch.setattr(kernels, "_stats_triton", broken)
+    monkeypatch.setattr(kernels, "_use_triton", lambda logits: not kernels._triton_failed)
+    with pytest.warns(RuntimeWarning, match="Triton kernel unavailable") as caught:
+        got_parts = partial_stats(z, 0.7)
+    assert caught[0].filename == __file__  # the caller's line, not av_core's
+    assert kernels._triton_failed and tries == [1]
+    for got, want in zip(got_parts, want_parts, strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(draft_log_odds(z, 0.7), want_x, atol=0, rtol=0)
+    assert tries == [1]  # disabled: not tried again
+
+
 # --- CUDA ---------------------------------------------------------------------------------------
 
 
@@ -879,7 +909,7 @@ def test_cuda_matches_float64(dtype: torch.dtype) -> None:
     logits = torch.from_numpy(z).to("cuda", dtype)
     got = draft_log_odds(logits, torch.from_numpy(temps).cuda())
     assert got.device.type == "cuda"
-    assert not features._triton_failed or features.triton is None
+    assert not features.triton_kernels._triton_failed or features.triton_kernels.triton is None
     check_against_reference(got, ref_log_odds(logits.float().cpu().numpy(), temps), str(dtype))
 
 
@@ -889,7 +919,7 @@ def test_cuda_torch_fallback_matches_the_kernel(monkeypatch: pytest.MonkeyPatch)
     z = torch.randn(37, 50000, device="cuda") * 3
     valid = torch.rand(37, device="cuda") > 0.3
     kernel = draft_log_odds(z, 0.7, row_valid=valid)
-    monkeypatch.setattr(features, "triton", None)
+    monkeypatch.setattr(features.triton_kernels, "triton", None)
     fallback = draft_log_odds(z, 0.7, row_valid=valid)
     torch.testing.assert_close(kernel, fallback, atol=2e-5, rtol=0)
 
@@ -924,4 +954,4 @@ def test_cuda_peak_memory_is_one_block() -> None:
     draft_log_odds(z)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
-    assert extra <= features._DEVICE_BLOCK_BYTES + (16 << 20), extra
+    assert extra <= features.stats._DEVICE_BLOCK_BYTES + (16 << 20), extra

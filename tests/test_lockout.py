@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from av_core.synthetic import SyntheticWorkload, TrimmingServing, curve_error
+from av_core.tools.synthetic import SyntheticWorkload, TrimmingServing, curve_error
 
 R, K = 32, 4
 STATIONARY = SyntheticWorkload(slope=0.55, intercepts=(1.4, 0.9, 0.5, 0.1))

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from av_core import AcceptanceEstimator
-from av_core.synthetic import SyntheticWorkload
+from av_core.tools.synthetic import SyntheticWorkload
 
 import reference
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from av_core import AcceptanceEstimator
-from av_core.evaluate import ONLINE, evaluate_trace
-from av_core.synthetic import SyntheticWorkload, labeled_log_loss, refit_rounds
-from av_core.trace import SHIPPED_TRACES, load_shipped_trace
+from av_core.tools.evaluate import ONLINE, evaluate_trace
+from av_core.tools.synthetic import SyntheticWorkload, labeled_log_loss, refit_rounds
+from av_core.tools.trace import SHIPPED_TRACES, load_shipped_trace
 
 STATIONARY = SyntheticWorkload(slope=0.55, intercepts=(1.4, 0.9, 0.5, 0.1))
 HIGH = SyntheticWorkload(slope=0.55, intercepts=(2.0, 1.5, 1.0, 0.5))

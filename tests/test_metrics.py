@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from av_core.metrics import (
+from av_core.tools.metrics import (
     CalibrationReport,
     expected_calibration_error,
     log_loss,

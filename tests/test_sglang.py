@@ -141,6 +141,33 @@ def test_choices_match_a_brute_force_search(seed: int) -> None:
             assert rates[chosen] >= ordered[0] * (1 - 1e-6)
 
 
+def test_a_batch_beyond_the_tables_is_priced_along_their_last_segment() -> None:
+    """Tables for 64 requests of a cost that is linear past its knee: a batch of up to 512 must
+    be priced as the tables for 512 price it (brute force on those), not as if verifying more
+    than the tables' last token count were free (which made deep speculation win at high load)."""
+    k, candidates = 7, [0, 1, 3, 5, 7]
+    small, large = flat_tables(k, max_reqs=64), flat_tables(k, max_reqs=512)
+    rng = np.random.default_rng(5)
+    estimator = AcceptanceEstimator(k, refit_interval=5)
+    feed_verdicts(estimator, rng, np.full(k, 0.8), 40)
+    policy = CostAwarePolicy(
+        small, candidates, estimator=estimator, hysteresis=0.0, probe_interval=None
+    )
+    depth_ms = large.draft_depth_ms
+    assert depth_ms is not None
+    for batch in (65, 96, 200, 300, 512):
+        rates = reference_rates(
+            estimator.intercepts, large.draft_ms, depth_ms, large.verify_ms, batch, candidates
+        )
+        mine = policy.expected_rates(batch)
+        for step in candidates:
+            assert mine[step] == pytest.approx(rates[step], rel=1e-6), (batch, step)
+        assert policy.get_steps_for_batch(batch) == reference_choice(rates)
+    assert policy.get_steps_for_batch(512) == 0  # compute-bound: drafting does not pay
+    assert policy.counters.beyond_tables == 6
+    assert policy.get_steps_for_batch(8) > 0 and policy.counters.beyond_tables == 6
+
+
 def test_tiers_route_like_sglang_and_price_only_their_candidates() -> None:
     tiers = {1: [1, 3, 5, 7], 8: [0, 1, 3], 32: [0, 1], 64: [0]}
     policy = CostAwarePolicy(flat_tables(7), tiers, hysteresis=0.0, probe_interval=None)

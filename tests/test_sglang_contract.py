@@ -9,7 +9,7 @@ SGLang needs CUDA, so nothing of it is installed. Three parts:
    bound from ``adaptive_spec_params``, the scheduler feeds ``on_verify_complete_cpu`` with
    ``batch_size`` and loads the ``sglang.srt.plugins`` entry points (our pyproject's group)
    before building workers, and SGLang's default adaptive configuration is the one
-   ``av_core.peers`` reproduces.
+   ``av_core.tools.peers`` reproduces.
 2. Live, on CPU: the wheel's ``adaptive_runtime_state.py`` and ``adaptive_spec_params.py`` are
    imported as released (stand-ins for the four small modules the latter imports), and a
    stand-in worker module carries ``EAGLEWorkerV2``'s own ``__init__``,
@@ -17,7 +17,7 @@ SGLang needs CUDA, so nothing of it is installed. Three parts:
    passes its checks on them, ``EAGLEWorkerV2(...)`` then builds av_core's policy, and SGLang's
    ``AdaptiveController`` drives it through 400 synthetic verify rounds, each choice checked
    against a brute-force search. SGLang's own ``AdaptiveSpeculativeParams`` runs the same rounds:
-   ``av_core.peers.EmaTierPolicy`` reproduces every one of its choices.
+   ``av_core.tools.peers.EmaTierPolicy`` reproduces every one of its choices.
 3. Refusal: on modified sources (a signature, the construction site, the controller's use of
    the policy, the version) ``install`` raises and patches nothing.
 
@@ -48,7 +48,7 @@ from test_sglang import geometric_counts, reference_choice, reference_rates
 
 from av_core import CostTables
 from av_core import sglang as av_sglang
-from av_core.peers import SGLANG_DEFAULT_TIERS, EmaTier, EmaTierPolicy
+from av_core._engine_interface import signature_text
 from av_core.sglang import (
     CONTROLLER_SIGNATURES,
     PARAMS_MODULE,
@@ -58,7 +58,7 @@ from av_core.sglang import (
     CostAwarePolicy,
     SglangCompatibilityError,
 )
-from av_core.vllm_plugin import signature_text
+from av_core.tools.peers import SGLANG_DEFAULT_TIERS, EmaTier, EmaTierPolicy
 
 SGLANG_VERSION = "0.5.23"
 FETCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fetch_reference_wheels.py"
@@ -410,7 +410,12 @@ def worker_module(worker_source: str) -> str:
     own = methods(cls)
     body = "\n".join(
         segment(worker_source, own[name])
-        for name in ("__init__", "on_verify_complete_cpu", "activate_step_by_batch")
+        for name in (
+            "__init__",
+            "on_verify_complete_cpu",
+            "activate_step_by_batch",
+            "forward_batch_generation",  # read by the installer's call-site check, never run
+        )
     )
     return WORKER_HEADER + body + WORKER_STANDINS
 
@@ -430,6 +435,9 @@ def sglang_on_cpu(
         PATHS[RUNTIME_STATE_MODULE]: src[RUNTIME_STATE_MODULE],
         PATHS[PARAMS_MODULE]: src[PARAMS_MODULE],
         PATHS[WORKER_MODULE]: worker_module(src[WORKER_MODULE]),
+        # Read (not imported) by the installer: where the scheduler feeds the verify counts.
+        "sglang/srt/managers/scheduler_components/__init__.py": "",
+        PATHS["processor"]: src["processor"],
     }
     for relative, text in files.items():
         path = root / relative
@@ -501,6 +509,11 @@ def test_install_passes_on_the_released_modules_and_builds_the_policy(
     with sglang_on_cpu(sources, tmp_path) as modules:
         worker_module_ = modules[WORKER_MODULE]
         assert av_sglang.check_interface(modules, SGLANG_VERSION) == []
+        # The scheduler's feed is read from its file: not found is a difference, not a pass.
+        unseen = av_sglang.check_interface(
+            modules, SGLANG_VERSION, sources={av_sglang.PROCESSOR_MODULE: None}
+        )
+        assert len(unseen) == 1 and av_sglang.PROCESSOR_MODULE in unseen[0]
         original = worker_module_.AdaptiveSpeculativeParams
         assert av_sglang.install(cost_tables=gpu_like_tables(7)) == [
             f"{WORKER_MODULE}.AdaptiveSpeculativeParams"
@@ -592,7 +605,7 @@ def test_sglang_controller_drives_the_policy_through_verify_rounds(
 def test_sglang_own_policy_on_the_same_rounds_is_reproduced(
     sources: dict[str, str], tmp_path: Path
 ) -> None:
-    """SGLang's AdaptiveSpeculativeParams under its AdaptiveController: av_core.peers'
+    """SGLang's AdaptiveSpeculativeParams under its AdaptiveController: av_core.tools.peers'
     EmaTierPolicy (routing the CUDA-graph-padded batch size) makes every same choice; and on the
     same verify rounds av_core's policy serves more tokens per modelled ms."""
     config_path = tmp_path / "adaptive.json"
@@ -710,6 +723,24 @@ def test_sglang_own_policy_on_the_same_rounds_is_reproduced(
             "self, num_correct_drafts_per_req: list[int], batch_size: int = 1\n    ) -> None:\n"
             "        if self.adaptive_controller",
             "on_verify_complete_cpu",
+        ),
+        (
+            WORKER_MODULE,
+            "            self.activate_step_by_batch(batch.seq_lens.shape[0])\n",
+            "            pass\n",
+            "forward_batch_generation no longer calls self.activate_step_by_batch",
+        ),
+        (
+            WORKER_MODULE,
+            "num_correct_drafts_per_req, batch_size=batch_size\n",
+            "num_correct_drafts_per_req\n",
+            "does not pass batch_size=",
+        ),
+        (
+            "processor",
+            "result.num_correct_drafts_per_req_cpu, batch_size=len(batch.reqs)",
+            "result.num_correct_drafts_per_req_cpu",
+            "batch_result_processor: .*does not pass batch_size=",
         ),
     ],
 )

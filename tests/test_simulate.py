@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from test_evaluate import synthetic_trace
 
-from av_core.cli import main
-from av_core.evaluate import DraftRounds
-from av_core.profile import measure_forward_ms, write_cost_file
-from av_core.simulate import (
+from av_core.tools.cli import main
+from av_core.tools.evaluate import DraftRounds
+from av_core.tools.profile import measure_forward_ms, write_cost_file
+from av_core.tools.simulate import (
     GpuLikeCost,
     MeasuredCost,
     cost_tables_for,
@@ -26,7 +26,7 @@ from av_core.simulate import (
     simulate_trace,
     step_draft_cost_ms,
 )
-from av_core.trace import trace_from_rows, write_trace
+from av_core.tools.trace import trace_from_rows, write_trace
 
 
 def tiny_trace() -> tuple[list[list[int]], object]:
@@ -232,9 +232,9 @@ def test_simulate_and_demo_commands(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_commands_skip_plots_without_matplotlib(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import av_core.plots
+    import av_core.tools.plots
 
-    monkeypatch.setattr(av_core.plots, "plots_available", lambda: False)
+    monkeypatch.setattr(av_core.tools.plots, "plots_available", lambda: False)
     trace_path = tmp_path / "trace.csv"
     write_trace(synthetic_trace(num_requests=4, num_steps=20), trace_path)
     out = tmp_path / "plots"
@@ -260,7 +260,7 @@ def tiny_qwen(transformers: Any) -> Any:
 def test_profile_times_a_tiny_transformers_model() -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
-    from av_core.profile import loaded_model_forward
+    from av_core.tools.profile import loaded_model_forward
 
     model = tiny_qwen(transformers)
     forward = loaded_model_forward(model, context=8)
@@ -354,7 +354,7 @@ def test_markdown_cells_match_closed_form_throughputs(drafter: str) -> None:
 def test_profile_times_drafting_by_depth_into_the_cost_file(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
-    from av_core.profile import loaded_drafting_forward
+    from av_core.tools.profile import loaded_drafting_forward
 
     model = tiny_qwen(transformers)
     points = measure_forward_ms(loaded_drafting_forward(model, context=8), [1, 4], repeats=3)
@@ -369,3 +369,37 @@ def test_profile_times_drafting_by_depth_into_the_cost_file(tmp_path: Path) -> N
     np.testing.assert_allclose(tables.draft_depth_ms, [0.0, 0.25, 0.5, 0.75, 1.0])
     tables = cost_tables_for(MeasuredCost.load(path), "parallel", 4, 8, depth_table=True)
     np.testing.assert_allclose(tables.draft_depth_ms, [0.0, 1.0, 1.0, 1.0, 1.0])
+
+
+def test_pareto_legend_is_outside_both_panels_and_labels_sit_on_top() -> None:
+    """With the peers the policies fill a legend that, inside a panel, covered curves: one
+    legend under both panels, overlapping neither, and the R labels drawn above every line."""
+    pytest.importorskip("matplotlib")
+    from av_core.tools.plots import _pyplot, pareto_figure
+
+    simulation = simulate_trace(
+        synthetic_trace(num_requests=6, num_steps=30),
+        concurrency=[1, 8, 64],
+        steps=30,
+        warmup_steps=5,
+        peers=True,
+    )
+    fig = pareto_figure(simulation)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        axes = fig.get_axes()
+        assert len(axes) == 2 and all(ax.get_legend() is None for ax in axes)
+        assert len(fig.legends) == 1
+        legend = fig.legends[0].get_window_extent(renderer)
+        names = {t.get_text() for t in fig.legends[0].get_texts()}
+        assert {"SGL-EMA", "TRT", "vLLM-AV", "oracle", "K=0"} <= names
+        for ax in axes:
+            assert not legend.overlaps(ax.get_window_extent(renderer))
+        left = axes[0]
+        labels = [t for t in left.texts if t.get_text() in {"1", "8", "64"}]
+        assert len(labels) == 3
+        top_line = max(line.get_zorder() for line in left.get_lines())
+        assert all(label.get_zorder() > top_line for label in labels)
+    finally:
+        _pyplot().close(fig)

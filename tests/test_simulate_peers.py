@@ -3,8 +3,8 @@
 - The oracle against an exhaustive search over every per-step choice of every request's drafts
   (exact ratio of sums), on random tiny streams, both drafters, both parallel charges, convex and
   non-convex costs; and no simulated policy beats it.
-- SGLang's EMA tiers (``av_core.peers.EmaTierPolicy``) against sequences worked out by hand from
-  SGLang's documented rules (tests/test_sglang_contract.py also runs it against SGLang's own
+- SGLang's EMA tiers (``av_core.tools.peers.EmaTierPolicy``) against sequences worked out by hand
+  from SGLang's documented rules (tests/test_sglang_contract.py also runs it against SGLang's own
   class); TensorRT-LLM's schedule against its documented example.
 """
 
@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 from test_evaluate import synthetic_trace
 
-from av_core.cli import main
-from av_core.evaluate import DraftRounds
-from av_core.peers import (
+from av_core.tools.cli import main
+from av_core.tools.evaluate import DraftRounds
+from av_core.tools.peers import (
     SGLANG_DEFAULT_TIERS,
     EmaTier,
     EmaTierPolicy,
     parse_trt_schedule,
     trt_draft_length,
 )
-from av_core.simulate import (
+from av_core.tools.simulate import (
     PEER_POLICIES,
     CostModel,
     GpuLikeCost,
@@ -41,7 +41,7 @@ from av_core.simulate import (
     simulate_trace,
     simulate_trt_schedule,
 )
-from av_core.trace import DraftTrace, trace_from_rows, write_trace
+from av_core.tools.trace import DraftTrace, trace_from_rows, write_trace
 
 # --- helpers --------------------------------------------------------------------------------
 
@@ -323,6 +323,11 @@ def test_trt_schedule_follows_the_documented_example() -> None:
             parse_trt_schedule(bad)
     with pytest.raises(ValueError, match="batch_size"):
         trt_draft_length(schedule, 0)
+    # A threshold given twice is a mistake, not "the last one wins"; an empty item is a typo.
+    for bad, message in (("4:4,4:2", "twice"), ("4:4,,8:2", "empty item"), ("4:4,", "empty")):
+        with pytest.raises(ValueError, match=message):
+            parse_trt_schedule(bad)
+    assert trt_draft_length(parse_trt_schedule("8:2,4:4"), 5) == 2  # pairs in any order
 
 
 def test_trt_schedule_in_the_simulator_is_fixed_k_at_the_scheduled_length() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from av_core.trace import (
+from av_core.tools.trace import (
     COLUMNS,
     REQUIRED_COLUMNS,
     UNLABELED,
@@ -278,7 +278,7 @@ DOCUMENTED = {
 
 
 def rank_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Mann-Whitney AUC with average ranks for ties (independent of av_core.metrics)."""
+    """Mann-Whitney AUC with average ranks for ties (independent of av_core.tools.metrics)."""
     order = np.argsort(scores, kind="mergesort")
     ranks = np.empty(len(scores))
     sorted_scores = scores[order]

@@ -23,10 +23,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from av_core.collect import read_prompts
-from av_core.evaluate import MAX_ROUND_ENTRIES, DraftRounds
-from av_core.simulate import MeasuredCost
-from av_core.trace import (
+from av_core.tools.collect import read_prompts
+from av_core.tools.evaluate import MAX_ROUND_ENTRIES, DraftRounds
+from av_core.tools.simulate import MeasuredCost
+from av_core.tools.trace import (
     UNLABELED,
     DraftTrace,
     append_trace,

@@ -1,4 +1,4 @@
-"""av_core.vllm's drop-ins and av_core.vllm_plugin, on host tensors.
+"""av_core.vllm's drop-ins and av_core.vllm.plugin, on host tensors.
 
 References are independent of the code under test: float64 numpy for features, labels and the
 refit (tests/reference.py), brute force for the assignment and the budget. The plugin is tested
@@ -25,7 +25,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from av_core import vllm as av_vllm  # noqa: E402
-from av_core import vllm_plugin  # noqa: E402
 from av_core.vllm import (  # noqa: E402
     BatchDraftBudget,
     OnlineAcceptanceEstimator,
@@ -33,6 +32,7 @@ from av_core.vllm import (  # noqa: E402
     batch_draft_budget,
     build_cost_tables_from_curves,
 )
+from av_core.vllm import plugin as vllm_plugin  # noqa: E402
 
 import reference  # noqa: E402
 
@@ -298,7 +298,7 @@ def test_a_full_staging_ring_waits_for_its_oldest_copy() -> None:
     est, events = staged_with_fake_events(8, 2)
     fill_slots(est, 10)
     batch = grade(est, 11, rows=5)
-    depth = av_vllm._STAGING_DEPTH
+    depth = av_vllm.staging._STAGING_DEPTH
     for _ in range(depth):
         est.step(**batch)
     assert events[0].log == []
@@ -349,7 +349,7 @@ def test_state_dict_round_trips() -> None:
 
 def test_selfcheck_harness_runs_on_the_host() -> None:
     # gpu_selfcheck's body with the host as "device": the staged path against the direct one.
-    report = av_vllm._compare_with_host(
+    report = av_vllm.selfcheck._compare_with_host(
         CPU, 24, max_num_reqs=8, num_speculative_steps=3, vocab=64, refit_interval=10
     )
     assert report["ok"], report
@@ -469,8 +469,9 @@ def test_step_rejects_bad_input_naming_the_argument_and_changes_nothing() -> Non
 def cost_table_reference(
     curve: list[tuple[int, float]], limit: int, graph_limit: int
 ) -> np.ndarray:
-    """DESIGN.md's cost-table rule, written per entry: running max; a step function up to the
-    capture limit; linear between profiled points above it; the last segment extended."""
+    """The cost-table rule of docs/design.md ("The planner and its cost tables"), per entry:
+    running max; a step function up to the capture limit; linear between profiled points above
+    it; the last segment extended."""
     xs = [float(x) for x, _ in curve]
     ys = list(np.maximum.accumulate([float(y) for _, y in curve]))
     out = np.empty(limit + 1)
@@ -531,7 +532,7 @@ def test_assignment_is_the_global_top_budget_in_place(seed: int) -> None:
         assert capacities.dtype == torch.int32
         assert capacities.tolist() == expected.tolist()
         # The device path (pure torch, no host read-back) gives the same counts.
-        device_counts = av_vllm._assign_on_device(
+        device_counts = av_vllm.budget._assign_on_device(
             conf[idx.long()], torch.from_numpy(capacity.copy()), budget
         )
         assert device_counts.tolist() == expected.tolist()
@@ -558,7 +559,8 @@ def budget_reference(
     verify_ms: np.ndarray,
     cap: int,
 ) -> int:
-    """DESIGN.md's budget by brute force: evaluate E(b) / C(b) for every b, first maximum."""
+    """The budget of docs/design.md ("The planner and its cost tables") by brute force:
+    evaluate E(b) / C(b) for every b, first maximum."""
     survival = np.cumprod(stale.astype(np.float64), axis=1)
     scores = sorted(
         (survival[r, k] for r in range(len(scheduled_drafts)) for k in range(scheduled_drafts[r])),

@@ -5,7 +5,7 @@ Three parts:
 1. A static checker (``contract_problems``) reads vLLM's ``acceptance_estimator.py`` and
    ``adaptive_verification.py`` with :mod:`ast` and compares every class, method, parameter name,
    kind and default, and every constant, that ``av_core.vllm`` mirrors and
-   ``av_core.vllm_plugin`` checks at runtime. The checker is itself tested on hand-written and on
+   ``av_core.vllm.plugin`` checks at runtime. The checker is itself tested on hand-written and on
    modified sources, so a changed upstream signature is known to fail it.
 2. Differential tests (marked ``vllm``): vLLM's own code, taken from the wheel, run on the host
    next to ours on the same inputs: its Triton estimator under Triton's interpreter (in a
@@ -44,9 +44,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from av_core import vllm as av_vllm  # noqa: E402
-from av_core import vllm_plugin  # noqa: E402
 from av_core.vllm import OnlineAcceptanceEstimator  # noqa: E402
-from av_core.vllm_plugin import BUDGET_MODULE, ESTIMATOR_MODULE  # noqa: E402
+from av_core.vllm import plugin as vllm_plugin  # noqa: E402
+from av_core.vllm.plugin import BUDGET_MODULE, ESTIMATOR_MODULE  # noqa: E402
 
 import reference  # noqa: E402
 
@@ -954,7 +954,7 @@ def test_depth_control_targets_exist_in_the_release(wheel: Path) -> None:
     assert depth_control_problems(wheel) == []
 
 
-# --- warm restarts and data-parallel pooling: what av_core.vllm_serving relies on --------------
+# --- warm restarts and data-parallel pooling: what av_core.vllm.serving relies on --------------
 
 SERVING_PATHS = {
     "speculator": f"{SPEC_DECODE}/speculator.py",
@@ -990,8 +990,8 @@ def passes_true(call: ast.Call, keyword: str) -> bool:
 
 
 def serving_contract_problems(sources: Mapping[str, str]) -> list[str]:
-    """Every way the sources differ from what ``av_core.vllm_serving`` relies on."""
-    from av_core import vllm_serving
+    """Every way the sources differ from what ``av_core.vllm.serving`` relies on."""
+    from av_core.vllm import serving as vllm_serving
 
     problems: list[str] = []
     speculator = definitions(sources["speculator"])

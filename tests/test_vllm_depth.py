@@ -1,4 +1,4 @@
-"""av_core.vllm_depth.DraftDepthHook and the plugin's drafting-depth wiring, on stand-ins for
+"""av_core.vllm.depth.DraftDepthHook and the plugin's drafting-depth wiring, on stand-ins for
 vLLM's classes (the released signatures are checked in tests/test_vllm_contract.py)."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from av_core import CostTables, vllm_plugin
-from av_core.vllm_depth import DraftDepthHook
+from av_core import CostTables
+from av_core.vllm import plugin as vllm_plugin
+from av_core.vllm.depth import DraftDepthHook
 
 K = 4
 

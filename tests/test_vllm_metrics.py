@@ -1,4 +1,4 @@
-"""Prometheus metrics of the vLLM drop-ins (av_core.vllm_metrics), scraped for real.
+"""Prometheus metrics of the vLLM drop-ins (av_core.vllm.metrics), scraped for real.
 
 The main test starts the real HTTP server on 127.0.0.1, drives the drop-in estimator and the
 budget helpers through 300 decode steps of a workload whose acceptance is known (the target
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -25,19 +24,21 @@ from typing import Any
 
 import numpy as np
 import pytest
+from child_env import child_env
 
 torch = pytest.importorskip("torch")
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from av_core import CostTables, vllm_metrics  # noqa: E402
+from av_core import CostTables  # noqa: E402
 from av_core.vllm import (  # noqa: E402
     OnlineAcceptanceEstimator,
     assign_draft_token_budget,
     batch_draft_budget,
     build_cost_tables_from_curves,
 )
-from av_core.vllm_depth import DraftDepthHook  # noqa: E402
+from av_core.vllm import metrics as vllm_metrics  # noqa: E402
+from av_core.vllm.depth import DraftDepthHook  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 M, K, VOCAB, STEPS, REFIT, WINDOW = 32, 4, 256, 300, 50, 500
@@ -293,14 +294,13 @@ idx = torch.arange(2, dtype=torch.int32)
 for _ in range(3):
     est.step(idx, torch.full((2,), 2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
     est.predict(torch.randn(2, 16), idx, torch.tensor(0), torch.zeros(2, 2), torch.ones(4))
-from av_core import vllm_metrics
+from av_core.vllm import metrics as vllm_metrics
 assert est._recorder is None and vllm_metrics.current() is None
 assert "prometheus_client" not in sys.modules
 print("ok")
 """
     off = ("AV_CORE_METRICS", "PROMETHEUS")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(off)}
-    env["PYTHONPATH"] = str(HERE.parent / "python")
+    env = child_env(drop=off)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
@@ -320,7 +320,7 @@ def test_a_taken_port_or_a_missing_dependency_never_stops_serving(
 
 _MULTIPROC_CHILD = """
 import json, sys, numpy as np, torch
-from av_core import vllm_metrics
+from av_core.vllm import metrics as vllm_metrics
 from av_core.vllm import OnlineAcceptanceEstimator
 est = OnlineAcceptanceEstimator(8, 3, torch.device("cpu"))
 est.REFIT_INTERVAL = 10
@@ -346,8 +346,7 @@ print(json.dumps({"labeled": labeled.tolist(), "refits": est.num_refits}))
 
 
 def test_prometheus_multiproc_dir_reaches_a_multiprocess_collector(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AV_CORE_METRICS")}
-    env.update(PYTHONPATH=str(HERE.parent / "python"), PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    env = child_env(drop=("AV_CORE_METRICS",), PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
     env["RANK"] = "3"
     out = subprocess.run(
         [sys.executable, "-c", _MULTIPROC_CHILD], env=env, capture_output=True, text=True
@@ -373,7 +372,7 @@ def test_prometheus_multiproc_dir_reaches_a_multiprocess_collector(tmp_path: Pat
 
 
 def test_the_gpu_selfchecks_metrics_run_works_on_the_host() -> None:
-    from av_core.vllm import _metrics_sync_check
+    from av_core.vllm.selfcheck import _metrics_sync_check
 
     report = _metrics_sync_check(torch.device("cpu"), 100)
     assert report["ok"] and report["no_blocking_sync"] and report["refits"] == 4

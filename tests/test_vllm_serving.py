@@ -1,4 +1,4 @@
-"""The plugin's warm restarts and data-parallel pooling (av_core.vllm_serving), on fake vLLM
+"""The plugin's warm restarts and data-parallel pooling (av_core.vllm.serving), on fake vLLM
 modules with the control flow tests/test_vllm_contract.py checks in each release's source.
 
 - In one process: ``AV_CORE_STATE_DIR`` wraps ``DraftModelSpeculator.load_model``; an estimator
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -25,14 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from child_env import child_env
 
 torch = pytest.importorskip("torch")
 
 import vllm_serving_fakes as fakes  # noqa: E402
 
-from av_core import vllm_plugin  # noqa: E402
 from av_core.vllm import OnlineAcceptanceEstimator  # noqa: E402
-from av_core.vllm_state import StateKey, WarmStart  # noqa: E402
+from av_core.vllm import plugin as vllm_plugin  # noqa: E402
+from av_core.vllm.state import StateKey, WarmStart  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SPECULATOR = f"{fakes.SPEC}.speculator"
@@ -138,11 +138,8 @@ def free_port() -> int:
 
 def run_ranks(state_dir: str, tmp_path: Path, tag: str) -> list[dict[str, Any]]:
     port = str(free_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AV_CORE", "PROMETHEUS"))}
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(HERE.parent / "python"), str(HERE)]),
-        GLOO_SOCKET_IFNAME="lo",
-        OMP_NUM_THREADS="1",
+    env = child_env(
+        HERE, drop=("AV_CORE", "PROMETHEUS"), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"
     )
     outs = [tmp_path / f"{tag}-{rank}.json" for rank in range(2)]
     procs = [

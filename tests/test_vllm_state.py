@@ -1,4 +1,4 @@
-"""Warm restarts of the vLLM drop-in estimator (av_core.vllm_state).
+"""Warm restarts of the vLLM drop-in estimator (av_core.vllm.state).
 
 The main test is a real restart: one process serves 300 steps of a synthetic workload and exits
 (its state saved at exit), a new process loads it and serves the next 100 steps, and a third,
@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from child_env import child_env
 
 torch = pytest.importorskip("torch")
 
 from av_core.vllm import OnlineAcceptanceEstimator  # noqa: E402
-from av_core.vllm_state import FORMAT, StateKey, WarmStart, _payload_digest  # noqa: E402
+from av_core.vllm.state import FORMAT, StateKey, WarmStart, _payload_digest  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 KEY = StateKey("org/target-8b", "org/draft-1b", "eagle3", 4, "dp0-rank0")
@@ -36,8 +36,9 @@ _SERVE = r"""
 import json, logging, sys
 logging.basicConfig(level=logging.INFO)
 import numpy as np, torch
-from av_core.vllm import OnlineAcceptanceEstimator, _synthetic_steps
-from av_core.vllm_state import StateKey, WarmStart
+from av_core.vllm import OnlineAcceptanceEstimator
+from av_core.vllm.selfcheck import _synthetic_steps
+from av_core.vllm.state import StateKey, WarmStart
 
 directory, start, stop, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 M, K = 32, 4
@@ -87,8 +88,7 @@ json.dump({
 
 def serve(directory: Path | str, start: int, stop: int, tmp_path: Path, name: str) -> Any:
     out = tmp_path / f"{name}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AV_CORE", "PROMETHEUS"))}
-    env["PYTHONPATH"] = str(HERE.parent / "python")
+    env = child_env(drop=("AV_CORE", "PROMETHEUS"))
     proc = subprocess.run(
         [sys.executable, "-c", _SERVE, str(directory), str(start), str(stop), str(out)],
         env=env,

@@ -1,5 +1,5 @@
 """Fake vLLM modules for the plugin's warm restarts and data-parallel pooling
-(av_core.vllm_serving), with the control flow tests/test_vllm_contract.py checks in the
+(av_core.vllm.serving), with the control flow tests/test_vllm_contract.py checks in the
 released source:
 
 - ``DraftModelSpeculator.load_model`` builds the estimator module's ``OnlineAcceptanceEstimator``
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from av_core import vllm_plugin
+from av_core.vllm import plugin as vllm_plugin
 
 SPEC = "vllm.v1.worker.gpu.spec_decode"
 M, K, VOCAB = 8, 3, 48

@@ -11,6 +11,12 @@ a scheduler's critical path:
 
 ``import av_core`` needs only numpy; torch is imported by :mod:`av_core.features`,
 :mod:`av_core.planner_torch` and :mod:`av_core.vllm` alone.
+
+The package has three roles: the runtime a scheduler imports (this module, :mod:`av_core.features`,
+:mod:`av_core.planner_torch`, :mod:`av_core.distributed`, :mod:`av_core.testing`), the engine
+integrations (:mod:`av_core.vllm`, :mod:`av_core.sglang`) and the offline tools
+(:mod:`av_core.tools`: the ``av-core`` command line, traces, evaluation, simulation), which
+importing av_core never imports.
 """
 
 from av_core._native import (

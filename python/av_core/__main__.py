@@ -1,5 +1,5 @@
 """``python -m av_core`` runs the ``av-core`` command line."""
 
-from av_core.cli import main
+from av_core.tools.cli import main
 
 raise SystemExit(main())

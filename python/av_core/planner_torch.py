@@ -32,7 +32,7 @@ import numbers
 
 import torch
 
-from av_core.features import _LIMITED_INTEGER_DTYPES, _dense
+from av_core.features.checks import _LIMITED_INTEGER_DTYPES, _dense
 
 __all__ = ["assign_draft_budget_torch", "survivals_torch"]
 

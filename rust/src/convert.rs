@@ -7,13 +7,15 @@
 //!   non-contiguous slices, misaligned buffers, CPU torch views) goes through numpy's own
 //!   C-order copy;
 //! * what the core validates is what it uses: other threads may write the caller's buffer
-//!   while the call runs (numpy and torch release the GIL). So arguments are copied into
-//!   memory the binding owns ([`float_matrix`], [`int_vector`], [`float_vector`]; an `R × K`
-//!   batch is a few kilobytes: one `memcpy`, into a pooled buffer for matrices), except where
-//!   the core itself reads each element once, checking and copying it in the same pass
-//!   (`AcceptanceEstimator::predict` and `observe`, through [`float_matrix_in_place`] and
-//!   [`int_vector_in_place`]), and the
-//!   big feature kernels (`features.rs`), whose contiguous logits are read in place.
+//!   while the call runs (numpy and torch release the GIL). So every array argument is copied
+//!   into memory the binding owns ([`float_matrix`], [`int_vector`], [`float_vector`]; an
+//!   `R × K` batch is a few kilobytes: one `memcpy` from numpy's pointer, into a pooled buffer
+//!   for matrices) before the GIL is released, and the core reads only that copy. The copy is
+//!   made through the raw pointer, never a `&[T]` of the caller's buffer: a shared reference
+//!   tells the compiler the memory does not change, and an optimised build then read the
+//!   caller's buffer again after the check (a NaN reached `predict`'s output under a racing
+//!   writer). Only the big feature kernels (`features.rs`) read their contiguous logits in
+//!   place; a race there can only change that row's feature, never break a check.
 //!
 //! Scalars: integer and float arguments arrive as [`Int`] and [`Float`], which never fail to
 //! convert, so that the function body can refuse them with an error naming the argument: a bool
@@ -362,15 +364,26 @@ fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
             ),
         )
     };
-    if array.is_c_contiguous() {
-        let readonly = array.try_readonly()?;
-        // `as_slice` refuses a misaligned buffer; that goes through numpy's copy below.
-        if let Ok(slice) = readonly.as_slice() {
-            out.try_reserve_exact(slice.len())
-                .map_err(|_| too_large())?;
-            out.extend_from_slice(slice);
-            return Ok(());
+    let data = array.data();
+    if array.is_c_contiguous() && data.is_aligned() {
+        // Hold numpy's read borrow flag for the copy (a Rust-side writer would be refused).
+        let _readonly = array.try_readonly()?;
+        let len = array.len();
+        out.try_reserve_exact(len).map_err(|_| too_large())?;
+        // One memcpy from numpy's pointer, never through a `&[T]`: other threads may write the
+        // buffer meanwhile (numpy and torch release the GIL), and a shared reference would let
+        // the compiler assume it does not change and read it again later.
+        // SAFETY: `data` points to `len` elements of `T` (the array is C-contiguous and aligned,
+        // checked above, and `array` keeps its buffer alive for the call); `out` has capacity
+        // for `len` and does not overlap numpy's buffer (it is our own allocation); every bit
+        // pattern is a valid `T` (the element types are f32, f64, i32, i64, u64), so bytes
+        // another thread writes during the copy still give valid values, which the core then
+        // validates on our copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.cast_const(), out.as_mut_ptr(), len);
+            out.set_len(len);
         }
+        return Ok(());
     }
     // Any other layout: numpy's own C-order copy (aligned, row-major, nobody else's), read
     // once more into our vector.
@@ -502,36 +515,15 @@ fn native_float<'py>(
     Ok(Some(converted.cast_into::<PyUntypedArray>()?))
 }
 
-/// A matrix's elements: the caller's buffer, read in place, or a row-major copy of our own.
-pub enum Elements<'py, T: Pooled> {
-    /// A C-contiguous, aligned numpy buffer, for a core call that reads each element once.
-    InPlace(numpy::PyReadonlyArray2<'py, T>),
-    /// A row-major copy (see the module docs).
-    Copied(Copied<T>),
-}
-
-impl<T: Pooled> std::ops::Deref for Elements<'_, T> {
-    type Target = [T];
-
-    fn deref(&self) -> &[T] {
-        match self {
-            // Checked contiguous and aligned when it was made; an empty slice otherwise would
-            // only fail the shape check that follows.
-            Elements::InPlace(array) => array.as_slice().unwrap_or(&[]),
-            Elements::Copied(copied) => copied,
-        }
-    }
-}
-
 /// A `[rows, cols]` float matrix in one of the supported dtypes, row-major.
-pub enum FloatMatrix<'py> {
+pub enum FloatMatrix {
     /// float32 data.
-    F32(Elements<'py, f32>, usize, usize),
+    F32(Copied<f32>, usize, usize),
     /// float64 data.
-    F64(Elements<'py, f64>, usize, usize),
+    F64(Copied<f64>, usize, usize),
 }
 
-impl FloatMatrix<'_> {
+impl FloatMatrix {
     /// Number of rows.
     pub fn rows(&self) -> usize {
         match self {
@@ -574,58 +566,23 @@ pub fn float_matrix<'py>(
     obj: &Bound<'py, PyAny>,
     argument: &str,
     empty_cols: usize,
-) -> PyResult<FloatMatrix<'py>> {
-    matrix(obj, argument, empty_cols, false)
-}
-
-/// [`float_matrix`] that reads a C-contiguous, aligned array in place: only for a core call that
-/// reads each element once, checking and using the same value (`AcceptanceEstimator::observe`
-/// does), so that a buffer rewritten during the call cannot slip an unchecked value past it.
-pub fn float_matrix_in_place<'py>(
-    obj: &Bound<'py, PyAny>,
-    argument: &str,
-    empty_cols: usize,
-) -> PyResult<FloatMatrix<'py>> {
-    matrix(obj, argument, empty_cols, true)
+) -> PyResult<FloatMatrix> {
+    matrix(obj, argument, empty_cols)
 }
 
 fn matrix<'py>(
     obj: &Bound<'py, PyAny>,
     argument: &str,
     empty_cols: usize,
-    in_place: bool,
-) -> PyResult<FloatMatrix<'py>> {
+) -> PyResult<FloatMatrix> {
     let converted = convert(obj, argument)?;
     if converted.inferred_empty() && converted.array.ndim() == 1 {
-        return Ok(FloatMatrix::F64(
-            Elements::Copied(Copied::empty()),
-            0,
-            empty_cols,
-        ));
+        return Ok(FloatMatrix::F64(Copied::empty(), 0, empty_cols));
     }
-    matrix_from(&converted.array, argument, in_place)
-        .map_err(|e| memory_error(obj.py(), e, argument))
+    matrix_from(&converted.array, argument).map_err(|e| memory_error(obj.py(), e, argument))
 }
 
-fn elements<'py, T: Pooled>(
-    array: &Bound<'py, PyArray2<T>>,
-    argument: &str,
-    in_place: bool,
-) -> PyResult<Elements<'py, T>> {
-    if in_place && array.is_c_contiguous() {
-        let readonly = array.try_readonly()?;
-        if readonly.as_slice().is_ok() {
-            return Ok(Elements::InPlace(readonly));
-        }
-    }
-    Ok(Elements::Copied(Copied::of(array, argument)?))
-}
-
-fn matrix_from<'py>(
-    array: &Bound<'py, PyUntypedArray>,
-    argument: &str,
-    in_place: bool,
-) -> PyResult<FloatMatrix<'py>> {
+fn matrix_from<'py>(array: &Bound<'py, PyUntypedArray>, argument: &str) -> PyResult<FloatMatrix> {
     if array.ndim() != 2 {
         return Err(value_error(
             argument,
@@ -634,22 +591,14 @@ fn matrix_from<'py>(
     }
     let (rows, cols) = (array.shape()[0], array.shape()[1]);
     if let Ok(a) = array.cast::<PyArray2<f32>>() {
-        return Ok(FloatMatrix::F32(
-            elements(a, argument, in_place)?,
-            rows,
-            cols,
-        ));
+        return Ok(FloatMatrix::F32(Copied::of(a, argument)?, rows, cols));
     }
     if let Ok(a) = array.cast::<PyArray2<f64>>() {
-        return Ok(FloatMatrix::F64(
-            elements(a, argument, in_place)?,
-            rows,
-            cols,
-        ));
+        return Ok(FloatMatrix::F64(Copied::of(a, argument)?, rows, cols));
     }
     if let Some(native) = native_float(array)? {
         // A private copy in native byte order: nobody else can write it.
-        return matrix_from(&native, argument, true);
+        return matrix_from(&native, argument);
     }
     Err(type_error(
         argument,
@@ -721,44 +670,6 @@ fn is_integer(array: &Bound<'_, PyUntypedArray>) -> bool {
 pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<i64>> {
     let converted = convert(obj, argument)?;
     ints_from(&converted, argument).map_err(|e| memory_error(obj.py(), e, argument))
-}
-
-/// An integer vector: the caller's int64 buffer, read in place, or a vector of our own.
-pub enum Ints<'py> {
-    /// A C-contiguous, aligned int64 buffer, for a core call that reads each element once.
-    InPlace(numpy::PyReadonlyArray1<'py, i64>),
-    /// Converted or copied.
-    Owned(Vec<i64>),
-}
-
-impl std::ops::Deref for Ints<'_> {
-    type Target = [i64];
-
-    fn deref(&self) -> &[i64] {
-        match self {
-            // Checked contiguous and aligned when it was made (an empty slice otherwise would
-            // only fail the length check that follows).
-            Ints::InPlace(array) => array.as_slice().unwrap_or(&[]),
-            Ints::Owned(values) => values,
-        }
-    }
-}
-
-/// [`int_vector`] that reads a C-contiguous, aligned int64 array in place: only for a core call
-/// that reads each element once, checking and using the same value (`observe`'s counts).
-pub fn int_vector_in_place<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Ints<'py>> {
-    let converted = convert(obj, argument)?;
-    if converted.array.ndim() == 1 && converted.array.is_c_contiguous() {
-        if let Ok(a) = converted.array.cast::<PyArray1<i64>>() {
-            let readonly = a.try_readonly()?;
-            if readonly.as_slice().is_ok() {
-                return Ok(Ints::InPlace(readonly));
-            }
-        }
-    }
-    ints_from(&converted, argument)
-        .map(Ints::Owned)
-        .map_err(|e| memory_error(obj.py(), e, argument))
 }
 
 fn ints_from(converted: &Converted<'_>, argument: &str) -> PyResult<Vec<i64>> {

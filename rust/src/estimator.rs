@@ -12,8 +12,8 @@ use pyo3::types::{PyBytes, PyDict, PyType};
 use std::path::PathBuf;
 
 use crate::convert::{
-    float_matrix_in_place, int_vector_in_place, to_py_err, type_error, value_error, Float,
-    FloatMatrix, FloatView, Int,
+    float_matrix, int_vector, to_py_err, type_error, value_error, Float, FloatMatrix, FloatView,
+    Int,
 };
 use crate::files::{atomic_write, read_file};
 
@@ -118,7 +118,7 @@ impl PyAcceptanceEstimator {
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let inner = &self.inner;
         // In place when C-contiguous: the core copies it once, checking as it copies.
-        let matrix = float_matrix_in_place(features, "features", inner.num_positions())?;
+        let matrix = float_matrix(features, "features", inner.num_positions())?;
         let (rows, cols) = (matrix.rows(), matrix.cols());
         let view = matrix.view("features")?;
         let out = py
@@ -159,12 +159,12 @@ impl PyAcceptanceEstimator {
         // Read in place when C-contiguous: the core reads each feature and prediction once,
         // into its own buffer, checking as it copies, so a buffer another thread rewrites
         // meanwhile can fail the call, never get an unchecked value in.
-        let features = float_matrix_in_place(features, "features", k)?;
-        let num_admitted = int_vector_in_place(num_admitted, "num_admitted")?;
-        let num_accepted = int_vector_in_place(num_accepted, "num_accepted")?;
-        let predictions: Option<FloatMatrix<'_>> = predictions
+        let features = float_matrix(features, "features", k)?;
+        let num_admitted = int_vector(num_admitted, "num_admitted")?;
+        let num_accepted = int_vector(num_accepted, "num_accepted")?;
+        let predictions: Option<FloatMatrix> = predictions
             .filter(|p| !p.is_none())
-            .map(|p| float_matrix_in_place(p, "predictions", k))
+            .map(|p| float_matrix(p, "predictions", k))
             .transpose()?;
         let features = features.view("features")?;
         let predictions = predictions

@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use crate::files::{atomic_write, read_file};
 
 use crate::convert::{
-    as_ndarray, float_matrix, float_matrix_in_place, int_vector, int_vector_in_place, to_py_err,
-    type_error, value_error, Float, FloatMatrix, FloatView, Int,
+    as_ndarray, float_matrix, int_vector, to_py_err, type_error, value_error, Float, FloatMatrix,
+    FloatView, Int,
 };
 
 /// Adds the planner's classes and functions to the native module.
@@ -503,9 +503,8 @@ fn choose_draft_depth(
         num_sampling_requests,
         max_draft_budget,
     )?;
-    let matrix =
-        float_matrix_in_place(confidences, "confidences", empty_width(&cost_tables.inner))?;
-    let cap_ints = int_vector_in_place(max_depths, "max_depths")?;
+    let matrix = float_matrix(confidences, "confidences", empty_width(&cost_tables.inner))?;
+    let cap_ints = int_vector(max_depths, "max_depths")?;
     let caps: &[i64] = &cap_ints;
     let rows = matrix.rows();
     let view = matrix.view("confidences")?;
@@ -604,9 +603,8 @@ fn choose_draft_budget(
         num_sampling_requests,
         max_draft_budget,
     )?;
-    let matrix =
-        float_matrix_in_place(confidences, "confidences", empty_width(&cost_tables.inner))?;
-    let scheduled_ints = int_vector_in_place(scheduled_drafts, "scheduled_drafts")?;
+    let matrix = float_matrix(confidences, "confidences", empty_width(&cost_tables.inner))?;
+    let scheduled_ints = int_vector(scheduled_drafts, "scheduled_drafts")?;
     let scheduled: &[i64] = &scheduled_ints;
     let view = matrix.view("confidences")?;
     let tables = &cost_tables.inner;
@@ -629,8 +627,8 @@ fn assign_draft_budget<'py>(
     let budget = non_negative("budget", &budget)?;
     // In place (when C-contiguous): the planning functions read each confidence and each
     // scheduled count once, checking the value they use (see `av_core::planner`).
-    let matrix = float_matrix_in_place(confidences, "confidences", 0)?;
-    let scheduled_ints = int_vector_in_place(scheduled_drafts, "scheduled_drafts")?;
+    let matrix = float_matrix(confidences, "confidences", 0)?;
+    let scheduled_ints = int_vector(scheduled_drafts, "scheduled_drafts")?;
     let scheduled: &[i64] = &scheduled_ints;
     let rows = matrix.rows();
     let view = matrix.view("confidences")?;
@@ -699,18 +697,21 @@ fn plan_verification(
         num_sampling_requests,
         max_draft_budget,
     )?;
-    let matrix =
-        float_matrix_in_place(confidences, "confidences", empty_width(&cost_tables.inner))?;
-    let scheduled_ints = int_vector_in_place(scheduled_drafts, "scheduled_drafts")?;
+    let matrix = float_matrix(confidences, "confidences", empty_width(&cost_tables.inner))?;
+    let scheduled_ints = int_vector(scheduled_drafts, "scheduled_drafts")?;
     let scheduled: &[i64] = &scheduled_ints;
     let budget_matrix: Option<FloatMatrix> = budget_confidences
         .filter(|b| !b.is_none())
-        .map(|b| float_matrix_in_place(b, "budget_confidences", empty_width(&cost_tables.inner)))
+        // An empty list is as wide as `confidences`, the shape it must match.
+        .map(|b| float_matrix(b, "budget_confidences", matrix.cols()))
         .transpose()?;
     let rows = matrix.rows();
     let view = matrix.view("confidences")?;
     let budget_view = budget_matrix
         .as_ref()
+        // With no rows at all there is nothing to size the budget from, and an empty list has
+        // no width to compare: the plan is the one without budget confidences.
+        .filter(|b| rows > 0 || b.rows() > 0)
         .map(|b| b.view("budget_confidences"))
         .transpose()?;
     let tables = &cost_tables.inner;

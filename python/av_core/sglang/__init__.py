@@ -1,0 +1,79 @@
+"""SGLang 0.5.23: a cost-aware policy for its adaptive speculative decoding, backed by av_core.
+
+SGLang's adaptive mode (``--speculative-adaptive``, EAGLE/EAGLE3, ``topk = 1``) switches the
+drafting depth (``speculative_num_steps``) between pre-built runtime states through a small policy
+interface, ``AdaptiveSpecPolicy`` (``sglang/srt/speculative/adaptive_runtime_state.py``), driven by
+its ``AdaptiveController``: ``get_steps_for_batch(batch_size)`` before each decode batch,
+``on_verify_complete(num_correct_drafts_per_req, batch_size)`` after its verify. Its built-in
+policy (``AdaptiveSpeculativeParams``) follows an EMA of the accepted length through hand-written
+per-batch-size candidate steps and is not cost-aware.
+
+:mod:`av_core.sglang.policy` holds the policy (:class:`CostAwarePolicy`: acceptance from av_core's
+estimator, cost from av_core cost tables, hysteresis, probes, deterministic and lossless) and
+:mod:`av_core.sglang.installer` the entry point that swaps it in after checking SGLang's
+interfaces (:func:`install`, :func:`register`). ``docs/sglang.md`` has the details. Nothing here
+imports SGLang except the installer, and only when it runs.
+"""
+
+from av_core.sglang.installer import (
+    CALL_SITES,
+    CONTROLLER_SIGNATURES,
+    ENV_ANY_VERSION,
+    ENV_COSTS,
+    ENV_DRAFTER,
+    ENV_ENABLE,
+    ENV_MAX_BATCH,
+    PARAMS_MODULE,
+    POLICY_METHODS,
+    POLICY_PROPERTIES,
+    PROCESSOR_MODULE,
+    RUNTIME_STATE_MODULE,
+    SUPPORTED_SGLANG_VERSIONS,
+    WORKER_MODULE,
+    SglangCompatibilityError,
+    calls_to,
+    check_interface,
+    construction_sites,
+    install,
+    installed,
+    policy_calls,
+    register,
+    uninstall,
+)
+from av_core.sglang.installer import (
+    ENV_SKIP_ZERO_STEP_EXTEND as ENV_SKIP_ZERO_STEP_EXTEND,
+)
+from av_core.sglang.policy import (
+    CostAwarePolicy,
+    config_candidate_steps,
+    load_cost_tables,
+)
+
+__all__ = [
+    "CALL_SITES",
+    "CONTROLLER_SIGNATURES",
+    "ENV_ANY_VERSION",
+    "ENV_COSTS",
+    "ENV_DRAFTER",
+    "ENV_ENABLE",
+    "ENV_MAX_BATCH",
+    "PARAMS_MODULE",
+    "POLICY_METHODS",
+    "POLICY_PROPERTIES",
+    "PROCESSOR_MODULE",
+    "RUNTIME_STATE_MODULE",
+    "SUPPORTED_SGLANG_VERSIONS",
+    "WORKER_MODULE",
+    "CostAwarePolicy",
+    "SglangCompatibilityError",
+    "calls_to",
+    "check_interface",
+    "config_candidate_steps",
+    "construction_sites",
+    "install",
+    "installed",
+    "load_cost_tables",
+    "policy_calls",
+    "register",
+    "uninstall",
+]

@@ -1,0 +1,372 @@
+"""Warm restarts of the vLLM drop-in estimator: its state saved and restored across restarts.
+
+``AV_CORE_STATE_DIR=/path`` makes the plugin (:mod:`av_core.vllm.plugin`) attach a
+:class:`WarmStart` to every rank's estimator when vLLM builds it: the state saved by the last run
+with the same :class:`StateKey` (target model, draft model, method, K, rank) is loaded, and the
+state is saved again every ``AV_CORE_STATE_SAVE_EVERY`` refits (default 10) and at shutdown.
+Without the plugin, ``WarmStart(directory, key).attach(estimator)`` does the same.
+
+A save is atomic (a temporary file in the same directory, flushed to disk, then renamed over the
+old one), and happens on a background thread: the serving thread only takes a host snapshot. A
+file whose key or estimator configuration differs from the running one (another model, another
+K, ``AV_CORE_VLLM_EXACT`` switched, ...) is not loaded: a warning says which field differs, and
+the estimator cold-starts. Each key has its own file, so when this key has none, the states
+saved for the same target model and rank under another key (another draft model, method or K)
+are named in that warning. A corrupt or truncated file (its checksum or its contents fail
+validation), one that is not a regular file (a FIFO, a device, a directory) or that is longer
+than :data:`MAX_STATE_BYTES` is not loaded either, and not read past that bound: a warning,
+never an exception into the server, never a wait.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import stat
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_SAVE_EVERY",
+    "ENV_SAVE_EVERY",
+    "ENV_STATE_DIR",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MAX_STATE_BYTES",
+    "StateKey",
+    "WarmStart",
+]
+
+logger = logging.getLogger("vllm.av_core")
+
+ENV_STATE_DIR = "AV_CORE_STATE_DIR"
+ENV_SAVE_EVERY = "AV_CORE_STATE_SAVE_EVERY"
+#: Refits between saves.
+DEFAULT_SAVE_EVERY = 10
+FORMAT = "av_core.vllm.warm_state"
+FORMAT_VERSION = 1
+#: The longest state file read: far above any saved state (K <= 64 positions: a few hundred
+#: KB), so that a foreign or damaged file cannot take the server's memory or time at start-up.
+MAX_STATE_BYTES = 16 << 20
+#: The most other keys' state files read to explain a cold start (see :meth:`WarmStart.load`).
+_MAX_NEIGHBOURS = 64
+
+
+def _read_document(path: Path) -> Any:
+    """The JSON document at ``path``: a regular file of at most :data:`MAX_STATE_BYTES`,
+    opened without blocking (a FIFO would wait for a writer forever). Raises
+    ``FileNotFoundError`` for no file, ``ValueError`` for anything that is not a state file."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    descriptor = os.open(path, flags)
+    with os.fdopen(descriptor, "rb") as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError("not a regular file (a directory, FIFO, socket or device)")
+        data = handle.read(MAX_STATE_BYTES + 1)
+    if len(data) > MAX_STATE_BYTES:
+        raise ValueError(f"longer than any saved state ({MAX_STATE_BYTES} bytes)")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:  # nesting no saved state has
+        raise ValueError("nested too deeply to be a saved state") from None
+
+
+def _saved_at(payload: dict[str, Any]) -> str:
+    """When the payload was saved, for the log ("?" for anything but a plausible timestamp)."""
+    saved = payload.get("saved_at")
+    if isinstance(saved, bool) or not isinstance(saved, int | float) or not math.isfinite(saved):
+        return "?"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(saved))
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+@dataclass(frozen=True)
+class StateKey:
+    """What a saved state belongs to. ``rank`` names the worker (the plugin uses
+    ``dp<data-parallel index>-rank<torch.distributed rank>``)."""
+
+    target_model: str
+    draft_model: str
+    method: str
+    num_speculative_steps: int
+    rank: str
+
+    def filename(self) -> str:
+        """``<method>-k<K>-<rank>-<hash of the whole key>.json``: different models coexist in
+        one directory."""
+        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.method}-k{self.num_speculative_steps}")
+        rank = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.rank)
+        return f"{slug}-{rank}-{digest[:16]}.json"
+
+
+def _payload_digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _save_every_from_env() -> int:
+    text = os.environ.get(ENV_SAVE_EVERY, "").strip()
+    if not text:
+        return DEFAULT_SAVE_EVERY
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        logger.warning(
+            "av_core: %s=%r is not a positive integer; saving every %d refits",
+            ENV_SAVE_EVERY,
+            text,
+            DEFAULT_SAVE_EVERY,
+        )
+        return DEFAULT_SAVE_EVERY
+    return value
+
+
+class WarmStart:
+    """Loads and saves one estimator's state under ``directory / key.filename()``."""
+
+    def __init__(
+        self, directory: str | os.PathLike[str], key: StateKey, *, save_every: int | None = None
+    ) -> None:
+        if not isinstance(key, StateKey):
+            raise TypeError(f"key must be a StateKey, got {type(key).__name__}")
+        if save_every is not None and (
+            isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1
+        ):
+            raise ValueError(f"save_every must be an int >= 1, got {save_every!r}")
+        self.directory = Path(directory)
+        self.key = key
+        self.path = self.directory / key.filename()
+        self.save_every = _save_every_from_env() if save_every is None else save_every
+        self._refits_since_save = 0
+        self._pending: dict[str, Any] | None = None
+        self._wake = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._closed = False
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def load(self, estimator: Any) -> bool:
+        """Restores the saved state into ``estimator`` if there is one for this key and the
+        estimator's configuration; True when it did. Anything else (no file, another key or
+        configuration, a corrupt file) leaves the estimator as it is, with a warning that says
+        why (an info line when there is simply no file yet)."""
+        problem: str | None
+        try:
+            document = _read_document(self.path)
+        except FileNotFoundError:
+            self._cold_start_without_file()
+            return False
+        except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+            document, problem = None, f"unreadable ({type(error).__name__}: {error})"
+        else:
+            try:
+                problem = self._check(document, estimator)
+            except (ValueError, TypeError, KeyError, AttributeError) as error:
+                problem = f"unreadable ({type(error).__name__}: {error})"
+        if problem is None:
+            try:
+                estimator.load_state_dict(document["payload"]["state"])
+            except Exception as error:  # noqa: BLE001 - a saved state must never stop serving
+                problem = f"invalid state ({type(error).__name__}: {error})"
+        if problem is not None:
+            logger.warning(
+                "av_core: saved estimator state %s not loaded: %s; cold start", self.path, problem
+            )
+            return False
+        logger.info(
+            "av_core: estimator state restored from %s (saved %s, %d refits)",
+            self.path,
+            _saved_at(document["payload"]),
+            estimator.num_refits,
+        )
+        return True
+
+    def _cold_start_without_file(self) -> None:
+        """No file for this key: an info line, or a warning naming what differs when the
+        directory holds a state for the same target model and rank under another key (another
+        draft model, method or K: a changed deployment, whose state is not loaded)."""
+        mine = asdict(self.key)
+        closest: tuple[int, str, Path] | None = None
+        try:
+            rank = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.key.rank)
+            candidates = sorted(self.directory.glob(f"*-{rank}-*.json"))[:_MAX_NEIGHBOURS]
+        except OSError:
+            candidates = []
+        for path in candidates:
+            try:
+                key = _read_document(path)["payload"]["key"]
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            if not isinstance(key, dict) or key.get("rank") != mine["rank"]:
+                continue
+            if key.get("target_model") != mine["target_model"]:
+                continue  # another deployment sharing the directory
+            differing = [name for name in mine if key.get(name) != mine[name]]
+            if differing and (closest is None or len(differing) < closest[0]):
+                text = ", ".join(
+                    f"{name} = {key.get(name)!r} (this server: {mine[name]!r})"
+                    for name in differing
+                )
+                closest = (len(differing), text, path)
+        if closest is None:
+            logger.info("av_core: no saved estimator state at %s; cold start", self.path)
+            return
+        logger.warning(
+            "av_core: no saved estimator state for this key at %s; %s is for %s: not loaded; "
+            "cold start",
+            self.path,
+            closest[2],
+            closest[1],
+        )
+
+    def _check(self, document: Any, estimator: Any) -> str | None:
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            return f"not an {FORMAT} file"
+        if document.get("version") != FORMAT_VERSION:
+            version = document.get("version")
+            return f"format version {version!r}, this av_core reads {FORMAT_VERSION}"
+        payload = document.get("payload")
+        if not isinstance(payload, dict) or document.get("sha256") != _payload_digest(payload):
+            return "checksum mismatch (the file is corrupt or was edited)"
+        saved_key = payload.get("key")
+        expected = asdict(self.key)
+        if not isinstance(saved_key, dict):
+            return "no key"
+        for name, value in expected.items():
+            if saved_key.get(name) != value:
+                return f"it is for {name} = {saved_key.get(name)!r}, this server has {value!r}"
+        state = payload.get("state")
+        if not isinstance(state, dict) or not isinstance(state.get("estimator"), dict):
+            return "no estimator state"
+        saved_config = state["estimator"].get("config")
+        config = estimator.state_dict(flush=False)["estimator"]["config"]
+        if not isinstance(saved_config, dict):
+            return "no estimator configuration"
+        for name in sorted(set(config) | set(saved_config)):
+            if saved_config.get(name) != config.get(name):
+                return (
+                    f"its estimator has {name} = {saved_config.get(name)!r}, this one "
+                    f"{config.get(name)!r}"
+                )
+        return None
+
+    # -- saving ----------------------------------------------------------------------------
+
+    def snapshot(self, estimator: Any) -> dict[str, Any]:
+        """The document to save: a host snapshot of ``estimator`` (no device access, no wait
+        for verdicts still in flight) with the key and a checksum."""
+        payload = {
+            "key": asdict(self.key),
+            "saved_at": time.time(),
+            "state": estimator.state_dict(flush=False),
+        }
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "sha256": _payload_digest(payload),
+            "payload": payload,
+        }
+
+    def save(self, estimator: Any) -> None:
+        """Saves now, on this thread (atomic replace)."""
+        self._write(self.snapshot(estimator))
+
+    def _write(self, document: dict[str, Any]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(document, sort_keys=True)
+        handle, temporary = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "w") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        with contextlib.suppress(OSError):  # make the rename durable where the OS allows it
+            directory = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+
+    def attach(self, estimator: Any) -> bool:
+        """:meth:`load`, then :meth:`save_from_now_on`. Returns what :meth:`load` returned."""
+        restored = self.load(estimator)
+        self.save_from_now_on(estimator)
+        return restored
+
+    def save_from_now_on(self, estimator: Any) -> None:
+        """Saves ``estimator`` every ``save_every`` refits (in the background) and at
+        interpreter exit."""
+        self._refits_since_save = 0
+        estimator.on_refit(self._refitted)
+        atexit.register(self._save_at_exit, weakref.ref(estimator))
+
+    def _refitted(self, estimator: Any) -> None:
+        if self._closed:
+            return
+        self._refits_since_save += 1
+        if self._refits_since_save < self.save_every:
+            return
+        self._refits_since_save = 0
+        document = self.snapshot(estimator)
+        with self._wake:
+            self._pending = document  # the newest wins
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_loop, name="av_core-state", daemon=True
+                )
+                self._writer.start()
+            self._wake.notify()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closed:
+                    self._wake.wait()
+                if self._pending is None:
+                    return
+                document, self._pending = self._pending, None
+            try:
+                self._write(document)
+            except Exception as error:  # noqa: BLE001 - the writer must outlive a failed save
+                logger.warning("av_core: could not save state to %s: %s", self.path, error)
+
+    def close(self) -> None:
+        """Writes any save still pending and stops the writer thread; later refits save
+        nothing (the exit save still runs)."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._writer is not None:
+            self._writer.join(timeout=30)
+
+    def _save_at_exit(self, reference: Any) -> None:
+        self.close()
+        estimator = reference()
+        if estimator is None:
+            return
+        try:
+            estimator.flush()
+            self.save(estimator)
+            logger.info("av_core: estimator state saved to %s", self.path)
+        except Exception as error:  # noqa: BLE001 - exiting: report, never raise
+            logger.warning("av_core: could not save estimator state to %s: %s", self.path, error)
