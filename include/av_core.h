@@ -731,6 +731,38 @@ avc_status avc_cost_tables_draft_depth(const avc_cost_tables *tables,
                                        size_t *len_out);
 
 /**
+ * Saves the tables (all three, bit-exact) as versioned, checksummed bytes that
+ * avc_cost_tables_load restores, on any platform; the Python bindings' CostTables.to_bytes
+ * writes the same bytes.
+ *
+ * Writes the size to *len_out, then the bytes to buf if cap is large enough; if not, returns
+ * AVC_ERR_BUFFER_TOO_SMALL and writes nothing to buf (a first call with buf = NULL, cap = 0
+ * learns the size).
+ *
+ * # Safety
+ *
+ * tables must be NULL or live cost tables; buf must point to cap writable bytes (or be NULL
+ * with cap = 0); len_out must be NULL (an error) or point to a writable size_t.
+ */
+avc_status avc_cost_tables_save(const avc_cost_tables *tables,
+                                uint8_t *buf,
+                                size_t cap,
+                                size_t *len_out);
+
+/**
+ * Restores cost tables saved by avc_cost_tables_save (or by the Python bindings). On success
+ * *tables_out is a new handle owned by the caller; on failure it is NULL. Truncated, corrupt
+ * (checksum), foreign or future-version data, or tables no avc_cost_tables could hold, give
+ * AVC_ERR_VALUE naming "data".
+ *
+ * # Safety
+ *
+ * data must point to len readable bytes (or be NULL with len = 0); tables_out must be NULL
+ * (an error) or point to a writable avc_cost_tables pointer.
+ */
+avc_status avc_cost_tables_load(const uint8_t *data, size_t len, avc_cost_tables **tables_out);
+
+/**
  * The draft budget: the first b maximising (s + sum of the b highest survivals) /
  * (draft_ms[R] + verify_ms[T + b]), vLLM-compatible bit for bit.
  *
@@ -892,6 +924,36 @@ avc_status avc_planner_add_request(avc_planner *planner, size_t slot);
  * planner must be NULL or a live planner.
  */
 avc_status avc_planner_set_exploration(avc_planner *planner, double probability, uint64_t seed);
+
+/**
+ * Saves the planner's state (its cost tables, settings, the step count that drives the
+ * exploration draws, and every slot's remembered confidences) as versioned, checksummed bytes
+ * that avc_planner_load restores; the Python bindings' VerificationPlanner.to_bytes writes the
+ * same bytes. A restored planner plans every later step exactly as this one would.
+ *
+ * Writes the size to *len_out, then the bytes to buf if cap is large enough; if not, returns
+ * AVC_ERR_BUFFER_TOO_SMALL and writes nothing to buf (a first call with buf = NULL, cap = 0
+ * learns the size; it changes only when the planner does).
+ *
+ * # Safety
+ *
+ * planner must be NULL or a live planner; buf must point to cap writable bytes (or be NULL
+ * with cap = 0); len_out must be NULL (an error) or point to a writable size_t.
+ */
+avc_status avc_planner_save(const avc_planner *planner, uint8_t *buf, size_t cap, size_t *len_out);
+
+/**
+ * Restores a planner saved by avc_planner_save (or by the Python bindings, of this release or
+ * an earlier one). On success *planner_out is a new handle owned by the caller; on failure it
+ * is NULL. Truncated, corrupt (checksum), foreign or future-version data, or a state no
+ * planner could hold, give AVC_ERR_VALUE naming "data".
+ *
+ * # Safety
+ *
+ * data must point to len readable bytes (or be NULL with len = 0); planner_out must be NULL
+ * (an error) or point to a writable avc_planner pointer.
+ */
+avc_status avc_planner_load(const uint8_t *data, size_t len, avc_planner **planner_out);
 
 /**
  * Plans one step for the requests in slots (distinct slot indices, slots_len = num_rows, one

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import av_core
-from av_core import AcceptanceEstimator, CostTables, VerificationPlanner, _native
+from av_core import AcceptanceEstimator, CostTables, StateError, VerificationPlanner, _native
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,8 @@ def test_every_dtype_combination_reaches_the_core_as_the_same_numbers(
         (lambda e: e.observe(np.zeros((1, 4)), [1.0], [0]), TypeError, "num_admitted"),
         (lambda e: e.observe(np.zeros((1, 4)), [2], [-1]), ValueError, "num_accepted"),
         (lambda e: e.observe(np.zeros((1, 4)), [2], [1], [[2.0] * 4]), ValueError, "predictions"),
-        (lambda e: AcceptanceEstimator.from_bytes(b"junk"), ValueError, "data"),
+        # Corrupt state has its own ValueError subclass (the core's error kind, not its text).
+        (lambda e: AcceptanceEstimator.from_bytes(b"junk"), StateError, "data"),
         (lambda e: AcceptanceEstimator(0), ValueError, "num_positions"),
         (lambda e: AcceptanceEstimator(4, memory=1.5), ValueError, "memory"),
     ],
@@ -142,3 +143,110 @@ def test_pickle_and_copy_go_through_the_bindings_state_conversion() -> None:
     np.testing.assert_array_equal(planner.previous_confidences(0), [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(twin.previous_confidences(0), [0.25, 0.25, 0.25])
     assert VerificationPlanner.from_bytes(twin.to_bytes()).to_bytes() == twin.to_bytes()
+
+
+def test_each_error_kind_has_its_value_error_subclass(tmp_path: Path) -> None:
+    """The core's error kinds map to exception classes, never through the message: corrupt state
+    is a StateError, a missing or mismatched draft-depth table a DepthTableError, an argument
+    too large to copy an OutOfMemoryError; all are ValueErrors naming the argument."""
+    from av_core import DepthTableError, OutOfMemoryError, choose_draft_depth
+
+    for cls in (StateError, DepthTableError, OutOfMemoryError, av_core.BufferChangedError):
+        assert issubclass(cls, ValueError) and cls.__module__ == "av_core._native"
+    cases: list[tuple[Any, type[Exception], str]] = [
+        (lambda: VerificationPlanner.from_bytes(b"junk"), StateError, "data"),
+        (lambda: CostTables.from_json('{"draft_ms": [0]} trailing'), StateError, "json"),
+        (
+            lambda: VerificationPlanner.from_bytes(AcceptanceEstimator(2).to_bytes()),
+            StateError,
+            "data",
+        ),
+    ]
+    tables = CostTables([0.0, 1.0, 1.0], [1.0] * 16)
+    step = {"num_non_draft_tokens": 2, "num_sampling_requests": 2}
+    conf = np.full((2, 3), 0.5)
+    cases.append(
+        (
+            lambda: choose_draft_depth(conf, [3, 3], cost_tables=tables, **step),
+            DepthTableError,
+            "cost_tables",
+        )
+    )
+    shallow = tables.with_draft_depth("parallel", max_depth=2)
+    cases.append(
+        (
+            lambda: choose_draft_depth(conf, [3, 3], cost_tables=shallow, **step),
+            DepthTableError,
+            "cost_tables",
+        )
+    )
+    planner = VerificationPlanner(tables, 3, num_slots=4)
+    cases.append(
+        (lambda: planner.choose_draft_depth([0, 1], [3, 3], **step), DepthTableError, "cost_tables")
+    )
+    bad = tmp_path / "bad.avp"
+    bad.write_bytes(planner.to_bytes()[:-1])
+    cases.append((lambda: VerificationPlanner.load(bad), StateError, "path"))
+    # The same call with a value error of the plain kind is a plain ValueError.
+    cases.append(
+        (
+            lambda: choose_draft_depth(
+                conf, [3, 9], cost_tables=shallow.with_draft_depth("parallel", max_depth=3), **step
+            ),
+            ValueError,
+            "max_depths",
+        )
+    )
+    for call, expected, argument in cases:
+        with pytest.raises(ValueError) as raised:
+            call()
+        assert type(raised.value) is expected, (expected, raised.value)
+        assert str(raised.value).startswith(argument), str(raised.value)
+
+
+def test_every_stateful_type_pickles_copies_saves_and_loads_through_the_core(
+    tmp_path: Path,
+) -> None:
+    """Planner and cost tables derive to_bytes/from_bytes, save/load and pickling from the
+    core's persistence: each way gives back exactly the same state, and the clone continues
+    exactly like the original."""
+    tables = CostTables.from_curves(
+        [(1, 0.4), (4, 0.9)],
+        [(1, 6.0), (16, 6.5), (64, 9.0)],
+        max_num_reqs=8,
+        max_batch_tokens=64,
+        cudagraph_limit=16,
+    ).with_draft_depth("autoregressive", max_depth=3)
+    for clone in (
+        pickle.loads(pickle.dumps(tables)),
+        copy.copy(tables),
+        copy.deepcopy(tables),
+        CostTables.from_bytes(tables.to_bytes()),
+    ):
+        assert clone == tables and clone.to_json() == tables.to_json()
+    tables.save(tmp_path / "tables.avt")
+    assert CostTables.load(tmp_path / "tables.avt") == tables
+    assert tables.to_bytes()[:8] == b"AVCORE\0C"
+
+    planner = VerificationPlanner(tables, 3, num_slots=4, exploration=0.4, exploration_seed=9)
+    step = {"num_non_draft_tokens": 2, "num_sampling_requests": 2}
+    rng = np.random.default_rng(3)
+    planner.plan([0, 2], rng.uniform(0.2, 0.9, (2, 3)), [3, 2], **step)
+    planner.save(tmp_path / "planner.avp")
+    clones = [
+        pickle.loads(pickle.dumps(planner)),
+        copy.deepcopy(planner),
+        VerificationPlanner.load(tmp_path / "planner.avp"),
+    ]
+    for clone in clones:
+        assert clone.to_bytes() == planner.to_bytes()
+        assert clone.exploration == 0.4 and clone.cost_tables == tables
+    for _ in range(4):
+        conf = rng.uniform(0.05, 0.95, (2, 3))
+        plans = [p.plan([1, 2], conf, [3, 3], **step) for p in [planner, *clones]]
+        depths = [p.choose_draft_depth([1, 2], [3, 3], **step) for p in [planner, *clones]]
+        for plan, depth in zip(plans[1:], depths[1:], strict=True):
+            assert plan.budget == plans[0].budget
+            np.testing.assert_array_equal(plan.admitted, plans[0].admitted)
+            np.testing.assert_array_equal(depth.depths, depths[0].depths)
+    assert len({p.to_bytes() for p in [planner, *clones]}) == 1

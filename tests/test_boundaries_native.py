@@ -652,6 +652,13 @@ def test_no_size_an_argument_implies_is_allocated_before_it_is_checked() -> None
         refused("slots", lambda: p.remember(counts, rows, counts))
         refused("draft_ms", lambda: CostTables(np.broadcast_to(1.0, (huge,)), [1.0]))
         refused("depths", lambda: t.step_draft_cost_ms(counts))
+        # Of its own kind: a ValueError subclass, told apart without reading the message.
+        from av_core import OutOfMemoryError
+        for call in (lambda: est.predict(rows), lambda: assign_draft_budget(rows, counts, 1)):
+            try:
+                call()
+            except ValueError as error:
+                assert type(error) is OutOfMemoryError, repr(error)
         print("ok")
         """
     )

@@ -218,3 +218,107 @@ def test_c_demo_prints_what_the_python_api_computes(c_programs: Path) -> None:
 def test_c_error_paths(c_programs: Path) -> None:
     output = run(c_programs / "error_paths")
     assert output.rstrip().endswith(" 0 failures"), output
+
+
+def test_c_and_python_write_the_same_planner_and_cost_table_bytes(c_programs: Path) -> None:
+    """avc_cost_tables_save/avc_planner_save write the bytes that CostTables.to_bytes and
+    VerificationPlanner.to_bytes write for the same state, and each side loads the other's
+    (through ctypes on the shared library check_capi.sh built)."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(ROOT / "target" / "release" / "libav_core_capi.so"))
+    c_double_p, c_int64_p = ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int64)
+    lib.avc_last_error.restype = ctypes.c_char_p
+
+    def ok(status: int) -> None:
+        assert status == 0, lib.avc_last_error().decode()
+
+    def saved(save: Any, handle: ctypes.c_void_p) -> bytes:
+        needed = ctypes.c_size_t(0)
+        assert save(handle, None, ctypes.c_size_t(0), ctypes.byref(needed)) != 0  # size query
+        buf = (ctypes.c_uint8 * needed.value)()
+        ok(save(handle, buf, needed, ctypes.byref(needed)))
+        return bytes(buf)
+
+    draft = np.array([0.5, 0.6, 0.7, 0.8])
+    verify = np.array([5.0] * 9 + [6.0, 7.0, 8.0, 9.0])
+    depth = np.array([0.0, 0.4, 0.8, 1.2])
+    k, slots_n = 3, 4
+    python_tables = av_core.CostTables(draft, verify, draft_depth_ms=depth)
+    plain, tables = ctypes.c_void_p(), ctypes.c_void_p()
+    ok(
+        lib.avc_cost_tables_new(
+            draft.ctypes.data_as(c_double_p),
+            ctypes.c_size_t(draft.size),
+            verify.ctypes.data_as(c_double_p),
+            ctypes.c_size_t(verify.size),
+            ctypes.byref(plain),
+        )
+    )
+    ok(
+        lib.avc_cost_tables_with_draft_depth(
+            plain,
+            depth.ctypes.data_as(c_double_p),
+            ctypes.c_size_t(depth.size),
+            ctypes.byref(tables),
+        )
+    )
+    ok(lib.avc_cost_tables_free(plain))
+    c_table_bytes = saved(lib.avc_cost_tables_save, tables)
+    assert c_table_bytes == python_tables.to_bytes()
+    assert av_core.CostTables.from_bytes(c_table_bytes) == python_tables
+
+    python_planner = av_core.VerificationPlanner(
+        python_tables, k, num_slots=slots_n, exploration=0.3, exploration_seed=11
+    )
+    planner = ctypes.c_void_p()
+    ok(
+        lib.avc_planner_new(
+            tables, ctypes.c_size_t(slots_n), ctypes.c_size_t(k), 0, ctypes.byref(planner)
+        )
+    )
+    ok(lib.avc_planner_set_exploration(planner, ctypes.c_double(0.3), ctypes.c_uint64(11)))
+    ok(lib.avc_cost_tables_free(tables))
+    # One planned step, so the state holds a step count and remembered confidences.
+    slots = np.array([0, 2], np.int64)
+    confidences = np.array([[0.9, 0.8, 0.5], [0.7, 0.2, 0.1]], np.float32)
+    scheduled = np.array([3, 2], np.int64)
+    python_planner.plan(
+        slots, confidences, scheduled, num_non_draft_tokens=2, num_sampling_requests=2
+    )
+
+    class Step(ctypes.Structure):
+        _fields_ = [("t", ctypes.c_size_t), ("s", ctypes.c_size_t), ("cap", ctypes.c_size_t)]
+
+    class Plan(ctypes.Structure):
+        _fields_ = [("budget", ctypes.c_size_t), ("e", ctypes.c_double), ("c", ctypes.c_double)]
+
+    admitted = np.zeros(2, np.int32)
+    plan = Plan()
+    ok(
+        lib.avc_planner_plan(
+            planner,
+            slots.ctypes.data_as(c_int64_p),
+            ctypes.c_size_t(2),
+            confidences.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            ctypes.c_size_t(2),
+            ctypes.c_size_t(k),
+            scheduled.ctypes.data_as(c_int64_p),
+            ctypes.c_size_t(2),
+            ctypes.byref(Step(2, 2, ctypes.c_size_t(-1).value)),
+            admitted.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+            ctypes.c_size_t(2),
+            ctypes.byref(plan),
+        )
+    )
+    c_planner_bytes = saved(lib.avc_planner_save, planner)
+    ok(lib.avc_planner_free(planner))
+    assert c_planner_bytes == python_planner.to_bytes()
+    assert c_planner_bytes[:8] == b"AVCORE\0P"
+
+    # Python's bytes load in C and save back unchanged.
+    python_bytes = python_planner.to_bytes()
+    data = (ctypes.c_uint8 * len(python_bytes)).from_buffer_copy(python_bytes)
+    ok(lib.avc_planner_load(data, ctypes.c_size_t(len(python_bytes)), ctypes.byref(planner)))
+    assert saved(lib.avc_planner_save, planner) == python_bytes
+    ok(lib.avc_planner_free(planner))

@@ -543,9 +543,10 @@ def test_one_adversarial_round_cannot_throw_an_intercept_out_of_reach() -> None:
     assert 0.0 <= mapped.slope <= mapped.max_slope
 
 
-def test_device_tensors_are_staged_through_features_to_host(monkeypatch: Any) -> None:
-    # A stand-in for a CUDA tensor: numpy cannot read it, and it says it lives on the device.
-    features_module = pytest.importorskip("av_core.features")
+def test_device_tensors_are_copied_to_host_by_their_own_cpu() -> None:
+    # A stand-in for a CUDA tensor: numpy cannot read it, it says it lives on the device, and
+    # detach().cpu() gives its values on the host. The extension stages it with the tensor's
+    # own methods, asking nothing of av_core's Python modules.
     host = np.linspace(-2, 2, 8, dtype=np.float32).reshape(2, 4)
     staged = []
 
@@ -555,16 +556,25 @@ def test_device_tensors_are_staged_through_features_to_host(monkeypatch: Any) ->
         def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
             raise TypeError("can't convert cuda:0 device type tensor to numpy")
 
-    def fake_to_host(tensor: Any, out: Any = None) -> np.ndarray:
-        staged.append(tensor)
-        return host
+        def detach(self) -> DeviceTensor:
+            return self
 
-    monkeypatch.setattr(features_module, "to_host", fake_to_host)
+        def cpu(self) -> np.ndarray:
+            staged.append(self)
+            return host
+
     est = AcceptanceEstimator(4)
     np.testing.assert_array_equal(est.predict(DeviceTensor()), est.predict(host))
     assert len(staged) == 1
     est.observe(DeviceTensor(), [4, 1], [2, 0])
     assert est.round_counts().tolist() == [2, 1, 1, 0]
+
+    class StuckOnDevice(DeviceTensor):
+        def cpu(self) -> np.ndarray:
+            return self  # type: ignore[return-value]
+
+    with pytest.raises(TypeError, match="features: StuckOnDevice.cpu"):
+        est.predict(StuckOnDevice())
 
     class NotATensor:
         is_cuda = False

@@ -142,3 +142,63 @@ def test_corrupt_planner_files_are_refused_and_crash_safe(tmp_path: Path) -> Non
             VerificationPlanner.load(tmp_path / "bad.avp")
     (tmp_path / f".{path.name}.tmp999").write_bytes(data[:10])  # a writer died mid-write
     assert VerificationPlanner.load(path).to_bytes() == data
+
+
+MAX_COUNT = 2**56  # the loader's bound on every counter, written out (not read from the code)
+
+
+def test_a_state_at_the_loaders_bounds_keeps_working_and_every_state_it_reaches_reloads() -> None:
+    """A restored state whose counters sit at the bound (2**56) refuses an observation that
+    would pass it (ValueError naming the argument, nothing changed), saturates its refit count,
+    and saves bytes that load again, through the state dict and the bytes alike."""
+    # vLLM's update: its round holds the per-position counts ``n`` (the map update's round is
+    # histograms).
+    est = AcceptanceEstimator(2, refit_interval=5, update="vllm")
+    x = np.array([[0.5, -1.0]], np.float32)
+    est.observe(x, [2], [1])
+    state = est.state_dict()
+    state["num_refits"] = MAX_COUNT
+    state["round_stats"]["n"] = [MAX_COUNT, 3]
+    full = AcceptanceEstimator.from_state_dict(state)
+    before = full.to_bytes()
+    with pytest.raises(ValueError, match="num_admitted"):
+        full.observe(x, [2], [1])
+    assert full.to_bytes() == before
+    full.observe(np.array([[0.5, -1.0]], np.float32), [0], [0])  # labels nothing: accepted
+    full.refit()
+    assert full.num_refits == MAX_COUNT
+    again = AcceptanceEstimator.from_bytes(full.to_bytes())
+    again.observe(x, [2], [1])
+    again.refit()
+    assert again.num_refits == MAX_COUNT
+    assert AcceptanceEstimator.from_bytes(again.to_bytes()).num_refits == MAX_COUNT
+
+
+DATA = Path(__file__).resolve().parents[1] / "av_core" / "tests" / "data"
+
+
+def test_state_written_by_0_1_0_still_loads() -> None:
+    """Bytes, JSON and a pickle written by av_core 0.1.0 (av_core/tests/persist_compat.rs has
+    the recipes and checks the states bit for bit; here: through the Python entry points)."""
+    import pickle
+
+    for name, source in (("planner_v1.bin", "previous"), ("planner_v1_depth.bin", "current")):
+        planner = VerificationPlanner.load(DATA / name)
+        assert (planner.num_slots, planner.num_positions) == (12, 4)
+        assert planner.budget_source == source and planner.exploration == 0.25
+        assert VerificationPlanner.from_bytes((DATA / name).read_bytes()).to_bytes() == (
+            planner.to_bytes()
+        )
+        np.testing.assert_array_equal(planner.previous_confidences(4), np.ones(4))
+    depth = CostTables.from_json((DATA / "cost_tables_depth.json").read_text())
+    assert depth.max_draft_depth == 4
+    assert VerificationPlanner.load(DATA / "planner_v1_depth.bin").cost_tables == depth
+    assert depth.to_json() == (DATA / "cost_tables_depth.json").read_text()
+    assert pickle.loads((DATA / "cost_tables_depth.pickle").read_bytes()) == depth
+    estimator = AcceptanceEstimator.load(DATA / "estimator_v1.bin")
+    # Version 1 loads as vLLM's update and is saved as version 2 (issue #23's format), which
+    # loads back to the same state.
+    assert estimator.update == "vllm"
+    again = AcceptanceEstimator.from_bytes(estimator.to_bytes())
+    assert again.to_bytes() == estimator.to_bytes()
+    assert again.state_dict() == estimator.state_dict()

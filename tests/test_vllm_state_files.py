@@ -4,14 +4,13 @@
 ``WarmStart.load`` runs inside vLLM's ``load_model``. Before, a FIFO at the state path blocked
 start-up forever (and a symlink to ``/dev/zero`` read without end; ``/dev/null`` stands for
 devices here), a file nested too deeply raised ``RecursionError``, an edited but consistently
-checksummed ``saved_at`` raised
-``TypeError``/``OverflowError`` after the state was loaded, an estimator that raised anything
-but the four expected errors took the server down, and a save that failed with anything but
-``OSError`` killed the background writer for good. And since every key has its own file, a
-changed draft model, method or K cold-started with an info line only: the warning that the
-issue asks for ("a state whose key does not match is not loaded, a warning says why") never
-appeared in the plugin's flow. Each case: the estimator is left exactly as it was, a warning
-says why, and the call returns within seconds.
+checksummed ``saved_at`` raised ``TypeError``/``OverflowError`` after the state was loaded, an
+estimator that raised anything but the four expected errors took the server down, and a save
+that failed with anything but ``OSError`` killed the background writer for good. And since every
+key has its own file, a changed draft model, method or K cold-started with an info line only:
+the warning that the issue asks for ("a state whose key does not match is not loaded, a warning
+says why") never appeared in the plugin's flow. Each case: the estimator is left exactly as it
+was, a warning says why, and the call returns within seconds.
 """
 
 from __future__ import annotations

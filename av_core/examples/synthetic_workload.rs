@@ -3,11 +3,12 @@
 //! A simulated drafter proposes `K` tokens for each of `R` requests per decode step; the
 //! simulated target accepts draft `k` with probability `σ(ω·x + β_k)` for known "true"
 //! coefficients, stopping at the first rejection. Each step runs the serving loop of
-//! DESIGN.md section 2: predict → plan (budget from the previous step's confidences) →
-//! verify → observe. The estimator starts from vLLM's cold start and should recover the true
+//! docs/design.md ("One decode step"): predict → plan (budget from the previous step's
+//! confidences) → verify → observe. The estimator starts from vLLM's cold start and should recover the true
 //! coefficients; the planner should verify fewer drafts than were drafted while keeping most of
 //! the accepted tokens. A last section observes from four threads at once and checks that the
-//! coefficients are bit-identical to a serial run (DESIGN.md section 5).
+//! coefficients are bit-identical to a serial run (docs/design.md, "Determinism and
+//! concurrency").
 //!
 //! ```text
 //! cargo run -p av_core --release --example synthetic_workload [-- STEPS]

@@ -314,6 +314,36 @@ impl AtomicRound {
         }
     }
 
+    /// Adds `stats` unless that would take a position's count past [`MAX_COUNT`]; then adds
+    /// nothing and returns that position. Counts are reserved first (one compare-and-swap
+    /// each, undone if a later position is full), so concurrent adds can never together pass
+    /// the limit; a snapshot racing the undo may see a count above its sums, which is still a
+    /// state observations can produce (fewer labels than counted never breaks an invariant).
+    fn try_add(&self, stats: &RoundStats) -> std::result::Result<(), usize> {
+        for (k, (count, p)) in self.counts.iter().zip(&stats.positions).enumerate() {
+            let fits = |c: u64| c.checked_add(p.n).filter(|&t| t <= MAX_COUNT);
+            if p.n != 0
+                && count
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits)
+                    .is_err()
+            {
+                for (count, p) in self.counts.iter().zip(&stats.positions).take(k) {
+                    count.fetch_sub(p.n, Ordering::Relaxed);
+                }
+                return Err(k);
+            }
+        }
+        for (sums, p) in self.sums.iter().zip(&stats.positions) {
+            if *p == PositionSums::default() {
+                continue;
+            }
+            for (sum, value) in sums.iter().zip([p.a, p.b, p.c, p.g0, p.g1]) {
+                sum.add(value);
+            }
+        }
+        Ok(())
+    }
+
     fn add(&self, stats: &RoundStats) {
         for ((sums, count), p) in self.sums.iter().zip(&*self.counts).zip(&stats.positions) {
             if *p == PositionSums::default() {
@@ -500,6 +530,33 @@ impl Accumulator {
         let index = self.flip.enter();
         self.buffers[index].add(stats);
         self.flip.leave(index);
+    }
+
+    /// [`add`](Self::add), unless that would take a position's count in the current round past
+    /// [`MAX_COUNT`] (the bound a restored state must meet): then nothing is added and the
+    /// error names the position. Lock-free; safe from any thread.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::accumulator::{Accumulator, RoundStats, MAX_COUNT};
+    ///
+    /// let acc = Accumulator::new(2);
+    /// let mut full = RoundStats::new(2);
+    /// full.positions[1].n = MAX_COUNT; // counts only: a valid, if unreachable, round
+    /// assert_eq!(acc.try_add(&full), Ok(()));
+    /// let mut one = RoundStats::new(2);
+    /// one.positions[0].add_observation(0.3, 0.6, true);
+    /// one.positions[1].add_observation(0.3, 0.6, true);
+    /// assert_eq!(acc.try_add(&one), Err(1));
+    /// assert_eq!(acc.take(), full); // the refused add left nothing behind
+    /// ```
+    pub fn try_add(&self, stats: &RoundStats) -> std::result::Result<(), usize> {
+        debug_assert_eq!(stats.positions.len(), self.num_positions);
+        let index = self.flip.enter();
+        let result = self.buffers[index].try_add(stats);
+        self.flip.leave(index);
+        result
     }
 
     /// Ends the round: returns its statistics and starts an empty one.

@@ -91,22 +91,28 @@ impl DrafterKind {
             .collect()
     }
 
-    /// Parses `"autoregressive"` or `"parallel"` (the names the bindings accept).
+    /// Parses `"autoregressive"` or `"parallel"` (the names the bindings accept), given as
+    /// `argument` (the name the caller's API gives it, for the error).
     ///
     /// ```rust
     /// use av_core::cost_tables::DrafterKind;
     ///
-    /// assert_eq!(DrafterKind::parse("parallel")?, DrafterKind::Parallel);
-    /// assert_eq!(DrafterKind::parse("block").unwrap_err().argument, "drafter");
+    /// assert_eq!(DrafterKind::parse("drafter", "parallel")?, DrafterKind::Parallel);
+    /// let err = DrafterKind::parse("drafter", "block").unwrap_err();
+    /// assert_eq!(err.argument, "drafter");
+    /// assert_eq!(
+    ///     err.message,
+    ///     r#"drafter kind must be 'autoregressive' or 'parallel', got "block""#
+    /// );
     /// # Ok::<(), av_core::Error>(())
     /// ```
-    pub fn parse(name: &str) -> Result<Self> {
+    pub fn parse(argument: &'static str, name: &str) -> Result<Self> {
         match name {
             "autoregressive" => Ok(DrafterKind::Autoregressive),
             "parallel" => Ok(DrafterKind::Parallel),
             other => Err(Error::value(
-                "drafter",
-                format!("must be 'autoregressive' or 'parallel', got {other:?}"),
+                argument,
+                format!("drafter kind must be 'autoregressive' or 'parallel', got {other:?}"),
             )),
         }
     }
@@ -300,8 +306,8 @@ impl CostTables {
     /// // Profiled at some batch: 1.1 ms for one position, 2.0 for two, 3.0 for three.
     /// let tables = tables.with_draft_depth(vec![0.0, 1.1, 2.0, 3.0])?;
     /// assert_eq!(tables.max_draft_depth(), Some(3));
-    /// assert_eq!(tables.draft_cost_ms(2, 3), 2.5); // full depth: draft_ms[2]
-    /// assert_eq!(tables.draft_cost_ms(2, 0), 0.0); // no drafter
+    /// assert_eq!(tables.draft_cost_ms(2, 3)?, 2.5); // full depth: draft_ms[2]
+    /// assert_eq!(tables.draft_cost_ms(2, 0)?, 0.0); // no drafter
     /// let err = CostTables::new(vec![0.0], vec![1.0])?.with_draft_depth(vec![0.0, 2.0, 1.0]);
     /// assert_eq!(err.unwrap_err().argument, "draft_depth_ms");
     /// # Ok::<(), av_core::Error>(())
@@ -314,7 +320,7 @@ impl CostTables {
 
     /// [`Self::with_draft_depth`] from profiled `(depth, ms)` points, built like the other
     /// curves (running maximum, each depth charged at the next profiled depth `≥` it, the last
-    /// segment extended) over `0..=max_depth`, with depth 0 set to 0 (no drafter runs).
+    /// segment extended) over `0..=max_draft_depth`, with depth 0 set to 0 (no drafter runs).
     ///
     /// # Example
     ///
@@ -326,15 +332,14 @@ impl CostTables {
     /// assert_eq!(tables.draft_depth_ms(), Some(&[0.0, 0.7, 1.3, 1.9000000000000001, 2.5][..]));
     /// # Ok::<(), av_core::Error>(())
     /// ```
-    pub fn with_draft_depth_curve(self, curve: &[(f64, f64)], max_depth: usize) -> Result<Self> {
+    pub fn with_draft_depth_curve(
+        self,
+        curve: &[(f64, f64)],
+        max_draft_depth: usize,
+    ) -> Result<Self> {
         check_curve("draft_depth_curve", curve)?;
-        if max_depth == 0 || max_depth > MAX_DRAFT_DEPTH {
-            return Err(Error::value(
-                "max_draft_depth",
-                format!("= {max_depth} must be in 1..={MAX_DRAFT_DEPTH}"),
-            ));
-        }
-        let mut table = build_table(curve, max_depth, 0);
+        check_max_depth("max_draft_depth", max_draft_depth)?;
+        let mut table = build_table(curve, max_draft_depth, 0);
         table[0] = 0.0;
         for i in 1..table.len() {
             table[i] = table[i].max(table[i - 1]).max(DRAFT_COST_FLOOR_MS);
@@ -350,16 +355,11 @@ impl CostTables {
     ///
     /// let tables = CostTables::new(vec![0.0, 0.8], vec![5.0; 9])?
     ///     .with_drafter(DrafterKind::Autoregressive, 4)?;
-    /// assert_eq!(tables.draft_cost_ms(1, 2), 0.4); // half the depth, half the passes
+    /// assert_eq!(tables.draft_cost_ms(1, 2)?, 0.4); // half the depth, half the passes
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn with_drafter(self, kind: DrafterKind, max_depth: usize) -> Result<Self> {
-        if max_depth == 0 || max_depth > MAX_DRAFT_DEPTH {
-            return Err(Error::value(
-                "max_draft_depth",
-                format!("= {max_depth} must be in 1..={MAX_DRAFT_DEPTH}"),
-            ));
-        }
+        check_max_depth("max_depth", max_depth)?;
         self.with_draft_depth(kind.depth_shape(max_depth))
     }
 
@@ -395,12 +395,31 @@ impl CostTables {
 
     /// The drafter's cost for `num_requests` requests drafting `depth` positions each:
     /// `draft_ms[R] · fraction(depth)` (see [`Self::depth_fraction`]); 0 when nothing is
-    /// drafted. `num_requests` must be within the draft table.
-    pub fn draft_cost_ms(&self, num_requests: usize, depth: usize) -> f64 {
+    /// drafted. More requests than [`Self::max_num_reqs`] are a value error naming
+    /// `num_requests`.
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    ///
+    /// let tables = CostTables::new(vec![0.0, 1.0, 1.5], vec![5.0; 9])?;
+    /// assert_eq!(tables.draft_cost_ms(2, 3)?, 1.5);
+    /// assert_eq!(tables.draft_cost_ms(3, 1).unwrap_err().argument, "num_requests");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn draft_cost_ms(&self, num_requests: usize, depth: usize) -> Result<f64> {
+        let Some(&full) = self.draft_ms.get(num_requests) else {
+            return Err(Error::value(
+                "num_requests",
+                format!(
+                    "= {num_requests} exceeds max_num_reqs = {}",
+                    self.max_num_reqs()
+                ),
+            ));
+        };
         if num_requests == 0 || depth == 0 {
-            return 0.0;
+            return Ok(0.0);
         }
-        self.draft_ms[num_requests] * self.depth_fraction(depth)
+        Ok(full * self.depth_fraction(depth))
     }
 
     /// The drafter's cost of a step whose requests draft `depths[r]` positions each: pass `j`
@@ -410,7 +429,8 @@ impl CostTables {
     /// up to rounding (the passes are summed).
     /// `counts` is scratch space, of at most `K + 1` entries whatever the depths (a depth past
     /// the depth table costs what `K` does, so only `min(depth, K)` is counted; without a depth
-    /// table `K` is 1). At most `max_num_reqs` requests may draft (`depths[r] > 0`); more panic.
+    /// table `K` is 1). At most `max_num_reqs` requests may draft (`depths[r] > 0`); more are a
+    /// value error naming `depths`.
     ///
     /// ```rust
     /// use av_core::cost_tables::{CostTables, DrafterKind};
@@ -418,19 +438,21 @@ impl CostTables {
     /// let draft_ms = vec![0.0, 1.0, 1.5, 2.0]; // full depth, by batch size
     /// let tables = CostTables::new(draft_ms, vec![5.0; 9])?.with_drafter(DrafterKind::Autoregressive, 2)?;
     /// // Two requests draft 2 positions, one drafts 1: pass 1 over 3 requests, pass 2 over 2.
-    /// let cost = tables.step_draft_cost_ms(&[2, 1, 2], &mut Vec::new());
+    /// let cost = tables.step_draft_cost_ms(&[2, 1, 2], &mut Vec::new())?;
     /// assert_eq!(cost, 2.0 * 0.5 + 1.5 * 0.5);
-    /// assert_eq!(cost, tables.draft_cost_ms(3, 1) + tables.draft_cost_ms(2, 2) - tables.draft_cost_ms(2, 1));
+    /// assert_eq!(cost, tables.draft_cost_ms(3, 1)? + tables.draft_cost_ms(2, 2)? - tables.draft_cost_ms(2, 1)?);
+    /// let err = tables.step_draft_cost_ms(&[1, 1, 1, 1], &mut Vec::new()).unwrap_err();
+    /// assert_eq!(err.argument, "depths");
     /// # Ok::<(), av_core::Error>(())
     /// ```
-    pub fn step_draft_cost_ms(&self, depths: &[usize], counts: &mut Vec<usize>) -> f64 {
+    pub fn step_draft_cost_ms(&self, depths: &[usize], counts: &mut Vec<usize>) -> Result<f64> {
         // Past the table every pass costs a zero fraction (fraction(j) = fraction(K) = 1 for
         // j ≥ K), so counting depths beyond K changes no bit of the sum; capping them keeps the
         // scratch at K + 1 entries whatever a caller passes.
         let cap = self.max_draft_depth().unwrap_or(1);
         let deepest = depths.iter().copied().max().unwrap_or(0).min(cap);
         if deepest == 0 {
-            return 0.0;
+            return Ok(0.0);
         }
         counts.clear();
         counts.resize(deepest + 1, 0);
@@ -441,6 +463,17 @@ impl CostTables {
         for j in (1..deepest).rev() {
             counts[j] += counts[j + 1];
         }
+        // counts[1] is every drafting request, the largest R_j.
+        if counts[1] > self.max_num_reqs() {
+            return Err(Error::value(
+                "depths",
+                format!(
+                    "has {} drafting requests, more than max_num_reqs = {}",
+                    counts[1],
+                    self.max_num_reqs()
+                ),
+            ));
+        }
         let mut cost = 0.0;
         let mut previous = 0.0;
         for (j, &rows) in counts.iter().enumerate().skip(1) {
@@ -450,7 +483,7 @@ impl CostTables {
             }
             previous = fraction;
         }
-        cost
+        Ok(cost)
     }
 
     /// `{"draft_ms": [...], "verify_ms": [...]}` (plus `"draft_depth_ms"` when there is a depth
@@ -467,17 +500,7 @@ impl CostTables {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn to_json(&self) -> String {
-        let mut out = String::with_capacity(24 * (self.draft_ms.len() + self.verify_ms.len()));
-        out.push_str("{\"draft_ms\": ");
-        push_json_array(&mut out, &self.draft_ms);
-        out.push_str(", \"verify_ms\": ");
-        push_json_array(&mut out, &self.verify_ms);
-        if let Some(depth) = &self.draft_depth_ms {
-            out.push_str(", \"draft_depth_ms\": ");
-            push_json_array(&mut out, depth);
-        }
-        out.push('}');
-        out
+        crate::persist::cost_tables::to_json(self)
     }
 
     /// Parses [`CostTables::to_json`]'s format (any JSON whitespace, keys in any order) and
@@ -495,53 +518,39 @@ impl CostTables {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn from_json(text: &str) -> Result<Self> {
-        let mut parser = JsonParser {
-            bytes: text.as_bytes(),
-            pos: 0,
-        };
-        let mut draft_ms = None;
-        let mut verify_ms = None;
-        let mut draft_depth_ms = None;
-        parser.expect(b'{')?;
-        loop {
-            let key = parser.string()?;
-            parser.expect(b':')?;
-            let values = parser.number_array()?;
-            let slot = match key.as_str() {
-                "draft_ms" => &mut draft_ms,
-                "verify_ms" => &mut verify_ms,
-                "draft_depth_ms" => &mut draft_depth_ms,
-                other => return Err(json_error(format!("unknown key \"{other}\""))),
-            };
-            if slot.replace(values).is_some() {
-                return Err(json_error(format!("duplicate key \"{key}\"")));
-            }
-            if parser.peek() == Some(b',') {
-                parser.pos += 1;
-            } else {
-                break;
-            }
-        }
-        parser.expect(b'}')?;
-        parser.skip_whitespace();
-        if parser.pos != parser.bytes.len() {
-            return Err(json_error(format!(
-                "trailing characters at byte {}",
-                parser.pos
-            )));
-        }
-        match (draft_ms, verify_ms) {
-            (Some(draft_ms), Some(verify_ms)) => {
-                let tables = CostTables::new(draft_ms, verify_ms)?;
-                match draft_depth_ms {
-                    Some(depth) => tables.with_draft_depth(depth),
-                    None => Ok(tables),
-                }
-            }
-            _ => Err(json_error(
-                "expected both \"draft_ms\" and \"verify_ms\"".to_owned(),
-            )),
-        }
+        crate::persist::cost_tables::from_json(text)
+    }
+
+    /// The longest [`to_bytes`](Self::to_bytes) output (both tables at [`MAX_TABLE_LEN`], the
+    /// deepest depth table): a reader never needs more bytes.
+    pub const MAX_ENCODED_LEN: usize = crate::persist::cost_tables::MAX_ENCODED_LEN;
+
+    /// The tables as versioned, checksummed bytes (the frame of [`crate::persist`], magic
+    /// `AVCORE\0C`; the payload is [`crate::persist::cost_tables`]), bit-exact.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::{CostTables, DrafterKind};
+    ///
+    /// let tables = CostTables::new(vec![0.0, 0.3], vec![7.1, 9.3])?
+    ///     .with_drafter(DrafterKind::Parallel, 4)?;
+    /// let bytes = tables.to_bytes();
+    /// assert_eq!(&bytes[..8], b"AVCORE\0C");
+    /// assert_eq!(CostTables::from_bytes(&bytes)?, tables);
+    /// let err = CostTables::from_bytes(&bytes[..20]).unwrap_err();
+    /// assert_eq!(err.kind, av_core::ErrorKind::State);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn to_bytes(&self) -> Vec<u8> {
+        crate::persist::cost_tables::encode(self)
+    }
+
+    /// Tables from [`to_bytes`](Self::to_bytes); corrupt, truncated, foreign or
+    /// future-version data, or a table no `CostTables` could hold, is an
+    /// [`ErrorKind::State`](crate::ErrorKind::State) error naming `data`.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        crate::persist::cost_tables::decode(bytes)
     }
 }
 
@@ -653,6 +662,16 @@ fn check_depth_table(table: &[f64]) -> Result<()> {
     Ok(())
 }
 
+fn check_max_depth(argument: &'static str, max_depth: usize) -> Result<()> {
+    if max_depth == 0 || max_depth > MAX_DRAFT_DEPTH {
+        return Err(Error::value(
+            argument,
+            format!("= {max_depth} must be in 1..={MAX_DRAFT_DEPTH}"),
+        ));
+    }
+    Ok(())
+}
+
 fn check_table_len(argument: &'static str, max_size: usize) -> Result<()> {
     if max_size >= MAX_TABLE_LEN {
         return Err(Error::value(
@@ -751,315 +770,5 @@ fn interpolate(x: f64, xs: &[f64], ys: &[f64]) -> f64 {
     slope * (x - xs[j]) + ys[j]
 }
 
-fn push_json_array(out: &mut String, values: &[f64]) {
-    out.push('[');
-    for (i, value) in values.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        // `{:?}` is the shortest string that parses back to the same bits, and JSON-valid
-        // for finite values ("0.5", "1e-6", "100.0").
-        out.push_str(&format!("{value:?}"));
-    }
-    out.push(']');
-}
-
-fn json_error(message: String) -> Error {
-    Error::value("json", message)
-}
-
-/// Just enough JSON for `{"key": [numbers...], ...}`.
-struct JsonParser<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl JsonParser<'_> {
-    fn skip_whitespace(&mut self) {
-        while self.pos < self.bytes.len() && self.bytes[self.pos].is_ascii_whitespace() {
-            self.pos += 1;
-        }
-    }
-
-    fn peek(&mut self) -> Option<u8> {
-        self.skip_whitespace();
-        self.bytes.get(self.pos).copied()
-    }
-
-    fn expect(&mut self, byte: u8) -> Result<()> {
-        match self.peek() {
-            Some(b) if b == byte => {
-                self.pos += 1;
-                Ok(())
-            }
-            found => Err(json_error(format!(
-                "expected '{}' at byte {}, found {}",
-                byte as char,
-                self.pos,
-                found.map_or("the end".to_owned(), |b| format!("'{}'", b as char))
-            ))),
-        }
-    }
-
-    fn string(&mut self) -> Result<String> {
-        self.expect(b'"')?;
-        let start = self.pos;
-        while self.pos < self.bytes.len() && self.bytes[self.pos] != b'"' {
-            if self.bytes[self.pos] == b'\\' {
-                return Err(json_error(format!(
-                    "unexpected escape at byte {}",
-                    self.pos
-                )));
-            }
-            self.pos += 1;
-        }
-        let text = std::str::from_utf8(&self.bytes[start..self.pos])
-            .map_err(|_| json_error(format!("invalid UTF-8 at byte {start}")))?
-            .to_owned();
-        self.expect(b'"')?;
-        Ok(text)
-    }
-
-    fn number(&mut self) -> Result<f64> {
-        self.skip_whitespace();
-        let start = self.pos;
-        while self.pos < self.bytes.len()
-            && matches!(
-                self.bytes[self.pos],
-                b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'
-            )
-        {
-            self.pos += 1;
-        }
-        let text = std::str::from_utf8(&self.bytes[start..self.pos]).unwrap_or("");
-        text.parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite())
-            .ok_or_else(|| json_error(format!("expected a finite number at byte {start}")))
-    }
-
-    fn number_array(&mut self) -> Result<Vec<f64>> {
-        self.expect(b'[')?;
-        let mut values = Vec::new();
-        if self.peek() == Some(b']') {
-            self.pos += 1;
-            return Ok(values);
-        }
-        loop {
-            values.push(self.number()?);
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                _ => break,
-            }
-        }
-        self.expect(b']')?;
-        Ok(values)
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn curve(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
-        points.to_vec()
-    }
-
-    #[test]
-    fn profiled_points_are_reproduced() {
-        let verify = curve(&[(1.0, 2.0), (4.0, 3.0), (8.0, 5.0), (16.0, 9.0)]);
-        let t = CostTables::from_curves(&verify, &verify, 16, 16, 8).unwrap();
-        for &(x, y) in &verify {
-            assert_eq!(t.verify_ms()[x as usize], y);
-            assert_eq!(t.draft_ms()[x as usize], y);
-        }
-    }
-
-    #[test]
-    fn step_below_limit_linear_above_and_extrapolated() {
-        let verify = curve(&[(2.0, 1.0), (4.0, 2.0), (8.0, 4.0), (16.0, 6.0)]);
-        let t = CostTables::from_curves(&verify, &verify, 1, 20, 4).unwrap();
-        let v = t.verify_ms();
-        // Step up to the limit: sizes 0..=2 pay size 2's cost, 3..=4 pay size 4's.
-        assert_eq!(&v[0..5], &[1.0, 1.0, 1.0, 2.0, 2.0]);
-        // Above the limit: only points above it are blended (8 and 16); 5..=7 sit before the
-        // first of them and take its value.
-        assert_eq!(&v[5..9], &[4.0, 4.0, 4.0, 4.0]);
-        assert_eq!(v[12], 5.0);
-        // Past 16: extend the last segment, slope 2/8.
-        assert_eq!(v[20], 7.0);
-    }
-
-    #[test]
-    fn no_limit_means_steps_then_extrapolation() {
-        let verify = curve(&[(2.0, 1.0), (4.0, 3.0)]);
-        let t = CostTables::from_curves(&verify, &verify, 0, 6, 0).unwrap();
-        assert_eq!(t.verify_ms(), &[1.0, 1.0, 1.0, 3.0, 3.0, 4.0, 5.0]);
-        assert_eq!(t.draft_ms(), &[1.0]);
-    }
-
-    #[test]
-    fn running_maximum_and_floors() {
-        let draft = curve(&[(1.0, -3.0), (2.0, -5.0)]);
-        let verify = curve(&[(1.0, 0.0), (2.0, 0.0)]);
-        let t = CostTables::from_curves(&draft, &verify, 3, 3, 0).unwrap();
-        assert_eq!(t.draft_ms(), &[0.0; 4]);
-        assert_eq!(t.verify_ms(), &[VERIFY_COST_FLOOR_MS; 4]);
-        let bumpy = curve(&[(1.0, 5.0), (2.0, 3.0), (3.0, 4.0), (4.0, 7.0)]);
-        let t = CostTables::from_curves(&bumpy, &bumpy, 4, 4, 0).unwrap();
-        assert_eq!(t.verify_ms(), &[5.0, 5.0, 5.0, 5.0, 7.0]);
-    }
-
-    #[test]
-    fn single_point_is_constant() {
-        let one = curve(&[(8.0, 2.5)]);
-        let t = CostTables::from_curves(&one, &one, 3, 20, 4).unwrap();
-        assert!(t.verify_ms().iter().all(|&v| v == 2.5));
-    }
-
-    #[test]
-    fn bad_curves_name_the_argument() {
-        let good = curve(&[(1.0, 1.0)]);
-        let cases: Vec<(Vec<(f64, f64)>, &str)> = vec![
-            (vec![], "empty"),
-            (curve(&[(1.0, f64::NAN)]), "finite"),
-            (curve(&[(f64::INFINITY, 1.0)]), "finite"),
-            (curve(&[(-1.0, 1.0)]), ">= 0"),
-            (curve(&[(2.0, 1.0), (2.0, 3.0)]), "strictly increasing"),
-            (curve(&[(2.0, 1.0), (1.0, 3.0)]), "strictly increasing"),
-        ];
-        for (bad, needle) in cases {
-            let e = CostTables::from_curves(&good, &bad, 4, 4, 0).unwrap_err();
-            assert_eq!(e.argument, "verify_curve");
-            assert!(e.message.contains(needle), "{}", e.message);
-            let e = CostTables::from_curves(&bad, &good, 4, 4, 0).unwrap_err();
-            assert_eq!(e.argument, "draft_curve");
-        }
-        let e = CostTables::from_curves(&good, &good, 4, MAX_TABLE_LEN, 0).unwrap_err();
-        assert_eq!(e.argument, "max_batch_tokens");
-    }
-
-    #[test]
-    fn explicit_tables_are_validated() {
-        assert_eq!(
-            CostTables::new(vec![], vec![1.0]).unwrap_err().argument,
-            "draft_ms"
-        );
-        assert_eq!(
-            CostTables::new(vec![-1.0], vec![1.0]).unwrap_err().argument,
-            "draft_ms"
-        );
-        assert_eq!(
-            CostTables::new(vec![0.0], vec![0.0]).unwrap_err().argument,
-            "verify_ms"
-        );
-        assert_eq!(
-            CostTables::new(vec![0.0], vec![f64::NAN])
-                .unwrap_err()
-                .argument,
-            "verify_ms"
-        );
-        assert!(CostTables::new(vec![0.0], vec![1e-9]).is_ok());
-    }
-
-    #[test]
-    fn median_per_size() {
-        let samples = [
-            (4.0, 9.0),
-            (2.0, 1.0),
-            (4.0, 1.0),
-            (2.0, 3.0),
-            (4.0, 2.0),
-            (2.0, 100.0),
-        ];
-        assert_eq!(
-            median_curve("s", &samples).unwrap(),
-            vec![(2.0, 3.0), (4.0, 2.0)]
-        );
-        let even = [(1.0, 1.0), (1.0, 2.0)];
-        assert_eq!(median_curve("s", &even).unwrap(), vec![(1.0, 1.5)]);
-        let t = CostTables::from_samples(&samples, &samples, 4, 4, 0).unwrap();
-        let expected = CostTables::from_curves(
-            &[(2.0, 3.0), (4.0, 2.0)],
-            &[(2.0, 3.0), (4.0, 2.0)],
-            4,
-            4,
-            0,
-        )
-        .unwrap();
-        assert_eq!(t, expected);
-        assert_eq!(
-            CostTables::from_samples(&[], &samples, 4, 4, 0)
-                .unwrap_err()
-                .argument,
-            "draft_samples"
-        );
-    }
-
-    #[test]
-    fn json_round_trip_and_errors() {
-        let t = CostTables::new(vec![0.0, 0.1, 1e-300], vec![1e-6, 0.3, 12345.678, 1e22]).unwrap();
-        let text = t.to_json();
-        assert_eq!(CostTables::from_json(&text).unwrap(), t);
-        let spaced = "\n{ \"verify_ms\" : [ 1 , 2.5e0 ] ,\"draft_ms\":[0]}\n";
-        let parsed = CostTables::from_json(spaced).unwrap();
-        assert_eq!(parsed.verify_ms(), &[1.0, 2.5]);
-        for bad in [
-            "",
-            "{}",
-            "{\"draft_ms\": [0]}",
-            "{\"draft_ms\": [0], \"verify_ms\": [NaN]}",
-            "{\"draft_ms\": [0], \"verify_ms\": [1], \"x\": [1]}",
-            "{\"draft_ms\": [0], \"verify_ms\": [1]} extra",
-            "{\"draft_ms\": [0], \"draft_ms\": [0], \"verify_ms\": [1]}",
-        ] {
-            assert_eq!(
-                CostTables::from_json(bad).unwrap_err().argument,
-                "json",
-                "{bad}"
-            );
-        }
-        assert_eq!(
-            CostTables::from_json("{\"draft_ms\": [0], \"verify_ms\": [0]}")
-                .unwrap_err()
-                .argument,
-            "verify_ms"
-        );
-    }
-
-    fn arb_curve() -> impl Strategy<Value = Vec<(f64, f64)>> {
-        prop::collection::vec((1u32..40, 0.0f64..50.0), 1..7).prop_map(|steps| {
-            let mut size = 0.0;
-            steps
-                .into_iter()
-                .map(|(gap, cost)| {
-                    size += f64::from(gap);
-                    (size, cost)
-                })
-                .collect()
-        })
-    }
-
-    proptest! {
-        #[test]
-        fn tables_are_monotone_and_hit_profiled_maxima(
-            curve in arb_curve(), limit in 0usize..120, max_size in 0usize..200
-        ) {
-            let t = CostTables::from_curves(&curve, &curve, max_size, max_size, limit).unwrap();
-            let mut running = f64::NEG_INFINITY;
-            for &(x, y) in &curve {
-                running = running.max(y);
-                if (x as usize) <= max_size {
-                    prop_assert_eq!(t.verify_ms()[x as usize], running.max(VERIFY_COST_FLOOR_MS));
-                    prop_assert_eq!(t.draft_ms()[x as usize], running.max(DRAFT_COST_FLOOR_MS));
-                }
-            }
-            for w in t.verify_ms().windows(2) {
-                prop_assert!(w[0] <= w[1] + 1e-12 * w[1].abs().max(1.0));
-            }
-            let back = CostTables::from_json(&t.to_json()).unwrap();
-            prop_assert_eq!(back, t);
-        }
-    }
-}
+mod tests;

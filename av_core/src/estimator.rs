@@ -606,7 +606,7 @@ pub struct AcceptanceEstimator {
 fn buffer<T>(argument: &'static str, len: usize) -> Result<Vec<T>> {
     let mut out = Vec::new();
     out.try_reserve_exact(len).map_err(|_| {
-        Error::value(
+        Error::out_of_memory(
             argument,
             format!("no memory for a copy of its {len} values"),
         )
@@ -653,10 +653,7 @@ fn check_predictions<P: Copy + Into<f64>>(predictions: Option<MatrixView<'_, P>>
 /// The error of a call whose input failed a check while being used but passed it when read
 /// again: another thread wrote the buffer during the call.
 fn changed_while_read(argument: &'static str) -> Error {
-    Error::value(
-        argument,
-        "changed while the call read it (another thread wrote the buffer); nothing was done",
-    )
+    Error::buffer_changed(argument)
 }
 
 /// The first element failing `ok`, with its index (called when one fails; `(0, NaN)` if none
@@ -909,8 +906,22 @@ impl AcceptanceEstimator {
             self.config.num_positions,
             self.config.max_log_odds,
         )?;
-        self.accumulator.add(stats);
-        Ok(())
+        self.add_to_round("round_stats", stats)
+    }
+
+    /// Adds to the current round unless a position's count would pass [`MAX_COUNT`] (the
+    /// bound a restored state must meet, so that every state this estimator reaches saves and
+    /// loads again); then nothing changes and the error names `argument`.
+    fn add_to_round(&self, argument: &'static str, stats: &RoundStats) -> Result<()> {
+        self.accumulator.try_add(stats).map_err(|k| {
+            Error::value(
+                argument,
+                format!(
+                    "would take position {k}'s count in this round past {MAX_COUNT} \
+                     (refit first)"
+                ),
+            )
+        })
     }
 
     /// The drift test's statistic `T = gᵀ(H + λI)⁻¹g` of a round, with this estimator's ridge
@@ -1240,7 +1251,7 @@ impl AcceptanceEstimator {
         match self.config.update {
             Update::Vllm => {
                 let stats = self.step_stats(features, num_admitted, num_accepted, predictions)?;
-                Ok(self.add_valid_step(&stats))
+                self.add_valid_step("num_admitted", &stats)
             }
             Update::Map => {
                 let step =
@@ -1278,7 +1289,7 @@ impl AcceptanceEstimator {
         match self.config.update {
             Update::Vllm => {
                 let stats = self.step_stats(features, num_admitted, num_accepted, predictions)?;
-                self.accumulator.add(&stats);
+                self.add_to_round("num_admitted", &stats)?;
             }
             Update::Map => {
                 let step =
@@ -1320,7 +1331,7 @@ impl AcceptanceEstimator {
             ));
         }
         stats.validate("stats", self.config.num_positions, self.config.max_log_odds)?;
-        Ok(self.add_valid_step(stats))
+        self.add_valid_step("stats", stats)
     }
 
     /// The `map` counterpart of [`add_step`](Self::add_step): adds one step's histograms (from
@@ -1400,19 +1411,19 @@ impl AcceptanceEstimator {
     /// long as whole rounds are counted; so when the calls are done, `num_refits` is
     /// `⌊steps / refit_interval⌋` and `steps_since_refit` the remainder, as in a serial run.
     /// The statistics themselves are still added without a lock.
-    fn add_valid_step(&self, stats: &RoundStats) -> bool {
-        self.accumulator.add(stats);
+    fn add_valid_step(&self, argument: &'static str, stats: &RoundStats) -> Result<bool> {
+        self.add_to_round(argument, stats)?;
         let interval = self.config.refit_interval;
         let steps = self.steps_since_refit.fetch_add(1, Ordering::SeqCst) + 1;
         if steps < interval {
-            return false;
+            return Ok(false);
         }
         // Our step completed a round. Whoever holds the lock drains every whole round counted
         // before it looks; a step counted after that look belongs to its own thread, which is
         // queued on the lock behind us. So no round is ever left without a refit.
         let mut locked = self.lock();
         let Locked::Vllm(memory) = &mut *locked else {
-            return false;
+            return Ok(false);
         };
         let mut refitted = false;
         while self.steps_since_refit.load(Ordering::SeqCst) >= interval {
@@ -1420,7 +1431,7 @@ impl AcceptanceEstimator {
             self.refit_locked(memory);
             refitted = true;
         }
-        refitted
+        Ok(refitted)
     }
 
     /// Ends the round now: refits on whatever it holds and clears it. Returns the round's
@@ -1529,7 +1540,7 @@ impl AcceptanceEstimator {
         let round = std::mem::replace(&mut state.base, HistogramStats::new(k, self.config.bins));
         state.fitted_labels = 0;
         let current = self.coefficients.read();
-        let version = current.version + 1;
+        let version = (current.version + 1).min(MAX_COUNT); // saturates: every state reloads
         let mut report = RefitReport {
             stats: RoundStats::new(k),
             step: NewtonStep {
@@ -1554,7 +1565,7 @@ impl AcceptanceEstimator {
             state.memory.decay(self.config.memory);
             if drifted {
                 state.memory.clear();
-                state.resets += 1;
+                state.resets = (state.resets + 1).min(MAX_COUNT);
             }
             state.memory.add_round(&round, &self.binning);
             let bins = FitBins::gather(Some(&state.memory), None, &self.binning, k);
@@ -1579,7 +1590,7 @@ impl AcceptanceEstimator {
         self.histogram.drain_into(&mut state.base);
         let labels = state.base.total_count();
         let current = self.coefficients.read();
-        let version = current.version + 1;
+        let version = (current.version + 1).min(MAX_COUNT); // saturates: every state reloads
         let mut report = RefitReport {
             stats: RoundStats::new(k),
             step: NewtonStep {
@@ -1622,7 +1633,10 @@ impl AcceptanceEstimator {
             }
         };
         let slope = self.config.bounds().apply(slope, &mut intercepts, &step);
-        self.coefficients.write(slope, &intercepts, version + 1);
+        // The count saturates at the bound a restored state must meet (no run gets there: a
+        // refit every microsecond would take two thousand years), so every state reloads.
+        self.coefficients
+            .write(slope, &intercepts, (version + 1).min(MAX_COUNT));
         RefitReport {
             stats,
             step,
@@ -2433,6 +2447,54 @@ mod tests {
         state
     }
 
+    /// Every counter a loaded state may carry at its bound keeps the estimator working, and
+    /// whatever it reaches from there saves and loads again (found by the state_bytes fuzz
+    /// target: a state with `num_refits = MAX_COUNT` refitted once and could not reload).
+    #[test]
+    fn states_at_the_loaders_limits_keep_working_and_reload() {
+        let mut state = state_with_memory();
+        let k = state.config.num_positions;
+        state.num_refits = MAX_COUNT;
+        state.memory.resets = MAX_COUNT;
+        for p in &mut state.stats.positions {
+            p.n = MAX_COUNT;
+        }
+        let limit = MAX_COUNT as f64 * k as f64 / (1.0 - state.config.memory);
+        let extra = limit - state.memory.total;
+        state.memory.total += extra;
+        state.memory.counts[0] += extra;
+        let est = AcceptanceEstimator::from_state(&state).unwrap();
+        // A full round refuses one more observation and changes nothing.
+        let (f, ad, ac) = workload(1, 4, k);
+        assert!(ad.iter().any(|&a| a > 0));
+        let error = est
+            .observe(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+            .unwrap_err();
+        assert_eq!(error.argument, "num_admitted", "{error}");
+        assert_eq!(est.state(), state);
+        let mut pooled = RoundStats::new(k);
+        pooled.positions[0].add_observation(0.5, 0.5, true);
+        assert_eq!(
+            est.add_round_stats(&pooled).unwrap_err().argument,
+            "round_stats"
+        );
+        assert_eq!(est.add_step(&pooled).unwrap_err().argument, "stats");
+        assert_eq!(est.state(), state);
+        // The full round folds into a memory at its bound; the counters saturate.
+        est.refit();
+        assert_eq!(est.num_refits(), MAX_COUNT);
+        let reloaded = AcceptanceEstimator::from_bytes(&est.to_bytes()).unwrap();
+        for _ in 0..3 {
+            reloaded
+                .observe(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                .unwrap();
+            reloaded.refit();
+        }
+        assert_eq!(reloaded.num_refits(), MAX_COUNT);
+        let again = AcceptanceEstimator::from_bytes(&reloaded.to_bytes()).unwrap();
+        assert_eq!(again.state(), reloaded.state());
+    }
+
     #[test]
     fn impossible_states_are_refused_by_name() {
         let valid = state_with_memory();
@@ -2649,12 +2711,20 @@ mod tests {
             let mut state = AcceptanceEstimator::new(EstimatorConfig::new(1)).unwrap().state();
             state.stats.positions[0] = PositionSums { a, b, c, g0, g1, n };
             if let Ok(est) = AcceptanceEstimator::from_state(&state) {
-                // Accepted: the next observe adds without wrapping.
+                // Accepted: the next observe adds without wrapping, or (a full round) is
+                // refused and changes nothing, so what the estimator holds always reloads.
                 let before = est.round_stats().positions[0];
-                est.observe(view(&[1.0f32], 1), &[1], &[1], NO_PREDICTIONS).unwrap();
+                let result = est.observe(view(&[1.0f32], 1), &[1], &[1], NO_PREDICTIONS);
                 let after = est.round_stats().positions[0];
-                prop_assert_eq!(after.n, before.n + 1);
-                prop_assert!(after.c >= before.c);
+                if before.n < MAX_COUNT {
+                    prop_assert!(result.is_ok());
+                    prop_assert_eq!(after.n, before.n + 1);
+                    prop_assert!(after.c >= before.c);
+                } else {
+                    prop_assert_eq!(result.unwrap_err().argument, "num_admitted");
+                    prop_assert_eq!(after, before);
+                }
+                prop_assert!(AcceptanceEstimator::from_bytes(&est.to_bytes()).is_ok());
             }
         }
     }

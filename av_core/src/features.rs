@@ -3,8 +3,8 @@
 //!
 //! For a row `z` with exp2 scale `s = log2(e) / T` the feature is
 //! `x = -ln( Σ over every entry but one occurrence of the maximum m of 2^((z - m)·s) )`,
-//! clamped to `±max_log_odds` (DESIGN.md §3). The complement is summed directly, never formed as
-//! `total - 1`, so it keeps full relative precision as `q_max → 1`.
+//! clamped to `±max_log_odds` (docs/design.md, "The estimator"). The complement is summed
+//! directly, never formed as `total - 1`, so it keeps full relative precision as `q_max → 1`.
 //!
 //! Each row is read in blocks of [`BLOCK`] columns that stay in the L1 cache: a pass for the
 //! block's maximum, minimum and NaNs (the only read from main memory), then a pass of

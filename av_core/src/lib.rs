@@ -56,6 +56,7 @@ pub mod logistic;
 pub mod map;
 pub mod matrix;
 pub mod memory;
+pub mod persist;
 pub mod planner;
 pub mod refit;
 pub mod simd;
@@ -68,8 +69,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, Update};
 pub use matrix::MatrixView;
 
-// The types DESIGN.md §5 shares across threads must stay `Send + Sync`; this fails to compile
-// if a field ever breaks that (a `Cell`, an `Rc`, a raw pointer).
+// The types that docs/design.md ("Determinism and concurrency") shares across threads must
+// stay `Send + Sync`; this fails to compile if a field ever breaks that (a `Cell`, an `Rc`, a raw pointer).
 const _: () = {
     fn assert_send_sync<T: Send + Sync>() {}
     #[allow(dead_code)]

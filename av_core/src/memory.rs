@@ -151,7 +151,11 @@ impl Memory {
                 self.a, self.total
             ));
         }
-        let limit = MAX_COUNT as f64 * k as f64;
+        // Rounds hold at most MAX_COUNT observations per position, so the discounted total
+        // stays below the geometric bound MAX_COUNT·K / (1 − γ): γ·L + MAX_COUNT·K = L. The
+        // slack covers the float rounding of each fold, so a state at the bound folds a full
+        // round and still loads.
+        let limit = MAX_COUNT as f64 * k as f64 / (1.0 - gamma) * (1.0 + 1e-9);
         if self.total > limit {
             return fail(format!("total = {} exceeds {limit}", self.total));
         }
@@ -257,7 +261,8 @@ impl Memory {
         }
         let round = ArrowheadSystem::from_round(stats, l2);
         if drift_statistic(&round) > chi_square_quantile(intercepts.len() + 1, drift_z) {
-            let resets = self.resets + 1;
+            // Saturates with the refit count it is bounded by (see the estimator's refit).
+            let resets = (self.resets + 1).min(MAX_COUNT);
             *self = Memory::new(intercepts.len());
             self.resets = resets;
         }

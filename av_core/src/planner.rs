@@ -6,8 +6,8 @@
 //! probability that the target accepts draft `k`, so verifying a set of prefixes is expected to
 //! yield the sum of their survivals in accepted drafts.
 //!
-//! * [`choose_draft_budget`] — how many drafts to verify in total (DESIGN.md "Budget",
-//!   vLLM-compatible bit for bit).
+//! * [`choose_draft_budget`] — how many drafts to verify in total (docs/design.md,
+//!   "The planner and its cost tables"; vLLM-compatible bit for bit).
 //! * [`assign_draft_budget`] — which ones: the highest survivals, a prefix of every request.
 //! * [`plan_verification`] — both in one call, with the budget optionally sized from other
 //!   confidences (the previous step's), which is what keeps autoregressive drafters lossless.
@@ -26,17 +26,19 @@
 use std::cell::RefCell;
 
 use crate::cost_tables::CostTables;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::matrix::MatrixView;
 
 mod assignment;
 mod budget;
 mod counting;
 mod depth;
+mod exploration;
 mod order;
 mod stateful;
 
 pub use depth::{DepthMode, DepthPlan};
+pub use exploration::Exploration;
 pub use stateful::VerificationPlanner;
 
 use assignment::AssignBuffers;
@@ -214,17 +216,12 @@ pub fn choose_draft_budget<T: Copy + Into<f64>>(
             budget_buffers,
             ..
         } = scratch;
-        Ok(budget_of(
+        let drafts = budget::Drafts {
             survivals,
-            confidences.cols(),
+            cols: confidences.cols(),
             scheduled,
-            step,
-            draft_ms,
-            cost_tables,
-            limit,
-            budget_buffers,
-        )
-        .budget)
+        };
+        Ok(budget_of(drafts, step, draft_ms, cost_tables, limit, budget_buffers).budget)
     })
 }
 
@@ -239,7 +236,7 @@ fn prepare<T: Copy + Into<f64>>(
     cost_tables: &CostTables,
     running_sums: bool,
 ) -> Result<(usize, f64)> {
-    let total = check_common(confidences, scheduled_drafts, scratch)?;
+    let total = check_common(confidences, ("scheduled_drafts", scheduled_drafts), scratch)?;
     check_depth_table(cost_tables, confidences.cols())?;
     let limit = check_step(step, confidences.rows(), total, cost_tables)?;
     if !scratch
@@ -248,7 +245,7 @@ fn prepare<T: Copy + Into<f64>>(
     {
         return Err(probability_error("confidences", confidences));
     }
-    let draft_ms = step_draft_ms(cost_tables, &scratch.scheduled, &mut scratch.draft_counts);
+    let draft_ms = step_draft_ms(cost_tables, &scratch.scheduled, &mut scratch.draft_counts)?;
     Ok((limit, draft_ms))
 }
 
@@ -280,7 +277,7 @@ pub fn assign_draft_budget<T: Copy + Into<f64>>(
     admitted: &mut [i32],
 ) -> Result<()> {
     with_scratch(|scratch| {
-        check_common(confidences, scheduled_drafts, scratch)?;
+        check_common(confidences, ("scheduled_drafts", scheduled_drafts), scratch)?;
         check_admitted_len(admitted, confidences.rows())?;
         let Scratch {
             scheduled,
@@ -398,16 +395,12 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         }
         None => survivals,
     };
-    let chosen = budget_of(
-        sized_from,
+    let drafts = budget::Drafts {
+        survivals: sized_from,
         cols,
         scheduled,
-        step,
-        draft_ms,
-        cost_tables,
-        limit,
-        budget_buffers,
-    );
+    };
+    let chosen = budget_of(drafts, step, draft_ms, cost_tables, limit, budget_buffers);
     let budget = chosen.budget;
     assignment::admit(
         survivals,
@@ -434,7 +427,8 @@ pub(crate) fn plan_with<T: Copy + Into<f64>, P: Copy + Into<f64>>(
 /// cost of drafting all of them.
 pub(crate) fn check_depth_table(cost_tables: &CostTables, cols: usize) -> Result<()> {
     match cost_tables.max_draft_depth() {
-        Some(depth) if depth != cols => Err(Error::value(
+        Some(depth) if depth != cols => Err(Error::new(
+            ErrorKind::DepthTableMismatch,
             "cost_tables",
             format!(
                 "draft-depth table covers depths 0..={depth} but the confidences have {cols} \
@@ -446,25 +440,23 @@ pub(crate) fn check_depth_table(cost_tables: &CostTables, cols: usize) -> Result
 }
 
 /// The drafting cost of a step with these scheduled drafts: `draft_ms[R]` (vLLM's constant)
-/// without a draft-depth table, the depth-priced cost with one.
+/// without a draft-depth table, the depth-priced cost with one. More requests than the draft
+/// table covers are a value error (callers check the step against the tables first).
 pub(crate) fn step_draft_ms(
     cost_tables: &CostTables,
     scheduled: &[usize],
     counts: &mut Vec<usize>,
-) -> f64 {
+) -> Result<f64> {
     if cost_tables.draft_depth_ms().is_some() {
         cost_tables.step_draft_cost_ms(scheduled, counts)
     } else {
-        cost_tables.draft_ms()[scheduled.len()]
+        cost_tables.draft_cost_ms(scheduled.len(), 1)
     }
 }
 
-/// The budget over the scheduled survivals, up to `limit`.
-#[allow(clippy::too_many_arguments)]
+/// The budget over `drafts`, up to `limit`, priced with the step's costs.
 fn budget_of(
-    survivals: &Survivals,
-    cols: usize,
-    scheduled: &[usize],
+    drafts: budget::Drafts<'_>,
     step: &StepTokens,
     draft_ms: f64,
     cost_tables: &CostTables,
@@ -472,17 +464,13 @@ fn budget_of(
     buffers: &mut BudgetBuffers,
 ) -> budget::Budget {
     let t = step.num_non_draft_tokens;
-    budget::best_budget(
-        survivals,
-        cols,
-        scheduled,
-        limit,
-        step.num_sampling_requests as f64,
+    let costs = budget::StepCosts {
+        s: step.num_sampling_requests as f64,
         draft_ms,
-        &cost_tables.verify_ms()[t..=t + limit],
-        cost_tables.verify_is_nondecreasing(),
-        buffers,
-    )
+        verify: &cost_tables.verify_ms()[t..=t + limit],
+        verify_nondecreasing: cost_tables.verify_is_nondecreasing(),
+    };
+    budget::best_budget(drafts, costs, buffers)
 }
 
 /// How many positions each request should draft this step, decided before drafting from
@@ -552,19 +540,15 @@ pub(crate) fn depth_with<T: Copy + Into<f64>>(
     let rows = confidences.rows();
     let cols = confidences.cols();
     cost_tables.max_draft_depth().ok_or_else(|| {
-        Error::value(
+        Error::new(
+            ErrorKind::MissingDepthTable,
             "cost_tables",
             "have no draft-depth table; add one (with_draft_depth, with_draft_depth_curve or \
              with_drafter) to decide drafting depth",
         )
     })?;
     check_depth_table(cost_tables, cols)?;
-    let total = check_common(confidences, max_depths, scratch).map_err(|mut e| {
-        if e.argument == "scheduled_drafts" {
-            e.argument = "max_depths";
-        }
-        e
-    })?;
+    let total = check_common(confidences, ("max_depths", max_depths), scratch)?;
     if depths.len() != rows {
         return Err(Error::value(
             "depths",
@@ -582,41 +566,35 @@ pub(crate) fn depth_with<T: Copy + Into<f64>>(
     if !survivals.compute(confidences, scheduled, false) {
         return Err(probability_error("confidences", confidences));
     }
+    let request = depth::DepthRequest {
+        cols,
+        caps: scheduled,
+        step,
+        tables: cost_tables,
+    };
     Ok(match mode {
-        DepthMode::Batch => depth::batch_depth(
-            survivals,
-            cols,
-            scheduled,
-            step,
-            cost_tables,
-            depth_buffers,
-            budget_buffers,
-            depths,
-        ),
-        DepthMode::PerRequest => depth::per_request_depth(
-            survivals,
-            cols,
-            scheduled,
-            step,
-            cost_tables,
-            depth_buffers,
-            depths,
-        ),
+        DepthMode::Batch => {
+            depth::batch_depth(survivals, request, depth_buffers, budget_buffers, depths)
+        }
+        DepthMode::PerRequest => {
+            depth::per_request_depth(survivals, request, depth_buffers, depths)
+        }
     })
 }
 
-/// Validates the shapes and scheduled drafts (the confidences' values are checked while their
-/// survivals are computed); fills `scratch.scheduled`; returns `Σ scheduled`.
+/// Validates the shapes and the per-request counts (`scheduled_drafts`, or `max_depths` for the
+/// depth decision: the caller names them) against the confidences (whose values are checked
+/// while their survivals are computed); fills `scratch.scheduled`; returns `Σ counts`.
 fn check_common<T>(
     confidences: MatrixView<'_, T>,
-    scheduled_drafts: &[i64],
+    (argument, scheduled_drafts): (&'static str, &[i64]),
     scratch: &mut Scratch,
 ) -> Result<usize> {
     let rows = confidences.rows();
     let cols = confidences.cols();
     if scheduled_drafts.len() != rows {
         return Err(Error::value(
-            "scheduled_drafts",
+            argument,
             format!(
                 "has length {} but confidences has {rows} rows",
                 scheduled_drafts.len()
@@ -629,7 +607,7 @@ fn check_common<T>(
     for (r, &n) in scheduled_drafts.iter().enumerate() {
         if n < 0 || n as u64 > cols as u64 {
             return Err(Error::value(
-                "scheduled_drafts",
+                argument,
                 format!("[{r}] = {n} is outside 0..={cols} (confidences has {cols} positions)"),
             ));
         }
@@ -661,11 +639,7 @@ fn probability_error<T: Copy + Into<f64>>(
                 i % cols
             ),
         ),
-        None => Error::value(
-            argument,
-            "held a value outside [0, 1] that changed while the call read it (another thread \
-             wrote the buffer)",
-        ),
+        None => Error::buffer_changed(argument),
     }
 }
 

@@ -1,19 +1,11 @@
-//! A versioned, checksummed byte encoding of [`EstimatorState`], for persistence and the C ABI.
+//! A versioned, checksummed byte encoding of [`EstimatorState`], for persistence and the C ABI:
+//! the estimator's payload in the frame of [`crate::persist`] (kind tag `E`, magic
+//! `"AVCORE\0E"`), which says what the frame holds and checks it.
 //!
-//! Layout (little-endian):
-//!
-//! ```text
-//! magic  "AVCORE\0E"            8 bytes
-//! format version                u32   (currently 2)
-//! payload length                u64
-//! payload                       config, coefficients, fixed-point statistics, counters,
-//!                               memory of past rounds; since version 2 then the update
-//!                               (u32: 0 map, 1 vllm), bins, the four prior widths and, for
-//!                               map, its state (reference coefficients, the open round's
-//!                               histograms, their memory, the fitted-labels marker, resets;
-//!                               each column prefixed by its length)
-//! CRC-32 (IEEE) of all the above u32
-//! ```
+//! Payload, version 1: config, coefficients, fixed-point statistics, counters, memory of past
+//! rounds. Version 2 appends the update (u32: 0 map, 1 vllm), bins, the four prior widths and,
+//! for map, its state (reference coefficients, the open round's histograms, their memory, the
+//! fitted-labels marker, resets; each column prefixed by its length).
 //!
 //! Version 1 (av_core before the `map` update) still loads: it is a `vllm` estimator, restored
 //! with everything it held (open round, memory), so it predicts and continues bit for bit as it
@@ -31,9 +23,11 @@ use crate::estimator::{EstimatorConfig, EstimatorState, MapState, Update};
 use crate::fixed_point::FRACTION_BITS;
 use crate::histogram::{HistogramMemory, HistogramStats, MAX_BINS, X_FRACTION_BITS};
 use crate::memory::Memory;
+pub use crate::persist::crc32;
+use crate::persist::{frame, put_f64s, unframe, Kind, Reader, FRAME_LEN};
 
 /// First bytes of an encoded estimator state.
-pub const MAGIC: &[u8; 8] = b"AVCORE\0E";
+pub const MAGIC: &[u8; 8] = &Kind::Estimator.magic();
 /// Version written by this build (and the only one it reads).
 ///
 /// # Example
@@ -54,9 +48,6 @@ pub const FORMAT_VERSION: u32 = 2;
 pub const FORMAT_VERSION_1: u32 = 1;
 
 const ARGUMENT: &str = "data";
-
-/// Bytes of the frame around a payload: magic, version, length and CRC-32.
-pub(crate) const FRAME_LEN: usize = 8 + 4 + 8 + 4;
 
 /// Length of [`encode`]'s output for an estimator with `num_positions` positions on `update`
 /// with `bins` bins (it depends on nothing else).
@@ -93,28 +84,6 @@ pub const fn encoded_len(num_positions: usize, update: Update, bins: usize) -> u
 /// needs more bytes.
 pub const MAX_ENCODED_LEN: usize =
     encoded_len(EstimatorConfig::MAX_POSITIONS, Update::Map, MAX_BINS);
-
-/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) of `bytes`.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::snapshot::crc32;
-///
-/// assert_eq!(crc32(b"123456789"), 0xCBF4_3926); // the standard check value
-/// assert_eq!(crc32(b""), 0);
-/// ```
-pub fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            let mask = (crc & 1).wrapping_neg();
-            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
-        }
-    }
-    !crc
-}
 
 /// Encodes `state`. The last four bytes are the CRC-32 of everything before them.
 ///
@@ -211,149 +180,24 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
         payload.extend(map.resets.to_le_bytes());
     }
 
-    frame_version(MAGIC, FORMAT_VERSION, &payload)
+    frame(Kind::Estimator, FORMAT_VERSION, &payload)
 }
 
 fn floats_column(payload: &mut Vec<u8>, column: &[f64]) {
-    payload.extend((column.len() as u64).to_le_bytes());
-    for value in column {
-        payload.extend(value.to_le_bytes());
-    }
+    put_f64s(payload, column);
 }
 
-/// Wraps `payload` as `magic | version 1 | length | payload | CRC-32` (the planner's frame).
-pub(crate) fn frame(magic: &[u8; 8], payload: &[u8]) -> Vec<u8> {
-    frame_version(magic, FORMAT_VERSION_1, payload)
-}
-
-/// Wraps `payload` as `magic | version | length | payload | CRC-32`.
-pub(crate) fn frame_version(magic: &[u8; 8], version: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + 24);
-    out.extend(magic);
-    out.extend(version.to_le_bytes());
-    out.extend((payload.len() as u64).to_le_bytes());
-    out.extend(payload);
-    let checksum = crc32(&out);
-    out.extend(checksum.to_le_bytes());
-    out
-}
-
-/// A cursor that fails with a value error instead of reading past the end.
-pub(crate) struct Reader<'a> {
-    pub(crate) bytes: &'a [u8],
-}
-
-impl Reader<'_> {
-    pub(crate) fn take<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        if self.bytes.len() < N {
-            return Err(Error::value(
-                ARGUMENT,
-                format!("truncated while reading {what}"),
-            ));
-        }
-        let (head, rest) = self.bytes.split_at(N);
-        self.bytes = rest;
-        Ok(head.try_into().expect("split at N"))
-    }
-
-    pub(crate) fn u32(&mut self, what: &str) -> Result<u32> {
-        self.take::<4>(what).map(u32::from_le_bytes)
-    }
-
-    pub(crate) fn u64(&mut self, what: &str) -> Result<u64> {
-        self.take::<8>(what).map(u64::from_le_bytes)
-    }
-
-    pub(crate) fn f64(&mut self, what: &str) -> Result<f64> {
-        self.take::<8>(what).map(f64::from_le_bytes)
-    }
-
-    pub(crate) fn i128(&mut self, what: &str) -> Result<i128> {
-        self.take::<16>(what).map(i128::from_le_bytes)
-    }
-
-    /// A length prefix, refused unless that many `width`-byte values follow.
-    fn length(&mut self, what: &str, width: usize) -> Result<usize> {
-        let len = self.u64(what)?;
-        match usize::try_from(len).ok().and_then(|n| n.checked_mul(width)) {
-            Some(bytes) if bytes <= self.bytes.len() => Ok(len as usize),
-            _ => Err(Error::value(
-                ARGUMENT,
-                format!("truncated while reading {what} ({len} entries promised)"),
-            )),
-        }
-    }
-
-    fn f64_column(&mut self, what: &str) -> Result<Vec<f64>> {
-        let len = self.length(what, 8)?;
-        (0..len).map(|_| self.f64(what)).collect()
-    }
-
-    fn u64_column(&mut self, what: &str) -> Result<Vec<u64>> {
-        let len = self.length(what, 8)?;
-        (0..len).map(|_| self.u64(what)).collect()
-    }
-}
-
-/// Checks the frame written by [`frame`] (magic, version 1, length, checksum) and returns the
-/// payload; `what` names the expected kind of state in the error.
-pub(crate) fn unframe<'a>(magic: &[u8; 8], what: &str, bytes: &'a [u8]) -> Result<&'a [u8]> {
-    unframe_versions(magic, what, bytes, FORMAT_VERSION_1..=FORMAT_VERSION_1).map(|(_, p)| p)
-}
-
-/// [`unframe`] for any version in `versions`; returns the version and the payload.
-pub(crate) fn unframe_versions<'a>(
-    magic: &[u8; 8],
-    what: &str,
-    bytes: &'a [u8],
-    versions: std::ops::RangeInclusive<u32>,
-) -> Result<(u32, &'a [u8])> {
-    if bytes.len() < magic.len() || &bytes[..magic.len()] != magic {
-        return Err(Error::value(
+/// A length-prefixed `u64` column (the layout of the map state's open-round histograms),
+/// refusing a length the data cannot hold before allocating anything.
+fn u64_column(r: &mut Reader<'_>, what: &str) -> Result<Vec<u64>> {
+    let len = r.u64(what)?;
+    if len > (r.bytes.len() / 8) as u64 {
+        return Err(Error::state(
             ARGUMENT,
-            format!("not {what} (bad magic bytes)"),
+            format!("{what} length {len} exceeds the data"),
         ));
     }
-    let mut header = Reader {
-        bytes: &bytes[magic.len()..],
-    };
-    let version = header.u32("the format version")?;
-    if !versions.contains(&version) {
-        let (first, last) = (versions.start(), versions.end());
-        let reads = if first == last {
-            format!("{first}")
-        } else {
-            format!("{first} to {last}")
-        };
-        return Err(Error::value(
-            ARGUMENT,
-            format!("format version {version} is not supported (this build reads {reads})"),
-        ));
-    }
-    let length = header.u64("the payload length")?;
-    let expected = (magic.len() as u64 + 12)
-        .checked_add(length)
-        .and_then(|n| n.checked_add(4));
-    if expected != Some(bytes.len() as u64) {
-        return Err(Error::value(
-            ARGUMENT,
-            format!(
-                "length mismatch: header promises a {length}-byte payload, the data has {} bytes \
-                 in all (truncated or padded)",
-                bytes.len()
-            ),
-        ));
-    }
-    let (body, tail) = bytes.split_at(bytes.len() - 4);
-    let stored = u32::from_le_bytes(tail.try_into().expect("4 bytes"));
-    let actual = crc32(body);
-    if stored != actual {
-        return Err(Error::value(
-            ARGUMENT,
-            format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x}): corrupt"),
-        ));
-    }
-    Ok((version, &body[magic.len() + 12..]))
+    (0..len).map(|_| r.u64(what)).collect()
 }
 
 /// Decodes bytes written by [`encode`]; the state still has to pass
@@ -374,16 +218,12 @@ pub(crate) fn unframe_versions<'a>(
 /// # Ok::<(), av_core::Error>(())
 /// ```
 pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
-    let (version, payload) = unframe_versions(
-        MAGIC,
-        "an av_core estimator state",
-        bytes,
-        FORMAT_VERSION_1..=FORMAT_VERSION,
-    )?;
+    let frame_read = unframe(Kind::Estimator, FORMAT_VERSION_1..=FORMAT_VERSION, bytes)?;
+    let (version, payload) = (frame_read.version, frame_read.payload);
     let mut r = Reader { bytes: payload };
     let num_positions = r.u64("num_positions")?;
     if num_positions == 0 || num_positions > EstimatorConfig::MAX_POSITIONS as u64 {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("num_positions {num_positions} out of range"),
         ));
@@ -413,7 +253,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         .collect::<Result<Vec<_>>>()?;
     let bits = r.u32("fraction_bits")?;
     if bits != FRACTION_BITS {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("statistics use {bits} fraction bits, this build uses {FRACTION_BITS}"),
         ));
@@ -452,7 +292,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
             0 => Update::Map,
             1 => Update::Vllm,
             other => {
-                return Err(Error::value(
+                return Err(Error::state(
                     ARGUMENT,
                     format!("update code {other} is not 0 (map) or 1 (vllm)"),
                 ))
@@ -466,22 +306,22 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         extension.prior_spread_sd = r.f64("prior_spread_sd")?;
         let [present] = r.take::<1>("map")?;
         if present > 1 {
-            return Err(Error::value(
+            return Err(Error::state(
                 ARGUMENT,
                 format!("map flag {present} is not 0 or 1"),
             ));
         }
         if present == 1 {
-            let reference = r.f64_column("reference")?;
+            let reference = r.f64s("reference")?;
             let Some((&slope, intercepts)) = reference.split_first() else {
-                return Err(Error::value(
+                return Err(Error::state(
                     ARGUMENT,
                     "the reference coefficients are empty",
                 ));
             };
             let bits = r.u32("x fraction bits")?;
             if bits != X_FRACTION_BITS {
-                return Err(Error::value(
+                return Err(Error::state(
                     ARGUMENT,
                     format!(
                         "histograms use {bits} fraction bits, this build uses {X_FRACTION_BITS}"
@@ -491,16 +331,16 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
             let round = HistogramStats {
                 num_positions: k,
                 bins: extension.bins,
-                count: r.u64_column("round_stats")?,
-                accepted: r.u64_column("round_stats")?,
-                x_sum: r.u64_column("round_stats")?,
+                count: u64_column(&mut r, "round_stats")?,
+                accepted: u64_column(&mut r, "round_stats")?,
+                x_sum: u64_column(&mut r, "round_stats")?,
             };
             let memory = HistogramMemory {
                 num_positions: k,
                 bins: extension.bins,
-                count: r.f64_column("memory")?,
-                accepted: r.f64_column("memory")?,
-                x_sum: r.f64_column("memory")?,
+                count: r.f64s("memory")?,
+                accepted: r.f64s("memory")?,
+                x_sum: r.f64s("memory")?,
             };
             map = Some(MapState {
                 reference_slope: slope,
@@ -513,7 +353,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         }
     }
     if !r.bytes.is_empty() {
-        return Err(Error::value(
+        return Err(Error::state(
             ARGUMENT,
             format!("{} unexpected bytes after the last field", r.bytes.len()),
         ));
@@ -642,7 +482,11 @@ mod tests {
         let bytes = encode(&state);
         let payload = &bytes[20..bytes.len() - 4];
         let extension = 4 + 8 + 4 * 8 + 1;
-        let old = frame(MAGIC, &payload[..payload.len() - extension]);
+        let old = frame(
+            Kind::Estimator,
+            FORMAT_VERSION_1,
+            &payload[..payload.len() - extension],
+        );
         assert_eq!(decode(&old).unwrap(), state);
     }
 

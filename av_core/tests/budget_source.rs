@@ -5,7 +5,7 @@
 //! budget (the assignment, which may read the current confidences, can differ).
 
 use av_core::cost_tables::CostTables;
-use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+use av_core::planner::{BudgetSource, Exploration, StepTokens, VerificationPlanner};
 use av_core::MatrixView;
 use proptest::prelude::*;
 
@@ -33,7 +33,7 @@ proptest! {
         let verify: Vec<f64> = (0..=rows * (k + 1)).map(|t| 1.0 + per_token * t as f64).collect();
         let tables = CostTables::new(vec![0.0; rows + 1], verify).unwrap();
         let mut planner = VerificationPlanner::new(tables, rows, k, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.0, 0).unwrap();
+        planner.set_exploration(Exploration::OFF);
         let slots: Vec<i64> = (0..rows as i64).collect();
         let step = StepTokens {
             num_non_draft_tokens: rows,

@@ -5,7 +5,7 @@
 //! random probabilities, with costs steep enough that the budget alone trims.
 
 use av_core::cost_tables::CostTables;
-use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+use av_core::planner::{BudgetSource, Exploration, StepTokens, VerificationPlanner};
 use av_core::MatrixView;
 use proptest::prelude::*;
 
@@ -58,7 +58,7 @@ proptest! {
         let verify: Vec<f64> = (0..=tokens).map(|t| 1.0 + c.per_token_ms * t as f64).collect();
         let tables = CostTables::new(vec![0.0; rows + 1], verify).unwrap();
         let mut planner = VerificationPlanner::new(tables, rows, k, c.source).unwrap();
-        planner.set_exploration(c.exploration, c.seed).unwrap();
+        planner.set_exploration(Exploration::new("exploration", c.exploration, c.seed).unwrap());
         let slots: Vec<i64> = (0..rows as i64).collect();
         for (confidences, scheduled, cap) in &c.steps {
             let step = StepTokens {
@@ -89,7 +89,7 @@ proptest! {
                 (0..=rows + cap).map(|t| 1.0 + c.per_token_ms * t as f64).collect();
             let tables = CostTables::new(vec![0.0; rows + 1], verify).unwrap();
             let mut planner = VerificationPlanner::new(tables, rows, k, c.source).unwrap();
-            planner.set_exploration(c.exploration, c.seed).unwrap();
+            planner.set_exploration(Exploration::new("exploration", c.exploration, c.seed).unwrap());
             let step = StepTokens {
                 num_non_draft_tokens: rows,
                 num_sampling_requests: rows,
@@ -111,7 +111,7 @@ fn every_request_exploring_still_respects_the_cap() {
     let verify: Vec<f64> = (0..=20).map(|t| 1.0 + 0.5 * f64::from(t)).collect();
     let tables = CostTables::new(vec![0.0; 5], verify).unwrap();
     let mut planner = VerificationPlanner::new(tables, 4, 4, BudgetSource::Current).unwrap();
-    planner.set_exploration(1.0, 3).unwrap();
+    planner.set_exploration(Exploration::new("exploration", 1.0, 3).unwrap());
     let confidences = [0.05; 16];
     let view = MatrixView::new("confidences", &confidences, 4, 4).unwrap();
     let step = StepTokens {

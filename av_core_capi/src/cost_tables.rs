@@ -307,14 +307,6 @@ pub const AVC_DRAFTER_KIND_AUTOREGRESSIVE: AvcDrafterKind = 0;
 /// cost, depth 0 nothing.
 pub const AVC_DRAFTER_KIND_PARALLEL: AvcDrafterKind = 1;
 
-/// `error` naming the C parameter `c` where the core names the same value `core`.
-fn rename_argument(mut error: av_core::Error, core: &str, c: &'static str) -> av_core::Error {
-    if error.argument == core {
-        error.argument = c;
-    }
-    error
-}
-
 /// New tables: a copy of tables plus a draft-cost-by-depth table, for the drafting-depth
 /// decision (avc_choose_draft_depth, avc_planner_choose_draft_depth). draft_depth_ms[d]
 /// (draft_depth_len = K + 1, 1 <= K <= 4096) is the drafter's cost when it drafts d
@@ -394,11 +386,7 @@ pub unsafe extern "C" fn avc_cost_tables_with_drafter(
                 ))
             }
         };
-        let tables = handle
-            .tables
-            .clone()
-            .with_drafter(kind, max_depth)
-            .map_err(|error| rename_argument(error, "max_draft_depth", "max_depth"))?;
+        let tables = handle.tables.clone().with_drafter(kind, max_depth)?;
         out.write(publish_tables(tables));
         Ok(())
     })
@@ -444,6 +432,65 @@ pub unsafe extern "C" fn avc_cost_tables_draft_depth(
             });
         }
         out.prefix(needed).write(table);
+        Ok(())
+    })
+}
+
+/// Saves the tables (all three, bit-exact) as versioned, checksummed bytes that
+/// avc_cost_tables_load restores, on any platform; the Python bindings' CostTables.to_bytes
+/// writes the same bytes.
+///
+/// Writes the size to *len_out, then the bytes to buf if cap is large enough; if not, returns
+/// AVC_ERR_BUFFER_TOO_SMALL and writes nothing to buf (a first call with buf = NULL, cap = 0
+/// learns the size).
+///
+/// # Safety
+///
+/// tables must be NULL or live cost tables; buf must point to cap writable bytes (or be NULL
+/// with cap = 0); len_out must be NULL (an error) or point to a writable size_t.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_cost_tables_save(
+    tables: *const AvcCostTables,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> AvcStatus {
+    guard("avc_cost_tables_save", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (handle, out, len) = unsafe {
+            (
+                borrow(tables, "tables")?,
+                output(buf, cap, "buf")?,
+                out_value(len_out, "len_out")?,
+            )
+        };
+        crate::persist::write_state(&handle.tables.to_bytes(), out, cap, &len)
+    })
+}
+
+/// Restores cost tables saved by avc_cost_tables_save (or by the Python bindings). On success
+/// *tables_out is a new handle owned by the caller; on failure it is NULL. Truncated, corrupt
+/// (checksum), foreign or future-version data, or tables no avc_cost_tables could hold, give
+/// AVC_ERR_VALUE naming "data".
+///
+/// # Safety
+///
+/// data must point to len readable bytes (or be NULL with len = 0); tables_out must be NULL
+/// (an error) or point to a writable avc_cost_tables pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_cost_tables_load(
+    data: *const u8,
+    len: usize,
+    tables_out: *mut *mut AvcCostTables,
+) -> AvcStatus {
+    guard("avc_cost_tables_load", || {
+        // SAFETY: the caller's contract is `out_value`'s and `input`'s.
+        let (out, bytes) = unsafe {
+            let out = out_value(tables_out, "tables_out")?;
+            out.write(std::ptr::null_mut());
+            (out, input(data, len, "data")?)
+        };
+        out.write(publish_tables(CostTables::from_bytes(bytes)?));
         Ok(())
     })
 }

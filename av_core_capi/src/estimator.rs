@@ -1,8 +1,8 @@
 //! `avc_estimator`: the online acceptance estimator (`av_core::AcceptanceEstimator`).
 //!
-//! Thread safety (DESIGN.md section 5): predict, observe, refit, save and every query take the
-//! handle shared and may run concurrently from any number of threads. Observations are
-//! accumulated lock-free and order-independently, so concurrent observers give the same bits
+//! Thread safety (docs/design.md, "Determinism and concurrency"): predict, observe, refit,
+//! save and every query take the handle shared and may run concurrently from any number of
+//! threads. Observations are accumulated lock-free and order-independently, so concurrent observers give the same bits
 //! as a serial run; refits are serialized internally; readers never see half-updated
 //! coefficients. Only avc_estimator_free needs exclusive access.
 

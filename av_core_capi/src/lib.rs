@@ -53,8 +53,11 @@ pub mod cost_tables;
 #[cfg(feature = "capi")]
 pub mod planner;
 
-/// The core types a handle wraps must be shareable the way DESIGN.md section 5 says: the
-/// estimator and the cost tables are used from many threads at once, and the planner moves
+#[cfg(feature = "capi")]
+mod persist;
+
+/// The core types a handle wraps must be shareable the way docs/design.md ("Determinism and
+/// concurrency") says: the estimator and the cost tables are used from many threads at once, and the planner moves
 /// between threads (its handle serializes calls with a mutex, so it needs `Send` only).
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}

@@ -13,9 +13,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard};
 
 use av_core::planner::{
-    self, BudgetSource, DepthMode, DepthPlan, StepTokens, VerificationPlan, VerificationPlanner,
+    self, BudgetSource, DepthMode, DepthPlan, Exploration, StepTokens, VerificationPlan,
+    VerificationPlanner,
 };
-use av_core::MatrixView;
+use av_core::{ErrorKind, MatrixView};
 
 use crate::cost_tables::AvcCostTables;
 use crate::handle::{borrow, destroy, publish, Handle};
@@ -134,24 +135,22 @@ fn depth_mode(mode: AvcDepthMode) -> FfiResult<DepthMode> {
     }
 }
 
-/// A depth decision's error for C callers: the core's "cost_tables: have no draft-depth
-/// table" names Rust builders; say which C argument lacks it and how to add one.
+/// A depth decision's error for C callers: an error about the cost tables' draft-depth table
+/// (by its kind) names the C argument that holds the tables (`tables`, or `planner` for its
+/// tables) and, when the table is missing, how to add one with the C functions; any other error
+/// is the core's.
 fn depth_error(error: av_core::Error, tables: &'static str, what: &str) -> FfiError {
-    if error.argument != "cost_tables" {
-        return error.into();
-    }
-    if error.message.contains("no draft-depth table") {
-        return FfiError::value(
+    match error.kind {
+        ErrorKind::MissingDepthTable => FfiError::value(
             tables,
             format!(
                 "{what} no draft-depth table; add one with avc_cost_tables_with_draft_depth or \
                  avc_cost_tables_with_drafter"
             ),
-        );
+        ),
+        ErrorKind::DepthTableMismatch => FfiError::value(tables, error.message),
+        _ => error.into(),
     }
-    // Any other problem with the tables (a depth table of another K): the core's words, under
-    // the C argument's name.
-    FfiError::value(tables, error.message)
 }
 
 /// A stateful verification planner: remembers each request slot's confidences of the previous
@@ -543,10 +542,73 @@ pub unsafe extern "C" fn avc_planner_set_exploration(
     guard("avc_planner_set_exploration", || {
         // SAFETY: the caller's contract is `borrow`'s.
         let handle = unsafe { borrow(planner, "planner")? };
-        handle
-            .lock()
-            .set_exploration(probability, seed)
-            .map_err(|e| FfiError::value("probability", e.message))?;
+        let exploration = Exploration::new("probability", probability, seed)?;
+        handle.lock().set_exploration(exploration);
+        Ok(())
+    })
+}
+
+/// Saves the planner's state (its cost tables, settings, the step count that drives the
+/// exploration draws, and every slot's remembered confidences) as versioned, checksummed bytes
+/// that avc_planner_load restores; the Python bindings' VerificationPlanner.to_bytes writes the
+/// same bytes. A restored planner plans every later step exactly as this one would.
+///
+/// Writes the size to *len_out, then the bytes to buf if cap is large enough; if not, returns
+/// AVC_ERR_BUFFER_TOO_SMALL and writes nothing to buf (a first call with buf = NULL, cap = 0
+/// learns the size; it changes only when the planner does).
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner; buf must point to cap writable bytes (or be NULL
+/// with cap = 0); len_out must be NULL (an error) or point to a writable size_t.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_save(
+    planner: *const AvcPlanner,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> AvcStatus {
+    guard("avc_planner_save", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (handle, out, len) = unsafe {
+            (
+                borrow(planner, "planner")?,
+                output(buf, cap, "buf")?,
+                out_value(len_out, "len_out")?,
+            )
+        };
+        let bytes = handle.lock().to_bytes();
+        crate::persist::write_state(&bytes, out, cap, &len)
+    })
+}
+
+/// Restores a planner saved by avc_planner_save (or by the Python bindings, of this release or
+/// an earlier one). On success *planner_out is a new handle owned by the caller; on failure it
+/// is NULL. Truncated, corrupt (checksum), foreign or future-version data, or a state no
+/// planner could hold, give AVC_ERR_VALUE naming "data".
+///
+/// # Safety
+///
+/// data must point to len readable bytes (or be NULL with len = 0); planner_out must be NULL
+/// (an error) or point to a writable avc_planner pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_load(
+    data: *const u8,
+    len: usize,
+    planner_out: *mut *mut AvcPlanner,
+) -> AvcStatus {
+    guard("avc_planner_load", || {
+        // SAFETY: the caller's contract is `out_value`'s and `input`'s.
+        let (out, bytes) = unsafe {
+            let out = out_value(planner_out, "planner_out")?;
+            out.write(std::ptr::null_mut());
+            (out, input(data, len, "data")?)
+        };
+        let planner = VerificationPlanner::from_bytes(bytes)?;
+        out.write(publish(AvcPlanner {
+            tag: AtomicU64::new(AvcPlanner::MAGIC),
+            planner: Mutex::new(planner),
+        }));
         Ok(())
     })
 }

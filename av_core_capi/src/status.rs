@@ -58,14 +58,27 @@ impl FfiError {
     }
 }
 
+/// The status code of a core error's kind (never of its message): `AVC_ERR_TYPE` for a wrong
+/// type, `AVC_ERR_VALUE` for every kind of wrong value (a bad argument, corrupt saved state, a
+/// missing or mismatched draft-depth table, a buffer that changed during the call, no memory
+/// for a copy).
+pub fn status_of(kind: av_core::ErrorKind) -> AvcStatus {
+    use av_core::ErrorKind;
+    match kind {
+        ErrorKind::Type => AVC_ERR_TYPE,
+        ErrorKind::Value
+        | ErrorKind::State
+        | ErrorKind::MissingDepthTable
+        | ErrorKind::DepthTableMismatch
+        | ErrorKind::BufferChanged
+        | ErrorKind::OutOfMemory => AVC_ERR_VALUE,
+    }
+}
+
 impl From<av_core::Error> for FfiError {
     fn from(error: av_core::Error) -> Self {
-        let status = match error.kind {
-            av_core::ErrorKind::Value => AVC_ERR_VALUE,
-            av_core::ErrorKind::Type => AVC_ERR_TYPE,
-        };
         FfiError {
-            status,
+            status: status_of(error.kind),
             message: error.to_string(),
         }
     }
@@ -201,6 +214,18 @@ mod tests {
         });
         assert_eq!(status, AVC_ERR_TYPE);
         assert_eq!(last_error(), "avc_x: dtype: float16 is not supported");
+    }
+
+    #[test]
+    fn every_kind_has_a_status_and_only_wrong_types_are_type_errors() {
+        for kind in av_core::ErrorKind::ALL {
+            let expected = if kind.is_type() {
+                AVC_ERR_TYPE
+            } else {
+                AVC_ERR_VALUE
+            };
+            assert_eq!(status_of(kind), expected, "{kind:?}");
+        }
     }
 
     #[test]

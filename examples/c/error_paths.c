@@ -352,6 +352,169 @@ static void test_save_load(void) {
     OK(avc_estimator_free(estimator));
 }
 
+/* The bytes of a cost-tables or planner save (caller frees), after checking the size query. */
+static uint8_t *saved_tables(const avc_cost_tables *tables, size_t *len) {
+    size_t needed = 0;
+    EXPECT(avc_cost_tables_save(tables, NULL, 0, &needed), AVC_ERR_BUFFER_TOO_SMALL, "buf");
+    uint8_t *bytes = malloc(needed);
+    if (bytes == NULL) {
+        abort();
+    }
+    OK(avc_cost_tables_save(tables, bytes, needed, len));
+    CHECK(*len == needed, "saved %zu bytes, size query said %zu", *len, needed);
+    return bytes;
+}
+
+static uint8_t *saved_planner(const avc_planner *planner, size_t *len) {
+    size_t needed = 0;
+    EXPECT(avc_planner_save(planner, NULL, 0, &needed), AVC_ERR_BUFFER_TOO_SMALL, "buf");
+    uint8_t *bytes = malloc(needed);
+    if (bytes == NULL) {
+        abort();
+    }
+    OK(avc_planner_save(planner, bytes, needed, len));
+    CHECK(*len == needed, "saved %zu bytes, size query said %zu", *len, needed);
+    return bytes;
+}
+
+/* avc_cost_tables_save/_load and avc_planner_save/_load: the size convention, a short buffer
+ * left untouched, refused data (empty, truncated, corrupt, another kind's state) leaving the
+ * output NULL, and a restored planner that plans every later step exactly as the original. */
+static void test_planner_and_tables_save_load(void) {
+    const double draft_ms[] = {0.5, 0.6, 0.7, 0.8};
+    const double verify_ms[] = {5, 5, 5, 5, 5, 5, 5, 5, 5, 6, 7, 8, 9};
+    const double depth_ms[] = {0.0, 0.4, 0.8, 1.2};
+    avc_cost_tables *plain = NULL, *tables = NULL;
+    OK(avc_cost_tables_new(draft_ms, 4, verify_ms, 13, &plain));
+    OK(avc_cost_tables_with_draft_depth(plain, depth_ms, 4, &tables));
+    OK(avc_cost_tables_free(plain));
+
+    size_t len = 0, needed = 0;
+    EXPECT(avc_cost_tables_save(NULL, NULL, 0, &len), AVC_ERR_NULL, "tables");
+    EXPECT(avc_cost_tables_save(tables, NULL, 0, NULL), AVC_ERR_NULL, "len_out");
+    EXPECT(avc_cost_tables_save(tables, NULL, 5, &len), AVC_ERR_NULL, "buf");
+    EXPECT(avc_cost_tables_save(tables, NULL, 0, &needed), AVC_ERR_BUFFER_TOO_SMALL,
+           "buf: cap = 0 bytes");
+    uint8_t *bytes = malloc(needed);
+    if (bytes == NULL) {
+        abort();
+    }
+    memset(bytes, 0xAB, needed);
+    EXPECT(avc_cost_tables_save(tables, bytes, needed - 1, &len), AVC_ERR_BUFFER_TOO_SMALL,
+           "the state needs");
+    CHECK(len == needed, "len_out %zu, needed %zu", len, needed);
+    int untouched = 1;
+    for (size_t i = 0; i < needed; i++) {
+        untouched &= bytes[i] == 0xAB;
+    }
+    CHECK(untouched, "a too-small save wrote to buf");
+    OK(avc_cost_tables_save(tables, bytes, needed, &len));
+    CHECK(memcmp(bytes, "AVCORE\0C", 8) == 0, "cost tables frame magic");
+
+    avc_cost_tables *restored = tables; /* any non-NULL value */
+    EXPECT(avc_cost_tables_load(NULL, needed, &restored), AVC_ERR_NULL, "data");
+    CHECK(restored == NULL, "tables_out not NULL after a failure");
+    EXPECT(avc_cost_tables_load(bytes, needed, NULL), AVC_ERR_NULL, "tables_out");
+    EXPECT(avc_cost_tables_load(bytes, 0, &restored), AVC_ERR_VALUE, "data: not av_core");
+    EXPECT(avc_cost_tables_load(bytes, needed - 1, &restored), AVC_ERR_VALUE, "data: length");
+    bytes[needed / 2] ^= 0x10;
+    restored = tables;
+    EXPECT(avc_cost_tables_load(bytes, needed, &restored), AVC_ERR_VALUE, "data: checksum");
+    CHECK(restored == NULL, "tables_out not NULL after a failure");
+    bytes[needed / 2] ^= 0x10;
+    OK(avc_cost_tables_load(bytes, needed, &restored));
+    size_t again_len = 0;
+    uint8_t *again = saved_tables(restored, &again_len);
+    CHECK(again_len == needed && memcmp(again, bytes, needed) == 0,
+          "restored tables save different bytes");
+    double draft_a[4], draft_b[4], verify_a[13], verify_b[13], depth_a[4], depth_b[4];
+    OK(avc_cost_tables_copy(tables, draft_a, 4, verify_a, 13));
+    OK(avc_cost_tables_copy(restored, draft_b, 4, verify_b, 13));
+    OK(avc_cost_tables_draft_depth(tables, depth_a, 4, &len));
+    OK(avc_cost_tables_draft_depth(restored, depth_b, 4, &len));
+    CHECK(memcmp(draft_a, draft_b, sizeof draft_a) == 0 &&
+              memcmp(verify_a, verify_b, sizeof verify_a) == 0 &&
+              memcmp(depth_a, depth_b, sizeof depth_a) == 0,
+          "restored tables differ");
+    free(again);
+    OK(avc_cost_tables_free(restored));
+
+    /* A planner with exploration on (the saved step count drives its draws). */
+    avc_planner *planner = NULL;
+    OK(avc_planner_new(tables, 4, K, AVC_BUDGET_SOURCE_PREVIOUS, &planner));
+    OK(avc_planner_set_exploration(planner, 0.4, 9));
+    const int64_t slots[ROWS] = {0, 2};
+    const int64_t scheduled[ROWS] = {3, 2};
+    const avc_step_tokens step = {ROWS, ROWS, SIZE_MAX};
+    const float first[ROWS * K] = {0.9f, 0.8f, 0.5f, 0.7f, 0.2f, 0.1f};
+    int32_t admitted_out[ROWS];
+    avc_verification_plan plan;
+    OK(avc_planner_plan(planner, slots, ROWS, first, ROWS, K, scheduled, ROWS, &step,
+                        admitted_out, ROWS, &plan));
+
+    /* A cost-tables state is not a planner state, and the reverse. */
+    avc_planner *loaded = planner; /* any non-NULL value */
+    EXPECT(avc_planner_load(bytes, needed, &loaded), AVC_ERR_VALUE,
+           "data: not an av_core planner state (bad magic bytes: av_core cost tables)");
+    CHECK(loaded == NULL, "planner_out not NULL after a failure");
+    free(bytes);
+    EXPECT(avc_planner_save(NULL, NULL, 0, &len), AVC_ERR_NULL, "planner");
+    EXPECT(avc_planner_save(planner, NULL, 0, NULL), AVC_ERR_NULL, "len_out");
+    bytes = saved_planner(planner, &needed);
+    CHECK(memcmp(bytes, "AVCORE\0P", 8) == 0, "planner frame magic");
+    EXPECT(avc_planner_save(planner, bytes, needed - 1, &len), AVC_ERR_BUFFER_TOO_SMALL,
+           "the state needs");
+    EXPECT(avc_cost_tables_load(bytes, needed, &restored), AVC_ERR_VALUE,
+           "data: not av_core cost tables (bad magic bytes: an av_core planner state)");
+    EXPECT(avc_planner_load(bytes, needed, NULL), AVC_ERR_NULL, "planner_out");
+    EXPECT(avc_planner_load(bytes, needed - 1, &loaded), AVC_ERR_VALUE, "data: length");
+    bytes[needed - 1] ^= 0x01;
+    EXPECT(avc_planner_load(bytes, needed, &loaded), AVC_ERR_VALUE, "data: checksum");
+    CHECK(loaded == NULL, "planner_out not NULL after a failure");
+    bytes[needed - 1] ^= 0x01;
+    OK(avc_planner_load(bytes, needed, &loaded));
+    free(bytes);
+
+    /* The clone continues exactly like the original: same plans, same remembered state. */
+    const float later[3][ROWS * K] = {{0.3f, 0.9f, 0.6f, 0.95f, 0.85f, 0.4f},
+                                      {0.05f, 0.5f, 0.99f, 0.6f, 0.6f, 0.6f},
+                                      {0.7f, 0.1f, 0.8f, 0.2f, 0.9f, 0.3f}};
+    const int64_t later_slots[ROWS] = {1, 2};
+    const int64_t full[ROWS] = {3, 3};
+    for (int s = 0; s < 3; s++) {
+        int32_t admitted_a[ROWS], admitted_b[ROWS], depths_a[ROWS], depths_b[ROWS];
+        avc_verification_plan plan_a, plan_b;
+        avc_depth_plan depth_a_plan, depth_b_plan;
+        OK(avc_planner_plan(planner, later_slots, ROWS, later[s], ROWS, K, full, ROWS, &step,
+                            admitted_a, ROWS, &plan_a));
+        OK(avc_planner_plan(loaded, later_slots, ROWS, later[s], ROWS, K, full, ROWS, &step,
+                            admitted_b, ROWS, &plan_b));
+        CHECK(plan_a.budget == plan_b.budget && admitted_a[0] == admitted_b[0] &&
+                  admitted_a[1] == admitted_b[1] &&
+                  plan_a.expected_accepted_tokens == plan_b.expected_accepted_tokens,
+              "step %d: restored planner planned differently (budget %zu vs %zu)", s,
+              plan_a.budget, plan_b.budget);
+        OK(avc_planner_choose_draft_depth(planner, later_slots, ROWS, full, ROWS, &step,
+                                          AVC_DEPTH_MODE_BATCH, depths_a, ROWS,
+                                          &depth_a_plan));
+        OK(avc_planner_choose_draft_depth(loaded, later_slots, ROWS, full, ROWS, &step,
+                                          AVC_DEPTH_MODE_BATCH, depths_b, ROWS,
+                                          &depth_b_plan));
+        CHECK(depths_a[0] == depths_b[0] && depths_a[1] == depths_b[1],
+              "step %d: restored planner chose other depths", s);
+    }
+    size_t len_a = 0, len_b = 0;
+    uint8_t *bytes_a = saved_planner(planner, &len_a);
+    uint8_t *bytes_b = saved_planner(loaded, &len_b);
+    CHECK(len_a == len_b && memcmp(bytes_a, bytes_b, len_a) == 0,
+          "original and restored planner states diverged");
+    free(bytes_a);
+    free(bytes_b);
+    OK(avc_planner_free(loaded));
+    OK(avc_planner_free(planner));
+    OK(avc_cost_tables_free(tables));
+}
+
 static void test_handles(void) {
     /* NULL free is a no-op. */
     OK(avc_estimator_free(NULL));
@@ -781,7 +944,8 @@ static void test_thread_local_errors(void) {
           avc_last_error());
 }
 
-/* Concurrent observers on one handle give exactly the serial bytes (DESIGN.md section 5). */
+/* Concurrent observers on one handle give exactly the serial bytes (docs/design.md,
+ * "Determinism and concurrency"). */
 enum { THREADS = 4, BATCHES = 64, BATCH_ROWS = 8 };
 static float batch_features[BATCHES][BATCH_ROWS * K];
 static int64_t batch_admitted[BATCHES][BATCH_ROWS];
@@ -850,6 +1014,7 @@ int main(void) {
     test_map_update();
     test_config();
     test_save_load();
+    test_planner_and_tables_save_load();
     test_handles();
     test_cost_tables();
     test_planner();

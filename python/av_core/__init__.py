@@ -17,12 +17,24 @@ The package has three roles: the runtime a scheduler imports (this module, :mod:
 integrations (:mod:`av_core.vllm`, :mod:`av_core.sglang`) and the offline tools
 (:mod:`av_core.tools`: the ``av-core`` command line, traces, evaluation, simulation), which
 importing av_core never imports.
+
+Errors: bad input raises ``ValueError`` or ``TypeError`` naming the argument. Some value errors
+have their own subclass of ``ValueError``, so that a caller can tell them apart without reading
+the message: :class:`StateError` (saved state that is corrupt, truncated, of another kind or of
+a format version this build does not read), :class:`DepthTableError` (the cost tables lack the
+draft-depth table a depth decision needs, or it covers other positions),
+:class:`BufferChangedError` (another thread wrote an input buffer during the call) and
+:class:`OutOfMemoryError` (no memory for a copy of an argument).
 """
 
 from av_core._native import (
     AcceptanceEstimator,
+    BufferChangedError,
     CostTables,
     DepthPlan,
+    DepthTableError,
+    OutOfMemoryError,
+    StateError,
     VerificationPlan,
     VerificationPlanner,
     __version__,
@@ -34,8 +46,12 @@ from av_core._native import (
 
 __all__ = [
     "AcceptanceEstimator",
+    "BufferChangedError",
     "CostTables",
     "DepthPlan",
+    "DepthTableError",
+    "OutOfMemoryError",
+    "StateError",
     "VerificationPlan",
     "VerificationPlanner",
     "__version__",

@@ -26,8 +26,12 @@ import numpy.typing as npt
 __all__ = [
     "__version__",
     "AcceptanceEstimator",
+    "BufferChangedError",
     "CostTables",
     "DepthPlan",
+    "DepthTableError",
+    "OutOfMemoryError",
+    "StateError",
     "VerificationPlan",
     "VerificationPlanner",
     "assign_draft_budget",
@@ -39,6 +43,23 @@ __all__ = [
 ]
 
 __version__: str
+
+class StateError(ValueError):
+    """Saved state (bytes, a file or JSON text) that is corrupt, truncated, of another kind, of a
+    format version this build does not read, or that decodes to a state no planner or estimator
+    could hold. A ValueError."""
+
+class DepthTableError(ValueError):
+    """The call prices drafting by depth and the cost tables have no draft-depth table, or one
+    that does not cover the positions planned. A ValueError."""
+
+class BufferChangedError(ValueError):
+    """An input held a bad value that was gone when read again: another thread wrote the buffer
+    during the call, which did nothing. A ValueError."""
+
+class OutOfMemoryError(ValueError):
+    """There was no memory for a copy the call needs (an array far larger than memory, such as
+    a huge numpy.broadcast_to view). A ValueError, naming the argument."""
 
 @final
 class AcceptanceEstimator:
@@ -211,8 +232,22 @@ class CostTables:
     def to_json(self) -> str: ...
     @classmethod
     def from_json(cls, text: str) -> CostTables: ...
+    def to_bytes(self) -> bytes:
+        """The tables as versioned, checksummed bytes (bit-exact); ``from_bytes`` restores them."""
+    @classmethod
+    def from_bytes(cls, data: bytes) -> CostTables:
+        """Tables from ``to_bytes()``; corrupt, truncated or future-version data raises
+        StateError."""
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes ``to_bytes()`` to ``path`` atomically: a crash leaves the old file intact."""
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostTables:
+        """Tables written by ``save``; a corrupt, truncated or future-version file raises
+        StateError naming the path."""
+    def __copy__(self) -> CostTables: ...
+    def __deepcopy__(self, memo: Any, /) -> CostTables: ...
     def __eq__(self, value: object, /) -> bool: ...
-    def __reduce__(self) -> tuple[Any, tuple[str]]: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
 
 @final
 class VerificationPlan:
@@ -274,6 +309,7 @@ class VerificationPlanner:
     def copy(self) -> VerificationPlanner: ...
     def __copy__(self) -> VerificationPlanner: ...
     def __deepcopy__(self, memo: Any, /) -> VerificationPlanner: ...
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
     @property
     def cost_tables(self) -> CostTables: ...
     @property

@@ -24,34 +24,18 @@
 //!
 //! Every failure names the argument.
 
-use av_core::{Error, ErrorKind, MatrixView};
+use av_core::MatrixView;
 use numpy::{
     Element, PyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray,
     PyUntypedArrayMethods,
 };
-use pyo3::exceptions::{PyException, PyOverflowError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyException, PyOverflowError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyList, PyTuple};
 
-/// Maps a core error to `ValueError`/`TypeError` with the core's message (which names the
-/// argument).
-pub fn to_py_err(error: Error) -> PyErr {
-    match error.kind {
-        ErrorKind::Value => PyValueError::new_err(error.to_string()),
-        ErrorKind::Type => PyTypeError::new_err(error.to_string()),
-    }
-}
-
-/// `ValueError("{argument}: {message}")`.
-pub fn value_error(argument: &str, message: impl std::fmt::Display) -> PyErr {
-    PyValueError::new_err(format!("{argument}: {message}"))
-}
-
-/// `TypeError("{argument}: {message}")`.
-pub fn type_error(argument: &str, message: impl std::fmt::Display) -> PyErr {
-    PyTypeError::new_err(format!("{argument}: {message}"))
-}
+use crate::error::out_of_memory;
+pub use crate::error::{to_py_err, type_error, value_error};
 
 // --- scalars ---------------------------------------------------------------------------------
 
@@ -268,13 +252,25 @@ pub fn convert<'py>(obj: &Bound<'py, PyAny>, argument: &str) -> PyResult<Convert
     let inferred = obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>();
     let converted = match numpy_asarray(py)?.call1((obj,)) {
         Ok(array) => array,
-        // A tensor on an accelerator: stage it through av_core.features.to_host (a pinned
-        // buffer, one non-blocking copy and one event wait) instead of failing.
-        Err(_) if is_device_tensor(obj) => py
-            .import("av_core.features")?
-            .getattr("to_host")?
-            .call1((obj,))
-            .map_err(|e| type_error(argument, format!("cannot stage the tensor to host: {e}")))?,
+        // A tensor on an accelerator: its values copied to the host by the tensor's own
+        // `detach().cpu()` (one synchronous copy), then read like any host tensor. The
+        // extension asks nothing of the Python package; callers that reuse a pinned buffer
+        // stage through `av_core.features.to_host` themselves.
+        Err(_) if is_device_tensor(obj) => {
+            let host = obj
+                .call_method0("detach")
+                .and_then(|tensor| tensor.call_method0("cpu"))
+                .map_err(|e| {
+                    type_error(argument, format!("cannot copy the tensor to host: {e}"))
+                })?;
+            if is_device_tensor(&host) {
+                return Err(type_error(
+                    argument,
+                    format!("{}.cpu() gave a tensor still on a device", type_name(obj)),
+                ));
+            }
+            return convert(&host, argument);
+        }
         Err(e) => match resolved_tensor(obj) {
             // A CPU tensor that numpy refuses as it is (one that requires grad, or carries
             // torch's lazy negation or conjugation bit): its values, resolved.
@@ -355,7 +351,7 @@ fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
     // A view can imply far more elements than its memory holds (numpy.broadcast_to): a copy
     // that does not fit is a ValueError naming the argument, never an abort.
     let too_large = || {
-        value_error(
+        out_of_memory(
             argument,
             format!(
                 "cannot copy an array of shape {:?} ({} elements): out of memory",
@@ -616,11 +612,11 @@ pub fn float_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<f64>
 }
 
 /// numpy's MemoryError (a conversion of a view implying more elements than memory holds, such
-/// as a large `numpy.broadcast_to`) as a ValueError naming the argument; other errors as they
-/// are.
+/// as a large `numpy.broadcast_to`) as an `OutOfMemoryError` (a ValueError) naming the argument;
+/// other errors as they are.
 fn memory_error(py: Python<'_>, error: PyErr, argument: &str) -> PyErr {
     if error.is_instance_of::<pyo3::exceptions::PyMemoryError>(py) {
-        value_error(
+        out_of_memory(
             argument,
             format!("cannot be converted: out of memory ({error})"),
         )

@@ -6,15 +6,19 @@
 use pyo3::prelude::*;
 
 mod convert;
+mod cost_tables;
+mod error;
 mod estimator;
 mod features;
 mod files;
+mod persist;
 mod planner;
 
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    error::register(m)?;
     m.add_class::<estimator::PyAcceptanceEstimator>()?;
     planner::register(m)?;
     features::register(m)?;

@@ -110,6 +110,34 @@ impl Best {
     }
 }
 
+/// The drafts a budget is chosen among: the survivals (`cols` per row) and how many of each
+/// row's are scheduled.
+#[derive(Clone, Copy)]
+pub(crate) struct Drafts<'a> {
+    pub(crate) survivals: &'a Survivals,
+    pub(crate) cols: usize,
+    pub(crate) scheduled: &'a [usize],
+}
+
+/// The step's costs a budget is priced with: `s` sampling requests, the drafting cost, and
+/// `verify = verify_ms[T..=T + limit]` for the budgets `0..=limit` (`limit` is
+/// `verify.len() - 1`); `verify_nondecreasing` lets a bound read a bucket's cheapest cost at
+/// its first rank instead of scanning for it.
+#[derive(Clone, Copy)]
+pub(crate) struct StepCosts<'a> {
+    pub(crate) s: f64,
+    pub(crate) draft_ms: f64,
+    pub(crate) verify: &'a [f64],
+    pub(crate) verify_nondecreasing: bool,
+}
+
+impl StepCosts<'_> {
+    /// The largest budget priced.
+    pub(crate) fn limit(&self) -> usize {
+        self.verify.len() - 1
+    }
+}
+
 /// Reusable buffers of [`best_budget`].
 #[derive(Default)]
 pub(crate) struct BudgetBuffers {
@@ -120,24 +148,18 @@ pub(crate) struct BudgetBuffers {
     sort: SortBuffers,
 }
 
-/// The first `b` in `0..=limit` maximising `E(b) / C(b)`.
-///
-/// `verify` is `verify_ms[T..=T + limit]`; `verify_nondecreasing` lets the bound read a
-/// bucket's cheapest cost at its first rank instead of scanning for it.
-#[allow(clippy::too_many_arguments)]
+/// The first `b` in `0..=costs.limit()` maximising `E(b) / C(b)` over `drafts`.
 pub(crate) fn best_budget(
-    survivals: &Survivals,
-    cols: usize,
-    scheduled: &[usize],
-    limit: usize,
-    sampling_requests: f64,
-    draft_ms: f64,
-    verify: &[f64],
-    verify_nondecreasing: bool,
+    drafts: Drafts<'_>,
+    costs: StepCosts<'_>,
     buffers: &mut BudgetBuffers,
 ) -> Budget {
-    debug_assert_eq!(verify.len(), limit + 1);
-    let s = sampling_requests;
+    let Drafts {
+        survivals,
+        cols,
+        scheduled,
+    } = drafts;
+    let limit = costs.limit();
     let BudgetBuffers {
         indices,
         counts,
@@ -148,25 +170,14 @@ pub(crate) fn best_budget(
     if is_small(survivals, limit) {
         survivals.gather(cols, scheduled, members);
         sort_descending(members, sort);
-        return exact_scan(&members[..limit], s, draft_ms, verify);
+        return exact_scan(&members[..limit], costs.s, costs.draft_ms, costs.verify);
     }
 
     // Count and sum per bucket.
     let map = bucket_map(survivals);
     map.indices(survivals, indices);
     map.histogram_with_sums(survivals, cols, scheduled, indices, counts, sums);
-    search(
-        survivals,
-        &map,
-        cols,
-        scheduled,
-        limit,
-        s,
-        draft_ms,
-        verify,
-        verify_nondecreasing,
-        buffers,
-    )
+    search(drafts, &map, costs, buffers)
 }
 
 /// Whether [`best_budget`] would sort and scan outright (then [`search`] must not be used).
@@ -182,19 +193,24 @@ pub(crate) fn bucket_map(survivals: &Survivals) -> BucketMap {
 /// [`best_budget`]'s search once `buffers.indices` holds `map`'s bucket of every slot and
 /// `buffers.counts`/`buffers.sums` the histogram of the scheduled slots (the depth decision
 /// builds it position by position instead of from scratch).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn search(
-    survivals: &Survivals,
+    drafts: Drafts<'_>,
     map: &BucketMap,
-    cols: usize,
-    scheduled: &[usize],
-    limit: usize,
-    s: f64,
-    draft_ms: f64,
-    verify: &[f64],
-    verify_nondecreasing: bool,
+    costs: StepCosts<'_>,
     buffers: &mut BudgetBuffers,
 ) -> Budget {
+    let Drafts {
+        survivals,
+        cols,
+        scheduled,
+    } = drafts;
+    let StepCosts {
+        s,
+        draft_ms,
+        verify,
+        verify_nondecreasing,
+    } = costs;
+    let limit = costs.limit();
     let BudgetBuffers {
         indices,
         counts,
@@ -204,7 +220,7 @@ pub(crate) fn search(
     } = buffers;
 
     // The floor as the pair (ratio, 1): `reaches` compares cross-multiplied pairs.
-    let (floor_e, floor_c) = (floor_ratio(counts, sums, limit, s, draft_ms, verify), 1.0);
+    let (floor_e, floor_c) = (floor_ratio(counts, sums, costs), 1.0);
 
     // Buckets that may hold a budget reaching the floor, and their hull. A quick test first:
     // E at the bucket's end over C at its cheapest. Then, for buckets that pass, per rank:
@@ -281,14 +297,14 @@ pub(crate) fn search(
 /// The best ratio `E / C` at any bucket boundary within `limit`: attained by some budget (up to
 /// the quotient's rounding, far inside [`BOUND_SLACK`]), so a valid floor for pruning. Plain
 /// quotients and a running maximum (no data-dependent branch), as a bound needs no tie rule.
-pub(crate) fn floor_ratio(
-    counts: &[u32],
-    sums: &[f64],
-    limit: usize,
-    s: f64,
-    draft_ms: f64,
-    verify: &[f64],
-) -> f64 {
+pub(crate) fn floor_ratio(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> f64 {
+    let StepCosts {
+        s,
+        draft_ms,
+        verify,
+        ..
+    } = costs;
+    let limit = costs.limit();
     let mut best = s / (draft_ms + verify[0]);
     let (mut end, mut prefix) = (0usize, 0.0f64);
     for (&count, &sum) in counts.iter().zip(sums) {
@@ -306,17 +322,19 @@ pub(crate) fn floor_ratio(
 /// bucket histogram of a superset of the candidates (`counts`, `sums`): at every rank inside a
 /// bucket, `E` is at most the bucket's end value and `C` at least its cheapest cost. `false`
 /// proves no budget over any subset of those survivals does (the depth decision's skip).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn may_reach(
     counts: &[u32],
     sums: &[f64],
-    limit: usize,
-    s: f64,
-    draft_ms: f64,
-    verify: &[f64],
-    verify_nondecreasing: bool,
+    costs: StepCosts<'_>,
     (best_e, best_c): (f64, f64),
 ) -> bool {
+    let StepCosts {
+        s,
+        draft_ms,
+        verify,
+        verify_nondecreasing,
+    } = costs;
+    let limit = costs.limit();
     let reaches = |e: f64, c: f64| {
         let reach = e * best_c * (1.0 + BOUND_SLACK);
         let need = best_e * c * (1.0 - BOUND_SLACK);
@@ -460,10 +478,14 @@ mod tests {
             }
             let nondecreasing = verify.windows(2).all(|w| w[0] <= w[1]);
             let s = (s_seed % (rows + 1)) as f64;
-            let pruned = best_budget(
-                &surv, cols, &sched, limit, s, f64::from(draft), &verify, nondecreasing,
-                &mut BudgetBuffers::default(),
-            );
+            let drafts = Drafts { survivals: &surv, cols, scheduled: &sched };
+            let costs = StepCosts {
+                s,
+                draft_ms: f64::from(draft),
+                verify: &verify,
+                verify_nondecreasing: nondecreasing,
+            };
+            let pruned = best_budget(drafts, costs, &mut BudgetBuffers::default());
             let mut sorted = Vec::new();
             surv.gather(cols, &sched, &mut sorted);
             sorted.sort_by(|a, b| b.total_cmp(a));

@@ -31,7 +31,8 @@
 //! rule (`av_core.testing` checks the composition exactly).
 
 use super::budget::{
-    beats, best_budget, bucket_map, floor_ratio, is_small, may_reach, search, Budget, BudgetBuffers,
+    beats, best_budget, bucket_map, floor_ratio, is_small, may_reach, search, Budget,
+    BudgetBuffers, Drafts, StepCosts,
 };
 use super::order::Survivals;
 use super::StepTokens;
@@ -146,18 +147,30 @@ fn fill_scheduled(d: usize, caps: &[usize], scheduled: &mut Vec<usize>) {
     scheduled.extend(caps.iter().map(|&c| c.min(d)));
 }
 
-/// Batch mode over `survivals` of rows capped at `caps[r]`; writes `depths`.
-#[allow(clippy::too_many_arguments)]
+/// What a drafting-depth decision is asked: rows of `cols` positions, row `r` capped at
+/// `caps[r]` positions, in this step, priced by these tables.
+#[derive(Clone, Copy)]
+pub(crate) struct DepthRequest<'a> {
+    pub(crate) cols: usize,
+    pub(crate) caps: &'a [usize],
+    pub(crate) step: &'a StepTokens,
+    pub(crate) tables: &'a CostTables,
+}
+
+/// Batch mode over `survivals` for `request`; writes `depths`.
 pub(crate) fn batch_depth(
     survivals: &mut Survivals,
-    cols: usize,
-    caps: &[usize],
-    step: &StepTokens,
-    tables: &CostTables,
+    request: DepthRequest<'_>,
     buffers: &mut DepthBuffers,
     budget_buffers: &mut BudgetBuffers,
     depths: &mut [i32],
 ) -> DepthPlan {
+    let DepthRequest {
+        cols,
+        caps,
+        step,
+        tables,
+    } = request;
     let t = step.num_non_draft_tokens;
     let s = step.num_sampling_requests as f64;
     let verify = tables.verify_ms();
@@ -205,17 +218,18 @@ pub(crate) fn batch_depth(
             let limit = limit_of(drafts);
             fill_scheduled(d, caps, scheduled);
             survivals.recount(cols, scheduled);
-            let chosen = best_budget(
+            let among = Drafts {
                 survivals,
                 cols,
                 scheduled,
-                limit,
+            };
+            let costs = StepCosts {
                 s,
                 draft_ms,
-                &verify[t..=t + limit],
-                nondecreasing,
-                budget_buffers,
-            );
+                verify: &verify[t..=t + limit],
+                verify_nondecreasing: nondecreasing,
+            };
+            let chosen = best_budget(among, costs, budget_buffers);
             offer(&mut best, d, drafts, draft_ms, chosen);
         }
         survivals.recount(cols, caps);
@@ -251,10 +265,13 @@ pub(crate) fn batch_depth(
             }
             let (drafts, draft_ms) = costs_by_depth[d];
             let limit = limit_of(drafts);
-            let floor = (
-                floor_ratio(hist, hist_sums, limit, s, draft_ms, &verify[t..=t + limit]),
-                1.0,
-            );
+            let costs = StepCosts {
+                s,
+                draft_ms,
+                verify: &verify[t..=t + limit],
+                verify_nondecreasing: nondecreasing,
+            };
+            let floor = (floor_ratio(hist, hist_sums, costs), 1.0);
             if beats(floor.0, floor.1, target.0, target.1) {
                 target = floor;
             }
@@ -277,20 +294,14 @@ pub(crate) fn batch_depth(
                 target
             };
             let range = (d - 1) * buckets..d * buckets;
-            let costs = &verify[t..=t + limit];
+            let costs = StepCosts {
+                s,
+                draft_ms,
+                verify: &verify[t..=t + limit],
+                verify_nondecreasing: nondecreasing,
+            };
             let (hist, hist_sums) = (&full_counts[range.clone()], &full_sums[range]);
-            if limit == 0
-                || !may_reach(
-                    hist,
-                    hist_sums,
-                    limit,
-                    s,
-                    draft_ms,
-                    costs,
-                    nondecreasing,
-                    bar,
-                )
-            {
+            if limit == 0 || !may_reach(hist, hist_sums, costs, bar) {
                 continue;
             }
             budget_buffers.counts.clear();
@@ -298,18 +309,12 @@ pub(crate) fn batch_depth(
             budget_buffers.sums.clear();
             budget_buffers.sums.extend_from_slice(hist_sums);
             fill_scheduled(d, caps, scheduled);
-            let chosen = search(
+            let among = Drafts {
                 survivals,
-                &map,
                 cols,
                 scheduled,
-                limit,
-                s,
-                draft_ms,
-                costs,
-                nondecreasing,
-                budget_buffers,
-            );
+            };
+            let chosen = search(among, &map, costs, budget_buffers);
             offer(&mut best, d, drafts, draft_ms, chosen);
         }
     }
@@ -322,13 +327,16 @@ pub(crate) fn batch_depth(
 /// Per-request mode; writes `depths`.
 pub(crate) fn per_request_depth(
     survivals: &Survivals,
-    cols: usize,
-    caps: &[usize],
-    step: &StepTokens,
-    tables: &CostTables,
+    request: DepthRequest<'_>,
     buffers: &mut DepthBuffers,
     depths: &mut [i32],
 ) -> DepthPlan {
+    let DepthRequest {
+        cols,
+        caps,
+        step,
+        tables,
+    } = request;
     let t = step.num_non_draft_tokens;
     let s = step.num_sampling_requests as f64;
     let verify = tables.verify_ms();
@@ -413,7 +421,7 @@ mod tests {
 
     use crate::cost_tables::{CostTables, DrafterKind};
     use crate::planner::{
-        choose_draft_depth, BudgetSource, DepthMode, StepTokens, VerificationPlanner,
+        choose_draft_depth, BudgetSource, DepthMode, Exploration, StepTokens, VerificationPlanner,
     };
     use crate::MatrixView;
 
@@ -462,7 +470,7 @@ mod tests {
             let limit = step
                 .max_draft_budget
                 .map_or(values.len(), |c| c.min(values.len()));
-            let draft = tables.step_draft_cost_ms(&sched, &mut Vec::new());
+            let draft = tables.step_draft_cost_ms(&sched, &mut Vec::new()).unwrap();
             let mut e = s;
             let mut options = vec![(s, draft + tables.verify_ms()[t])];
             for (b, v) in values[..limit].iter().enumerate() {
@@ -626,7 +634,7 @@ mod tests {
             .with_drafter(DrafterKind::Autoregressive, 3)
             .unwrap();
         let mut planner = VerificationPlanner::new(tables, 4, 3, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.0, 0).unwrap();
+        planner.set_exploration(Exploration::OFF);
         let step = StepTokens {
             num_non_draft_tokens: 2,
             num_sampling_requests: 2,
@@ -681,7 +689,7 @@ mod tests {
             .with_drafter(DrafterKind::Autoregressive, 4)
             .unwrap();
         let mut planner = VerificationPlanner::new(tables, 64, 4, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.1, 3).unwrap();
+        planner.set_exploration(Exploration::new("exploration", 0.1, 3).unwrap());
         let step = StepTokens {
             num_non_draft_tokens: 64,
             num_sampling_requests: 64,
@@ -728,7 +736,7 @@ mod tests {
         .with_drafter(DrafterKind::Autoregressive, 4)
         .unwrap();
         let mut planner = VerificationPlanner::new(tables, 64, 4, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.3, 1).unwrap();
+        planner.set_exploration(Exploration::new("exploration", 0.3, 1).unwrap());
         let step = StepTokens {
             num_non_draft_tokens: 64,
             num_sampling_requests: 64,
@@ -772,7 +780,7 @@ mod tests {
             .with_drafter(DrafterKind::Autoregressive, 4)
             .unwrap();
         let mut planner = VerificationPlanner::new(tables, 4, 4, BudgetSource::Previous).unwrap();
-        planner.set_exploration(1.0, 0).unwrap(); // every request explores
+        planner.set_exploration(Exploration::new("exploration", 1.0, 0).unwrap()); // every request explores
         let conf = [0.5; 8];
         let view = MatrixView::new("c", &conf, 2, 4).unwrap();
         let step = StepTokens {
@@ -905,7 +913,7 @@ mod tests {
                         depth[o.2] += 1;
                     }
                     let e = rows as f64 + allowed[..n].iter().map(|o| o.0).sum::<f64>();
-                    let c = tables.step_draft_cost_ms(&depth, &mut Vec::new())
+                    let c = tables.step_draft_cost_ms(&depth, &mut Vec::new()).unwrap()
                         + tables.verify_ms()[rows + n];
                     options.push((e, c));
                 }

@@ -3,18 +3,16 @@
 use std::fmt;
 
 use super::{
-    depth_with, plan_with, BudgetSource, DepthMode, DepthPlan, Scratch, StepTokens,
+    depth_with, plan_with, BudgetSource, DepthMode, DepthPlan, Exploration, Scratch, StepTokens,
     VerificationPlan,
 };
 use crate::cost_tables::CostTables;
 use crate::error::{Error, Result};
 use crate::matrix::MatrixView;
+use crate::persist::Persistent;
 
 /// Most `num_slots × num_positions` entries of remembered confidences.
 const MAX_STATE_ENTRIES: usize = 1 << 26;
-
-/// The exploration draw of a whole step (slots are far below it, so draws never collide).
-const EXPLORATION_STEP: u64 = u64::MAX;
 
 /// Plans every decode step, sizing the budget from the previous step's confidences of each
 /// request slot (`BudgetSource::Previous`, the default, lossless for every drafter) or from the
@@ -78,8 +76,7 @@ pub struct VerificationPlanner {
     marks: Vec<bool>,
     stamp: u64,
     scratch: Scratch,
-    exploration: f64,
-    exploration_seed: u64,
+    exploration: Exploration,
 }
 
 impl VerificationPlanner {
@@ -136,29 +133,24 @@ impl VerificationPlanner {
             marks: vec![false; num_slots],
             stamp: 0,
             scratch: Scratch::default(),
-            exploration: Self::DEFAULT_EXPLORATION,
-            exploration_seed: 0,
+            exploration: Exploration::DEFAULT,
         })
     }
 
     /// Default exploration floor: one request in a hundred verifies its whole draft block.
-    pub const DEFAULT_EXPLORATION: f64 = 0.01;
+    pub const DEFAULT_EXPLORATION: f64 = Exploration::DEFAULT_PROBABILITY;
 
-    /// Sets the exploration floor: each step, each request independently verifies its whole
-    /// scheduled draft block with probability `probability`, whatever the budget.
-    ///
-    /// Why: with trimming on, a position whose estimate collapsed (one confidently wrong round)
-    /// is never admitted again, so it never gets another label and never recovers. A floor of
-    /// full verifications keeps labels coming. It stays lossless because the draw is a hash of
-    /// (`seed`, step number, slot): fixed before any token is drafted and independent of them.
-    /// The extra drafts never push the step past `max_draft_budget` or the cost tables. 0 turns
-    /// it off (vLLM's behaviour).
+    /// Sets the exploration floor ([`Exploration`]): each step, each request independently
+    /// verifies its whole scheduled draft block with its probability, whatever the budget, and
+    /// the drafting-depth decision widens the same requests. The extra drafts never push the
+    /// step past `max_draft_budget` or the cost tables. [`Exploration::OFF`] turns it off
+    /// (vLLM's behaviour).
     ///
     /// # Example
     ///
     /// ```rust
     /// use av_core::cost_tables::CostTables;
-    /// use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+    /// use av_core::planner::{BudgetSource, Exploration, StepTokens, VerificationPlanner};
     /// use av_core::MatrixView;
     ///
     /// let verify_ms: Vec<f64> = (0..=8).map(|t| 0.5 + 0.25 * t as f64).collect();
@@ -166,7 +158,8 @@ impl VerificationPlanner {
     /// let mut planner = VerificationPlanner::new(tables, 8, 2, BudgetSource::Current)?;
     /// assert_eq!(planner.exploration(), VerificationPlanner::DEFAULT_EXPLORATION);
     /// // Low confidences: the budget is 0, but with probability 1 every request explores.
-    /// planner.set_exploration(1.0, 42)?;
+    /// planner.set_exploration(Exploration::new("exploration", 1.0, 42)?);
+    /// assert_eq!((planner.exploration(), planner.exploration_seed()), (1.0, 42));
     /// let view = MatrixView::new("confidences", &[0.1, 0.1, 0.1, 0.1], 2, 2)?;
     /// let step = StepTokens {
     ///     num_non_draft_tokens: 2,
@@ -176,42 +169,26 @@ impl VerificationPlanner {
     /// let mut admitted = [0; 2];
     /// assert_eq!(planner.plan(&[0, 1], view, &[2, 2], &step, &mut admitted)?.budget, 4);
     /// assert_eq!(admitted, [2, 2]);
-    /// assert_eq!(planner.set_exploration(1.5, 0).unwrap_err().argument, "exploration");
+    /// assert_eq!(Exploration::new("exploration", 1.5, 0).unwrap_err().argument, "exploration");
     /// # Ok::<(), av_core::Error>(())
     /// ```
-    pub fn set_exploration(&mut self, probability: f64, seed: u64) -> Result<()> {
-        if !(0.0..=1.0).contains(&probability) {
-            return Err(Error::value(
-                "exploration",
-                format!("must be a probability in [0, 1], got {probability}"),
-            ));
-        }
-        self.exploration = probability;
-        self.exploration_seed = seed;
-        Ok(())
+    pub fn set_exploration(&mut self, exploration: Exploration) {
+        self.exploration = exploration;
     }
 
     /// The exploration probability.
     pub fn exploration(&self) -> f64 {
-        self.exploration
+        self.exploration.probability()
+    }
+
+    /// The seed of the exploration draws.
+    pub fn exploration_seed(&self) -> u64 {
+        self.exploration.seed()
     }
 
     /// Whether `slot` explores at the current step: a deterministic draw from (seed, step, slot).
     fn explores(&self, slot: u64) -> bool {
-        self.explores_at(self.stamp, slot)
-    }
-
-    /// The exploration draw of `slot` at step `stamp`.
-    fn explores_at(&self, stamp: u64, slot: u64) -> bool {
-        fn mix(mut z: u64) -> u64 {
-            // splitmix64's finalizer: a well-mixed 64-bit hash.
-            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        let draw = mix(self.exploration_seed ^ mix(stamp ^ mix(slot)));
-        ((draw >> 11) as f64) * (1.0 / (1u64 << 53) as f64) < self.exploration
+        self.exploration.explores(self.stamp, slot)
     }
 
     /// Widens `plan` to whole draft blocks for the requests that explore this step, within the
@@ -224,9 +201,9 @@ impl VerificationPlanner {
         step: &StepTokens,
         admitted: &mut [i32],
         plan: &mut VerificationPlan,
-    ) {
-        if self.exploration == 0.0 {
-            return;
+    ) -> Result<()> {
+        if !self.exploration.is_on() {
+            return Ok(());
         }
         let total: usize = scheduled_drafts.iter().map(|&s| s.max(0) as usize).sum();
         let limit = step.max_draft_budget.map_or(total, |cap| cap.min(total));
@@ -252,10 +229,11 @@ impl VerificationPlanner {
                 .iter()
                 .map(|&s| s.max(0) as usize)
                 .collect();
-            let draft_ms = super::step_draft_ms(tables, &scheduled, &mut Vec::new());
+            let draft_ms = super::step_draft_ms(tables, &scheduled, &mut Vec::new())?;
             plan.predicted_cost_ms =
                 draft_ms + tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
         }
+        Ok(())
     }
 
     /// The cost tables the planner prices steps with.
@@ -323,14 +301,14 @@ impl VerificationPlanner {
     ///
     /// ```rust
     /// use av_core::cost_tables::CostTables;
-    /// use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
+    /// use av_core::planner::{BudgetSource, Exploration, StepTokens, VerificationPlanner};
     /// use av_core::MatrixView;
     ///
     /// // Drafting is free; verifying costs 0.5 ms + 0.25 ms per token.
     /// let verify_ms: Vec<f64> = (0..=8).map(|t| 0.5 + 0.25 * t as f64).collect();
     /// let tables = CostTables::new(vec![0.0; 9], verify_ms)?;
     /// let mut planner = VerificationPlanner::new(tables, 8, 2, BudgetSource::Previous)?;
-    /// planner.set_exploration(0.0, 0)?; // no exploration floor: the budget alone decides
+    /// planner.set_exploration(Exploration::OFF); // no exploration floor: the budget alone decides
     /// let step = StepTokens {
     ///     num_non_draft_tokens: 2,
     ///     num_sampling_requests: 2,
@@ -396,7 +374,7 @@ impl VerificationPlanner {
         };
         // The step counts only once the plan succeeded: a rejected call changes nothing.
         self.stamp = self.stamp.wrapping_add(1);
-        self.explore(
+        let explored = self.explore(
             slots,
             confidences,
             scheduled_drafts,
@@ -404,6 +382,10 @@ impl VerificationPlanner {
             admitted,
             &mut plan,
         );
+        if let Err(error) = explored {
+            self.stamp = self.stamp.wrapping_sub(1);
+            return Err(error);
+        }
         self.store(slots, confidences, scheduled_drafts);
         Ok(plan)
     }
@@ -511,14 +493,14 @@ impl VerificationPlanner {
     ///
     /// ```rust
     /// use av_core::cost_tables::{CostTables, DrafterKind};
-    /// use av_core::planner::{BudgetSource, DepthMode, StepTokens, VerificationPlanner};
+    /// use av_core::planner::{BudgetSource, DepthMode, Exploration, StepTokens, VerificationPlanner};
     /// use av_core::MatrixView;
     ///
     /// // Drafting 2 positions costs 4 ms; verifying is a flat 10 ms.
     /// let tables = CostTables::new(vec![0.0, 4.0, 4.0], vec![10.0; 8])?
     ///     .with_drafter(DrafterKind::Autoregressive, 2)?;
     /// let mut planner = VerificationPlanner::new(tables, 4, 2, BudgetSource::Previous)?;
-    /// planner.set_exploration(0.0, 0)?;
+    /// planner.set_exploration(Exploration::OFF);
     /// let step = StepTokens {
     ///     num_non_draft_tokens: 2,
     ///     num_sampling_requests: 2,
@@ -571,20 +553,20 @@ impl VerificationPlanner {
             mode,
             depths,
         )?;
-        if self.exploration > 0.0 {
+        if self.exploration.is_on() {
             let next = self.stamp.wrapping_add(1);
             let before = (plan.drafts, plan.max_depth);
             // The requests the next plan explores (it verifies their whole drafted block) draft
             // as deep as the batch already does, which adds no drafter pass; in an exploration
             // step (probability ε, one draw per step) they draft their whole block.
-            let whole = self.explores_at(next, EXPLORATION_STEP);
+            let whole = self.exploration.is_exploration_step(next);
             for (r, (&slot, &cap)) in slots.iter().zip(max_depths).enumerate() {
                 let reach = if whole {
                     cap as i32
                 } else {
                     (cap as usize).min(plan.max_depth) as i32
                 };
-                if depths[r] < reach && self.explores_at(next, slot as u64) {
+                if depths[r] < reach && self.exploration.explores(next, slot as u64) {
                     depths[r] = reach;
                 }
             }
@@ -594,7 +576,7 @@ impl VerificationPlanner {
                 let scheduled: Vec<usize> = depths.iter().map(|&d| d as usize).collect();
                 let draft_ms = self
                     .cost_tables
-                    .step_draft_cost_ms(&scheduled, &mut Vec::new());
+                    .step_draft_cost_ms(&scheduled, &mut Vec::new())?;
                 plan.predicted_cost_ms = draft_ms
                     + self.cost_tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
             }
@@ -644,13 +626,13 @@ impl VerificationPlanner {
     }
 }
 
-/// First bytes of an encoded planner state.
-pub const PLANNER_MAGIC: &[u8; 8] = b"AVCORE\0P";
-
 impl VerificationPlanner {
+    /// Most `num_slots × num_positions` entries of remembered confidences.
+    pub(crate) const MAX_STATE_ENTRIES: usize = MAX_STATE_ENTRIES;
+
     /// Length of [`VerificationPlanner::to_bytes`]'s output for tables of `draft_len` and
     /// `verify_len` entries, `entries` remembered confidences (`num_slots × K`) and, when there is
-    /// one, a draft-depth table of `depth_len` entries.
+    /// one, a draft-depth table of `depth_len` entries (layout: [`crate::persist::planner`]).
     ///
     /// # Example
     ///
@@ -669,30 +651,17 @@ impl VerificationPlanner {
         entries: usize,
         depth_len: Option<usize>,
     ) -> usize {
-        // Slots, K, the budget source byte, exploration, seed and step count; the two tables with
-        // their lengths; the confidences; the optional depth table with its length.
-        let depth = match depth_len {
-            Some(len) => 8 + 8 * len,
-            None => 0,
-        };
-        let payload =
-            8 + 8 + 1 + 8 + 8 + 8 + (8 + 8 * draft_len) + (8 + 8 * verify_len) + 8 * entries;
-        crate::snapshot::FRAME_LEN + payload + depth
+        crate::persist::planner::encoded_len(draft_len, verify_len, entries, depth_len)
     }
 
     /// The longest state [`to_bytes`](Self::to_bytes) can write (both tables at
     /// [`MAX_TABLE_LEN`](crate::cost_tables::MAX_TABLE_LEN), the most remembered confidences,
     /// the deepest depth table): a reader never needs more bytes.
-    pub const MAX_ENCODED_LEN: usize = Self::encoded_len(
-        crate::cost_tables::MAX_TABLE_LEN,
-        crate::cost_tables::MAX_TABLE_LEN,
-        MAX_STATE_ENTRIES,
-        Some(crate::cost_tables::MAX_DRAFT_DEPTH + 1),
-    );
+    pub const MAX_ENCODED_LEN: usize = <Self as Persistent>::MAX_ENCODED_LEN;
 
     /// The planner's state — cost tables, settings, the step count that drives exploration and
-    /// every slot's remembered confidences — as versioned, checksummed bytes (the same frame as
-    /// [`crate::snapshot`], magic `AVCORE\0P`).
+    /// every slot's remembered confidences — as versioned, checksummed bytes (the frame of
+    /// [`crate::persist`], magic `AVCORE\0P`; the payload is [`crate::persist::planner`]).
     ///
     /// ```
     /// use av_core::cost_tables::CostTables;
@@ -705,133 +674,31 @@ impl VerificationPlanner {
     /// assert!(VerificationPlanner::from_bytes(&[0u8; 10]).is_err());
     /// ```
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut payload = Vec::new();
-        payload.extend((self.marks.len() as u64).to_le_bytes());
-        payload.extend((self.num_positions as u64).to_le_bytes());
-        payload.push(match self.budget_source {
-            BudgetSource::Previous => 0,
-            BudgetSource::Current => 1,
-        });
-        payload.extend(self.exploration.to_le_bytes());
-        payload.extend(self.exploration_seed.to_le_bytes());
-        payload.extend(self.stamp.to_le_bytes());
-        for table in [self.cost_tables.draft_ms(), self.cost_tables.verify_ms()] {
-            payload.extend((table.len() as u64).to_le_bytes());
-            for value in table {
-                payload.extend(value.to_le_bytes());
-            }
-        }
-        for value in &self.previous {
-            payload.extend(value.to_le_bytes());
-        }
-        // Appended last, and only when present, so states written before depth tables existed
-        // read unchanged.
-        if let Some(depth) = self.cost_tables.draft_depth_ms() {
-            payload.extend((depth.len() as u64).to_le_bytes());
-            for value in depth {
-                payload.extend(value.to_le_bytes());
-            }
-        }
-        crate::snapshot::frame(PLANNER_MAGIC, &payload)
+        self.encode()
     }
 
-    /// Rebuilds a planner from [`to_bytes`](Self::to_bytes). Corrupt, truncated or
-    /// future-version data, or values that a planner could not hold, are refused with an error.
+    /// Rebuilds a planner from [`to_bytes`](Self::to_bytes) (of this release or an earlier
+    /// one). Corrupt, truncated, foreign or future-version data, or values that a planner could
+    /// not hold, are refused with an [`ErrorKind::State`](crate::ErrorKind::State) error.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        use crate::snapshot::{unframe, Reader};
-        let payload = unframe(PLANNER_MAGIC, "an av_core planner state", bytes)?;
-        let mut r = Reader { bytes: payload };
-        let num_slots = r.u64("num_slots")?;
-        let num_positions = r.u64("num_positions")?;
-        let source = match r.take::<1>("budget_source")?[0] {
-            0 => BudgetSource::Previous,
-            1 => BudgetSource::Current,
-            other => {
-                return Err(Error::value(
-                    "data",
-                    format!("budget_source code {other} is not 0 or 1"),
-                ))
-            }
-        };
-        let exploration = r.f64("exploration")?;
-        let seed = r.u64("exploration_seed")?;
-        let stamp = r.u64("step count")?;
-        let mut tables = Vec::with_capacity(2);
-        for what in ["draft_ms", "verify_ms"] {
-            let len = r.u64(what)?;
-            // Each entry takes 8 bytes: refuse a length the data cannot hold before allocating.
-            if len > (r.bytes.len() / 8) as u64 {
-                return Err(Error::value(
-                    "data",
-                    format!("{what} length {len} exceeds the data"),
-                ));
-            }
-            let table = (0..len).map(|_| r.f64(what)).collect::<Result<Vec<_>>>()?;
-            tables.push(table);
-        }
-        let verify = tables.pop().expect("two tables");
-        let draft = tables.pop().expect("two tables");
-        let entries = num_slots.saturating_mul(num_positions);
-        let remaining = (r.bytes.len() / 8) as u64;
-        // A draft-depth table follows the confidences: its length, then its entries.
-        let depth_len = if remaining > entries && r.bytes.len() % 8 == 0 {
-            let at = usize::try_from(entries)
-                .unwrap_or(usize::MAX)
-                .saturating_mul(8);
-            let len_bytes: [u8; 8] = r.bytes[at..at + 8].try_into().expect("8 bytes");
-            let len = u64::from_le_bytes(len_bytes);
-            if remaining != entries.saturating_add(1).saturating_add(len) {
-                return Err(Error::value(
-                    "data",
-                    format!("draft-depth table length {len} does not match the data"),
-                ));
-            }
-            Some(len)
-        } else {
-            None
-        };
-        let confidence_words = remaining - depth_len.map_or(0, |len| len + 1);
-        if entries != confidence_words || r.bytes.len() % 8 != 0 {
-            return Err(Error::value(
-                "data",
-                format!(
-                    "{num_slots} slots x {num_positions} positions do not match the {} bytes of \
-                     remembered confidences",
-                    r.bytes.len()
-                ),
-            ));
-        }
-        let mut tables = CostTables::new(draft, verify)?;
-        if depth_len.is_some() {
-            let at = (entries as usize) * 8;
-            let mut tail = Reader {
-                bytes: &r.bytes[at + 8..],
-            };
-            let depth = (0..depth_len.unwrap_or(0))
-                .map(|_| tail.f64("draft_depth_ms"))
-                .collect::<Result<Vec<_>>>()?;
-            tables = tables.with_draft_depth(depth).map_err(|e| {
-                Error::value(
-                    "data",
-                    format!("the saved draft-depth table is invalid: {e}"),
-                )
-            })?;
-        }
-        let mut planner =
-            VerificationPlanner::new(tables, num_slots as usize, num_positions as usize, source)?;
-        planner.set_exploration(exploration, seed)?;
-        for slot in planner.previous.iter_mut() {
-            let value = r.f64("previous confidences")?;
-            if !(0.0..=1.0).contains(&value) {
-                return Err(Error::value(
-                    "data",
-                    format!("a remembered confidence is {value}, outside [0, 1]"),
-                ));
-            }
-            *slot = value;
-        }
-        planner.stamp = stamp;
-        Ok(planner)
+        Self::decode(bytes)
+    }
+
+    /// Every slot's remembered confidences, slot-major (what the state saves).
+    pub(crate) fn remembered(&self) -> &[f64] {
+        &self.previous
+    }
+
+    /// Steps planned so far (wrapping), which the exploration draws read.
+    pub(crate) fn step_count(&self) -> u64 {
+        self.stamp
+    }
+
+    /// Restores what [`Self::remembered`] and [`Self::step_count`] returned (validated by the
+    /// caller: `remembered` has one value in `[0, 1]` per entry).
+    pub(crate) fn restore(&mut self, remembered: &[f64], step_count: u64) {
+        self.previous.copy_from_slice(remembered);
+        self.stamp = step_count;
     }
 }
 
@@ -850,7 +717,6 @@ impl Clone for VerificationPlanner {
             stamp: self.stamp,
             scratch: Scratch::default(),
             exploration: self.exploration,
-            exploration_seed: self.exploration_seed,
         }
     }
 }
@@ -862,120 +728,5 @@ impl fmt::Debug for VerificationPlanner {
             .field("num_positions", &self.num_positions)
             .field("budget_source", &self.budget_source)
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod persistence_tests {
-    use super::*;
-
-    fn planner_after_steps() -> VerificationPlanner {
-        let tables = CostTables::new(
-            vec![0.0; 5],
-            (0..=40).map(|t| 1.0 + 0.1 * f64::from(t)).collect(),
-        )
-        .unwrap();
-        let mut planner = VerificationPlanner::new(tables, 6, 3, BudgetSource::Previous).unwrap();
-        planner.set_exploration(0.3, 7).unwrap();
-        let conf = [0.9, 0.8, 0.7, 0.5, 0.4, 0.3, 0.99, 0.2, 0.1, 0.6, 0.6, 0.6];
-        let step = StepTokens {
-            num_non_draft_tokens: 4,
-            num_sampling_requests: 4,
-            max_draft_budget: None,
-        };
-        let mut admitted = [0i32; 4];
-        for _ in 0..3 {
-            let view = MatrixView::new("c", &conf, 4, 3).unwrap();
-            planner
-                .plan(&[0, 2, 4, 5], view, &[3, 3, 2, 3], &step, &mut admitted)
-                .unwrap();
-        }
-        planner
-    }
-
-    #[test]
-    fn round_trips_and_continues_identically() {
-        let mut planner = planner_after_steps();
-        let mut back = VerificationPlanner::from_bytes(&planner.to_bytes()).unwrap();
-        assert_eq!(back.to_bytes(), planner.to_bytes());
-        let conf = [0.5; 12];
-        let step = StepTokens {
-            num_non_draft_tokens: 4,
-            num_sampling_requests: 4,
-            max_draft_budget: None,
-        };
-        let (mut a, mut b) = ([0i32; 4], [0i32; 4]);
-        for _ in 0..5 {
-            let view = MatrixView::new("c", &conf, 4, 3).unwrap();
-            let x = planner
-                .plan(&[0, 1, 2, 3], view, &[3; 4], &step, &mut a)
-                .unwrap();
-            let y = back
-                .plan(&[0, 1, 2, 3], view, &[3; 4], &step, &mut b)
-                .unwrap();
-            assert_eq!((x, a), (y, b));
-        }
-    }
-
-    #[test]
-    fn encoded_len_is_the_length() {
-        let planner = planner_after_steps();
-        let tables = planner.cost_tables();
-        let (draft, verify) = (tables.draft_ms().len(), tables.verify_ms().len());
-        assert_eq!(
-            planner.to_bytes().len(),
-            VerificationPlanner::encoded_len(draft, verify, 6 * 3, None)
-        );
-        let deep = VerificationPlanner::new(
-            tables
-                .clone()
-                .with_draft_depth(vec![0.0, 1.0, 2.0, 2.5])
-                .unwrap(),
-            5,
-            3,
-            BudgetSource::Current,
-        )
-        .unwrap();
-        let bytes = deep.to_bytes();
-        assert_eq!(
-            bytes.len(),
-            VerificationPlanner::encoded_len(draft, verify, 5 * 3, Some(4))
-        );
-        assert!(bytes.len() <= VerificationPlanner::MAX_ENCODED_LEN);
-    }
-
-    #[test]
-    fn a_saved_step_count_at_the_end_of_u64_wraps_instead_of_panicking() {
-        let mut planner = planner_after_steps();
-        planner.stamp = u64::MAX;
-        let mut back = VerificationPlanner::from_bytes(&planner.to_bytes()).unwrap();
-        let step = StepTokens {
-            num_non_draft_tokens: 1,
-            num_sampling_requests: 1,
-            max_draft_budget: None,
-        };
-        let view = MatrixView::new("c", &[0.5; 3], 1, 3).unwrap();
-        back.plan(&[0], view, &[3], &step, &mut [0]).unwrap();
-        assert_eq!(back.stamp, 0);
-    }
-
-    #[test]
-    fn every_truncation_and_bit_flip_is_refused() {
-        let bytes = planner_after_steps().to_bytes();
-        for cut in 0..bytes.len() {
-            assert!(VerificationPlanner::from_bytes(&bytes[..cut]).is_err());
-        }
-        for i in (0..bytes.len()).step_by(3) {
-            let mut corrupt = bytes.clone();
-            corrupt[i] ^= 0x20;
-            assert!(
-                VerificationPlanner::from_bytes(&corrupt).is_err(),
-                "byte {i}"
-            );
-        }
-        // An estimator's bytes are not a planner's.
-        let est = crate::AcceptanceEstimator::new(crate::EstimatorConfig::new(3)).unwrap();
-        let err = VerificationPlanner::from_bytes(&est.to_bytes()).unwrap_err();
-        assert!(err.message.contains("magic"), "{err}");
     }
 }

@@ -374,3 +374,22 @@ proptest! {
         prop_assert_eq!(out, expected_plan);
     }
 }
+
+#[test]
+fn a_bad_value_gone_when_read_again_is_a_buffer_changed_error() {
+    // `probability_error` runs only after the survivals saw a value outside [0, 1]; when its
+    // second read finds none, another thread rewrote the buffer meanwhile.
+    let conf = [0.5, 0.25];
+    let view = MatrixView::new("confidences", &conf, 1, 2).unwrap();
+    let err = super::probability_error("confidences", view);
+    assert_eq!(
+        (err.kind, err.argument),
+        (crate::ErrorKind::BufferChanged, "confidences")
+    );
+    let bad = [0.5, 1.25];
+    let view = MatrixView::new("confidences", &bad, 1, 2).unwrap();
+    assert_eq!(
+        super::probability_error("confidences", view).kind,
+        crate::ErrorKind::Value
+    );
+}

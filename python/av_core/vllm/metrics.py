@@ -39,13 +39,27 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from av_core.vllm.metrics_exporter import (
+from .metrics_env import (
+    _ECE_BINS,
     BUDGET_BUCKETS,
     COST_BUCKETS_MS,
-    ECE_BINS,
+    DEFAULT_INTERVAL_S,
+    DEFAULT_WINDOW,
+    ENV_ENABLE,
+    ENV_HOST,
+    ENV_INTERVAL,
     ENV_MULTIPROC,
+    ENV_PORT,
+    ENV_WINDOW,
     HOST_BUCKETS_S,
-    _Exporter,
+    MAX_INTERVAL_S,
+    MAX_WINDOW,
+    METRIC_NAMES,
+    MIN_INTERVAL_S,
+    _env_number,
+    _port,
+    _rank,
+    enabled,
 )
 
 __all__ = [
@@ -79,117 +93,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("vllm.av_core")
-
-ENV_ENABLE = "AV_CORE_METRICS"
-ENV_PORT = "AV_CORE_METRICS_PORT"
-ENV_HOST = "AV_CORE_METRICS_HOST"
-ENV_WINDOW = "AV_CORE_METRICS_WINDOW"
-ENV_INTERVAL = "AV_CORE_METRICS_INTERVAL"
-
-#: Labeled drafts the rolling log-loss and ECE are computed over.
-DEFAULT_WINDOW = 10_000
-#: The largest ``AV_CORE_METRICS_WINDOW``: the window is allocated up front (9 bytes a draft),
-#: so a size typed by mistake must not take the server's memory.
-MAX_WINDOW = 1_000_000
-#: Seconds between folds of the recorded values into the Prometheus values.
-DEFAULT_INTERVAL_S = 1.0
-#: ``AV_CORE_METRICS_INTERVAL`` is kept within these bounds (seconds): below, the fold thread
-#: would spin; above, the thread's wait cannot be represented (and nothing would be exported).
-MIN_INTERVAL_S, MAX_INTERVAL_S = 0.01, 86_400.0
-
-
-#: Every metric this module exports (as the exposition names them, counters with ``_total``).
-METRIC_NAMES = (
-    "av_core_labeled_drafts_total",
-    "av_core_accepted_drafts_total",
-    "av_core_predicted_accepted_drafts_total",
-    "av_core_log_loss",
-    "av_core_expected_calibration_error",
-    "av_core_window_drafts",
-    "av_core_slope",
-    "av_core_intercept",
-    "av_core_refits_total",
-    "av_core_drift_statistic",
-    "av_core_dropped_rows_total",
-    "av_core_draft_budget",
-    "av_core_drafting_depth",
-    "av_core_predicted_step_cost_ms",
-    "av_core_step_host_seconds",
-    "av_core_host_seconds_total",
-)
-
-
-def _env_true(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    return value not in ("0", "false", "no", "off")
-
-
-def enabled() -> bool:
-    """Whether metrics are on in this process (see the module doc)."""
-    if not _env_true(ENV_ENABLE, True):
-        return False
-    return bool(os.environ.get(ENV_PORT, "").strip() or os.environ.get(ENV_MULTIPROC, "").strip())
-
-
-def _env_number(
-    name: str, default: float, *, integer: bool, low: float, high: float, clamp: bool = False
-) -> float:
-    """A positive number from the environment within ``[low, high]``: outside, a warning and
-    the default (or, with ``clamp``, the nearest bound); never an exception."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        logger.warning("av_core: %s=%r is not a number; using %s", name, text, default)
-        return default
-    if not value > 0 or not math.isfinite(value):
-        logger.warning("av_core: %s=%r must be positive; using %s", name, text, default)
-        return default
-    if low <= value <= high:
-        return value
-    used = (low if value < low else high) if clamp else default
-    logger.warning("av_core: %s=%r must lie in [%s, %s]; using %s", name, text, low, high, used)
-    return used
-
-
-def _port(text: str, offset: int) -> int | None:
-    """The server's port, ``AV_CORE_METRICS_PORT + offset``; None (with a warning) when that
-    is not a TCP port."""
-    try:
-        base = int(text)
-    except ValueError:
-        logger.warning("av_core: %s=%r is not a port number; no metrics server", ENV_PORT, text)
-        return None
-    port = base + offset
-    if not 0 < port <= 65535:
-        logger.warning(
-            "av_core: %s=%r plus this worker's offset %d is %d, not a TCP port (1..65535); no "
-            "metrics server",
-            ENV_PORT,
-            text,
-            offset,
-            port,
-        )
-        return None
-    return port
-
-
-def _rank() -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except ImportError:  # pragma: no cover - torch is there whenever the drop-ins are
-        pass
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
 
 
 class _LocalHistogram:
@@ -324,6 +227,142 @@ CALLS = ("step", "predict", "budget", "depth")
 STEP, PREDICT, BUDGET, DEPTH = range(len(CALLS))
 
 
+class _Exporter:
+    """The prometheus_client objects (one set per process) and the HTTP server."""
+
+    def __init__(self) -> None:
+        try:
+            import prometheus_client as prom
+        except ImportError as error:
+            raise ImportError(
+                "av_core metrics need prometheus_client, an optional dependency: "
+                'pip install "av_core[metrics]"'
+            ) from error
+        self.registry = prom.CollectorRegistry(auto_describe=True)
+        r = self.registry
+        rank, pos = ["rank"], ["rank", "position"]
+        latest: dict[str, Any] = {"multiprocess_mode": "mostrecent"}
+        self.labeled = prom.Counter(
+            "av_core_labeled_drafts", "Drafts the target gave a verdict on.", pos, registry=r
+        )
+        self.accepted = prom.Counter(
+            "av_core_accepted_drafts", "Drafts the target accepted.", pos, registry=r
+        )
+        self.predicted = prom.Counter(
+            "av_core_predicted_accepted_drafts",
+            "Sum of the draft-time acceptance predictions of the labeled drafts (expected "
+            "accepted drafts).",
+            pos,
+            registry=r,
+        )
+        self.log_loss = prom.Gauge(
+            "av_core_log_loss",
+            "Prequential log-loss (nats) of the draft-time predictions over the window.",
+            rank,
+            registry=r,
+            **latest,
+        )
+        self.ece = prom.Gauge(
+            "av_core_expected_calibration_error",
+            f"Expected calibration error ({_ECE_BINS} equal bins) over the window.",
+            rank,
+            registry=r,
+            **latest,
+        )
+        self.window = prom.Gauge(
+            "av_core_window_drafts",
+            "Labeled drafts in the log-loss/ECE window.",
+            rank,
+            registry=r,
+            **latest,
+        )
+        self.slope = prom.Gauge(
+            "av_core_slope", "The estimator's slope.", rank, registry=r, **latest
+        )
+        self.intercept = prom.Gauge(
+            "av_core_intercept", "The estimator's intercepts.", pos, registry=r, **latest
+        )
+        self.refits = prom.Counter("av_core_refits", "Refits run.", rank, registry=r)
+        self.drift = prom.Gauge(
+            "av_core_drift_statistic",
+            "Drift statistic of the last refit's round: about chi-square with K + 1 degrees "
+            "of freedom while the coefficients fit.",
+            rank,
+            registry=r,
+            **latest,
+        )
+        self.dropped = prom.Counter(
+            "av_core_dropped_rows",
+            "Verdict rows dropped for a non-finite feature or prediction.",
+            rank,
+            registry=r,
+        )
+        self.budget = prom.Histogram(
+            "av_core_draft_budget",
+            "Draft tokens admitted for verification per step.",
+            rank,
+            buckets=BUDGET_BUCKETS,
+            registry=r,
+        )
+        self.depth = prom.Histogram(
+            "av_core_drafting_depth",
+            "Drafting depth (num_speculative_tokens) chosen per step.",
+            rank,
+            buckets=tuple(range(17)),
+            registry=r,
+        )
+        self.cost = prom.Histogram(
+            "av_core_predicted_step_cost_ms",
+            "The planner's predicted cost of the step it chose, milliseconds, by decision "
+            "(budget: the verification budget; depth: the drafting depth).",
+            ["rank", "decision"],
+            buckets=COST_BUCKETS_MS,
+            registry=r,
+        )
+        self.step_host = prom.Histogram(
+            "av_core_step_host_seconds",
+            "Host time av_core spent per decode step (estimator, budget, depth).",
+            rank,
+            buckets=HOST_BUCKETS_S,
+            registry=r,
+        )
+        self.host = prom.Counter(
+            "av_core_host_seconds",
+            "Host time av_core spent, by call.",
+            ["rank", "call"],
+            registry=r,
+        )
+        self.server: Any = None
+        self.port: int | None = None
+
+    def serve(self, port: int, host: str) -> None:
+        import prometheus_client as prom
+
+        try:
+            started = prom.start_http_server(port, addr=host, registry=self.registry)
+        # OSError: a taken port or an unknown host; UnicodeError (a ValueError): a host name
+        # that cannot be encoded; OverflowError: a port the socket refuses.
+        except (OSError, ValueError, OverflowError) as error:
+            logger.warning(
+                "av_core: metrics server not started on %s:%d (%s); metrics still go to %s "
+                "if it is set",
+                host,
+                port,
+                error,
+                ENV_MULTIPROC,
+            )
+            return
+        self.server = started[0] if isinstance(started, tuple) else None
+        self.port = port
+        logger.info("av_core: metrics on http://%s:%d/metrics", host, port)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
 class ProcessMetrics:
     """This process's metrics: a queue the serving thread appends to (``deque.append`` is
     atomic, so no lock on that path), and a daemon thread that every ``interval`` seconds drains
@@ -438,7 +477,7 @@ class ProcessMetrics:
 
                 p, y = self._window()
                 e.log_loss.labels(label).set(log_loss(y, p))
-                e.ece.labels(label).set(expected_calibration_error(y, p, ECE_BINS))
+                e.ece.labels(label).set(expected_calibration_error(y, p, _ECE_BINS))
             e.window.labels(label).set(self._ring_fill)
 
     def _drain(self) -> None:
