@@ -76,13 +76,24 @@ fn exercise(est: &AcceptanceEstimator, bytes: &[u8]) {
     let mut p = vec![0.0f32; 3 * k];
     est.predict(view, &mut p).unwrap();
     assert!(p.iter().all(|p| (0.0..=1.0).contains(p)), "{p:?}");
-    est.observe(
+    let before = est.to_bytes();
+    let observed = est.observe(
         view,
         &[k as i64, 1, 0],
         &[1, 0, 0],
         Some(MatrixView::new("p", &p, 3, k).unwrap()),
-    )
-    .unwrap();
+    );
+    if let Err(error) = observed {
+        // Only a round already full (a count at the 2^56 bound) refuses a valid step, and it
+        // refuses it whole.
+        assert_eq!(error.argument, "num_admitted", "{error}");
+        assert!(error.message.contains("past"), "{error}");
+        assert_eq!(
+            est.to_bytes(),
+            before,
+            "a refused observe changed the state"
+        );
+    }
     est.refit();
     let c = est.coefficients();
     assert!(c.slope.is_finite() && c.slope >= 0.0, "slope {}", c.slope);

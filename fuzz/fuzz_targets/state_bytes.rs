@@ -81,14 +81,32 @@ fuzz_target!(|input: &[u8]| {
     };
     if let Ok(est) = AcceptanceEstimator::from_bytes(&data) {
         let bytes = est.to_bytes();
-        assert_eq!(bytes, data, "a loaded state must re-encode to its own bytes");
+        assert_eq!(
+            bytes, data,
+            "a loaded state must re-encode to its own bytes"
+        );
         let k = est.num_positions();
         let x = vec![0.5f32; 2 * k];
         let mut out = vec![0.0f32; 2 * k];
-        est.predict(MatrixView::new("f", &x, 2, k).unwrap(), &mut out).unwrap();
-        assert!(out.iter().all(|p| (0.0..=1.0).contains(p)));
-        est.observe::<f32, f32>(MatrixView::new("f", &x, 2, k).unwrap(), &[1, 0], &[0, 0], None)
+        est.predict(MatrixView::new("f", &x, 2, k).unwrap(), &mut out)
             .unwrap();
+        assert!(out.iter().all(|p| (0.0..=1.0).contains(p)));
+        let before = est.to_bytes();
+        let observed = est.observe::<f32, f32>(
+            MatrixView::new("f", &x, 2, k).unwrap(),
+            &[1, 0],
+            &[0, 0],
+            None,
+        );
+        if let Err(error) = observed {
+            // Only a round already at the 2^56 count bound refuses a valid step, whole.
+            assert_eq!(error.argument, "num_admitted", "{error}");
+            assert_eq!(
+                est.to_bytes(),
+                before,
+                "a refused observe changed the state"
+            );
+        }
         est.refit();
         let c = est.coefficients();
         assert!(c.slope.is_finite() && c.slope >= 0.0);
