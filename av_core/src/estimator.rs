@@ -601,33 +601,12 @@ pub struct AcceptanceEstimator {
     refit_lock: Mutex<Locked>,
 }
 
-/// An empty vector with room for `len` values, or an error naming `argument` when there is no
-/// memory for them (instead of aborting the process).
-fn buffer<T>(argument: &'static str, len: usize) -> Result<Vec<T>> {
-    let mut out = Vec::new();
-    out.try_reserve_exact(len).map_err(|_| {
-        Error::out_of_memory(
-            argument,
-            format!("no memory for a copy of its {len} values"),
-        )
-    })?;
-    Ok(out)
-}
-
-/// Copies `source` into `out` and says whether every value passes `ok`: one read of each
-/// element, checked and stored from the same value, in a loop that vectorizes.
+/// Whether every value of `source` passes `ok`, in one branch-free pass that vectorizes.
 #[inline]
-fn copy_checked<T: Copy + Into<f64>>(
-    source: &[T],
-    out: &mut Vec<T>,
-    ok: impl Fn(f64) -> bool,
-) -> bool {
-    let mut all = true;
-    out.extend(source.iter().map(|&value| {
-        all &= ok(value.into());
-        value
-    }));
-    all
+fn all_pass<T: Copy + Into<f64>>(source: &[T], ok: impl Fn(f64) -> bool) -> bool {
+    source
+        .iter()
+        .fold(true, |all, &value| all & ok(value.into()))
 }
 
 /// Fails on the first given prediction outside `[0, 1]` (or NaN).
@@ -1016,19 +995,16 @@ impl AcceptanceEstimator {
                 ),
             ));
         }
-        // One read of each feature, checked as it is copied; the probabilities come from the
-        // copy (so a buffer another thread rewrites meanwhile cannot slip a NaN past the check).
-        let mut copy = buffer("features", features.data().len())?;
-        if !copy_checked(features.data(), &mut copy, f64::is_finite) {
-            self.check_features(features.data())?;
-            return Err(changed_while_read("features"));
-        }
+        // The features are a shared borrow, which cannot change during the call (the Python
+        // bindings pass their own copy; the C ABI's callers must not write the buffer meanwhile),
+        // so one vectorized check and then the probabilities, both read in place.
+        self.check_features(features.data())?;
         let mut intercepts = Vec::with_capacity(self.config.num_positions);
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
         let mut pattern = Vec::new();
         logistic::intercept_pattern(&intercepts, &mut pattern);
         let limit = self.config.max_log_odds;
-        logistic::probabilities(&copy, slope, &pattern, limit, out);
+        logistic::probabilities(features.data(), slope, &pattern, limit, out);
         Ok(())
     }
 
@@ -1062,21 +1038,19 @@ impl AcceptanceEstimator {
     ) -> Result<RoundStats> {
         let k = self.config.num_positions;
         let counts = self.checked_counts(features, num_admitted, num_accepted, predictions)?;
-        let rows = counts.len();
 
         let mut intercepts = Vec::with_capacity(k);
         let (slope, _) = self.coefficients.read_into(&mut intercepts);
-        // Features and predictions are read once each, into our own buffers, checked in the
-        // same vectorized pass; the kernel sums the buffers, which nobody else can write.
-        let mut xs = buffer("features", rows * k)?;
-        let features_ok = copy_checked(features.data(), &mut xs, f64::is_finite);
-        let mut ps = buffer("predictions", predictions.map_or(0, |_| rows * k))?;
+        // Features and predictions are checked in one vectorized pass each and summed in place:
+        // they are shared borrows, which cannot change during the call (the Python bindings
+        // pass their own copies; the C ABI's callers must not write the buffers meanwhile).
+        let features_ok = all_pass(features.data(), f64::is_finite);
         let given = match &predictions {
             Some(given) => {
-                if !copy_checked(given.data(), &mut ps, |p| (0.0..=1.0).contains(&p)) {
+                if !all_pass(given.data(), |p| (0.0..=1.0).contains(&p)) {
                     return Err(self.culprit(features, predictions, "predictions"));
                 }
-                Predictions::Given(&ps[..])
+                Predictions::Given(given.data())
             }
             None => Predictions::Current {
                 slope,
@@ -1088,7 +1062,7 @@ impl AcceptanceEstimator {
         }
         Ok(batch_stats(
             k,
-            &xs,
+            features.data(),
             &counts,
             given,
             self.config.max_log_odds,
@@ -1187,11 +1161,8 @@ impl AcceptanceEstimator {
             predictions.expect_cols("predictions", k)?;
             predictions.expect_rows("predictions", rows)?;
         }
-        // Every value below is read once, and what is checked is what is used: the counts in
-        // this loop, the features and predictions as they are copied. So a buffer that another
-        // thread rewrites during the call can only make it fail, never put an unchecked value
-        // into the statistics. The searches that name a culprit (in the order: predictions,
-        // features, counts) run only on failure.
+        // One branch-free pass per input; the searches that name a culprit (in the order:
+        // predictions, features, counts) run only on failure.
         let mut valid = true;
         let counts: Vec<(usize, usize)> = num_admitted
             .iter()
@@ -1216,9 +1187,8 @@ impl AcceptanceEstimator {
     /// for the arguments). Returns `true` when this call completed a round and refitted.
     ///
     /// Adds without a lock (the call that completes a round takes the refit lock to end it); on
-    /// a bad argument nothing changes. Each input element is read once, and the value checked
-    /// is the value used, so a buffer another thread writes during the call can make it fail,
-    /// never let an unchecked value into the statistics.
+    /// a bad argument nothing changes. The inputs are shared borrows: they must not change
+    /// during the call (the Python bindings pass their own copies of the caller's arrays).
     ///
     /// # Example
     ///

@@ -363,7 +363,7 @@ fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
     let data = array.data();
     if array.is_c_contiguous() && data.is_aligned() {
         // Hold numpy's read borrow flag for the copy (a Rust-side writer would be refused).
-        let _readonly = array.try_readonly()?;
+        // (no numpy borrow flag: the copy goes through the raw pointer, never a reference)
         let len = array.len();
         out.try_reserve_exact(len).map_err(|_| too_large())?;
         // One memcpy from numpy's pointer, never through a `&[T]`: other threads may write the

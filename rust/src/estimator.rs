@@ -156,9 +156,8 @@ impl PyAcceptanceEstimator {
         count_step: bool,
     ) -> PyResult<bool> {
         let k = self.inner.num_positions();
-        // Read in place when C-contiguous: the core reads each feature and prediction once,
-        // into its own buffer, checking as it copies, so a buffer another thread rewrites
-        // meanwhile can fail the call, never get an unchecked value in.
+        // Every array is copied here, with the GIL held, before the core sees it: a buffer
+        // another thread rewrites once the GIL is released cannot change what was checked.
         let features = float_matrix(features, "features", k)?;
         let num_admitted = int_vector(num_admitted, "num_admitted")?;
         let num_accepted = int_vector(num_accepted, "num_accepted")?;
