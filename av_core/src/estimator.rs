@@ -1775,7 +1775,22 @@ impl AcceptanceEstimator {
                 ))
             }
         };
-        if map.is_some() && (state.stats != RoundStats::new(k) || state.memory != Memory::new(k)) {
+        // Bit for bit (a -0.0 is not the empty memory: it would not re-encode to its bytes).
+        let empty_memory = |m: &Memory| {
+            let bits = |values: &[f64]| values.iter().all(|v| v.to_bits() == 0);
+            let lengths = Memory::new(k);
+            m.b.len() == lengths.b.len()
+                && m.c.len() == lengths.c.len()
+                && m.rhs.len() == lengths.rhs.len()
+                && m.counts.len() == lengths.counts.len()
+                && bits(&[m.a, m.total])
+                && bits(&m.b)
+                && bits(&m.c)
+                && bits(&m.rhs)
+                && bits(&m.counts)
+                && m.resets == 0
+        };
+        if map.is_some() && (state.stats != RoundStats::new(k) || !empty_memory(&state.memory)) {
             return Err(Error::value(
                 "round_stats",
                 "must be empty under update = map (its round is kept as histograms)",
