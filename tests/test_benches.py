@@ -64,11 +64,11 @@ def test_estimator_benchmark_runs(benches: None) -> None:
     names = {row["name"] for row in rows}
     assert {
         "observe R=256 K=8",
-        "observe (vllm) R=256 K=8",
+        "observe (map) R=256 K=8",
         "refit K=16 γ=0.8 (round of 256 observations)",
         "refit K=16 γ=0 (round of 256 observations)",
-        "refit (vllm) K=16 γ=0.8 (round of 256 observations)",
-        "refit (vllm) K=16 γ=0 (round of 256 observations)",
+        "refit (map) K=16 γ=0.8 (round of 256 observations)",
+        "refit (map) K=16 γ=0 (round of 256 observations)",
     } <= names
     assert all(row["median_us"] > 0 for row in rows)
 
@@ -111,7 +111,7 @@ def test_numpy_observe_and_predict_compute_what_av_core_does(benches: None, r: i
     )
     np.testing.assert_allclose(ours, bench.numpy_observe(x, admitted, accepted, p), atol=1e-6)
     # The map update's histograms: the numpy bins are the core's, integer for integer.
-    est = AcceptanceEstimator(k, refit_interval=2**62)
+    est = AcceptanceEstimator(k, refit_interval=2**62, update="map")
     est.observe(x, admitted, accepted, p)
     round_stats = est.state_dict()["round_stats"]
     ours = np.stack([np.asarray(round_stats[name], np.float64) for name in bench_columns()])
@@ -163,7 +163,7 @@ def test_the_map_refit_reference_tracks_the_estimator_round_after_round(
     memory, drift test, bounds) follows av_core's coefficients over rounds of a drifting
     workload."""
     bench = load("bench_estimator")
-    est = AcceptanceEstimator(k, refit_interval=2**62, memory=memory, drift_z=drift_z)
+    est = AcceptanceEstimator(k, refit_interval=2**62, memory=memory, drift_z=drift_z, update="map")
     reference = bench.NumpyMapEstimator(k, memory, drift_z)
     for round_ in range(12):
         x, admitted, accepted, _ = bench.workload(256, k, seed=round_)

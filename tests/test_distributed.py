@@ -220,7 +220,7 @@ def test_add_round_stats_refuses_bad_rounds_and_changes_nothing() -> None:
 
 
 def test_add_round_stats_refuses_bad_histograms_and_changes_nothing() -> None:
-    est = AcceptanceEstimator(2, refit_interval=1 << 40)
+    est = AcceptanceEstimator(2, refit_interval=1 << 40, update="map")
     est.observe(np.array([[1.0, 2.0]], np.float32), [2], [1])
     before = est.state_dict()
     good = est.state_dict()["round_stats"]

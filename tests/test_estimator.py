@@ -31,7 +31,7 @@ UNBOUNDED = {
     "update": "vllm",
 }
 # vLLM's update with av_core's bounds, memory and drift test: the tests below that read its IRLS
-# moments or assert its damped step construct it explicitly (av_core's default is "map";
+# moments or assert its damped step construct it explicitly (the default is "vllm" too;
 # tests/test_map_update.py tests that one).
 VLLM: dict[str, Any] = {"update": "vllm"}
 
@@ -536,7 +536,7 @@ def test_one_adversarial_round_cannot_throw_an_intercept_out_of_reach() -> None:
     assert 0.0 <= bounded.slope <= bounded.max_slope
     # av_core's map update throws nothing out of reach in the first place: its fit is the
     # posterior mode, which the prior keeps near the cold start, and it is capped the same way.
-    mapped = AcceptanceEstimator(4, refit_interval=1)
+    mapped = AcceptanceEstimator(4, refit_interval=1, update="map")
     mapped.observe(x, fours, zeros)
     assert -0.2 - mapped.max_step <= mapped.intercepts[0] < -0.2
     assert mapped.intercepts[1:].tolist() == [-0.2, -0.2, -0.2]

@@ -73,7 +73,7 @@ def test_histograms_count_every_label_in_its_bin(seed: int, rows: int, k: int) -
     x = rng.normal(0.0, 25.0, size=(rows, k)).astype(np.float32)  # many clamped at ±40
     admitted = rng.integers(0, k + 1, size=rows)
     accepted = np.array([rng.integers(0, a + 1) for a in admitted], dtype=np.int64)
-    est = AcceptanceEstimator(k, refit_interval=1 << 40)
+    est = AcceptanceEstimator(k, update="map", refit_interval=1 << 40)
     est.observe(x, admitted, accepted)
     got = histogram_of(est)
     want = reference.histograms(x, admitted, accepted)
@@ -92,7 +92,7 @@ def test_histograms_count_every_label_in_its_bin(seed: int, rows: int, k: int) -
 def test_a_rounds_end_is_the_posterior_mode_of_its_histograms(seed: int) -> None:
     rng = np.random.default_rng(seed)
     k = 1 + seed % 4
-    est = AcceptanceEstimator(k, refit_interval=1 << 40, l2=0.0)
+    est = AcceptanceEstimator(k, update="map", refit_interval=1 << 40, l2=0.0)
     x, admitted, accepted = batch(rng, 300, k)
     est.observe(x, admitted, accepted)
     h = histogram_of(est)
@@ -108,7 +108,7 @@ def test_a_rounds_end_is_the_posterior_mode_of_its_histograms(seed: int) -> None
 def test_the_memory_is_the_discounted_sum_of_past_rounds(gamma: float) -> None:
     rng = np.random.default_rng(11)
     k = 3
-    est = AcceptanceEstimator(k, refit_interval=1 << 40, memory=gamma, drift_z=np.inf)
+    est = AcceptanceEstimator(k, update="map", refit_interval=1 << 40, memory=gamma, drift_z=np.inf)
     total = None
     for _ in range(3):
         x, admitted, accepted = batch(rng, 120, k)
@@ -131,6 +131,7 @@ def test_without_a_prior_the_round_end_is_the_maximum_likelihood_fit() -> None:
     rng = np.random.default_rng(4)
     est = AcceptanceEstimator(
         2,
+        update="map",
         refit_interval=1 << 40,
         prior_slope_sd=np.inf,
         prior_spread_sd=np.inf,
@@ -154,9 +155,9 @@ def test_the_prior_pulls_a_thin_round_toward_the_cold_start() -> None:
     # Three labels say little: the fit moves less than the unpenalized one would.
     x = np.array([[4.0], [3.0], [-1.0]], np.float32)
     admitted, accepted = np.ones(3, np.int64), np.array([1, 1, 1])
-    with_prior = AcceptanceEstimator(1, refit_interval=1 << 40)
+    with_prior = AcceptanceEstimator(1, update="map", refit_interval=1 << 40)
     no_prior = AcceptanceEstimator(
-        1, refit_interval=1 << 40, prior_slope_sd=np.inf, prior_spread_sd=np.inf
+        1, update="map", refit_interval=1 << 40, prior_slope_sd=np.inf, prior_spread_sd=np.inf
     )
     for est in (with_prior, no_prior):
         est.observe(x, admitted, accepted)
@@ -170,7 +171,7 @@ def test_the_prior_pulls_a_thin_round_toward_the_cold_start() -> None:
 
 def test_fits_run_after_the_1st_2nd_4th_step_of_every_round_and_at_its_end() -> None:
     rng = np.random.default_rng(0)
-    est = AcceptanceEstimator(2, refit_interval=10)
+    est = AcceptanceEstimator(2, update="map", refit_interval=10)
     fits = [est.observe(*batch(rng, 4, 2)) for _ in range(25)]
     places = [(i % 10) + 1 for i in range(25)]
     assert fits == [p in (1, 2, 4, 8, 10) for p in places]
@@ -182,8 +183,8 @@ def test_the_fits_within_a_round_do_not_change_how_it_ends() -> None:
     # observe each but no schedule (refit_interval huge) and an explicit refit: the same bits.
     rng = np.random.default_rng(1)
     steps = [batch(rng, 16, 3) for _ in range(16)]
-    scheduled = AcceptanceEstimator(3, refit_interval=8)
-    explicit = AcceptanceEstimator(3, refit_interval=1 << 40)
+    scheduled = AcceptanceEstimator(3, update="map", refit_interval=8)
+    explicit = AcceptanceEstimator(3, update="map", refit_interval=1 << 40)
     for round_ in range(2):
         for s in steps[8 * round_ : 8 * round_ + 8]:
             scheduled.observe(*s)
@@ -197,10 +198,10 @@ def test_threads_give_the_serial_round_statistics_and_round_ends() -> None:
     rng = np.random.default_rng(3)
     k = 4
     batches = [batch(rng, 32, k) for _ in range(48)]
-    serial = AcceptanceEstimator(k, refit_interval=1 << 40)
+    serial = AcceptanceEstimator(k, update="map", refit_interval=1 << 40)
     for b in batches:
         serial.observe(*b)
-    parallel = AcceptanceEstimator(k, refit_interval=1 << 40)
+    parallel = AcceptanceEstimator(k, update="map", refit_interval=1 << 40)
     workers = [
         threading.Thread(target=lambda i=i: [parallel.observe(*b) for b in batches[i::6]])
         for i in range(6)
@@ -218,7 +219,7 @@ def test_threads_give_the_serial_round_statistics_and_round_ends() -> None:
 
 
 def test_rounds_without_labels_change_nothing() -> None:
-    est = AcceptanceEstimator(3, refit_interval=4)
+    est = AcceptanceEstimator(3, update="map", refit_interval=4)
     x = np.ones((5, 3), dtype=np.float32)
     for _ in range(4):
         est.observe(x, np.zeros(5, np.int64), np.zeros(5, np.int64))
@@ -232,7 +233,7 @@ def test_rounds_without_labels_change_nothing() -> None:
 
 def test_positions_never_reached_keep_their_intercepts_bit_identical() -> None:
     rng = np.random.default_rng(3)
-    est = AcceptanceEstimator(4, refit_interval=10)
+    est = AcceptanceEstimator(4, update="map", refit_interval=10)
     for _ in range(50):
         x = rng.normal(size=(32, 4)).astype(np.float32)
         admitted = rng.integers(0, 3, size=32)  # never beyond position 1
@@ -244,7 +245,7 @@ def test_positions_never_reached_keep_their_intercepts_bit_identical() -> None:
 
 
 def test_a_workload_switch_fires_the_drift_test() -> None:
-    est = AcceptanceEstimator(4, refit_interval=20)
+    est = AcceptanceEstimator(4, update="map", refit_interval=20)
     rng = np.random.default_rng(8)
     high = SyntheticWorkload(0.55, (2.0, 1.5, 1.0, 0.5))
     low = SyntheticWorkload(0.55, (-0.5, -1.0, -1.5, -2.0))
@@ -266,7 +267,13 @@ def test_a_workload_switch_fires_the_drift_test() -> None:
 def fitted(k: int = 3) -> AcceptanceEstimator:
     rng = np.random.default_rng(5)
     est = AcceptanceEstimator(
-        k, refit_interval=3, l2=1e-2, init_slope=0.7, init_intercept=0.1, max_log_odds=30.0
+        k,
+        update="map",
+        refit_interval=3,
+        l2=1e-2,
+        init_slope=0.7,
+        init_intercept=0.1,
+        max_log_odds=30.0,
     )
     for _ in range(7):
         est.observe(*batch(rng, 8, k))

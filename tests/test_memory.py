@@ -78,8 +78,8 @@ def test_memory_zero_is_the_memoryless_update_bit_for_bit() -> None:
 def test_map_memory_zero_keeps_only_the_last_round_whatever_the_drift_test() -> None:
     # av_core's map update at γ = 0: each round's end fits that round alone, so dropping the
     # memory (a drift test at 1 sd fires often) changes no bit.
-    a = AcceptanceEstimator(4, memory=0.0)
-    b = AcceptanceEstimator(4, memory=0.0, drift_z=1.0)
+    a = AcceptanceEstimator(4, memory=0.0, update="map")
+    b = AcceptanceEstimator(4, memory=0.0, drift_z=1.0, update="map")
     ha = run_rounds(a, STATIONARY, 5, np.random.default_rng(3))
     hb = run_rounds(b, STATIONARY, 5, np.random.default_rng(3))
     assert ha.tobytes() == hb.tobytes()

@@ -55,7 +55,7 @@ def test_the_drop_in_keeps_vllms_update_unless_told(monkeypatch: pytest.MonkeyPa
     assert OnlineAcceptanceEstimator(8, 4, CPU, update="map")._native.update == "map"
     monkeypatch.setenv(ENV_ESTIMATOR, "map")
     est = OnlineAcceptanceEstimator(8, 4, CPU)
-    assert est.update == "map" and est._native.memory == AcceptanceEstimator(4).memory
+    assert est.update == "map" and est._native.memory == AcceptanceEstimator(4, update="map").memory
     assert OnlineAcceptanceEstimator(8, 4, CPU, update="vllm").update == "vllm"
     monkeypatch.setenv(ENV_ESTIMATOR, "newton")
     with pytest.raises(ValueError, match=ENV_ESTIMATOR):
@@ -67,7 +67,8 @@ def test_the_drop_in_keeps_vllms_update_unless_told(monkeypatch: pytest.MonkeyPa
 def test_the_map_drop_in_fits_on_the_doubling_schedule_with_the_natives_bits() -> None:
     est = OnlineAcceptanceEstimator(32, 4, CPU, update="map")
     est.REFIT_INTERVAL = 10
-    native = AcceptanceEstimator(4, refit_interval=10)  # the same schedule, run natively
+    # The same schedule, run natively.
+    native = AcceptanceEstimator(4, refit_interval=10, update="map")
     fill_slots(est, 4)
     refits = []
     for seed in range(23):

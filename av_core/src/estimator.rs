@@ -20,7 +20,9 @@ use crate::accumulator::{Accumulator, RoundStats, MAX_COUNT};
 use crate::batch::{batch_stats, Predictions};
 use crate::coefficients::{Coefficients, SharedCoefficients};
 use crate::error::{ensure_finite, Error, Result};
-use crate::histogram::{Binning, HistogramAccumulator, HistogramMemory, HistogramStats};
+use crate::histogram::{
+    Binning, HistogramAccumulator, HistogramMemory, HistogramStats, MAX_BIN_COUNT,
+};
 use crate::labels::{num_labeled, validate_counts};
 use crate::logistic;
 use crate::map::{self, FitBins, Prior, PriorWidths};
@@ -36,20 +38,21 @@ use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 /// ```rust
 /// use av_core::estimator::Update;
 ///
-/// assert_eq!(Update::default(), Update::Map);
+/// assert_eq!(Update::default(), Update::Vllm);
 /// assert_eq!(Update::parse("vllm"), Some(Update::Vllm));
 /// assert_eq!(Update::Map.name(), "map");
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Update {
-    /// av_core's own update (docs/estimator.md): per-position histograms, the MAP fit iterated
-    /// to convergence under a prior centred on the cold start, refits after 1, 2, 4, … steps
-    /// inside every round.
-    #[default]
+    /// av_core's own update, opt-in (docs/estimator.md): per-position histograms, the MAP fit
+    /// iterated to convergence under a prior centred on the cold start, refits after 1, 2, 4, …
+    /// steps inside every round. Better log-loss on the shipped traces, but slower observes and
+    /// refits than [`Update::Vllm`], so not the default.
     Map,
-    /// vLLM 0.33.0's update, kept bit for bit: IRLS moments of the round at the draft-time
-    /// predictions, one damped Newton step per round (plus av_core's bounds, memory and drift
-    /// test when configured).
+    /// vLLM 0.33.0's update, kept bit for bit (the default): IRLS moments of the round at the
+    /// draft-time predictions, one damped Newton step per round (plus av_core's bounds, memory
+    /// and drift test when configured).
+    #[default]
     Vllm,
 }
 
@@ -115,8 +118,8 @@ pub struct EstimatorConfig {
     /// Drift test threshold, in standard deviations of the round's χ² statistic: a round beyond
     /// it drops the memory (`inf` = never; see [`crate::memory`]).
     pub drift_z: f64,
-    /// How the estimator refits: av_core's [`Update::Map`] (the default) or vLLM's
-    /// [`Update::Vllm`].
+    /// How the estimator refits: vLLM's [`Update::Vllm`] (the default) or av_core's
+    /// [`Update::Map`] (opt-in).
     pub update: Update,
     /// `map`: bins per position over `[−max_log_odds, max_log_odds]` ([`crate::histogram`]).
     pub bins: usize,
@@ -179,7 +182,8 @@ impl EstimatorConfig {
     pub const DEFAULT_PRIOR_SPREAD_SD: f64 = PriorWidths::DEFAULT.spread_sd;
 
     /// vLLM's update on `num_positions` positions: [`EstimatorConfig::new`] with
-    /// `update = Update::Vllm` (the bounds, memory and drift test stay av_core's defaults).
+    /// `update = Update::Vllm`, which is also the default (the bounds, memory and drift test
+    /// stay av_core's defaults).
     ///
     /// # Example
     ///
@@ -189,11 +193,31 @@ impl EstimatorConfig {
     ///
     /// let config = EstimatorConfig::vllm(4);
     /// assert_eq!(config.update, Update::Vllm);
-    /// assert_eq!(config.memory, EstimatorConfig::new(4).memory);
+    /// assert_eq!(config, EstimatorConfig::new(4));
     /// ```
     pub fn vllm(num_positions: usize) -> Self {
         EstimatorConfig {
             update: Update::Vllm,
+            ..EstimatorConfig::new(num_positions)
+        }
+    }
+
+    /// av_core's opt-in `map` update on `num_positions` positions: [`EstimatorConfig::new`]
+    /// with `update = Update::Map` and the map defaults (bins, prior widths).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::estimator::Update;
+    /// use av_core::EstimatorConfig;
+    ///
+    /// let config = EstimatorConfig::map(4);
+    /// assert_eq!(config.update, Update::Map);
+    /// assert_eq!(config.bins, EstimatorConfig::DEFAULT_BINS);
+    /// ```
+    pub fn map(num_positions: usize) -> Self {
+        EstimatorConfig {
+            update: Update::Map,
             ..EstimatorConfig::new(num_positions)
         }
     }
@@ -234,7 +258,7 @@ impl EstimatorConfig {
             max_intercept: Self::DEFAULT_MAX_INTERCEPT,
             memory: Self::DEFAULT_MEMORY,
             drift_z: Self::DEFAULT_DRIFT_Z,
-            update: Update::Map,
+            update: Update::default(),
             bins: Self::DEFAULT_BINS,
             prior_slope_sd: Self::DEFAULT_PRIOR_SLOPE_SD,
             prior_level_sd: Self::DEFAULT_PRIOR_LEVEL_SD,
@@ -417,8 +441,8 @@ impl EstimatorConfig {
 /// let state = estimator.state();
 /// assert_eq!((state.slope, state.intercepts.clone()), (0.5, vec![-0.2, -0.2]));
 /// assert_eq!((state.steps_since_refit, state.stats.total_count()), (1, 2));
-/// // Under map (the default) the open round is histograms, and its first step is fitted.
-/// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+/// // Under map (opt-in) the open round is histograms, and its first step is fitted.
+/// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
 /// estimator.observe(features, &[2], &[1], None::<MatrixView<'_, f32>>)?;
 /// let state = estimator.state();
 /// assert_eq!((state.num_refits, state.map.unwrap().round.total_count()), (1, 2));
@@ -578,11 +602,10 @@ enum Locked {
 ///     })
 ///     .collect();
 /// for worker in workers {
-///     worker.join().unwrap()?;
+///     assert!(!worker.join().unwrap()?); // no round completed yet
 /// }
-/// assert_eq!(estimator.steps_since_refit(), 4); // no round completed yet (100 steps each)
-/// assert_eq!(estimator.num_refits(), 3); // the fits within the round, after steps 1, 2, 4
-/// assert_eq!(estimator.round_counts(), [4, 4, 4]);
+/// assert_eq!(estimator.steps_since_refit(), 4);
+/// assert_eq!(estimator.round_stats().total_count(), 12);
 /// # Ok::<(), av_core::Error>(())
 /// ```
 #[derive(Debug)]
@@ -781,7 +804,7 @@ impl AcceptanceEstimator {
     /// ```rust
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
     /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
     /// estimator.observe(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
     /// let round = estimator.round_histogram().expect("map keeps histograms");
@@ -821,8 +844,8 @@ impl AcceptanceEstimator {
     /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
     /// let none = None::<MatrixView<'_, f32>>;
     /// let (rank0, rank1) = (
-    ///     AcceptanceEstimator::new(EstimatorConfig::new(2))?,
-    ///     AcceptanceEstimator::new(EstimatorConfig::new(2))?,
+    ///     AcceptanceEstimator::new(EstimatorConfig::map(2))?,
+    ///     AcceptanceEstimator::new(EstimatorConfig::map(2))?,
     /// );
     /// rank0.observe(view, &[2], &[1], none)?;
     /// rank1.observe(view, &[2], &[0], none)?;
@@ -843,8 +866,23 @@ impl AcceptanceEstimator {
             self.config.bins,
             self.config.max_log_odds,
         )?;
-        self.histogram.add(round);
-        Ok(())
+        self.add_to_histogram("round_stats", round)
+    }
+
+    /// Adds to the open `map` round unless a bin would pass [`MAX_BIN_COUNT`] labels (the bound
+    /// a restored state must meet, which keeps every position within [`MAX_COUNT`] too, so that
+    /// every state this estimator reaches saves and loads again); then nothing changes and the
+    /// error names `argument`.
+    fn add_to_histogram(&self, argument: &'static str, step: &HistogramStats) -> Result<()> {
+        self.histogram.try_add(step).map_err(|(k, b)| {
+            Error::value(
+                argument,
+                format!(
+                    "would take position {k}, bin {b}'s count in this round past \
+                     {MAX_BIN_COUNT} (refit first)"
+                ),
+            )
+        })
     }
 
     /// Adds another round's statistics to the open round, exactly (fixed-point integers): for
@@ -1079,7 +1117,7 @@ impl AcceptanceEstimator {
     /// ```rust
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(4))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(4))?;
     /// let features = MatrixView::new("features", &[3.0f32, 2.0, 1.0, 0.0], 1, 4)?;
     /// let step = estimator.step_histogram(features, &[4], &[1], None::<MatrixView<'_, f32>>)?;
     /// assert_eq!(step.position_counts(), [1, 1, 0, 0]);
@@ -1196,19 +1234,26 @@ impl AcceptanceEstimator {
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
     /// let mut config = EstimatorConfig::new(2);
-    /// config.refit_interval = 3;
+    /// config.refit_interval = 2;
     /// let estimator = AcceptanceEstimator::new(config)?;
     /// // Two requests: both drafts of the first accepted, the second's first draft rejected.
     /// let features = [1.8f32, 1.2, -0.7, 0.4];
     /// let view = MatrixView::new("features", &features, 2, 2)?;
     /// let none = None::<MatrixView<'_, f32>>;
+    /// assert!(!estimator.observe(view, &[2, 2], &[2, 0], none)?);
+    /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // second step ends the round
+    /// assert_eq!(estimator.num_refits(), 1);
+    /// // A rejected call: more accepted than admitted.
+    /// assert!(estimator.observe(view, &[1, 2], &[2, 0], none).is_err());
+    /// assert_eq!(estimator.steps_since_refit(), 0);
+    /// // Under map (opt-in) the round's 1st, 2nd, 4th, … steps are fitted too.
+    /// let mut config = EstimatorConfig::map(2);
+    /// config.refit_interval = 3;
+    /// let estimator = AcceptanceEstimator::new(config)?;
     /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // the round's 1st step: fit
     /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // its 2nd: fit
     /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // its 3rd ends the round
     /// assert_eq!(estimator.num_refits(), 3);
-    /// // A rejected call: more accepted than admitted.
-    /// assert!(estimator.observe(view, &[1, 2], &[2, 0], none).is_err());
-    /// assert_eq!(estimator.steps_since_refit(), 0);
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn observe<T: Copy + Into<f64>, P: Copy + Into<f64>>(
@@ -1226,7 +1271,7 @@ impl AcceptanceEstimator {
             Update::Map => {
                 let step =
                     self.step_histogram(features, num_admitted, num_accepted, predictions)?;
-                self.histogram.add(&step);
+                self.add_to_histogram("num_admitted", &step)?;
                 Ok(self.count_map_step())
             }
         }
@@ -1264,7 +1309,7 @@ impl AcceptanceEstimator {
             Update::Map => {
                 let step =
                     self.step_histogram(features, num_admitted, num_accepted, predictions)?;
-                self.histogram.add(&step);
+                self.add_to_histogram("num_admitted", &step)?;
             }
         }
         Ok(())
@@ -1314,7 +1359,7 @@ impl AcceptanceEstimator {
     /// ```rust
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
     /// let features = MatrixView::new("features", &[2.0f32, 1.0], 1, 2)?;
     /// let step = estimator.step_histogram(features, &[2], &[2], None::<MatrixView<'_, f32>>)?;
     /// assert!(estimator.add_step_histogram(&step)?); // the first step of a round is fitted
@@ -1334,7 +1379,7 @@ impl AcceptanceEstimator {
             self.config.bins,
             self.config.max_log_odds,
         )?;
-        self.histogram.add(step);
+        self.add_to_histogram("stats", step)?;
         Ok(self.count_map_step())
     }
 
@@ -1423,7 +1468,7 @@ impl AcceptanceEstimator {
     /// assert_eq!(estimator.coefficients().version, 1);
     /// assert_eq!(estimator.round_stats().total_count(), 0); // a new round
     /// // Under map the report holds the round's histograms and its drift statistic.
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(1))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(1))?;
     /// estimator.observe(view, &[1; 6], &[1, 1, 1, 0, 0, 0], None::<MatrixView<'_, f32>>)?;
     /// let report = estimator.refit();
     /// assert_eq!(report.histogram.unwrap().total_count(), 6);
@@ -1451,7 +1496,7 @@ impl AcceptanceEstimator {
     /// ```rust
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
-    /// let mut config = EstimatorConfig::new(1);
+    /// let mut config = EstimatorConfig::map(1);
     /// config.refit_interval = 1 << 40;
     /// let estimator = AcceptanceEstimator::new(config)?;
     /// let view = MatrixView::new("features", &[3.0f32, 3.0, -2.0, -2.0], 4, 1)?;
@@ -1508,6 +1553,7 @@ impl AcceptanceEstimator {
         let k = self.config.num_positions;
         self.histogram.drain_into(&mut state.base);
         let round = std::mem::replace(&mut state.base, HistogramStats::new(k, self.config.bins));
+        self.histogram.end_round(&round);
         state.fitted_labels = 0;
         let current = self.coefficients.read();
         let version = (current.version + 1).min(MAX_COUNT); // saturates: every state reloads
@@ -1624,7 +1670,7 @@ impl AcceptanceEstimator {
     /// ```rust
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
     /// let view = MatrixView::new("features", &[0.9f32, -0.3], 1, 2)?;
     /// estimator.observe(view, &[2], &[0], None::<MatrixView<'_, f32>>)?;
     /// let state = estimator.state();
@@ -1840,6 +1886,9 @@ impl AcceptanceEstimator {
         if config.update == Update::Vllm {
             estimator.accumulator.add(&state.stats);
         }
+        if let Some(map) = map {
+            estimator.histogram.reserve(&map.round);
+        }
         Ok(estimator)
     }
 
@@ -1882,7 +1931,8 @@ impl AcceptanceEstimator {
         }
         map.round
             .validate("round_stats", k, config.bins, config.max_log_odds)?;
-        map.memory.validate(k, config.bins, config.max_log_odds)?;
+        map.memory
+            .validate(k, config.bins, config.memory, config.max_log_odds)?;
         let labels = map.round.total_count();
         if map.fitted_labels > labels {
             return Err(Error::value(
@@ -1974,7 +2024,7 @@ mod tests {
 
     #[test]
     fn map_fits_after_the_first_second_fourth_step_of_every_round_and_at_its_end() {
-        let mut config = EstimatorConfig::new(3);
+        let mut config = EstimatorConfig::map(3);
         config.refit_interval = 6;
         let est = AcceptanceEstimator::new(config).unwrap();
         let features = [1.0f32, 2.0, 3.0];
@@ -2183,7 +2233,7 @@ mod tests {
             .is_err());
         assert_eq!(est.state(), before);
         // The map update pools histograms only, and refuses impossible ones.
-        let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+        let est = AcceptanceEstimator::new(EstimatorConfig::map(2)).unwrap();
         est.observe(view(&[1.0f64, 2.0], 2), &[2], &[1], NO_PREDICTIONS)
             .unwrap();
         let before = est.state();
@@ -2391,7 +2441,7 @@ mod tests {
 
     #[test]
     fn add_step_histogram_refuses_histograms_no_observation_gives() {
-        let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+        let est = AcceptanceEstimator::new(EstimatorConfig::map(2)).unwrap();
         let (f, ad, ac) = workload(1, 5, 2);
         let step = est
             .step_histogram(view(&f, 2), &ad, &ac, NO_PREDICTIONS)
@@ -2549,7 +2599,7 @@ mod tests {
 
     /// A valid `map` state after a few rounds, with an open round and a drift reset.
     fn map_state_with_memory() -> EstimatorState {
-        let mut config = EstimatorConfig::new(3);
+        let mut config = EstimatorConfig::map(3);
         config.refit_interval = 2;
         let est = AcceptanceEstimator::new(config).unwrap();
         for seed in 0..7 {
@@ -2560,6 +2610,85 @@ mod tests {
         let map = state.map.as_ref().unwrap();
         assert!(map.round.total_count() > 0 && !map.memory.is_empty());
         state
+    }
+
+    /// The `map` counterpart of `states_at_the_loaders_limits_keep_working_and_reload`: a
+    /// restored map state whose every bin sits at [`MAX_BIN_COUNT`], whose memory sits at its
+    /// geometric bound and whose counters sit at [`MAX_COUNT`] refuses what would pass the
+    /// bound (by name, nothing changed), refits, and whatever it reaches saves and loads again
+    /// (with the drift test on, which drops the memory, and off, which keeps it at its bound).
+    #[test]
+    fn map_states_at_the_loaders_limits_keep_working_and_reload() {
+        for drift_z in [EstimatorConfig::DEFAULT_DRIFT_Z, f64::INFINITY] {
+            let mut state = map_state_with_memory();
+            state.config.drift_z = drift_z;
+            let (k, bins) = (state.config.num_positions, state.config.bins);
+            let (limit, gamma) = (state.config.max_log_odds, state.config.memory);
+            let binning = Binning::new(limit, bins);
+            let scale = (1u64 << crate::histogram::X_FRACTION_BITS) as f64;
+            state.num_refits = MAX_COUNT;
+            let map = state.map.as_mut().unwrap();
+            map.resets = MAX_COUNT;
+            for index in 0..k * bins {
+                let (lo, hi) = binning.offset_range(index % bins);
+                let n = MAX_BIN_COUNT;
+                map.round.count[index] = n;
+                map.round.accepted[index] = n / 2;
+                map.round.x_sum[index] = (n as f64 * (lo + hi) / 2.0 * scale) as u64;
+            }
+            let bound = MAX_COUNT as f64 * k as f64 / (1.0 - gamma);
+            let extra = bound - map.memory.count.iter().sum::<f64>();
+            let (lo, hi) = binning.offset_range(0);
+            map.memory.count[0] += extra;
+            map.memory.x_sum[0] = map.memory.count[0] * ((lo + hi) / 2.0 - limit);
+            let est = AcceptanceEstimator::from_state(&state).unwrap();
+            assert_eq!(est.state(), state);
+            // A full round refuses one more label and changes nothing.
+            let (f, ad, ac) = workload(1, 4, k);
+            assert!(ad.iter().any(|&a| a > 0));
+            let error = est
+                .observe(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                .unwrap_err();
+            assert_eq!(error.argument, "num_admitted", "{error}");
+            assert!(error.message.contains("refit first"), "{error}");
+            let error = est
+                .add_observations(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                .unwrap_err();
+            assert_eq!(error.argument, "num_admitted", "{error}");
+            let step = est
+                .step_histogram(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                .unwrap();
+            assert_eq!(
+                est.add_round_histogram(&step).unwrap_err().argument,
+                "round_stats"
+            );
+            assert_eq!(est.add_step_histogram(&step).unwrap_err().argument, "stats");
+            assert_eq!(est.state(), state);
+            // The full round folds into the memory (at its bound when the test keeps it); the
+            // counters saturate; the state saves and loads again.
+            est.refit();
+            assert_eq!(est.num_refits(), MAX_COUNT);
+            let after = est.state();
+            let kept: f64 = after.map.as_ref().unwrap().memory.count.iter().sum();
+            assert!(kept <= bound * (1.0 + 1e-9), "{kept} > {bound}");
+            if drift_z.is_infinite() {
+                // γ·bound + the round: the memory was kept, discounted.
+                assert!(kept > gamma * bound, "{kept} (the memory was dropped)");
+            }
+            let reloaded = AcceptanceEstimator::from_bytes(&est.to_bytes()).unwrap();
+            assert_eq!(reloaded.state(), after);
+            // The reservation of the ended round is gone: observes are accepted again.
+            for _ in 0..3 {
+                reloaded
+                    .observe(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                    .unwrap();
+                reloaded.refit();
+            }
+            assert_eq!(reloaded.num_refits(), MAX_COUNT);
+            let again = AcceptanceEstimator::from_bytes(&reloaded.to_bytes()).unwrap();
+            assert_eq!(again.state(), reloaded.state());
+            assert!(est.observe(view(&f, k), &ad, &ac, NO_PREDICTIONS).is_ok());
+        }
     }
 
     #[test]

@@ -345,9 +345,16 @@ impl AtomicHistogram {
 pub struct HistogramAccumulator {
     buffers: [AtomicHistogram; 2],
     flip: Flip,
+    /// Labels per bin of the open round (drained or not), reserved before an add lands: what
+    /// keeps every bin of a round within [`MAX_BIN_COUNT`] ([`try_add`](Self::try_add)).
+    open: Box<[AtomicU64]>,
     num_positions: usize,
     bins: usize,
 }
+
+// A round's position holds at most `MAX_BINS · MAX_BIN_COUNT` labels: the per-bin bound keeps
+// every position within MAX_COUNT too.
+const _: () = assert!(MAX_BINS as u64 * MAX_BIN_COUNT <= MAX_COUNT);
 
 impl HistogramAccumulator {
     /// Empty histograms for `num_positions` positions of `bins` bins.
@@ -356,8 +363,72 @@ impl HistogramAccumulator {
         HistogramAccumulator {
             buffers: [AtomicHistogram::new(len), AtomicHistogram::new(len)],
             flip: Flip::new(),
+            open: (0..len).map(|_| AtomicU64::new(0)).collect(),
             num_positions,
             bins,
+        }
+    }
+
+    /// [`add`](Self::add), unless that would take a bin of the open round past
+    /// [`MAX_BIN_COUNT`] labels (the bound a restored state must meet; it keeps every position
+    /// within [`MAX_COUNT`] too): then nothing is added and the error names the position and
+    /// the bin. Counts are reserved first (one compare-and-swap per occupied bin, undone if a
+    /// later bin is full), so concurrent adds can never together pass the bound. Lock-free.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::histogram::{Binning, HistogramAccumulator, HistogramStats, MAX_BIN_COUNT};
+    ///
+    /// let binning = Binning::new(40.0, 64);
+    /// let acc = HistogramAccumulator::new(1, 64);
+    /// let mut step = HistogramStats::new(1, 64);
+    /// step.add_observation(&binning, 0, 2.5, true);
+    /// let mut full = step.clone();
+    /// let bin = full.count.iter().position(|&c| c > 0).unwrap();
+    /// full.count[bin] = MAX_BIN_COUNT - 1;
+    /// full.accepted[bin] = 0;
+    /// full.x_sum[bin] = full.x_sum[bin] * (MAX_BIN_COUNT - 1);
+    /// assert_eq!(acc.try_add(&full), Ok(()));
+    /// assert_eq!(acc.try_add(&step), Ok(())); // the bin is now at the bound
+    /// assert_eq!(acc.try_add(&step), Err((0, bin)));
+    /// let mut round = HistogramStats::new(1, 64);
+    /// acc.drain_into(&mut round);
+    /// assert_eq!(round.count[bin], MAX_BIN_COUNT); // the refused add left nothing behind
+    /// ```
+    pub fn try_add(&self, stats: &HistogramStats) -> std::result::Result<(), (usize, usize)> {
+        debug_assert_eq!(stats.count.len(), self.num_positions * self.bins);
+        for (index, (open, &n)) in self.open.iter().zip(&stats.count).enumerate() {
+            let fits = |c: u64| c.checked_add(n).filter(|&t| t <= MAX_BIN_COUNT);
+            if n != 0
+                && open
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits)
+                    .is_err()
+            {
+                for (open, &n) in self.open.iter().zip(&stats.count).take(index) {
+                    open.fetch_sub(n, Ordering::Relaxed);
+                }
+                return Err((index / self.bins, index % self.bins));
+            }
+        }
+        self.add(stats);
+        Ok(())
+    }
+
+    /// Counts `round` (a restored state's open round, held outside this accumulator) as part of
+    /// the open round for [`try_add`](Self::try_add)'s bound.
+    pub fn reserve(&self, round: &HistogramStats) {
+        for (open, &n) in self.open.iter().zip(&round.count) {
+            open.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The round `round` (everything drained for it) has ended: its labels no longer count
+    /// toward [`try_add`](Self::try_add)'s bound. Adds in flight stay reserved, for the round
+    /// they land in.
+    pub fn end_round(&self, round: &HistogramStats) {
+        for (open, &n) in self.open.iter().zip(&round.count) {
+            open.fetch_sub(n, Ordering::Relaxed);
         }
     }
 
@@ -405,7 +476,7 @@ impl HistogramAccumulator {
 /// memory.decay(0.5);
 /// assert_eq!((memory.count[32], memory.accepted[32]), (1.0, 0.5));
 /// assert!((memory.x_sum[32] - 0.75).abs() < 1e-4); // (1.0 + 0.5) / 2
-/// assert!(memory.validate(1, 64, 40.0).is_ok());
+/// assert!(memory.validate(1, 64, 0.8, 40.0).is_ok());
 /// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HistogramMemory {
@@ -475,8 +546,15 @@ impl HistogramMemory {
     /// `num_positions` positions, `bins` bins and features clamped to `±max_log_odds`: the
     /// layout, finite values, non-negative counts, no more accepted than labeled, a feature sum
     /// within its bin's range times the count (each up to the float rounding of the sums), and a
-    /// total within `K ·` [`MAX_COUNT`].
-    pub fn validate(&self, num_positions: usize, bins: usize, max_log_odds: f64) -> Result<()> {
+    /// total within the geometric bound `K ·` [`MAX_COUNT`]` / (1 − gamma)` that rounds of at most
+    /// [`MAX_COUNT`] labels per position discounted by `gamma` never pass.
+    pub fn validate(
+        &self,
+        num_positions: usize,
+        bins: usize,
+        gamma: f64,
+        max_log_odds: f64,
+    ) -> Result<()> {
         let fail = |message: String| Err(Error::value("memory", message));
         let len = num_positions * bins;
         if self.num_positions != num_positions
@@ -514,7 +592,8 @@ impl HistogramMemory {
             }
             total += n;
         }
-        let limit = MAX_COUNT as f64 * num_positions as f64;
+        // γ·L + MAX_COUNT·K = L, with room for the float rounding of the discounted sums.
+        let limit = MAX_COUNT as f64 * num_positions as f64 / (1.0 - gamma) * (1.0 + 1e-9);
         if total > limit {
             return fail(format!("{total} labels exceed {limit}"));
         }
@@ -620,7 +699,7 @@ mod tests {
             prop_assert!(whole.validate("r", 3, bins, 40.0).is_ok());
             let mut memory = HistogramMemory::new(3, bins);
             memory.add_round(&whole, &binning);
-            prop_assert!(memory.validate(3, bins, 40.0).is_ok());
+            prop_assert!(memory.validate(3, bins, 0.8, 40.0).is_ok());
             // The memory's feature sums are the features' sums, to the fixed point's rounding.
             for k in 0..3 {
                 let exact: f64 = obs.iter().filter(|o| o.0 == k).map(|o| o.1.clamp(-40.0, 40.0)).sum();

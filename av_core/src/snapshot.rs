@@ -9,7 +9,9 @@
 //!
 //! Version 1 (av_core before the `map` update) still loads: it is a `vllm` estimator, restored
 //! with everything it held (open round, memory), so it predicts and continues bit for bit as it
-//! did.
+//! did. And a `vllm` estimator whose map settings are the defaults (every estimator built
+//! without opting into `map`) is still *written* as version 1 ([`written_version`]): the same
+//! bytes as before the map update, which older builds read.
 //!
 //! Decoding checks magic, version, length and checksum before it reads a field, then validates
 //! the state like any other input ([`AcceptanceEstimator::from_state`]); arbitrary bytes give an
@@ -28,7 +30,8 @@ use crate::persist::{frame, put_f64s, unframe, Kind, Reader, FRAME_LEN};
 
 /// First bytes of an encoded estimator state.
 pub const MAGIC: &[u8; 8] = &Kind::Estimator.magic();
-/// Version written by this build (and the only one it reads).
+/// The newest version, which this build writes for every state version 1 cannot hold (see
+/// [`written_version`]); it reads it and [`FORMAT_VERSION_1`].
 ///
 /// # Example
 ///
@@ -36,7 +39,7 @@ pub const MAGIC: &[u8; 8] = &Kind::Estimator.magic();
 /// use av_core::snapshot::{encode, FORMAT_VERSION, MAGIC};
 /// use av_core::{AcceptanceEstimator, EstimatorConfig};
 ///
-/// let bytes = encode(&AcceptanceEstimator::new(EstimatorConfig::new(2))?.state());
+/// let bytes = encode(&AcceptanceEstimator::new(EstimatorConfig::map(2))?.state());
 /// assert_eq!(&bytes[..8], MAGIC);
 /// assert_eq!(bytes[8..12], FORMAT_VERSION.to_le_bytes());
 /// # Ok::<(), av_core::Error>(())
@@ -49,19 +52,29 @@ pub const FORMAT_VERSION_1: u32 = 1;
 
 const ARGUMENT: &str = "data";
 
+/// Bytes version 2 adds to version 1 before any map state: the update, bins, four prior widths
+/// and whether a map state follows.
+pub const VERSION_2_EXTENSION_LEN: usize = 4 + 8 + 4 * 8 + 1;
+
 /// Length of [`encode`]'s output for an estimator with `num_positions` positions on `update`
-/// with `bins` bins (it depends on nothing else).
+/// with `bins` bins and, for `vllm`, the default map settings (it depends on nothing else). A
+/// `vllm` estimator with other map settings is written as version 2,
+/// [`VERSION_2_EXTENSION_LEN`] bytes longer.
 ///
 /// # Example
 ///
 /// ```rust
-/// use av_core::snapshot::{encode, encoded_len};
+/// use av_core::snapshot::{encode, encoded_len, VERSION_2_EXTENSION_LEN};
 /// use av_core::{AcceptanceEstimator, EstimatorConfig, Update};
 ///
-/// let state = AcceptanceEstimator::new(EstimatorConfig::new(5))?.state();
+/// let state = AcceptanceEstimator::new(EstimatorConfig::map(5))?.state();
 /// assert_eq!(encode(&state).len(), encoded_len(5, Update::Map, 64));
 /// let state = AcceptanceEstimator::new(EstimatorConfig::vllm(5))?.state();
 /// assert_eq!(encode(&state).len(), encoded_len(5, Update::Vllm, 64));
+/// let mut config = EstimatorConfig::vllm(5);
+/// config.bins = 32;
+/// let state = AcceptanceEstimator::new(config)?.state();
+/// assert_eq!(encode(&state).len(), encoded_len(5, Update::Vllm, 32) + VERSION_2_EXTENSION_LEN);
 /// # Ok::<(), av_core::Error>(())
 /// ```
 pub const fn encoded_len(num_positions: usize, update: Update, bins: usize) -> usize {
@@ -69,15 +82,56 @@ pub const fn encoded_len(num_positions: usize, update: Update, bins: usize) -> u
     // K and refit_interval; ten config floats and the slope; intercepts; fraction bits;
     // five i128 sums and a count per position; three counters; the memory.
     let version_1 = 8 + 8 + 11 * 8 + k * 8 + 4 + k * (5 * 16 + 8) + 3 * 8 + (2 + 4 * k + 1) * 8;
-    // The update, bins, four prior widths and whether a map state follows.
-    let extension = 4 + 8 + 4 * 8 + 1;
-    let map = match update {
+    let rest = match update {
         Update::Vllm => 0,
-        // Reference (slope + intercepts, length-prefixed), fraction bits, six columns of K·B
-        // (length-prefixed), two counters.
-        Update::Map => 8 + 8 * (k + 1) + 4 + 6 * (8 + 8 * k * bins) + 2 * 8,
+        // The extension, then the reference (slope + intercepts, length-prefixed), fraction
+        // bits, six columns of K·B (length-prefixed), two counters.
+        Update::Map => {
+            VERSION_2_EXTENSION_LEN + 8 + 8 * (k + 1) + 4 + 6 * (8 + 8 * k * bins) + 2 * 8
+        }
     };
-    FRAME_LEN + version_1 + extension + map
+    FRAME_LEN + version_1 + rest
+}
+
+/// The format version [`encode`] writes for `state`: 1 (what av_core wrote before the map
+/// update, so that older builds read it) for a `vllm` estimator whose map settings (bins,
+/// prior widths) are bit for bit the defaults, which version 1 decodes to; 2 otherwise.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::snapshot::written_version;
+/// use av_core::{AcceptanceEstimator, EstimatorConfig};
+///
+/// let state = AcceptanceEstimator::new(EstimatorConfig::new(2))?.state();
+/// assert_eq!(written_version(&state), 1); // the default: vLLM's update
+/// let state = AcceptanceEstimator::new(EstimatorConfig::map(2))?.state();
+/// assert_eq!(written_version(&state), 2);
+/// # Ok::<(), av_core::Error>(())
+/// ```
+pub fn written_version(state: &EstimatorState) -> u32 {
+    let (c, d) = (
+        &state.config,
+        EstimatorConfig::vllm(state.config.num_positions),
+    );
+    let widths = |c: &EstimatorConfig| {
+        [
+            c.prior_slope_sd,
+            c.prior_level_sd,
+            c.prior_trend_sd,
+            c.prior_spread_sd,
+        ]
+        .map(f64::to_bits)
+    };
+    let version_1 = c.update == Update::Vllm
+        && state.map.is_none()
+        && c.bins == d.bins
+        && widths(c) == widths(&d);
+    if version_1 {
+        FORMAT_VERSION_1
+    } else {
+        FORMAT_VERSION
+    }
 }
 
 /// The longest encoded estimator state (`K = 64`, `map` with the most bins): a reader never
@@ -142,6 +196,9 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
     );
     for value in memory {
         payload.extend(value.to_le_bytes());
+    }
+    if written_version(state) == FORMAT_VERSION_1 {
+        return frame(Kind::Estimator, FORMAT_VERSION_1, &payload);
     }
     // Version 2: the update and the map state.
     payload.extend(
@@ -358,7 +415,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
             format!("{} unexpected bytes after the last field", r.bytes.len()),
         ));
     }
-    Ok(EstimatorState {
+    let state = EstimatorState {
         config: EstimatorConfig {
             num_positions: k,
             refit_interval,
@@ -381,7 +438,19 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         num_refits,
         memory: memory_state,
         map,
-    })
+    };
+    // One encoding per state: what version 1 holds is written as version 1, so a loaded state
+    // re-encodes to its own bytes.
+    if version != written_version(&state) {
+        return Err(Error::state(
+            ARGUMENT,
+            format!(
+                "a vllm state at the default map settings is format version 1, not {version} \
+                 (this build never writes it so)"
+            ),
+        ));
+    }
+    Ok(state)
 }
 
 #[cfg(test)]
@@ -441,7 +510,7 @@ mod tests {
     #[test]
     fn encoded_len_is_the_length_for_every_k() {
         for k in 1..=EstimatorConfig::MAX_POSITIONS {
-            for config in [EstimatorConfig::new(k), EstimatorConfig::vllm(k)] {
+            for config in [EstimatorConfig::map(k), EstimatorConfig::vllm(k)] {
                 let (update, bins) = (config.update, config.bins);
                 let state = AcceptanceEstimator::new(config).unwrap().state();
                 assert_eq!(
@@ -479,15 +548,36 @@ mod tests {
             .unwrap();
         }
         let state = est.state();
+        // At the default map settings it is written as version 1, as before the map update.
         let bytes = encode(&state);
-        let payload = &bytes[20..bytes.len() - 4];
-        let extension = 4 + 8 + 4 * 8 + 1;
+        assert_eq!(bytes[8..12], FORMAT_VERSION_1.to_le_bytes());
+        assert_eq!(decode(&bytes).unwrap(), state);
+        // With other map settings it is version 2, and round-trips them.
+        let mut other = state.clone();
+        other.config.bins = 16;
+        other.config.prior_trend_sd = -0.0;
+        let extended = encode(&other);
+        assert_eq!(extended[8..12], FORMAT_VERSION.to_le_bytes());
+        let back = decode(&extended).unwrap();
+        assert_eq!(back, other);
+        assert_eq!(back.config.prior_trend_sd.to_bits(), (-0.0f64).to_bits());
+        // Version 2 minus the extension, framed as version 1, is the version-1 bytes.
+        let payload = &extended[20..extended.len() - 4];
         let old = frame(
             Kind::Estimator,
             FORMAT_VERSION_1,
-            &payload[..payload.len() - extension],
+            &payload[..payload.len() - VERSION_2_EXTENSION_LEN],
         );
-        assert_eq!(decode(&old).unwrap(), state);
+        assert_eq!(old, bytes);
+        // And the default state framed as version 2 is refused: one encoding per state.
+        let mut defaults = payload.to_vec();
+        let at = defaults.len() - VERSION_2_EXTENSION_LEN + 4;
+        defaults[at..at + 8].copy_from_slice(&(state.config.bins as u64).to_le_bytes());
+        let at = at + 8 + 2 * 8;
+        defaults[at..at + 8].copy_from_slice(&state.config.prior_trend_sd.to_le_bytes());
+        let twice = frame(Kind::Estimator, FORMAT_VERSION, &defaults);
+        let err = decode(&twice).unwrap_err();
+        assert!(err.message.contains("format version 1"), "{err}");
     }
 
     proptest! {

@@ -134,7 +134,7 @@ fn a_refit_moves_each_intercept_by_at_most_max_step() {
 
 /// The same limits on the `map` update, without a prior (so the fit asks for the data's step).
 fn capped_map(max_step: f64, init_slope: f64) -> AcceptanceEstimator {
-    let mut config = EstimatorConfig::new(2);
+    let mut config = EstimatorConfig::map(2);
     config.refit_interval = u64::MAX;
     config.max_step = max_step;
     config.max_slope = 1e3;

@@ -180,7 +180,7 @@ fn eight_producers_a_predictor_and_a_refitter() {
 /// is a whole number of calls.
 #[test]
 fn eight_producers_and_a_refitter_lose_no_label_under_map() {
-    let mut config = EstimatorConfig::new(K);
+    let mut config = EstimatorConfig::map(K);
     config.refit_interval = u64::MAX;
     let estimator = AcceptanceEstimator::new(config).unwrap();
     let batches: Vec<_> = (0..16).map(batch).collect();

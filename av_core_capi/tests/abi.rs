@@ -320,12 +320,12 @@ fn the_update_struct_chooses_vllms_update_and_the_map_settings() {
         assert_eq!(avc_estimator_update_default(update.as_mut_ptr()), AVC_OK);
         (config.assume_init(), update.assume_init())
     };
-    assert_eq!(update.update, AVC_UPDATE_MAP);
+    assert_eq!(update.update, AVC_UPDATE_VLLM);
     assert_eq!(update.bins, EstimatorConfig::DEFAULT_BINS);
     config.refit_interval = 3;
     for (mode, core_config) in [
         (AVC_UPDATE_VLLM, EstimatorConfig::vllm(K)),
-        (AVC_UPDATE_MAP, EstimatorConfig::new(K)),
+        (AVC_UPDATE_MAP, EstimatorConfig::map(K)),
     ] {
         update.update = mode;
         update.prior_slope_sd = 0.25;

@@ -74,6 +74,19 @@ static avc_estimator *new_vllm_estimator(uint64_t refit_interval) {
     return estimator;
 }
 
+/* An estimator on av_core's opt-in map update. */
+static avc_estimator *new_map_estimator(uint64_t refit_interval) {
+    avc_estimator_config config;
+    avc_estimator_update update;
+    avc_estimator *estimator = NULL;
+    OK(avc_estimator_config_default(K, &config));
+    OK(avc_estimator_update_default(&update));
+    config.refit_interval = refit_interval;
+    update.update = AVC_UPDATE_MAP;
+    OK(avc_estimator_new_with_update(&config, &update, &estimator));
+    return estimator;
+}
+
 /* The estimator's saved bytes (caller frees), to compare states exactly. */
 static uint8_t *saved(const avc_estimator *estimator, size_t *len) {
     size_t needed = 0;
@@ -226,9 +239,9 @@ static void test_estimator_arguments(void) {
     OK(avc_estimator_free(estimator));
 }
 
-/* av_core's map update (the default) fits after the 1st, 2nd, 4th, ... observe of a round. */
+/* av_core's map update (opt-in) fits after the 1st, 2nd, 4th, ... observe of a round. */
 static void test_map_update(void) {
-    avc_estimator *estimator = new_estimator(100);
+    avc_estimator *estimator = new_map_estimator(100);
     bool refitted = false;
     OK(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS, NULL, 0,
                              &refitted));
@@ -250,8 +263,16 @@ static void test_map_update(void) {
 
     avc_estimator_update update, back;
     OK(avc_estimator_get_update(estimator, &update));
-    CHECK(update.update == AVC_UPDATE_MAP && update.bins == 64, "default update %d, %zu bins",
+    CHECK(update.update == AVC_UPDATE_MAP && update.bins == 64, "map update %d, %zu bins",
           (int)update.update, update.bins);
+    /* The default is vLLM's update, which avc_estimator_new also uses. */
+    OK(avc_estimator_update_default(&back));
+    CHECK(back.update == AVC_UPDATE_VLLM && back.bins == 64, "default update %d, %zu bins",
+          (int)back.update, back.bins);
+    avc_estimator *plain = new_estimator(100);
+    OK(avc_estimator_get_update(plain, &back));
+    CHECK(back.update == AVC_UPDATE_VLLM, "avc_estimator_new gave update %d", (int)back.update);
+    OK(avc_estimator_free(plain));
     EXPECT(avc_estimator_update_default(NULL), AVC_ERR_NULL, "update_out");
     EXPECT(avc_estimator_get_update(estimator, NULL), AVC_ERR_NULL, "update_out");
     EXPECT(avc_estimator_get_update(NULL, &back), AVC_ERR_NULL, "estimator");

@@ -31,7 +31,7 @@ fn real_state(k: usize, memory: bool, vllm: bool, steps: usize) -> Vec<u8> {
     let mut config = if vllm {
         EstimatorConfig::vllm(k)
     } else {
-        EstimatorConfig::new(k)
+        EstimatorConfig::map(k)
     };
     config.bins = 8; // a map payload short enough for the fuzzer's offsets to cover
     config.memory = if memory { 0.8 } else { 0.0 };
@@ -99,7 +99,8 @@ fuzz_target!(|input: &[u8]| {
             None,
         );
         if let Err(error) = observed {
-            // Only a round already at the 2^56 count bound refuses a valid step, whole.
+            // Only a round already at its count bound refuses a valid step, whole (vllm: a
+            // position at 2^56; map: a bin at 2^40).
             assert_eq!(error.argument, "num_admitted", "{error}");
             assert_eq!(
                 est.to_bytes(),

@@ -78,18 +78,19 @@ class AcceptanceEstimator:
         max_intercept: float = ...,
         memory: float = ...,
         drift_z: float = ...,
-        update: Literal["map", "vllm"] | str = "map",
+        update: Literal["map", "vllm"] | str = "vllm",
         bins: int = ...,
         prior_slope_sd: float = ...,
         prior_level_sd: float = ...,
         prior_trend_sd: float = ...,
         prior_spread_sd: float = ...,
     ) -> AcceptanceEstimator:
-        """``update="map"`` (the default) is av_core's refit (docs/estimator.md): per-position
-        histograms of the feature (``bins`` per position), the MAP fit iterated to convergence
-        under a prior centred on the cold start (``prior_*_sd``), fits after 1, 2, 4, ...
-        observes of every round and at its end. ``update="vllm"`` is vLLM 0.33.0's damped
-        Newton step once per round, bit for bit (``damping`` applies to it only)."""
+        """``update="vllm"`` (the default) is vLLM 0.33.0's damped Newton step once per
+        round, bit for bit (``damping`` applies to it only). ``update="map"`` opts into
+        av_core's refit (docs/estimator.md): per-position histograms of the feature (``bins``
+        per position), the MAP fit iterated to convergence under a prior centred on the cold
+        start (``prior_*_sd``), fits after 1, 2, 4, ... observes of every round and at its end;
+        better log-loss, slower observes and refits."""
     def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
     def observe(
         self,

@@ -17,8 +17,8 @@ use crate::convert::{
 };
 use crate::files::{atomic_write, read_file};
 
-/// Name and version of the `state_dict` layout (version 1, before the map update, still loads:
-/// as a vllm estimator).
+/// Name and version of the `state_dict` layout (version 1, before the map update, still loads
+/// as a vllm estimator, and is still written for a vllm estimator at the default map settings).
 const STATE_FORMAT: &str = "av_core.AcceptanceEstimator";
 const STATE_FORMAT_VERSION: u32 = 2;
 
@@ -33,9 +33,9 @@ fn parse_update(name: &str, argument: &str) -> PyResult<Update> {
 }
 
 /// Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
-/// refitted from the target's verdicts (update "map", the default: MAP fits of per-position
-/// histograms after 1, 2, 4, ... observes of every round and at its end; "vllm": vLLM's damped
-/// Newton step every `refit_interval` observe calls).
+/// refitted from the target's verdicts (update "vllm", the default: vLLM's damped Newton step
+/// every `refit_interval` observe calls; "map", opt-in: MAP fits of per-position histograms
+/// after 1, 2, 4, ... observes of every round and at its end).
 #[pyclass(module = "av_core._native", name = "AcceptanceEstimator", frozen)]
 pub struct PyAcceptanceEstimator {
     inner: AcceptanceEstimator,
@@ -58,7 +58,7 @@ impl PyAcceptanceEstimator {
         max_intercept = Float::new(EstimatorConfig::DEFAULT_MAX_INTERCEPT),
         memory = Float::new(EstimatorConfig::DEFAULT_MEMORY),
         drift_z = Float::new(EstimatorConfig::DEFAULT_DRIFT_Z),
-        update = "map",
+        update = "vllm",
         bins = Int::new(EstimatorConfig::DEFAULT_BINS as i128),
         prior_slope_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_SLOPE_SD),
         prior_level_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_LEVEL_SD),
@@ -420,19 +420,26 @@ impl PyAcceptanceEstimator {
         config.set_item("max_intercept", state.config.max_intercept)?;
         config.set_item("memory", state.config.memory)?;
         config.set_item("drift_z", state.config.drift_z)?;
-        config.set_item("update", state.config.update.name())?;
-        config.set_item("bins", state.config.bins)?;
-        config.set_item("prior_slope_sd", state.config.prior_slope_sd)?;
-        config.set_item("prior_level_sd", state.config.prior_level_sd)?;
-        config.set_item("prior_trend_sd", state.config.prior_trend_sd)?;
-        config.set_item("prior_spread_sd", state.config.prior_spread_sd)?;
+        // A vllm estimator at the default map settings (anyone who did not opt into map) keeps
+        // the version-1 layout, as the bytes do (`snapshot::written_version`).
+        let version_1 =
+            av_core::snapshot::written_version(&state) == av_core::snapshot::FORMAT_VERSION_1;
+        let version = if version_1 { 1 } else { STATE_FORMAT_VERSION };
+        if version >= 2 {
+            config.set_item("update", state.config.update.name())?;
+            config.set_item("bins", state.config.bins)?;
+            config.set_item("prior_slope_sd", state.config.prior_slope_sd)?;
+            config.set_item("prior_level_sd", state.config.prior_level_sd)?;
+            config.set_item("prior_trend_sd", state.config.prior_trend_sd)?;
+            config.set_item("prior_spread_sd", state.config.prior_spread_sd)?;
+        }
         let stats = match &state.map {
             None => stats_dict(py, &state.stats)?,
             Some(map) => histogram_dict(py, &map.round)?,
         };
         let d = PyDict::new(py);
         d.set_item("format", STATE_FORMAT)?;
-        d.set_item("format_version", STATE_FORMAT_VERSION)?;
+        d.set_item("format_version", version)?;
         d.set_item("config", config)?;
         d.set_item("slope", state.slope)?;
         d.set_item("intercepts", state.intercepts)?;

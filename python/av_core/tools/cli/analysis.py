@@ -391,10 +391,10 @@ def add_evaluate(add: AddCommand) -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--update",
-        choices=("map", "vllm"),
-        default=None,
-        help="how the estimator refits: map (av_core's, the default) or vllm (vLLM's damped "
-        "Newton step once per round); docs/estimator.md",
+        choices=("vllm", "map"),
+        default="vllm",
+        help="how the estimator refits: vllm (vLLM's damped Newton step once per round, the "
+        "default) or map (av_core's opt-in update); docs/estimator.md",
     )
     evaluate.add_argument(
         "--groups-per-workload",
