@@ -1008,6 +1008,42 @@ avc_status avc_planner_remember(avc_planner *planner,
                                 size_t scheduled_len);
 
 /**
+ * Counts one step without planning it: advances the step count that the exploration draws
+ * read, as avc_planner_plan does. For engines that plan verification themselves (with
+ * avc_planner_remember) and take only the drafting depth from
+ * avc_planner_choose_draft_depth: call it once per step, after the depth decision; without
+ * it every step draws the same explorers.
+ *
+ * # Safety
+ *
+ * planner must be NULL or a live planner.
+ */
+avc_status avc_planner_count_step(avc_planner *planner);
+
+/**
+ * The exploration draws of the coming step (the one the next avc_planner_choose_draft_depth
+ * decides and the next avc_planner_plan or avc_planner_count_step counts): writes
+ * explorers[r] (explorers_len = slots_len), whether request slots[r] explores (the plan
+ * verifies its whole drafted block; the depth decision lets it draft as deep as the batch),
+ * and *exploration_step_out, whether the step is an exploration step (its explorers draft
+ * their whole block). The draws read only the seed, the step count and the slot. Changes no
+ * state; a rejected call (AVC_ERR_NULL, AVC_ERR_VALUE for a slot out of range, a length
+ * mismatch or explorers overlapping slots) writes nothing.
+ *
+ * # Safety
+ *
+ * planner must be NULL or a live planner; slots must point to slots_len readable elements
+ * and explorers to explorers_len writable bools (each NULL with length 0);
+ * exploration_step_out must be NULL or point to a writable bool.
+ */
+avc_status avc_planner_coming_explorers(const avc_planner *planner,
+                                        const int64_t *slots,
+                                        size_t slots_len,
+                                        bool *explorers,
+                                        size_t explorers_len,
+                                        bool *exploration_step_out);
+
+/**
  * Copies the confidences remembered for slot (what the next budget will read) to
  * confidences (confidences_len = the planner's K).
  *

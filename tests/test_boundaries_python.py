@@ -891,7 +891,8 @@ def hook_state(hook: DraftDepthHook) -> tuple[Any, ...]:
         tuple(tuple(hook.remembered(s).tolist()) for s in range(hook.max_num_reqs)),
         repr([(e[0].tolist(), e[1].tolist(), e[2]) for e in hook._proposals]),
         None if hook.last_depths is None else hook.last_depths.tolist(),
-        hook._rng.bit_generator.state["state"]["state"],
+        hook._planner.to_bytes(),  # the exploration policy and its step count included
+        hook.exploration,
     )
 
 

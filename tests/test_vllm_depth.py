@@ -98,19 +98,77 @@ def test_per_request_mask_marks_positions_past_each_depth() -> None:
     np.testing.assert_array_equal(tensor.numpy(), drafts)
 
 
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    """splitmix64's finalizer, in Python integers: the reference for the planner's draws."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _draws(seed: int, step: int, slot: int, p: float) -> bool:
+    """Whether ``slot`` explores at ``step`` (``slot = 2**64 - 1``: whether the step is an
+    exploration step): a hash of (seed, step, slot) and nothing else, never a token."""
+    return (_mix(seed ^ _mix(step ^ _mix(slot))) >> 11) * 2.0**-53 < p
+
+
 def test_exploration_steps_draft_a_few_whole_blocks() -> None:
     hook = DraftDepthHook(tables(draft_pass_ms=50.0), 64, K, exploration=0.2, seed=1)
     slots = np.arange(32)
     hook.record(slots, np.full((32, K), 0.01), K)
     steps = []
-    for _ in range(200):
+    whole_steps = explorers_in_whole_steps = 0
+    for step in range(1, 201):
         depths = hook.choose(slots, num_non_draft_tokens=32, num_sampling_requests=32)
         assert set(depths.tolist()) <= {0, K}
         assert hook.explored == bool(depths.any())
         steps.append(int((depths == K).sum()))
+        # The planner's policy, each decision one step: every request explores with
+        # probability 0.2 (drafting as deep as the batch, here 0), and in an exploration step
+        # (one more draw, probability 0.2) the explorers draft their whole block.
+        whole = _draws(1, step, 2**64 - 1, 0.2)
+        expected = [_draws(1, step, int(s), 0.2) for s in slots]
+        assert hook.explorers is not None and hook.explorers.tolist() == expected, step
+        np.testing.assert_array_equal(depths, np.where(whole, K * np.array(expected), 0))
+        whole_steps += whole
+        explorers_in_whole_steps += sum(expected) if whole else 0
     exploring = [n for n in steps if n]
     assert 20 <= len(exploring) <= 70
     assert np.mean(exploring) < 0.5 * 32  # a few requests, not the batch
+    # Binomial rates (about 4 standard deviations): steps and explorers each with ε = 0.2.
+    assert 18 <= whole_steps <= 62
+    assert 0.1 <= explorers_in_whole_steps / (32 * whole_steps) <= 0.3
+    # Exploration off: nothing explores, the step still counts.
+    hook.exploration = 0.0
+    assert not hook.choose(slots, num_non_draft_tokens=32, num_sampling_requests=32).any()
+    assert not hook.explored and hook.explorers is not None and not hook.explorers.any()
+
+
+def test_exploration_never_reads_the_confidences() -> None:
+    """Two hooks with one seed and different histories (one hopeless, one confident and
+    cheap to draft) draw the same explorers every step; each explorer drafts as deep as its
+    batch, and in an exploration step its whole block."""
+    a = DraftDepthHook(tables(draft_pass_ms=50.0), 16, K, mode="per_request", exploration=0.3)
+    b = DraftDepthHook(tables(), 16, K, mode="per_request", exploration=0.3)
+    slots = np.arange(16)
+    rng = np.random.default_rng(0)
+    widened = 0
+    for _ in range(60):
+        a.record(slots, rng.uniform(0.0, 0.05, (16, K)), K)
+        b.record(slots, rng.uniform(0.3, 1.0, (16, K)), K)
+        da = a.choose(slots, num_non_draft_tokens=16, num_sampling_requests=16)
+        db = b.choose(slots, num_non_draft_tokens=16, num_sampling_requests=16)
+        assert a.explorers is not None and b.explorers is not None
+        np.testing.assert_array_equal(a.explorers, b.explorers)
+        # Hopeless: only an exploration step's explorers draft, their whole block.
+        np.testing.assert_array_equal(da, np.where(a.explored, K * a.explorers, 0))
+        # Confident: explorers draft the batch's deepest depth (K in an exploration step).
+        assert np.all(db[b.explorers] == (K if b.explored else db.max()))
+        widened += int(b.explorers.any() and db.min() < db.max())
+    assert widened  # per-request depths differed in some steps with explorers
 
 
 # --- the plugin, on stand-in vLLM modules ------------------------------------------------------

@@ -181,27 +181,6 @@ impl EstimatorConfig {
     /// Default sd of each intercept around the trend in the `map` prior.
     pub const DEFAULT_PRIOR_SPREAD_SD: f64 = PriorWidths::DEFAULT.spread_sd;
 
-    /// vLLM's update on `num_positions` positions: [`EstimatorConfig::new`] with
-    /// `update = Update::Vllm`, which is also the default (the bounds, memory and drift test
-    /// stay av_core's defaults).
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::estimator::Update;
-    /// use av_core::EstimatorConfig;
-    ///
-    /// let config = EstimatorConfig::vllm(4);
-    /// assert_eq!(config.update, Update::Vllm);
-    /// assert_eq!(config, EstimatorConfig::new(4));
-    /// ```
-    pub fn vllm(num_positions: usize) -> Self {
-        EstimatorConfig {
-            update: Update::Vllm,
-            ..EstimatorConfig::new(num_positions)
-        }
-    }
-
     /// av_core's opt-in `map` update on `num_positions` positions: [`EstimatorConfig::new`]
     /// with `update = Update::Map` and the map defaults (bins, prior widths).
     ///
@@ -264,6 +243,33 @@ impl EstimatorConfig {
             prior_level_sd: Self::DEFAULT_PRIOR_LEVEL_SD,
             prior_trend_sd: Self::DEFAULT_PRIOR_TREND_SD,
             prior_spread_sd: Self::DEFAULT_PRIOR_SPREAD_SD,
+        }
+    }
+
+    /// vLLM 0.33.0's estimator (`OnlineAcceptanceEstimator`) for `num_positions` positions: the
+    /// defaults' refit interval, damping, ridge, cold start and clamp (all vLLM's), with vLLM's
+    /// memoryless (`memory = 0`) and unbounded (`max_step`, `max_slope`, `max_intercept` = `inf`)
+    /// update. The preset `av_core.vllm` starts from (it keeps the default bounds unless asked
+    /// for vLLM's exact update).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::EstimatorConfig;
+    ///
+    /// let vllm = EstimatorConfig::vllm(4);
+    /// assert_eq!((vllm.refit_interval, vllm.damping, vllm.l2), (100, 50.0, 1e-3));
+    /// assert_eq!((vllm.init_slope, vllm.init_intercept, vllm.max_log_odds), (0.5, -0.2, 40.0));
+    /// assert_eq!((vllm.memory, vllm.max_step), (0.0, f64::INFINITY));
+    /// assert!(vllm.validate().is_ok());
+    /// ```
+    pub fn vllm(num_positions: usize) -> Self {
+        EstimatorConfig {
+            memory: 0.0,
+            max_step: f64::INFINITY,
+            max_slope: f64::INFINITY,
+            max_intercept: f64::INFINITY,
+            ..Self::new(num_positions)
         }
     }
 
@@ -435,7 +441,7 @@ impl EstimatorConfig {
 /// ```rust
 /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 ///
-/// let estimator = AcceptanceEstimator::new(EstimatorConfig::vllm(2))?;
+/// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
 /// let features = MatrixView::new("features", &[1.0f32, 0.5], 1, 2)?;
 /// estimator.observe(features, &[2], &[1], None::<MatrixView<'_, f32>>)?;
 /// let state = estimator.state();
@@ -481,7 +487,7 @@ impl EstimatorState {
     /// use av_core::estimator::Update;
     /// use av_core::{AcceptanceEstimator, EstimatorConfig};
     ///
-    /// let mut state = AcceptanceEstimator::new(EstimatorConfig::vllm(2))?.state();
+    /// let mut state = AcceptanceEstimator::new(EstimatorConfig::new(2))?.state();
     /// state.intercepts = vec![0.7, -0.1];
     /// let moved = state.clone().with_update(Update::Map);
     /// assert_eq!(moved.config.update, Update::Map);
@@ -898,7 +904,7 @@ impl AcceptanceEstimator {
     ///
     /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
     /// // vLLM's update pools IRLS moments (add_round_histogram pools map's histograms).
-    /// let (one, other) = (EstimatorConfig::vllm(2), EstimatorConfig::vllm(2));
+    /// let (one, other) = (EstimatorConfig::new(2), EstimatorConfig::new(2));
     /// let (rank0, rank1) = (AcceptanceEstimator::new(one)?, AcceptanceEstimator::new(other)?);
     /// rank0.observe(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
     /// rank1.observe(view, &[2], &[0], None::<MatrixView<'_, f32>>)?;
@@ -1328,7 +1334,7 @@ impl AcceptanceEstimator {
     /// ```rust
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::vllm(2))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
     /// let features = MatrixView::new("features", &[2.0f32, 1.0], 1, 2)?;
     /// let stats = estimator.step_stats(features, &[2], &[2], None::<MatrixView<'_, f32>>)?;
     /// assert!(!estimator.add_step(&stats)?);
@@ -1457,7 +1463,7 @@ impl AcceptanceEstimator {
     /// ```rust
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::vllm(1))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(1))?;
     /// // Confident drafts (x = 3) accepted, unsure ones (x = -1) rejected.
     /// let features = [3.0f32, 3.0, 3.0, -1.0, -1.0, -1.0];
     /// let view = MatrixView::new("features", &features, 6, 1)?;
@@ -1510,7 +1516,7 @@ impl AcceptanceEstimator {
     /// // Nothing new since: the next fit within the round is skipped (but counted).
     /// assert_eq!(estimator.refit_within_round()?.iterations, 0);
     /// assert_eq!(estimator.num_refits(), 2);
-    /// assert!(AcceptanceEstimator::new(EstimatorConfig::vllm(1))?.refit_within_round().is_err());
+    /// assert!(AcceptanceEstimator::new(EstimatorConfig::new(1))?.refit_within_round().is_err());
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn refit_within_round(&self) -> Result<RefitReport> {
@@ -2006,7 +2012,7 @@ mod tests {
     #[test]
     fn refits_every_interval() {
         // vLLM's schedule: one refit per round of `refit_interval` observes.
-        let mut config = EstimatorConfig::vllm(3);
+        let mut config = EstimatorConfig::new(3);
         config.refit_interval = 3;
         let est = AcceptanceEstimator::new(config).unwrap();
         let features = [1.0f32, 2.0, 3.0];
@@ -2219,7 +2225,7 @@ mod tests {
 
     #[test]
     fn bad_round_stats_are_refused_and_change_nothing() {
-        let est = AcceptanceEstimator::new(EstimatorConfig::vllm(2)).unwrap();
+        let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
         est.observe(view(&[1.0f64, 2.0], 2), &[2], &[1], NO_PREDICTIONS)
             .unwrap();
         let before = est.state();
@@ -2420,7 +2426,7 @@ mod tests {
     #[test]
     fn add_step_refuses_statistics_no_observation_gives() {
         // add_step takes vLLM's IRLS moments (add_step_histogram is map's).
-        let est = AcceptanceEstimator::new(EstimatorConfig::vllm(2)).unwrap();
+        let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
         let (f, ad, ac) = workload(1, 5, 2);
         let stats = est
             .step_stats(view(&f, 2), &ad, &ac, NO_PREDICTIONS)
@@ -2469,7 +2475,7 @@ mod tests {
     /// A valid state after a few refits with memory, for the corruption tests.
     fn state_with_memory() -> EstimatorState {
         // vLLM's statistics and quadratic memory (map_state_with_memory is map's).
-        let mut config = EstimatorConfig::vllm(3);
+        let mut config = EstimatorConfig::new(3);
         config.memory = 0.9;
         config.refit_interval = 2;
         let est = AcceptanceEstimator::new(config).unwrap();

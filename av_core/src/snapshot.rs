@@ -69,9 +69,9 @@ pub const VERSION_2_EXTENSION_LEN: usize = 4 + 8 + 4 * 8 + 1;
 ///
 /// let state = AcceptanceEstimator::new(EstimatorConfig::map(5))?.state();
 /// assert_eq!(encode(&state).len(), encoded_len(5, Update::Map, 64));
-/// let state = AcceptanceEstimator::new(EstimatorConfig::vllm(5))?.state();
+/// let state = AcceptanceEstimator::new(EstimatorConfig::new(5))?.state();
 /// assert_eq!(encode(&state).len(), encoded_len(5, Update::Vllm, 64));
-/// let mut config = EstimatorConfig::vllm(5);
+/// let mut config = EstimatorConfig::new(5);
 /// config.bins = 32;
 /// let state = AcceptanceEstimator::new(config)?.state();
 /// assert_eq!(encode(&state).len(), encoded_len(5, Update::Vllm, 32) + VERSION_2_EXTENSION_LEN);
@@ -112,7 +112,7 @@ pub const fn encoded_len(num_positions: usize, update: Update, bins: usize) -> u
 pub fn written_version(state: &EstimatorState) -> u32 {
     let (c, d) = (
         &state.config,
-        EstimatorConfig::vllm(state.config.num_positions),
+        EstimatorConfig::new(state.config.num_positions),
     );
     let widths = |c: &EstimatorConfig| {
         [
@@ -342,7 +342,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         resets,
     };
     // Version 1 is the vllm update; version 2 says which, and carries the map state.
-    let mut extension = EstimatorConfig::vllm(k);
+    let mut extension = EstimatorConfig::new(k);
     let mut map = None;
     if version >= 2 {
         extension.update = match r.u32("update")? {
@@ -510,7 +510,7 @@ mod tests {
     #[test]
     fn encoded_len_is_the_length_for_every_k() {
         for k in 1..=EstimatorConfig::MAX_POSITIONS {
-            for config in [EstimatorConfig::map(k), EstimatorConfig::vllm(k)] {
+            for config in [EstimatorConfig::map(k), EstimatorConfig::new(k)] {
                 let (update, bins) = (config.update, config.bins);
                 let state = AcceptanceEstimator::new(config).unwrap().state();
                 assert_eq!(
@@ -534,7 +534,7 @@ mod tests {
     #[test]
     fn a_version_1_state_is_a_vllm_estimator_with_everything_it_held() {
         // Version 1 is this build's version 2 minus the extension, framed as version 1.
-        let mut config = EstimatorConfig::vllm(3);
+        let mut config = EstimatorConfig::new(3);
         config.refit_interval = 4;
         let est = AcceptanceEstimator::new(config).unwrap();
         let x = [1.0f32, -2.0, 3.5, 0.25, 8.0, -1.0];

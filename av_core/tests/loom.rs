@@ -87,7 +87,7 @@ fn contended_observes_keep_the_serial_refit_schedule() {
     // refit and two steps left over (and then refit at every later step).
     model(|| {
         // vLLM's schedule: one refit per round.
-        let mut config = EstimatorConfig::vllm(1);
+        let mut config = EstimatorConfig::new(1);
         config.refit_interval = 2;
         config.memory = 0.0;
         let estimator = Arc::new(AcceptanceEstimator::new(config).unwrap());

@@ -114,7 +114,7 @@ fn reference_step(r: &Round, l2: f64, d: f64) -> (f64, Vec<f64>) {
 
 fn config(k: usize, damping: f64) -> EstimatorConfig {
     // vLLM's update: these tests pin its damped Newton step.
-    let mut config = EstimatorConfig::vllm(k);
+    let mut config = EstimatorConfig::new(k);
     config.refit_interval = u64::MAX;
     config.damping = damping;
     config.memory = 0.0;
@@ -248,7 +248,7 @@ fn default_damping_moves_a_round_of_d_observations_half_a_newton_step() {
     // 50 observations at x = 0 with p = 0.5 (30 accepted): the slope learns nothing, and the
     // intercept must move by exactly half of g1 / (c + λ).
     const VLLM_DAMPING_OBSERVATIONS: usize = 50;
-    let config = EstimatorConfig::vllm(1);
+    let config = EstimatorConfig::new(1);
     let l2 = config.l2;
     let est = AcceptanceEstimator::new(config).unwrap();
     let before = est.coefficients().intercepts[0];

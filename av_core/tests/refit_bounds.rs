@@ -50,7 +50,7 @@ proptest! {
 
 /// An estimator on vLLM's update whose only active limit is the step cap.
 fn capped(max_step: f64, init_slope: f64) -> AcceptanceEstimator {
-    let mut config = EstimatorConfig::vllm(2);
+    let mut config = EstimatorConfig::new(2);
     config.refit_interval = u64::MAX;
     config.damping = 0.0;
     config.memory = 0.0;

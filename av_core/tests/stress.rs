@@ -42,7 +42,7 @@ fn merge(total: &mut RoundStats, part: &RoundStats) {
 #[test]
 fn eight_producers_a_predictor_and_a_refitter() {
     // vLLM's update: the test sums the rounds' IRLS moments.
-    let mut config = EstimatorConfig::vllm(K);
+    let mut config = EstimatorConfig::new(K);
     config.refit_interval = u64::MAX; // only the refitter thread ends rounds
     let estimator = AcceptanceEstimator::new(config.clone()).unwrap();
     let batches: Vec<_> = (0..16).map(batch).collect();

@@ -703,6 +703,67 @@ pub unsafe extern "C" fn avc_planner_remember(
     })
 }
 
+/// Counts one step without planning it: advances the step count that the exploration draws
+/// read, as avc_planner_plan does. For engines that plan verification themselves (with
+/// avc_planner_remember) and take only the drafting depth from
+/// avc_planner_choose_draft_depth: call it once per step, after the depth decision; without
+/// it every step draws the same explorers.
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_count_step(planner: *mut AvcPlanner) -> AvcStatus {
+    guard("avc_planner_count_step", || {
+        // SAFETY: the caller's contract is `borrow`'s.
+        let handle = unsafe { borrow(planner, "planner")? };
+        handle.lock().count_step();
+        Ok(())
+    })
+}
+
+/// The exploration draws of the coming step (the one the next avc_planner_choose_draft_depth
+/// decides and the next avc_planner_plan or avc_planner_count_step counts): writes
+/// explorers[r] (explorers_len = slots_len), whether request slots[r] explores (the plan
+/// verifies its whole drafted block; the depth decision lets it draft as deep as the batch),
+/// and *exploration_step_out, whether the step is an exploration step (its explorers draft
+/// their whole block). The draws read only the seed, the step count and the slot. Changes no
+/// state; a rejected call (AVC_ERR_NULL, AVC_ERR_VALUE for a slot out of range, a length
+/// mismatch or explorers overlapping slots) writes nothing.
+///
+/// # Safety
+///
+/// planner must be NULL or a live planner; slots must point to slots_len readable elements
+/// and explorers to explorers_len writable bools (each NULL with length 0);
+/// exploration_step_out must be NULL or point to a writable bool.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_planner_coming_explorers(
+    planner: *const AvcPlanner,
+    slots: *const i64,
+    slots_len: usize,
+    explorers: *mut bool,
+    explorers_len: usize,
+    exploration_step_out: *mut bool,
+) -> AvcStatus {
+    guard("avc_planner_coming_explorers", || {
+        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
+        let (handle, slots, out, whole_out) = unsafe {
+            (
+                borrow(planner, "planner")?,
+                input(slots, slots_len, "slots")?,
+                output(explorers, explorers_len, "explorers")?,
+                out_value(exploration_step_out, "exploration_step_out")?,
+            )
+        };
+        out.ensure_disjoint("explorers", slots, "slots")?;
+        let mut result = vec![false; out.len()];
+        let whole = handle.lock().coming_explorers(slots, &mut result)?;
+        out.write(&result);
+        whole_out.write(whole);
+        Ok(())
+    })
+}
+
 /// Copies the confidences remembered for slot (what the next budget will read) to
 /// confidences (confidences_len = the planner's K).
 ///

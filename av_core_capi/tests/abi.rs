@@ -324,7 +324,7 @@ fn the_update_struct_chooses_vllms_update_and_the_map_settings() {
     assert_eq!(update.bins, EstimatorConfig::DEFAULT_BINS);
     config.refit_interval = 3;
     for (mode, core_config) in [
-        (AVC_UPDATE_VLLM, EstimatorConfig::vllm(K)),
+        (AVC_UPDATE_VLLM, EstimatorConfig::new(K)),
         (AVC_UPDATE_MAP, EstimatorConfig::map(K)),
     ] {
         update.update = mode;
@@ -381,7 +381,7 @@ fn the_update_struct_chooses_vllms_update_and_the_map_settings() {
 /// the end of `u64` in the open round, the next observe would wrap it.
 fn impossible_state(corrupt: fn(&mut av_core::EstimatorState)) -> Vec<u8> {
     // vLLM's update: the corruptions below are of its IRLS moments and quadratic memory.
-    let core = AcceptanceEstimator::new(EstimatorConfig::vllm(K)).unwrap();
+    let core = AcceptanceEstimator::new(EstimatorConfig::new(K)).unwrap();
     let (features, admitted, accepted) = batch(3, 6);
     let view = MatrixView::new("features", &features, 6, K).unwrap();
     core.observe::<f32, f32>(view, &admitted, &accepted, None)

@@ -1,6 +1,6 @@
 //! The drafting-depth entry points (`avc_cost_tables_with_draft_depth`, `_with_drafter`,
 //! `_draft_depth`, `avc_choose_draft_depth`, `avc_planner_choose_draft_depth`,
-//! `avc_planner_remember`), called from
+//! `avc_planner_remember`, `avc_planner_count_step`, `avc_planner_coming_explorers`), called from
 //! Rust: they give the core's bits, and every rejected call names its argument and leaves the
 //! outputs and the handles as they were.
 
@@ -1505,4 +1505,115 @@ fn remember_stores_what_plan_stores_and_rejects_without_change() {
     for (slot, remembered) in before.iter().enumerate() {
         assert_eq!(&remembering.remembered(slot), remembered);
     }
+}
+
+/// `avc_planner_coming_explorers` into fresh buffers (`explorers` pre-filled, so a rejected
+/// call that wrote anything shows).
+fn coming(planner: *const AvcPlanner, slots: &[i64]) -> (AvcStatus, bool, Vec<bool>) {
+    let mut explorers = vec![true; slots.len()];
+    let mut whole = true;
+    // SAFETY: `planner` is live or NULL; every array is passed with its own length.
+    let status = unsafe {
+        avc_planner_coming_explorers(
+            planner,
+            slots.as_ptr(),
+            slots.len(),
+            explorers.as_mut_ptr(),
+            explorers.len(),
+            &mut whole,
+        )
+    };
+    (status, whole, explorers)
+}
+
+#[test]
+fn count_step_and_coming_explorers_follow_the_core() {
+    let tables = Tables::new(&[0.0; 17], &[10.0; 16 * 4 + 17])
+        .with_drafter(AVC_DRAFTER_KIND_AUTOREGRESSIVE, K);
+    let core_tables = CostTables::new(vec![0.0; 17], vec![10.0; 16 * 4 + 17])
+        .unwrap()
+        .with_drafter(DrafterKind::Autoregressive, K)
+        .unwrap();
+    let mut core = VerificationPlanner::new(core_tables, 16, K, BudgetSource::Previous).unwrap();
+    core.set_exploration(av_core::planner::Exploration::new("p", 0.3, 5).unwrap());
+    let planner = Planner::new(&tables, 16);
+    // SAFETY: live planner.
+    assert_eq!(
+        unsafe { avc_planner_set_exploration(planner.0, 0.3, 5) },
+        AVC_OK
+    );
+    let slots: Vec<i64> = (0..16).collect();
+    let mut seen = Vec::new();
+    for _ in 0..40 {
+        let (status, whole, explorers) = coming(planner.0, &slots);
+        assert_eq!(status, AVC_OK, "{}", last_error());
+        let mut want = vec![false; 16];
+        assert_eq!(whole, core.coming_explorers(&slots, &mut want).unwrap());
+        assert_eq!(explorers, want);
+        seen.push(explorers);
+        // SAFETY: live planner.
+        assert_eq!(unsafe { avc_planner_count_step(planner.0) }, AVC_OK);
+        core.count_step();
+    }
+    // Each counted step draws anew (30% of 16 requests: equal draws in a row are rare).
+    assert!(seen.windows(2).filter(|w| w[0] == w[1]).count() < 4);
+    // Rejected calls name the argument and write nothing.
+    for (slots, argument) in [(&[0i64, 16][..], "slots"), (&[-1][..], "slots")] {
+        let (status, whole, explorers) = coming(planner.0, slots);
+        rejected(
+            status,
+            AVC_ERR_VALUE,
+            &format!("avc_planner_coming_explorers: {argument}"),
+        );
+        assert!(whole && explorers.iter().all(|&e| e));
+    }
+    let (status, ..) = coming(null(), &slots);
+    rejected(
+        status,
+        AVC_ERR_NULL,
+        "avc_planner_coming_explorers: planner",
+    );
+    let mut short = [true; 2];
+    // SAFETY: live planner; `short` has 2 writable bools, fewer than the 3 slots.
+    let status = unsafe {
+        avc_planner_coming_explorers(
+            planner.0,
+            slots.as_ptr(),
+            3,
+            short.as_mut_ptr(),
+            2,
+            null_mut(),
+        )
+    };
+    rejected(
+        status,
+        AVC_ERR_NULL,
+        "avc_planner_coming_explorers: exploration_step_out",
+    );
+    let mut whole = true;
+    // SAFETY: as above, with a writable flag.
+    let status = unsafe {
+        avc_planner_coming_explorers(
+            planner.0,
+            slots.as_ptr(),
+            3,
+            short.as_mut_ptr(),
+            2,
+            &mut whole,
+        )
+    };
+    rejected(
+        status,
+        AVC_ERR_VALUE,
+        "avc_planner_coming_explorers: explorers",
+    );
+    assert!(whole && short == [true, true]);
+    // SAFETY: NULL is refused before use.
+    let status = unsafe { avc_planner_count_step(null_mut()) };
+    rejected(status, AVC_ERR_NULL, "avc_planner_count_step: planner");
+    // The rejected calls counted nothing: the draws still follow the core's.
+    let (_, whole, explorers) = coming(planner.0, &slots);
+    let mut want = vec![false; 16];
+    assert_eq!(whole, core.coming_explorers(&slots, &mut want).unwrap());
+    assert_eq!(explorers, want);
 }

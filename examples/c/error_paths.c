@@ -728,6 +728,24 @@ static void test_planner(void) {
     CHECK(remembered[0] == (double)0.7f && remembered[1] == before,
           "slot 1 remembers %g, %g after remember", remembered[0], remembered[1]);
 
+    /* An engine that plans verification itself counts each step and may read the draws. */
+    bool explorers[ROWS] = {false, false};
+    bool exploration_step = false;
+    OK(avc_planner_set_exploration(planner, 1.0, 7));
+    OK(avc_planner_coming_explorers(planner, slots, ROWS, explorers, ROWS, &exploration_step));
+    CHECK(explorers[0] && explorers[1] && exploration_step, "probability 1: all explore");
+    OK(avc_planner_count_step(planner));
+    EXPECT(avc_planner_count_step(NULL), AVC_ERR_NULL, "planner");
+    EXPECT(avc_planner_coming_explorers(NULL, slots, ROWS, explorers, ROWS, &exploration_step),
+           AVC_ERR_NULL, "planner");
+    EXPECT(avc_planner_coming_explorers(planner, slots, ROWS, explorers, 1, &exploration_step),
+           AVC_ERR_VALUE, "explorers");
+    EXPECT(avc_planner_coming_explorers(planner, slots, ROWS, explorers, ROWS, NULL),
+           AVC_ERR_NULL, "exploration_step_out");
+    OK(avc_planner_set_exploration(planner, 0.0, 7));
+    OK(avc_planner_coming_explorers(planner, slots, ROWS, explorers, ROWS, &exploration_step));
+    CHECK(!explorers[0] && !explorers[1] && !exploration_step, "probability 0: none explores");
+
     OK(avc_planner_free(planner));
     EXPECT(avc_planner_free(planner), AVC_ERR_INVALID_HANDLE, "planner");
 }

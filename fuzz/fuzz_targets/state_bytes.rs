@@ -29,7 +29,7 @@ fn framed(payload: &[u8]) -> Vec<u8> {
 /// observed steps and refits.
 fn real_state(k: usize, memory: bool, vllm: bool, steps: usize) -> Vec<u8> {
     let mut config = if vllm {
-        EstimatorConfig::vllm(k)
+        EstimatorConfig::new(k)
     } else {
         EstimatorConfig::map(k)
     };

@@ -18,13 +18,26 @@
 # - After any number of threads observing at once, num_refits and steps_since_refit are those of
 #   a serial run of the same calls.
 import os
-from typing import Any, Literal, final, overload
+from typing import Any, Final, Literal, final, overload
 
 import numpy as np
 import numpy.typing as npt
 
+from av_core.state_types import (
+    EstimatorOptions,
+    EstimatorStateDict,
+    RefitReport,
+    RoundStatsDict,
+)
+
 __all__ = [
     "__version__",
+    "DEFAULT_EXPLORATION",
+    "DRAFT_COST_FLOOR_MS",
+    "ESTIMATOR_DEFAULTS",
+    "MAX_LOG_ODDS",
+    "VERIFY_COST_FLOOR_MS",
+    "VLLM_ESTIMATOR",
     "AcceptanceEstimator",
     "BufferChangedError",
     "CostTables",
@@ -43,6 +56,28 @@ __all__ = [
 ]
 
 __version__: str
+
+# --- the core's constants, owned by av_core (av_core/src); every Python user imports them here ---
+
+MAX_LOG_ODDS: Final[float]
+"""The log-odds clamp: features are clamped to ``[-MAX_LOG_ODDS, MAX_LOG_ODDS]`` (40.0, vLLM's
+``_MAX_LOG_ODDS``; the estimator's default ``max_log_odds``)."""
+ESTIMATOR_DEFAULTS: Final[EstimatorOptions]
+"""The keyword defaults of :class:`AcceptanceEstimator` (``EstimatorConfig::new``), read-only:
+``refit_interval=100, damping=50.0, l2=0.001, init_slope=0.5, init_intercept=-0.2,
+max_log_odds=40.0, max_step=4.0, max_slope=10.0, max_intercept=15.0, memory=0.8,
+drift_z=3.09``."""
+VLLM_ESTIMATOR: Final[EstimatorOptions]
+"""vLLM 0.33.0's estimator as keyword options (``EstimatorConfig::vllm``), read-only: the
+defaults with vLLM's memoryless (``memory=0.0``) and unbounded (``max_step``, ``max_slope``,
+``max_intercept`` = inf) update."""
+DRAFT_COST_FLOOR_MS: Final[float]
+"""Floor of every draft-table entry of :class:`CostTables`, in ms (0.0)."""
+VERIFY_COST_FLOOR_MS: Final[float]
+"""Floor of every verify-table entry of :class:`CostTables`, in ms (1e-6, vLLM's): keeps the
+planner's cost denominator positive."""
+DEFAULT_EXPLORATION: Final[float]
+"""The default ``exploration`` of :class:`VerificationPlanner` (0.01)."""
 
 class StateError(ValueError):
     """Saved state (bytes, a file or JSON text) that is corrupt, truncated, of another kind, of a
@@ -63,35 +98,46 @@ class OutOfMemoryError(ValueError):
 
 @final
 class AcceptanceEstimator:
+    """Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
+    refitted every ``refit_interval`` observe calls by a damped Newton step."""
     def __new__(
         cls,
         num_positions: int,
         *,
-        refit_interval: int = ...,
-        damping: float = ...,
-        l2: float = ...,
-        init_slope: float = ...,
-        init_intercept: float = ...,
-        max_log_odds: float = ...,
-        max_step: float = ...,
-        max_slope: float = ...,
-        max_intercept: float = ...,
-        memory: float = ...,
-        drift_z: float = ...,
+        refit_interval: int = 100,
+        damping: float = 50.0,
+        l2: float = 0.001,
+        init_slope: float = 0.5,
+        init_intercept: float = -0.2,
+        max_log_odds: float = 40.0,
+        max_step: float = 4.0,
+        max_slope: float = 10.0,
+        max_intercept: float = 15.0,
+        memory: float = 0.8,
+        drift_z: float = 3.09,
         update: Literal["map", "vllm"] | str = "vllm",
-        bins: int = ...,
-        prior_slope_sd: float = ...,
-        prior_level_sd: float = ...,
-        prior_trend_sd: float = ...,
-        prior_spread_sd: float = ...,
+        bins: int = 64,
+        prior_slope_sd: float = 0.15,
+        prior_level_sd: float = 1.0,
+        prior_trend_sd: float = 0.2,
+        prior_spread_sd: float = 0.1,
     ) -> AcceptanceEstimator:
-        """``update="vllm"`` (the default) is vLLM 0.33.0's damped Newton step once per
-        round, bit for bit (``damping`` applies to it only). ``update="map"`` opts into
-        av_core's refit (docs/estimator.md): per-position histograms of the feature (``bins``
-        per position), the MAP fit iterated to convergence under a prior centred on the cold
-        start (``prior_*_sd``), fits after 1, 2, 4, ... observes of every round and at its end;
-        better log-loss, slower observes and refits."""
-    def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.float32]: ...
+        """K = ``num_positions`` draft positions (1 to 64); every keyword's default is the
+        core's (``ESTIMATOR_DEFAULTS``). ``refit_interval``: observe calls per round;
+        ``damping``: a round with D observations moves a coefficient half a full Newton step;
+        ``l2``: ridge; ``init_slope``, ``init_intercept``: cold start; ``max_log_odds``: feature
+        clamp; ``max_step``, ``max_slope``, ``max_intercept``: refit bounds (inf: none);
+        ``memory``: discount per round of past rounds (0: vLLM's memoryless update);
+        ``drift_z``: drift test threshold, in standard deviations (inf: never).
+
+        ``update="vllm"`` (the default) is vLLM 0.33.0's damped Newton step once per round, bit
+        for bit (``damping`` applies to it only). ``update="map"`` opts into av_core's refit
+        (docs/estimator.md): per-position histograms of the feature (``bins`` per position),
+        the MAP fit iterated to convergence under a prior centred on the cold start
+        (``prior_*_sd``), fits after 1, 2, 4, ... observes of every round and at its end; better
+        log-loss, slower observes and refits."""
+    def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """Acceptance probabilities, float32 [R, K], for features [R, K] (float32 or float64)."""
     def observe(
         self,
         features: npt.ArrayLike,
@@ -101,84 +147,128 @@ class AcceptanceEstimator:
         *,
         count_step: bool = True,
     ) -> bool:
-        """Folds one decode step of verdicts into the round; True when it refitted. With
+        """Folds one decode step of verdicts into the round; True when it refitted (vllm: it
+        completed a round; map: also after the round's 1st, 2nd, 4th, ... observe). With
         ``count_step=False`` the verdicts join the round without counting a step (no refit
         runs), for callers that run their own schedule with :meth:`refit`."""
     @overload
     def refit(self, *, report: Literal[False] = False, end_round: bool = True) -> None:
-        """Ends the round now and refits (``end_round=False``, map only: fits the memory plus
-        the open round without ending it, as the schedule does after the 1st, 2nd, 4th, ...
-        observe of a round)."""
+        """Ends the round now: refits on whatever it holds and clears it. With ``report=True``,
+        returns the round's statistics (as in ``state_dict()["round_stats"]``), the Newton step
+        taken from them (``slope_step``, ``intercept_steps``, before the step and range bounds)
+        and the round's drift statistic (``drift_statistic``: about chi-square with K + 1
+        degrees of freedom while the coefficients it was collected under fit).
+        ``end_round=False`` (map only) fits the memory plus the open round without ending it,
+        as the schedule does after the 1st, 2nd, 4th, ... observe of a round."""
     @overload
-    def refit(self, *, report: Literal[True], end_round: bool = True) -> dict[str, Any]: ...
+    def refit(self, *, report: Literal[True], end_round: bool = True) -> RefitReport: ...
     @property
-    def slope(self) -> float: ...
+    def slope(self) -> float:
+        """Shared slope."""
     @property
-    def intercepts(self) -> npt.NDArray[np.float64]: ...
+    def intercepts(self) -> npt.NDArray[np.float64]:
+        """Per-position intercepts, float64 [K] (a copy)."""
     @property
-    def num_positions(self) -> int: ...
+    def num_positions(self) -> int:
+        """Number of draft positions K."""
     @property
-    def num_refits(self) -> int: ...
+    def num_refits(self) -> int:
+        """Refits so far."""
     @property
-    def steps_since_refit(self) -> int: ...
+    def steps_since_refit(self) -> int:
+        """Observe calls since the last refit."""
     @property
-    def refit_interval(self) -> int: ...
+    def refit_interval(self) -> int:
+        """Observe calls per round."""
     @property
-    def damping(self) -> float: ...
+    def damping(self) -> float:
+        """Damping D, in observations."""
     @property
-    def l2(self) -> float: ...
+    def l2(self) -> float:
+        """Ridge λ."""
     @property
-    def max_log_odds(self) -> float: ...
+    def max_log_odds(self) -> float:
+        """Feature clamp."""
     @property
-    def max_step(self) -> float: ...
+    def max_step(self) -> float:
+        """Largest change of a coefficient in one refit."""
     @property
-    def max_slope(self) -> float: ...
+    def max_slope(self) -> float:
+        """Largest slope."""
     @property
-    def max_intercept(self) -> float: ...
+    def max_intercept(self) -> float:
+        """Largest absolute intercept."""
     @property
-    def memory(self) -> float: ...
+    def memory(self) -> float:
+        """Discount γ per round of the memory of past rounds (0 = vLLM's memoryless refit)."""
     @property
-    def drift_z(self) -> float: ...
+    def drift_z(self) -> float:
+        """Drift test threshold (standard deviations); inf disables the test."""
     @property
     def update(self) -> str:
-        """How the estimator refits: ``"map"`` or ``"vllm"``."""
+        """How the estimator refits: ``"vllm"`` (the default) or ``"map"``."""
     @property
-    def bins(self) -> int: ...
+    def bins(self) -> int:
+        """map: bins per position of the feature histograms."""
     @property
-    def prior_slope_sd(self) -> float: ...
+    def prior_slope_sd(self) -> float:
+        """map: the prior sd of the slope."""
     @property
-    def prior_level_sd(self) -> float: ...
+    def prior_level_sd(self) -> float:
+        """map: the prior sd of the intercepts' level."""
     @property
-    def prior_trend_sd(self) -> float: ...
+    def prior_trend_sd(self) -> float:
+        """map: the prior sd of the intercepts' trend in depth."""
     @property
-    def prior_spread_sd(self) -> float: ...
-    def to_bytes(self) -> bytes: ...
+    def prior_spread_sd(self) -> float:
+        """map: the prior sd of each intercept around the trend."""
+    def to_bytes(self) -> bytes:
+        """The state as versioned, checksummed bytes (see ``from_bytes``)."""
     @classmethod
-    def from_bytes(cls, data: bytes) -> AcceptanceEstimator: ...
-    def save(self, path: str | os.PathLike[str]) -> None: ...
+    def from_bytes(cls, data: bytes) -> AcceptanceEstimator:
+        """Rebuilds an estimator from ``to_bytes()``; corrupt, truncated or future-version data
+        raises ValueError."""
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes ``to_bytes()`` to ``path`` atomically: a temporary file in the same directory,
+        flushed to disk, then renamed over ``path``, so a crash leaves the old file intact."""
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> AcceptanceEstimator: ...
-    def round_counts(self) -> npt.NDArray[np.int64]: ...
-    def add_round_stats(self, round_stats: dict[str, Any]) -> None:
+    def load(cls, path: str | os.PathLike[str]) -> AcceptanceEstimator:
+        """Loads an estimator written by ``save``. A corrupt, truncated or future-version file
+        raises ValueError naming the path."""
+    def round_counts(self) -> npt.NDArray[np.int64]:
+        """Labeled observations per position in the open round, int64 [K]."""
+    def add_round_stats(self, round_stats: RoundStatsDict | dict[str, Any]) -> None:
         """Adds another round's statistics (as in ``state_dict()["round_stats"]``: vllm's IRLS
         moments or map's histograms, the estimator's own kind) to the open round, exactly;
         refused, adding nothing, on other fraction bits, bins or number of positions, or
         statistics no sequence of observations can produce (a negative ``a``/``c``, more
         accepted than labeled, a count past the bound)."""
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> EstimatorStateDict:
+        """Everything (config, coefficients, round statistics, counters) as plain Python values;
+        ``from_state_dict`` restores it bit-exactly. Statistics are exact fixed-point integers
+        in units of 2**-fraction_bits. A vllm estimator at the default map settings has format
+        version 1 (the layout the TypedDicts describe); a map estimator's (version 2) adds the
+        update's settings to ``config`` and holds histograms (``count``, ``accepted``,
+        ``x_sum``, ``bins``) in ``round_stats`` and ``memory_state``."""
     @classmethod
     def from_state_dict(
-        cls, state: dict[str, Any], *, update: Literal["map", "vllm"] | str | None = None
+        cls,
+        state: EstimatorStateDict | dict[str, Any],
+        *,
+        update: Literal["map", "vllm"] | str | None = None,
     ) -> AcceptanceEstimator:
-        """Restores ``state_dict()`` (format version 1, before the map update, restores as a
-        vllm estimator, bit for bit). With ``update``, moves the estimator to that update:
-        configuration and coefficients kept, open round and memory started over."""
-    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]: ...
+        """Rebuilds an estimator from ``state_dict()``, validating every field (format version
+        1, before the map update, restores as a vllm estimator, bit for bit). With ``update``,
+        moves the estimator to that update: configuration and coefficients kept, open round and
+        memory started over."""
+    def __reduce__(self) -> tuple[Any, tuple[EstimatorStateDict]]: ...
 
 # --- the verification planner (rust/src/planner.rs) ---
 
 @final
 class CostTables:
+    """Step-cost tables in milliseconds: ``draft_ms[r]`` for ``r`` requests, ``verify_ms[t]`` for
+    ``t`` target tokens."""
     def __new__(
         cls,
         draft_ms: npt.ArrayLike,
@@ -191,7 +281,10 @@ class CostTables:
         draft_depth_ms: npt.ArrayLike | Literal["autoregressive", "parallel"] | str,
         *,
         max_depth: int | None = None,
-    ) -> CostTables: ...
+    ) -> CostTables:
+        """A copy with a draft-cost-by-depth table: explicit ms per depth ``0..=K``, or the shape
+        of a drafter kind (``"autoregressive"``: proportional to depth; ``"parallel"``: one
+        pass) with ``max_depth``."""
     @classmethod
     def from_curves(
         cls,
@@ -203,7 +296,10 @@ class CostTables:
         cudagraph_limit: int = 0,
         draft_depth_curve: npt.ArrayLike | None = None,
         max_draft_depth: int | None = None,
-    ) -> CostTables: ...
+    ) -> CostTables:
+        """Tables from profiled (size, ms) points with vLLM 0.33.0's semantics.
+        ``draft_depth_curve`` adds a draft-cost-by-depth table from profiled (depth, ms) points
+        over depths ``0..=max_draft_depth`` (default: the deepest profiled depth)."""
     @classmethod
     def from_samples(
         cls,
@@ -215,24 +311,42 @@ class CostTables:
         cudagraph_limit: int = 0,
         draft_depth_samples: npt.ArrayLike | None = None,
         max_draft_depth: int | None = None,
-    ) -> CostTables: ...
+    ) -> CostTables:
+        """Tables from raw repeated (size, ms) timings: the median per size, then ``from_curves``.
+        ``draft_depth_samples``: raw repeated (depth, ms) timings of the drafter, reduced to the
+        median per depth like the others."""
     @property
-    def draft_depth_ms(self) -> npt.NDArray[np.float64] | None: ...
+    def draft_depth_ms(self) -> npt.NDArray[np.float64] | None:
+        """Drafter cost by depth, float64 [K + 1] (a copy), or None without a depth table."""
     @property
-    def max_draft_depth(self) -> int | None: ...
-    def draft_cost_ms(self, num_requests: int, depth: int) -> float: ...
-    def step_draft_cost_ms(self, depths: npt.ArrayLike) -> float: ...
+    def max_draft_depth(self) -> int | None:
+        """Deepest depth the depth table covers (K), or None."""
+    def draft_cost_ms(self, num_requests: int, depth: int) -> float:
+        """Drafting cost of ``num_requests`` requests drafting ``depth`` positions each:
+        draft_ms[R] * draft_depth_ms[depth] / draft_depth_ms[K] (draft_ms[R] without a depth
+        table; 0 for no requests or depth 0)."""
+    def step_draft_cost_ms(self, depths: npt.ArrayLike) -> float:
+        """Drafting cost of a step whose requests draft ``depths[r]`` positions each (pass j runs
+        over the requests drafting at least j positions)."""
     @property
-    def draft_ms(self) -> npt.NDArray[np.float64]: ...
+    def draft_ms(self) -> npt.NDArray[np.float64]:
+        """Drafter cost by number of requests, float64 [max_num_reqs + 1] (a copy)."""
     @property
-    def verify_ms(self) -> npt.NDArray[np.float64]: ...
+    def verify_ms(self) -> npt.NDArray[np.float64]:
+        """Target cost by number of tokens, float64 [max_batch_tokens + 1] (a copy)."""
     @property
-    def max_num_reqs(self) -> int: ...
+    def max_num_reqs(self) -> int:
+        """Largest request count the draft table covers."""
     @property
-    def max_batch_tokens(self) -> int: ...
-    def to_json(self) -> str: ...
+    def max_batch_tokens(self) -> int:
+        """Largest token count the verify table covers."""
+    def to_json(self) -> str:
+        """``{"draft_ms": [...], "verify_ms": [...]}`` (plus ``"draft_depth_ms"``), round-tripping
+        bit-exactly."""
     @classmethod
-    def from_json(cls, text: str) -> CostTables: ...
+    def from_json(cls, text: str) -> CostTables:
+        """Tables from ``to_json()`` output; text that is not that format raises StateError (a
+        ValueError) naming json."""
     def to_bytes(self) -> bytes:
         """The tables as versioned, checksummed bytes (bit-exact); ``from_bytes`` restores them."""
     @classmethod
@@ -252,18 +366,26 @@ class CostTables:
 
 @final
 class VerificationPlan:
+    """One step's plan: the budget, admitted drafts per request, the tokens it is expected to emit,
+    and its predicted cost."""
     @property
-    def budget(self) -> int: ...
+    def budget(self) -> int:
+        """Total drafts to verify (the admitted counts sum to it)."""
     @property
-    def admitted(self) -> npt.NDArray[np.int32]: ...
+    def admitted(self) -> npt.NDArray[np.int32]:
+        """Admitted drafts per request, int32 [R]."""
     @property
-    def expected_accepted_tokens(self) -> float: ...
+    def expected_accepted_tokens(self) -> float:
+        """s + the survivals of the admitted slots (current confidences)."""
     @property
-    def predicted_cost_ms(self) -> float: ...
+    def predicted_cost_ms(self) -> float:
+        """draft_ms[R] + verify_ms[T + budget]."""
     def __iter__(self) -> Any: ...
 
 @final
 class VerificationPlanner:
+    """Plans every decode step, remembering each request slot's confidences of the previous step so
+    the budget can be sized from them (budget_source="previous", the default)."""
     def __new__(
         cls,
         cost_tables: CostTables,
@@ -271,12 +393,15 @@ class VerificationPlanner:
         *,
         num_slots: int | None = None,
         budget_source: Literal["previous", "current"] | str = "previous",
-        exploration: float = ...,
+        exploration: float = 0.01,
         exploration_seed: int = 0,
     ) -> VerificationPlanner: ...
     @property
-    def exploration(self) -> float: ...
-    def add_request(self, slot: int) -> None: ...
+    def exploration(self) -> float:
+        """Probability that a request verifies its whole draft block in a step (exploration
+        floor)."""
+    def add_request(self, slot: int) -> None:
+        """A new request took ``slot``: its remembered confidences restart at 1.0."""
     def plan(
         self,
         slots: npt.ArrayLike,
@@ -286,7 +411,10 @@ class VerificationPlanner:
         num_non_draft_tokens: int,
         num_sampling_requests: int,
         max_draft_budget: int | None = None,
-    ) -> VerificationPlan: ...
+    ) -> VerificationPlan:
+        """Plans one step for the requests in ``slots`` and remembers this step's confidences of
+        the positions each request drafted (``scheduled_drafts``); the rest keep their earlier
+        values."""
     def choose_draft_depth(
         self,
         slots: npt.ArrayLike,
@@ -296,44 +424,88 @@ class VerificationPlanner:
         num_sampling_requests: int,
         max_draft_budget: int | None = None,
         mode: Literal["batch", "per_request"] | str = "batch",
-    ) -> DepthPlan: ...
+    ) -> DepthPlan:
+        """How many positions each request in ``slots`` should draft at the coming step, from the
+        confidences remembered for its slot. Requests the next ``plan`` explores draft as deep
+        as the batch does, and their whole ``max_depths[r]`` in an exploration step (probability
+        ``exploration``). Changes no state. The cost tables need a draft-depth table."""
     def remember(
         self, slots: npt.ArrayLike, confidences: npt.ArrayLike, scheduled_drafts: npt.ArrayLike
-    ) -> None: ...
-    def previous_confidences(self, slot: int) -> npt.NDArray[np.float64]: ...
-    def to_bytes(self) -> bytes: ...
+    ) -> None:
+        """Remembers this step's confidences of the positions each request drafted
+        (``scheduled_drafts``), as ``plan`` does, without planning (verification planned
+        elsewhere)."""
+    def previous_confidences(self, slot: int) -> npt.NDArray[np.float64]:
+        """The confidences remembered for ``slot``, float64 [K] (what the next budget reads)."""
+    @property
+    def exploration_seed(self) -> int:
+        """The seed of the exploration draws."""
+    def set_exploration(self, exploration: float, *, exploration_seed: int = 0) -> None:
+        """Sets the exploration floor: probability ``exploration`` in [0, 1] (0 turns it off),
+        draws from ``exploration_seed``. The step count is kept. A rejected call changes
+        nothing."""
+    def count_step(self) -> None:
+        """Counts one step without planning it (verification planned elsewhere): advances the
+        step count that the exploration draws read, as ``plan`` does. Call it once per step,
+        after ``choose_draft_depth``."""
+    def coming_explorers(self, slots: npt.ArrayLike) -> tuple[bool, npt.NDArray[np.bool_]]:
+        """The exploration draws of the coming step (the one the next ``choose_draft_depth``
+        decides and the next ``plan`` or ``count_step`` counts): ``(exploration_step,
+        explorers)``, where ``explorers[r]`` says whether request ``slots[r]`` explores and
+        ``exploration_step`` whether explorers draft their whole block. Changes no state."""
+    def to_bytes(self) -> bytes:
+        """The planner's state (tables, settings, step count, remembered confidences) as versioned,
+        checksummed bytes; ``from_bytes`` restores it."""
     @classmethod
-    def from_bytes(cls, data: bytes) -> VerificationPlanner: ...
-    def save(self, path: str | os.PathLike[str]) -> None: ...
+    def from_bytes(cls, data: bytes) -> VerificationPlanner:
+        """Rebuilds a planner from ``to_bytes()`` (of this release or an earlier one); corrupt,
+        truncated or future-version data raises StateError (a ValueError)."""
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes ``to_bytes()`` to ``path`` atomically (temporary file, fsync, rename): a crash
+        leaves the old file intact."""
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> VerificationPlanner: ...
-    def copy(self) -> VerificationPlanner: ...
+    def load(cls, path: str | os.PathLike[str]) -> VerificationPlanner:
+        """Loads a planner written by ``save``; a corrupt, truncated or future-version file raises
+        StateError (a ValueError) naming the path."""
+    def copy(self) -> VerificationPlanner:
+        """An independent planner with the same tables, settings and remembered confidences."""
     def __copy__(self) -> VerificationPlanner: ...
     def __deepcopy__(self, memo: Any, /) -> VerificationPlanner: ...
     def __reduce__(self) -> tuple[Any, tuple[bytes]]: ...
     @property
-    def cost_tables(self) -> CostTables: ...
+    def cost_tables(self) -> CostTables:
+        """The cost tables the planner prices steps with."""
     @property
-    def num_slots(self) -> int: ...
+    def num_slots(self) -> int:
+        """Number of request slots."""
     @property
-    def num_positions(self) -> int: ...
+    def num_positions(self) -> int:
+        """Draft positions per request, K."""
     @property
-    def budget_source(self) -> str: ...
+    def budget_source(self) -> str:
+        """ "previous" or "current"."""
 
 @final
 class DepthPlan:
+    """How deep to draft this step: depths per request and what the decision anticipates."""
     @property
-    def depths(self) -> npt.NDArray[np.int32]: ...
+    def depths(self) -> npt.NDArray[np.int32]:
+        """Positions to draft per request, int32 [R] (all 0: run the step without the drafter)."""
     @property
-    def max_depth(self) -> int: ...
+    def max_depth(self) -> int:
+        """The deepest depth drafted by any request."""
     @property
-    def drafts(self) -> int: ...
+    def drafts(self) -> int:
+        """Total positions to draft."""
     @property
-    def budget(self) -> int: ...
+    def budget(self) -> int:
+        """The verification budget the decision anticipates."""
     @property
-    def expected_accepted_tokens(self) -> float: ...
+    def expected_accepted_tokens(self) -> float:
+        """s + the anticipated budget's survivals."""
     @property
-    def predicted_cost_ms(self) -> float: ...
+    def predicted_cost_ms(self) -> float:
+        """Drafting cost of the depths plus verify_ms[T + budget]."""
 
 def choose_draft_depth(
     confidences: npt.ArrayLike,
@@ -344,7 +516,11 @@ def choose_draft_depth(
     cost_tables: CostTables,
     max_draft_budget: int | None = None,
     mode: Literal["batch", "per_request"] | str = "batch",
-) -> DepthPlan: ...
+) -> DepthPlan:
+    """How many positions each request should draft, decided before drafting from confidences fixed
+    before it (the previous step's): mode "batch" (one depth, capped per request) or
+    "per_request". The cost tables need a draft-depth table."""
+
 def choose_draft_budget(
     confidences: npt.ArrayLike,
     scheduled_drafts: npt.ArrayLike,
@@ -353,10 +529,16 @@ def choose_draft_budget(
     num_sampling_requests: int,
     cost_tables: CostTables,
     max_draft_budget: int | None = None,
-) -> int: ...
+) -> int:
+    """The draft budget: the first b maximising (s + sum of the top-b survivals) / (draft_ms[R] +
+    verify_ms[T + b])."""
+
 def assign_draft_budget(
     confidences: npt.ArrayLike, scheduled_drafts: npt.ArrayLike, budget: int
-) -> npt.NDArray[np.int32]: ...
+) -> npt.NDArray[np.int32]:
+    """Admitted drafts per request, int32 [R]: the ``budget`` highest survivals, a prefix of each
+    request."""
+
 def plan_verification(
     confidences: npt.ArrayLike,
     scheduled_drafts: npt.ArrayLike,
@@ -366,16 +548,29 @@ def plan_verification(
     cost_tables: CostTables,
     max_draft_budget: int | None = None,
     budget_confidences: npt.ArrayLike | None = None,
-) -> VerificationPlan: ...
+) -> VerificationPlan:
+    """Budget and assignment in one call; the budget is sized from ``budget_confidences`` when
+    given (the previous step's), else from ``confidences``."""
+
 def draft_log_odds_bf16(
     logits: npt.NDArray[np.int16],
     inv_temperature: npt.NDArray[np.float32],
     max_log_odds: float,
     row_valid: npt.NDArray[np.bool_] | None = None,
-) -> npt.NDArray[np.float32]: ...
+) -> npt.NDArray[np.float32]:
+    """``draft_log_odds_f32`` for bfloat16 logits given as their bit patterns: a C-contiguous int16
+    ``[N, V]`` array (``tensor.view(torch.int16).numpy()``, no copy). Gives exactly the feature
+    of the logits widened to float32."""
+
 def draft_log_odds_f32(
     logits: npt.NDArray[np.float32],
     inv_temperature: npt.NDArray[np.float32],
     max_log_odds: float,
     row_valid: npt.NDArray[np.bool_] | None = None,
-) -> npt.NDArray[np.float32]: ...
+) -> npt.NDArray[np.float32]:
+    """``logit(q_max)`` of each row of float32 ``[N, V]`` logits, as float32 ``[N]``.
+
+    ``inv_temperature`` is float32 ``[N]`` (``1 / T``; 1 for greedy rows; NaN gives a NaN row);
+    ``row_valid``, optional bool ``[N]``, marks the rows to compute (the others give 0); both in
+    any layout. The logits are read in place and must be C-contiguous and aligned (ValueError
+    otherwise)."""

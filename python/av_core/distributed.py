@@ -155,7 +155,7 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("pool_round needs torch.distributed to be initialized")
 
-    local = estimator.state_dict()["round_stats"]
+    local: Mapping[str, Any] = estimator.state_dict()["round_stats"]
     columns = round_columns(local)
     bits, k = int(local["fraction_bits"]), estimator.num_positions
     bins = int(local.get("bins", 0))  # 0: the vllm update's moments

@@ -64,7 +64,7 @@ impl PyAcceptanceEstimator {
         prior_level_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_LEVEL_SD),
         prior_trend_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_TREND_SD),
         prior_spread_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_SPREAD_SD),
-    ))]
+    ), text_signature = "(num_positions, *, refit_interval=100, damping=50.0, l2=0.001, init_slope=0.5, init_intercept=-0.2, max_log_odds=40.0, max_step=4.0, max_slope=10.0, max_intercept=15.0, memory=0.8, drift_z=3.09, update='vllm', bins=64, prior_slope_sd=0.15, prior_level_sd=1.0, prior_trend_sd=0.2, prior_spread_sd=0.1)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_positions: Int,
@@ -409,17 +409,7 @@ impl PyAcceptanceEstimator {
         let state = self.inner.state();
         let config = PyDict::new(py);
         config.set_item("num_positions", state.config.num_positions)?;
-        config.set_item("refit_interval", state.config.refit_interval)?;
-        config.set_item("damping", state.config.damping)?;
-        config.set_item("l2", state.config.l2)?;
-        config.set_item("init_slope", state.config.init_slope)?;
-        config.set_item("init_intercept", state.config.init_intercept)?;
-        config.set_item("max_log_odds", state.config.max_log_odds)?;
-        config.set_item("max_step", state.config.max_step)?;
-        config.set_item("max_slope", state.config.max_slope)?;
-        config.set_item("max_intercept", state.config.max_intercept)?;
-        config.set_item("memory", state.config.memory)?;
-        config.set_item("drift_z", state.config.drift_z)?;
+        set_options(&config, &state.config)?;
         // A vllm estimator at the default map settings (anyone who did not opt into map) keeps
         // the version-1 layout, as the bytes do (`snapshot::written_version`).
         let version_1 =
@@ -514,6 +504,44 @@ impl PyAcceptanceEstimator {
             c.version
         )
     }
+}
+
+/// Registers the class and the core's estimator constants: `MAX_LOG_ODDS` (the log-odds clamp),
+/// `ESTIMATOR_DEFAULTS` (the constructor's keyword defaults, `EstimatorConfig::new`) and
+/// `VLLM_ESTIMATOR` (the keywords of vLLM 0.33.0's estimator, `EstimatorConfig::vllm`), the
+/// mappings read-only.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyAcceptanceEstimator>()?;
+    m.add("MAX_LOG_ODDS", EstimatorConfig::DEFAULT_MAX_LOG_ODDS)?;
+    let py = m.py();
+    let frozen = py.import("types")?.getattr("MappingProxyType")?;
+    for (name, config) in [
+        ("ESTIMATOR_DEFAULTS", EstimatorConfig::new(1)),
+        ("VLLM_ESTIMATOR", EstimatorConfig::vllm(1)),
+    ] {
+        let options = PyDict::new(py);
+        set_options(&options, &config)?;
+        m.add(name, frozen.call1((options,))?)?;
+    }
+    Ok(())
+}
+
+/// Every configuration field but `num_positions` and the update's (`update`, `bins`, the prior
+/// widths: opt-in, in `state_dict()["config"]` only of a version-2 state), by its keyword in the
+/// constructor (and key in `state_dict()["config"]`).
+fn set_options(d: &Bound<'_, PyDict>, config: &EstimatorConfig) -> PyResult<()> {
+    d.set_item("refit_interval", config.refit_interval)?;
+    d.set_item("damping", config.damping)?;
+    d.set_item("l2", config.l2)?;
+    d.set_item("init_slope", config.init_slope)?;
+    d.set_item("init_intercept", config.init_intercept)?;
+    d.set_item("max_log_odds", config.max_log_odds)?;
+    d.set_item("max_step", config.max_step)?;
+    d.set_item("max_slope", config.max_slope)?;
+    d.set_item("max_intercept", config.max_intercept)?;
+    d.set_item("memory", config.memory)?;
+    d.set_item("drift_z", config.drift_z)?;
+    Ok(())
 }
 
 /// A round's fixed-point statistics as a dict of per-position integer lists.
@@ -760,7 +788,7 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         max_intercept: float_field(c, "max_intercept", arg)?,
         memory: float_field(c, "memory", arg)?,
         drift_z: float_field(c, "drift_z", arg)?,
-        ..EstimatorConfig::vllm(1)
+        ..EstimatorConfig::new(1)
     };
     // Version 1 is the vllm update with the map fields' defaults.
     if version >= 2 {

@@ -19,7 +19,7 @@ mod planner;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     error::register(m)?;
-    m.add_class::<estimator::PyAcceptanceEstimator>()?;
+    estimator::register(m)?;
     planner::register(m)?;
     features::register(m)?;
     Ok(())

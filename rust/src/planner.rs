@@ -21,8 +21,20 @@ use stateful::PyVerificationPlanner;
 /// Adds the planner's classes and functions to the native module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyCostTables>()?;
+    m.add(
+        "DRAFT_COST_FLOOR_MS",
+        av_core::cost_tables::DRAFT_COST_FLOOR_MS,
+    )?;
+    m.add(
+        "VERIFY_COST_FLOOR_MS",
+        av_core::cost_tables::VERIFY_COST_FLOOR_MS,
+    )?;
     m.add_class::<PyVerificationPlan>()?;
     m.add_class::<PyVerificationPlanner>()?;
+    m.add(
+        "DEFAULT_EXPLORATION",
+        av_core::planner::VerificationPlanner::DEFAULT_EXPLORATION,
+    )?;
     m.add_class::<PyDepthPlan>()?;
     m.add_function(wrap_pyfunction!(choose_draft_budget, m)?)?;
     m.add_function(wrap_pyfunction!(choose_draft_depth, m)?)?;

@@ -453,6 +453,88 @@ impl VerificationPlanner {
         Ok(())
     }
 
+    /// Counts one step without planning it: advances the step count that the exploration draws
+    /// read, as a successful [`Self::plan`] does. For engines that plan verification elsewhere
+    /// and take only the drafting depth from [`Self::choose_draft_depth`] (remembering with
+    /// [`Self::remember`]): call it once per step, after the depth decision; without it every
+    /// step would draw the same explorers.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    /// use av_core::planner::{BudgetSource, Exploration, VerificationPlanner};
+    ///
+    /// let tables = CostTables::new(vec![0.0; 3], vec![1.0; 9])?;
+    /// let mut planner = VerificationPlanner::new(tables, 64, 2, BudgetSource::Previous)?;
+    /// planner.set_exploration(Exploration::new("exploration", 0.5, 3)?);
+    /// let slots: Vec<i64> = (0..64).collect();
+    /// let (mut before, mut after) = ([false; 64], [false; 64]);
+    /// planner.coming_explorers(&slots, &mut before)?;
+    /// planner.count_step();
+    /// planner.coming_explorers(&slots, &mut after)?;
+    /// assert_ne!(before, after); // a new step, new draws
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn count_step(&mut self) {
+        self.stamp = self.stamp.wrapping_add(1);
+    }
+
+    /// The exploration draws of the coming step (the one the next [`Self::choose_draft_depth`]
+    /// decides and the next [`Self::plan`] or [`Self::count_step`] counts): writes to
+    /// `explorers[r]` whether request `slots[r]` explores (the plan verifies its whole drafted
+    /// block; the depth decision lets it draft as deep as the batch) and returns whether the
+    /// step is an exploration step (its explorers draft their whole block). Draws read only the
+    /// seed, the step count and the slot, never a confidence or a token. Changes no state.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::cost_tables::CostTables;
+    /// use av_core::planner::{BudgetSource, Exploration, VerificationPlanner};
+    ///
+    /// let tables = CostTables::new(vec![0.0; 3], vec![1.0; 9])?;
+    /// let mut planner = VerificationPlanner::new(tables, 8, 2, BudgetSource::Previous)?;
+    /// planner.set_exploration(Exploration::ALWAYS);
+    /// let mut explorers = [false; 2];
+    /// assert!(planner.coming_explorers(&[1, 6], &mut explorers)?);
+    /// assert_eq!(explorers, [true, true]);
+    /// planner.set_exploration(Exploration::OFF);
+    /// assert!(!planner.coming_explorers(&[1, 6], &mut explorers)?);
+    /// assert_eq!(explorers, [false, false]);
+    /// let err = planner.coming_explorers(&[8], &mut [false]).unwrap_err();
+    /// assert_eq!(err.to_string(), "slots: [0] = 8 is outside 0..8");
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn coming_explorers(&self, slots: &[i64], explorers: &mut [bool]) -> Result<bool> {
+        if explorers.len() != slots.len() {
+            return Err(Error::value(
+                "explorers",
+                format!(
+                    "has length {} but slots has {}",
+                    explorers.len(),
+                    slots.len()
+                ),
+            ));
+        }
+        let num_slots = self.marks.len();
+        if let Some((r, &slot)) = slots
+            .iter()
+            .enumerate()
+            .find(|&(_, &slot)| usize::try_from(slot).map_or(true, |s| s >= num_slots))
+        {
+            return Err(Error::value(
+                "slots",
+                format!("[{r}] = {slot} is outside 0..{num_slots}"),
+            ));
+        }
+        let next = self.stamp.wrapping_add(1);
+        for (explores, &slot) in explorers.iter_mut().zip(slots) {
+            *explores = self.exploration.explores(next, slot as u64);
+        }
+        Ok(self.exploration.is_exploration_step(next))
+    }
+
     /// Writes the drafted positions' confidences of `slots` (validated by the caller).
     fn store<T: Copy + Into<f64>>(
         &mut self,

@@ -14,9 +14,12 @@ import numbers
 import numpy as np
 import torch
 
-# vLLM's clamp (`_MAX_LOG_ODDS` in acceptance_estimator.py): |x| beyond 40 means q_max within
-# e**-40 of 0 or 1, which no drafter resolves and no acceptance rate distinguishes.
-MAX_LOG_ODDS = 40.0
+from av_core import _native
+
+#: The core's log-odds clamp (vLLM's `_MAX_LOG_ODDS`, the estimator's default ``max_log_odds``):
+#: |x| beyond 40 means q_max within e**-40 of 0 or 1, which no drafter resolves and no acceptance
+#: rate distinguishes.
+MAX_LOG_ODDS = _native.MAX_LOG_ODDS
 
 _LOG2E = 1.0 / math.log(2.0)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)

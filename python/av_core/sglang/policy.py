@@ -48,7 +48,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from av_core._native import AcceptanceEstimator, CostTables
+from av_core._native import ESTIMATOR_DEFAULTS, AcceptanceEstimator, CostTables
 
 
 @dataclass
@@ -122,7 +122,7 @@ class CostAwarePolicy:
         draft_extend_at_zero: bool = False,
         drafter_features: bool = False,
         estimator: AcceptanceEstimator | None = None,
-        refit_interval: int = 100,
+        refit_interval: int = ESTIMATOR_DEFAULTS["refit_interval"],
         memory: float | None = None,
         feature_rows: int = 256,
     ) -> None:

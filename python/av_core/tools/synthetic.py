@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from av_core._native import DEFAULT_EXPLORATION
+
 if TYPE_CHECKING:
     from av_core._native import AcceptanceEstimator
 
@@ -128,7 +130,7 @@ class TrimmingServing:
         num_requests: int = 32,
         num_positions: int = 4,
         *,
-        exploration: float = 0.01,
+        exploration: float = DEFAULT_EXPLORATION,
         seed: int = 0,
         per_token: float = 0.08,
         **estimator: float | str,

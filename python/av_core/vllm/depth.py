@@ -56,7 +56,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from av_core._native import CostTables, DepthPlan, VerificationPlanner
+from av_core._native import DEFAULT_EXPLORATION, CostTables, DepthPlan, VerificationPlanner
 from av_core.vllm import metrics as vllm_metrics
 
 __all__ = ["DraftDepthHook"]
@@ -105,6 +105,12 @@ def _in_range(array: npt.NDArray[Any], name: str, low: int, high: int) -> npt.ND
     return array.astype(np.int64)
 
 
+def _probability(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"exploration: must be a number, got {type(value).__name__}")
+    return float(value)  # the planner checks the range
+
+
 def _check_int(value: object, name: str, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
@@ -121,10 +127,11 @@ class DraftDepthHook:
     slot, 1.0 for a new request (vLLM's optimistic start); :meth:`record` overwrites only the
     positions a request actually drafted. :meth:`proposed` and :meth:`catch_up` pair a host
     buffer that lags ``lag`` proposals behind with the depths those proposals drafted (module
-    docs). ``exploration`` is the probability that a step is an
-    exploration step, in which a few requests (each with that probability, at least one) draft
-    their whole block (draws from ``seed``, never from tokens), so deep positions keep being
-    drafted and verified even after depth has fallen to 0.
+    docs). ``exploration`` and ``seed`` are the planner's exploration policy (one draw per
+    request per decision, from the seed, the step and the slot, never from tokens; each
+    :meth:`choose` counts one step): a request that explores drafts as deep as the batch does,
+    and in an exploration step (probability ``exploration``) its whole cap, so deep positions
+    keep being drafted and verified even after depth has fallen to 0.
     """
 
     def __init__(
@@ -134,7 +141,7 @@ class DraftDepthHook:
         num_speculative_steps: int,
         *,
         mode: DepthMode = "batch",
-        exploration: float = 0.01,
+        exploration: float = DEFAULT_EXPLORATION,
         seed: int = 0,
         lag: int = 2,
     ) -> None:
@@ -153,36 +160,51 @@ class DraftDepthHook:
             )
         if mode not in ("batch", "per_request"):
             raise ValueError(f"mode: must be 'batch' or 'per_request', got {mode!r}")
-        if isinstance(exploration, bool) or not isinstance(
-            exploration, int | float | np.integer | np.floating
-        ):
-            raise TypeError(f"exploration: must be a number, got {type(exploration).__name__}")
-        if not 0.0 <= exploration <= 1.0:
-            raise ValueError(f"exploration: must be in [0, 1], got {exploration!r}")
         seed = _check_int(seed, "seed", 0)
         if not isinstance(lag, int) or isinstance(lag, bool) or lag < 1:
             raise ValueError(f"lag: must be a positive int, got {lag!r}")
         self.cost_tables = cost_tables
         self.num_speculative_steps = num_speculative_steps
         self.mode: DepthMode = mode
-        self.exploration = float(exploration)
-        self._rng = np.random.default_rng(seed)
-        # The remembered rows live in the core planner (which stores only drafted positions);
-        # its own exploration is off: the hook's exploration steps are drawn below.
+        # The remembered rows live in the core planner (which stores only drafted positions),
+        # and so does the exploration policy: the planner draws the explorers, the hook counts
+        # the steps (verification is vLLM's, so no `plan` call counts them).
         self._planner = VerificationPlanner(
-            cost_tables, num_speculative_steps, num_slots=max_num_reqs, exploration=0.0
+            cost_tables,
+            num_speculative_steps,
+            num_slots=max_num_reqs,
+            exploration=_probability(exploration),
+            exploration_seed=seed,
         )
         # The last `lag` proposals: (slots, depths), oldest first, each marked once recorded.
         self._proposals: deque[list[Any]] = deque(maxlen=lag)
         self.lag = lag
-        #: The last decision: the planner's plan, whether the step explored, the depths used.
+        #: The last decision: the planner's plan (exploration included), whether it was an
+        #: exploration step in which some request drafted its whole cap, which requests
+        #: explored, and the depths used.
         self.last_plan: DepthPlan | None = None
         self.explored = False
+        self.explorers: npt.NDArray[np.bool_] | None = None
         self.last_depths: npt.NDArray[np.int32] | None = None
 
     @property
     def max_num_reqs(self) -> int:
         return self._planner.num_slots
+
+    @property
+    def exploration(self) -> float:
+        """The exploration probability (the planner's; setting it keeps the seed and the step
+        count)."""
+        return self._planner.exploration
+
+    @exploration.setter
+    def exploration(self, value: float) -> None:
+        self._planner.set_exploration(_probability(value), exploration_seed=self.seed)
+
+    @property
+    def seed(self) -> int:
+        """The seed of the exploration draws (the planner's)."""
+        return self._planner.exploration_seed
 
     def _slots(self, idx_mapping: Any) -> npt.NDArray[np.int64]:
         raw = _integers(idx_mapping, "idx_mapping").reshape(-1)
@@ -289,8 +311,10 @@ class DraftDepthHook:
         max_draft_budget: int | None = None,
     ) -> npt.NDArray[np.int32]:
         """Depths for the requests in ``idx_mapping`` (``max_depths`` caps each, default
-        ``K``); in an exploration step a few requests draft their whole cap. The decision's
-        details stay in :attr:`last_plan` and :attr:`explored`."""
+        ``K``), the planner's exploration included: explorers draft as deep as the batch, and
+        their whole cap in an exploration step. Counts one step of the planner's exploration
+        draws. The decision's details stay in :attr:`last_plan`, :attr:`explored` and
+        :attr:`explorers`."""
         slots = self._slots(idx_mapping)
         k = self.num_speculative_steps
         if max_depths is None:
@@ -310,19 +334,15 @@ class DraftDepthHook:
             max_draft_budget=max_draft_budget,
             mode=self.mode,
         )
+        # The draws the decision just used (the coming step's); then the step is counted, as
+        # the planner's `plan` would count it.
+        whole, explorers = self._planner.coming_explorers(slots)
+        self._planner.count_step()
         self.last_plan = plan
-        depths = plan.depths.copy()
-        # An exploration step: a few requests (each with probability `exploration`, at least
-        # one) draft their whole block. Only they widen: the rest, whose remembered rows may be
-        # stale or optimistic, would otherwise be pulled into a verification budget.
-        self.explored = self.exploration > 0.0 and bool(self._rng.random() < self.exploration)
-        if self.explored and slots.size:
-            explorers = self._rng.random(slots.size) < self.exploration
-            if not explorers.any():
-                explorers[self._rng.integers(slots.size)] = True
-            depths[explorers] = caps[explorers]
-        self.last_depths = depths
-        return depths
+        self.explorers = explorers
+        self.explored = whole and bool((explorers & (caps > 0)).any())
+        self.last_depths = plan.depths.copy()
+        return self.last_depths
 
     def num_speculative_tokens(
         self,

@@ -55,6 +55,14 @@ import numpy as np
 
 from av_core._engine_interface import engine_version, resolve, signature_text
 from av_core.vllm import serving as vllm_serving
+from av_core.vllm.constants import (
+    DAMPING_OBSERVATIONS,
+    INIT_INTERCEPT,
+    INIT_SLOPE,
+    L2,
+    MAX_LOG_ODDS,
+    REFIT_INTERVAL,
+)
 
 __all__ = [
     "BUDGET_MODULE",
@@ -139,14 +147,15 @@ DEPTH_MANAGER_SIGNATURES = {
     "AdaptiveVerificationManager.add_request": "(self, req_idx)",
 }
 
-#: Constants whose values the drop-ins reproduce.
+#: Constants whose values the drop-ins reproduce: vLLM's must equal the core's vLLM preset
+#: (``av_core._native.VLLM_ESTIMATOR``, read through ``av_core.vllm.constants``).
 EXPECTED_CONSTANTS: dict[tuple[str, str], float] = {
-    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.REFIT_INTERVAL"): 100,
-    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.DAMPING_OBSERVATIONS"): 50.0,
-    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.L2"): 1e-3,
-    (ESTIMATOR_MODULE, "_MAX_LOG_ODDS"): 40.0,
-    (ESTIMATOR_MODULE, "_INIT_SLOPE"): 0.5,
-    (ESTIMATOR_MODULE, "_INIT_BIAS"): -0.2,
+    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.REFIT_INTERVAL"): REFIT_INTERVAL,
+    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.DAMPING_OBSERVATIONS"): DAMPING_OBSERVATIONS,
+    (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.L2"): L2,
+    (ESTIMATOR_MODULE, "_MAX_LOG_ODDS"): MAX_LOG_ODDS,
+    (ESTIMATOR_MODULE, "_INIT_SLOPE"): INIT_SLOPE,
+    (ESTIMATOR_MODULE, "_INIT_BIAS"): INIT_INTERCEPT,
 }
 
 #: Attributes of ``AdaptiveVerificationManager`` (and of its ``req_states``) that the

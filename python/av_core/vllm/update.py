@@ -9,10 +9,10 @@ every round as well as at its end.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
+from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR
 from av_core.vllm.constants import ENV_ESTIMATOR, ENV_EXACT
 
 #: The updates the drop-in accepts.
@@ -37,14 +37,18 @@ def choose_update(update: str | None, exact: bool | None) -> tuple[str, bool]:
 
 
 def native_options(update: str, exact: bool) -> dict[str, Any]:
-    """The native estimator's options that make it refit with ``update``: vLLM's memoryless
-    update whatever av_core's defaults (unbounded with ``exact``), or av_core's own, whole."""
+    """The native estimator's options that make it refit with ``update``: the core's vLLM preset
+    (``VLLM_ESTIMATOR``: vLLM's memoryless update whatever av_core's defaults), its unbounded
+    refit only with ``exact``, else the core's default bounds; or av_core's own update, whole."""
     if update != "vllm":
         return {"update": update}
-    options: dict[str, Any] = {"update": update, "memory": 0.0}
-    if exact:
-        options.update(max_step=math.inf, max_slope=math.inf, max_intercept=math.inf)
-    return options
+    bounds = VLLM_ESTIMATOR if exact else ESTIMATOR_DEFAULTS
+    return {
+        "update": update,
+        "memory": VLLM_ESTIMATOR["memory"],
+        "drift_z": VLLM_ESTIMATOR["drift_z"],
+        **{name: bounds[name] for name in ("max_step", "max_slope", "max_intercept")},
+    }
 
 
 def refit_due(steps: int, interval: int, update: str, pooled: bool) -> str | None:

@@ -59,7 +59,7 @@ impl PyVerificationPlanner {
         budget_source = "previous",
         exploration = Float::new(VerificationPlanner::DEFAULT_EXPLORATION),
         exploration_seed = Int::new(0),
-    ), text_signature = "(cost_tables, num_positions, *, num_slots=None, budget_source=\"previous\", exploration=..., exploration_seed=0)")]
+    ), text_signature = "(cost_tables, num_positions, *, num_slots=None, budget_source=\"previous\", exploration=0.01, exploration_seed=0)")]
     fn new(
         cost_tables: Bound<'_, PyCostTables>,
         num_positions: Int,
@@ -100,6 +100,51 @@ impl PyVerificationPlanner {
     #[getter]
     fn exploration(&self) -> f64 {
         self.lock().exploration()
+    }
+
+    /// The seed of the exploration draws.
+    #[getter]
+    fn exploration_seed(&self) -> u64 {
+        self.lock().exploration_seed()
+    }
+
+    /// Sets the exploration floor: probability `exploration` in [0, 1] (0 turns it off), draws
+    /// from `exploration_seed`. The step count is kept. A rejected call changes nothing.
+    #[pyo3(signature = (exploration, *, exploration_seed = Int::new(0)), text_signature = "(self, exploration, *, exploration_seed=0)")]
+    fn set_exploration(&self, exploration: Float, exploration_seed: Int) -> PyResult<()> {
+        let policy = Exploration::new(
+            "exploration",
+            exploration.value("exploration")?,
+            exploration_seed.to_u64("exploration_seed")?,
+        )
+        .map_err(to_py_err)?;
+        self.lock().set_exploration(policy);
+        Ok(())
+    }
+
+    /// Counts one step without planning it (verification planned elsewhere): advances the step
+    /// count that the exploration draws read, as `plan` does. Call it once per step, after
+    /// `choose_draft_depth`.
+    fn count_step(&self) {
+        self.lock().count_step();
+    }
+
+    /// The exploration draws of the coming step (the one the next `choose_draft_depth` decides
+    /// and the next `plan` or `count_step` counts): `(exploration_step, explorers)`, where
+    /// `explorers[r]` (bool [R]) says whether request `slots[r]` explores and
+    /// `exploration_step` whether explorers draft their whole block. Changes no state.
+    fn coming_explorers<'py>(
+        &self,
+        py: Python<'py>,
+        slots: &Bound<'_, PyAny>,
+    ) -> PyResult<(bool, Bound<'py, PyArray1<bool>>)> {
+        let slots = int_vector(slots, "slots")?;
+        let mut explorers = vec![false; slots.len()];
+        let whole = self
+            .lock()
+            .coming_explorers(&slots, &mut explorers)
+            .map_err(to_py_err)?;
+        Ok((whole, explorers.into_pyarray(py)))
     }
 
     /// A new request took `slot`: its remembered confidences restart at 1.0.

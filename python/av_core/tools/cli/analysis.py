@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from av_core._native import ESTIMATOR_DEFAULTS
 from av_core.tools import argtypes as types
 from av_core.tools.cli.common import (
     DEFAULT_TRACE,
@@ -386,8 +387,8 @@ def add_evaluate(add: AddCommand) -> argparse.ArgumentParser:
         "--memory",
         type=types.memory,
         default=None,
-        help="estimator memory across rounds, gamma in [0, 1) (default: the estimator's, 0.8; "
-        "0 is vLLM's memoryless update)",
+        help="estimator memory across rounds, gamma in [0, 1) (default: the estimator's, "
+        f"{ESTIMATOR_DEFAULTS['memory']}; 0 is vLLM's memoryless update)",
     )
     evaluate.add_argument(
         "--update",
@@ -454,7 +455,10 @@ def add_simulate(add: AddCommand) -> argparse.ArgumentParser:
         "--warmup-steps", type=types.non_negative_int, default=200, help="unmeasured warm-up"
     )
     simulate.add_argument(
-        "--refit-interval", type=types.positive_int, default=100, help="estimator refit interval"
+        "--refit-interval",
+        type=types.positive_int,
+        default=ESTIMATOR_DEFAULTS["refit_interval"],
+        help="estimator refit interval",
     )
     simulate.add_argument("--seed", type=types.seed, default=0, help="seed of the round streams")
     simulate.add_argument(

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from av_core import _native
 from av_core.tools.trace import UNLABELED
 
 if TYPE_CHECKING:
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
 
 
 #: Features are clamped to [-X, X] like the estimator's (``docs/design.md``, "The estimator"), so
-#: one overconfident position cannot dominate a fit.
-LOG_ODDS_CLAMP = 40.0
+#: one overconfident position cannot dominate a fit: the core's clamp.
+LOG_ODDS_CLAMP = _native.MAX_LOG_ODDS
 
 
 def sampling_distribution(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from av_core import AcceptanceEstimator
+from av_core import AcceptanceEstimator, _native
 from av_core.tools.evaluate.rounds import DraftRounds, FloatArray, IntArray
 
 #: Default refit interval of the replay, in observe calls. The shipped trace was collected one
@@ -20,8 +20,8 @@ from av_core.tools.evaluate.rounds import DraftRounds, FloatArray, IntArray
 #: requests do.
 DEFAULT_REFIT_INTERVAL = 25
 
-#: Features are clamped to ±40, the estimator's own ``max_log_odds``.
-MAX_FEATURE = 40.0
+#: Features are clamped to ±40, the estimator's own ``max_log_odds`` (the core's clamp).
+MAX_FEATURE = _native.MAX_LOG_ODDS
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import CostTables
+from av_core._native import VERIFY_COST_FLOOR_MS
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -245,7 +246,7 @@ def cost_tables_for(
         ]
     )
     verify = cost.verify_ms(np.arange(max_requests * (num_positions + 1) + 1))
-    tables = CostTables(draft, np.maximum(verify, 1e-6))
+    tables = CostTables(draft, np.maximum(verify, VERIFY_COST_FLOOR_MS))
     if not depth_table:
         return tables
     if drafter == "parallel" and parallel_pass_tokens == "drafts":

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import AcceptanceEstimator, VerificationPlanner
+from av_core._native import ESTIMATOR_DEFAULTS
 from av_core.tools.evaluate import DraftRounds
 from av_core.tools.peers import TRT_DEFAULT_SCHEDULE, EmaTierPolicy, trt_draft_length
 from av_core.tools.simulate.costs import (
@@ -155,7 +156,7 @@ def simulate_adaptive(
     drafter: DrafterKind,
     *,
     measure_from: int = 0,
-    refit_interval: int = 100,
+    refit_interval: int = ESTIMATOR_DEFAULTS["refit_interval"],
     estimator: AcceptanceEstimator | None = None,
     budget_source: Literal["previous", "current"] = "previous",
     record: AdaptiveTrace | None = None,

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 
+from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR
 from av_core.tools.argtypes import parse_int_list
 from av_core.tools.evaluate import DraftRounds
 from av_core.tools.simulate.costs import CostModel, DrafterKind, GpuLikeCost, PassTokens
@@ -38,7 +39,7 @@ def simulate_trace(
     concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
     steps: int = 1000,
     warmup_steps: int = 200,
-    refit_interval: int = 100,
+    refit_interval: int = ESTIMATOR_DEFAULTS["refit_interval"],
     seed: int = 0,
     parallel_pass_tokens: PassTokens = "requests",
     exploration: float | None = None,
@@ -141,7 +142,7 @@ def simulate_trace(
                 )
             )
             advance(f"R={r} {row[-1].policy}")
-            vllm = adaptive(exploration=0.0, memory=0.0)
+            vllm = adaptive(exploration=0.0, memory=VLLM_ESTIMATOR["memory"])
             row.append(dataclasses.replace(vllm, policy=PEER_POLICIES[2]))
             advance(f"R={r} {row[-1].policy}")
             row.append(

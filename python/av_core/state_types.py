@@ -1,0 +1,104 @@
+"""The shapes of the dicts the native module returns: :meth:`AcceptanceEstimator.state_dict`
+and its parts, the report of ``refit(report=True)``, and the estimator's keyword options (the
+core's defaults ``av_core._native.ESTIMATOR_DEFAULTS`` and vLLM preset
+``av_core._native.VLLM_ESTIMATOR``, both read-only mappings at run time).
+
+For annotations only: at run time these are plain ``dict`` objects (the mappings excepted), which
+``from_state_dict`` and ``add_round_stats`` validate field by field. Statistics are exact
+fixed-point integers in units of ``2**-fraction_bits``.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+__all__ = [
+    "EstimatorConfigDict",
+    "EstimatorOptions",
+    "EstimatorStateDict",
+    "MemoryStateDict",
+    "RefitReport",
+    "RoundStatsDict",
+]
+
+
+class EstimatorOptions(TypedDict):
+    """The keyword options of :class:`~av_core.AcceptanceEstimator` (all but ``num_positions``),
+    as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator.rs``)."""
+
+    refit_interval: int
+    damping: float
+    l2: float
+    init_slope: float
+    init_intercept: float
+    max_log_odds: float
+    max_step: float
+    max_slope: float
+    max_intercept: float
+    memory: float
+    drift_z: float
+
+
+class EstimatorConfigDict(EstimatorOptions):
+    """``state_dict()["config"]``: the options and the number of draft positions K."""
+
+    num_positions: int
+
+
+class RoundStatsDict(TypedDict):
+    """``state_dict()["round_stats"]``: the open round's sufficient statistics, one entry per
+    position in each list, with weights ``w = p (1 - p)`` and residuals ``r = y - p``: ``a`` =
+    Σ w x², ``b`` = Σ w x, ``c`` = Σ w, ``g0`` = Σ r x, ``g1`` = Σ r, ``n``: labeled
+    observations."""
+
+    fraction_bits: int
+    a: list[int]
+    b: list[int]
+    c: list[int]
+    g0: list[int]
+    g1: list[int]
+    n: list[int]
+
+
+class RefitReport(RoundStatsDict):
+    """``refit(report=True)``: the round's statistics, the Newton step taken from them (before
+    the step and range bounds) and the round's drift statistic (about chi-square with K + 1
+    degrees of freedom while the coefficients it was collected under fit)."""
+
+    slope_step: float
+    intercept_steps: list[float]
+    drift_statistic: float
+    #: Newton iterations of the map fit (0 under vllm, and when nothing new arrived).
+    iterations: int
+    #: Whether the refit ended the round (``refit(end_round=...)``).
+    end_round: bool
+
+
+class MemoryStateDict(TypedDict):
+    """``state_dict()["memory_state"]``: the discounted quadratic model of past rounds (``a``,
+    ``b``, ``c``: its slope-slope, slope-intercept and intercept entries; ``rhs``: its right-hand
+    side, slope first, K + 1 entries; ``total``, ``counts``: discounted observation counts;
+    ``resets``: rounds whose drift test dropped it)."""
+
+    a: float
+    b: list[float]
+    c: list[float]
+    rhs: list[float]
+    total: float
+    counts: list[float]
+    resets: int
+
+
+class EstimatorStateDict(TypedDict):
+    """:meth:`AcceptanceEstimator.state_dict`: everything ``from_state_dict`` restores
+    bit-exactly (``format``: ``"av_core.AcceptanceEstimator"``, ``format_version``: 1)."""
+
+    format: str
+    format_version: int
+    config: EstimatorConfigDict
+    slope: float
+    intercepts: list[float]
+    round_stats: RoundStatsDict
+    steps_since_refit: int
+    num_refits: int
+    memory_state: MemoryStateDict

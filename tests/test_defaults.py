@@ -1,0 +1,183 @@
+"""The core owns every default and constant; the bindings export them once and say them truly.
+
+The expected values are written out here from the core's documentation (``EstimatorConfig`` in
+av_core/src/estimator.rs, vLLM 0.33.0's acceptance_estimator.py, ``cost_tables.rs``,
+``planner/exploration.rs``), not read from the code under test. Each is checked three ways: the
+runtime signature (``inspect.signature``, what ``help()`` shows), the exported constants, and
+what an object built without the argument actually holds, so a signature text that drifted from
+the core's real default fails as surely as a changed default.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import numpy as np
+import pytest
+
+import av_core
+from av_core import _native, state_types
+
+STUB = Path(av_core.__file__).with_name("_native.pyi")
+
+#: AcceptanceEstimator's keyword defaults, as the core documents them.
+CORE_DEFAULTS: dict[str, float] = {
+    "refit_interval": 100,
+    "damping": 50.0,
+    "l2": 1e-3,
+    "init_slope": 0.5,
+    "init_intercept": -0.2,
+    "max_log_odds": 40.0,
+    "max_step": 4.0,
+    "max_slope": 10.0,
+    "max_intercept": 15.0,
+    "memory": 0.8,
+    "drift_z": 3.09,
+}
+
+#: The update's keywords (docs/estimator.md): vLLM's update by default, av_core's ``map`` opt-in
+#: with its bins and prior widths. Not in ``ESTIMATOR_DEFAULTS`` nor in a default estimator's
+#: ``state_dict()`` (format version 1, as before the map update); the getters hold them.
+UPDATE_DEFAULTS: dict[str, Any] = {
+    "update": "vllm",
+    "bins": 64,
+    "prior_slope_sd": 0.15,
+    "prior_level_sd": 1.0,
+    "prior_trend_sd": 0.2,
+    "prior_spread_sd": 0.1,
+}
+
+#: vLLM 0.33.0's estimator: its constants (REFIT_INTERVAL, DAMPING_OBSERVATIONS, L2,
+#: _MAX_LOG_ODDS, _INIT_SLOPE, _INIT_BIAS), its memoryless, unbounded update.
+VLLM = {
+    **CORE_DEFAULTS,
+    "memory": 0.0,
+    "max_step": math.inf,
+    "max_slope": math.inf,
+    "max_intercept": math.inf,
+}
+
+
+def runtime_defaults(callable_: Any) -> dict[str, Any]:
+    parameters = inspect.signature(callable_).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+
+
+def stub_defaults(class_name: str) -> dict[str, Any]:
+    """The literal defaults of ``class_name.__new__`` in the stub."""
+    tree = ast.parse(STUB.read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    (new,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__new__"]
+    args = new.args
+    named = args.kwonlyargs
+    return {a.arg: ast.literal_eval(d) for a, d in zip(named, args.kw_defaults, strict=True) if d}
+
+
+def test_the_estimators_signature_shows_the_cores_defaults() -> None:
+    defaults = runtime_defaults(_native.AcceptanceEstimator)
+    everything = {**CORE_DEFAULTS, **UPDATE_DEFAULTS}
+    assert defaults == everything
+    assert all(type(v) is type(everything[k]) for k, v in defaults.items()), defaults
+    assert "refit_interval=100" in _native.AcceptanceEstimator.__text_signature__
+    assert "..." not in _native.AcceptanceEstimator.__text_signature__
+
+
+def test_an_estimator_built_with_no_options_holds_the_signatures_defaults() -> None:
+    est = _native.AcceptanceEstimator(3)
+    config = dict(est.state_dict()["config"])
+    assert config.pop("num_positions") == 3
+    defaults = runtime_defaults(_native.AcceptanceEstimator)
+    assert config == {k: v for k, v in defaults.items() if k not in UPDATE_DEFAULTS}
+    assert config == CORE_DEFAULTS
+    assert {k: getattr(est, k) for k in UPDATE_DEFAULTS} == UPDATE_DEFAULTS
+    assert {k: defaults[k] for k in UPDATE_DEFAULTS} == UPDATE_DEFAULTS
+
+
+def test_the_exported_defaults_are_the_cores_and_read_only() -> None:
+    assert dict(_native.ESTIMATOR_DEFAULTS) == CORE_DEFAULTS
+    assert dict(_native.VLLM_ESTIMATOR) == VLLM
+    assert _native.MAX_LOG_ODDS == 40.0
+    for mapping in (_native.ESTIMATOR_DEFAULTS, _native.VLLM_ESTIMATOR):
+        with pytest.raises(TypeError):
+            mapping["l2"] = 1.0  # type: ignore[index]
+    assert _native.ESTIMATOR_DEFAULTS["l2"] == 1e-3
+
+
+def test_the_vllm_preset_builds_vllms_estimator() -> None:
+    config = dict(_native.AcceptanceEstimator(2, **_native.VLLM_ESTIMATOR).state_dict()["config"])
+    assert config.pop("num_positions") == 2
+    assert config == VLLM
+
+
+def test_the_stub_states_the_same_defaults() -> None:
+    assert stub_defaults("AcceptanceEstimator") == {**CORE_DEFAULTS, **UPDATE_DEFAULTS}
+    assert stub_defaults("VerificationPlanner")["exploration"] == 0.01
+
+
+def test_the_planner_and_cost_table_constants_are_the_cores() -> None:
+    assert runtime_defaults(_native.VerificationPlanner)["exploration"] == 0.01
+    assert _native.DEFAULT_EXPLORATION == 0.01
+    tables = _native.CostTables(np.zeros(3), np.ones(9))
+    assert _native.VerificationPlanner(tables, 2).exploration == 0.01
+    # The floors, seen where the core applies them: a profile at or below zero.
+    floored = _native.CostTables.from_curves(
+        [(1.0, -0.5)], [(1.0, 0.0)], max_num_reqs=2, max_batch_tokens=4
+    )
+    assert _native.VERIFY_COST_FLOOR_MS == 1e-6
+    assert _native.DRAFT_COST_FLOOR_MS == 0.0
+    assert floored.verify_ms.tolist() == [1e-6] * 5
+    assert floored.draft_ms.tolist() == [0.0] * 3
+
+
+def test_every_python_alias_of_the_clamp_is_the_cores() -> None:
+    from av_core.tools.collect import LOG_ODDS_CLAMP
+    from av_core.tools.evaluate import MAX_FEATURE
+
+    assert LOG_ODDS_CLAMP == MAX_FEATURE == 40.0
+    pytest.importorskip("torch")
+    from av_core import features, vllm
+    from av_core.vllm import constants, plugin
+
+    assert features.MAX_LOG_ODDS == vllm.MAX_LOG_ODDS == 40.0
+    assert (constants.REFIT_INTERVAL, constants.DAMPING_OBSERVATIONS, constants.L2) == (
+        100,
+        50.0,
+        1e-3,
+    )
+    assert (constants.INIT_SLOPE, constants.INIT_INTERCEPT) == (0.5, -0.2)
+    expected = {name.rsplit(".", 1)[-1]: v for (_, name), v in plugin.EXPECTED_CONSTANTS.items()}
+    assert expected == {
+        "REFIT_INTERVAL": 100,
+        "DAMPING_OBSERVATIONS": 50.0,
+        "L2": 1e-3,
+        "_MAX_LOG_ODDS": 40.0,
+        "_INIT_SLOPE": 0.5,
+        "_INIT_BIAS": -0.2,
+    }
+
+
+def keys(typed_dict: type) -> set[str]:
+    return set(get_type_hints(typed_dict))
+
+
+def test_the_typed_dicts_name_every_key_the_bindings_return() -> None:
+    est = _native.AcceptanceEstimator(2, refit_interval=1)
+    x = np.array([[1.0, -1.0]], np.float32)
+    est.observe(x, np.array([2]), np.array([1]))
+    state = est.state_dict()
+    assert set(state) == keys(state_types.EstimatorStateDict)
+    assert set(state["config"]) == keys(state_types.EstimatorConfigDict)
+    assert set(state["round_stats"]) == keys(state_types.RoundStatsDict)
+    assert set(state["memory_state"]) == keys(state_types.MemoryStateDict)
+    assert set(_native.ESTIMATOR_DEFAULTS) == keys(state_types.EstimatorOptions)
+    est.observe(x, np.array([2]), np.array([1]))
+    report = est.refit(report=True)
+    assert set(report) == keys(state_types.RefitReport)
+    # The value types the TypedDicts promise (lists of ints, floats, ints).
+    assert all(type(v) is int for v in state["round_stats"]["a"])
+    assert type(state["memory_state"]["a"]) is float
+    assert type(report["drift_statistic"]) is float
