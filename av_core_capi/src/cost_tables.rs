@@ -8,7 +8,7 @@ use av_core::cost_tables::{CostTables, DrafterKind};
 
 use crate::handle::{borrow, destroy, publish, Handle};
 use crate::raw::{input, out_value, output};
-use crate::status::{guard, AvcStatus, FfiError, FfiResult, AVC_ERR_BUFFER_TOO_SMALL};
+use crate::status::{guard, AvcStatus, FfiError, FfiResult};
 
 /// Dense step-cost tables in milliseconds: draft_ms[r] for r requests and verify_ms[t] for t
 /// target tokens. Create with avc_cost_tables_new / _from_curves / _from_samples, free with
@@ -420,19 +420,12 @@ pub unsafe extern "C" fn avc_cost_tables_draft_depth(
             )
         };
         let table = handle.tables.draft_depth_ms().unwrap_or(&[]);
-        let needed = table.len();
-        len.write(needed);
-        if capacity < needed {
-            return Err(FfiError {
-                status: AVC_ERR_BUFFER_TOO_SMALL,
-                message: format!(
-                    "draft_depth_ms: capacity = {capacity}, the table has {needed} entries \
-                     (written to *len_out)"
-                ),
-            });
-        }
-        out.prefix(needed).write(table);
-        Ok(())
+        out.write_sized(table, &len, |capacity, needed| {
+            format!(
+                "draft_depth_ms: capacity = {capacity}, the table has {needed} entries \
+                 (written to *len_out)"
+            )
+        })
     })
 }
 
@@ -456,15 +449,12 @@ pub unsafe extern "C" fn avc_cost_tables_save(
     len_out: *mut usize,
 ) -> AvcStatus {
     guard("avc_cost_tables_save", || {
-        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
-        let (handle, out, len) = unsafe {
-            (
-                borrow(tables, "tables")?,
-                output(buf, cap, "buf")?,
-                out_value(len_out, "len_out")?,
-            )
-        };
-        crate::persist::write_state(&handle.tables.to_bytes(), out, cap, &len)
+        // SAFETY: the caller's contract is `persist::save`'s.
+        unsafe {
+            crate::persist::save(tables, "tables", buf, cap, len_out, |handle| {
+                handle.tables.to_bytes()
+            })
+        }
     })
 }
 
@@ -484,13 +474,11 @@ pub unsafe extern "C" fn avc_cost_tables_load(
     tables_out: *mut *mut AvcCostTables,
 ) -> AvcStatus {
     guard("avc_cost_tables_load", || {
-        // SAFETY: the caller's contract is `out_value`'s and `input`'s.
-        let (out, bytes) = unsafe {
-            let out = out_value(tables_out, "tables_out")?;
-            out.write(std::ptr::null_mut());
-            (out, input(data, len, "data")?)
-        };
-        out.write(publish_tables(CostTables::from_bytes(bytes)?));
-        Ok(())
+        // SAFETY: the caller's contract is `persist::load`'s.
+        unsafe {
+            crate::persist::load(data, len, tables_out, "tables_out", |bytes| {
+                Ok(publish_tables(CostTables::from_bytes(bytes)?))
+            })
+        }
     })
 }

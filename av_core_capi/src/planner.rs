@@ -569,16 +569,12 @@ pub unsafe extern "C" fn avc_planner_save(
     len_out: *mut usize,
 ) -> AvcStatus {
     guard("avc_planner_save", || {
-        // SAFETY: the caller's contract covers each pointer with the length it is passed with.
-        let (handle, out, len) = unsafe {
-            (
-                borrow(planner, "planner")?,
-                output(buf, cap, "buf")?,
-                out_value(len_out, "len_out")?,
-            )
-        };
-        let bytes = handle.lock().to_bytes();
-        crate::persist::write_state(&bytes, out, cap, &len)
+        // SAFETY: the caller's contract is `persist::save`'s.
+        unsafe {
+            crate::persist::save(planner, "planner", buf, cap, len_out, |handle| {
+                handle.lock().to_bytes()
+            })
+        }
     })
 }
 
@@ -598,18 +594,15 @@ pub unsafe extern "C" fn avc_planner_load(
     planner_out: *mut *mut AvcPlanner,
 ) -> AvcStatus {
     guard("avc_planner_load", || {
-        // SAFETY: the caller's contract is `out_value`'s and `input`'s.
-        let (out, bytes) = unsafe {
-            let out = out_value(planner_out, "planner_out")?;
-            out.write(std::ptr::null_mut());
-            (out, input(data, len, "data")?)
-        };
-        let planner = VerificationPlanner::from_bytes(bytes)?;
-        out.write(publish(AvcPlanner {
-            tag: AtomicU64::new(AvcPlanner::MAGIC),
-            planner: Mutex::new(planner),
-        }));
-        Ok(())
+        // SAFETY: the caller's contract is `persist::load`'s.
+        unsafe {
+            crate::persist::load(data, len, planner_out, "planner_out", |bytes| {
+                Ok(publish(AvcPlanner {
+                    tag: AtomicU64::new(AvcPlanner::MAGIC),
+                    planner: Mutex::new(VerificationPlanner::from_bytes(bytes)?),
+                }))
+            })
+        }
     })
 }
 

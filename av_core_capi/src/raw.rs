@@ -15,7 +15,7 @@ use std::marker::PhantomData;
 use std::mem::size_of;
 use std::ops::Range;
 
-use crate::status::{FfiError, FfiResult};
+use crate::status::{FfiError, FfiResult, AVC_ERR_BUFFER_TOO_SMALL};
 
 /// The byte range of `len` elements at `ptr`, after checking that it neither overflows
 /// `isize` (a Rust allocation limit) nor wraps around the address space.
@@ -167,6 +167,28 @@ impl<T: Copy> OutSlice<'_, T> {
         // accessed by nobody else during the call. `values` is memory owned by Rust (a
         // computed result), so the two ranges cannot overlap, and `T: Copy` needs no drop.
         unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr, self.len) };
+    }
+
+    /// The size-query convention of every call that fills a buffer of the caller's choosing:
+    /// `values.len()` to `len`, then `values` to this output if it has room for them; otherwise
+    /// AVC_ERR_BUFFER_TOO_SMALL with `too_small(capacity, needed)` as the message, and nothing
+    /// written here.
+    pub fn write_sized(
+        self,
+        values: &[T],
+        len: &OutValue<'_, usize>,
+        too_small: impl FnOnce(usize, usize) -> String,
+    ) -> FfiResult {
+        let needed = values.len();
+        len.write(needed);
+        if self.len < needed {
+            return Err(FfiError {
+                status: AVC_ERR_BUFFER_TOO_SMALL,
+                message: too_small(self.len, needed),
+            });
+        }
+        self.prefix(needed).write(values);
+        Ok(())
     }
 }
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from av_core._checks import _check_int
 from av_core._native import CostTables, VerificationPlanner, plan_verification
 
 if TYPE_CHECKING:
@@ -87,10 +88,7 @@ def _check_dimensions(vocab_size: object, num_positions: object, num_requests: o
         ("num_positions", num_positions),
         ("num_requests", num_requests),
     ):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+        _check_int(value, name, 1)
     assert isinstance(vocab_size, int | np.integer)
     assert isinstance(num_positions, int | np.integer)
     assert isinstance(num_requests, int | np.integer)

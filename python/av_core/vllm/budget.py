@@ -17,6 +17,7 @@ import torch
 from av_core.vllm import metrics as vllm_metrics
 from av_core.vllm.checks import (
     _check_confidences,
+    _check_count,
     _check_int_tensor,
     _check_output,
     _check_positive_int,
@@ -160,10 +161,7 @@ def assign_draft_token_budget(
     output = capacities
     # A private copy on the host (checked, then used); the result goes into the caller's tensor.
     capacities = _check_vector(capacities, "capacities", idx_mapping.shape[0])
-    if isinstance(draft_budget, bool) or not isinstance(draft_budget, int | np.integer):
-        raise TypeError(f"draft_budget must be an int, got {type(draft_budget).__name__}")
-    if draft_budget < 0:
-        raise ValueError(f"draft_budget must be >= 0, got {draft_budget}")
+    _check_count(draft_budget, "draft_budget")
     _check_range_on_host(idx_mapping, "idx_mapping", 0, confidence_probs.shape[0])
     _check_range_on_host(capacities, "capacities", 0, num_steps + 1)
     # A budget beyond every slot admits every slot: capped, it fits any integer type.
@@ -195,15 +193,6 @@ def _assign_on_device(
 
 
 _INT64_MAX = 2**63 - 1
-
-
-def _check_count(value: object, name: str) -> int:
-    """A non-negative int of any size (token counts), as a Python int."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return int(value)
 
 
 def _draft_count(draft_tokens: Mapping[str, Sequence[int]], req_id: str) -> int:
@@ -291,48 +280,6 @@ def batch_draft_budget(
     """
     metrics = vllm_metrics.current()
     started = time.perf_counter() if metrics is not None else 0.0
-    plan = _batch_draft_budget(
-        num_tokens_per_req,
-        draft_tokens,
-        req_id_to_index,
-        stale_confidences,
-        num_computed_tokens,
-        prefill_len,
-        cost_tables,
-        max_total_logits,
-        num_bonus_tokens,
-    )
-    if metrics is None:
-        return plan
-    cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
-    metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
-    metrics.budget_chosen(plan.draft_budget, cost)
-    return plan
-
-
-def _predicted_cost_ms(cost_tables: Any, num_reqs: int, num_tokens: int) -> float | None:
-    """``draft_ms[R] + verify_ms[T + b]``: the planner's cost of the step it chose (metrics)."""
-    if isinstance(cost_tables, tuple) and len(cost_tables) == 2:
-        draft_ms, verify_ms = cost_tables
-    else:
-        native = _native_cost_tables(cost_tables)
-        draft_ms, verify_ms = native.draft_ms, native.verify_ms
-    if num_reqs >= len(draft_ms) or num_tokens >= len(verify_ms):
-        return None
-    return float(draft_ms[num_reqs]) + float(verify_ms[num_tokens])
-
-
-def _batch_draft_budget(
-    num_tokens_per_req: Mapping[str, int],
-    draft_tokens: Mapping[str, Sequence[int]],
-    req_id_to_index: Mapping[str, int],
-    stale_confidences: npt.NDArray[Any],
-    num_computed_tokens: npt.NDArray[Any],
-    prefill_len: npt.NDArray[Any],
-    cost_tables: Any,
-    max_total_logits: int,
-    num_bonus_tokens: int,
-) -> BatchDraftBudget:
     if not isinstance(num_tokens_per_req, Mapping):
         raise TypeError(
             f"num_tokens_per_req must be a mapping, got {type(num_tokens_per_req).__name__}"
@@ -400,6 +347,24 @@ def _batch_draft_budget(
                 max_draft_budget=max_draft_budget,
             )
         )
-    return BatchDraftBudget(
+    plan = BatchDraftBudget(
         total_non_draft + budget, budget, num_drafts_per_req, num_non_draft_per_req
     )
+    if metrics is None:
+        return plan
+    cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
+    metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
+    metrics.budget_chosen(plan.draft_budget, cost)
+    return plan
+
+
+def _predicted_cost_ms(cost_tables: Any, num_reqs: int, num_tokens: int) -> float | None:
+    """``draft_ms[R] + verify_ms[T + b]``: the planner's cost of the step it chose (metrics)."""
+    if isinstance(cost_tables, tuple) and len(cost_tables) == 2:
+        draft_ms, verify_ms = cost_tables
+    else:
+        native = _native_cost_tables(cost_tables)
+        draft_ms, verify_ms = native.draft_ms, native.verify_ms
+    if num_reqs >= len(draft_ms) or num_tokens >= len(verify_ms):
+        return None
+    return float(draft_ms[num_reqs]) + float(verify_ms[num_tokens])

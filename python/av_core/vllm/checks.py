@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from av_core._checks import _check_int
 from av_core.features.checks import _check_integer_tensor, _dense, _snapshot
 
 
@@ -45,11 +46,12 @@ def _check_vector(
 
 
 def _check_positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
+    return _check_int(value, name, 1)
+
+
+def _check_count(value: object, name: str) -> int:
+    """A non-negative int of any size (token counts), as a Python int."""
+    return _check_int(value, name, 0)
 
 
 def _check_setting(value: object, name: str, *, integer: bool = False) -> None:

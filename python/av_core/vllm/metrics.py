@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import functools
 import logging
 import math
 import os
@@ -239,98 +240,80 @@ class _Exporter:
                 'pip install "av_core[metrics]"'
             ) from error
         self.registry = prom.CollectorRegistry(auto_describe=True)
-        r = self.registry
+        counter = functools.partial(prom.Counter, registry=self.registry)
+        gauge = functools.partial(
+            prom.Gauge, registry=self.registry, multiprocess_mode="mostrecent"
+        )
+        histogram = functools.partial(prom.Histogram, registry=self.registry)
         rank, pos = ["rank"], ["rank", "position"]
-        latest: dict[str, Any] = {"multiprocess_mode": "mostrecent"}
-        self.labeled = prom.Counter(
-            "av_core_labeled_drafts", "Drafts the target gave a verdict on.", pos, registry=r
+        self.labeled = counter(
+            "av_core_labeled_drafts", "Drafts the target gave a verdict on.", pos
         )
-        self.accepted = prom.Counter(
-            "av_core_accepted_drafts", "Drafts the target accepted.", pos, registry=r
-        )
-        self.predicted = prom.Counter(
+        self.accepted = counter("av_core_accepted_drafts", "Drafts the target accepted.", pos)
+        self.predicted = counter(
             "av_core_predicted_accepted_drafts",
             "Sum of the draft-time acceptance predictions of the labeled drafts (expected "
             "accepted drafts).",
             pos,
-            registry=r,
         )
-        self.log_loss = prom.Gauge(
+        self.log_loss = gauge(
             "av_core_log_loss",
             "Prequential log-loss (nats) of the draft-time predictions over the window.",
             rank,
-            registry=r,
-            **latest,
         )
-        self.ece = prom.Gauge(
+        self.ece = gauge(
             "av_core_expected_calibration_error",
             f"Expected calibration error ({_ECE_BINS} equal bins) over the window.",
             rank,
-            registry=r,
-            **latest,
         )
-        self.window = prom.Gauge(
+        self.window = gauge(
             "av_core_window_drafts",
             "Labeled drafts in the log-loss/ECE window.",
             rank,
-            registry=r,
-            **latest,
         )
-        self.slope = prom.Gauge(
-            "av_core_slope", "The estimator's slope.", rank, registry=r, **latest
-        )
-        self.intercept = prom.Gauge(
-            "av_core_intercept", "The estimator's intercepts.", pos, registry=r, **latest
-        )
-        self.refits = prom.Counter("av_core_refits", "Refits run.", rank, registry=r)
-        self.drift = prom.Gauge(
+        self.slope = gauge("av_core_slope", "The estimator's slope.", rank)
+        self.intercept = gauge("av_core_intercept", "The estimator's intercepts.", pos)
+        self.refits = counter("av_core_refits", "Refits run.", rank)
+        self.drift = gauge(
             "av_core_drift_statistic",
             "Drift statistic of the last refit's round: about chi-square with K + 1 degrees "
             "of freedom while the coefficients fit.",
             rank,
-            registry=r,
-            **latest,
         )
-        self.dropped = prom.Counter(
+        self.dropped = counter(
             "av_core_dropped_rows",
             "Verdict rows dropped for a non-finite feature or prediction.",
             rank,
-            registry=r,
         )
-        self.budget = prom.Histogram(
+        self.budget = histogram(
             "av_core_draft_budget",
             "Draft tokens admitted for verification per step.",
             rank,
             buckets=BUDGET_BUCKETS,
-            registry=r,
         )
-        self.depth = prom.Histogram(
+        self.depth = histogram(
             "av_core_drafting_depth",
             "Drafting depth (num_speculative_tokens) chosen per step.",
             rank,
             buckets=tuple(range(17)),
-            registry=r,
         )
-        self.cost = prom.Histogram(
+        self.cost = histogram(
             "av_core_predicted_step_cost_ms",
             "The planner's predicted cost of the step it chose, milliseconds, by decision "
             "(budget: the verification budget; depth: the drafting depth).",
             ["rank", "decision"],
             buckets=COST_BUCKETS_MS,
-            registry=r,
         )
-        self.step_host = prom.Histogram(
+        self.step_host = histogram(
             "av_core_step_host_seconds",
             "Host time av_core spent per decode step (estimator, budget, depth).",
             rank,
             buckets=HOST_BUCKETS_S,
-            registry=r,
         )
-        self.host = prom.Counter(
+        self.host = counter(
             "av_core_host_seconds",
             "Host time av_core spent, by call.",
             ["rank", "call"],
-            registry=r,
         )
         self.server: Any = None
         self.port: int | None = None

@@ -239,6 +239,17 @@ def _add_models(parser: argparse.ArgumentParser, *, drafter_required: bool) -> N
     )
 
 
+def _add_torch_options(parser: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--threads``: where and on how many CPU threads torch runs the models."""
+    parser.add_argument("--device", type=types.device, default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument(
+        "--threads",
+        type=types.positive_int,
+        default=None,
+        help="torch CPU threads (default: torch's own choice, usually one per core)",
+    )
+
+
 def add_traces(add: AddCommand) -> argparse.ArgumentParser:
     """``av-core traces`` and its options (``add`` creates the subparser)."""
     traces = add(
@@ -284,13 +295,7 @@ def add_profile(add: AddCommand) -> argparse.ArgumentParser:
     profile.add_argument(
         "--repeats", type=types.positive_int, default=5, help="timed runs per size (median)"
     )
-    profile.add_argument("--device", type=types.device, default="cpu", help="cpu or cuda[:N]")
-    profile.add_argument(
-        "--threads",
-        type=types.positive_int,
-        default=None,
-        help="torch CPU threads (default: torch's own choice, usually one per core)",
-    )
+    _add_torch_options(profile)
     profile.set_defaults(handler=_profile)
     return profile
 
@@ -332,14 +337,8 @@ def add_collect(add: AddCommand) -> argparse.ArgumentParser:
     collect.add_argument(
         "--max-new-tokens", type=types.positive_int, default=128, help="tokens per prompt"
     )
-    collect.add_argument("--device", type=types.device, default="cpu", help="cpu or cuda[:N]")
     collect.add_argument("--seed", type=types.seed, default=0, help="sampling seed")
-    collect.add_argument(
-        "--threads",
-        type=types.positive_int,
-        default=None,
-        help="torch CPU threads (default: torch's own choice, usually one per core)",
-    )
+    _add_torch_options(collect)
     collect.add_argument(
         "--max-prompts",
         type=types.positive_int,

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import AcceptanceEstimator, VerificationPlanner
+from av_core._checks import _check_int
 from av_core._native import ESTIMATOR_DEFAULTS
 from av_core.tools.evaluate import DraftRounds
 from av_core.tools.peers import TRT_DEFAULT_SCHEDULE, EmaTierPolicy, trt_draft_length
@@ -37,14 +38,6 @@ PEER_POLICIES = ("SGL-EMA", "TRT", "vLLM-AV")
 
 #: The most ``steps x requests`` slots a simulation replays (each costs a few int64 arrays).
 MAX_STREAM_ENTRIES = 1 << 28
-
-
-def _check_int(value: object, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return int(value)
 
 
 def _check_stream_size(num_requests: int, num_steps: int) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
+from av_core._checks import _check_int
 from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR
 from av_core.tools.argtypes import parse_int_list
 from av_core.tools.evaluate import DraftRounds
@@ -17,7 +18,7 @@ from av_core.tools.simulate.policies import (
     PEER_POLICIES,
     DepthControl,
     PolicyResult,
-    _check_int,
+    RoundStreams,
     _check_stream_size,
     round_streams,
     simulate_adaptive,
@@ -119,43 +120,12 @@ def simulate_trace(
             row.append(adaptive(exploration=exploration, depth_control=mode, memory=memory))
             advance(f"R={r} {row[-1].policy}")
         if peers:
-            row.append(
-                simulate_sglang_ema(
-                    rounds,
-                    streams,
-                    cost,
-                    drafter,
-                    measure_from=warmup_steps,
-                    parallel_pass_tokens=parallel_pass_tokens,
-                )
+            run = functools.partial(
+                _run_policy, rounds, streams, cost, drafter, warmup_steps, parallel_pass_tokens
             )
-            advance(f"R={r} {row[-1].policy}")
-            row.append(
-                simulate_trt_schedule(
-                    rounds,
-                    streams,
-                    cost,
-                    drafter,
-                    trt_schedule,
-                    measure_from=warmup_steps,
-                    parallel_pass_tokens=parallel_pass_tokens,
-                )
-            )
-            advance(f"R={r} {row[-1].policy}")
-            vllm = adaptive(exploration=0.0, memory=VLLM_ESTIMATOR["memory"])
-            row.append(dataclasses.replace(vllm, policy=PEER_POLICIES[2]))
-            advance(f"R={r} {row[-1].policy}")
-            row.append(
-                simulate_oracle(
-                    rounds,
-                    streams,
-                    cost,
-                    drafter,
-                    measure_from=warmup_steps,
-                    parallel_pass_tokens=parallel_pass_tokens,
-                )
-            )
-            advance(f"R={r} {ORACLE}")
+            for result, name in _peer_results(run, adaptive, trt_schedule):
+                row.append(result)
+                advance(f"R={r} {name}")
         results[r] = row
     description = cost.describe()
     if drafter == "parallel":
@@ -169,6 +139,46 @@ def simulate_trace(
         rounds.num_rounds,
         results,
     )
+
+
+def _run_policy(
+    rounds: DraftRounds,
+    streams: RoundStreams,
+    cost: CostModel,
+    drafter: DrafterKind,
+    measure_from: int,
+    parallel_pass_tokens: PassTokens,
+    simulate: Callable[..., PolicyResult],
+    *args: object,
+) -> PolicyResult:
+    """``simulate`` (a peer policy or the oracle) on the replay's round streams, measured from
+    ``measure_from``; ``args`` follow ``drafter``."""
+    return simulate(
+        rounds,
+        streams,
+        cost,
+        drafter,
+        *args,
+        measure_from=measure_from,
+        parallel_pass_tokens=parallel_pass_tokens,
+    )
+
+
+def _peer_results(
+    run: Callable[..., PolicyResult],
+    adaptive: Callable[..., PolicyResult],
+    trt_schedule: Mapping[int, int] | None,
+) -> Iterator[tuple[PolicyResult, str]]:
+    """The other engines' policies (in :data:`PEER_POLICIES`' order), then the oracle, each with
+    its progress name; run one at a time, so that progress advances after each."""
+    result = run(simulate_sglang_ema)
+    yield result, result.policy
+    result = run(simulate_trt_schedule, trt_schedule)
+    yield result, result.policy
+    vllm = adaptive(exploration=0.0, memory=VLLM_ESTIMATOR["memory"])
+    result = dataclasses.replace(vllm, policy=PEER_POLICIES[2])
+    yield result, result.policy
+    yield run(simulate_oracle), ORACLE
 
 
 def parse_concurrency(text: str) -> list[int]:

@@ -12,11 +12,11 @@ import io
 import math
 import stat
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from os import PathLike
 from pathlib import Path
-from typing import IO, Any, Literal, cast
+from typing import IO, Any, Literal, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -137,6 +137,7 @@ def _write_csv_rows(trace: DraftTrace, handle: IO[str], header: bool) -> None:
 
 
 _INT64_MIN, _INT64_MAX = _INT_RANGE["int"]
+_Number = TypeVar("_Number", int, float)
 
 
 def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
@@ -150,12 +151,7 @@ def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
             return math.nan
         raise ValueError("is empty")
     if kind == "int":
-        try:
-            if not _plain_number(text):
-                raise ValueError(text)
-            number = int(text)
-        except ValueError:
-            raise ValueError(f"expected an integer, got {_shown(text)}") from None
+        number = _parse_plain(text, int, "an integer")
         if not _INT64_MIN <= number <= _INT64_MAX:
             raise ValueError(f"must fit in int64, got {_shown(text)}")
         return number
@@ -170,15 +166,21 @@ def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
         if lowered in ("0", "false"):
             return False
         raise ValueError(f"expected 0 or 1, got {_shown(text)}")
+    real = _parse_plain(text, float, "a number")
+    if math.isnan(real) and required:
+        raise ValueError(f"expected a number, got {_shown(text)}")
+    return real
+
+
+def _parse_plain(text: str, parse: Callable[[str], _Number], expected: str) -> _Number:
+    """``parse(text)`` of a plain decimal number (:func:`_plain_number`), else a ValueError
+    saying what was ``expected``."""
     try:
         if not _plain_number(text):
             raise ValueError(text)
-        number_ = float(text)
+        return parse(text)
     except ValueError:
-        raise ValueError(f"expected a number, got {_shown(text)}") from None
-    if math.isnan(number_) and required:
-        raise ValueError(f"expected a number, got {_shown(text)}")
-    return number_
+        raise ValueError(f"expected {expected}, got {_shown(text)}") from None
 
 
 def _header_columns(header: Sequence[str], where: str) -> list[Column]:

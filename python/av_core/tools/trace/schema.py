@@ -348,25 +348,29 @@ def _check_label_order(trace: DraftTrace) -> None:
     same = (np.diff(trace.request_id[order]) == 0) & (np.diff(trace.step[order]) == 0)
     positions = trace.position[order]
     labels = trace.label[order]
-    duplicate = np.flatnonzero(same & (np.diff(positions) == 0))
-    if duplicate.size:
-        row = int(order[duplicate[0] + 1])
+    row = _second_of_first_pair(order, same & (np.diff(positions) == 0))
+    if row is not None:
         raise _fail(
             row,
             "position",
-            f"position {positions[duplicate[0] + 1]} repeats within request "
+            f"position {trace.position[row]} repeats within request "
             f"{trace.request_id[row]}, step {trace.step[row]}",
         )
-    after_stop = same & (labels[:-1] != 1) & (labels[1:] != UNLABELED)
-    bad = np.flatnonzero(after_stop)
-    if bad.size:
-        row = int(order[bad[0] + 1])
+    row = _second_of_first_pair(order, same & (labels[:-1] != 1) & (labels[1:] != UNLABELED))
+    if row is not None:
         raise _fail(
             row,
             "label",
             f"got {trace.label[row]} after an unlabeled or rejected position in request "
             f"{trace.request_id[row]}, step {trace.step[row]}; labels read 1..1 [0] then empty",
         )
+
+
+def _second_of_first_pair(order: npt.NDArray[np.intp], broken: npt.NDArray[np.bool_]) -> int | None:
+    """The trace row of the later entry of the first neighbouring pair (in ``order``) that is
+    ``broken``; ``None`` if none is."""
+    hits = np.flatnonzero(broken)
+    return int(order[hits[0] + 1]) if hits.size else None
 
 
 def trace_from_rows(rows: Iterable[Mapping[str, Any]]) -> DraftTrace:
