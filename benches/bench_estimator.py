@@ -1,16 +1,24 @@
 """Speed of the estimator's hot calls against numpy implementations of the same math.
 
-``observe`` (labels, IRLS weights and the per-position sufficient statistics of one decode step)
-and ``predict`` at R in {8, 64, 256, 1024} and K in {4, 8, 16}; ``refit`` as it runs in serving,
-at the end of a round that holds observations (here one decode step of R = 256 requests; the
-cost of a refit does not depend on how many observations the round holds), at K in
-{4, 8, 16, 32}, with the default memory γ = 0.8 (fold the round into the discounted memory, the
-χ² drift test, the damped step toward the memory's optimum) and with γ = 0 (vLLM's memoryless
-step); and observe's growth in R from 8 to 4096. Every av_core time is paired with the numpy
-reference (the same system solved densely by ``numpy.linalg.solve``) timed interleaved in the
-same run. A refit consumes its round, so each timed refit follows an untimed ``observe``.
+Both updates (docs/estimator.md): vLLM's, the default (rows without a suffix, the rows every
+earlier run measured), and av_core's opt-in ``map`` (``(map)`` rows).
 
-Targets: observe <= 5 us at R = 256, K = 8; refit <= 2 us at K = 16.
+``observe`` at R in {8, 64, 256, 1024} and K in {4, 8, 16}: map bins one decode step's labeled
+drafts into the per-position histograms (numpy: the same bins by ``bincount``); vllm computes
+labels, IRLS weights and the per-position sufficient statistics. ``predict`` at the same sizes.
+``refit`` as it runs in serving, at the end of a round that holds observations (here one decode
+step of R = 256 requests), at K in {4, 8, 16, 32}, with the default memory γ = 0.8 and with
+γ = 0: map runs the drift test at the reference, discounts and adds the histograms and iterates
+the MAP Newton step to convergence (numpy: the same iteration with dense ``numpy.linalg.solve``);
+vllm folds the round into the discounted quadratic memory, runs the χ² drift test and takes the
+damped step. And observe's growth in R from 8 to 4096. Every av_core time is paired with the
+numpy reference timed interleaved in the same run. A refit consumes its round, so each timed
+refit follows an untimed ``observe``. The timed map observes run with a refit interval of 2^62,
+so the fits the schedule runs after the 1st, 2nd, 4th, ... observe of a round fall in at most one
+timed batch of calls per power of two (the medians are the observe itself).
+
+Targets: observe <= 5 us at R = 256, K = 8; refit at K = 16 <= 20 us for map (it iterates),
+<= 2 us for vllm (one step).
 
     python benches/bench_estimator.py [--quick] [--json PATH]
 """
@@ -28,6 +36,8 @@ from av_core import AcceptanceEstimator
 
 OBSERVE_TARGET_US = 5.0
 REFIT_TARGET_US = 2.0
+MAP_REFIT_TARGET_US = 20.0
+BINS, LIMIT, X_SCALE = 64, 40.0, 2.0**16
 
 
 def numpy_observe(
@@ -145,6 +155,114 @@ def apply_bounds(
     return moved
 
 
+def numpy_observe_map(
+    x: np.ndarray, admitted: np.ndarray, accepted: np.ndarray, k: int
+) -> np.ndarray:
+    """The map update's step in vectorized numpy: ``[3, K·B]`` labeled drafts, accepted drafts
+    and ``Σ round((x + L)·2^16)`` per (position, bin)."""
+    pos = np.arange(k)[None, :]
+    labeled = (pos < accepted[:, None]) | (
+        (pos == accepted[:, None]) & (accepted < admitted)[:, None]
+    )
+    y = (pos < accepted[:, None]).astype(np.float64)
+    u = np.clip(x.astype(np.float64), -LIMIT, LIMIT) + LIMIT
+    b = np.minimum((u * (BINS / (2 * LIMIT))).astype(np.int64), BINS - 1)
+    index = (pos * BINS + b)[labeled]
+    size = k * BINS
+    return np.stack(
+        [
+            np.bincount(index, minlength=size).astype(np.float64),
+            np.bincount(index, weights=y[labeled], minlength=size),
+            np.bincount(index, weights=np.rint(u * X_SCALE)[labeled], minlength=size),
+        ]
+    )
+
+
+def map_prior(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The map prior's precision (closed form of ``av_core/src/map.rs``) and mean."""
+    slope_sd, level_sd, trend_sd, spread_sd = 0.15, 1.0, 0.2, 0.1
+    z = np.arange(k) - (k - 1) / 2.0
+    c0 = level_sd**2 / (spread_sd**2 + k * level_sd**2)
+    c1 = 0.0 if k == 1 else trend_sd**2 / (spread_sd**2 + float(z @ z) * trend_sd**2)
+    precision = np.zeros((k + 1, k + 1))
+    precision[0, 0] = slope_sd**-2
+    precision[1:, 1:] = (np.eye(k) - c0 - c1 * np.outer(z, z)) / spread_sd**2
+    return precision, np.concatenate([[0.5], np.full(k, -0.2)])
+
+
+def map_terms(
+    n: np.ndarray, a: np.ndarray, xbar: np.ndarray, theta: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Score and dense Hessian of the binned log-likelihood at θ (bins ``[K, B]``)."""
+    k = n.shape[0]
+    z = theta[0] * xbar + theta[1:, None]
+    p = 1.0 / (1.0 + np.exp(-z))
+    w, r = n * p * (1.0 - p), a - n * p
+    g = np.concatenate([[np.sum(r * xbar)], r.sum(axis=1)])
+    h = np.zeros((k + 1, k + 1))
+    h[0, 0] = np.sum(w * xbar * xbar)
+    h[0, 1:] = h[1:, 0] = (w * xbar).sum(axis=1)
+    h[np.arange(1, k + 1), np.arange(1, k + 1)] = w.sum(axis=1)
+    return g, h
+
+
+class NumpyMapEstimator:
+    """The numpy reference of the map update at a round's end: the drift test at the reference,
+    the memory discounted (or dropped) and the round added, the MAP Newton iteration (dense
+    solves, each step capped at 1, slope held at 0 if it would go negative, stop at 1e-6 or 16
+    iterations), the bounds around the reference."""
+
+    def __init__(self, k: int, memory: float, drift_z: float = 3.09, l2: float = 1e-3) -> None:
+        self.k, self.gamma, self.drift_z, self.l2 = k, memory, drift_z, l2
+        self.precision, self.mean = map_prior(k)
+        self.theta = self.mean.copy()
+        self.memory = np.zeros((3, k, BINS))  # count, accepted, Σx (feature units)
+        self.round = np.zeros((3, k * BINS))
+        self.resets = 0
+
+    def observe(self, x: np.ndarray, admitted: np.ndarray, accepted: np.ndarray) -> None:
+        self.round = self.round + numpy_observe_map(x, admitted, accepted, self.k)
+
+    def _xbar(self, n: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return np.where(n > 0, x / np.where(n > 0, n, 1.0), 0.0)
+
+    def refit(self) -> None:
+        k = self.k
+        count, accepted, offsets = (v.reshape(k, BINS) for v in self.round)
+        self.round = np.zeros_like(self.round)
+        if count.sum() == 0:
+            self.memory *= self.gamma
+            return
+        xs = offsets / X_SCALE - LIMIT * count
+        g, h = map_terms(count, accepted, self._xbar(count, xs), self.theta)
+        h += self.l2 * np.eye(k + 1)
+        nu = k + 1
+        q = 2.0 / (9.0 * nu)
+        self.memory *= self.gamma
+        if g @ np.linalg.solve(h, g) > nu * (1.0 - q + self.drift_z * np.sqrt(q)) ** 3:
+            self.memory[:] = 0.0
+            self.resets += 1
+        self.memory += np.stack([count, accepted, xs])
+        n, a, x = self.memory
+        xbar = self._xbar(n, x)
+        theta = self.theta.copy()
+        free = np.concatenate([[True], n.sum(axis=1) > 0])
+        for _ in range(16):
+            g, h = map_terms(n, a, xbar, theta)
+            grad = g - self.precision @ (theta - self.mean)
+            m = h + self.precision + self.l2 * np.eye(k + 1)
+            step = np.linalg.solve(m[np.ix_(free, free)], grad[free])
+            largest = float(np.max(np.abs(step)))
+            if largest > 1.0:
+                step *= 1.0 / largest
+            theta[free] += step
+            if theta[0] < 0.0:
+                theta[0], free[0] = 0.0, False
+            if largest < 1e-6:
+                break
+        self.theta = apply_bounds(self.theta, theta - self.theta)
+
+
 def workload(rows: int, k: int, seed: int = 0) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
     x = rng.normal(0.5, 3.0, size=(rows, k)).astype(np.float32)
@@ -174,11 +292,20 @@ def row(name: str, samples: dict[str, list[float]], target: float | None) -> dic
 def observe_and_predict(r: int, k: int, repeats: int, inner: int) -> list[dict[str, Any]]:
     x, admitted, accepted, p = workload(r, k)
     est = AcceptanceEstimator(k, refit_interval=2**62)
+    map_est = AcceptanceEstimator(k, refit_interval=2**62, update="map")
     intercepts = est.intercepts
     observe = timed(
         {
             "av_core": lambda: est.observe(x, admitted, accepted, p),
             "numpy": lambda: numpy_observe(x, admitted, accepted, p),
+        },
+        repeats,
+        inner,
+    )
+    observe_map = timed(
+        {
+            "av_core": lambda: map_est.observe(x, admitted, accepted, p),
+            "numpy": lambda: numpy_observe_map(x, admitted, accepted, k),
         },
         repeats,
         inner,
@@ -191,6 +318,7 @@ def observe_and_predict(r: int, k: int, repeats: int, inner: int) -> list[dict[s
     target = OBSERVE_TARGET_US if (r, k) == (256, 8) else None
     return [
         row(f"observe R={r} K={k}", observe, target),
+        row(f"observe (map) R={r} K={k}", observe_map, target),
         row(f"predict R={r} K={k}", predict, None),
     ]
 
@@ -220,33 +348,48 @@ class NumpyEstimator:
         self.stats = np.zeros_like(self.stats)
 
 
-def refit(k: int, memory: float, repeats: int, inner: int) -> dict[str, Any]:
+def refit(k: int, memory: float, repeats: int, inner: int, update: str) -> dict[str, Any]:
     """The end-of-round refit of an estimator that has observed one step of R = 256 requests
     (after a few rounds, so the memory holds something), against the numpy reference refitting
-    the same statistics; the round-loading observe is untimed."""
+    the same statistics; the round-loading observe is untimed (``count_step=False``, so no fit
+    of the schedule runs in it)."""
     x, admitted, accepted, p = workload(256, k)
-    est = AcceptanceEstimator(k, refit_interval=2**62, memory=memory)
-    reference = NumpyEstimator(k, memory)
+    est = AcceptanceEstimator(k, refit_interval=2**62, memory=memory, update=update)
+    reference: NumpyEstimator | NumpyMapEstimator = (
+        NumpyEstimator(k, memory) if update == "vllm" else NumpyMapEstimator(k, memory)
+    )
     for _ in range(5):  # warm rounds: a non-empty memory and moved coefficients
-        est.observe(x, admitted, accepted)
+        est.observe(x, admitted, accepted, count_step=False)
         est.refit()
         reference.observe(x, admitted, accepted)
         reference.refit()
-    stats = numpy_observe(x, admitted, accepted, p)
+    stats = (
+        numpy_observe(x, admitted, accepted, p)
+        if update == "vllm"
+        else numpy_observe_map(x, admitted, accepted, k)
+    )
 
     def numpy_setup() -> None:
-        reference.stats = stats
+        if isinstance(reference, NumpyEstimator):
+            reference.stats = stats
+        else:
+            reference.round = stats
 
     samples = timed_each(
         {
-            "av_core": (lambda: est.observe(x, admitted, accepted, p), est.refit),
+            "av_core": (lambda: est.observe(x, admitted, accepted, p, count_step=False), est.refit),
             "numpy": (numpy_setup, reference.refit),
         },
         repeats,
         inner,
     )
-    name = f"refit K={k} γ={memory:g} (round of 256 observations)"
-    result = row(name, samples, REFIT_TARGET_US if k == 16 else None)
+    if update == "vllm":
+        name = f"refit K={k} γ={memory:g} (round of 256 observations)"
+        target = REFIT_TARGET_US
+    else:
+        name = f"refit (map) K={k} γ={memory:g} (round of 256 observations)"
+        target = MAP_REFIT_TARGET_US
+    result = row(name, samples, target if k == 16 else None)
     result["reference"] = "numpy, the same system solved densely"
     return result
 
@@ -257,8 +400,9 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     for k in (4, 8, 16):
         for r in (8, 64, 256, 1024):
             rows += observe_and_predict(r, k, repeats, inner)
-    rows += [refit(k, 0.8, repeats, inner) for k in (4, 8, 16, 32)]
-    rows += [refit(k, 0.0, repeats, inner) for k in (4, 8, 16, 32)]
+    for update in ("vllm", "map"):
+        rows += [refit(k, 0.8, repeats, inner, update) for k in (4, 8, 16, 32)]
+        rows += [refit(k, 0.0, repeats, inner, update) for k in (4, 8, 16, 32)]
     return rows
 
 

@@ -36,8 +36,47 @@ typedef struct avc_planner avc_planner;
 typedef int32_t avc_status;
 
 /**
+ * How an estimator refits: AVC_UPDATE_MAP or AVC_UPDATE_VLLM.
+ */
+typedef int32_t avc_update;
+
+/**
+ * The update an estimator refits with and the map update's settings (the fields of the core
+ * configuration that avc_estimator_config does not hold). Fill it with
+ * avc_estimator_update_default, change fields, pass it to avc_estimator_new_with_update.
+ */
+typedef struct avc_estimator_update {
+  /**
+   * AVC_UPDATE_VLLM (default) or AVC_UPDATE_MAP.
+   */
+  avc_update update;
+  /**
+   * map: bins per position over [-max_log_odds, max_log_odds], 1 to 256 (64).
+   */
+  size_t bins;
+  /**
+   * map: prior sd of the slope (0.15; INFINITY = no slope prior).
+   */
+  double prior_slope_sd;
+  /**
+   * map: prior sd of the intercepts' common level (1; INFINITY = unpenalized).
+   */
+  double prior_level_sd;
+  /**
+   * map: prior sd of the intercepts' trend in depth (0.2; 0 = shrink toward the mean alone).
+   */
+  double prior_trend_sd;
+  /**
+   * map: prior sd of each intercept around the trend (0.1; INFINITY = independent).
+   */
+  double prior_spread_sd;
+} avc_estimator_update;
+
+/**
  * Estimator configuration. Fill it with avc_estimator_config_default, then change fields;
- * the defaults are vLLM 0.33.0's.
+ * the defaults are vLLM 0.33.0's, plus av_core's bounds, memory and drift test. How the
+ * estimator refits (vLLM's update by default, or av_core's opt-in map update) is
+ * avc_estimator_update.
  */
 typedef struct avc_estimator_config {
   /**
@@ -227,6 +266,19 @@ typedef int32_t avc_budget_source;
 #define AVC_ERR_PANIC 6
 
 /**
+ * av_core's update, opt-in (docs/estimator.md): per-position histograms, the MAP fit iterated
+ * to convergence under a prior centred on the cold start, fits after 1, 2, 4, ... observes of
+ * every round. Better log-loss, slower observes and refits than AVC_UPDATE_VLLM.
+ */
+#define AVC_UPDATE_MAP 0
+
+/**
+ * vLLM 0.33.0's update: one damped Newton step on the round's IRLS moments per round. The
+ * default.
+ */
+#define AVC_UPDATE_VLLM 1
+
+/**
  * One drafter pass per drafted position (draft models, EAGLE, MTP): drafting d of K positions
  * costs d / K of the full-depth cost.
  */
@@ -306,6 +358,42 @@ const char *avc_version_string(void);
  * not use the library.
  */
 uint32_t avc_abi_version(void);
+
+/**
+ * Writes the default update (AVC_UPDATE_VLLM, and the map settings' defaults) to update_out.
+ *
+ * # Safety
+ *
+ * update_out must be NULL (an error) or point to a writable avc_estimator_update.
+ */
+avc_status avc_estimator_update_default(struct avc_estimator_update *update_out);
+
+/**
+ * avc_estimator_new with the update and map settings of update (avc_estimator_new uses
+ * avc_estimator_update_default's). On failure *estimator_out is NULL.
+ *
+ * Errors: AVC_ERR_NULL (config, update, estimator_out), AVC_ERR_VALUE naming the first bad
+ * field ("update" for an unknown update).
+ *
+ * # Safety
+ *
+ * config and update must be NULL or point to initialized structs; estimator_out must be NULL
+ * or point to a writable avc_estimator pointer.
+ */
+avc_status avc_estimator_new_with_update(const struct avc_estimator_config *config,
+                                         const struct avc_estimator_update *update,
+                                         avc_estimator **estimator_out);
+
+/**
+ * Copies the estimator's update and map settings to update_out.
+ *
+ * # Safety
+ *
+ * estimator must be NULL or a live estimator; update_out must be NULL or point to a
+ * writable avc_estimator_update.
+ */
+avc_status avc_estimator_get_update(const avc_estimator *estimator,
+                                    struct avc_estimator_update *update_out);
 
 /**
  * Writes the default configuration for num_positions draft positions to config_out.

@@ -48,14 +48,23 @@ def native_steps(seed: int = 5) -> Iterator[tuple[np.ndarray, np.ndarray, np.nda
         yield x, admitted, accepted, owner
 
 
-def new_native() -> AcceptanceEstimator:
-    # The estimator's own schedule never fires: the scenario refits after pooling.
-    return AcceptanceEstimator(NATIVE_K, refit_interval=1 << 40)
+def new_native(update: str = "map") -> AcceptanceEstimator:
+    # The estimator's own round end never fires: the scenario ends rounds after pooling (under
+    # map, each rank also fits within the round on its own share, which the round end ignores).
+    return AcceptanceEstimator(NATIVE_K, refit_interval=1 << 40, update=update)
 
 
-def native_reference() -> list[list[str]]:
+def position_counts(round_stats: dict[str, Any]) -> list[int]:
+    """Labels per position of a round under either update."""
+    if "n" in round_stats:
+        return [int(n) for n in round_stats["n"]]
+    counts = np.asarray(round_stats["count"], dtype=np.int64).reshape(NATIVE_K, -1)
+    return [int(n) for n in counts.sum(axis=1)]
+
+
+def native_reference(update: str = "map") -> list[list[str]]:
     """One estimator fed every verdict: coefficients after each refit."""
-    est, out = new_native(), []
+    est, out = new_native(update), []
     for step, (x, admitted, accepted, _) in enumerate(native_steps(), start=1):
         est.observe(x, admitted, accepted)
         if step % NATIVE_ROUND == 0:
@@ -64,10 +73,10 @@ def native_reference() -> list[list[str]]:
     return out
 
 
-def run_native(rank: int, group: Any) -> dict[str, Any]:
+def run_native(rank: int, group: Any, update: str = "map") -> dict[str, Any]:
     from av_core.distributed import pool_round
 
-    est, out, pooled_counts = new_native(), [], []
+    est, out, pooled_counts = new_native(update), [], []
     order_rng = np.random.default_rng(100 + rank)
     for step, (x, admitted, accepted, owner) in enumerate(native_steps(), start=1):
         mine = np.flatnonzero(owner == rank)
@@ -76,7 +85,7 @@ def run_native(rank: int, group: Any) -> dict[str, Any]:
             est.observe(x[mine], admitted[mine], accepted[mine])
         if step % NATIVE_ROUND == 0:
             pooled = pool_round(est, group)
-            pooled_counts.append([int(n) for n in pooled["n"]])
+            pooled_counts.append(position_counts(pooled))
             est.refit()
             out.append(coefficient_bits(est.slope, est.intercepts))
     return {"coefficients": out, "pooled_counts": pooled_counts}
@@ -125,21 +134,21 @@ def drive_drop_in(
     return trajectory
 
 
-def new_drop_in(process_group: Any = None) -> OnlineAcceptanceEstimator:
+def new_drop_in(process_group: Any = None, update: str = "vllm") -> OnlineAcceptanceEstimator:
     est = OnlineAcceptanceEstimator(
-        DROP_IN_M, DROP_IN_K, torch.device("cpu"), process_group=process_group
+        DROP_IN_M, DROP_IN_K, torch.device("cpu"), process_group=process_group, update=update
     )
     est.REFIT_INTERVAL = DROP_IN_INTERVAL
     return est
 
 
-def drop_in_reference() -> list[list[str]]:
-    return drive_drop_in(new_drop_in(), drop_in_trace(), lambda slot: True, range)
+def drop_in_reference(update: str = "vllm") -> list[list[str]]:
+    return drive_drop_in(new_drop_in(update=update), drop_in_trace(), lambda slot: True, range)
 
 
-def run_drop_in(rank: int, group: Any) -> list[list[str]]:
+def run_drop_in(rank: int, group: Any, update: str = "vllm") -> list[list[str]]:
     rng = np.random.default_rng(200 + rank)
-    est = new_drop_in(group)
+    est = new_drop_in(group, update)
     return drive_drop_in(
         est, drop_in_trace(), lambda slot: slot_owner(slot) == rank, lambda n: rng.permutation(n)
     )
@@ -173,16 +182,21 @@ def main(argv: list[str]) -> None:
         )
         group = dist.group.WORLD
         result["native"] = run_native(rank, group)
+        result["native_vllm"] = run_native(rank, group, "vllm")
         result["drop_in"] = run_drop_in(rank, group)
+        result["drop_in_map"] = run_drop_in(rank, group, "map")
         result["mismatch"] = run_mismatch(rank, group)
         dist.barrier()
         dist.destroy_process_group()
     elif mode == "tp":
-        rng = np.random.default_rng(300 + rank)
-        est = new_drop_in()
-        result["drop_in"] = drive_drop_in(
-            est, drop_in_trace(), lambda slot: True, lambda n: rng.permutation(n)
-        )
+        for key, update in (("drop_in", "vllm"), ("drop_in_map", "map")):
+            rng = np.random.default_rng(300 + rank)
+            result[key] = drive_drop_in(
+                new_drop_in(update=update),
+                drop_in_trace(),
+                lambda slot: True,
+                lambda n, rng=rng: rng.permutation(n),
+            )
         result["torch_distributed_initialized"] = bool(
             torch.distributed.is_available() and torch.distributed.is_initialized()
         )

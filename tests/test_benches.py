@@ -64,8 +64,11 @@ def test_estimator_benchmark_runs(benches: None) -> None:
     names = {row["name"] for row in rows}
     assert {
         "observe R=256 K=8",
+        "observe (map) R=256 K=8",
         "refit K=16 γ=0.8 (round of 256 observations)",
         "refit K=16 γ=0 (round of 256 observations)",
+        "refit (map) K=16 γ=0.8 (round of 256 observations)",
+        "refit (map) K=16 γ=0 (round of 256 observations)",
     } <= names
     assert all(row["median_us"] > 0 for row in rows)
 
@@ -95,7 +98,7 @@ def fixed_to_float(values: list[int], bits: int) -> np.ndarray:
 def test_numpy_observe_and_predict_compute_what_av_core_does(benches: None, r: int, k: int) -> None:
     bench = load("bench_estimator")
     x, admitted, accepted, p = bench.workload(r, k)
-    est = AcceptanceEstimator(k, refit_interval=2**62)
+    est = AcceptanceEstimator(k, refit_interval=2**62, update="vllm")  # its IRLS moments
     np.testing.assert_allclose(
         est.predict(x), bench.numpy_predict(x, 0.5, est.intercepts), rtol=1e-6, atol=1e-7
     )
@@ -107,6 +110,16 @@ def test_numpy_observe_and_predict_compute_what_av_core_does(benches: None, r: i
         + [np.asarray(report["n"], dtype=np.float64)]
     )
     np.testing.assert_allclose(ours, bench.numpy_observe(x, admitted, accepted, p), atol=1e-6)
+    # The map update's histograms: the numpy bins are the core's, integer for integer.
+    est = AcceptanceEstimator(k, refit_interval=2**62, update="map")
+    est.observe(x, admitted, accepted, p)
+    round_stats = est.state_dict()["round_stats"]
+    ours = np.stack([np.asarray(round_stats[name], np.float64) for name in bench_columns()])
+    np.testing.assert_array_equal(ours, bench.numpy_observe_map(x, admitted, accepted, k))
+
+
+def bench_columns() -> tuple[str, str, str]:
+    return ("count", "accepted", "x_sum")
 
 
 @pytest.mark.parametrize(("memory", "drift_z"), [(0.8, 3.09), (0.8, float("inf")), (0.0, 3.09)])
@@ -119,7 +132,10 @@ def test_the_refit_reference_tracks_the_estimator_round_after_round(
     with the drift test firing (its rounds do not fit the model) and with it off (the memory
     then keeps every round)."""
     bench = load("bench_estimator")
-    est = AcceptanceEstimator(k, refit_interval=2**62, memory=memory, drift_z=drift_z)
+    # vLLM's update (the map update's reference: the test below).
+    est = AcceptanceEstimator(
+        k, refit_interval=2**62, memory=memory, drift_z=drift_z, update="vllm"
+    )
     reference = bench.NumpyEstimator(k, memory, drift_z)
     drifted = 0
     for round_ in range(12):
@@ -136,6 +152,32 @@ def test_the_refit_reference_tracks_the_estimator_round_after_round(
     if memory > 0:
         assert est.state_dict()["memory_state"]["resets"] == drifted
         assert drifted > 0 if np.isfinite(drift_z) else drifted == 0
+
+
+@pytest.mark.parametrize(("memory", "drift_z"), [(0.8, 3.09), (0.8, float("inf")), (0.0, 3.09)])
+@pytest.mark.parametrize("k", [4, 16])
+def test_the_map_refit_reference_tracks_the_estimator_round_after_round(
+    benches: None, memory: float, drift_z: float, k: int
+) -> None:
+    """The numpy map estimator the map refit rows time (its own bins, prior, dense Newton,
+    memory, drift test, bounds) follows av_core's coefficients over rounds of a drifting
+    workload."""
+    bench = load("bench_estimator")
+    est = AcceptanceEstimator(k, refit_interval=2**62, memory=memory, drift_z=drift_z, update="map")
+    reference = bench.NumpyMapEstimator(k, memory, drift_z)
+    for round_ in range(12):
+        x, admitted, accepted, _ = bench.workload(256, k, seed=round_)
+        if round_ >= 6:
+            accepted = accepted // 2
+        est.observe(x, admitted, accepted, count_step=False)
+        reference.observe(x, admitted, accepted)
+        est.refit()
+        reference.refit()
+        ours = np.concatenate([[est.slope], est.intercepts])
+        np.testing.assert_allclose(ours, reference.theta, rtol=1e-7, atol=1e-9)
+    if memory > 0:
+        assert est.state_dict()["memory_state"]["resets"] == reference.resets
+        assert reference.resets > 0 if np.isfinite(drift_z) else reference.resets == 0
 
 
 def test_the_refit_rows_time_rounds_with_observations(benches: None) -> None:

@@ -34,7 +34,7 @@ def test_statistics_beyond_64_bits_cross_the_boundary_exactly() -> None:
     """Σ w x² at x = 40 (clamped), p = 1/2 is 400 per observation, 400·2**36 units: after
     400,000 observations the sum is past 2**63 units. state_dict must hand it to Python as the
     exact integer, and from_state_dict must read it back into the core's i128 unchanged."""
-    est = AcceptanceEstimator(1, refit_interval=2**62)
+    est = AcceptanceEstimator(1, refit_interval=2**62, update="vllm")  # its IRLS moments
     rows = 100_000
     x = np.full((rows, 1), 100.0, dtype=np.float32)  # clamped to max_log_odds = 40
     p = np.full((rows, 1), 0.5, dtype=np.float32)

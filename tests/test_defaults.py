@@ -39,6 +39,18 @@ CORE_DEFAULTS: dict[str, float] = {
     "drift_z": 3.09,
 }
 
+#: The update's keywords (docs/estimator.md): vLLM's update by default, av_core's ``map`` opt-in
+#: with its bins and prior widths. Not in ``ESTIMATOR_DEFAULTS`` nor in a default estimator's
+#: ``state_dict()`` (format version 1, as before the map update); the getters hold them.
+UPDATE_DEFAULTS: dict[str, Any] = {
+    "update": "vllm",
+    "bins": 64,
+    "prior_slope_sd": 0.15,
+    "prior_level_sd": 1.0,
+    "prior_trend_sd": 0.2,
+    "prior_spread_sd": 0.1,
+}
+
 #: vLLM 0.33.0's estimator: its constants (REFIT_INTERVAL, DAMPING_OBSERVATIONS, L2,
 #: _MAX_LOG_ODDS, _INIT_SLOPE, _INIT_BIAS), its memoryless, unbounded update.
 VLLM = {
@@ -67,16 +79,22 @@ def stub_defaults(class_name: str) -> dict[str, Any]:
 
 def test_the_estimators_signature_shows_the_cores_defaults() -> None:
     defaults = runtime_defaults(_native.AcceptanceEstimator)
-    assert defaults == CORE_DEFAULTS
-    assert all(type(v) is type(CORE_DEFAULTS[k]) for k, v in defaults.items()), defaults
+    everything = {**CORE_DEFAULTS, **UPDATE_DEFAULTS}
+    assert defaults == everything
+    assert all(type(v) is type(everything[k]) for k, v in defaults.items()), defaults
     assert "refit_interval=100" in _native.AcceptanceEstimator.__text_signature__
     assert "..." not in _native.AcceptanceEstimator.__text_signature__
 
 
 def test_an_estimator_built_with_no_options_holds_the_signatures_defaults() -> None:
-    config = dict(_native.AcceptanceEstimator(3).state_dict()["config"])
+    est = _native.AcceptanceEstimator(3)
+    config = dict(est.state_dict()["config"])
     assert config.pop("num_positions") == 3
-    assert config == runtime_defaults(_native.AcceptanceEstimator) == CORE_DEFAULTS
+    defaults = runtime_defaults(_native.AcceptanceEstimator)
+    assert config == {k: v for k, v in defaults.items() if k not in UPDATE_DEFAULTS}
+    assert config == CORE_DEFAULTS
+    assert {k: getattr(est, k) for k in UPDATE_DEFAULTS} == UPDATE_DEFAULTS
+    assert {k: defaults[k] for k in UPDATE_DEFAULTS} == UPDATE_DEFAULTS
 
 
 def test_the_exported_defaults_are_the_cores_and_read_only() -> None:
@@ -96,7 +114,7 @@ def test_the_vllm_preset_builds_vllms_estimator() -> None:
 
 
 def test_the_stub_states_the_same_defaults() -> None:
-    assert stub_defaults("AcceptanceEstimator") == CORE_DEFAULTS
+    assert stub_defaults("AcceptanceEstimator") == {**CORE_DEFAULTS, **UPDATE_DEFAULTS}
     assert stub_defaults("VerificationPlanner")["exploration"] == 0.01
 
 

@@ -30,12 +30,15 @@ import distributed_scenarios as scenarios  # noqa: E402
 
 from av_core import AcceptanceEstimator  # noqa: E402
 from av_core.distributed import (  # noqa: E402
+    HISTOGRAM_COLUMNS,
     NUM_LIMBS,
     STAT_COLUMNS,
     limbs_to_round,
     pool_round,
     round_limbs,
 )
+
+COLUMNS = HISTOGRAM_COLUMNS
 
 HERE = Path(__file__).resolve().parent
 
@@ -82,17 +85,18 @@ def dp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]
     return run_ranks("dp", 4, tmp_path_factory.mktemp("dp"))
 
 
+@pytest.mark.parametrize(("key", "update"), [("native", "map"), ("native_vllm", "vllm")])
 def test_four_gloo_ranks_pool_to_the_bits_of_one_estimator(
-    dp_results: list[dict[str, Any]],
+    dp_results: list[dict[str, Any]], key: str, update: str
 ) -> None:
-    expected = scenarios.native_reference()
+    expected = scenarios.native_reference(update)
     assert len(expected) == scenarios.NATIVE_STEPS // scenarios.NATIVE_ROUND
     # The coefficients move from refit to refit, so equality is not the cold start twice.
     assert len({tuple(c) for c in expected}) == len(expected)
     for result in dp_results:
-        assert result["native"]["coefficients"] == expected, result["rank"]
+        assert result[key]["coefficients"] == expected, result["rank"]
     # The pooled counts are every row's labels (rank 3 served nothing and contributed zeros).
-    counts = [result["native"]["pooled_counts"] for result in dp_results]
+    counts = [result[key]["pooled_counts"] for result in dp_results]
     assert all(c == counts[0] for c in counts)
     total = np.zeros(scenarios.NATIVE_K, dtype=np.int64)
     for step, (_, admitted, accepted, owner) in enumerate(scenarios.native_steps(), start=1):
@@ -114,6 +118,22 @@ def test_four_gloo_ranks_of_the_drop_in_refit_to_the_bits_of_one_estimator(
         assert result["drop_in"] == expected, result["rank"]
 
 
+def test_four_gloo_ranks_of_the_drop_in_on_the_map_update_end_rounds_on_the_same_bits(
+    dp_results: list[dict[str, Any]],
+) -> None:
+    # With a process group the drop-in fits only at the pooled round ends, so every rank holds
+    # the same bits throughout, and at each round's end the bits of one estimator fed every
+    # verdict (which also fitted within its rounds: the round's end does not depend on that).
+    expected = scenarios.drop_in_reference("map")
+    first = dp_results[0]["drop_in_map"]
+    for result in dp_results:
+        assert result["drop_in_map"] == first, result["rank"]
+    ends = [i for i in range(len(expected)) if (i + 1) % scenarios.DROP_IN_INTERVAL == 0]
+    assert len(ends) == scenarios.DROP_IN_STEPS // scenarios.DROP_IN_INTERVAL
+    assert [first[i] for i in ends] == [expected[i] for i in ends]
+    assert len({tuple(expected[i]) for i in ends}) == len(ends)
+
+
 def test_a_rank_with_another_layout_makes_every_rank_refuse(
     dp_results: list[dict[str, Any]],
 ) -> None:
@@ -125,10 +145,11 @@ def test_a_rank_with_another_layout_makes_every_rank_refuse(
 def test_tensor_parallel_ranks_agree_bit_for_bit_without_a_collective(tmp_path: Path) -> None:
     results = run_ranks("tp", 2, tmp_path)
     assert not any(result["torch_distributed_initialized"] for result in results)
-    first, second = (result["drop_in"] for result in results)
-    assert first == second
-    assert first == scenarios.drop_in_reference()
-    assert len({tuple(c) for c in first}) > 1
+    for key, update in (("drop_in", "vllm"), ("drop_in_map", "map")):
+        first, second = (result[key] for result in results)
+        assert first == second
+        assert first == scenarios.drop_in_reference(update)
+        assert len({tuple(c) for c in first}) > 1
 
 
 # --- the encoding, in one process --------------------------------------------------------------
@@ -179,7 +200,8 @@ def test_pool_round_needs_a_native_estimator_and_an_initialized_group() -> None:
 
 
 def test_add_round_stats_refuses_bad_rounds_and_changes_nothing() -> None:
-    est = AcceptanceEstimator(2, refit_interval=1 << 40)
+    # vLLM's update: its IRLS moments (the map update's histograms: the test below).
+    est = AcceptanceEstimator(2, refit_interval=1 << 40, update="vllm")
     est.observe(np.array([[1.0, 2.0]], np.float32), [2], [1])
     before = est.state_dict()
     good = est.state_dict()["round_stats"]
@@ -195,3 +217,44 @@ def test_add_round_stats_refuses_bad_rounds_and_changes_nothing() -> None:
         assert est.state_dict() == before
     est.add_round_stats(good)
     assert est.round_counts().tolist() == [2 * n for n in before["round_stats"]["n"]]
+
+
+def test_add_round_stats_refuses_bad_histograms_and_changes_nothing() -> None:
+    est = AcceptanceEstimator(2, refit_interval=1 << 40, update="map")
+    est.observe(np.array([[1.0, 2.0]], np.float32), [2], [1])
+    before = est.state_dict()
+    good = est.state_dict()["round_stats"]
+    occupied = next(i for i, n in enumerate(good["count"]) if n > 0)
+    too_many = list(good["accepted"])
+    too_many[occupied] = good["count"][occupied] + 1
+    for bad, error in (
+        ({**good, "count": good["count"][:-1]}, ValueError),
+        ({**good, "accepted": too_many}, ValueError),
+        ({**good, "bins": 32}, ValueError),
+        ({**good, "fraction_bits": 36}, ValueError),  # a vllm round given to a map estimator
+        ({**good, "count": [-1] + good["count"][1:]}, ValueError),
+        (before["round_stats"] | {"count": "many"}, TypeError),
+    ):
+        with pytest.raises(error, match="round_stats"):
+            est.add_round_stats(bad)
+        assert est.state_dict() == before
+    est.add_round_stats(good)
+    assert est.round_counts().tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_histogram_limbs_sum_to_the_python_integer_sum(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rounds = [
+        {
+            "fraction_bits": 16,
+            "bins": 4,
+            **{name: [int(v) for v in rng.integers(0, 1 << 62, size=8)] for name in COLUMNS},
+        }
+        for _ in range(3)
+    ]
+    limbs = [round_limbs(r) for r in rounds]
+    assert limbs[0].shape == (3, 8, NUM_LIMBS)
+    summed = limbs_to_round(np.sum(limbs, axis=0), 16, COLUMNS)
+    for name in COLUMNS:
+        assert summed[name] == [sum(r[name][i] for r in rounds) for i in range(8)], name

@@ -98,3 +98,25 @@ def test_readme_prose_quotes_latencies_only_through_spans(bench_run: ModuleType)
     # Targets ("≤ 5 µs", "a 5 µs target") are not measurements.
     prose = re.sub(r"≤\s*\d[\d.,]*\s*µs|\d[\d.,]*\s*µs\s+target", "", prose)
     assert re.findall(r"\d[\d.,]*\s*(?:µs|us)\b", prose) == []
+
+
+def test_estimator_doc_tables_match_the_cold_start_study_json() -> None:
+    # docs/estimator.md's before/after, switch and benchmark tables are rendered from
+    # scripts/cold_start_study.json (python scripts/cold_start_study.py --json --update-docs).
+    path = ROOT / "scripts" / "cold_start_study.py"
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    study = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = study  # its dataclasses look their module up while it executes
+    try:
+        spec.loader.exec_module(study)
+    finally:
+        sys.modules.pop(path.stem, None)
+    figures = json.loads((ROOT / "scripts" / "cold_start_study.json").read_text())
+    text = (ROOT / "docs" / "estimator.md").read_text()
+    blocks = {m["name"] for m in study.BLOCK.finditer(text)}
+    assert blocks == {"main", "switch", "bench"}
+    assert study.stale_blocks(text, figures) == []
+    # Every configuration of the issue on both traces, before and after.
+    cells = {(r["trace"], r["refit"], r["batch"], r["scheme"]) for r in figures["main"]}
+    assert len(cells) == 2 * 4 * 2

@@ -17,12 +17,23 @@ from av_core.tools.synthetic import SyntheticWorkload, sigmoid
 import reference
 
 # Statistics in state_dict() are fixed-point integers in units of 2**-fraction_bits.
-FRACTION = 2.0 ** AcceptanceEstimator(1).state_dict()["round_stats"]["fraction_bits"]
+# (vLLM's update keeps them; av_core's map update keeps histograms.)
+FRACTION = 2.0 ** AcceptanceEstimator(1, update="vllm").state_dict()["round_stats"]["fraction_bits"]
 
 
 # vLLM's update has no step or range limits; these switch av_core's off for exact comparisons.
 # vLLM's update: unbounded steps and no memory across rounds.
-UNBOUNDED = {"max_step": np.inf, "max_slope": np.inf, "max_intercept": np.inf, "memory": 0.0}
+UNBOUNDED = {
+    "max_step": np.inf,
+    "max_slope": np.inf,
+    "max_intercept": np.inf,
+    "memory": 0.0,
+    "update": "vllm",
+}
+# vLLM's update with av_core's bounds, memory and drift test: the tests below that read its IRLS
+# moments or assert its damped step construct it explicitly (the default is "vllm" too;
+# tests/test_map_update.py tests that one).
+VLLM: dict[str, Any] = {"update": "vllm"}
 
 
 def float_stats(estimator: AcceptanceEstimator) -> dict[str, np.ndarray]:
@@ -67,7 +78,7 @@ def random_batch(rng: np.random.Generator, rows: int, k: int) -> tuple[np.ndarra
 def test_label_rule_on_hand_made_cases(
     admitted: int, accepted: int, counts: list[int], residuals: list[float]
 ) -> None:
-    est = AcceptanceEstimator(4)
+    est = AcceptanceEstimator(4, **VLLM)
     features = np.array([[1.0, -2.0, 3.0, 0.5]], dtype=np.float32)
     est.observe(features, [admitted], [accepted], np.full((1, 4), 0.5, dtype=np.float32))
     assert est.round_counts().tolist() == counts
@@ -89,7 +100,7 @@ def test_statistics_match_float64_reference(
 ) -> None:
     rng = np.random.default_rng(seed)
     x, admitted, accepted, p = random_batch(rng, rows, k)
-    est = AcceptanceEstimator(k)
+    est = AcceptanceEstimator(k, **VLLM)
     est.observe(x, admitted, accepted, p if with_predictions else None)
     if not with_predictions:
         z = 0.5 * np.clip(x.astype(np.float64), -40, 40) - 0.2
@@ -173,14 +184,14 @@ def test_slope_guard_keeps_the_slope_non_negative() -> None:
         "g1": np.zeros(k),
         "n": np.full(k, 1000.0),
     }
-    est = inject(AcceptanceEstimator(k), stats)
+    est = inject(AcceptanceEstimator(k, **VLLM), stats)
     est.refit()
     assert est.slope == 0.5
     assert est.num_refits == 1
 
 
 def test_rounds_without_observations_change_nothing() -> None:
-    est = AcceptanceEstimator(3, refit_interval=4)
+    est = AcceptanceEstimator(3, refit_interval=4, **VLLM)
     x = np.ones((5, 3), dtype=np.float32)
     for _ in range(4):
         est.observe(x, np.zeros(5, np.int64), np.zeros(5, np.int64))
@@ -193,7 +204,7 @@ def test_rounds_without_observations_change_nothing() -> None:
 
 def test_positions_never_reached_keep_their_intercepts_bit_identical() -> None:
     rng = np.random.default_rng(3)
-    est = AcceptanceEstimator(4, refit_interval=10)
+    est = AcceptanceEstimator(4, refit_interval=10, **VLLM)
     for _ in range(50):
         x = rng.normal(size=(32, 4)).astype(np.float32)
         admitted = rng.integers(0, 3, size=32)  # never beyond position 1
@@ -313,6 +324,7 @@ def test_state_dict_round_trips_bit_exactly_and_pickles() -> None:
         init_slope=0.7,
         init_intercept=0.1,
         max_log_odds=30.0,
+        **VLLM,
     )
     for _ in range(7):
         x, ad, ac, p = random_batch(rng, 8, 3)
@@ -495,7 +507,7 @@ def test_bad_config_raises_naming_the_argument(kwargs: dict[str, Any], text: str
 
 
 def test_bad_state_dict_is_refused() -> None:
-    state = AcceptanceEstimator(3).state_dict()
+    state = AcceptanceEstimator(3, **VLLM).state_dict()
     for broken, text in [
         ({k: v for k, v in state.items() if k != "slope"}, "slope"),
         ({**state, "format_version": 99}, "format_version"),
@@ -517,11 +529,18 @@ def test_one_adversarial_round_cannot_throw_an_intercept_out_of_reach() -> None:
     unbounded = AcceptanceEstimator(4, refit_interval=1, **UNBOUNDED)
     unbounded.observe(x, fours, zeros)
     assert unbounded.intercepts[0] < -1e4
-    bounded = AcceptanceEstimator(4, refit_interval=1)
+    bounded = AcceptanceEstimator(4, refit_interval=1, **VLLM)
     bounded.observe(x, fours, zeros)
     assert bounded.intercepts[0] == pytest.approx(-0.2 - bounded.max_step)
     assert bounded.intercepts[1:].tolist() == [-0.2, -0.2, -0.2]
     assert 0.0 <= bounded.slope <= bounded.max_slope
+    # av_core's map update throws nothing out of reach in the first place: its fit is the
+    # posterior mode, which the prior keeps near the cold start, and it is capped the same way.
+    mapped = AcceptanceEstimator(4, refit_interval=1, update="map")
+    mapped.observe(x, fours, zeros)
+    assert -0.2 - mapped.max_step <= mapped.intercepts[0] < -0.2
+    assert mapped.intercepts[1:].tolist() == [-0.2, -0.2, -0.2]
+    assert 0.0 <= mapped.slope <= mapped.max_slope
 
 
 def test_device_tensors_are_copied_to_host_by_their_own_cpu() -> None:

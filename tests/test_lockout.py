@@ -14,7 +14,14 @@ STATIONARY = SyntheticWorkload(slope=0.55, intercepts=(1.4, 0.9, 0.5, 0.1))
 HIGH = SyntheticWorkload(slope=0.55, intercepts=(2.0, 1.5, 1.0, 0.5))
 LOW = SyntheticWorkload(slope=0.55, intercepts=(0.0, -0.5, -1.0, -1.5))
 # vLLM's update: unbounded steps and no memory across rounds.
-UNBOUNDED = {"max_step": np.inf, "max_slope": np.inf, "max_intercept": np.inf, "memory": 0.0}
+# vLLM's update: unbounded steps, no memory (the counterfactual the bounds exist for).
+UNBOUNDED: dict[str, Any] = {
+    "max_step": np.inf,
+    "max_slope": np.inf,
+    "max_intercept": np.inf,
+    "memory": 0.0,
+    "update": "vllm",
+}
 
 
 def serving_loop(exploration: float = 0.01, seed: int = 0, **estimator: Any) -> TrimmingServing:

@@ -66,19 +66,35 @@ def test_without_the_drift_test_fixed_memory_tracks_drift_slowly() -> None:
 
 
 def test_memory_zero_is_the_memoryless_update_bit_for_bit() -> None:
-    a = AcceptanceEstimator(4, memory=0.0)
-    b = AcceptanceEstimator(4, memory=0.0, drift_z=1.0)
+    # vLLM's update keeps no memory at all at γ = 0.
+    a = AcceptanceEstimator(4, memory=0.0, update="vllm")
+    b = AcceptanceEstimator(4, memory=0.0, drift_z=1.0, update="vllm")
     ha = run_rounds(a, STATIONARY, 5, np.random.default_rng(3))
     hb = run_rounds(b, STATIONARY, 5, np.random.default_rng(3))
     assert ha.tobytes() == hb.tobytes()
     assert b.state_dict()["memory_state"]["total"] == 0.0
 
 
-def test_memory_state_round_trips() -> None:
-    est = AcceptanceEstimator(4, memory=0.8)
+def test_map_memory_zero_keeps_only_the_last_round_whatever_the_drift_test() -> None:
+    # av_core's map update at γ = 0: each round's end fits that round alone, so dropping the
+    # memory (a drift test at 1 sd fires often) changes no bit.
+    a = AcceptanceEstimator(4, memory=0.0, update="map")
+    b = AcceptanceEstimator(4, memory=0.0, drift_z=1.0, update="map")
+    ha = run_rounds(a, STATIONARY, 5, np.random.default_rng(3))
+    hb = run_rounds(b, STATIONARY, 5, np.random.default_rng(3))
+    assert ha.tobytes() == hb.tobytes()
+    assert b.state_dict()["memory_state"]["resets"] > 0
+    last = sum(b.state_dict()["memory_state"]["count"])
+    assert 0 < last <= 10 * 4 * b.refit_interval  # one round's labels at most
+
+
+@pytest.mark.parametrize("update", ["vllm", "map"])
+def test_memory_state_round_trips(update: str) -> None:
+    est = AcceptanceEstimator(4, memory=0.8, update=update)
     run_rounds(est, STATIONARY, 4, np.random.default_rng(4))
     state = est.state_dict()
-    assert state["memory_state"]["total"] > 0
+    memory = state["memory_state"]
+    assert (memory["total"] if update == "vllm" else sum(memory["count"])) > 0
     copies = [
         AcceptanceEstimator.from_state_dict(state),
         AcceptanceEstimator.from_bytes(est.to_bytes()),

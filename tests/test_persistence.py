@@ -149,7 +149,9 @@ def test_a_state_at_the_loaders_bounds_keeps_working_and_every_state_it_reaches_
     """A restored state whose counters sit at the bound (2**56) refuses an observation that
     would pass it (ValueError naming the argument, nothing changed), saturates its refit count,
     and saves bytes that load again, through the state dict and the bytes alike."""
-    est = AcceptanceEstimator(2, refit_interval=5)
+    # vLLM's update: its round holds the per-position counts ``n`` (the map update's round is
+    # histograms).
+    est = AcceptanceEstimator(2, refit_interval=5, update="vllm")
     x = np.array([[0.5, -1.0]], np.float32)
     est.observe(x, [2], [1])
     state = est.state_dict()
@@ -193,3 +195,5 @@ def test_state_written_by_0_1_0_still_loads() -> None:
     assert pickle.loads((DATA / "cost_tables_depth.pickle").read_bytes()) == depth
     estimator = AcceptanceEstimator.load(DATA / "estimator_v1.bin")
     assert estimator.to_bytes() == (DATA / "estimator_v1.bin").read_bytes()
+    # Version 1 is vLLM's update, still the default: saved again, it is the same bytes.
+    assert estimator.update == "vllm"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 from av_core import AcceptanceEstimator
 
@@ -24,24 +25,30 @@ def batches() -> list[tuple[np.ndarray, ...]]:
     return out
 
 
-def add(total: dict[str, list[int]], part: dict[str, list[int]]) -> None:
-    for key in ("a", "b", "c", "g0", "g1", "n"):
+#: The round's integer columns under each update, and the one that counts labels.
+KEYS = {"vllm": ("a", "b", "c", "g0", "g1", "n"), "map": ("count", "accepted", "x_sum")}
+LABELS = {"vllm": "n", "map": "count"}
+
+
+def add(total: dict[str, list[int]], part: dict[str, list[int]], keys: tuple[str, ...]) -> None:
+    for key in keys:
         total[key] = [u + v for u, v in zip(total[key], part[key], strict=True)]
 
 
-def test_eight_producers_with_concurrent_predict_and_refit_lose_nothing() -> None:
+@pytest.mark.parametrize("update", ["vllm", "map"])
+def test_eight_producers_with_concurrent_predict_and_refit_lose_nothing(update: str) -> None:
     data = batches()
-    probe = AcceptanceEstimator(K)
+    probe = AcceptanceEstimator(K, update=update)
     probe.observe(*data[0])
     per_call = sum(probe.round_counts())
     calls = -(-OBSERVATIONS // per_call)
 
-    serial = AcceptanceEstimator(K, refit_interval=2**62)
+    serial = AcceptanceEstimator(K, refit_interval=2**62, update=update)
     for i in range(calls * PRODUCERS):
         serial.observe(*data[i % len(data)])
     expected = serial.state_dict()["round_stats"]
 
-    est = AcceptanceEstimator(K, refit_interval=2**62)
+    est = AcceptanceEstimator(K, refit_interval=2**62, update=update)
     done = threading.Event()
     rounds: list[dict[str, list[int]]] = []
     predictions: list[np.ndarray] = []
@@ -69,13 +76,13 @@ def test_eight_producers_with_concurrent_predict_and_refit_lose_nothing() -> Non
     for t in helpers:
         t.join()
 
-    keys = ("a", "b", "c", "g0", "g1", "n")
+    keys, n = KEYS[update], LABELS[update]
     open_round = est.state_dict()["round_stats"]
     total = {key: list(open_round[key]) for key in keys}
     for r in rounds:
-        add(total, r)
+        add(total, r, keys)
     assert total == {key: expected[key] for key in keys}
-    assert sum(total["n"]) >= PRODUCERS * OBSERVATIONS
+    assert sum(total[n]) >= PRODUCERS * OBSERVATIONS
     assert len(rounds) > 1
-    assert all(sum(r["n"]) % per_call == 0 for r in rounds)  # rounds hold whole calls
+    assert all(sum(r[n]) % per_call == 0 for r in rounds)  # rounds hold whole calls
     assert predictions and all(np.isfinite(p).all() for p in predictions)

@@ -415,7 +415,7 @@ impl AtomicRound {
 #[derive(Debug)]
 pub struct Accumulator {
     buffers: [AtomicRound; 2],
-    state: AtomicU64,
+    flip: Flip,
     num_positions: usize,
 }
 
@@ -437,6 +437,62 @@ const fn writers(state: u64, index: usize) -> u64 {
     }
 }
 
+/// The double-buffer protocol of [`Accumulator`], shared with the histogram accumulator
+/// ([`crate::histogram`]): one atomic word holds the index of the active buffer (bit 0) and each
+/// buffer's number of writers in flight (bits 1–31 and 32–62).
+#[derive(Debug)]
+pub(crate) struct Flip {
+    state: AtomicU64,
+}
+
+impl Flip {
+    pub(crate) fn new() -> Self {
+        Flip {
+            state: AtomicU64::new(0),
+        }
+    }
+
+    /// Registers a writer on the active buffer and returns that buffer's index: one
+    /// compare-and-swap learns the buffer and announces the writer in the same step.
+    #[inline]
+    pub(crate) fn enter(&self) -> usize {
+        let mut current = self.state.load(Ordering::Relaxed);
+        loop {
+            let index = (current & 1) as usize;
+            // Acquire pairs with the clearing `retire` released, so our adds land on zeros.
+            match self.state.compare_exchange_weak(
+                current,
+                current + writer(index),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return index,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Deregisters a writer of buffer `index`.
+    #[inline]
+    pub(crate) fn leave(&self, index: usize) {
+        // Release publishes the writer's adds to the `retire` that waits for this count to drop.
+        self.state.fetch_sub(writer(index), Ordering::Release);
+    }
+
+    /// Makes the other buffer active, waits until the old one has no writer in flight, and
+    /// returns the old one's index: it may then be read and cleared. Callers must not run two
+    /// `retire`s at once.
+    pub(crate) fn retire(&self) -> usize {
+        let previous = self.state.fetch_xor(1, Ordering::AcqRel);
+        let old = (previous & 1) as usize;
+        let mut spins = 0u32;
+        while writers(self.state.load(Ordering::Acquire), old) != 0 {
+            backoff(&mut spins);
+        }
+        old
+    }
+}
+
 impl Accumulator {
     /// An empty accumulator for `num_positions` positions.
     pub fn new(num_positions: usize) -> Self {
@@ -445,7 +501,7 @@ impl Accumulator {
                 AtomicRound::new(num_positions),
                 AtomicRound::new(num_positions),
             ],
-            state: AtomicU64::new(0),
+            flip: Flip::new(),
             num_positions,
         }
     }
@@ -471,28 +527,9 @@ impl Accumulator {
     /// ```
     pub fn add(&self, stats: &RoundStats) {
         debug_assert_eq!(stats.positions.len(), self.num_positions);
-        let index = self.register();
+        let index = self.flip.enter();
         self.buffers[index].add(stats);
-        // Release publishes our adds to the `take` that waits for this count to drop.
-        self.state.fetch_sub(writer(index), Ordering::Release);
-    }
-
-    /// Registers one writer on the active buffer and returns its index.
-    fn register(&self) -> usize {
-        let mut current = self.state.load(Ordering::Relaxed);
-        loop {
-            let index = (current & 1) as usize;
-            // Acquire pairs with the clearing `take` released, so our adds land on zeros.
-            match self.state.compare_exchange_weak(
-                current,
-                current + writer(index),
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return index,
-                Err(actual) => current = actual,
-            }
-        }
+        self.flip.leave(index);
     }
 
     /// [`add`](Self::add), unless that would take a position's count in the current round past
@@ -516,9 +553,9 @@ impl Accumulator {
     /// ```
     pub fn try_add(&self, stats: &RoundStats) -> std::result::Result<(), usize> {
         debug_assert_eq!(stats.positions.len(), self.num_positions);
-        let index = self.register();
+        let index = self.flip.enter();
         let result = self.buffers[index].try_add(stats);
-        self.state.fetch_sub(writer(index), Ordering::Release);
+        self.flip.leave(index);
         result
     }
 
@@ -540,12 +577,7 @@ impl Accumulator {
     /// assert_eq!(acc.take(), RoundStats::new(2)); // the new round starts empty
     /// ```
     pub fn take(&self) -> RoundStats {
-        let previous = self.state.fetch_xor(1, Ordering::AcqRel);
-        let old = (previous & 1) as usize;
-        let mut spins = 0u32;
-        while writers(self.state.load(Ordering::Acquire), old) != 0 {
-            backoff(&mut spins);
-        }
+        let old = self.flip.retire();
         let stats = self.buffers[old].load();
         // Writers return to this buffer only after the next `take` flips back; that flip is a
         // release (and follows this one through the caller's lock), so they see it cleared.

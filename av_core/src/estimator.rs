@@ -20,12 +20,60 @@ use crate::accumulator::{Accumulator, RoundStats, MAX_COUNT};
 use crate::batch::{batch_stats, Predictions};
 use crate::coefficients::{Coefficients, SharedCoefficients};
 use crate::error::{ensure_finite, Error, Result};
-use crate::labels::validate_counts;
+use crate::histogram::{
+    Binning, HistogramAccumulator, HistogramMemory, HistogramStats, MAX_BIN_COUNT,
+};
+use crate::labels::{num_labeled, validate_counts};
 use crate::logistic;
+use crate::map::{self, FitBins, Prior, PriorWidths};
 use crate::matrix::MatrixView;
-use crate::memory::{drift_statistic, Memory};
+use crate::memory::{chi_square_quantile, drift_statistic, Memory};
 use crate::refit::{newton_step, ArrowheadSystem, Bounds, NewtonStep};
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+
+/// How an estimator refits (see the [module documentation](self)).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::estimator::Update;
+///
+/// assert_eq!(Update::default(), Update::Vllm);
+/// assert_eq!(Update::parse("vllm"), Some(Update::Vllm));
+/// assert_eq!(Update::Map.name(), "map");
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Update {
+    /// av_core's own update, opt-in (docs/estimator.md): per-position histograms, the MAP fit
+    /// iterated to convergence under a prior centred on the cold start, refits after 1, 2, 4, …
+    /// steps inside every round. Better log-loss on the shipped traces, but slower observes and
+    /// refits than [`Update::Vllm`], so not the default.
+    Map,
+    /// vLLM 0.33.0's update, kept bit for bit (the default): IRLS moments of the round at the
+    /// draft-time predictions, one damped Newton step per round (plus av_core's bounds, memory
+    /// and drift test when configured).
+    #[default]
+    Vllm,
+}
+
+impl Update {
+    /// The name the bindings use: `"map"` or `"vllm"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Update::Map => "map",
+            Update::Vllm => "vllm",
+        }
+    }
+
+    /// The update named `name`, if any.
+    pub fn parse(name: &str) -> Option<Update> {
+        match name {
+            "map" => Some(Update::Map),
+            "vllm" => Some(Update::Vllm),
+            _ => None,
+        }
+    }
+}
 
 /// Configuration of an [`AcceptanceEstimator`]. Defaults are vLLM 0.33.0's.
 ///
@@ -70,6 +118,21 @@ pub struct EstimatorConfig {
     /// Drift test threshold, in standard deviations of the round's χ² statistic: a round beyond
     /// it drops the memory (`inf` = never; see [`crate::memory`]).
     pub drift_z: f64,
+    /// How the estimator refits: vLLM's [`Update::Vllm`] (the default) or av_core's
+    /// [`Update::Map`] (opt-in).
+    pub update: Update,
+    /// `map`: bins per position over `[−max_log_odds, max_log_odds]` ([`crate::histogram`]).
+    pub bins: usize,
+    /// `map`: the prior's slope sd (`inf` = no slope prior; [`crate::map`]).
+    pub prior_slope_sd: f64,
+    /// `map`: the prior sd of the intercepts' common level (`inf` = unpenalized).
+    pub prior_level_sd: f64,
+    /// `map`: the prior sd of the intercepts' trend in depth (`0` = shrink toward the mean
+    /// alone, `inf` = unpenalized).
+    pub prior_trend_sd: f64,
+    /// `map`: the prior sd of each intercept around the trend (`inf` = independent,
+    /// unpenalized intercepts).
+    pub prior_spread_sd: f64,
 }
 
 impl EstimatorConfig {
@@ -106,6 +169,47 @@ impl EstimatorConfig {
     /// ranks better still but calibrates worse on the second trace. `0.0` is vLLM's memoryless
     /// update, which `av_core.vllm` always uses.
     pub const DEFAULT_MEMORY: f64 = 0.8;
+    /// Default bins per position of the `map` update (docs/estimator.md: 32–256 measure the
+    /// same; 16 is coarser).
+    pub const DEFAULT_BINS: usize = crate::histogram::DEFAULT_BINS;
+    /// Default slope sd of the `map` prior: real pairs fit 0.44–0.6, within one sd of 0.5.
+    pub const DEFAULT_PRIOR_SLOPE_SD: f64 = PriorWidths::DEFAULT.slope_sd;
+    /// Default sd of the intercepts' level in the `map` prior.
+    pub const DEFAULT_PRIOR_LEVEL_SD: f64 = PriorWidths::DEFAULT.level_sd;
+    /// Default sd of the intercepts' trend in depth in the `map` prior.
+    pub const DEFAULT_PRIOR_TREND_SD: f64 = PriorWidths::DEFAULT.trend_sd;
+    /// Default sd of each intercept around the trend in the `map` prior.
+    pub const DEFAULT_PRIOR_SPREAD_SD: f64 = PriorWidths::DEFAULT.spread_sd;
+
+    /// av_core's opt-in `map` update on `num_positions` positions: [`EstimatorConfig::new`]
+    /// with `update = Update::Map` and the map defaults (bins, prior widths).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::estimator::Update;
+    /// use av_core::EstimatorConfig;
+    ///
+    /// let config = EstimatorConfig::map(4);
+    /// assert_eq!(config.update, Update::Map);
+    /// assert_eq!(config.bins, EstimatorConfig::DEFAULT_BINS);
+    /// ```
+    pub fn map(num_positions: usize) -> Self {
+        EstimatorConfig {
+            update: Update::Map,
+            ..EstimatorConfig::new(num_positions)
+        }
+    }
+
+    /// The `map` prior's widths.
+    pub fn prior_widths(&self) -> PriorWidths {
+        PriorWidths {
+            slope_sd: self.prior_slope_sd,
+            level_sd: self.prior_level_sd,
+            trend_sd: self.prior_trend_sd,
+            spread_sd: self.prior_spread_sd,
+        }
+    }
 
     /// The defaults for `num_positions` draft positions.
     ///
@@ -133,6 +237,12 @@ impl EstimatorConfig {
             max_intercept: Self::DEFAULT_MAX_INTERCEPT,
             memory: Self::DEFAULT_MEMORY,
             drift_z: Self::DEFAULT_DRIFT_Z,
+            update: Update::default(),
+            bins: Self::DEFAULT_BINS,
+            prior_slope_sd: Self::DEFAULT_PRIOR_SLOPE_SD,
+            prior_level_sd: Self::DEFAULT_PRIOR_LEVEL_SD,
+            prior_trend_sd: Self::DEFAULT_PRIOR_TREND_SD,
+            prior_spread_sd: Self::DEFAULT_PRIOR_SPREAD_SD,
         }
     }
 
@@ -286,6 +396,39 @@ impl EstimatorConfig {
                 ),
             ));
         }
+        if self.bins == 0 || self.bins > crate::histogram::MAX_BINS {
+            return Err(Error::value(
+                "bins",
+                format!(
+                    "must be between 1 and {}, got {}",
+                    crate::histogram::MAX_BINS,
+                    self.bins
+                ),
+            ));
+        }
+        for (argument, value, zero_allowed) in [
+            ("prior_slope_sd", self.prior_slope_sd, false),
+            ("prior_level_sd", self.prior_level_sd, false),
+            ("prior_trend_sd", self.prior_trend_sd, true),
+            ("prior_spread_sd", self.prior_spread_sd, false),
+        ] {
+            let ok = if zero_allowed {
+                value >= 0.0
+            } else {
+                value > 0.0
+            };
+            if !ok {
+                let rule = if zero_allowed {
+                    "non-negative"
+                } else {
+                    "positive"
+                };
+                return Err(Error::value(
+                    argument,
+                    format!("must be {rule} (inf for no prior on it), got {value}"),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -304,6 +447,11 @@ impl EstimatorConfig {
 /// let state = estimator.state();
 /// assert_eq!((state.slope, state.intercepts.clone()), (0.5, vec![-0.2, -0.2]));
 /// assert_eq!((state.steps_since_refit, state.stats.total_count()), (1, 2));
+/// // Under map (opt-in) the open round is histograms, and its first step is fitted.
+/// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
+/// estimator.observe(features, &[2], &[1], None::<MatrixView<'_, f32>>)?;
+/// let state = estimator.state();
+/// assert_eq!((state.num_refits, state.map.unwrap().round.total_count()), (1, 2));
 /// # Ok::<(), av_core::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
@@ -320,17 +468,108 @@ pub struct EstimatorState {
     pub steps_since_refit: u64,
     /// Refits so far.
     pub num_refits: u64,
-    /// The memory of past rounds (all zeros when `config.memory` is 0).
+    /// The memory of past rounds (all zeros when `config.memory` is 0). `vllm` update only
+    /// (empty under `map`).
     pub memory: Memory,
+    /// The `map` update's state (`None` under `vllm`).
+    pub map: Option<MapState>,
+}
+
+impl EstimatorState {
+    /// The same estimator moved to `update`: the configuration (with `update` set) and the
+    /// coefficients are kept; the open round, the memory of past rounds and the drift resets
+    /// start over (neither update's statistics can be converted into the other's). An
+    /// estimator already on `update` is returned unchanged.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::estimator::Update;
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig};
+    ///
+    /// let mut state = AcceptanceEstimator::new(EstimatorConfig::new(2))?.state();
+    /// state.intercepts = vec![0.7, -0.1];
+    /// let moved = state.clone().with_update(Update::Map);
+    /// assert_eq!(moved.config.update, Update::Map);
+    /// assert_eq!(moved.intercepts, [0.7, -0.1]);
+    /// let estimator = AcceptanceEstimator::from_state(&moved)?;
+    /// assert_eq!(estimator.coefficients().intercepts, [0.7, -0.1]);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn with_update(mut self, update: Update) -> EstimatorState {
+        if self.config.update == update {
+            return self;
+        }
+        let k = self.config.num_positions;
+        self.config.update = update;
+        self.stats = RoundStats::new(k);
+        self.memory = Memory::new(k);
+        self.steps_since_refit = 0;
+        self.map = (update == Update::Map).then(|| MapState {
+            reference_slope: self.slope,
+            reference_intercepts: self.intercepts.clone(),
+            round: HistogramStats::new(k, self.config.bins),
+            memory: HistogramMemory::new(k, self.config.bins),
+            fitted_labels: 0,
+            resets: 0,
+        });
+        self
+    }
+}
+
+/// The `map` update's part of an [`EstimatorState`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct MapState {
+    /// The slope published at the last round's end: every fit starts there, is bounded around
+    /// it, and the drift test scores the round there.
+    pub reference_slope: f64,
+    /// The intercepts published at the last round's end.
+    pub reference_intercepts: Vec<f64>,
+    /// The open round's histograms.
+    pub round: HistogramStats,
+    /// The discounted histograms of past rounds.
+    pub memory: HistogramMemory,
+    /// The open round's labels that the last fit saw (a fit within the round is skipped while
+    /// nothing new arrived).
+    pub fitted_labels: u64,
+    /// Rounds whose drift test dropped the memory.
+    pub resets: u64,
 }
 
 /// What one refit consumed and did (see the example on [`AcceptanceEstimator::refit`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RefitReport {
-    /// The round's statistics (now cleared from the estimator).
+    /// The round's statistics (now cleared from the estimator); all zeros under `map`.
     pub stats: RoundStats,
-    /// The Newton step computed from them, before [`Bounds`] applied.
+    /// The Newton step computed from them, before [`Bounds`] applied; under `map`, the fit's
+    /// change from the reference coefficients, before the bounds.
     pub step: NewtonStep,
+    /// `map`: the histograms the fit consumed (the round at a round's end; memory plus the
+    /// open round within one). `None` under `vllm`.
+    pub histogram: Option<HistogramStats>,
+    /// `map`: the round's drift statistic at the reference coefficients (round ends only).
+    pub drift_statistic: Option<f64>,
+    /// `map`: Newton iterations of the fit (0 when the statistics held nothing new).
+    pub iterations: u32,
+}
+
+/// The `map` update's state under the refit lock.
+#[derive(Debug)]
+struct MapFit {
+    /// `θ = (ω, β)` published at the last round's end.
+    reference: Vec<f64>,
+    /// The open round drained from the accumulator so far.
+    base: HistogramStats,
+    memory: HistogramMemory,
+    fitted_labels: u64,
+    resets: u64,
+}
+
+/// What the refit lock guards.
+#[derive(Debug)]
+enum Locked {
+    Vllm(Memory),
+    Map(MapFit),
 }
 
 /// The online acceptance estimator. See the [module documentation](self) for the model.
@@ -379,10 +618,16 @@ pub struct RefitReport {
 pub struct AcceptanceEstimator {
     config: EstimatorConfig,
     coefficients: SharedCoefficients,
+    /// The open round under `vllm` (empty under `map`).
     accumulator: Accumulator,
+    /// The open round under `map` (no bins under `vllm`).
+    histogram: HistogramAccumulator,
+    binning: Binning,
+    /// The `map` prior (empty under `vllm`).
+    prior: Prior,
     steps_since_refit: AtomicU64,
     /// Serializes refits and guards the memory of past rounds.
-    refit_lock: Mutex<Memory>,
+    refit_lock: Mutex<Locked>,
 }
 
 /// Whether every value of `source` passes `ok`, in one branch-free pass that vectorizes.
@@ -445,15 +690,27 @@ impl AcceptanceEstimator {
     /// ```
     pub fn new(config: EstimatorConfig) -> Result<Self> {
         config.validate()?;
-        let intercepts = vec![config.init_intercept; config.num_positions];
-        let memory = Memory::new(config.num_positions);
+        let k = config.num_positions;
+        let intercepts = vec![config.init_intercept; k];
+        let locked = match config.update {
+            Update::Vllm => Locked::Vllm(Memory::new(k)),
+            Update::Map => Locked::Map(MapFit {
+                reference: std::iter::once(config.init_slope)
+                    .chain(intercepts.iter().copied())
+                    .collect(),
+                base: HistogramStats::new(k, config.bins),
+                memory: HistogramMemory::new(k, config.bins),
+                fitted_labels: 0,
+                resets: 0,
+            }),
+        };
         Ok(Self::assemble(
             config.clone(),
             config.init_slope,
             &intercepts,
             0,
             0,
-            memory,
+            locked,
         ))
     }
 
@@ -463,13 +720,29 @@ impl AcceptanceEstimator {
         intercepts: &[f64],
         num_refits: u64,
         steps_since_refit: u64,
-        memory: Memory,
+        locked: Locked,
     ) -> Self {
+        let k = config.num_positions;
+        let map = config.update == Update::Map;
+        let (prior, bins) = if map {
+            let widths = config.prior_widths();
+            let prior = Prior::new(k, &widths, config.init_slope, config.init_intercept);
+            (prior, config.bins)
+        } else {
+            let empty = Prior {
+                precision: Vec::new(),
+                mean: Vec::new(),
+            };
+            (empty, 0)
+        };
         AcceptanceEstimator {
             coefficients: SharedCoefficients::new(slope, intercepts, num_refits),
-            accumulator: Accumulator::new(config.num_positions),
+            accumulator: Accumulator::new(if map { 0 } else { k }),
+            histogram: HistogramAccumulator::new(k, bins),
+            binning: Binning::new(config.max_log_odds, config.bins),
+            prior,
             steps_since_refit: AtomicU64::new(steps_since_refit),
-            refit_lock: Mutex::new(memory),
+            refit_lock: Mutex::new(locked),
             config,
         }
     }
@@ -510,7 +783,7 @@ impl AcceptanceEstimator {
         self.steps_since_refit.load(Ordering::SeqCst)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Memory> {
+    fn lock(&self) -> MutexGuard<'_, Locked> {
         // Nothing that holds the lock can panic halfway through updating the memory (plain
         // float arithmetic), so a poisoned lock still guards a consistent value.
         self.refit_lock
@@ -518,10 +791,104 @@ impl AcceptanceEstimator {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The open round's statistics (a consistent snapshot; the round goes on).
+    /// The open round's statistics (a consistent snapshot; the round goes on). Under `map`,
+    /// where the round is kept as histograms ([`round_histogram`](Self::round_histogram)),
+    /// all zeros.
     pub fn round_stats(&self) -> RoundStats {
         let _memory = self.lock();
-        self.accumulator.snapshot()
+        match self.config.update {
+            Update::Vllm => self.accumulator.snapshot(),
+            Update::Map => RoundStats::new(self.config.num_positions),
+        }
+    }
+
+    /// The open round's histograms under `map` (a consistent snapshot; the round goes on);
+    /// `None` under `vllm`.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
+    /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
+    /// estimator.observe(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
+    /// let round = estimator.round_histogram().expect("map keeps histograms");
+    /// assert_eq!(round.position_counts(), [1, 1]);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn round_histogram(&self) -> Option<HistogramStats> {
+        let mut locked = self.lock();
+        match &mut *locked {
+            Locked::Vllm(_) => None,
+            Locked::Map(m) => {
+                self.histogram.drain_into(&mut m.base);
+                Some(m.base.clone())
+            }
+        }
+    }
+
+    /// The open round's labeled drafts per position (either update).
+    pub fn round_counts(&self) -> Vec<u64> {
+        match self.round_histogram() {
+            Some(round) => round.position_counts(),
+            None => self.round_stats().positions.iter().map(|p| p.n).collect(),
+        }
+    }
+
+    /// Adds another round's histograms to the open round, exactly (integers): the `map`
+    /// counterpart of [`add_round_stats`](Self::add_round_stats), e.g. the other ranks' share
+    /// of a round pooled across data-parallel ranks. Histograms no observations can produce
+    /// ([`HistogramStats::validate`]) are refused, and so is a `vllm` estimator; on any error
+    /// nothing is added.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
+    /// let none = None::<MatrixView<'_, f32>>;
+    /// let (rank0, rank1) = (
+    ///     AcceptanceEstimator::new(EstimatorConfig::map(2))?,
+    ///     AcceptanceEstimator::new(EstimatorConfig::map(2))?,
+    /// );
+    /// rank0.observe(view, &[2], &[1], none)?;
+    /// rank1.observe(view, &[2], &[0], none)?;
+    /// rank0.add_round_histogram(&rank1.round_histogram().unwrap())?;
+    /// assert_eq!(rank0.round_counts(), [2, 1]); // rank 1's draft 2 followed a rejection
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn add_round_histogram(&self, round: &HistogramStats) -> Result<()> {
+        if self.config.update != Update::Map {
+            return Err(Error::value(
+                "round_stats",
+                "this estimator's update is vllm, which keeps IRLS moments, not histograms",
+            ));
+        }
+        round.validate(
+            "round_stats",
+            self.config.num_positions,
+            self.config.bins,
+            self.config.max_log_odds,
+        )?;
+        self.add_to_histogram("round_stats", round)
+    }
+
+    /// Adds to the open `map` round unless a bin would pass [`MAX_BIN_COUNT`] labels (the bound
+    /// a restored state must meet, which keeps every position within [`MAX_COUNT`] too, so that
+    /// every state this estimator reaches saves and loads again); then nothing changes and the
+    /// error names `argument`.
+    fn add_to_histogram(&self, argument: &'static str, step: &HistogramStats) -> Result<()> {
+        self.histogram.try_add(step).map_err(|(k, b)| {
+            Error::value(
+                argument,
+                format!(
+                    "would take position {k}, bin {b}'s count in this round past \
+                     {MAX_BIN_COUNT} (refit first)"
+                ),
+            )
+        })
     }
 
     /// Adds another round's statistics to the open round, exactly (fixed-point integers): for
@@ -536,6 +903,7 @@ impl AcceptanceEstimator {
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
     /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
+    /// // vLLM's update pools IRLS moments (add_round_histogram pools map's histograms).
     /// let (one, other) = (EstimatorConfig::new(2), EstimatorConfig::new(2));
     /// let (rank0, rank1) = (AcceptanceEstimator::new(one)?, AcceptanceEstimator::new(other)?);
     /// rank0.observe(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
@@ -546,6 +914,13 @@ impl AcceptanceEstimator {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn add_round_stats(&self, stats: &RoundStats) -> Result<()> {
+        if self.config.update != Update::Vllm {
+            return Err(Error::value(
+                "round_stats",
+                "this estimator's update is map, which keeps histograms \
+                 (add_round_histogram), not IRLS moments",
+            ));
+        }
         // The same invariants a loaded state must satisfy: statistics no sequence of
         // observations could produce (a negative weight sum, a count past MAX_COUNT) are
         // refused before anything is added.
@@ -706,6 +1081,106 @@ impl AcceptanceEstimator {
         predictions: Option<MatrixView<'_, P>>,
     ) -> Result<RoundStats> {
         let k = self.config.num_positions;
+        let counts = self.checked_counts(features, num_admitted, num_accepted, predictions)?;
+
+        let mut intercepts = Vec::with_capacity(k);
+        let (slope, _) = self.coefficients.read_into(&mut intercepts);
+        // Features and predictions are checked in one vectorized pass each and summed in place:
+        // they are shared borrows, which cannot change during the call (the Python bindings
+        // pass their own copies; the C ABI's callers must not write the buffers meanwhile).
+        let features_ok = all_pass(features.data(), f64::is_finite);
+        let given = match &predictions {
+            Some(given) => {
+                if !all_pass(given.data(), |p| (0.0..=1.0).contains(&p)) {
+                    return Err(self.culprit(features, predictions, "predictions"));
+                }
+                Predictions::Given(given.data())
+            }
+            None => Predictions::Current {
+                slope,
+                intercepts: &intercepts,
+            },
+        };
+        if !features_ok {
+            return Err(self.culprit(features, predictions, "features"));
+        }
+        Ok(batch_stats(
+            k,
+            features.data(),
+            &counts,
+            given,
+            self.config.max_log_odds,
+        ))
+    }
+
+    /// One decode step's histograms without adding them anywhere: validates every argument
+    /// (as [`step_stats`](Self::step_stats); `predictions` are checked, and not used: the
+    /// `map` refit recomputes every probability) and returns what
+    /// [`observe`](Self::observe) adds under `map`.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(4))?;
+    /// let features = MatrixView::new("features", &[3.0f32, 2.0, 1.0, 0.0], 1, 4)?;
+    /// let step = estimator.step_histogram(features, &[4], &[1], None::<MatrixView<'_, f32>>)?;
+    /// assert_eq!(step.position_counts(), [1, 1, 0, 0]);
+    /// assert_eq!(step.accepted.iter().sum::<u64>(), 1);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn step_histogram<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        features: MatrixView<'_, T>,
+        num_admitted: &[i64],
+        num_accepted: &[i64],
+        predictions: Option<MatrixView<'_, P>>,
+    ) -> Result<HistogramStats> {
+        let k = self.config.num_positions;
+        let counts = self.checked_counts(features, num_admitted, num_accepted, predictions)?;
+        if let Some(given) = &predictions {
+            let in_range = |p: P| (0.0..=1.0).contains(&p.into());
+            if !given.data().iter().fold(true, |ok, &p| ok & in_range(p)) {
+                return Err(self.culprit(features, predictions, "predictions"));
+            }
+        }
+        // One read of each feature: every one is checked, and the labeled ones are binned from
+        // the same read (a buffer another thread rewrites meanwhile can fail the call, never
+        // get an unchecked value in).
+        let mut step = HistogramStats::new(k, self.config.bins);
+        let bins = self.config.bins;
+        let mut finite = true;
+        for (values, &(admitted, accepted)) in features.data().chunks_exact(k).zip(&counts) {
+            let labeled = num_labeled(admitted, accepted);
+            for (position, &value) in values.iter().enumerate() {
+                let x: f64 = value.into();
+                finite &= x.is_finite();
+                if position < labeled {
+                    let (bin, offset) = self.binning.locate(x);
+                    let index = position * bins + bin;
+                    step.count[index] += 1;
+                    step.accepted[index] += u64::from(position < accepted);
+                    step.x_sum[index] += offset;
+                }
+            }
+        }
+        if !finite {
+            return Err(self.culprit(features, predictions, "features"));
+        }
+        Ok(step)
+    }
+
+    /// Shapes and counts of one step, validated (the culprit named in the order predictions,
+    /// features, counts when a count is wrong).
+    fn checked_counts<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        features: MatrixView<'_, T>,
+        num_admitted: &[i64],
+        num_accepted: &[i64],
+        predictions: Option<MatrixView<'_, P>>,
+    ) -> Result<Vec<(usize, usize)>> {
+        let k = self.config.num_positions;
         features.expect_cols("features", k)?;
         let rows = features.rows();
         if num_admitted.len() != rows {
@@ -749,35 +1224,7 @@ impl AcceptanceEstimator {
             }
             return Err(changed_while_read("num_admitted"));
         }
-
-        let mut intercepts = Vec::with_capacity(k);
-        let (slope, _) = self.coefficients.read_into(&mut intercepts);
-        // Features and predictions are checked in one vectorized pass each and summed in place:
-        // they are shared borrows, which cannot change during the call (the Python bindings
-        // pass their own copies; the C ABI's callers must not write the buffers meanwhile).
-        let features_ok = all_pass(features.data(), f64::is_finite);
-        let given = match &predictions {
-            Some(given) => {
-                if !all_pass(given.data(), |p| (0.0..=1.0).contains(&p)) {
-                    return Err(self.culprit(features, predictions, "predictions"));
-                }
-                Predictions::Given(given.data())
-            }
-            None => Predictions::Current {
-                slope,
-                intercepts: &intercepts,
-            },
-        };
-        if !features_ok {
-            return Err(self.culprit(features, predictions, "features"));
-        }
-        Ok(batch_stats(
-            k,
-            features.data(),
-            &counts,
-            given,
-            self.config.max_log_odds,
-        ))
+        Ok(counts)
     }
 
     /// Folds one decode step of verdicts into the round (see [`step_stats`](Self::step_stats)
@@ -805,6 +1252,14 @@ impl AcceptanceEstimator {
     /// // A rejected call: more accepted than admitted.
     /// assert!(estimator.observe(view, &[1, 2], &[2, 0], none).is_err());
     /// assert_eq!(estimator.steps_since_refit(), 0);
+    /// // Under map (opt-in) the round's 1st, 2nd, 4th, … steps are fitted too.
+    /// let mut config = EstimatorConfig::map(2);
+    /// config.refit_interval = 3;
+    /// let estimator = AcceptanceEstimator::new(config)?;
+    /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // the round's 1st step: fit
+    /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // its 2nd: fit
+    /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // its 3rd ends the round
+    /// assert_eq!(estimator.num_refits(), 3);
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn observe<T: Copy + Into<f64>, P: Copy + Into<f64>>(
@@ -814,8 +1269,56 @@ impl AcceptanceEstimator {
         num_accepted: &[i64],
         predictions: Option<MatrixView<'_, P>>,
     ) -> Result<bool> {
-        let stats = self.step_stats(features, num_admitted, num_accepted, predictions)?;
-        self.add_valid_step("num_admitted", &stats)
+        match self.config.update {
+            Update::Vllm => {
+                let stats = self.step_stats(features, num_admitted, num_accepted, predictions)?;
+                self.add_valid_step("num_admitted", &stats)
+            }
+            Update::Map => {
+                let step =
+                    self.step_histogram(features, num_admitted, num_accepted, predictions)?;
+                self.add_to_histogram("num_admitted", &step)?;
+                Ok(self.count_map_step())
+            }
+        }
+    }
+
+    /// [`observe`](Self::observe) without counting the step: the verdicts join the open round
+    /// and the schedule does not move (no refit runs). For callers that run the schedule
+    /// themselves, with [`refit`](Self::refit) and [`refit_within_round`](Self::refit_within_round)
+    /// (`av_core.vllm`'s drop-in). Validated like `observe`; on a bad argument nothing changes.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
+    /// estimator.add_observations(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
+    /// assert_eq!((estimator.num_refits(), estimator.steps_since_refit()), (0, 0));
+    /// assert_eq!(estimator.round_counts(), [1, 1]);
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn add_observations<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        features: MatrixView<'_, T>,
+        num_admitted: &[i64],
+        num_accepted: &[i64],
+        predictions: Option<MatrixView<'_, P>>,
+    ) -> Result<()> {
+        match self.config.update {
+            Update::Vllm => {
+                let stats = self.step_stats(features, num_admitted, num_accepted, predictions)?;
+                self.add_to_round("num_admitted", &stats)?;
+            }
+            Update::Map => {
+                let step =
+                    self.step_histogram(features, num_admitted, num_accepted, predictions)?;
+                self.add_to_histogram("num_admitted", &step)?;
+            }
+        }
+        Ok(())
     }
 
     /// Adds one step's statistics and counts the step; refits when the round is complete.
@@ -842,8 +1345,82 @@ impl AcceptanceEstimator {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn add_step(&self, stats: &RoundStats) -> Result<bool> {
+        if self.config.update != Update::Vllm {
+            return Err(Error::value(
+                "stats",
+                "this estimator's update is map: add a step_histogram with add_step_histogram",
+            ));
+        }
         stats.validate("stats", self.config.num_positions, self.config.max_log_odds)?;
         self.add_valid_step("stats", stats)
+    }
+
+    /// The `map` counterpart of [`add_step`](Self::add_step): adds one step's histograms (from
+    /// [`step_histogram`](Self::step_histogram)) and counts the step, refitting when the
+    /// schedule says so. Histograms no observations could give, or a `vllm` estimator, are
+    /// refused and change nothing.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
+    /// let features = MatrixView::new("features", &[2.0f32, 1.0], 1, 2)?;
+    /// let step = estimator.step_histogram(features, &[2], &[2], None::<MatrixView<'_, f32>>)?;
+    /// assert!(estimator.add_step_histogram(&step)?); // the first step of a round is fitted
+    /// assert_eq!(estimator.round_histogram(), Some(step));
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn add_step_histogram(&self, step: &HistogramStats) -> Result<bool> {
+        if self.config.update != Update::Map {
+            return Err(Error::value(
+                "stats",
+                "this estimator's update is vllm: add step_stats with add_step",
+            ));
+        }
+        step.validate(
+            "stats",
+            self.config.num_positions,
+            self.config.bins,
+            self.config.max_log_odds,
+        )?;
+        self.add_to_histogram("stats", step)?;
+        Ok(self.count_map_step())
+    }
+
+    /// Counts one `map` step and runs what the schedule asks for: the round's end when the
+    /// count reaches `refit_interval`, and a fit within the round when the step is the 1st,
+    /// 2nd, 4th, 8th, … of its round. Returns `true` when it did either.
+    ///
+    /// As for `vllm` ([`add_valid_step`](Self::add_valid_step)), the schedule is the serial
+    /// one whatever the interleaving: a step's place in its round is its count modulo the
+    /// interval (round ends take whole intervals off the count), a thread whose step is due a
+    /// fit waits for the lock rather than skipping, and each due point counts one refit. So
+    /// after any concurrent run `num_refits` and `steps_since_refit` are a serial run's.
+    fn count_map_step(&self) -> bool {
+        let interval = self.config.refit_interval;
+        let steps = self.steps_since_refit.fetch_add(1, Ordering::SeqCst) + 1;
+        let place = (steps - 1) % interval + 1;
+        let doubling = place < interval && place.is_power_of_two();
+        if steps < interval && !doubling {
+            return false;
+        }
+        let mut locked = self.lock();
+        let Locked::Map(state) = &mut *locked else {
+            return false;
+        };
+        let mut fitted = false;
+        while self.steps_since_refit.load(Ordering::SeqCst) >= interval {
+            self.steps_since_refit.fetch_sub(interval, Ordering::SeqCst);
+            self.end_map_round(state);
+            fitted = true;
+        }
+        if doubling {
+            self.fit_within_round(state);
+            fitted = true;
+        }
+        fitted
     }
 
     /// [`add_step`](Self::add_step) for statistics known to be valid (`step_stats` made them).
@@ -865,11 +1442,14 @@ impl AcceptanceEstimator {
         // Our step completed a round. Whoever holds the lock drains every whole round counted
         // before it looks; a step counted after that look belongs to its own thread, which is
         // queued on the lock behind us. So no round is ever left without a refit.
-        let mut memory = self.lock();
+        let mut locked = self.lock();
+        let Locked::Vllm(memory) = &mut *locked else {
+            return Ok(false);
+        };
         let mut refitted = false;
         while self.steps_since_refit.load(Ordering::SeqCst) >= interval {
             self.steps_since_refit.fetch_sub(interval, Ordering::SeqCst);
-            self.refit_locked(&mut memory);
+            self.refit_locked(memory);
             refitted = true;
         }
         Ok(refitted)
@@ -893,13 +1473,167 @@ impl AcceptanceEstimator {
     /// assert!(report.step.slope > 0.0); // confidence predicts acceptance more sharply
     /// assert_eq!(estimator.coefficients().version, 1);
     /// assert_eq!(estimator.round_stats().total_count(), 0); // a new round
+    /// // Under map the report holds the round's histograms and its drift statistic.
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(1))?;
+    /// estimator.observe(view, &[1; 6], &[1, 1, 1, 0, 0, 0], None::<MatrixView<'_, f32>>)?;
+    /// let report = estimator.refit();
+    /// assert_eq!(report.histogram.unwrap().total_count(), 6);
+    /// assert!(report.step.slope > 0.0 && report.drift_statistic.is_some());
+    /// assert_eq!(estimator.round_counts(), [0]);
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn refit(&self) -> RefitReport {
-        let mut memory = self.lock();
+        let mut locked = self.lock();
         let steps = self.steps_since_refit.load(Ordering::SeqCst);
         self.steps_since_refit.fetch_sub(steps, Ordering::SeqCst);
-        self.refit_locked(&mut memory)
+        match &mut *locked {
+            Locked::Vllm(memory) => self.refit_locked(memory),
+            Locked::Map(state) => self.end_map_round(state),
+        }
+    }
+
+    /// `map`: fits the memory plus the open round now, without ending the round (what the
+    /// schedule does after the 1st, 2nd, 4th, … step of a round; for callers that run their
+    /// own schedule, such as `av_core.vllm`'s drop-in). Counts one refit. A `vllm` estimator
+    /// has no fit within a round and refuses.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    ///
+    /// let mut config = EstimatorConfig::map(1);
+    /// config.refit_interval = 1 << 40;
+    /// let estimator = AcceptanceEstimator::new(config)?;
+    /// let view = MatrixView::new("features", &[3.0f32, 3.0, -2.0, -2.0], 4, 1)?;
+    /// let none = None::<MatrixView<'_, f32>>;
+    /// // Labels that arrive without a step counted (pooled from another rank, say).
+    /// let pooled = estimator.step_histogram(view, &[1; 4], &[1, 1, 0, 0], none)?;
+    /// estimator.add_round_histogram(&pooled)?;
+    /// let report = estimator.refit_within_round()?;
+    /// assert!(report.step.slope > 0.0 && report.iterations > 0);
+    /// assert_eq!(estimator.round_counts(), [4]); // the round goes on
+    /// // Nothing new since: the next fit within the round is skipped (but counted).
+    /// assert_eq!(estimator.refit_within_round()?.iterations, 0);
+    /// assert_eq!(estimator.num_refits(), 2);
+    /// assert!(AcceptanceEstimator::new(EstimatorConfig::new(1))?.refit_within_round().is_err());
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn refit_within_round(&self) -> Result<RefitReport> {
+        let mut locked = self.lock();
+        match &mut *locked {
+            Locked::Vllm(_) => Err(Error::value(
+                "end_round",
+                "this estimator's update is vllm, which refits only at a round's end",
+            )),
+            Locked::Map(state) => Ok(self.fit_within_round(state)),
+        }
+    }
+
+    /// Publishes the coefficients the fit `theta` gives within the bounds around `reference`,
+    /// as refit `version`; returns the step (`theta − reference`).
+    fn publish_bounded(&self, reference: &[f64], theta: &[f64], version: u64) -> NewtonStep {
+        let step = NewtonStep {
+            slope: theta[0] - reference[0],
+            intercepts: theta[1..]
+                .iter()
+                .zip(&reference[1..])
+                .map(|(t, r)| t - r)
+                .collect(),
+        };
+        let mut intercepts = reference[1..].to_vec();
+        let slope = self
+            .config
+            .bounds()
+            .apply(reference[0], &mut intercepts, &step);
+        self.coefficients.write(slope, &intercepts, version);
+        step
+    }
+
+    /// The `map` round's end (under the refit lock): the drift test of the round at the
+    /// reference, the memory discounted (or dropped), the round added, the memory fitted from
+    /// the reference, and the result the next round's reference. A round without labels only
+    /// discounts the memory. Depends only on the memory and the round's observations, not on
+    /// the fits within the round.
+    fn end_map_round(&self, state: &mut MapFit) -> RefitReport {
+        let k = self.config.num_positions;
+        self.histogram.drain_into(&mut state.base);
+        let round = std::mem::replace(&mut state.base, HistogramStats::new(k, self.config.bins));
+        self.histogram.end_round(&round);
+        state.fitted_labels = 0;
+        let current = self.coefficients.read();
+        let version = (current.version + 1).min(MAX_COUNT); // saturates: every state reloads
+        let mut report = RefitReport {
+            stats: RoundStats::new(k),
+            step: NewtonStep {
+                slope: 0.0,
+                intercepts: vec![0.0; k],
+            },
+            histogram: None,
+            drift_statistic: None,
+            iterations: 0,
+        };
+        if round.total_count() == 0 {
+            state.memory.decay(self.config.memory);
+            self.coefficients
+                .write(current.slope, &current.intercepts, version);
+        } else {
+            let statistic = map::score_statistic(
+                &map::round_bins(&round, &self.binning),
+                &state.reference,
+                self.config.l2,
+            );
+            let drifted = statistic > chi_square_quantile(k + 1, self.config.drift_z);
+            state.memory.decay(self.config.memory);
+            if drifted {
+                state.memory.clear();
+                state.resets = (state.resets + 1).min(MAX_COUNT);
+            }
+            state.memory.add_round(&round, &self.binning);
+            let bins = FitBins::gather(Some(&state.memory), None, &self.binning, k);
+            let fit = map::fit(&bins, &self.prior, &state.reference, self.config.l2);
+            report.step = self.publish_bounded(&state.reference, &fit.theta, version);
+            report.drift_statistic = Some(statistic);
+            report.iterations = fit.iterations;
+        }
+        report.histogram = Some(round);
+        let published = self.coefficients.read();
+        state.reference.clear();
+        state.reference.push(published.slope);
+        state.reference.extend(&published.intercepts);
+        report
+    }
+
+    /// A `map` fit within the round (under the refit lock): memory plus the open round so far,
+    /// from the reference; skipped (the same coefficients, one more refit counted) when the
+    /// open round holds no label the last fit did not see.
+    fn fit_within_round(&self, state: &mut MapFit) -> RefitReport {
+        let k = self.config.num_positions;
+        self.histogram.drain_into(&mut state.base);
+        let labels = state.base.total_count();
+        let current = self.coefficients.read();
+        let version = (current.version + 1).min(MAX_COUNT); // saturates: every state reloads
+        let mut report = RefitReport {
+            stats: RoundStats::new(k),
+            step: NewtonStep {
+                slope: 0.0,
+                intercepts: vec![0.0; k],
+            },
+            histogram: None,
+            drift_statistic: None,
+            iterations: 0,
+        };
+        if labels > state.fitted_labels {
+            let bins = FitBins::gather(Some(&state.memory), Some(&state.base), &self.binning, k);
+            let fit = map::fit(&bins, &self.prior, &state.reference, self.config.l2);
+            report.step = self.publish_bounded(&state.reference, &fit.theta, version);
+            report.iterations = fit.iterations;
+            state.fitted_labels = labels;
+        } else {
+            self.coefficients
+                .write(current.slope, &current.intercepts, version);
+        }
+        report
     }
 
     fn refit_locked(&self, memory: &mut Memory) -> RefitReport {
@@ -925,7 +1659,13 @@ impl AcceptanceEstimator {
         // refit every microsecond would take two thousand years), so every state reloads.
         self.coefficients
             .write(slope, &intercepts, (version + 1).min(MAX_COUNT));
-        RefitReport { stats, step }
+        RefitReport {
+            stats,
+            step,
+            histogram: None,
+            drift_statistic: None,
+            iterations: 0,
+        }
     }
 
     /// The full state, consistent at one instant (observations racing the call land either in
@@ -936,17 +1676,32 @@ impl AcceptanceEstimator {
     /// ```rust
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
     /// let view = MatrixView::new("features", &[0.9f32, -0.3], 1, 2)?;
     /// estimator.observe(view, &[2], &[0], None::<MatrixView<'_, f32>>)?;
     /// let state = estimator.state();
-    /// assert_eq!(state.stats.total_count(), 1);
+    /// assert_eq!(state.map.unwrap().round.total_count(), 1);
     /// assert_eq!(state.config, *estimator.config());
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn state(&self) -> EstimatorState {
-        let memory = self.lock();
-        let stats = self.accumulator.snapshot();
+        let k = self.config.num_positions;
+        let mut locked = self.lock();
+        let (stats, memory, map) = match &mut *locked {
+            Locked::Vllm(memory) => (self.accumulator.snapshot(), memory.clone(), None),
+            Locked::Map(state) => {
+                self.histogram.drain_into(&mut state.base);
+                let map = MapState {
+                    reference_slope: state.reference[0],
+                    reference_intercepts: state.reference[1..].to_vec(),
+                    round: state.base.clone(),
+                    memory: state.memory.clone(),
+                    fitted_labels: state.fitted_labels,
+                    resets: state.resets,
+                };
+                (RoundStats::new(k), Memory::new(k), Some(map))
+            }
+        };
         let coefficients = self.coefficients.read();
         EstimatorState {
             config: self.config.clone(),
@@ -955,7 +1710,8 @@ impl AcceptanceEstimator {
             stats,
             steps_since_refit: self.steps_since_refit.load(Ordering::SeqCst),
             num_refits: coefficients.version,
-            memory: memory.clone(),
+            memory,
+            map,
         }
     }
 
@@ -1053,6 +1809,45 @@ impl AcceptanceEstimator {
             }
         }
         let config = &state.config;
+        let map = match (config.update, &state.map) {
+            (Update::Vllm, None) => None,
+            (Update::Map, Some(map)) => Some(map),
+            (update, _) => {
+                return Err(Error::value(
+                    "map",
+                    format!(
+                        "an estimator with update = {} {} the map update's state",
+                        update.name(),
+                        if update == Update::Map {
+                            "needs"
+                        } else {
+                            "has no"
+                        }
+                    ),
+                ))
+            }
+        };
+        // Bit for bit (a -0.0 is not the empty memory: it would not re-encode to its bytes).
+        let empty_memory = |m: &Memory| {
+            let bits = |values: &[f64]| values.iter().all(|v| v.to_bits() == 0);
+            let lengths = Memory::new(k);
+            m.b.len() == lengths.b.len()
+                && m.c.len() == lengths.c.len()
+                && m.rhs.len() == lengths.rhs.len()
+                && m.counts.len() == lengths.counts.len()
+                && bits(&[m.a, m.total])
+                && bits(&m.b)
+                && bits(&m.c)
+                && bits(&m.rhs)
+                && bits(&m.counts)
+                && m.resets == 0
+        };
+        if map.is_some() && (state.stats != RoundStats::new(k) || !empty_memory(&state.memory)) {
+            return Err(Error::value(
+                "round_stats",
+                "must be empty under update = map (its round is kept as histograms)",
+            ));
+        }
         state
             .stats
             .validate("round_stats", k, config.max_log_odds)?;
@@ -1082,16 +1877,96 @@ impl AcceptanceEstimator {
         state
             .memory
             .validate(k, config.memory, config.max_log_odds, state.num_refits)?;
+        let locked = match map {
+            None => Locked::Vllm(state.memory.clone()),
+            Some(map) => Locked::Map(Self::checked_map_state(config, map, state.num_refits)?),
+        };
         let estimator = Self::assemble(
             state.config.clone(),
             state.slope,
             &state.intercepts,
             state.num_refits,
             state.steps_since_refit,
-            state.memory.clone(),
+            locked,
         );
-        estimator.accumulator.add(&state.stats);
+        if config.update == Update::Vllm {
+            estimator.accumulator.add(&state.stats);
+        }
+        if let Some(map) = map {
+            estimator.histogram.reserve(&map.round);
+        }
         Ok(estimator)
+    }
+
+    /// Validates the `map` part of a state.
+    fn checked_map_state(
+        config: &EstimatorConfig,
+        map: &MapState,
+        num_refits: u64,
+    ) -> Result<MapFit> {
+        let k = config.num_positions;
+        ensure_finite("reference", map.reference_slope)?;
+        if !(0.0..=config.max_slope).contains(&map.reference_slope) {
+            return Err(Error::value(
+                "reference",
+                format!(
+                    "slope must be in [0, max_slope = {}], got {}",
+                    config.max_slope, map.reference_slope
+                ),
+            ));
+        }
+        if map.reference_intercepts.len() != k {
+            return Err(Error::value(
+                "reference",
+                format!(
+                    "expected {k} intercepts, got {}",
+                    map.reference_intercepts.len()
+                ),
+            ));
+        }
+        for &b in &map.reference_intercepts {
+            if !(b.is_finite() && b.abs() <= config.max_intercept) {
+                return Err(Error::value(
+                    "reference",
+                    format!(
+                        "intercepts must be finite and within ±max_intercept = {}, got {b}",
+                        config.max_intercept
+                    ),
+                ));
+            }
+        }
+        map.round
+            .validate("round_stats", k, config.bins, config.max_log_odds)?;
+        map.memory
+            .validate(k, config.bins, config.memory, config.max_log_odds)?;
+        let labels = map.round.total_count();
+        if map.fitted_labels > labels {
+            return Err(Error::value(
+                "fitted_labels",
+                format!(
+                    "= {} exceeds the open round's {labels} labels",
+                    map.fitted_labels
+                ),
+            ));
+        }
+        if map.resets > num_refits {
+            return Err(Error::value(
+                "memory",
+                format!(
+                    "{} resets but only {num_refits} refits (each reset is one refit)",
+                    map.resets
+                ),
+            ));
+        }
+        Ok(MapFit {
+            reference: std::iter::once(map.reference_slope)
+                .chain(map.reference_intercepts.iter().copied())
+                .collect(),
+            base: map.round.clone(),
+            memory: map.memory.clone(),
+            fitted_labels: map.fitted_labels,
+            resets: map.resets,
+        })
     }
 }
 
@@ -1136,6 +2011,7 @@ mod tests {
 
     #[test]
     fn refits_every_interval() {
+        // vLLM's schedule: one refit per round of `refit_interval` observes.
         let mut config = EstimatorConfig::new(3);
         config.refit_interval = 3;
         let est = AcceptanceEstimator::new(config).unwrap();
@@ -1150,6 +2026,50 @@ mod tests {
         assert_eq!(refits, [false, false, true, false, false, true, false]);
         assert_eq!(est.num_refits(), 2);
         assert_eq!(est.steps_since_refit(), 1);
+    }
+
+    #[test]
+    fn map_fits_after_the_first_second_fourth_step_of_every_round_and_at_its_end() {
+        let mut config = EstimatorConfig::map(3);
+        config.refit_interval = 6;
+        let est = AcceptanceEstimator::new(config).unwrap();
+        let features = [1.0f32, 2.0, 3.0];
+        let mut fits = vec![];
+        for _ in 0..14 {
+            fits.push(
+                est.observe(view(&features, 3), &[3], &[2], NO_PREDICTIONS)
+                    .unwrap(),
+            );
+        }
+        // Steps 1, 2, 4 of each round, and its end (6); the third round has had 2 steps.
+        let round = [true, true, false, true, false, true];
+        let expect: Vec<bool> = round.iter().cycle().take(14).copied().collect();
+        assert_eq!(fits, expect);
+        assert_eq!(est.num_refits(), 4 + 4 + 2);
+        assert_eq!(est.steps_since_refit(), 2);
+        // A fit within a round starts from the reference, so the coefficients after the round
+        // are those of one fit of the round, whatever ran inside it.
+        let once = AcceptanceEstimator::new(EstimatorConfig {
+            refit_interval: 1 << 40,
+            ..est.config().clone()
+        })
+        .unwrap();
+        for _ in 0..6 {
+            once.observe(view(&features, 3), &[3], &[2], NO_PREDICTIONS)
+                .unwrap();
+        }
+        once.refit();
+        let (a, b) = (
+            once.coefficients(),
+            AcceptanceEstimator::new(est.config().clone()).unwrap(),
+        );
+        for _ in 0..6 {
+            b.observe(view(&features, 3), &[3], &[2], NO_PREDICTIONS)
+                .unwrap();
+        }
+        let b = b.coefficients();
+        assert_eq!(a.slope.to_bits(), b.slope.to_bits());
+        assert_eq!(a.intercepts, b.intercepts);
     }
 
     #[test]
@@ -1239,8 +2159,16 @@ mod tests {
 
     #[test]
     fn pooled_rounds_give_every_rank_the_bits_of_one_estimator() {
+        for update in [Update::Vllm, Update::Map] {
+            pooled_rounds_for(update);
+        }
+    }
+
+    /// `add_round_stats` pools `vllm` rounds, `add_round_histogram` `map` ones.
+    fn pooled_rounds_for(update: Update) {
         let k = 3;
         let mut config = EstimatorConfig::new(k);
+        config.update = update;
         config.refit_interval = u64::MAX;
         let whole = AcceptanceEstimator::new(config.clone()).unwrap();
         let ranks: Vec<_> = (0..4)
@@ -1270,13 +2198,18 @@ mod tests {
             }
             // Each rank adds the others' rounds (what an all-reduce gives, minus its own).
             let locals: Vec<RoundStats> = ranks.iter().map(|r| r.round_stats()).collect();
+            let histograms: Vec<_> = ranks.iter().map(|r| r.round_histogram()).collect();
             for (r, rank) in ranks.iter().enumerate() {
-                for (o, other) in locals.iter().enumerate() {
+                for o in 0..ranks.len() {
                     if o != r {
-                        rank.add_round_stats(other).unwrap();
+                        match &histograms[o] {
+                            None => rank.add_round_stats(&locals[o]).unwrap(),
+                            Some(other) => rank.add_round_histogram(other).unwrap(),
+                        }
                     }
                 }
                 assert_eq!(rank.round_stats(), whole.round_stats());
+                assert_eq!(rank.round_histogram(), whole.round_histogram());
             }
             whole.refit();
             let expect = whole.coefficients();
@@ -1301,6 +2234,31 @@ mod tests {
         let mut negative = RoundStats::new(2);
         negative.positions[1].c = -1;
         assert!(est.add_round_stats(&negative).is_err());
+        assert!(est
+            .add_round_histogram(&HistogramStats::new(2, 64))
+            .is_err());
+        assert_eq!(est.state(), before);
+        // The map update pools histograms only, and refuses impossible ones.
+        let est = AcceptanceEstimator::new(EstimatorConfig::map(2)).unwrap();
+        est.observe(view(&[1.0f64, 2.0], 2), &[2], &[1], NO_PREDICTIONS)
+            .unwrap();
+        let before = est.state();
+        assert_eq!(
+            est.add_round_stats(&RoundStats::new(2))
+                .unwrap_err()
+                .argument,
+            "round_stats"
+        );
+        let mut more_accepted = HistogramStats::new(2, 64);
+        more_accepted.accepted[3] = 1;
+        let mut wrong_bins = est.round_histogram().unwrap();
+        wrong_bins.bins = 32;
+        for bad in [more_accepted, wrong_bins, HistogramStats::new(3, 64)] {
+            assert_eq!(
+                est.add_round_histogram(&bad).unwrap_err().argument,
+                "round_stats"
+            );
+        }
         assert_eq!(est.state(), before);
     }
 
@@ -1343,9 +2301,11 @@ mod tests {
         per_thread: usize,
         interval: u64,
         k: usize,
+        update: Update,
     ) -> AcceptanceEstimator {
         let mut config = EstimatorConfig::new(k);
         config.refit_interval = interval;
+        config.update = update;
         let estimator = AcceptanceEstimator::new(config).unwrap();
         let batches: Vec<_> = (0..4).map(|s| workload(s, s as usize, k)).collect();
         std::thread::scope(|scope| {
@@ -1372,11 +2332,12 @@ mod tests {
 
     #[test]
     fn any_number_of_observing_threads_keeps_the_serial_schedule() {
-        // A serial run of n observes refits ⌊n / interval⌋ times and leaves n mod interval.
+        // vLLM's schedule: a serial run of n observes refits ⌊n / interval⌋ times and leaves
+        // n mod interval.
         for threads in [2, 3, 6, 8] {
             for interval in [1, 2, 3, 7, 1000] {
                 let per_thread = 400;
-                let estimator = contended(threads, per_thread, interval, 2);
+                let estimator = contended(threads, per_thread, interval, 2, Update::Vllm);
                 let n = (threads * per_thread) as u64;
                 assert_eq!(
                     (estimator.num_refits(), estimator.steps_since_refit()),
@@ -1392,6 +2353,44 @@ mod tests {
                         .unwrap();
                 }
                 assert_eq!(estimator.num_refits(), n / interval + 1);
+                assert_eq!(estimator.steps_since_refit(), 0);
+            }
+        }
+    }
+
+    /// The fits a serial `map` run of `n` observes makes, counted by brute force: the step
+    /// with count `i` is the `((i − 1) mod interval) + 1`-th of its round, fitted when that is
+    /// the round's last or a power of two.
+    fn serial_map_fits(n: u64, interval: u64) -> u64 {
+        (1..=n)
+            .filter(|i| {
+                let place = (i - 1) % interval + 1;
+                place == interval || [1, 2, 4, 8, 16, 32, 64, 128, 256, 512].contains(&place)
+            })
+            .count() as u64
+    }
+
+    #[test]
+    fn any_number_of_observing_threads_keeps_the_serial_map_schedule() {
+        assert_eq!(serial_map_fits(10, 6), 4 + 3); // 1, 2, 4, 6; then 7, 8, 10
+        for threads in [2, 3, 8] {
+            for interval in [1, 2, 3, 7, 1000] {
+                let per_thread = 300;
+                let estimator = contended(threads, per_thread, interval, 2, Update::Map);
+                let n = (threads * per_thread) as u64;
+                assert_eq!(
+                    (estimator.num_refits(), estimator.steps_since_refit()),
+                    (serial_map_fits(n, interval), n % interval),
+                    "{threads} threads at refit_interval {interval}"
+                );
+                let (f, ad, ac) = workload(9, 1, 2);
+                let rest = interval - n % interval;
+                for _ in 0..rest {
+                    estimator
+                        .observe(view(&f, 2), &ad, &ac, NO_PREDICTIONS)
+                        .unwrap();
+                }
+                assert_eq!(estimator.num_refits(), serial_map_fits(n + rest, interval));
                 assert_eq!(estimator.steps_since_refit(), 0);
             }
         }
@@ -1426,6 +2425,7 @@ mod tests {
 
     #[test]
     fn add_step_refuses_statistics_no_observation_gives() {
+        // add_step takes vLLM's IRLS moments (add_step_histogram is map's).
         let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
         let (f, ad, ac) = workload(1, 5, 2);
         let stats = est
@@ -1445,8 +2445,36 @@ mod tests {
         assert!(!est.add_step(&stats).unwrap());
     }
 
+    #[test]
+    fn add_step_histogram_refuses_histograms_no_observation_gives() {
+        let est = AcceptanceEstimator::new(EstimatorConfig::map(2)).unwrap();
+        let (f, ad, ac) = workload(1, 5, 2);
+        let step = est
+            .step_histogram(view(&f, 2), &ad, &ac, NO_PREDICTIONS)
+            .unwrap();
+        let before = est.state();
+        let mut wrong_length = step.clone();
+        wrong_length.count.pop();
+        let mut too_many_accepted = step.clone();
+        let occupied = step.count.iter().position(|&c| c > 0).unwrap();
+        too_many_accepted.accepted[occupied] = step.count[occupied] + 1;
+        let mut x_out_of_its_bin = step.clone();
+        x_out_of_its_bin.x_sum[occupied] += 1 << 40;
+        for bad in [wrong_length, too_many_accepted, x_out_of_its_bin] {
+            assert_eq!(est.add_step_histogram(&bad).unwrap_err().argument, "stats");
+        }
+        assert_eq!(
+            est.add_step(&RoundStats::new(2)).unwrap_err().argument,
+            "stats"
+        );
+        assert_eq!(est.state(), before);
+        assert!(est.add_step_histogram(&step).unwrap()); // the round's first step is fitted
+        assert_eq!(est.round_histogram(), Some(step));
+    }
+
     /// A valid state after a few refits with memory, for the corruption tests.
     fn state_with_memory() -> EstimatorState {
+        // vLLM's statistics and quadratic memory (map_state_with_memory is map's).
         let mut config = EstimatorConfig::new(3);
         config.memory = 0.9;
         config.refit_interval = 2;
@@ -1573,6 +2601,160 @@ mod tests {
         );
         state.memory = Memory::new(3);
         assert!(AcceptanceEstimator::from_state(&state).is_ok());
+    }
+
+    /// A valid `map` state after a few rounds, with an open round and a drift reset.
+    fn map_state_with_memory() -> EstimatorState {
+        let mut config = EstimatorConfig::map(3);
+        config.refit_interval = 2;
+        let est = AcceptanceEstimator::new(config).unwrap();
+        for seed in 0..7 {
+            let (f, ad, ac) = workload(seed, 12, 3);
+            est.observe(view(&f, 3), &ad, &ac, NO_PREDICTIONS).unwrap();
+        }
+        let state = est.state();
+        let map = state.map.as_ref().unwrap();
+        assert!(map.round.total_count() > 0 && !map.memory.is_empty());
+        state
+    }
+
+    /// The `map` counterpart of `states_at_the_loaders_limits_keep_working_and_reload`: a
+    /// restored map state whose every bin sits at [`MAX_BIN_COUNT`], whose memory sits at its
+    /// geometric bound and whose counters sit at [`MAX_COUNT`] refuses what would pass the
+    /// bound (by name, nothing changed), refits, and whatever it reaches saves and loads again
+    /// (with the drift test on, which drops the memory, and off, which keeps it at its bound).
+    #[test]
+    fn map_states_at_the_loaders_limits_keep_working_and_reload() {
+        for drift_z in [EstimatorConfig::DEFAULT_DRIFT_Z, f64::INFINITY] {
+            let mut state = map_state_with_memory();
+            state.config.drift_z = drift_z;
+            let (k, bins) = (state.config.num_positions, state.config.bins);
+            let (limit, gamma) = (state.config.max_log_odds, state.config.memory);
+            let binning = Binning::new(limit, bins);
+            let scale = (1u64 << crate::histogram::X_FRACTION_BITS) as f64;
+            state.num_refits = MAX_COUNT;
+            let map = state.map.as_mut().unwrap();
+            map.resets = MAX_COUNT;
+            for index in 0..k * bins {
+                let (lo, hi) = binning.offset_range(index % bins);
+                let n = MAX_BIN_COUNT;
+                map.round.count[index] = n;
+                map.round.accepted[index] = n / 2;
+                map.round.x_sum[index] = (n as f64 * (lo + hi) / 2.0 * scale) as u64;
+            }
+            let bound = MAX_COUNT as f64 * k as f64 / (1.0 - gamma);
+            let extra = bound - map.memory.count.iter().sum::<f64>();
+            let (lo, hi) = binning.offset_range(0);
+            map.memory.count[0] += extra;
+            map.memory.x_sum[0] = map.memory.count[0] * ((lo + hi) / 2.0 - limit);
+            let est = AcceptanceEstimator::from_state(&state).unwrap();
+            assert_eq!(est.state(), state);
+            // A full round refuses one more label and changes nothing.
+            let (f, ad, ac) = workload(1, 4, k);
+            assert!(ad.iter().any(|&a| a > 0));
+            let error = est
+                .observe(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                .unwrap_err();
+            assert_eq!(error.argument, "num_admitted", "{error}");
+            assert!(error.message.contains("refit first"), "{error}");
+            let error = est
+                .add_observations(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                .unwrap_err();
+            assert_eq!(error.argument, "num_admitted", "{error}");
+            let step = est
+                .step_histogram(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                .unwrap();
+            assert_eq!(
+                est.add_round_histogram(&step).unwrap_err().argument,
+                "round_stats"
+            );
+            assert_eq!(est.add_step_histogram(&step).unwrap_err().argument, "stats");
+            assert_eq!(est.state(), state);
+            // The full round folds into the memory (at its bound when the test keeps it); the
+            // counters saturate; the state saves and loads again.
+            est.refit();
+            assert_eq!(est.num_refits(), MAX_COUNT);
+            let after = est.state();
+            let kept: f64 = after.map.as_ref().unwrap().memory.count.iter().sum();
+            assert!(kept <= bound * (1.0 + 1e-9), "{kept} > {bound}");
+            if drift_z.is_infinite() {
+                // γ·bound + the round: the memory was kept, discounted.
+                assert!(kept > gamma * bound, "{kept} (the memory was dropped)");
+            }
+            let reloaded = AcceptanceEstimator::from_bytes(&est.to_bytes()).unwrap();
+            assert_eq!(reloaded.state(), after);
+            // The reservation of the ended round is gone: observes are accepted again.
+            for _ in 0..3 {
+                reloaded
+                    .observe(view(&f, k), &ad, &ac, NO_PREDICTIONS)
+                    .unwrap();
+                reloaded.refit();
+            }
+            assert_eq!(reloaded.num_refits(), MAX_COUNT);
+            let again = AcceptanceEstimator::from_bytes(&reloaded.to_bytes()).unwrap();
+            assert_eq!(again.state(), reloaded.state());
+            assert!(est.observe(view(&f, k), &ad, &ac, NO_PREDICTIONS).is_ok());
+        }
+    }
+
+    #[test]
+    fn impossible_map_states_are_refused_by_name() {
+        let valid = map_state_with_memory();
+        assert!(AcceptanceEstimator::from_state(&valid).is_ok());
+        fn occupied(s: &EstimatorState) -> usize {
+            let round = &s.map.as_ref().unwrap().round;
+            round.count.iter().position(|&c| c > 0).unwrap()
+        }
+        type Corruption = fn(&mut EstimatorState);
+        let cases: [(&str, Corruption); 14] = [
+            ("map", |s| s.map = None),
+            ("map", |s| s.config.update = Update::Vllm),
+            ("round_stats", |s| s.stats.positions[0].n = 1),
+            ("round_stats", |s| {
+                let i = occupied(s);
+                let m = s.map.as_mut().unwrap();
+                m.round.accepted[i] = m.round.count[i] + 1;
+            }),
+            ("round_stats", |s| {
+                let i = occupied(s);
+                s.map.as_mut().unwrap().round.x_sum[i] += 1 << 36;
+            }),
+            ("round_stats", |s| {
+                s.map.as_mut().unwrap().round.count.pop();
+            }),
+            ("memory", |s| s.map.as_mut().unwrap().memory.count[0] = -1.0),
+            ("memory", |s| {
+                s.map.as_mut().unwrap().memory.x_sum[5] = f64::NAN
+            }),
+            ("memory", |s| {
+                let m = &mut s.map.as_mut().unwrap().memory;
+                let i = m.count.iter().position(|&c| c > 0.0).unwrap();
+                m.accepted[i] = m.count[i] * 2.0;
+            }),
+            ("memory", |s| {
+                s.map.as_mut().unwrap().resets = s.num_refits + 1
+            }),
+            ("fitted_labels", |s| {
+                let m = s.map.as_mut().unwrap();
+                m.fitted_labels = m.round.total_count() + 1;
+            }),
+            ("reference", |s| {
+                s.map.as_mut().unwrap().reference_slope = -0.5;
+            }),
+            ("reference", |s| {
+                s.map.as_mut().unwrap().reference_intercepts.push(0.0);
+            }),
+            ("bins", |s| s.config.bins = 0),
+        ];
+        for (argument, corrupt) in cases {
+            let mut state = valid.clone();
+            corrupt(&mut state);
+            let error = AcceptanceEstimator::from_state(&state).unwrap_err();
+            assert_eq!(error.argument, argument, "{error}");
+            let bytes = crate::snapshot::encode(&state);
+            let from_bytes = AcceptanceEstimator::from_bytes(&bytes).unwrap_err();
+            assert_eq!(from_bytes.argument, argument, "{from_bytes}");
+        }
     }
 
     /// Random observations at the edges the bounds are about: features at and beyond the clamp,

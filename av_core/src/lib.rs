@@ -50,8 +50,10 @@ pub mod error;
 pub mod estimator;
 pub mod features;
 pub mod fixed_point;
+pub mod histogram;
 pub mod labels;
 pub mod logistic;
+pub mod map;
 pub mod matrix;
 pub mod memory;
 pub mod persist;
@@ -64,7 +66,7 @@ mod sync;
 mod test_rng;
 
 pub use error::{Error, ErrorKind, Result};
-pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState};
+pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, Update};
 pub use matrix::MatrixView;
 
 // The types that docs/design.md ("Determinism and concurrency") shares across threads must

@@ -68,6 +68,21 @@ const C: [f64; 13] = [
 /// ```
 #[inline(always)]
 pub fn probability(z: f64) -> f32 {
+    (1.0 / (1.0 + exp_neg(z))) as f32
+}
+
+/// `e^(-z)` for `z` clamped to `±120` (within about 2 ulps): the exponential of
+/// [`probability`], shared with the float64 logistic of the `map` refit ([`crate::map`]).
+///
+/// ```rust
+/// use av_core::logistic::exp_neg;
+///
+/// assert_eq!(exp_neg(0.0), 1.0);
+/// assert!((exp_neg(-2.0) / 2f64.exp() - 1.0).abs() < 1e-15);
+/// assert_eq!(exp_neg(-500.0), exp_neg(-120.0)); // clamped
+/// ```
+#[inline(always)]
+pub fn exp_neg(z: f64) -> f64 {
     // NaN never reaches here: features and coefficients are finite.
     let w = (-z).clamp(-W_LIMIT, W_LIMIT);
     let shifted = w * std::f64::consts::LOG2_E + ROUND_MAGIC;
@@ -94,8 +109,7 @@ pub fn probability(z: f64) -> f32 {
     let exp_r = low + r8 * high;
     // The low mantissa bits of `shifted` hold n (two's complement); shifted into the exponent
     // field they multiply by 2^n (|n| ≤ 174 keeps the result normal).
-    let exp_w = f64::from_bits(exp_r.to_bits().wrapping_add(shifted.to_bits() << 52));
-    (1.0 / (1.0 + exp_w)) as f32
+    f64::from_bits(exp_r.to_bits().wrapping_add(shifted.to_bits() << 52))
 }
 
 /// `out[i] = σ(slope · clamp(features[i], ±limit) + pattern[i % pattern.len()])`.

@@ -53,7 +53,7 @@ pub mod planner;
 
 pub use frame::{crc32, frame, unframe, Frame, Kind, FRAME_LEN, MAGIC_PREFIX};
 
-pub(crate) use frame::Reader;
+pub(crate) use frame::{put_f64s, Reader};
 
 use crate::error::Result;
 

@@ -7,7 +7,8 @@
 
 use av_core::accumulator::{Accumulator, PositionSums, RoundStats};
 use av_core::coefficients::SharedCoefficients;
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core::histogram::{HistogramAccumulator, HistogramStats};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -85,6 +86,7 @@ fn contended_observes_keep_the_serial_refit_schedule() {
     // steps counted. The schedule that skipped a refit when the lock was busy could end with one
     // refit and two steps left over (and then refit at every later step).
     model(|| {
+        // vLLM's schedule: one refit per round.
         let mut config = EstimatorConfig::new(1);
         config.refit_interval = 2;
         config.memory = 0.0;
@@ -102,6 +104,64 @@ fn contended_observes_keep_the_serial_refit_schedule() {
         assert_eq!(
             (estimator.num_refits(), estimator.steps_since_refit()),
             (2, 0)
+        );
+    });
+}
+
+/// One histogram bin holding `n` labels, `accepted` of them accepted.
+fn bin(n: u64, accepted: u64) -> HistogramStats {
+    HistogramStats {
+        num_positions: 1,
+        bins: 1,
+        count: vec![n],
+        accepted: vec![accepted],
+        x_sum: vec![n * 3],
+    }
+}
+
+#[test]
+fn every_histogram_add_lands_in_exactly_one_drain() {
+    model(|| {
+        let acc = Arc::new(HistogramAccumulator::new(1, 1));
+        let writer = {
+            let acc = Arc::clone(&acc);
+            thread::spawn(move || acc.add(&bin(2, 1)))
+        };
+        acc.add(&bin(5, 0));
+        let mut first = HistogramStats::new(1, 1);
+        acc.drain_into(&mut first);
+        writer.join().unwrap();
+        let mut total = first.clone();
+        acc.drain_into(&mut total);
+        assert_eq!(total, bin(7, 1));
+        // The first drain held whole adds only.
+        assert!([bin(5, 0), bin(7, 1)].contains(&first), "{first:?}");
+    });
+}
+
+#[test]
+fn contended_observes_keep_the_serial_map_schedule() {
+    // map: a round of two is fitted after its first step and at its end, so two threads of two
+    // steps each count 4 refits and end with no step counted, like a serial run.
+    model(|| {
+        let mut config = EstimatorConfig::new(1);
+        config.update = Update::Map;
+        config.bins = 1;
+        config.refit_interval = 2;
+        let estimator = Arc::new(AcceptanceEstimator::new(config).unwrap());
+        let other = {
+            let estimator = Arc::clone(&estimator);
+            thread::spawn(move || {
+                empty_step(&estimator);
+                empty_step(&estimator);
+            })
+        };
+        empty_step(&estimator);
+        empty_step(&estimator);
+        other.join().unwrap();
+        assert_eq!(
+            (estimator.num_refits(), estimator.steps_since_refit()),
+            (4, 0)
         );
     });
 }

@@ -48,7 +48,7 @@ proptest! {
     }
 }
 
-/// An estimator whose only active limit is the step cap.
+/// An estimator on vLLM's update whose only active limit is the step cap.
 fn capped(max_step: f64, init_slope: f64) -> AcceptanceEstimator {
     let mut config = EstimatorConfig::new(2);
     config.refit_interval = u64::MAX;
@@ -130,4 +130,63 @@ fn a_refit_moves_each_intercept_by_at_most_max_step() {
     let after = est.coefficients().intercepts;
     assert_eq!(after[0], before[0] - 0.25);
     assert_eq!(after[1], before[1]); // never labeled: no step at all
+}
+
+/// The same limits on the `map` update, without a prior (so the fit asks for the data's step).
+fn capped_map(max_step: f64, init_slope: f64) -> AcceptanceEstimator {
+    let mut config = EstimatorConfig::map(2);
+    config.refit_interval = u64::MAX;
+    config.max_step = max_step;
+    config.max_slope = 1e3;
+    config.max_intercept = 1e3;
+    config.init_slope = init_slope;
+    config.prior_slope_sd = f64::INFINITY;
+    config.prior_spread_sd = f64::INFINITY;
+    AcceptanceEstimator::new(config).unwrap()
+}
+
+#[test]
+fn every_map_fit_stays_within_max_step_of_the_last_rounds_end() {
+    // The fit within the round (after its first step) and the round's end both start from the
+    // reference and are capped around it.
+    let est = capped_map(0.1, 0.5);
+    observe_round(&est, 2.0, 90, 10);
+    assert_eq!(est.coefficients().slope, 0.5 + 0.1);
+    assert_eq!(est.num_refits(), 1);
+    let report = est.refit();
+    assert!(report.step.slope > 0.4, "{:?}", report.step);
+    assert_eq!(est.coefficients().slope, 0.5 + 0.1);
+    // Downward, far from 0.
+    let est = capped_map(0.1, 5.0);
+    observe_round(&est, 0.3, 60, 30);
+    let report = est.refit();
+    assert!(report.step.slope < -0.4, "{:?}", report.step);
+    assert_eq!(est.coefficients().slope, 5.0 - 0.1);
+    // The intercepts: every draft rejected at x = 0.
+    let est = capped_map(0.25, 0.5);
+    let rows = 500;
+    let features = vec![0.0f32; rows * 2];
+    let view = MatrixView::new("features", &features, rows, 2).unwrap();
+    let before = est.coefficients().intercepts;
+    est.observe(
+        view,
+        &vec![2; rows],
+        &vec![0; rows],
+        None::<MatrixView<'_, f32>>,
+    )
+    .unwrap();
+    let report = est.refit();
+    assert!(report.step.intercepts[0] < -1.0, "{:?}", report.step);
+    let after = est.coefficients().intercepts;
+    assert_eq!(after[0], before[0] - 0.25);
+    assert_eq!(after[1], before[1]); // never labeled: no step at all
+                                     // The next round's fits are capped around the new reference.
+    est.observe(
+        view,
+        &vec![2; rows],
+        &vec![0; rows],
+        None::<MatrixView<'_, f32>>,
+    )
+    .unwrap();
+    assert_eq!(est.coefficients().intercepts[0], before[0] - 0.5);
 }

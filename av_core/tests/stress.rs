@@ -41,6 +41,7 @@ fn merge(total: &mut RoundStats, part: &RoundStats) {
 
 #[test]
 fn eight_producers_a_predictor_and_a_refitter() {
+    // vLLM's update: the test sums the rounds' IRLS moments.
     let mut config = EstimatorConfig::new(K);
     config.refit_interval = u64::MAX; // only the refitter thread ends rounds
     let estimator = AcceptanceEstimator::new(config.clone()).unwrap();
@@ -171,4 +172,87 @@ fn eight_producers_a_predictor_and_a_refitter() {
             "prediction {out:?} mixes coefficient vectors"
         );
     }
+}
+
+/// The `map` update under the same load: 8 producers × 10⁶ labels while a refitter ends rounds
+/// (and the producers' own steps fit within them). Every label lands in exactly one round's
+/// histograms: the rounds plus the open one equal the serial sum bit for bit, and every round
+/// is a whole number of calls.
+#[test]
+fn eight_producers_and_a_refitter_lose_no_label_under_map() {
+    let mut config = EstimatorConfig::map(K);
+    config.refit_interval = u64::MAX;
+    let estimator = AcceptanceEstimator::new(config).unwrap();
+    let batches: Vec<_> = (0..16).map(batch).collect();
+    let step = |i: usize| {
+        let (f, p, ad, ac) = &batches[i % batches.len()];
+        estimator
+            .step_histogram(
+                MatrixView::new("f", f, ROWS, K).unwrap(),
+                ad,
+                ac,
+                Some(MatrixView::new("p", p, ROWS, K).unwrap()),
+            )
+            .unwrap()
+    };
+    let per_batch = step(0).total_count();
+    let calls_per_producer = 1_000_000u64.div_ceil(per_batch) as usize;
+    let mut serial = step(0);
+    serial = av_core::histogram::HistogramStats::new(K, serial.bins);
+    for i in 0..batches.len() {
+        let mut times = 0;
+        for call in 0..calls_per_producer * PRODUCERS {
+            if call % batches.len() == i {
+                times += 1;
+            }
+        }
+        let one = step(i);
+        for _ in 0..times {
+            serial.merge(&one);
+        }
+    }
+    let done = AtomicBool::new(false);
+    let rounds = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let producers: Vec<_> = (0..PRODUCERS)
+            .map(|t| {
+                let (estimator, batches) = (&estimator, &batches);
+                scope.spawn(move || {
+                    for i in 0..calls_per_producer {
+                        let (f, p, ad, ac) = &batches[(t * calls_per_producer + i) % batches.len()];
+                        estimator
+                            .observe(
+                                MatrixView::new("f", f, ROWS, K).unwrap(),
+                                ad,
+                                ac,
+                                Some(MatrixView::new("p", p, ROWS, K).unwrap()),
+                            )
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        scope.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                let report = estimator.refit();
+                rounds.lock().unwrap().push(report.histogram.unwrap());
+                std::thread::yield_now();
+            }
+        });
+        for p in producers {
+            p.join().unwrap();
+        }
+        done.store(true, Ordering::Release);
+    });
+    let mut total = estimator.round_histogram().unwrap();
+    let rounds = rounds.into_inner().unwrap();
+    for round in &rounds {
+        total.merge(round);
+        assert_eq!(round.total_count() % per_batch, 0);
+    }
+    assert_eq!(total, serial);
+    assert!(total.total_count() >= PRODUCERS as u64 * 1_000_000);
+    assert!(rounds.len() > 1, "the refitter must have ended rounds");
+    let state = estimator.state();
+    assert!(AcceptanceEstimator::from_state(&state).is_ok());
 }

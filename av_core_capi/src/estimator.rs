@@ -8,7 +8,7 @@
 
 use std::sync::atomic::AtomicU64;
 
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 
 use crate::handle::{borrow, destroy, publish, Handle};
 use crate::raw::{input, input_ref, optional_out_value, out_value, output};
@@ -40,7 +40,9 @@ impl AvcEstimator {
 }
 
 /// Estimator configuration. Fill it with avc_estimator_config_default, then change fields;
-/// the defaults are vLLM 0.33.0's.
+/// the defaults are vLLM 0.33.0's, plus av_core's bounds, memory and drift test. How the
+/// estimator refits (vLLM's update by default, or av_core's opt-in map update) is
+/// avc_estimator_update.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AvcEstimatorConfig {
@@ -112,6 +114,152 @@ impl From<&AvcEstimatorConfig> for EstimatorConfig {
             ..EstimatorConfig::new(c.num_positions)
         }
     }
+}
+
+/// How an estimator refits: AVC_UPDATE_MAP or AVC_UPDATE_VLLM.
+pub type AvcUpdate = i32;
+/// av_core's update, opt-in (docs/estimator.md): per-position histograms, the MAP fit iterated
+/// to convergence under a prior centred on the cold start, fits after 1, 2, 4, ... observes of
+/// every round. Better log-loss, slower observes and refits than AVC_UPDATE_VLLM.
+pub const AVC_UPDATE_MAP: AvcUpdate = 0;
+/// vLLM 0.33.0's update: one damped Newton step on the round's IRLS moments per round. The
+/// default.
+pub const AVC_UPDATE_VLLM: AvcUpdate = 1;
+
+/// The update an estimator refits with and the map update's settings (the fields of the core
+/// configuration that avc_estimator_config does not hold). Fill it with
+/// avc_estimator_update_default, change fields, pass it to avc_estimator_new_with_update.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AvcEstimatorUpdate {
+    /// AVC_UPDATE_VLLM (default) or AVC_UPDATE_MAP.
+    pub update: AvcUpdate,
+    /// map: bins per position over [-max_log_odds, max_log_odds], 1 to 256 (64).
+    pub bins: usize,
+    /// map: prior sd of the slope (0.15; INFINITY = no slope prior).
+    pub prior_slope_sd: f64,
+    /// map: prior sd of the intercepts' common level (1; INFINITY = unpenalized).
+    pub prior_level_sd: f64,
+    /// map: prior sd of the intercepts' trend in depth (0.2; 0 = shrink toward the mean alone).
+    pub prior_trend_sd: f64,
+    /// map: prior sd of each intercept around the trend (0.1; INFINITY = independent).
+    pub prior_spread_sd: f64,
+}
+
+impl From<&EstimatorConfig> for AvcEstimatorUpdate {
+    fn from(c: &EstimatorConfig) -> Self {
+        AvcEstimatorUpdate {
+            update: match c.update {
+                Update::Map => AVC_UPDATE_MAP,
+                Update::Vllm => AVC_UPDATE_VLLM,
+            },
+            bins: c.bins,
+            prior_slope_sd: c.prior_slope_sd,
+            prior_level_sd: c.prior_level_sd,
+            prior_trend_sd: c.prior_trend_sd,
+            prior_spread_sd: c.prior_spread_sd,
+        }
+    }
+}
+
+/// The core configuration of `config` with `update`'s fields.
+fn with_update(
+    config: &AvcEstimatorConfig,
+    update: &AvcEstimatorUpdate,
+) -> FfiResult<EstimatorConfig> {
+    let mode = match update.update {
+        AVC_UPDATE_MAP => Update::Map,
+        AVC_UPDATE_VLLM => Update::Vllm,
+        other => {
+            return Err(FfiError::value(
+                "update",
+                format!("must be AVC_UPDATE_MAP (0) or AVC_UPDATE_VLLM (1), got {other}"),
+            ))
+        }
+    };
+    Ok(EstimatorConfig {
+        update: mode,
+        bins: update.bins,
+        prior_slope_sd: update.prior_slope_sd,
+        prior_level_sd: update.prior_level_sd,
+        prior_trend_sd: update.prior_trend_sd,
+        prior_spread_sd: update.prior_spread_sd,
+        ..EstimatorConfig::from(config)
+    })
+}
+
+/// Writes the default update (AVC_UPDATE_VLLM, and the map settings' defaults) to update_out.
+///
+/// # Safety
+///
+/// update_out must be NULL (an error) or point to a writable avc_estimator_update.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_estimator_update_default(
+    update_out: *mut AvcEstimatorUpdate,
+) -> AvcStatus {
+    guard("avc_estimator_update_default", || {
+        // SAFETY: the caller's contract is `out_value`'s.
+        let out = unsafe { out_value(update_out, "update_out")? };
+        out.write((&EstimatorConfig::new(1)).into());
+        Ok(())
+    })
+}
+
+/// avc_estimator_new with the update and map settings of update (avc_estimator_new uses
+/// avc_estimator_update_default's). On failure *estimator_out is NULL.
+///
+/// Errors: AVC_ERR_NULL (config, update, estimator_out), AVC_ERR_VALUE naming the first bad
+/// field ("update" for an unknown update).
+///
+/// # Safety
+///
+/// config and update must be NULL or point to initialized structs; estimator_out must be NULL
+/// or point to a writable avc_estimator pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_estimator_new_with_update(
+    config: *const AvcEstimatorConfig,
+    update: *const AvcEstimatorUpdate,
+    estimator_out: *mut *mut AvcEstimator,
+) -> AvcStatus {
+    guard("avc_estimator_new_with_update", || {
+        // SAFETY: the caller's contract is `out_value`'s and `input_ref`'s.
+        let (out, config, update) = unsafe {
+            let out = out_value(estimator_out, "estimator_out")?;
+            out.write(std::ptr::null_mut());
+            (
+                out,
+                input_ref(config, "config")?,
+                input_ref(update, "update")?,
+            )
+        };
+        let estimator = AcceptanceEstimator::new(with_update(config, update)?)?;
+        out.write(publish(AvcEstimator::new(estimator)));
+        Ok(())
+    })
+}
+
+/// Copies the estimator's update and map settings to update_out.
+///
+/// # Safety
+///
+/// estimator must be NULL or a live estimator; update_out must be NULL or point to a
+/// writable avc_estimator_update.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_estimator_get_update(
+    estimator: *const AvcEstimator,
+    update_out: *mut AvcEstimatorUpdate,
+) -> AvcStatus {
+    guard("avc_estimator_get_update", || {
+        // SAFETY: the caller's contract is `borrow`'s and `out_value`'s.
+        let (handle, out) = unsafe {
+            (
+                borrow(estimator, "estimator")?,
+                out_value(update_out, "update_out")?,
+            )
+        };
+        out.write(handle.estimator.config().into());
+        Ok(())
+    })
 }
 
 /// The `[rows, cols]` feature matrix at `features`.
@@ -511,15 +659,29 @@ mod tests {
 
     #[test]
     fn the_c_config_has_every_core_field_in_order() {
+        // avc_estimator_config holds the fields it has always held; the fields the core added
+        // since (the update and the map settings) are avc_estimator_update's, so that the
+        // first struct keeps its size and layout for C code built against older headers.
+        for core in [EstimatorConfig::new(3), EstimatorConfig::map(3)] {
+            let c = AvcEstimatorConfig::from(&core);
+            let u = AvcEstimatorUpdate::from(&core);
+            let mut names = field_names(&format!("{c:?}"));
+            names.extend(field_names(&format!("{u:?}")));
+            assert_eq!(
+                names,
+                field_names(&format!("{core:?}")),
+                "av_core::EstimatorConfig changed: mirror it in AvcEstimatorUpdate (append new \
+                 fields at the end, regenerate include/av_core.h, bump AVC_ABI_VERSION if \
+                 released)"
+            );
+            assert_eq!(with_update(&c, &u).unwrap(), core);
+        }
+        // The old struct alone gives the core's defaults for the fields it lacks.
         let core = EstimatorConfig::new(3);
-        let c = AvcEstimatorConfig::from(&core);
         assert_eq!(
-            field_names(&format!("{c:?}")),
-            field_names(&format!("{core:?}")),
-            "av_core::EstimatorConfig changed: mirror it in AvcEstimatorConfig (append new \
-             fields at the end, regenerate include/av_core.h, bump AVC_ABI_VERSION if released)"
+            EstimatorConfig::from(&AvcEstimatorConfig::from(&core)),
+            core
         );
-        assert_eq!(EstimatorConfig::from(&c), core);
     }
 
     #[test]

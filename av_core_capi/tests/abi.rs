@@ -310,9 +310,77 @@ fn the_planner_handle_plans_like_the_core_planner() {
     assert_eq!(unsafe { avc_planner_free(planner) }, AVC_OK);
 }
 
+#[test]
+fn the_update_struct_chooses_vllms_update_and_the_map_settings() {
+    let mut config = std::mem::MaybeUninit::<AvcEstimatorConfig>::uninit();
+    let mut update = std::mem::MaybeUninit::<AvcEstimatorUpdate>::uninit();
+    // SAFETY: valid out-pointers to locals, initialized by the calls.
+    let (mut config, mut update) = unsafe {
+        assert_eq!(avc_estimator_config_default(K, config.as_mut_ptr()), AVC_OK);
+        assert_eq!(avc_estimator_update_default(update.as_mut_ptr()), AVC_OK);
+        (config.assume_init(), update.assume_init())
+    };
+    assert_eq!(update.update, AVC_UPDATE_VLLM);
+    assert_eq!(update.bins, EstimatorConfig::DEFAULT_BINS);
+    config.refit_interval = 3;
+    for (mode, core_config) in [
+        (AVC_UPDATE_VLLM, EstimatorConfig::new(K)),
+        (AVC_UPDATE_MAP, EstimatorConfig::map(K)),
+    ] {
+        update.update = mode;
+        update.prior_slope_sd = 0.25;
+        let mut handle = null_mut();
+        // SAFETY: initialized structs, a writable out-pointer.
+        let status = unsafe { avc_estimator_new_with_update(&config, &update, &mut handle) };
+        assert_eq!(status, AVC_OK, "{}", last_error());
+        let capi = Estimator(handle);
+        let core = AcceptanceEstimator::new(EstimatorConfig {
+            refit_interval: 3,
+            prior_slope_sd: 0.25,
+            ..core_config
+        })
+        .unwrap();
+        for seed in 0..7 {
+            let (features, admitted, accepted) = batch(seed, 5);
+            let view = MatrixView::new("features", &features, 5, K).unwrap();
+            core.observe::<f32, f32>(view, &admitted, &accepted, None)
+                .unwrap();
+            assert_eq!(capi.observe(&features, &admitted, &accepted), AVC_OK);
+        }
+        assert_eq!(capi.save(), core.to_bytes());
+        let mut back = std::mem::MaybeUninit::<AvcEstimatorUpdate>::uninit();
+        // SAFETY: live handle, writable out-pointer.
+        let back = unsafe {
+            assert_eq!(avc_estimator_get_update(capi.0, back.as_mut_ptr()), AVC_OK);
+            back.assume_init()
+        };
+        assert_eq!(back, update);
+    }
+    // An unknown update, or a bad map setting, is refused by name.
+    for (corrupt, argument) in [
+        ((|u| u.update = 7) as fn(&mut AvcEstimatorUpdate), "update"),
+        (|u| u.bins = 0, "bins"),
+        (|u| u.prior_spread_sd = -1.0, "prior_spread_sd"),
+    ] {
+        let mut bad = update;
+        corrupt(&mut bad);
+        let mut handle = null_mut();
+        // SAFETY: as above.
+        let status = unsafe { avc_estimator_new_with_update(&config, &bad, &mut handle) };
+        assert_eq!(status, AVC_ERR_VALUE);
+        assert!(handle.is_null());
+        assert!(
+            last_error().starts_with(&format!("avc_estimator_new_with_update: {argument}: ")),
+            "{}",
+            last_error()
+        );
+    }
+}
+
 /// The bytes of an estimator state that no sequence of observations can produce: with a count at
 /// the end of `u64` in the open round, the next observe would wrap it.
 fn impossible_state(corrupt: fn(&mut av_core::EstimatorState)) -> Vec<u8> {
+    // vLLM's update: the corruptions below are of its IRLS moments and quadratic memory.
     let core = AcceptanceEstimator::new(EstimatorConfig::new(K)).unwrap();
     let (features, admitted, accepted) = batch(3, 6);
     let view = MatrixView::new("features", &features, 6, K).unwrap();

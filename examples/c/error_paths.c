@@ -61,6 +61,32 @@ static avc_estimator *new_estimator(uint64_t refit_interval) {
     return estimator;
 }
 
+/* An estimator on vLLM's update (one refit per round of refit_interval observes). */
+static avc_estimator *new_vllm_estimator(uint64_t refit_interval) {
+    avc_estimator_config config;
+    avc_estimator_update update;
+    avc_estimator *estimator = NULL;
+    OK(avc_estimator_config_default(K, &config));
+    OK(avc_estimator_update_default(&update));
+    config.refit_interval = refit_interval;
+    update.update = AVC_UPDATE_VLLM;
+    OK(avc_estimator_new_with_update(&config, &update, &estimator));
+    return estimator;
+}
+
+/* An estimator on av_core's opt-in map update. */
+static avc_estimator *new_map_estimator(uint64_t refit_interval) {
+    avc_estimator_config config;
+    avc_estimator_update update;
+    avc_estimator *estimator = NULL;
+    OK(avc_estimator_config_default(K, &config));
+    OK(avc_estimator_update_default(&update));
+    config.refit_interval = refit_interval;
+    update.update = AVC_UPDATE_MAP;
+    OK(avc_estimator_new_with_update(&config, &update, &estimator));
+    return estimator;
+}
+
 /* The estimator's saved bytes (caller frees), to compare states exactly. */
 static uint8_t *saved(const avc_estimator *estimator, size_t *len) {
     size_t needed = 0;
@@ -89,8 +115,8 @@ static const int64_t admitted[ROWS] = {3, 2};
 static const int64_t accepted[ROWS] = {1, 2};
 
 static void test_estimator_arguments(void) {
-    avc_estimator *estimator = new_estimator(100);
-    avc_estimator *before = new_estimator(100);
+    avc_estimator *estimator = new_vllm_estimator(100);
+    avc_estimator *before = new_vllm_estimator(100);
     float out[ROWS * K];
     float nan_features[ROWS * K];
     memcpy(nan_features, features, sizeof features);
@@ -210,6 +236,64 @@ static void test_estimator_arguments(void) {
           (unsigned long long)refits, (unsigned long long)steps);
 
     OK(avc_estimator_free(before));
+    OK(avc_estimator_free(estimator));
+}
+
+/* av_core's map update (opt-in) fits after the 1st, 2nd, 4th, ... observe of a round. */
+static void test_map_update(void) {
+    avc_estimator *estimator = new_map_estimator(100);
+    bool refitted = false;
+    OK(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS, NULL, 0,
+                             &refitted));
+    CHECK(refitted, "no fit after a round's first step");
+    OK(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS, NULL, 0,
+                             &refitted));
+    CHECK(refitted, "no fit after a round's second step");
+    OK(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS, NULL, 0,
+                             &refitted));
+    CHECK(!refitted, "a fit after a round's third step");
+    uint64_t refits = 9, steps = 9;
+    OK(avc_estimator_counters(estimator, &refits, &steps));
+    CHECK(refits == 2 && steps == 3, "counters %llu %llu", (unsigned long long)refits,
+          (unsigned long long)steps);
+    OK(avc_estimator_refit(estimator));
+    OK(avc_estimator_counters(estimator, &refits, &steps));
+    CHECK(refits == 3 && steps == 0, "counters after refit %llu %llu",
+          (unsigned long long)refits, (unsigned long long)steps);
+
+    avc_estimator_update update, back;
+    OK(avc_estimator_get_update(estimator, &update));
+    CHECK(update.update == AVC_UPDATE_MAP && update.bins == 64, "map update %d, %zu bins",
+          (int)update.update, update.bins);
+    /* The default is vLLM's update, which avc_estimator_new also uses. */
+    OK(avc_estimator_update_default(&back));
+    CHECK(back.update == AVC_UPDATE_VLLM && back.bins == 64, "default update %d, %zu bins",
+          (int)back.update, back.bins);
+    avc_estimator *plain = new_estimator(100);
+    OK(avc_estimator_get_update(plain, &back));
+    CHECK(back.update == AVC_UPDATE_VLLM, "avc_estimator_new gave update %d", (int)back.update);
+    OK(avc_estimator_free(plain));
+    EXPECT(avc_estimator_update_default(NULL), AVC_ERR_NULL, "update_out");
+    EXPECT(avc_estimator_get_update(estimator, NULL), AVC_ERR_NULL, "update_out");
+    EXPECT(avc_estimator_get_update(NULL, &back), AVC_ERR_NULL, "estimator");
+
+    avc_estimator_config config;
+    avc_estimator *other = (avc_estimator *)&config; /* must be overwritten with NULL */
+    OK(avc_estimator_config_default(K, &config));
+    EXPECT(avc_estimator_new_with_update(&config, NULL, &other), AVC_ERR_NULL, "update");
+    CHECK(other == NULL, "a failed new_with_update left a handle");
+    update.update = 9;
+    EXPECT(avc_estimator_new_with_update(&config, &update, &other), AVC_ERR_VALUE,
+           "update: must be AVC_UPDATE_MAP (0) or AVC_UPDATE_VLLM (1), got 9");
+    update.update = AVC_UPDATE_MAP;
+    update.prior_trend_sd = -1.0;
+    EXPECT(avc_estimator_new_with_update(&config, &update, &other), AVC_ERR_VALUE,
+           "prior_trend_sd");
+    update.prior_trend_sd = 0.0; /* shrinkage toward the mean alone */
+    OK(avc_estimator_new_with_update(&config, &update, &other));
+    OK(avc_estimator_get_update(other, &back));
+    CHECK(back.prior_trend_sd == 0.0 && back.update == AVC_UPDATE_MAP, "update did not round-trip");
+    OK(avc_estimator_free(other));
     OK(avc_estimator_free(estimator));
 }
 
@@ -966,6 +1050,7 @@ static void test_concurrent_observe(void) {
 
 int main(void) {
     test_estimator_arguments();
+    test_map_update();
     test_config();
     test_save_load();
     test_planner_and_tables_save_load();

@@ -25,9 +25,15 @@ fn framed(payload: &[u8]) -> Vec<u8> {
     bytes
 }
 
-/// A real state: `k` positions, memory on or off, a few observed steps and refits.
-fn real_state(k: usize, memory: bool, steps: usize) -> Vec<u8> {
-    let mut config = EstimatorConfig::new(k);
+/// A real state: `k` positions, memory on or off, av_core's map update or vLLM's, a few
+/// observed steps and refits.
+fn real_state(k: usize, memory: bool, vllm: bool, steps: usize) -> Vec<u8> {
+    let mut config = if vllm {
+        EstimatorConfig::new(k)
+    } else {
+        EstimatorConfig::map(k)
+    };
+    config.bins = 8; // a map payload short enough for the fuzzer's offsets to cover
     config.memory = if memory { 0.8 } else { 0.0 };
     config.refit_interval = 2;
     let est = AcceptanceEstimator::new(config).expect("valid config");
@@ -47,7 +53,8 @@ fn mutated(input: &[u8]) -> Option<Vec<u8>> {
     let mut bytes = real_state(
         1 + usize::from(k % 8),
         flags & 1 == 1,
-        usize::from(flags >> 1) % 6,
+        flags & 2 == 2,
+        usize::from(flags >> 2) % 6,
     );
     let payload = bytes.len() - HEADER - 4;
     for edit in edits.chunks_exact(10) {
@@ -92,7 +99,8 @@ fuzz_target!(|input: &[u8]| {
             None,
         );
         if let Err(error) = observed {
-            // Only a round already at the 2^56 count bound refuses a valid step, whole.
+            // Only a round already at its count bound refuses a valid step, whole (vllm: a
+            // position at 2^56; map: a bin at 2^40).
             assert_eq!(error.argument, "num_admitted", "{error}");
             assert_eq!(
                 est.to_bytes(),

@@ -115,6 +115,12 @@ class AcceptanceEstimator:
         max_intercept: float = 15.0,
         memory: float = 0.8,
         drift_z: float = 3.09,
+        update: Literal["map", "vllm"] | str = "vllm",
+        bins: int = 64,
+        prior_slope_sd: float = 0.15,
+        prior_level_sd: float = 1.0,
+        prior_trend_sd: float = 0.2,
+        prior_spread_sd: float = 0.1,
     ) -> AcceptanceEstimator:
         """K = ``num_positions`` draft positions (1 to 64); every keyword's default is the
         core's (``ESTIMATOR_DEFAULTS``). ``refit_interval``: observe calls per round;
@@ -122,7 +128,14 @@ class AcceptanceEstimator:
         ``l2``: ridge; ``init_slope``, ``init_intercept``: cold start; ``max_log_odds``: feature
         clamp; ``max_step``, ``max_slope``, ``max_intercept``: refit bounds (inf: none);
         ``memory``: discount per round of past rounds (0: vLLM's memoryless update);
-        ``drift_z``: drift test threshold, in standard deviations (inf: never)."""
+        ``drift_z``: drift test threshold, in standard deviations (inf: never).
+
+        ``update="vllm"`` (the default) is vLLM 0.33.0's damped Newton step once per round, bit
+        for bit (``damping`` applies to it only). ``update="map"`` opts into av_core's refit
+        (docs/estimator.md): per-position histograms of the feature (``bins`` per position),
+        the MAP fit iterated to convergence under a prior centred on the cold start
+        (``prior_*_sd``), fits after 1, 2, 4, ... observes of every round and at its end; better
+        log-loss, slower observes and refits."""
     def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.float32]:
         """Acceptance probabilities, float32 [R, K], for features [R, K] (float32 or float64)."""
     def observe(
@@ -131,18 +144,24 @@ class AcceptanceEstimator:
         num_admitted: npt.ArrayLike,
         num_accepted: npt.ArrayLike,
         predictions: npt.ArrayLike | None = None,
+        *,
+        count_step: bool = True,
     ) -> bool:
-        """Folds one decode step of verdicts into the round; True when it completed a round and
-        refitted."""
+        """Folds one decode step of verdicts into the round; True when it refitted (vllm: it
+        completed a round; map: also after the round's 1st, 2nd, 4th, ... observe). With
+        ``count_step=False`` the verdicts join the round without counting a step (no refit
+        runs), for callers that run their own schedule with :meth:`refit`."""
     @overload
-    def refit(self, *, report: Literal[False] = False) -> None:
+    def refit(self, *, report: Literal[False] = False, end_round: bool = True) -> None:
         """Ends the round now: refits on whatever it holds and clears it. With ``report=True``,
         returns the round's statistics (as in ``state_dict()["round_stats"]``), the Newton step
         taken from them (``slope_step``, ``intercept_steps``, before the step and range bounds)
         and the round's drift statistic (``drift_statistic``: about chi-square with K + 1
-        degrees of freedom while the coefficients it was collected under fit)."""
+        degrees of freedom while the coefficients it was collected under fit).
+        ``end_round=False`` (map only) fits the memory plus the open round without ending it,
+        as the schedule does after the 1st, 2nd, 4th, ... observe of a round."""
     @overload
-    def refit(self, *, report: Literal[True]) -> RefitReport: ...
+    def refit(self, *, report: Literal[True], end_round: bool = True) -> RefitReport: ...
     @property
     def slope(self) -> float:
         """Shared slope."""
@@ -185,6 +204,24 @@ class AcceptanceEstimator:
     @property
     def drift_z(self) -> float:
         """Drift test threshold (standard deviations); inf disables the test."""
+    @property
+    def update(self) -> str:
+        """How the estimator refits: ``"vllm"`` (the default) or ``"map"``."""
+    @property
+    def bins(self) -> int:
+        """map: bins per position of the feature histograms."""
+    @property
+    def prior_slope_sd(self) -> float:
+        """map: the prior sd of the slope."""
+    @property
+    def prior_level_sd(self) -> float:
+        """map: the prior sd of the intercepts' level."""
+    @property
+    def prior_trend_sd(self) -> float:
+        """map: the prior sd of the intercepts' trend in depth."""
+    @property
+    def prior_spread_sd(self) -> float:
+        """map: the prior sd of each intercept around the trend."""
     def to_bytes(self) -> bytes:
         """The state as versioned, checksummed bytes (see ``from_bytes``)."""
     @classmethod
@@ -201,17 +238,29 @@ class AcceptanceEstimator:
     def round_counts(self) -> npt.NDArray[np.int64]:
         """Labeled observations per position in the open round, int64 [K]."""
     def add_round_stats(self, round_stats: RoundStatsDict | dict[str, Any]) -> None:
-        """Adds another round's statistics (as in ``state_dict()["round_stats"]``) to the open
-        round, exactly; refused, adding nothing, on other fraction bits, another number of
-        positions or statistics no sequence of observations can produce (a negative ``a``/``c``,
-        a count past the bound)."""
+        """Adds another round's statistics (as in ``state_dict()["round_stats"]``: vllm's IRLS
+        moments or map's histograms, the estimator's own kind) to the open round, exactly;
+        refused, adding nothing, on other fraction bits, bins or number of positions, or
+        statistics no sequence of observations can produce (a negative ``a``/``c``, more
+        accepted than labeled, a count past the bound)."""
     def state_dict(self) -> EstimatorStateDict:
         """Everything (config, coefficients, round statistics, counters) as plain Python values;
         ``from_state_dict`` restores it bit-exactly. Statistics are exact fixed-point integers
-        in units of 2**-fraction_bits."""
+        in units of 2**-fraction_bits. A vllm estimator at the default map settings has format
+        version 1 (the layout the TypedDicts describe); a map estimator's (version 2) adds the
+        update's settings to ``config`` and holds histograms (``count``, ``accepted``,
+        ``x_sum``, ``bins``) in ``round_stats`` and ``memory_state``."""
     @classmethod
-    def from_state_dict(cls, state: EstimatorStateDict | dict[str, Any]) -> AcceptanceEstimator:
-        """Rebuilds an estimator from ``state_dict()``, validating every field."""
+    def from_state_dict(
+        cls,
+        state: EstimatorStateDict | dict[str, Any],
+        *,
+        update: Literal["map", "vllm"] | str | None = None,
+    ) -> AcceptanceEstimator:
+        """Rebuilds an estimator from ``state_dict()``, validating every field (format version
+        1, before the map update, restores as a vllm estimator, bit for bit). With ``update``,
+        moves the estimator to that update: configuration and coefficients kept, open round and
+        memory started over."""
     def __reduce__(self) -> tuple[Any, tuple[EstimatorStateDict]]: ...
 
 # --- the verification planner (rust/src/planner.rs) ---

@@ -3,9 +3,11 @@
 Each data-parallel rank of a server sees its own share of the traffic, so an estimator per rank
 learns from a fraction of the verdicts. :func:`pool_round` sums the open round of every rank's
 estimator over a process group, so that the next ``refit()`` fits every rank on the pooled round.
-The round's statistics are exact fixed-point integers, so the sum is exact: it does not depend on
-the order the ranks (or their verdicts) come in, and when every rank starts from the same
-coefficients, every rank refits to the same bits as one estimator fed all the verdicts.
+The round's statistics are exact integers (the ``vllm`` update's fixed-point IRLS moments, or the
+``map`` update's histograms), so the sum is exact: it does not depend on the order the ranks (or
+their verdicts) come in, and when every rank starts from the same coefficients, every rank refits
+to the same bits as one estimator fed all the verdicts. (Under ``map`` a rank's own fits within a
+round use its own share only; the round's end, after pooling, is the same on every rank.)
 
     import torch.distributed as dist
     from av_core import AcceptanceEstimator
@@ -38,10 +40,23 @@ import numpy.typing as npt
 
 from av_core._native import AcceptanceEstimator
 
-__all__ = ["LIMB_BITS", "NUM_LIMBS", "STAT_COLUMNS", "limbs_to_round", "pool_round", "round_limbs"]
+__all__ = [
+    "HISTOGRAM_COLUMNS",
+    "LIMB_BITS",
+    "NUM_LIMBS",
+    "STAT_COLUMNS",
+    "limbs_to_round",
+    "pool_round",
+    "round_columns",
+    "round_limbs",
+]
 
-#: The round's integer columns, in the order they travel.
+#: The ``vllm`` update's round: integer columns (one entry per position), in the order they
+#: travel.
 STAT_COLUMNS = ("a", "b", "c", "g0", "g1", "n")
+#: The ``map`` update's round: histogram columns (K·B entries, position-major), all unsigned.
+HISTOGRAM_COLUMNS = ("count", "accepted", "x_sum")
+_UNSIGNED = frozenset({"n", *HISTOGRAM_COLUMNS})
 #: Every statistic is sent as ``NUM_LIMBS`` limbs of ``LIMB_BITS`` bits (its value modulo
 #: ``2**128``, the core's ``i128``), one int64 each: the sum of a limb over fewer than ``2**31``
 #: ranks cannot overflow, so the all-reduce is an exact integer sum.
@@ -52,14 +67,22 @@ _MODULUS = 1 << _WIDTH
 _LIMB_MASK = (1 << LIMB_BITS) - 1
 
 
+def round_columns(round_stats: Mapping[str, Any]) -> tuple[str, ...]:
+    """The integer columns of a round (``state_dict()["round_stats"]``): :data:`STAT_COLUMNS`
+    for the ``vllm`` update, :data:`HISTOGRAM_COLUMNS` for ``map``."""
+    return HISTOGRAM_COLUMNS if "count" in round_stats else STAT_COLUMNS
+
+
 def round_limbs(round_stats: Mapping[str, Any]) -> npt.NDArray[np.int64]:
-    """The round's statistics (``state_dict()["round_stats"]``) as ``[6, K, NUM_LIMBS]`` int64
-    limbs, least significant first, of each value modulo ``2**128``."""
-    columns = [[int(v) for v in round_stats[name]] for name in STAT_COLUMNS]
+    """The round's statistics (``state_dict()["round_stats"]``) as ``[columns, entries,
+    NUM_LIMBS]`` int64 limbs (``[6, K, 4]`` for ``vllm``, ``[3, K·B, 4]`` for ``map``), least
+    significant first, of each value modulo ``2**128``."""
+    names = round_columns(round_stats)
+    columns = [[int(v) for v in round_stats[name]] for name in names]
     k = len(columns[0])
     if any(len(column) != k for column in columns):
-        raise ValueError("round_stats columns must all have one entry per position")
-    out = np.empty((len(STAT_COLUMNS), k, NUM_LIMBS), dtype=np.int64)
+        raise ValueError("round_stats columns must all have one entry per position (or bin)")
+    out = np.empty((len(names), k, NUM_LIMBS), dtype=np.int64)
     for row, column in enumerate(columns):
         for position, value in enumerate(column):
             wrapped = value % _MODULUS
@@ -68,21 +91,24 @@ def round_limbs(round_stats: Mapping[str, Any]) -> npt.NDArray[np.int64]:
     return out
 
 
-def limbs_to_round(limbs: npt.ArrayLike, fraction_bits: int) -> dict[str, Any]:
+def limbs_to_round(
+    limbs: npt.ArrayLike, fraction_bits: int, columns: tuple[str, ...] = STAT_COLUMNS
+) -> dict[str, Any]:
     """Inverse of :func:`round_limbs` after a sum: each value is ``sum(limb_i * 2**(32 i))``
-    modulo ``2**128``, read as a signed 128-bit integer (counts as non-negative)."""
+    modulo ``2**128``, read as a signed 128-bit integer (counts and histogram columns as
+    non-negative). ``columns``: the round's columns (:func:`round_columns`)."""
     array = np.asarray(limbs, dtype=np.int64)
-    if array.ndim != 3 or array.shape[0] != len(STAT_COLUMNS) or array.shape[2] != NUM_LIMBS:
+    if array.ndim != 3 or array.shape[0] != len(columns) or array.shape[2] != NUM_LIMBS:
         raise ValueError(
-            f"limbs must have shape [{len(STAT_COLUMNS)}, K, {NUM_LIMBS}], got {array.shape}"
+            f"limbs must have shape [{len(columns)}, K, {NUM_LIMBS}], got {array.shape}"
         )
     out: dict[str, Any] = {"fraction_bits": int(fraction_bits)}
-    for row, name in enumerate(STAT_COLUMNS):
+    for row, name in enumerate(columns):
         values = []
         for position in range(array.shape[1]):
             total = sum(int(limb) << (i * LIMB_BITS) for i, limb in enumerate(array[row, position]))
             total %= _MODULUS
-            if name != "n" and total >= _MODULUS // 2:
+            if name not in _UNSIGNED and total >= _MODULUS // 2:
                 total -= _MODULUS
             values.append(total)
         out[name] = values
@@ -130,20 +156,33 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
         raise RuntimeError("pool_round needs torch.distributed to be initialized")
 
     local: Mapping[str, Any] = estimator.state_dict()["round_stats"]
-    bits, k = int(local["fraction_bits"]), len(local["n"])
-    header = torch.tensor([k, -k, bits, -bits], dtype=torch.int64)
+    columns = round_columns(local)
+    bits, k = int(local["fraction_bits"]), estimator.num_positions
+    bins = int(local.get("bins", 0))  # 0: the vllm update's moments
+    layout = [k, bits, bins]
+    header = torch.tensor([v for value in layout for v in (value, -value)], dtype=torch.int64)
     header = _reduce(header, group, dist.ReduceOp.MAX)
-    most_k, least_k, most_bits, least_bits = (int(v) for v in header)
-    if (most_k, -least_k, most_bits, -least_bits) != (k, k, bits, bits):
+    most_k, least_k, most_bits, least_bits, most_bins, least_bins = (int(v) for v in header)
+    if (most_k, -least_k, most_bits, -least_bits, most_bins, -least_bins) != (
+        k,
+        k,
+        bits,
+        bits,
+        bins,
+        bins,
+    ):
         raise ValueError(
             f"estimator: the ranks of the group disagree on the round's layout (positions "
-            f"{-least_k}..{most_k}, fraction bits {-least_bits}..{most_bits}; this rank has "
-            f"{k} positions and {bits} fraction bits)"
+            f"{-least_k}..{most_k}, fraction bits {-least_bits}..{most_bits}, histogram bins "
+            f"{-least_bins}..{most_bins}; this rank has {k} positions, {bits} fraction bits "
+            f"and {bins} bins, 0 for the vllm update)"
         )
     summed = _reduce(torch.from_numpy(round_limbs(local)), group, dist.ReduceOp.SUM)
-    pooled = limbs_to_round(summed.numpy(), bits)
+    pooled = limbs_to_round(summed.numpy(), bits, columns)
     others: dict[str, Any] = {"fraction_bits": bits}
-    for name in STAT_COLUMNS:
+    if "bins" in local:
+        others["bins"] = pooled["bins"] = bins
+    for name in columns:
         pairs = zip(pooled[name], local[name], strict=True)
         others[name] = [int(total) - int(mine) for total, mine in pairs]
     estimator.add_round_stats(others)

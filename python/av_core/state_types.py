@@ -68,6 +68,10 @@ class RefitReport(RoundStatsDict):
     slope_step: float
     intercept_steps: list[float]
     drift_statistic: float
+    #: Newton iterations of the map fit (0 under vllm, and when nothing new arrived).
+    iterations: int
+    #: Whether the refit ended the round (``refit(end_round=...)``).
+    end_round: bool
 
 
 class MemoryStateDict(TypedDict):

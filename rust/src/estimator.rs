@@ -2,8 +2,9 @@
 
 use av_core::accumulator::{PositionSums, RoundStats};
 use av_core::fixed_point::FRACTION_BITS;
+use av_core::histogram::{HistogramMemory, HistogramStats, X_FRACTION_BITS};
 use av_core::memory::Memory;
-use av_core::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, MatrixView, Update};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pyo3::prelude::*;
@@ -16,12 +17,25 @@ use crate::convert::{
 };
 use crate::files::{atomic_write, read_file};
 
-/// Name and version of the `state_dict` layout.
+/// Name and version of the `state_dict` layout (version 1, before the map update, still loads
+/// as a vllm estimator, and is still written for a vllm estimator at the default map settings).
 const STATE_FORMAT: &str = "av_core.AcceptanceEstimator";
-const STATE_FORMAT_VERSION: u32 = 1;
+const STATE_FORMAT_VERSION: u32 = 2;
+
+/// The update named by a Python string (`argument` names it in the error).
+fn parse_update(name: &str, argument: &str) -> PyResult<Update> {
+    Update::parse(name).ok_or_else(|| {
+        value_error(
+            argument,
+            format!("must be \"map\" or \"vllm\", got {name:?}"),
+        )
+    })
+}
 
 /// Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
-/// refitted every `refit_interval` observe calls by a damped Newton step.
+/// refitted from the target's verdicts (update "vllm", the default: vLLM's damped Newton step
+/// every `refit_interval` observe calls; "map", opt-in: MAP fits of per-position histograms
+/// after 1, 2, 4, ... observes of every round and at its end).
 #[pyclass(module = "av_core._native", name = "AcceptanceEstimator", frozen)]
 pub struct PyAcceptanceEstimator {
     inner: AcceptanceEstimator,
@@ -44,7 +58,13 @@ impl PyAcceptanceEstimator {
         max_intercept = Float::new(EstimatorConfig::DEFAULT_MAX_INTERCEPT),
         memory = Float::new(EstimatorConfig::DEFAULT_MEMORY),
         drift_z = Float::new(EstimatorConfig::DEFAULT_DRIFT_Z),
-    ), text_signature = "(num_positions, *, refit_interval=100, damping=50.0, l2=0.001, init_slope=0.5, init_intercept=-0.2, max_log_odds=40.0, max_step=4.0, max_slope=10.0, max_intercept=15.0, memory=0.8, drift_z=3.09)")]
+        update = "vllm",
+        bins = Int::new(EstimatorConfig::DEFAULT_BINS as i128),
+        prior_slope_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_SLOPE_SD),
+        prior_level_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_LEVEL_SD),
+        prior_trend_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_TREND_SD),
+        prior_spread_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_SPREAD_SD),
+    ), text_signature = "(num_positions, *, refit_interval=100, damping=50.0, l2=0.001, init_slope=0.5, init_intercept=-0.2, max_log_odds=40.0, max_step=4.0, max_slope=10.0, max_intercept=15.0, memory=0.8, drift_z=3.09, update='vllm', bins=64, prior_slope_sd=0.15, prior_level_sd=1.0, prior_trend_sd=0.2, prior_spread_sd=0.1)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_positions: Int,
@@ -59,6 +79,12 @@ impl PyAcceptanceEstimator {
         max_intercept: Float,
         memory: Float,
         drift_z: Float,
+        update: &str,
+        bins: Int,
+        prior_slope_sd: Float,
+        prior_level_sd: Float,
+        prior_trend_sd: Float,
+        prior_spread_sd: Float,
     ) -> PyResult<Self> {
         let config = EstimatorConfig {
             num_positions: num_positions.to_usize("num_positions")?,
@@ -73,6 +99,12 @@ impl PyAcceptanceEstimator {
             max_intercept: max_intercept.value("max_intercept")?,
             memory: memory.value("memory")?,
             drift_z: drift_z.value("drift_z")?,
+            update: parse_update(update, "update")?,
+            bins: bins.to_usize("bins")?,
+            prior_slope_sd: prior_slope_sd.value("prior_slope_sd")?,
+            prior_level_sd: prior_level_sd.value("prior_level_sd")?,
+            prior_trend_sd: prior_trend_sd.value("prior_trend_sd")?,
+            prior_spread_sd: prior_spread_sd.value("prior_spread_sd")?,
         };
         let inner = AcceptanceEstimator::new(config).map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
@@ -109,9 +141,11 @@ impl PyAcceptanceEstimator {
         Ok(array.into_pyarray(py))
     }
 
-    /// Folds one decode step of verdicts into the round; True when it completed a round and
-    /// refitted.
-    #[pyo3(signature = (features, num_admitted, num_accepted, predictions = None))]
+    /// Folds one decode step of verdicts into the round; True when it refitted (vllm: it
+    /// completed a round; map: it completed a round, or was the round's 1st, 2nd, 4th, ...).
+    /// With `count_step=False` the verdicts join the round without counting a step (no refit
+    /// runs): for callers that run the schedule themselves with `refit`.
+    #[pyo3(signature = (features, num_admitted, num_accepted, predictions = None, *, count_step = true))]
     fn observe(
         &self,
         py: Python<'_>,
@@ -119,6 +153,7 @@ impl PyAcceptanceEstimator {
         num_admitted: &Bound<'_, PyAny>,
         num_accepted: &Bound<'_, PyAny>,
         predictions: Option<&Bound<'_, PyAny>>,
+        count_step: bool,
     ) -> PyResult<bool> {
         let k = self.inner.num_positions();
         // Every array is copied here, with the GIL held, before the core sees it: a buffer
@@ -137,7 +172,7 @@ impl PyAcceptanceEstimator {
             .transpose()?;
         let inner = &self.inner;
         let (admitted, accepted): (&[i64], &[i64]) = (&num_admitted, &num_accepted);
-        py.detach(|| observe_views(inner, features, admitted, accepted, predictions))
+        py.detach(|| observe_views(inner, features, admitted, accepted, predictions, count_step))
             .map_err(to_py_err)
     }
 
@@ -146,17 +181,37 @@ impl PyAcceptanceEstimator {
     /// taken from them (`slope_step`, `intercept_steps`, before the step and range bounds) and
     /// the round's drift statistic (`drift_statistic`: about chi-square with K + 1 degrees of
     /// freedom while the coefficients it was collected under fit).
-    #[pyo3(signature = (*, report = false))]
-    fn refit<'py>(&self, py: Python<'py>, report: bool) -> PyResult<Option<Bound<'py, PyDict>>> {
+    #[pyo3(signature = (*, report = false, end_round = true))]
+    fn refit<'py>(
+        &self,
+        py: Python<'py>,
+        report: bool,
+        end_round: bool,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let inner = &self.inner;
-        let outcome = py.detach(|| inner.refit());
+        let outcome = if end_round {
+            py.detach(|| inner.refit())
+        } else {
+            py.detach(|| inner.refit_within_round())
+                .map_err(to_py_err)?
+        };
         if !report {
             return Ok(None);
         }
-        let d = stats_dict(py, &outcome.stats)?;
+        let d = match (&outcome.histogram, inner.config().update) {
+            (_, Update::Vllm) => stats_dict(py, &outcome.stats)?,
+            (Some(round), Update::Map) => histogram_dict(py, round)?,
+            (None, Update::Map) => PyDict::new(py),
+        };
         d.set_item("slope_step", outcome.step.slope)?;
         d.set_item("intercept_steps", outcome.step.intercepts)?;
-        d.set_item("drift_statistic", inner.drift_statistic(&outcome.stats))?;
+        let drift = match inner.config().update {
+            Update::Vllm => inner.drift_statistic(&outcome.stats),
+            Update::Map => outcome.drift_statistic.unwrap_or(f64::NAN),
+        };
+        d.set_item("drift_statistic", drift)?;
+        d.set_item("iterations", outcome.iterations)?;
+        d.set_item("end_round", end_round)?;
         Ok(Some(d))
     }
 
@@ -165,10 +220,25 @@ impl PyAcceptanceEstimator {
     /// (`av_core.distributed.pool_round`). Refused, adding nothing, if the fraction bits or the
     /// number of positions differ or an `a`/`c` entry is negative.
     fn add_round_stats(&self, py: Python<'_>, round_stats: &Bound<'_, PyAny>) -> PyResult<()> {
-        let stats = parse_round_stats(round_stats, "round_stats")?;
         let inner = &self.inner;
-        py.detach(|| inner.add_round_stats(&stats))
-            .map_err(to_py_err)
+        let config = inner.config();
+        match config.update {
+            Update::Vllm => {
+                let stats = parse_round_stats(round_stats, "round_stats")?;
+                py.detach(|| inner.add_round_stats(&stats))
+                    .map_err(to_py_err)
+            }
+            Update::Map => {
+                let round = parse_histogram(
+                    round_stats,
+                    "round_stats",
+                    config.num_positions,
+                    config.bins,
+                )?;
+                py.detach(|| inner.add_round_histogram(&round))
+                    .map_err(to_py_err)
+            }
+        }
     }
 
     /// Shared slope.
@@ -255,6 +325,42 @@ impl PyAcceptanceEstimator {
         self.inner.config().drift_z
     }
 
+    /// How the estimator refits: "map" (av_core's) or "vllm" (vLLM's damped Newton step).
+    #[getter]
+    fn update(&self) -> &'static str {
+        self.inner.config().update.name()
+    }
+
+    /// map: bins per position of the feature histograms.
+    #[getter]
+    fn bins(&self) -> usize {
+        self.inner.config().bins
+    }
+
+    /// map: the prior sd of the slope.
+    #[getter]
+    fn prior_slope_sd(&self) -> f64 {
+        self.inner.config().prior_slope_sd
+    }
+
+    /// map: the prior sd of the intercepts' level.
+    #[getter]
+    fn prior_level_sd(&self) -> f64 {
+        self.inner.config().prior_level_sd
+    }
+
+    /// map: the prior sd of the intercepts' trend in depth.
+    #[getter]
+    fn prior_trend_sd(&self) -> f64 {
+        self.inner.config().prior_trend_sd
+    }
+
+    /// map: the prior sd of each intercept around the trend.
+    #[getter]
+    fn prior_spread_sd(&self) -> f64 {
+        self.inner.config().prior_spread_sd
+    }
+
     /// The state as versioned, checksummed bytes (see `from_bytes`).
     fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.inner.to_bytes())
@@ -289,10 +395,9 @@ impl PyAcceptanceEstimator {
     fn round_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
         let counts: Vec<i64> = self
             .inner
-            .round_stats()
-            .positions
+            .round_counts()
             .iter()
-            .map(|p| p.n as i64)
+            .map(|&n| n as i64)
             .collect();
         counts.into_pyarray(py)
     }
@@ -305,33 +410,75 @@ impl PyAcceptanceEstimator {
         let config = PyDict::new(py);
         config.set_item("num_positions", state.config.num_positions)?;
         set_options(&config, &state.config)?;
-        let stats = stats_dict(py, &state.stats)?;
+        // A vllm estimator at the default map settings (anyone who did not opt into map) keeps
+        // the version-1 layout, as the bytes do (`snapshot::written_version`).
+        let version_1 =
+            av_core::snapshot::written_version(&state) == av_core::snapshot::FORMAT_VERSION_1;
+        let version = if version_1 { 1 } else { STATE_FORMAT_VERSION };
+        if version >= 2 {
+            config.set_item("update", state.config.update.name())?;
+            config.set_item("bins", state.config.bins)?;
+            config.set_item("prior_slope_sd", state.config.prior_slope_sd)?;
+            config.set_item("prior_level_sd", state.config.prior_level_sd)?;
+            config.set_item("prior_trend_sd", state.config.prior_trend_sd)?;
+            config.set_item("prior_spread_sd", state.config.prior_spread_sd)?;
+        }
+        let stats = match &state.map {
+            None => stats_dict(py, &state.stats)?,
+            Some(map) => histogram_dict(py, &map.round)?,
+        };
         let d = PyDict::new(py);
         d.set_item("format", STATE_FORMAT)?;
-        d.set_item("format_version", STATE_FORMAT_VERSION)?;
+        d.set_item("format_version", version)?;
         d.set_item("config", config)?;
         d.set_item("slope", state.slope)?;
         d.set_item("intercepts", state.intercepts)?;
         d.set_item("round_stats", stats)?;
         d.set_item("steps_since_refit", state.steps_since_refit)?;
         d.set_item("num_refits", state.num_refits)?;
-        let m = &state.memory;
         let memory = PyDict::new(py);
-        memory.set_item("a", m.a)?;
-        memory.set_item("b", m.b.clone())?;
-        memory.set_item("c", m.c.clone())?;
-        memory.set_item("rhs", m.rhs.clone())?;
-        memory.set_item("total", m.total)?;
-        memory.set_item("counts", m.counts.clone())?;
-        memory.set_item("resets", m.resets)?;
+        match &state.map {
+            None => {
+                let m = &state.memory;
+                memory.set_item("a", m.a)?;
+                memory.set_item("b", m.b.clone())?;
+                memory.set_item("c", m.c.clone())?;
+                memory.set_item("rhs", m.rhs.clone())?;
+                memory.set_item("total", m.total)?;
+                memory.set_item("counts", m.counts.clone())?;
+                memory.set_item("resets", m.resets)?;
+            }
+            Some(map) => {
+                memory.set_item("count", map.memory.count.clone())?;
+                memory.set_item("accepted", map.memory.accepted.clone())?;
+                memory.set_item("x_sum", map.memory.x_sum.clone())?;
+                memory.set_item("resets", map.resets)?;
+                let reference = PyDict::new(py);
+                reference.set_item("slope", map.reference_slope)?;
+                reference.set_item("intercepts", map.reference_intercepts.clone())?;
+                d.set_item("reference", reference)?;
+                d.set_item("fitted_labels", map.fitted_labels)?;
+            }
+        }
         d.set_item("memory_state", memory)?;
         Ok(d)
     }
 
-    /// Rebuilds an estimator from `state_dict()`, validating every field.
+    /// Rebuilds an estimator from `state_dict()`, validating every field. A state of format
+    /// version 1 (before the map update) is a vllm estimator and restores as one. With
+    /// `update`, the estimator moves to that update: the configuration and coefficients are
+    /// kept, the open round and the memory of past rounds start over.
     #[classmethod]
-    fn from_state_dict(_cls: &Bound<'_, PyType>, state: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let state = parse_state(state)?;
+    #[pyo3(signature = (state, *, update = None))]
+    fn from_state_dict(
+        _cls: &Bound<'_, PyType>,
+        state: &Bound<'_, PyAny>,
+        update: Option<&str>,
+    ) -> PyResult<Self> {
+        let mut state = parse_state(state)?;
+        if let Some(name) = update {
+            state = state.with_update(parse_update(name, "update")?);
+        }
         let inner = AcceptanceEstimator::from_state(&state).map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
     }
@@ -379,8 +526,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Every configuration field but `num_positions`, by its keyword in the constructor (and key in
-/// `state_dict()["config"]`).
+/// Every configuration field but `num_positions` and the update's (`update`, `bins`, the prior
+/// widths: opt-in, in `state_dict()["config"]` only of a version-2 state), by its keyword in the
+/// constructor (and key in `state_dict()["config"]`).
 fn set_options(d: &Bound<'_, PyDict>, config: &EstimatorConfig) -> PyResult<()> {
     d.set_item("refit_interval", config.refit_interval)?;
     d.set_item("damping", config.damping)?;
@@ -412,6 +560,54 @@ fn stats_dict<'py>(py: Python<'py>, stats: &RoundStats) -> PyResult<Bound<'py, P
     Ok(d)
 }
 
+/// A round's histograms as a dict of flat, position-major integer lists (K·B entries each).
+fn histogram_dict<'py>(py: Python<'py>, round: &HistogramStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("fraction_bits", X_FRACTION_BITS)?;
+    d.set_item("bins", round.bins)?;
+    d.set_item("count", round.count.clone())?;
+    d.set_item("accepted", round.accepted.clone())?;
+    d.set_item("x_sum", round.x_sum.clone())?;
+    Ok(d)
+}
+
+/// Histograms from the dict `histogram_dict` writes, for an estimator of `num_positions`
+/// positions and `bins` bins (`arg` names it in errors).
+fn parse_histogram(
+    item: &Bound<'_, PyAny>,
+    arg: &'static str,
+    num_positions: usize,
+    bins: usize,
+) -> PyResult<HistogramStats> {
+    let s = item
+        .cast::<PyDict>()
+        .map_err(|_| type_error(arg, "round_stats must be a dict"))?;
+    let bits: u32 = int_field(s, "fraction_bits", arg, U64)?;
+    if bits != X_FRACTION_BITS {
+        return Err(value_error(
+            arg,
+            format!(
+                "round_stats hold {bits} fraction bits, this estimator's histograms \
+                 {X_FRACTION_BITS} (a vllm round given to a map estimator?)"
+            ),
+        ));
+    }
+    let theirs: usize = int_field(s, "bins", arg, U64)?;
+    if theirs != bins {
+        return Err(value_error(
+            arg,
+            format!("round_stats have {theirs} bins, this estimator {bins}"),
+        ));
+    }
+    Ok(HistogramStats {
+        num_positions,
+        bins,
+        count: int_list(s, "count", arg, U64)?,
+        accepted: int_list(s, "accepted", arg, U64)?,
+        x_sum: int_list(s, "x_sum", arg, U64)?,
+    })
+}
+
 /// Number of elements of a view.
 fn view_len(view: FloatView<'_>) -> usize {
     match view {
@@ -427,23 +623,56 @@ fn observe_views(
     num_admitted: &[i64],
     num_accepted: &[i64],
     predictions: Option<FloatView<'_>>,
+    count_step: bool,
 ) -> av_core::Result<bool> {
+    fn one<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        inner: &AcceptanceEstimator,
+        features: MatrixView<'_, T>,
+        num_admitted: &[i64],
+        num_accepted: &[i64],
+        predictions: Option<MatrixView<'_, P>>,
+        count_step: bool,
+    ) -> av_core::Result<bool> {
+        if count_step {
+            inner.observe(features, num_admitted, num_accepted, predictions)
+        } else {
+            inner
+                .add_observations(features, num_admitted, num_accepted, predictions)
+                .map(|()| false)
+        }
+    }
     fn with<T: Copy + Into<f64>>(
         inner: &AcceptanceEstimator,
         features: MatrixView<'_, T>,
         num_admitted: &[i64],
         num_accepted: &[i64],
         predictions: Option<FloatView<'_>>,
+        count_step: bool,
     ) -> av_core::Result<bool> {
+        let (a, b) = (num_admitted, num_accepted);
         match predictions {
-            None => inner.observe::<T, f32>(features, num_admitted, num_accepted, None),
-            Some(FloatView::F32(p)) => inner.observe(features, num_admitted, num_accepted, Some(p)),
-            Some(FloatView::F64(p)) => inner.observe(features, num_admitted, num_accepted, Some(p)),
+            None => one::<T, f32>(inner, features, a, b, None, count_step),
+            Some(FloatView::F32(p)) => one(inner, features, a, b, Some(p), count_step),
+            Some(FloatView::F64(p)) => one(inner, features, a, b, Some(p), count_step),
         }
     }
     match features {
-        FloatView::F32(f) => with(inner, f, num_admitted, num_accepted, predictions),
-        FloatView::F64(f) => with(inner, f, num_admitted, num_accepted, predictions),
+        FloatView::F32(f) => with(
+            inner,
+            f,
+            num_admitted,
+            num_accepted,
+            predictions,
+            count_step,
+        ),
+        FloatView::F64(f) => with(
+            inner,
+            f,
+            num_admitted,
+            num_accepted,
+            predictions,
+            count_step,
+        ),
     }
 }
 
@@ -533,17 +762,20 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         ));
     }
     let version: u32 = int_field(d, "format_version", arg, U64)?;
-    if version != STATE_FORMAT_VERSION {
+    if !(1..=STATE_FORMAT_VERSION).contains(&version) {
         return Err(value_error(
             arg,
-            format!("format_version {version} is not supported (this build reads {STATE_FORMAT_VERSION})"),
+            format!(
+                "format_version {version} is not supported (this build reads 1 to \
+                 {STATE_FORMAT_VERSION})"
+            ),
         ));
     }
     let config_item = get_item(d, "config", arg)?;
     let c = config_item
         .cast::<PyDict>()
         .map_err(|_| type_error(arg, "key \"config\" must be a dict"))?;
-    let config = EstimatorConfig {
+    let mut config = EstimatorConfig {
         num_positions: int_field(c, "num_positions", arg, U64)?,
         refit_interval: int_field(c, "refit_interval", arg, U64)?,
         damping: float_field(c, "damping", arg)?,
@@ -556,12 +788,60 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         max_intercept: float_field(c, "max_intercept", arg)?,
         memory: float_field(c, "memory", arg)?,
         drift_z: float_field(c, "drift_z", arg)?,
+        ..EstimatorConfig::new(1)
     };
-    let stats = parse_round_stats(&get_item(d, "round_stats", arg)?, arg)?;
+    // Version 1 is the vllm update with the map fields' defaults.
+    if version >= 2 {
+        let update: String = extract(c, "update", arg)?;
+        config.update = parse_update(&update, "state[\"config\"][\"update\"]")?;
+        config.bins = int_field(c, "bins", arg, U64)?;
+        config.prior_slope_sd = float_field(c, "prior_slope_sd", arg)?;
+        config.prior_level_sd = float_field(c, "prior_level_sd", arg)?;
+        config.prior_trend_sd = float_field(c, "prior_trend_sd", arg)?;
+        config.prior_spread_sd = float_field(c, "prior_spread_sd", arg)?;
+    }
     let memory_item = get_item(d, "memory_state", arg)?;
     let m = memory_item
         .cast::<PyDict>()
         .map_err(|_| type_error(arg, "key \"memory_state\" must be a dict"))?;
+    let k = config.num_positions;
+    let (stats, memory, map) = match config.update {
+        Update::Vllm => {
+            let stats = parse_round_stats(&get_item(d, "round_stats", arg)?, arg)?;
+            let memory = Memory {
+                a: float_field(m, "a", arg)?,
+                b: float_list(m, "b", arg)?,
+                c: float_list(m, "c", arg)?,
+                rhs: float_list(m, "rhs", arg)?,
+                total: float_field(m, "total", arg)?,
+                counts: float_list(m, "counts", arg)?,
+                resets: int_field(m, "resets", arg, U64)?,
+            };
+            (stats, memory, None)
+        }
+        Update::Map => {
+            let round = parse_histogram(&get_item(d, "round_stats", arg)?, arg, k, config.bins)?;
+            let reference_item = get_item(d, "reference", arg)?;
+            let r = reference_item
+                .cast::<PyDict>()
+                .map_err(|_| type_error(arg, "key \"reference\" must be a dict"))?;
+            let map = MapState {
+                reference_slope: float_field(r, "slope", arg)?,
+                reference_intercepts: float_list(r, "intercepts", arg)?,
+                round,
+                memory: HistogramMemory {
+                    num_positions: k,
+                    bins: config.bins,
+                    count: float_list(m, "count", arg)?,
+                    accepted: float_list(m, "accepted", arg)?,
+                    x_sum: float_list(m, "x_sum", arg)?,
+                },
+                fitted_labels: int_field(d, "fitted_labels", arg, U64)?,
+                resets: int_field(m, "resets", arg, U64)?,
+            };
+            (RoundStats::new(k), Memory::new(k), Some(map))
+        }
+    };
     Ok(EstimatorState {
         config,
         slope: float_field(d, "slope", arg)?,
@@ -569,15 +849,8 @@ fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
         stats,
         steps_since_refit: int_field(d, "steps_since_refit", arg, U64)?,
         num_refits: int_field(d, "num_refits", arg, U64)?,
-        memory: Memory {
-            a: float_field(m, "a", arg)?,
-            b: float_list(m, "b", arg)?,
-            c: float_list(m, "c", arg)?,
-            rhs: float_list(m, "rhs", arg)?,
-            total: float_field(m, "total", arg)?,
-            counts: float_list(m, "counts", arg)?,
-            resets: int_field(m, "resets", arg, U64)?,
-        },
+        memory,
+        map,
     })
 }
 

@@ -78,13 +78,15 @@ def refit_rounds(
     requests_per_step: int = 10,
 ) -> npt.NDArray[np.float64]:
     """Feeds ``workload`` steps (predict, then observe with those predictions, as in serving)
-    until the estimator has refitted ``rounds`` times; returns ``[rounds, 1 + K]``: the slope
-    and intercepts after each refit."""
+    until the estimator has ended ``rounds`` rounds (``refit_interval`` observes each); returns
+    ``[rounds, 1 + K]``: the slope and intercepts after each round's end (the map update's fits
+    within a round are not rounds)."""
     history: list[tuple[float, ...]] = []
     while len(history) < rounds:
         s = workload.step(rng, requests_per_step)
         predictions = estimator.predict(s.features)
-        if estimator.observe(s.features, s.num_admitted, s.num_accepted, predictions):
+        refitted = estimator.observe(s.features, s.num_admitted, s.num_accepted, predictions)
+        if refitted and estimator.steps_since_refit == 0:
             history.append((estimator.slope, *estimator.intercepts))
     return np.array(history, dtype=np.float64).reshape(-1, 1 + workload.num_positions)
 
@@ -131,7 +133,7 @@ class TrimmingServing:
         exploration: float = DEFAULT_EXPLORATION,
         seed: int = 0,
         per_token: float = 0.08,
-        **estimator: float,
+        **estimator: float | str,
     ) -> None:
         from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
 

@@ -40,6 +40,7 @@ from av_core.vllm.budget import (
 )
 from av_core.vllm.constants import (
     DAMPING_OBSERVATIONS,
+    ENV_ESTIMATOR,
     ENV_EXACT,
     INIT_INTERCEPT,
     INIT_SLOPE,
@@ -53,6 +54,7 @@ from av_core.vllm.selfcheck import gpu_selfcheck
 
 __all__ = [
     "DAMPING_OBSERVATIONS",
+    "ENV_ESTIMATOR",
     "ENV_EXACT",
     "INIT_INTERCEPT",
     "INIT_SLOPE",

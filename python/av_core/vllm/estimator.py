@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -21,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR, AcceptanceEstimator
+from av_core._native import AcceptanceEstimator
 from av_core.features import MAX_FEATURE_ENTRIES, draft_log_odds
 from av_core.features.checks import _check_device
 from av_core.state_types import RoundStatsDict
@@ -38,7 +37,6 @@ from av_core.vllm.checks import (
 )
 from av_core.vllm.constants import (
     DAMPING_OBSERVATIONS,
-    ENV_EXACT,
     INIT_INTERCEPT,
     INIT_SLOPE,
     L2,
@@ -53,6 +51,7 @@ from av_core.vllm.staging import (
     _Staged,
     _sync_allowed,
 )
+from av_core.vllm.update import choose_update, native_options, refit_due
 
 logger = logging.getLogger("vllm.av_core")
 
@@ -69,6 +68,13 @@ class OnlineAcceptanceEstimator:
     float32 tensors keyed by request-state index, ``slope`` (``[1]``) and ``intercepts``
     (``[K]``) float32 tensors on ``device``, and ``REFIT_INTERVAL``, ``DAMPING_OBSERVATIONS``
     and ``L2`` are read from the instance (set them on one to change it).
+
+    It refits with vLLM's update (one damped Newton step per round, no memory) unless told
+    otherwise: ``update="map"`` (or ``AV_CORE_VLLM_ESTIMATOR=map``) opts into av_core's own update
+    (docs/estimator.md), which is calibrated from its first refits and after a workload switch:
+    per-position histograms, the MAP fit iterated to convergence, fits after the 1st, 2nd, 4th,
+    ... step of every round (with ``process_group``, only at the pooled round ends), memory
+    across rounds.
 
     Per decode step, driven by vLLM's ``DraftModelSpeculator``:
 
@@ -110,6 +116,7 @@ class OnlineAcceptanceEstimator:
         staged: bool | None = None,
         process_group: Any = None,
         exact: bool | None = None,
+        update: str | None = None,
     ) -> None:
         """vLLM's constructor, plus keyword-only extras (every call vLLM makes means the same):
 
@@ -123,6 +130,8 @@ class OnlineAcceptanceEstimator:
           zeros). ``None``: each rank learns from its own verdicts.
         - ``exact``: vLLM's unbounded refit instead of av_core's bounded one (no cap on one
           refit's step, on the slope or on the intercepts); default ``AV_CORE_VLLM_EXACT``.
+        - ``update``: ``"vllm"`` (vLLM's update, the default) or ``"map"`` (av_core's own,
+          with its memory and bounds; not with ``exact``); default ``AV_CORE_VLLM_ESTIMATOR``.
         """
         self.max_num_reqs = _check_positive_int(max_num_reqs, "max_num_reqs")
         self.num_speculative_steps = _check_positive_int(
@@ -139,36 +148,26 @@ class OnlineAcceptanceEstimator:
         if staged is not None and not isinstance(staged, bool):
             raise TypeError(f"staged must be a bool or None, got {type(staged).__name__}")
         self.device = _check_device(device)
-        if exact is None:
-            exact = os.environ.get(ENV_EXACT, "").strip().lower() in ("1", "true", "yes")
-        self.exact = bool(exact)
+        self.update, self.exact = choose_update(update, exact)
         self.process_group = process_group
         self._staged = self.device.type == "cuda" if staged is None else staged
         self._pin = self.device.type == "cuda"
         self._steps_since_refit = 0
         self._refits = 0
-        self._refit_pending = False
+        self._refit_pending: str | None = None
         self.num_dropped_rows = 0
         self._refit_listeners: list[Callable[[OnlineAcceptanceEstimator], None]] = []
         m, k = self.max_num_reqs, self.num_speculative_steps
 
-        # The core's vLLM preset, with vLLM's memoryless update whatever av_core's default; its
-        # unbounded refit only when exact, else the core's default bounds.
-        vllm = VLLM_ESTIMATOR
-        bounds = vllm if self.exact else ESTIMATOR_DEFAULTS
         self._native = AcceptanceEstimator(
             k,
             refit_interval=_NATIVE_NEVER_REFITS,
             damping=float(self.DAMPING_OBSERVATIONS),
             l2=float(self.L2),
-            init_slope=vllm["init_slope"],
-            init_intercept=vllm["init_intercept"],
-            max_log_odds=vllm["max_log_odds"],
-            memory=vllm["memory"],
-            max_step=bounds["max_step"],
-            max_slope=bounds["max_slope"],
-            max_intercept=bounds["max_intercept"],
-            drift_z=vllm["drift_z"],
+            init_slope=INIT_SLOPE,
+            init_intercept=INIT_INTERCEPT,
+            max_log_odds=MAX_LOG_ODDS,
+            **native_options(self.update, self.exact),
         )
         try:
             self.slope = torch.full((1,), INIT_SLOPE, dtype=torch.float32, device=self.device)
@@ -197,7 +196,7 @@ class OnlineAcceptanceEstimator:
             ]
         # Metrics (av_core.vllm.metrics): None unless AV_CORE_METRICS_PORT or
         # PROMETHEUS_MULTIPROC_DIR is set, and then only host arrays are recorded.
-        self._recorder: Any = _metrics_recorder(self)
+        self._recorder: Any = vllm_metrics.recorder_for(self)
 
     # ----------------------------------------------------------------------------------------
     # vLLM's interface
@@ -277,14 +276,16 @@ class OnlineAcceptanceEstimator:
                     num_rejected.cpu().numpy(),
                     None if skip_rows is None else skip_rows.cpu().numpy(),
                 )
-            if self._advance():
-                self._refit()
+            due = self._advance()
+            if due is not None:
+                self._refit(end_round=due == "end")
             return
 
-        self._drain(wait=self._refit_pending)
-        if self._refit_pending:
-            self._refit_pending = False
-            self._refit()
+        pending = self._refit_pending
+        self._drain(wait=pending is not None)
+        if pending is not None:
+            self._refit_pending = None
+            self._refit(end_round=pending == "end")
         if rows:
             self._stage(idx_mapping, num_sampled, num_rejected, skip_rows)
         self._refit_pending = self._advance()
@@ -472,9 +473,10 @@ class OnlineAcceptanceEstimator:
         """Fold every staged verdict now (waiting for copies in flight) and run a refit that is
         due. A no-op for host tensors. For shutdown, checkpoints and tests, not per step."""
         self._drain(wait=True)
-        if self._refit_pending:
-            self._refit_pending = False
-            self._refit()
+        pending = self._refit_pending
+        if pending is not None:
+            self._refit_pending = None
+            self._refit(end_round=pending == "end")
 
     def state_dict(self, *, flush: bool = True) -> dict[str, Any]:
         """Coefficients, this round's statistics and the schedule, after :meth:`flush`
@@ -502,7 +504,8 @@ class OnlineAcceptanceEstimator:
             raise ValueError(
                 f"state['estimator'] must be a mapping, got {type(state['estimator']).__name__}"
             )
-        native = AcceptanceEstimator.from_state_dict(dict(state["estimator"]))
+        # A state saved under the other update keeps its coefficients and starts a new round.
+        native = AcceptanceEstimator.from_state_dict(dict(state["estimator"]), update=self.update)
         if native.num_positions != self.num_speculative_steps:
             raise ValueError(
                 f"state has {native.num_positions} positions, the estimator "
@@ -524,13 +527,16 @@ class OnlineAcceptanceEstimator:
     # ----------------------------------------------------------------------------------------
     # Internals
 
-    def _advance(self) -> bool:
-        """Count one step; True when a refit is due (vLLM's schedule)."""
+    def _advance(self) -> str | None:
+        """Count one step; the refit due: ``"end"`` of a round (vLLM's schedule, every
+        ``REFIT_INTERVAL`` steps), ``"within"`` (update ``"map"`` without a process group: after
+        the 1st, 2nd, 4th, ... step of a round), or None."""
         self._steps_since_refit += 1
-        if self._steps_since_refit < self.REFIT_INTERVAL:
-            return False
-        self._steps_since_refit = 0
-        return True
+        pooled = self.process_group is not None
+        due = refit_due(self._steps_since_refit, self.REFIT_INTERVAL, self.update, pooled)
+        if due == "end":
+            self._steps_since_refit = 0
+        return due
 
     def _fold(
         self,
@@ -556,7 +562,7 @@ class OnlineAcceptanceEstimator:
         x, p = features[slots], predictions[slots]
         accepted, admitted = accepted[keep], admitted[keep]
         try:
-            self._native.observe(x, admitted, accepted, p)
+            self._native.observe(x, admitted, accepted, p, count_step=False)
             if self._recorder is not None:
                 self._recorder.verdicts(p, accepted, admitted)
         except ValueError:
@@ -572,7 +578,9 @@ class OnlineAcceptanceEstimator:
             accepted[bad] = 0
             admitted[bad] = 0
             sane = np.where(sane_p, p, np.float32(0.5))
-            self._native.observe(np.where(finite_x, x, np.float32(0.0)), admitted, accepted, sane)
+            self._native.observe(
+                np.where(finite_x, x, np.float32(0.0)), admitted, accepted, sane, count_step=False
+            )
             if self._recorder is not None:
                 self._recorder.verdicts(sane, accepted, admitted)
 
@@ -632,10 +640,11 @@ class OnlineAcceptanceEstimator:
             self._free.append(entry.buffers)
             folded += 1
 
-    def _refit(self) -> None:
+    def _refit(self, *, end_round: bool = True) -> None:
         """One damped Newton step on the round's statistics (then cleared), with the instance's
         L2 and DAMPING_OBSERVATIONS, on the round pooled over ``process_group`` if one is set;
-        the new coefficients go to the device in place."""
+        the new coefficients go to the device in place. (Update ``"map"``: the round's end, or
+        with ``end_round=False`` a fit within it.)"""
         recorder = self._recorder
         # With metrics on, their fold must not read the round while it changes hands.
         with contextlib.nullcontext() if recorder is None else recorder.state_lock():
@@ -645,15 +654,18 @@ class OnlineAcceptanceEstimator:
                 state = native.state_dict()
                 state["config"] = {**state["config"], "l2": l2, "damping": damping}
                 native = self._native = AcceptanceEstimator.from_state_dict(state)
-            own = None if recorder is None else native.state_dict()["round_stats"]
-            if self.process_group is not None:
-                from av_core.distributed import pool_round
-
-                pool_round(native, self.process_group)
-            if recorder is None:
-                native.refit()
+            if not end_round:
+                native.refit(end_round=False)
             else:
-                recorder.round_closed(own, native.refit(report=True))
+                own = None if recorder is None else native.state_dict()["round_stats"]
+                if self.process_group is not None:
+                    from av_core.distributed import pool_round
+
+                    pool_round(native, self.process_group)
+                if recorder is None:
+                    native.refit()
+                else:
+                    recorder.round_closed(own, native.refit(report=True))
         self._refits += 1
         self._upload()
         for callback in list(self._refit_listeners):
@@ -678,18 +690,3 @@ class OnlineAcceptanceEstimator:
             self.slope.copy_(host[:1], non_blocking=True)
             self.intercepts.copy_(host[1:], non_blocking=True)
         self._upload_event = self._new_event()
-
-
-def _metrics_recorder(estimator: OnlineAcceptanceEstimator) -> Any:
-    """The estimator's metrics recorder, or None when metrics are off (or cannot start)."""
-    if not vllm_metrics.enabled():
-        return None
-    device = estimator.device
-    try:
-        metrics = vllm_metrics.process_metrics(device.index if device.type == "cuda" else None)
-    except ImportError as error:
-        logger.warning("av_core: metrics are off: %s", error)
-        return None
-    if metrics is None:
-        return None
-    return metrics.recorder(estimator, estimator.num_speculative_steps)

@@ -89,6 +89,7 @@ __all__ = [
     "current",
     "enabled",
     "process_metrics",
+    "recorder_for",
     "reset",
 ]
 
@@ -129,6 +130,13 @@ class _LocalHistogram:
 
 
 def _columns(round_stats: dict[str, Any]) -> tuple[npt.NDArray[np.int64], list[int]]:
+    """Labeled drafts and the residual sums ``g1`` per position of a round. The map update's
+    round (histograms) holds no residuals: zeros, and the predicted sums come from the queued
+    verdicts instead (``EstimatorRecorder.event_predicted``)."""
+    if "count" in round_stats:
+        counts = np.asarray(round_stats["count"], dtype=np.int64)
+        n = counts.reshape(-1, int(round_stats["bins"])).sum(axis=1)
+        return n, [0] * n.shape[0]
     return np.asarray(round_stats["n"], dtype=np.int64), [int(v) for v in round_stats["g1"]]
 
 
@@ -160,12 +168,16 @@ class EstimatorRecorder:
     pushed_predicted: npt.NDArray[np.float64] = field(init=False)
     pushed_refits: int = 0
     pushed_dropped: int = 0
+    #: Σ p of the labeled drafts this record was handed, per position, summed on the fold thread:
+    #: the expected accepted drafts under the map update, whose round keeps no residuals.
+    event_predicted: npt.NDArray[np.float64] = field(init=False)
 
     def __post_init__(self) -> None:
         k = self.num_positions
         for name in ("closed_n", "baseline_n", "hits", "pushed_labeled", "pushed_hits"):
             setattr(self, name, np.zeros(k, np.int64))
         self.pushed_predicted = np.zeros(k, np.float64)
+        self.event_predicted = np.zeros(k, np.float64)
         self.closed_g1, self.baseline_g1 = [0] * k, [0] * k
 
     # -- the serving thread: queue and return --------------------------------------------------
@@ -459,6 +471,12 @@ class ProcessMetrics:
             if kind == _VERDICTS:
                 key = id(event[1])
                 self._accepted.setdefault(key, []).append(event[3])
+                p = np.asarray(event[2], dtype=np.float64)
+                accepted, admitted = event[3], event[4]
+                k = event[1].num_positions
+                length = np.minimum(accepted.astype(np.int64) + 1, admitted.astype(np.int64))
+                labeled = np.arange(k)[None, :] < length[:, None]
+                event[1].event_predicted += np.where(labeled, p, 0.0).sum(axis=0)
                 recent = self._recent.setdefault(key, deque())
                 recent.append(event[2:])
                 # Every row observed has a label: the last `window` rows hold the window.
@@ -496,8 +514,11 @@ class ProcessMetrics:
             labeled = recorder.closed_n + n - recorder.baseline_n
             rows = zip(recorder.closed_g1, g1, recorder.baseline_g1, strict=True)
             residual = [c + v - b for c, v, b in rows]
-        scale = float(2 ** int(stats["fraction_bits"]))
-        predicted = recorder.hits - np.asarray(residual, dtype=np.float64) / scale
+        if "g1" in stats:
+            scale = float(2 ** int(stats["fraction_bits"]))
+            predicted = recorder.hits - np.asarray(residual, dtype=np.float64) / scale
+        else:  # the map update: Σ p from the verdicts themselves
+            predicted = recorder.event_predicted.copy()
         labeled = np.maximum(labeled, recorder.pushed_labeled)
         predicted = np.maximum(predicted, recorder.pushed_predicted)
         for index in range(k):
@@ -627,3 +648,19 @@ def reset() -> None:
         if _process is not None:
             _process.close()
         _process = None
+
+
+def recorder_for(estimator: Any) -> EstimatorRecorder | None:
+    """The recorder of a drop-in estimator (``device``, ``num_speculative_steps``), or None when
+    metrics are off (or cannot start: the reason is logged)."""
+    if not enabled():
+        return None
+    device = estimator.device
+    try:
+        metrics = process_metrics(device.index if device.type == "cuda" else None)
+    except ImportError as error:
+        logger.warning("av_core: metrics are off: %s", error)
+        return None
+    if metrics is None:
+        return None
+    return metrics.recorder(estimator, estimator.num_speculative_steps)

@@ -60,12 +60,15 @@ def _evaluate(args: argparse.Namespace) -> int:
             refit_interval=args.refit_interval,
             batch_rounds=args.batch_rounds,
             memory=args.memory,
+            update=args.update,
             groups_per_workload=args.groups_per_workload,
             progress=job,
         )
+    observes = -(-evaluation.num_rounds // args.batch_rounds)
     _warn_without_refits(
         console,
         int(evaluation.trajectory.rounds.shape[0]),
+        observes >= args.refit_interval,
         f"--refit-interval {args.refit_interval} x --batch-rounds {args.batch_rounds} rounds "
         f"reaches past the trace's {evaluation.num_rounds} drafting rounds",
         "--refit-interval or --batch-rounds",
@@ -107,11 +110,21 @@ def _check_simulation_size(
     )
 
 
-def _warn_without_refits(console: _Console, refits: int, what: str, advice: str) -> None:
+def _warn_without_refits(
+    console: _Console, refits: int, round_ended: bool, what: str, advice: str
+) -> None:
+    """Warn when no round of the estimator ended: with ``refits == 0`` (vLLM's update) every
+    prediction is the cold start; the map update still fits after the 1st, 2nd, 4th, ...
+    observes of its first round, but never discounts its memory."""
     if refits == 0:
         console.warn(
             f"the estimator was never refit ({what}): every prediction is the cold start; "
             f"lower {advice}"
+        )
+    elif not round_ended:
+        console.warn(
+            f"the estimator never refit at a round's end ({what}): it fitted only after the "
+            f"1st, 2nd, 4th, ... observes of its first round; lower {advice}"
         )
 
 
@@ -214,9 +227,15 @@ def _simulate(args: argparse.Namespace) -> int:
             progress=job,
         )
     if args.refit_interval > args.warmup_steps + args.steps:
+        from av_core import AcceptanceEstimator
+
+        # The simulated policies run the estimator's default update: the map update fits
+        # within its first round too.
+        within = AcceptanceEstimator(1).update == "map"
         _warn_without_refits(
             console,
-            0,
+            int(within),
+            False,
             f"--refit-interval {args.refit_interval} is more than the "
             f"{args.warmup_steps + args.steps} simulated steps",
             "--refit-interval",
@@ -370,6 +389,13 @@ def add_evaluate(add: AddCommand) -> argparse.ArgumentParser:
         default=None,
         help="estimator memory across rounds, gamma in [0, 1) (default: the estimator's, "
         f"{ESTIMATOR_DEFAULTS['memory']}; 0 is vLLM's memoryless update)",
+    )
+    evaluate.add_argument(
+        "--update",
+        choices=("vllm", "map"),
+        default="vllm",
+        help="how the estimator refits: vllm (vLLM's damped Newton step once per round, the "
+        "default) or map (av_core's opt-in update); docs/estimator.md",
     )
     evaluate.add_argument(
         "--groups-per-workload",

@@ -71,6 +71,7 @@ def evaluate_trace(
     refit_interval: int = DEFAULT_REFIT_INTERVAL,
     batch_rounds: int = 1,
     memory: float | None = None,
+    update: str | None = None,
     groups_per_workload: int = 4,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> Evaluation:
@@ -122,7 +123,12 @@ def evaluate_trace(
             if missing:
                 notes.append(f"{name}: {missing} rows without a value scored with feature 0")
         replay = replay_online(
-            rounds, matrix, refit_interval=refit_interval, batch_rounds=batch_rounds, memory=memory
+            rounds,
+            matrix,
+            refit_interval=refit_interval,
+            batch_rounds=batch_rounds,
+            memory=memory,
+            update=update,
         )
         if trajectory is None:
             trajectory = replay.trajectory

@@ -6,6 +6,7 @@ time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,7 @@ def replay_online(
     refit_interval: int = DEFAULT_REFIT_INTERVAL,
     batch_rounds: int = 1,
     memory: float | None = None,
+    update: str | None = None,
 ) -> Replay:
     """Replays the online estimator prequentially over ``rounds`` with feature matrix [rounds, K].
 
@@ -57,7 +59,8 @@ def replay_online(
     estimator refits itself every ``refit_interval`` observes; the prediction stored for a draft
     is the one made before its own step was observed, so its label never influences its score.
     ``memory`` is the estimator's memory across rounds (``None``: av_core's default; 0: vLLM's
-    memoryless update).
+    memoryless update); ``update`` how it refits (``None``: the estimator's default, ``"vllm"``,
+    vLLM's damped Newton step; ``"map"``: av_core's opt-in update, docs/estimator.md).
     """
     if isinstance(batch_rounds, bool) or not isinstance(batch_rounds, int | np.integer):
         raise TypeError(f"batch_rounds must be an int, got {type(batch_rounds).__name__}")
@@ -65,11 +68,12 @@ def replay_online(
         raise ValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
     if features.shape != rounds.rows.shape:
         raise ValueError(f"features must have shape {rounds.rows.shape}, got {features.shape}")
-    estimator = (
-        AcceptanceEstimator(rounds.num_positions, refit_interval=refit_interval)
-        if memory is None
-        else AcceptanceEstimator(rounds.num_positions, refit_interval=refit_interval, memory=memory)
-    )
+    options: dict[str, Any] = {"refit_interval": refit_interval}
+    if memory is not None:
+        options["memory"] = memory
+    if update is not None:
+        options["update"] = update
+    estimator = AcceptanceEstimator(rounds.num_positions, **options)
     x = np.ascontiguousarray(np.clip(features, -MAX_FEATURE, MAX_FEATURE), dtype=np.float32)
     predictions = np.empty(x.shape, dtype=np.float64)
     refit_rounds: list[int] = []

@@ -1,0 +1,557 @@
+//! The `map` update: the maximum a posteriori fit of the histograms, by Newton iterated to
+//! convergence (docs/estimator.md).
+//!
+//! For the statistics of the memory plus the open round ([`crate::histogram`]), each non-empty
+//! bin contributes `N` labeled drafts, `A` accepted, at the bin's mean feature `x̄`. With
+//! `θ = (ω, β_0 … β_{K−1})`, the log-likelihood is `Σ_bins A log p + (N − A) log(1 − p)` with
+//! `p = σ(ω x̄ + β_k)`, and the prior is Gaussian with mean `μ = (init_slope, init_intercept·1)`
+//! and precision `P`:
+//!
+//! * `P₀₀ = prior_slope_sd⁻²` (real pairs fit slopes of 0.44–0.6), no slope–intercept terms;
+//! * intercepts shrunk hierarchically toward a linear trend in depth,
+//!   `β_k = level + trend·z_k + ε_k`, `z_k = k − (K−1)/2`, `level ~ N(init_intercept,
+//!   σ₀²)`, `trend ~ N(0, σ₁²)`, `ε_k ~ N(0, σ_b²)`. Integrating level and trend out gives the
+//!   intercept block `Λ = σ_b⁻² (I − c₀ 11ᵀ − c₁ zzᵀ)` with `c₀ = σ₀²/(σ_b² + Kσ₀²)` and
+//!   `c₁ = σ₁²/(σ_b² + |z|²σ₁²)` (exact, since `1 ⊥ z`). An infinite width is no prior on that
+//!   part; `σ₁ = 0` shrinks toward the mean alone.
+//!
+//! Each iteration computes, per bin, `p`, `w = N p(1 − p)`, `r = A − N p`; the score
+//! `g = (Σ r x̄, Σ_b r per k)` and the arrowhead Hessian `(Σ w x̄², Σ_b w x̄, Σ_b w)`; then solves
+//! `(H + P + λI)_FF Δ = (g − P(θ − μ))_F` by dense Cholesky over the free set `F` (the slope and
+//! every position with a label: a position without one keeps its intercept). A step longer than
+//! one log-odd in any coordinate is scaled back to one; a slope that would go negative is held
+//! at 0 (and leaves `F`); the iteration stops when the longest step is below `10⁻⁶`, after 16
+//! iterations, or when the system is not positive definite. `λ` (`l2`) only guards the
+//! Hessian's diagonal; it does not enter the gradient, so it does not move the optimum.
+//!
+//! Every sum runs over the bins in ascending `(k, b)` order, in four lanes combined in a fixed
+//! order, with a logistic that fuses nothing ([`crate::logistic::exp_neg`]): the same statistics
+//! and starting point give the same bits on every machine.
+
+use crate::cholesky::solve_spd;
+use crate::histogram::{Binning, HistogramMemory, HistogramStats, X_SCALE};
+use crate::logistic::exp_neg;
+use crate::memory::drift_statistic;
+use crate::refit::ArrowheadSystem;
+
+/// Most Newton iterations of one fit.
+pub const MAX_ITERATIONS: u32 = 16;
+/// The fit has converged when no coordinate moves by this much in an iteration.
+pub const TOLERANCE: f64 = 1e-6;
+/// Largest change of any coefficient in one iteration (log-odds).
+pub const ITERATION_CAP: f64 = 1.0;
+
+/// The prior's standard deviations (see the module docs).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::map::{Prior, PriorWidths};
+///
+/// let prior = Prior::new(1, &PriorWidths::DEFAULT, 0.5, -0.2);
+/// // K = 1: β = level + ε, so its precision is 1 / (σ₀² + σ_b²).
+/// assert!((prior.precision[3] - 1.0 / (1.0 + 0.01)).abs() < 1e-12);
+/// assert!((prior.precision[0] - 1.0 / 0.0225).abs() < 1e-9); // 1 / 0.15²
+/// assert_eq!(prior.mean, [0.5, -0.2]);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PriorWidths {
+    /// Slope ω (`inf`: no slope prior).
+    pub slope_sd: f64,
+    /// The intercepts' common level σ₀ (`inf`: unpenalized).
+    pub level_sd: f64,
+    /// Their trend in depth σ₁ (`0`: toward the mean alone; `inf`: unpenalized).
+    pub trend_sd: f64,
+    /// Each intercept's spread around the trend σ_b (`inf`: independent, unpenalized
+    /// intercepts).
+    pub spread_sd: f64,
+}
+
+impl PriorWidths {
+    /// The defaults of docs/estimator.md.
+    pub const DEFAULT: PriorWidths = PriorWidths {
+        slope_sd: 0.15,
+        level_sd: 1.0,
+        trend_sd: 0.2,
+        spread_sd: 0.1,
+    };
+}
+
+/// The prior as a dense `(K+1)²` precision (row-major, slope first) and its mean.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prior {
+    /// `P`, row-major, `(K+1)²` entries.
+    pub precision: Vec<f64>,
+    /// `μ`, `K + 1` entries.
+    pub mean: Vec<f64>,
+}
+
+impl Prior {
+    /// The prior for `num_positions` positions (widths already validated).
+    pub fn new(
+        num_positions: usize,
+        widths: &PriorWidths,
+        init_slope: f64,
+        init_intercept: f64,
+    ) -> Self {
+        let k = num_positions;
+        let dim = k + 1;
+        let mut precision = vec![0.0; dim * dim];
+        if widths.slope_sd.is_finite() {
+            precision[0] = 1.0 / (widths.slope_sd * widths.slope_sd);
+        }
+        if widths.spread_sd.is_finite() {
+            let spread2 = widths.spread_sd * widths.spread_sd;
+            let tau = 1.0 / spread2;
+            let kf = k as f64;
+            let c0 = if widths.level_sd.is_finite() {
+                let level2 = widths.level_sd * widths.level_sd;
+                level2 / (spread2 + kf * level2)
+            } else {
+                1.0 / kf
+            };
+            let z: Vec<f64> = (0..k).map(|j| j as f64 - (kf - 1.0) / 2.0).collect();
+            let zz: f64 = z.iter().map(|v| v * v).sum();
+            let c1 = if k == 1 || widths.trend_sd == 0.0 {
+                0.0
+            } else if widths.trend_sd.is_finite() {
+                let trend2 = widths.trend_sd * widths.trend_sd;
+                trend2 / (spread2 + zz * trend2)
+            } else {
+                1.0 / zz
+            };
+            for i in 0..k {
+                for j in 0..k {
+                    let identity = if i == j { 1.0 } else { 0.0 };
+                    precision[(i + 1) * dim + j + 1] = tau * (identity - c0 - c1 * z[i] * z[j]);
+                }
+            }
+        }
+        let mut mean = vec![init_intercept; dim];
+        mean[0] = init_slope;
+        Prior { precision, mean }
+    }
+}
+
+/// The non-empty bins of a fit's statistics, gathered once in ascending `(k, b)` order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FitBins {
+    /// Bins of position `k` are `starts[k]..starts[k + 1]`.
+    pub starts: Vec<usize>,
+    /// Labeled drafts `N`.
+    pub n: Vec<f64>,
+    /// Accepted drafts `A`.
+    pub a: Vec<f64>,
+    /// Mean feature `x̄`.
+    pub x: Vec<f64>,
+}
+
+impl FitBins {
+    /// The bins of `memory + round` (either may be absent; the layouts must match).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::histogram::{Binning, HistogramStats};
+    /// use av_core::map::FitBins;
+    ///
+    /// let binning = Binning::new(40.0, 64);
+    /// let mut round = HistogramStats::new(2, 64);
+    /// round.add_observation(&binning, 1, 2.0, true); // bin 33: [1.25, 2.5)
+    /// round.add_observation(&binning, 1, 2.4, false);
+    /// let bins = FitBins::gather(None, Some(&round), &binning, 2);
+    /// assert_eq!(bins.starts, [0, 0, 1]); // one non-empty bin, at position 1
+    /// assert_eq!((bins.n[0], bins.a[0]), (2.0, 1.0));
+    /// assert!((bins.x[0] - 2.2).abs() < 1e-4);
+    /// ```
+    pub fn gather(
+        memory: Option<&HistogramMemory>,
+        round: Option<&HistogramStats>,
+        binning: &Binning,
+        num_positions: usize,
+    ) -> Self {
+        let bins = binning.bins();
+        let limit = binning.limit();
+        let mut out = FitBins {
+            starts: Vec::with_capacity(num_positions + 1),
+            ..FitBins::default()
+        };
+        out.starts.push(0);
+        for k in 0..num_positions {
+            for b in 0..bins {
+                let index = k * bins + b;
+                let (mut n, mut a, mut x) = (0.0, 0.0, 0.0);
+                if let Some(m) = memory {
+                    (n, a, x) = (m.count[index], m.accepted[index], m.x_sum[index]);
+                }
+                if let Some(r) = round {
+                    let count = r.count[index];
+                    if count != 0 {
+                        let c = count as f64;
+                        n += c;
+                        a += r.accepted[index] as f64;
+                        x += r.x_sum[index] as f64 / X_SCALE - limit * c;
+                    }
+                }
+                if n > 0.0 {
+                    out.n.push(n);
+                    out.a.push(a);
+                    out.x.push(x / n);
+                }
+            }
+            out.starts.push(out.n.len());
+        }
+        out
+    }
+
+    /// Positions K.
+    pub fn num_positions(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    /// Whether position `k` holds a label.
+    pub fn has_labels(&self, k: usize) -> bool {
+        self.starts[k + 1] > self.starts[k]
+    }
+}
+
+/// The score and the arrowhead Hessian of the log-likelihood at one `θ`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Terms {
+    /// Score, slope first (`K + 1`).
+    pub g: Vec<f64>,
+    /// `Σ w x̄²`.
+    pub h00: f64,
+    /// `Σ_b w x̄` per position.
+    pub h0k: Vec<f64>,
+    /// `Σ_b w` per position.
+    pub hkk: Vec<f64>,
+}
+
+const LANES: usize = 4;
+
+/// Sums four lanes in a fixed order.
+#[inline(always)]
+fn combine(lanes: [f64; LANES]) -> f64 {
+    (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+}
+
+/// The score and Hessian of `bins` at `theta` (slope first).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::histogram::{Binning, HistogramStats};
+/// use av_core::map::{terms, FitBins};
+///
+/// let binning = Binning::new(40.0, 64);
+/// let mut round = HistogramStats::new(1, 64);
+/// round.add_observation(&binning, 0, 0.0, true);
+/// round.add_observation(&binning, 0, 0.0, false);
+/// let bins = FitBins::gather(None, Some(&round), &binning, 1);
+/// let t = terms(&bins, &[0.5, 0.0]); // p = 1/2 at x = 0
+/// assert_eq!((t.g[1], t.hkk[0]), (0.0, 0.5)); // r = 1 − 2·½; w = 2·¼
+/// ```
+pub fn terms(bins: &FitBins, theta: &[f64]) -> Terms {
+    let k = bins.num_positions();
+    let slope = theta[0];
+    let mut out = Terms {
+        g: vec![0.0; k + 1],
+        h00: 0.0,
+        h0k: vec![0.0; k],
+        hkk: vec![0.0; k],
+    };
+    let (mut g0, mut h00) = ([0.0; LANES], [0.0; LANES]);
+    for position in 0..k {
+        let beta = theta[position + 1];
+        let range = bins.starts[position]..bins.starts[position + 1];
+        let (n, a, x) = (
+            &bins.n[range.clone()],
+            &bins.a[range.clone()],
+            &bins.x[range],
+        );
+        let (mut r_sum, mut wx_sum, mut w_sum) = ([0.0; LANES], [0.0; LANES], [0.0; LANES]);
+        let mut lane = |i: usize, l: usize| {
+            let e = exp_neg(slope * x[i] + beta); // e^(−z)
+            let p = 1.0 / (1.0 + e);
+            let q = e * p; // 1 − p, without the cancellation
+            let w = n[i] * p * q;
+            let r = a[i] - n[i] * p;
+            let wx = w * x[i];
+            g0[l] += r * x[i];
+            h00[l] += wx * x[i];
+            r_sum[l] += r;
+            wx_sum[l] += wx;
+            w_sum[l] += w;
+        };
+        let whole = n.len() / LANES * LANES;
+        for start in (0..whole).step_by(LANES) {
+            for l in 0..LANES {
+                lane(start + l, l);
+            }
+        }
+        for i in whole..n.len() {
+            lane(i, i - whole);
+        }
+        out.g[position + 1] = combine(r_sum);
+        out.h0k[position] = combine(wx_sum);
+        out.hkk[position] = combine(w_sum);
+    }
+    out.g[0] = combine(g0);
+    out.h00 = combine(h00);
+    out
+}
+
+/// The drift test's statistic `T = gᵀ (H + λI)⁻¹ g` of `bins` at `theta`: about χ² with `K + 1`
+/// degrees of freedom while `theta` still fits the workload (∞ if the system cannot be solved).
+pub fn score_statistic(bins: &FitBins, theta: &[f64], l2: f64) -> f64 {
+    let t = terms(bins, theta);
+    let k = bins.num_positions();
+    let system = ArrowheadSystem {
+        a: t.h00 + l2,
+        b: t.h0k,
+        c: t.hkk.iter().map(|c| c + l2).collect(),
+        g0: t.g[0],
+        g1: t.g[1..].to_vec(),
+        total: 0.0,
+        counts: vec![0.0; k],
+    };
+    drift_statistic(&system)
+}
+
+/// The outcome of [`fit`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fit {
+    /// The fitted `θ`, slope first, before the estimator's bounds.
+    pub theta: Vec<f64>,
+    /// Newton iterations run.
+    pub iterations: u32,
+}
+
+/// The MAP fit of `bins` under `prior`, by Newton from `start` (see the module docs).
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::histogram::{Binning, HistogramStats};
+/// use av_core::map::{fit, FitBins, Prior, PriorWidths};
+///
+/// // Confident drafts accepted, unsure ones rejected: the slope rises from the prior's 0.5.
+/// let binning = Binning::new(40.0, 64);
+/// let mut round = HistogramStats::new(1, 64);
+/// for _ in 0..50 {
+///     round.add_observation(&binning, 0, 4.0, true);
+///     round.add_observation(&binning, 0, -4.0, false);
+/// }
+/// let bins = FitBins::gather(None, Some(&round), &binning, 1);
+/// let prior = Prior::new(1, &PriorWidths::DEFAULT, 0.5, -0.2);
+/// let result = fit(&bins, &prior, &[0.5, -0.2], 1e-3);
+/// assert!(result.theta[0] > 0.5 && result.iterations <= 16);
+/// ```
+pub fn fit(bins: &FitBins, prior: &Prior, start: &[f64], l2: f64) -> Fit {
+    let k = bins.num_positions();
+    let dim = k + 1;
+    let mut theta = start.to_vec();
+    let mut free: Vec<bool> = std::iter::once(true)
+        .chain((0..k).map(|position| bins.has_labels(position)))
+        .collect();
+    let mut index = Vec::with_capacity(dim);
+    let mut matrix = Vec::with_capacity(dim * dim);
+    let mut rhs = Vec::with_capacity(dim);
+    let mut deviation = vec![0.0; dim];
+    let mut iterations = 0;
+    while iterations < MAX_ITERATIONS {
+        iterations += 1;
+        let t = terms(bins, &theta);
+        index.clear();
+        index.extend((0..dim).filter(|&i| free[i]));
+        if index.is_empty() {
+            break;
+        }
+        for ((d, &value), &mean) in deviation.iter_mut().zip(&theta).zip(&prior.mean) {
+            *d = value - mean;
+        }
+        matrix.clear();
+        rhs.clear();
+        for &i in &index {
+            let row = &prior.precision[i * dim..(i + 1) * dim];
+            let pull: f64 = row.iter().zip(&deviation).map(|(p, d)| p * d).sum();
+            rhs.push(t.g[i] - pull);
+            for &j in &index {
+                let hessian = match (i, j) {
+                    (0, 0) => t.h00,
+                    (0, j) => t.h0k[j - 1],
+                    (i, 0) => t.h0k[i - 1],
+                    (i, j) if i == j => t.hkk[i - 1],
+                    _ => 0.0,
+                };
+                let ridge = if i == j { l2 } else { 0.0 };
+                matrix.push(hessian + row[j] + ridge);
+            }
+        }
+        if !solve_spd(&mut matrix, &mut rhs) || !rhs.iter().all(|d| d.is_finite()) {
+            break;
+        }
+        let largest = rhs.iter().fold(0.0f64, |m, d| m.max(d.abs()));
+        if largest > ITERATION_CAP {
+            let scale = ITERATION_CAP / largest;
+            rhs.iter_mut().for_each(|d| *d *= scale);
+        }
+        for (&i, &d) in index.iter().zip(&rhs) {
+            theta[i] += d;
+        }
+        if theta[0] < 0.0 {
+            // The slope may not go negative: hold it at 0 for the rest of the fit.
+            theta[0] = 0.0;
+            free[0] = false;
+        }
+        if largest < TOLERANCE {
+            break;
+        }
+    }
+    Fit { theta, iterations }
+}
+
+/// The bins of a round alone, for its drift test.
+pub(crate) fn round_bins(round: &HistogramStats, binning: &Binning) -> FitBins {
+    FitBins::gather(None, Some(round), binning, round.num_positions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_rng::XorShift;
+
+    /// A dense reference: the prior precision built by inverting the covariance
+    /// `σ₀² 11ᵀ + σ₁² zzᵀ + σ_b² I` with Gauss–Jordan, independently of the closed form.
+    fn precision_by_inversion(k: usize, w: &PriorWidths) -> Vec<f64> {
+        let z: Vec<f64> = (0..k).map(|j| j as f64 - (k as f64 - 1.0) / 2.0).collect();
+        let mut cov = vec![0.0; k * k];
+        for i in 0..k {
+            for j in 0..k {
+                cov[i * k + j] = w.level_sd.powi(2)
+                    + w.trend_sd.powi(2) * z[i] * z[j]
+                    + if i == j { w.spread_sd.powi(2) } else { 0.0 };
+            }
+        }
+        let mut inv = vec![0.0; k * k];
+        for i in 0..k {
+            inv[i * k + i] = 1.0;
+        }
+        for col in 0..k {
+            let pivot = cov[col * k + col];
+            for j in 0..k {
+                cov[col * k + j] /= pivot;
+                inv[col * k + j] /= pivot;
+            }
+            for row in 0..k {
+                if row != col {
+                    let f = cov[row * k + col];
+                    for j in 0..k {
+                        cov[row * k + j] -= f * cov[col * k + j];
+                        inv[row * k + j] -= f * inv[col * k + j];
+                    }
+                }
+            }
+        }
+        inv
+    }
+
+    #[test]
+    fn the_closed_form_precision_inverts_the_hierarchical_covariance() {
+        for k in [1usize, 2, 4, 7, 16] {
+            for widths in [
+                PriorWidths::DEFAULT,
+                PriorWidths {
+                    trend_sd: 0.0,
+                    ..PriorWidths::DEFAULT
+                },
+                PriorWidths {
+                    slope_sd: 0.3,
+                    level_sd: 2.5,
+                    trend_sd: 0.7,
+                    spread_sd: 0.4,
+                },
+            ] {
+                let prior = Prior::new(k, &widths, 0.5, -0.2);
+                let want = precision_by_inversion(k, &widths);
+                let dim = k + 1;
+                for i in 0..k {
+                    for j in 0..k {
+                        let got = prior.precision[(i + 1) * dim + j + 1];
+                        let w = want[i * k + j];
+                        assert!((got - w).abs() <= 1e-8 * (1.0 + w.abs()), "{k} {i} {j}");
+                    }
+                    assert_eq!(prior.precision[i + 1], 0.0);
+                }
+            }
+        }
+        // Infinite widths are the limits: no prior at all.
+        let none = PriorWidths {
+            slope_sd: f64::INFINITY,
+            level_sd: 1.0,
+            trend_sd: 0.2,
+            spread_sd: f64::INFINITY,
+        };
+        assert!(Prior::new(4, &none, 0.5, -0.2)
+            .precision
+            .iter()
+            .all(|&p| p == 0.0));
+    }
+
+    #[test]
+    fn the_fit_solves_the_map_equations() {
+        // At the returned θ the penalized score vanishes (to the tolerance), checked on random
+        // histograms with a dense evaluation of the score independent of `terms`.
+        let binning = Binning::new(40.0, 64);
+        for seed in 0..20u64 {
+            let mut rng = XorShift::new(seed + 1);
+            let k = 1 + (seed % 5) as usize;
+            let mut round = HistogramStats::new(k, 64);
+            for _ in 0..400 {
+                let position = (rng.next_u64() % k as u64) as usize;
+                let x = rng.unit_f64() * 12.0 - 4.0;
+                let p = 1.0 / (1.0 + (-(0.55 * x + 0.3 - 0.2 * position as f64)).exp());
+                round.add_observation(&binning, position, x, rng.unit_f64() < p);
+            }
+            let bins = FitBins::gather(None, Some(&round), &binning, k);
+            let prior = Prior::new(k, &PriorWidths::DEFAULT, 0.5, -0.2);
+            let start: Vec<f64> = std::iter::once(0.5).chain(vec![-0.2; k]).collect();
+            let result = fit(&bins, &prior, &start, 0.0);
+            assert!(result.iterations < MAX_ITERATIONS, "seed {seed}");
+            let theta = &result.theta;
+            let dim = k + 1;
+            let mut score = vec![0.0; dim];
+            for position in 0..k {
+                for i in bins.starts[position]..bins.starts[position + 1] {
+                    let z = theta[0] * bins.x[i] + theta[position + 1];
+                    let r = bins.a[i] - bins.n[i] / (1.0 + (-z).exp());
+                    score[0] += r * bins.x[i];
+                    score[position + 1] += r;
+                }
+            }
+            for (i, s) in score.iter().enumerate() {
+                let pull: f64 = (0..dim)
+                    .map(|j| prior.precision[i * dim + j] * (theta[j] - prior.mean[j]))
+                    .sum();
+                assert!((s - pull).abs() < 1e-6, "seed {seed}, coordinate {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn positions_without_labels_keep_their_intercept_bit_for_bit() {
+        let binning = Binning::new(40.0, 64);
+        let mut round = HistogramStats::new(3, 64);
+        for i in 0..30 {
+            round.add_observation(&binning, 0, f64::from(i) / 5.0 - 2.0, i % 3 != 0);
+        }
+        let bins = FitBins::gather(None, Some(&round), &binning, 3);
+        let prior = Prior::new(3, &PriorWidths::DEFAULT, 0.5, -0.2);
+        let start = [0.5, -0.2, 0.123_456_789, -1.75];
+        let result = fit(&bins, &prior, &start, 1e-3);
+        assert_ne!(result.theta[1], -0.2);
+        assert_eq!(result.theta[2].to_bits(), start[2].to_bits());
+        assert_eq!(result.theta[3].to_bits(), start[3].to_bits());
+    }
+}
