@@ -362,8 +362,8 @@ fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
     };
     let data = array.data();
     if array.is_c_contiguous() && data.is_aligned() {
-        // Hold numpy's read borrow flag for the copy (a Rust-side writer would be refused).
-        // (no numpy borrow flag: the copy goes through the raw pointer, never a reference)
+        // No numpy borrow flag is taken: the copy goes through the raw pointer, never a
+        // reference, so there is no Rust borrow for a writer to conflict with.
         let len = array.len();
         out.try_reserve_exact(len).map_err(|_| too_large())?;
         // One memcpy from numpy's pointer, never through a `&[T]`: other threads may write the
