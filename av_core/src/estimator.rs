@@ -644,11 +644,7 @@ fn check_predictions<P: Copy + Into<f64>>(predictions: Option<MatrixView<'_, P>>
         return Ok(());
     };
     let in_range = |p: P| (0.0..=1.0).contains(&p.into());
-    if predictions
-        .data()
-        .iter()
-        .fold(true, |ok, &p| ok & in_range(p))
-    {
+    if all_pass(predictions.data(), |p| (0.0..=1.0).contains(&p)) {
         return Ok(());
     }
     let (index, p) = first_failure(predictions.data(), in_range);
@@ -978,7 +974,7 @@ impl AcceptanceEstimator {
     /// Fails on the first non-finite feature.
     fn check_features<T: Copy + Into<f64>>(&self, features: &[T]) -> Result<()> {
         let finite = |x: T| x.into().is_finite();
-        if features.iter().fold(true, |ok, &x| ok & finite(x)) {
+        if all_pass(features, f64::is_finite) {
             return Ok(());
         }
         let (index, x) = first_failure(features, finite);
@@ -1140,8 +1136,7 @@ impl AcceptanceEstimator {
         let k = self.config.num_positions;
         let counts = self.checked_counts(features, num_admitted, num_accepted, predictions)?;
         if let Some(given) = &predictions {
-            let in_range = |p: P| (0.0..=1.0).contains(&p.into());
-            if !given.data().iter().fold(true, |ok, &p| ok & in_range(p)) {
+            if !all_pass(given.data(), |p| (0.0..=1.0).contains(&p)) {
                 return Err(self.culprit(features, predictions, "predictions"));
             }
         }
