@@ -14,6 +14,7 @@ from typing import TypedDict
 
 __all__ = [
     "EstimatorConfigDict",
+    "EstimatorConfigFields",
     "EstimatorOptions",
     "EstimatorStateDict",
     "MemoryStateDict",
@@ -43,6 +44,19 @@ class EstimatorConfigDict(EstimatorOptions):
     """``state_dict()["config"]``: the options and the number of draft positions K."""
 
     num_positions: int
+
+
+class EstimatorConfigFields(EstimatorConfigDict):
+    """Every field of an estimator's configuration (``AcceptanceEstimator.config.to_dict()``,
+    and ``state_dict()["config"]`` of format version 2): the options, K and the update's
+    settings."""
+
+    update: str
+    bins: int
+    prior_slope_sd: float
+    prior_level_sd: float
+    prior_trend_sd: float
+    prior_spread_sd: float
 
 
 class RoundStatsDict(TypedDict):
