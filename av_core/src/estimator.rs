@@ -83,10 +83,10 @@ impl Update {
 /// use av_core::EstimatorConfig;
 ///
 /// let mut config = EstimatorConfig::new(4);
-/// assert_eq!(config.refit_interval, EstimatorConfig::DEFAULT_REFIT_INTERVAL);
+/// assert_eq!(config.refit_interval, Some(EstimatorConfig::DEFAULT_REFIT_INTERVAL));
 /// assert_eq!((config.init_slope, config.init_intercept), (0.5, -0.2));
 /// // Refit twice as often and remember past rounds, discounted by 0.9 per round.
-/// config.refit_interval = 50;
+/// config.refit_interval = Some(Some(50));
 /// config.memory = 0.9;
 /// assert!(config.validate().is_ok());
 /// ```
@@ -94,8 +94,12 @@ impl Update {
 pub struct EstimatorConfig {
     /// Draft positions K (1 ≤ K ≤ [`EstimatorConfig::MAX_POSITIONS`]).
     pub num_positions: usize,
-    /// Observe calls (decode steps) per round; a refit ends each round.
-    pub refit_interval: u64,
+    /// Observe calls (decode steps) per round; a refit ends each round. `None`: manual, the
+    /// estimator refits only when [`AcceptanceEstimator::refit`] (or
+    /// [`refit_within_round`](AcceptanceEstimator::refit_within_round)) is called, observes
+    /// only count their steps (for callers that run their own schedule, such as
+    /// `av_core.vllm`'s drop-in).
+    pub refit_interval: Option<u64>,
     /// D: a round with D observations moves a coefficient half of a full Newton step.
     pub damping: f64,
     /// λ: ridge added to every diagonal entry of the Newton system.
@@ -226,7 +230,7 @@ impl EstimatorConfig {
     pub fn new(num_positions: usize) -> Self {
         EstimatorConfig {
             num_positions,
-            refit_interval: Self::DEFAULT_REFIT_INTERVAL,
+            refit_interval: Some(Self::DEFAULT_REFIT_INTERVAL),
             damping: Self::DEFAULT_DAMPING,
             l2: Self::DEFAULT_L2,
             init_slope: Self::DEFAULT_INIT_SLOPE,
@@ -258,7 +262,7 @@ impl EstimatorConfig {
     /// use av_core::EstimatorConfig;
     ///
     /// let vllm = EstimatorConfig::vllm(4);
-    /// assert_eq!((vllm.refit_interval, vllm.damping, vllm.l2), (100, 50.0, 1e-3));
+    /// assert_eq!((vllm.refit_interval, vllm.damping, vllm.l2), (Some(100), 50.0, 1e-3));
     /// assert_eq!((vllm.init_slope, vllm.init_intercept, vllm.max_log_odds), (0.5, -0.2, 40.0));
     /// assert_eq!((vllm.memory, vllm.max_step), (0.0, f64::INFINITY));
     /// assert!(vllm.validate().is_ok());
@@ -316,23 +320,13 @@ impl EstimatorConfig {
                 ),
             ));
         }
-        if self.refit_interval == 0 {
-            return Err(Error::value("refit_interval", "must be at least 1, got 0"));
-        }
-        ensure_finite("damping", self.damping)?;
-        if self.damping < 0.0 {
+        if self.refit_interval == Some(0) {
             return Err(Error::value(
-                "damping",
-                format!("must be non-negative, got {}", self.damping),
+                "refit_interval",
+                "must be at least 1 (None for manual refits), got 0",
             ));
         }
-        ensure_finite("l2", self.l2)?;
-        if self.l2 < 0.0 {
-            return Err(Error::value(
-                "l2",
-                format!("must be non-negative, got {}", self.l2),
-            ));
-        }
+        check_regularization(self.l2, self.damping)?;
         ensure_finite("init_slope", self.init_slope)?;
         if self.init_slope < 0.0 {
             return Err(Error::value(
@@ -431,6 +425,25 @@ impl EstimatorConfig {
         }
         Ok(())
     }
+}
+
+/// Checks the ridge `l2` and the damping: both finite and non-negative (damping first).
+fn check_regularization(l2: f64, damping: f64) -> Result<()> {
+    ensure_finite("damping", damping)?;
+    if damping < 0.0 {
+        return Err(Error::value(
+            "damping",
+            format!("must be non-negative, got {damping}"),
+        ));
+    }
+    ensure_finite("l2", l2)?;
+    if l2 < 0.0 {
+        return Err(Error::value(
+            "l2",
+            format!("must be non-negative, got {l2}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Everything an estimator is: config, coefficients, the open round and its counters.
@@ -628,6 +641,10 @@ pub struct AcceptanceEstimator {
     steps_since_refit: AtomicU64,
     /// Serializes refits and guards the memory of past rounds.
     refit_lock: Mutex<Locked>,
+    /// `[l2, damping]`, changeable ([`AcceptanceEstimator::set_regularization`]): read once per
+    /// refit, so a refit uses the old pair or the new one, never a mix (`config`'s own two
+    /// fields are the construction values; [`AcceptanceEstimator::config`] shows these).
+    regularization: Mutex<[f64; 2]>,
 }
 
 /// Whether every value of `source` passes `ok`, in one branch-free pass that vectorizes.
@@ -739,13 +756,55 @@ impl AcceptanceEstimator {
             prior,
             steps_since_refit: AtomicU64::new(steps_since_refit),
             refit_lock: Mutex::new(locked),
+            regularization: Mutex::new([config.l2, config.damping]),
             config,
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &EstimatorConfig {
-        &self.config
+    /// The configuration (with the current `l2` and `damping`,
+    /// [`set_regularization`](Self::set_regularization)).
+    pub fn config(&self) -> EstimatorConfig {
+        let [l2, damping] = self.regularization();
+        EstimatorConfig {
+            l2,
+            damping,
+            ..self.config.clone()
+        }
+    }
+
+    /// The current `[l2, damping]`.
+    fn regularization(&self) -> [f64; 2] {
+        *self
+            .regularization
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Changes the ridge `l2` and the damping of every later refit, as if the estimator had been
+    /// built with them (bit for bit what rebuilding it from its [`state`](Self::state) with the
+    /// two fields changed gives). Atomic: a refit running concurrently uses the old pair or the
+    /// new one. A bad value (negative or not finite) is refused naming it, and nothing changes.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// estimator.set_regularization(0.5, 10.0)?;
+    /// assert_eq!((estimator.config().l2, estimator.config().damping), (0.5, 10.0));
+    /// let err = estimator.set_regularization(-1.0, 10.0).unwrap_err();
+    /// assert_eq!(err.argument, "l2");
+    /// assert_eq!(estimator.config().l2, 0.5); // unchanged
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn set_regularization(&self, l2: f64, damping: f64) -> Result<()> {
+        check_regularization(l2, damping)?;
+        *self
+            .regularization
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = [l2, damping];
+        Ok(())
     }
 
     /// Number of draft positions K.
@@ -967,7 +1026,7 @@ impl AcceptanceEstimator {
     pub fn drift_statistic(&self, stats: &RoundStats) -> f64 {
         drift_statistic(&ArrowheadSystem::from_round(
             &stats.to_float(),
-            self.config.l2,
+            self.regularization()[0],
         ))
     }
 
@@ -1235,7 +1294,7 @@ impl AcceptanceEstimator {
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
     /// let mut config = EstimatorConfig::new(2);
-    /// config.refit_interval = 2;
+    /// config.refit_interval = Some(2);
     /// let estimator = AcceptanceEstimator::new(config)?;
     /// // Two requests: both drafts of the first accepted, the second's first draft rejected.
     /// let features = [1.8f32, 1.2, -0.7, 0.4];
@@ -1249,7 +1308,7 @@ impl AcceptanceEstimator {
     /// assert_eq!(estimator.steps_since_refit(), 0);
     /// // Under map (opt-in) the round's 1st, 2nd, 4th, … steps are fitted too.
     /// let mut config = EstimatorConfig::map(2);
-    /// config.refit_interval = 3;
+    /// config.refit_interval = Some(3);
     /// let estimator = AcceptanceEstimator::new(config)?;
     /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // the round's 1st step: fit
     /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // its 2nd: fit
@@ -1394,8 +1453,10 @@ impl AcceptanceEstimator {
     /// fit waits for the lock rather than skipping, and each due point counts one refit. So
     /// after any concurrent run `num_refits` and `steps_since_refit` are a serial run's.
     fn count_map_step(&self) -> bool {
-        let interval = self.config.refit_interval;
         let steps = self.steps_since_refit.fetch_add(1, Ordering::SeqCst) + 1;
+        let Some(interval) = self.config.refit_interval else {
+            return false; // manual: only refit() fits
+        };
         let place = (steps - 1) % interval + 1;
         let doubling = place < interval && place.is_power_of_two();
         if steps < interval && !doubling {
@@ -1429,8 +1490,10 @@ impl AcceptanceEstimator {
     /// The statistics themselves are still added without a lock.
     fn add_valid_step(&self, argument: &'static str, stats: &RoundStats) -> Result<bool> {
         self.add_to_round(argument, stats)?;
-        let interval = self.config.refit_interval;
         let steps = self.steps_since_refit.fetch_add(1, Ordering::SeqCst) + 1;
+        let Some(interval) = self.config.refit_interval else {
+            return Ok(false); // manual: only refit() refits
+        };
         if steps < interval {
             return Ok(false);
         }
@@ -1498,7 +1561,7 @@ impl AcceptanceEstimator {
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
     /// let mut config = EstimatorConfig::map(1);
-    /// config.refit_interval = 1 << 40;
+    /// config.refit_interval = None; // manual: refits only when asked
     /// let estimator = AcceptanceEstimator::new(config)?;
     /// let view = MatrixView::new("features", &[3.0f32, 3.0, -2.0, -2.0], 4, 1)?;
     /// let none = None::<MatrixView<'_, f32>>;
@@ -1573,10 +1636,11 @@ impl AcceptanceEstimator {
             self.coefficients
                 .write(current.slope, &current.intercepts, version);
         } else {
+            let l2 = self.regularization()[0];
             let statistic = map::score_statistic(
                 &map::round_bins(&round, &self.binning),
                 &state.reference,
-                self.config.l2,
+                l2,
             );
             let drifted = statistic > chi_square_quantile(k + 1, self.config.drift_z);
             state.memory.decay(self.config.memory);
@@ -1586,7 +1650,7 @@ impl AcceptanceEstimator {
             }
             state.memory.add_round(&round, &self.binning);
             let bins = FitBins::gather(Some(&state.memory), None, &self.binning, k);
-            let fit = map::fit(&bins, &self.prior, &state.reference, self.config.l2);
+            let fit = map::fit(&bins, &self.prior, &state.reference, l2);
             report.step = self.publish_bounded(&state.reference, &fit.theta, version);
             report.drift_statistic = Some(statistic);
             report.iterations = fit.iterations;
@@ -1620,7 +1684,12 @@ impl AcceptanceEstimator {
         };
         if labels > state.fitted_labels {
             let bins = FitBins::gather(Some(&state.memory), Some(&state.base), &self.binning, k);
-            let fit = map::fit(&bins, &self.prior, &state.reference, self.config.l2);
+            let fit = map::fit(
+                &bins,
+                &self.prior,
+                &state.reference,
+                self.regularization()[0],
+            );
             report.step = self.publish_bounded(&state.reference, &fit.theta, version);
             report.iterations = fit.iterations;
             state.fitted_labels = labels;
@@ -1635,7 +1704,7 @@ impl AcceptanceEstimator {
         let stats = self.accumulator.take();
         let mut intercepts = Vec::with_capacity(self.config.num_positions);
         let (slope, version) = self.coefficients.read_into(&mut intercepts);
-        let (l2, damping) = (self.config.l2, self.config.damping);
+        let [l2, damping] = self.regularization();
         let float_stats = stats.to_float();
         let step = if self.config.memory == 0.0 {
             newton_step(slope, &float_stats, l2, damping)
@@ -1699,7 +1768,7 @@ impl AcceptanceEstimator {
         };
         let coefficients = self.coefficients.read();
         EstimatorState {
-            config: self.config.clone(),
+            config: self.config(),
             slope: coefficients.slope,
             intercepts: coefficients.intercepts,
             stats,
@@ -1848,12 +1917,15 @@ impl AcceptanceEstimator {
             .validate("round_stats", k, config.max_log_odds)?;
         // A serial run refits as soon as the count reaches the interval, so the count left over
         // is always below it (a larger one would make every later observe refit).
-        if state.steps_since_refit >= config.refit_interval {
+        if let Some(interval) = config
+            .refit_interval
+            .filter(|&i| state.steps_since_refit >= i)
+        {
             return Err(Error::value(
                 "steps_since_refit",
                 format!(
-                    "= {} must be below refit_interval = {}",
-                    state.steps_since_refit, config.refit_interval
+                    "= {} must be below refit_interval = {interval}",
+                    state.steps_since_refit
                 ),
             ));
         }
@@ -1994,9 +2066,9 @@ mod tests {
         let mut c = EstimatorConfig::new(0);
         assert_eq!(c.validate().unwrap_err().argument, "num_positions");
         c.num_positions = 4;
-        c.refit_interval = 0;
+        c.refit_interval = Some(0);
         assert_eq!(c.validate().unwrap_err().argument, "refit_interval");
-        c.refit_interval = 1;
+        c.refit_interval = Some(1);
         c.damping = -1.0;
         assert_eq!(c.validate().unwrap_err().argument, "damping");
         c.damping = 1.0;
@@ -2008,7 +2080,7 @@ mod tests {
     fn refits_every_interval() {
         // vLLM's schedule: one refit per round of `refit_interval` observes.
         let mut config = EstimatorConfig::new(3);
-        config.refit_interval = 3;
+        config.refit_interval = Some(3);
         let est = AcceptanceEstimator::new(config).unwrap();
         let features = [1.0f32, 2.0, 3.0];
         let mut refits = vec![];
@@ -2026,7 +2098,7 @@ mod tests {
     #[test]
     fn map_fits_after_the_first_second_fourth_step_of_every_round_and_at_its_end() {
         let mut config = EstimatorConfig::map(3);
-        config.refit_interval = 6;
+        config.refit_interval = Some(6);
         let est = AcceptanceEstimator::new(config).unwrap();
         let features = [1.0f32, 2.0, 3.0];
         let mut fits = vec![];
@@ -2045,7 +2117,7 @@ mod tests {
         // A fit within a round starts from the reference, so the coefficients after the round
         // are those of one fit of the round, whatever ran inside it.
         let once = AcceptanceEstimator::new(EstimatorConfig {
-            refit_interval: 1 << 40,
+            refit_interval: Some(1 << 40),
             ..est.config().clone()
         })
         .unwrap();
@@ -2164,7 +2236,7 @@ mod tests {
         let k = 3;
         let mut config = EstimatorConfig::new(k);
         config.update = update;
-        config.refit_interval = u64::MAX;
+        config.refit_interval = Some(u64::MAX);
         let whole = AcceptanceEstimator::new(config.clone()).unwrap();
         let ranks: Vec<_> = (0..4)
             .map(|_| AcceptanceEstimator::new(config.clone()).unwrap())
@@ -2299,7 +2371,7 @@ mod tests {
         update: Update,
     ) -> AcceptanceEstimator {
         let mut config = EstimatorConfig::new(k);
-        config.refit_interval = interval;
+        config.refit_interval = Some(interval);
         config.update = update;
         let estimator = AcceptanceEstimator::new(config).unwrap();
         let batches: Vec<_> = (0..4).map(|s| workload(s, s as usize, k)).collect();
@@ -2394,7 +2466,7 @@ mod tests {
     #[test]
     fn a_manual_refit_racing_observers_leaves_a_count_below_the_interval() {
         let mut config = EstimatorConfig::new(3);
-        config.refit_interval = 3;
+        config.refit_interval = Some(3);
         let estimator = AcceptanceEstimator::new(config).unwrap();
         let (f, ad, ac) = workload(4, 2, 3);
         std::thread::scope(|scope| {
@@ -2472,7 +2544,7 @@ mod tests {
         // vLLM's statistics and quadratic memory (map_state_with_memory is map's).
         let mut config = EstimatorConfig::new(3);
         config.memory = 0.9;
-        config.refit_interval = 2;
+        config.refit_interval = Some(2);
         let est = AcceptanceEstimator::new(config).unwrap();
         for seed in 0..7 {
             let (f, ad, ac) = workload(seed, 12, 3);
@@ -2556,11 +2628,11 @@ mod tests {
             }),
             ("round_stats", |s| s.stats.positions[1].g1 = i128::MAX),
             ("steps_since_refit", |s| {
-                s.steps_since_refit = s.config.refit_interval
+                s.steps_since_refit = s.config.refit_interval.unwrap()
             }),
             ("num_refits", |s| s.num_refits = u64::MAX),
             ("steps_since_refit", |s| {
-                s.config.refit_interval = u64::MAX;
+                s.config.refit_interval = Some(u64::MAX);
                 s.steps_since_refit = u64::MAX - 1;
             }),
             ("memory", |s| s.memory.c[1] = -1.0),
@@ -2601,7 +2673,7 @@ mod tests {
     /// A valid `map` state after a few rounds, with an open round and a drift reset.
     fn map_state_with_memory() -> EstimatorState {
         let mut config = EstimatorConfig::map(3);
-        config.refit_interval = 2;
+        config.refit_interval = Some(2);
         let est = AcceptanceEstimator::new(config).unwrap();
         for seed in 0..7 {
             let (f, ad, ac) = workload(seed, 12, 3);
@@ -2801,7 +2873,7 @@ mod tests {
             let mut config = EstimatorConfig::new(k);
             config.memory = memory;
             config.l2 = l2;
-            config.refit_interval = interval;
+            config.refit_interval = Some(interval);
             let est = AcceptanceEstimator::new(config).unwrap();
             for step in 0..steps {
                 let (f, ad, ac, p) = edge_batch(seed ^ step as u64, rows, k);

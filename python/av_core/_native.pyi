@@ -120,8 +120,8 @@ class EstimatorConfig:
     def num_positions(self) -> int:
         """Number of draft positions K."""
     @property
-    def refit_interval(self) -> int:
-        """Observe calls per round."""
+    def refit_interval(self) -> int | None:
+        """Observe calls per round (None: manual, a refit only when ``refit()`` is called)."""
     @property
     def damping(self) -> float:
         """Damping D, in observations."""
@@ -179,7 +179,7 @@ class AcceptanceEstimator:
         cls,
         num_positions: int,
         *,
-        refit_interval: int = 100,
+        refit_interval: int | None = 100,
         damping: float = 50.0,
         l2: float = 0.001,
         init_slope: float = 0.5,
@@ -198,12 +198,13 @@ class AcceptanceEstimator:
         prior_spread_sd: float = 0.1,
     ) -> AcceptanceEstimator:
         """K = ``num_positions`` draft positions (1 to 64); every keyword's default is the
-        core's (``ESTIMATOR_DEFAULTS``). ``refit_interval``: observe calls per round;
-        ``damping``: a round with D observations moves a coefficient half a full Newton step;
-        ``l2``: ridge; ``init_slope``, ``init_intercept``: cold start; ``max_log_odds``: feature
-        clamp; ``max_step``, ``max_slope``, ``max_intercept``: refit bounds (inf: none);
-        ``memory``: discount per round of past rounds (0: vLLM's memoryless update);
-        ``drift_z``: drift test threshold, in standard deviations (inf: never).
+        core's (``ESTIMATOR_DEFAULTS``). ``refit_interval``: observe calls per round
+        (``None``: manual, the estimator refits only when :meth:`refit` is called, observes
+        only count their steps); ``damping``: a round with D observations moves a coefficient
+        half a full Newton step; ``l2``: ridge; ``init_slope``, ``init_intercept``: cold start;
+        ``max_log_odds``: feature clamp; ``max_step``, ``max_slope``, ``max_intercept``: refit
+        bounds (inf: none); ``memory``: discount per round of past rounds (0: vLLM's memoryless
+        update); ``drift_z``: drift test threshold, in standard deviations (inf: never).
 
         ``update="vllm"`` (the default) is vLLM 0.33.0's damped Newton step once per round, bit
         for bit (``damping`` applies to it only). ``update="map"`` opts into av_core's refit
@@ -226,6 +227,11 @@ class AcceptanceEstimator:
         completed a round; map: also after the round's 1st, 2nd, 4th, ... observe). With
         ``count_step=False`` the verdicts join the round without counting a step (no refit
         runs), for callers that run their own schedule with :meth:`refit`."""
+    def set_regularization(self, *, l2: float, damping: float) -> None:
+        """Changes the ridge ``l2`` and the damping of every later refit, as if the estimator
+        had been built with them (bit for bit the estimator ``from_state_dict`` rebuilds with
+        the two fields changed). Atomic: a refit running concurrently uses the old pair or the
+        new one. A negative or non-finite value raises ValueError naming it; nothing changes."""
     @overload
     def refit(self, *, report: Literal[False] = False, end_round: bool = True) -> None:
         """Ends the round now: refits on whatever it holds and clears it. With ``report=True``,
@@ -257,8 +263,8 @@ class AcceptanceEstimator:
         """The configuration, frozen (each field is also an attribute here:
         ``est.l2 == est.config.l2``)."""
     @property
-    def refit_interval(self) -> int:
-        """Observe calls per round."""
+    def refit_interval(self) -> int | None:
+        """Observe calls per round (None: manual, a refit only when ``refit()`` is called)."""
     @property
     def damping(self) -> float:
         """Damping D, in observations."""

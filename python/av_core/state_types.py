@@ -23,11 +23,9 @@ __all__ = [
 ]
 
 
-class EstimatorOptions(TypedDict):
-    """The keyword options of :class:`~av_core.AcceptanceEstimator` (all but ``num_positions``),
-    as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator.rs``)."""
+class _Settings(TypedDict):
+    """The options every configuration states, the refit interval aside."""
 
-    refit_interval: int
     damping: float
     l2: float
     init_slope: float
@@ -40,10 +38,20 @@ class EstimatorOptions(TypedDict):
     drift_z: float
 
 
-class EstimatorConfigDict(EstimatorOptions):
-    """``state_dict()["config"]``: the options and the number of draft positions K."""
+class EstimatorOptions(_Settings):
+    """The keyword options of :class:`~av_core.AcceptanceEstimator` (all but ``num_positions``),
+    as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator.rs``): what
+    ``ESTIMATOR_DEFAULTS`` and ``VLLM_ESTIMATOR`` hold (a refit interval of 100)."""
+
+    refit_interval: int
+
+
+class EstimatorConfigDict(_Settings):
+    """``state_dict()["config"]``: the options and the number of draft positions K
+    (``refit_interval`` None: manual refits, only when ``refit()`` is called)."""
 
     num_positions: int
+    refit_interval: int | None
 
 
 class EstimatorConfigFields(EstimatorConfigDict):

@@ -33,7 +33,7 @@ impl PyAcceptanceEstimator {
     #[pyo3(signature = (
         num_positions,
         *,
-        refit_interval = Int::new(EstimatorConfig::DEFAULT_REFIT_INTERVAL as i128),
+        refit_interval = Some(Int::new(EstimatorConfig::DEFAULT_REFIT_INTERVAL as i128)),
         damping = Float::new(EstimatorConfig::DEFAULT_DAMPING),
         l2 = Float::new(EstimatorConfig::DEFAULT_L2),
         init_slope = Float::new(EstimatorConfig::DEFAULT_INIT_SLOPE),
@@ -54,7 +54,7 @@ impl PyAcceptanceEstimator {
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_positions: Int,
-        refit_interval: Int,
+        refit_interval: Option<Int>,
         damping: Float,
         l2: Float,
         init_slope: Float,
@@ -74,7 +74,9 @@ impl PyAcceptanceEstimator {
     ) -> PyResult<Self> {
         let config = EstimatorConfig {
             num_positions: num_positions.to_usize("num_positions")?,
-            refit_interval: refit_interval.to_u64("refit_interval")?,
+            refit_interval: refit_interval
+                .map(|v| v.to_u64("refit_interval"))
+                .transpose()?,
             damping: damping.value("damping")?,
             l2: l2.value("l2")?,
             init_slope: init_slope.value("init_slope")?,
@@ -185,6 +187,18 @@ impl PyAcceptanceEstimator {
             return Ok(None);
         }
         map_to_py(py, &state_dict::refit_report(inner, &outcome, end_round)).map(Some)
+    }
+
+    /// Changes the ridge `l2` and the damping of every later refit, as if the estimator had
+    /// been built with them (bit for bit the estimator `from_state_dict` rebuilds with the two
+    /// fields changed). Atomic: a refit running concurrently uses the old pair or the new one.
+    /// A bad value raises ValueError naming it, and nothing changes.
+    #[pyo3(signature = (*, l2, damping))]
+    fn set_regularization(&self, l2: Float, damping: Float) -> PyResult<()> {
+        let (l2, damping) = (l2.value("l2")?, damping.value("damping")?);
+        self.inner
+            .set_regularization(l2, damping)
+            .map_err(to_py_err)
     }
 
     /// Adds another round's statistics (a dict as in `state_dict()["round_stats"]`) to the open

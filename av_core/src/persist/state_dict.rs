@@ -122,7 +122,7 @@ pub const CONFIG_FIELDS: [ConfigField; 18] = [
         doc: "Observe calls per round (None: manual, a refit only when refit() is called).",
         get: |c| Value::from(c.refit_interval),
         set: |c, f, key| {
-            c.refit_interval = f.int(key, U64)?;
+            c.refit_interval = f.optional_int(key, U64)?;
             Ok(())
         },
     },
@@ -523,7 +523,7 @@ mod tests {
     #[test]
     fn a_default_state_is_version_1_with_its_keys_in_order() {
         let mut config = EstimatorConfig::new(2);
-        config.refit_interval = 5;
+        config.refit_interval = Some(5);
         let state = observed(config).state();
         let tree = encode(&state);
         assert_eq!(
