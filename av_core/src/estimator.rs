@@ -16,6 +16,19 @@
 //! (bit-identical results for the same set of observations); refits are serialized among
 //! themselves; readers see either the old or the new coefficient vector, never a mix.
 
+pub mod accumulator;
+pub mod batch;
+pub mod cholesky;
+pub mod coefficients;
+pub mod fixed_point;
+pub mod histogram;
+pub mod labels;
+pub mod logistic;
+pub mod map;
+pub mod memory;
+pub mod refit;
+pub mod snapshot;
+
 use crate::accumulator::{Accumulator, RoundStats, MAX_COUNT};
 use crate::batch::{batch_stats, Predictions};
 use crate::coefficients::{Coefficients, SharedCoefficients};
@@ -24,8 +37,7 @@ use crate::histogram::{
     Binning, HistogramAccumulator, HistogramMemory, HistogramStats, MAX_BIN_COUNT,
 };
 use crate::labels::{num_labeled, validate_counts};
-use crate::logistic;
-use crate::map::{self, FitBins, Prior, PriorWidths};
+use crate::map::{FitBins, Prior, PriorWidths};
 use crate::matrix::MatrixView;
 use crate::memory::{chi_square_quantile, drift_statistic, Memory};
 use crate::refit::{newton_step, ArrowheadSystem, Bounds, NewtonStep};
