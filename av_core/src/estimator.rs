@@ -8,44 +8,65 @@
 //!
 //! The coefficients are fitted online from the target's own verdicts: every
 //! [`AcceptanceEstimator::observe`] folds one decode step of labels into the round's sufficient
-//! statistics ([`crate::accumulator`]); every `refit_interval` steps a damped Newton step
-//! ([`crate::refit`]) replaces the coefficients and the statistics start over.
+//! statistics ([`RoundStats`]); every `refit_interval` steps a damped Newton step
+//! ([`NewtonStep`], capped by [`Bounds`]) replaces the coefficients and the statistics start
+//! over.
 //!
 //! Concurrency: `predict`, `observe`, `refit` and the accessors take `&self` and may run on any
 //! number of threads at once. Observations are accumulated lock-free and order-independently
 //! (bit-identical results for the same set of observations); refits are serialized among
 //! themselves; readers see either the old or the new coefficient vector, never a mix.
 
-pub mod accumulator;
-pub mod batch;
-pub mod cholesky;
-pub mod coefficients;
+mod accumulator;
+mod batch;
+mod cholesky;
+mod coefficients;
+mod fixed_point;
+mod histogram;
+mod labels;
+mod logistic;
+mod map;
+mod memory;
+mod refit;
+pub(crate) mod snapshot;
+
 mod config;
-pub mod fixed_point;
-pub mod histogram;
-pub mod labels;
-pub mod logistic;
-pub mod map;
-pub mod memory;
 mod observe;
-pub mod refit;
 mod rounds;
-pub mod snapshot;
 mod state;
 #[cfg(test)]
 mod tests;
 
+pub use accumulator::{PositionSums, RoundStats, MAX_COUNT};
+pub use coefficients::Coefficients;
 pub use config::{EstimatorConfig, Update};
+pub use fixed_point::FRACTION_BITS;
+pub use histogram::{HistogramMemory, HistogramStats, MAX_BINS, MAX_BIN_COUNT, X_FRACTION_BITS};
+pub use map::PriorWidths;
+pub use memory::Memory;
+pub use refit::{Bounds, NewtonStep};
 pub use state::{EstimatorState, MapState, RefitReport};
 
-use crate::accumulator::{Accumulator, RoundStats};
-use crate::coefficients::{Coefficients, SharedCoefficients};
+/// Not part of the API: hidden from the documentation, no stability promise. The lock-free
+/// building blocks and kernels that the loom model (`tests/loom.rs`), the stress test
+/// (`tests/stress.rs`) and the benchmarks (`benches/core.rs`) drive directly, which no public
+/// type exposes.
+#[doc(hidden)]
+pub mod internals {
+    pub use super::accumulator::Accumulator;
+    pub use super::cholesky::solve_spd;
+    pub use super::coefficients::SharedCoefficients;
+    pub use super::histogram::HistogramAccumulator;
+    pub use super::logistic::probability;
+}
+
 use crate::error::{Error, Result};
-use crate::histogram::{Binning, HistogramAccumulator, HistogramMemory, HistogramStats};
-use crate::map::Prior;
 use crate::matrix::MatrixView;
-use crate::memory::Memory;
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+use accumulator::Accumulator;
+use coefficients::SharedCoefficients;
+use histogram::{Binning, HistogramAccumulator};
+use map::Prior;
 
 /// The `map` update's state under the refit lock.
 #[derive(Debug)]

@@ -45,22 +45,18 @@ pub mod cost_tables;
 pub mod error;
 pub mod estimator;
 pub mod features;
-pub mod matrix;
+mod matrix;
 pub mod persist;
 pub mod planner;
-pub mod simd;
+mod simd;
 mod sync;
 #[cfg(test)]
 mod test_rng;
 
-// The estimator's modules, at their old paths until the public surface is narrowed.
-pub use estimator::{
-    accumulator, batch, cholesky, coefficients, fixed_point, histogram, labels, logistic, map,
-    memory, refit, snapshot,
-};
-
 pub use error::{Error, ErrorKind, Result};
-pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, Update};
+pub use estimator::{
+    AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, RefitReport, Update,
+};
 pub use matrix::MatrixView;
 
 // The types that docs/design.md ("Determinism and concurrency") shares across threads must
@@ -71,8 +67,8 @@ const _: () = {
     fn check() {
         assert_send_sync::<AcceptanceEstimator>();
         assert_send_sync::<EstimatorState>();
-        assert_send_sync::<coefficients::SharedCoefficients>();
-        assert_send_sync::<accumulator::Accumulator>();
+        assert_send_sync::<estimator::internals::SharedCoefficients>();
+        assert_send_sync::<estimator::internals::Accumulator>();
         assert_send_sync::<cost_tables::CostTables>();
         assert_send_sync::<planner::VerificationPlanner>();
         assert_send_sync::<Error>();

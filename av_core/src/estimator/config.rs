@@ -1,8 +1,8 @@
 //! The estimator's configuration: [`EstimatorConfig`] and the [`Update`] it runs.
 
+use super::map::PriorWidths;
+use super::refit::Bounds;
 use crate::error::{ensure_finite, Error, Result};
-use crate::map::PriorWidths;
-use crate::refit::Bounds;
 
 /// How an estimator refits (see the [module documentation](crate::estimator)).
 ///
@@ -48,7 +48,8 @@ impl Update {
     }
 }
 
-/// Configuration of an [`AcceptanceEstimator`]. Defaults are vLLM 0.33.0's.
+/// Configuration of an [`AcceptanceEstimator`](crate::AcceptanceEstimator). Defaults are vLLM
+/// 0.33.0's.
 ///
 /// # Example
 ///
@@ -86,17 +87,18 @@ pub struct EstimatorConfig {
     /// Largest absolute intercept (`inf` = unbounded).
     pub max_intercept: f64,
     /// γ: discount per round of the memory of past rounds' quadratic models (0 = vLLM's
-    /// memoryless update; see [`crate::memory`]).
+    /// memoryless update; see [`Memory`](crate::estimator::Memory) and `docs/memory.md`).
     pub memory: f64,
     /// Drift test threshold, in standard deviations of the round's χ² statistic: a round beyond
-    /// it drops the memory (`inf` = never; see [`crate::memory`]).
+    /// it drops the memory (`inf` = never; see `docs/memory.md`).
     pub drift_z: f64,
     /// How the estimator refits: vLLM's [`Update::Vllm`] (the default) or av_core's
     /// [`Update::Map`] (opt-in).
     pub update: Update,
-    /// `map`: bins per position over `[−max_log_odds, max_log_odds]` ([`crate::histogram`]).
+    /// `map`: bins per position over `[−max_log_odds, max_log_odds]`
+    /// ([`HistogramStats`](crate::estimator::HistogramStats)).
     pub bins: usize,
-    /// `map`: the prior's slope sd (`inf` = no slope prior; [`crate::map`]).
+    /// `map`: the prior's slope sd (`inf` = no slope prior; [`PriorWidths`]).
     pub prior_slope_sd: f64,
     /// `map`: the prior sd of the intercepts' common level (`inf` = unpenalized).
     pub prior_level_sd: f64,
@@ -126,7 +128,7 @@ impl EstimatorConfig {
     /// Upper bound on `max_log_odds`: keeps every accumulated term inside the fixed-point range.
     pub const MAX_LOG_ODDS_LIMIT: f64 = 100.0;
     /// Default step cap: healthy rounds move coefficients by a fraction of this, while one
-    /// adversarial round can no longer throw an intercept to −10⁶ (see [`crate::refit::Bounds`]).
+    /// adversarial round can no longer throw an intercept to −10⁶ (see [`Bounds`]).
     pub const DEFAULT_MAX_STEP: f64 = 4.0;
     /// Default slope cap (fitted slopes across model pairs are 0.45–0.59).
     pub const DEFAULT_MAX_SLOPE: f64 = 10.0;
@@ -144,7 +146,7 @@ impl EstimatorConfig {
     pub const DEFAULT_MEMORY: f64 = 0.8;
     /// Default bins per position of the `map` update (docs/estimator.md: 32–256 measure the
     /// same; 16 is coarser).
-    pub const DEFAULT_BINS: usize = crate::histogram::DEFAULT_BINS;
+    pub const DEFAULT_BINS: usize = super::histogram::DEFAULT_BINS;
     /// Default slope sd of the `map` prior: real pairs fit 0.44–0.6, within one sd of 0.5.
     pub const DEFAULT_PRIOR_SLOPE_SD: f64 = PriorWidths::DEFAULT.slope_sd;
     /// Default sd of the intercepts' level in the `map` prior.
@@ -251,7 +253,7 @@ impl EstimatorConfig {
     /// # Example
     ///
     /// ```rust
-    /// use av_core::refit::Bounds;
+    /// use av_core::estimator::Bounds;
     /// use av_core::EstimatorConfig;
     ///
     /// let bounds = EstimatorConfig::new(2).bounds();
@@ -369,12 +371,12 @@ impl EstimatorConfig {
                 ),
             ));
         }
-        if self.bins == 0 || self.bins > crate::histogram::MAX_BINS {
+        if self.bins == 0 || self.bins > super::histogram::MAX_BINS {
             return Err(Error::value(
                 "bins",
                 format!(
                     "must be between 1 and {}, got {}",
-                    crate::histogram::MAX_BINS,
+                    super::histogram::MAX_BINS,
                     self.bins
                 ),
             ));

@@ -1,12 +1,12 @@
 //! One decode step's verdicts: the checks of a step's arguments, its statistics (or histograms)
 //! and their addition to the open round.
 
+use super::accumulator::{RoundStats, MAX_COUNT};
+use super::batch::{batch_stats, Predictions};
+use super::histogram::{HistogramStats, MAX_BIN_COUNT};
+use super::labels::{num_labeled, validate_counts};
 use super::{AcceptanceEstimator, Update};
-use crate::accumulator::{RoundStats, MAX_COUNT};
-use crate::batch::{batch_stats, Predictions};
 use crate::error::{Error, Result};
-use crate::histogram::{HistogramStats, MAX_BIN_COUNT};
-use crate::labels::{num_labeled, validate_counts};
 use crate::matrix::MatrixView;
 
 /// Whether every value of `source` passes `ok`, in one branch-free pass that vectorizes.
@@ -123,7 +123,7 @@ impl AcceptanceEstimator {
     /// rank1.observe(view, &[2], &[0], None::<MatrixView<'_, f32>>)?;
     /// rank0.add_round_stats(&rank1.round_stats())?; // rank 0 now holds the pooled round
     /// assert_eq!(rank0.round_stats().total_count(), 3);
-    /// assert!(rank0.add_round_stats(&av_core::accumulator::RoundStats::new(3)).is_err());
+    /// assert!(rank0.add_round_stats(&av_core::estimator::RoundStats::new(3)).is_err());
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn add_round_stats(&self, stats: &RoundStats) -> Result<()> {

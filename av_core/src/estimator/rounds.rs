@@ -1,24 +1,24 @@
 //! The refit schedule and the refits: the round's end (`vllm` and `map`), the `map` fits within
 //! a round, and the drift statistic.
 
+use super::accumulator::{RoundStats, MAX_COUNT};
+use super::histogram::HistogramStats;
+use super::map::{self, FitBins};
+use super::memory::{chi_square_quantile, drift_statistic, Memory};
+use super::refit::{newton_step, ArrowheadSystem, NewtonStep};
 use super::{AcceptanceEstimator, Locked, MapFit, RefitReport};
-use crate::accumulator::{RoundStats, MAX_COUNT};
 use crate::error::{Error, Result};
-use crate::histogram::HistogramStats;
-use crate::map::{self, FitBins};
-use crate::memory::{chi_square_quantile, drift_statistic, Memory};
-use crate::refit::{newton_step, ArrowheadSystem, NewtonStep};
 use crate::sync::Ordering;
 
 impl AcceptanceEstimator {
     /// The drift test's statistic `T = gᵀ(H + λI)⁻¹g` of a round, with this estimator's ridge
-    /// (see [`crate::memory`]): about χ² with K + 1 degrees of freedom while the coefficients the
+    /// (see `docs/memory.md`): about χ² with K + 1 degrees of freedom while the coefficients the
     /// round was collected under still fit the workload, larger when they do not.
     ///
     /// # Example
     ///
     /// ```rust
-    /// use av_core::accumulator::RoundStats;
+    /// use av_core::estimator::RoundStats;
     /// use av_core::{AcceptanceEstimator, EstimatorConfig};
     ///
     /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(1))?;

@@ -1,12 +1,12 @@
 //! What an estimator is and what a refit did: [`EstimatorState`] (with [`MapState`]), its
 //! capture and its validated restore, and [`RefitReport`].
 
+use super::accumulator::{RoundStats, MAX_COUNT};
+use super::histogram::{HistogramMemory, HistogramStats};
+use super::memory::Memory;
+use super::refit::NewtonStep;
 use super::{AcceptanceEstimator, EstimatorConfig, Locked, MapFit, Update};
-use crate::accumulator::{RoundStats, MAX_COUNT};
 use crate::error::{ensure_finite, Error, Result};
-use crate::histogram::{HistogramMemory, HistogramStats};
-use crate::memory::Memory;
-use crate::refit::NewtonStep;
 use crate::sync::Ordering;
 
 /// Everything an estimator is: config, coefficients, the open round and its counters.
@@ -117,8 +117,8 @@ pub struct MapState {
 pub struct RefitReport {
     /// The round's statistics (now cleared from the estimator); all zeros under `map`.
     pub stats: RoundStats,
-    /// The Newton step computed from them, before [`Bounds`] applied; under `map`, the fit's
-    /// change from the reference coefficients, before the bounds.
+    /// The Newton step computed from them, before [`Bounds`](crate::estimator::Bounds) applied;
+    /// under `map`, the fit's change from the reference coefficients, before the bounds.
     pub step: NewtonStep,
     /// `map`: the histograms the fit consumed (the round at a round's end; memory plus the
     /// open round within one). `None` under `vllm`.
@@ -177,7 +177,7 @@ impl AcceptanceEstimator {
         }
     }
 
-    /// The state as versioned, checksummed bytes ([`crate::snapshot`]).
+    /// The state as versioned, checksummed bytes ([`crate::persist::estimator`]).
     ///
     /// # Example
     ///
@@ -190,7 +190,7 @@ impl AcceptanceEstimator {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn to_bytes(&self) -> Vec<u8> {
-        crate::snapshot::encode(&self.state())
+        super::snapshot::encode(&self.state())
     }
 
     /// Rebuilds an estimator from [`to_bytes`](Self::to_bytes); corrupt, truncated or
@@ -212,7 +212,7 @@ impl AcceptanceEstimator {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        Self::from_state(&crate::snapshot::decode(bytes)?)
+        Self::from_state(&super::snapshot::decode(bytes)?)
     }
 
     /// Rebuilds an estimator from [`state`](Self::state), validating every field.

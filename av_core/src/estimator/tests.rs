@@ -1,10 +1,18 @@
+use super::accumulator::PositionSums;
+use super::accumulator::{RoundStats, MAX_COUNT};
+use super::histogram::{Binning, HistogramStats, MAX_BIN_COUNT};
+use super::memory::Memory;
+// The checks of the estimator's internal systems against independent references (integration
+// tests until those systems became private), sharing the integration tests' helpers.
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod drift_test;
+mod memory_model;
+mod newton_system;
+
 use super::*;
-use crate::accumulator::PositionSums;
-use crate::accumulator::{RoundStats, MAX_COUNT};
 use crate::error::Result;
-use crate::histogram::{Binning, HistogramStats, MAX_BIN_COUNT};
 use crate::matrix::MatrixView;
-use crate::memory::Memory;
 use crate::test_rng::XorShift;
 use proptest::prelude::*;
 
@@ -21,7 +29,7 @@ fn cold_start_predicts_the_configured_curve() {
     est.predict(view(&[0.0f32, 2.0, -1.0, 100.0], 2), &mut out)
         .unwrap();
     // σ(0.5·x − 0.2) with the feature clamped to ±40 (σ itself: `logistic`'s tests).
-    let expect = |x: f64| crate::logistic::probability(0.5 * x - 0.2);
+    let expect = |x: f64| super::logistic::probability(0.5 * x - 0.2);
     assert_eq!(out, [expect(0.0), expect(2.0), expect(-1.0), expect(40.0)]);
 }
 
@@ -613,7 +621,7 @@ fn impossible_states_are_refused_by_name() {
         let error = AcceptanceEstimator::from_state(&state).unwrap_err();
         assert_eq!(error.argument, argument, "{error}");
         // The same bytes are refused by `from_bytes` (and so by the C ABI's load).
-        let bytes = crate::snapshot::encode(&state);
+        let bytes = super::snapshot::encode(&state);
         assert_eq!(
             AcceptanceEstimator::from_bytes(&bytes)
                 .unwrap_err()
@@ -662,7 +670,7 @@ fn map_states_at_the_loaders_limits_keep_working_and_reload() {
         let (k, bins) = (state.config.num_positions, state.config.bins);
         let (limit, gamma) = (state.config.max_log_odds, state.config.memory);
         let binning = Binning::new(limit, bins);
-        let scale = (1u64 << crate::histogram::X_FRACTION_BITS) as f64;
+        let scale = (1u64 << super::histogram::X_FRACTION_BITS) as f64;
         state.num_refits = MAX_COUNT;
         let map = state.map.as_mut().unwrap();
         map.resets = MAX_COUNT;
@@ -782,7 +790,7 @@ fn impossible_map_states_are_refused_by_name() {
         corrupt(&mut state);
         let error = AcceptanceEstimator::from_state(&state).unwrap_err();
         assert_eq!(error.argument, argument, "{error}");
-        let bytes = crate::snapshot::encode(&state);
+        let bytes = super::snapshot::encode(&state);
         let from_bytes = AcceptanceEstimator::from_bytes(&bytes).unwrap_err();
         assert_eq!(from_bytes.argument, argument, "{from_bytes}");
     }
