@@ -1,9 +1,9 @@
 //! `av_core._native.AcceptanceEstimator`: conversion around `av_core::AcceptanceEstimator`.
 
-use av_core::accumulator::{PositionSums, RoundStats};
-use av_core::fixed_point::FRACTION_BITS;
-use av_core::histogram::{HistogramMemory, HistogramStats, X_FRACTION_BITS};
-use av_core::memory::Memory;
+use av_core::estimator::{
+    HistogramMemory, HistogramStats, Memory, PositionSums, RoundStats, FRACTION_BITS,
+    X_FRACTION_BITS,
+};
 use av_core::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, MatrixView, Update};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
@@ -385,7 +385,8 @@ impl PyAcceptanceEstimator {
     /// ValueError naming the path.
     #[classmethod]
     fn load(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let bytes = py.detach(|| read_file(&path, av_core::snapshot::MAX_ENCODED_LEN as u64))?;
+        let bytes =
+            py.detach(|| read_file(&path, av_core::persist::estimator::MAX_ENCODED_LEN as u64))?;
         let inner = AcceptanceEstimator::from_bytes(&bytes)
             .map_err(|e| value_error("path", format!("{}: {e}", path.display())))?;
         Ok(PyAcceptanceEstimator { inner })
@@ -411,9 +412,9 @@ impl PyAcceptanceEstimator {
         config.set_item("num_positions", state.config.num_positions)?;
         set_options(&config, &state.config)?;
         // A vllm estimator at the default map settings (anyone who did not opt into map) keeps
-        // the version-1 layout, as the bytes do (`snapshot::written_version`).
-        let version_1 =
-            av_core::snapshot::written_version(&state) == av_core::snapshot::FORMAT_VERSION_1;
+        // the version-1 layout, as the bytes do (`persist::estimator::written_version`).
+        let version_1 = av_core::persist::estimator::written_version(&state)
+            == av_core::persist::estimator::FORMAT_VERSION_1;
         let version = if version_1 { 1 } else { STATE_FORMAT_VERSION };
         if version >= 2 {
             config.set_item("update", state.config.update.name())?;
