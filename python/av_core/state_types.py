@@ -24,7 +24,7 @@ __all__ = [
 
 class EstimatorOptions(TypedDict):
     """The keyword options of :class:`~av_core.AcceptanceEstimator` (all but ``num_positions``),
-    as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator.rs``)."""
+    as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator/config.rs``)."""
 
     refit_interval: int
     damping: float
