@@ -85,7 +85,7 @@ def numpy_refit(
 
 
 class NumpyMemory:
-    """The memory of past rounds (``av_core/src/memory.rs``) as a dense matrix in numpy."""
+    """The memory of past rounds (``av_core/src/estimator/memory.rs``) as a dense matrix in numpy."""
 
     def __init__(self, k: int) -> None:
         self.a = np.zeros((k + 1, k + 1))
@@ -179,7 +179,7 @@ def numpy_observe_map(
 
 
 def map_prior(k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The map prior's precision (closed form of ``av_core/src/map.rs``) and mean."""
+    """The map prior's precision (closed form of ``av_core/src/estimator/map.rs``) and mean."""
     slope_sd, level_sd, trend_sd, spread_sd = 0.15, 1.0, 0.2, 0.1
     z = np.arange(k) - (k - 1) / 2.0
     c0 = level_sd**2 / (spread_sd**2 + k * level_sd**2)

@@ -54,7 +54,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- the audit's six (issue 18) ---
     Mutant(
         "M1",
-        "av_core/src/refit.rs",
+        "av_core/src/estimator/refit.rs",
         "(slope + limit(step.slope)).clamp(0.0, self.max_slope)",
         "(slope + step.slope).clamp(0.0, self.max_slope)",
         "the slope's Newton step not capped by max_step",
@@ -62,7 +62,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "M2",
-        "av_core/src/memory.rs",
+        "av_core/src/estimator/memory.rs",
         "chi_square_quantile(intercepts.len() + 1, drift_z)",
         "chi_square_quantile(intercepts.len(), drift_z)",
         "the drift χ² test with K degrees of freedom instead of K + 1",
@@ -78,7 +78,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "M4",
-        "av_core/src/refit.rs",
+        "av_core/src/estimator/refit.rs",
         "matrix[row * n] = self.b[position];\n            matrix[row] = self.b[position];",
         "matrix[row * n] = -self.b[position];\n            matrix[row] = -self.b[position];",
         "the Hessian's slope/intercept coupling with the wrong sign",
@@ -86,7 +86,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "M5",
-        "av_core/src/estimator.rs",
+        "av_core/src/estimator/config.rs",
         "pub const DEFAULT_DAMPING: f64 = 50.0;",
         "pub const DEFAULT_DAMPING: f64 = 49.0;",
         "damping 50 → 49",
@@ -104,28 +104,28 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- more realistic slips ---
     Mutant(
         "M7",
-        "av_core/src/refit.rs",
+        "av_core/src/estimator/refit.rs",
         "(self.g1[position] - self.b[position] * slope_step)",
         "(self.g1[position] + self.b[position] * slope_step)",
         "intercept step conditioned on the slope step with the wrong sign",
     ),
     Mutant(
         "M8",
-        "av_core/src/refit.rs",
+        "av_core/src/estimator/refit.rs",
         "* (count / (count + damping));",
         "* (self.total / (self.total + damping));",
         "intercepts damped by the total count instead of their own",
     ),
     Mutant(
         "M9",
-        "av_core/src/refit.rs",
+        "av_core/src/estimator/refit.rs",
         "*beta = (*beta + limit(delta)).clamp(-self.max_intercept, self.max_intercept);",
         "*beta += limit(delta);",
         "intercept range β ∈ [−max_intercept, max_intercept] not enforced",
     ),
     Mutant(
         "M10",
-        "av_core/src/labels.rs",
+        "av_core/src/estimator/labels.rs",
         "    if accepted < admitted {\n        accepted + 1",
         "    if accepted < admitted {\n        accepted",
         "the first rejected position left unlabeled",
@@ -133,7 +133,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "M11",
-        "av_core/src/batch.rs",
+        "av_core/src/estimator/batch.rs",
         "let x: [f64; K] = raw.map(|v| v.into().clamp(-limit, limit));",
         "let x: [f64; K] = raw.map(|v| v.into());",
         "observe's statistics skip the ±max_log_odds feature clamp (K ≤ 16 path)",
@@ -141,14 +141,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "M12",
-        "av_core/src/memory.rs",
+        "av_core/src/estimator/memory.rs",
         "nu * (1.0 - h + z * h.sqrt()).powi(3)",
         "nu * (1.0 + h + z * h.sqrt()).powi(3)",
         "Wilson–Hilferty quantile with the wrong bias term",
     ),
     Mutant(
         "M13",
-        "av_core/src/memory.rs",
+        "av_core/src/estimator/memory.rs",
         "            .chain(&mut self.rhs)\n",
         "",
         "memory decay forgets to discount the right-hand side",

@@ -1,7 +1,7 @@
 """The core owns every default and constant; the bindings export them once and say them truly.
 
 The expected values are written out here from the core's documentation (``EstimatorConfig`` in
-av_core/src/estimator.rs, vLLM 0.33.0's acceptance_estimator.py, ``cost_tables.rs``,
+av_core/src/estimator/config.rs, vLLM 0.33.0's acceptance_estimator.py, ``cost_tables.rs``,
 ``planner/exploration.rs``), not read from the code under test. Each is checked three ways: the
 runtime signature (``inspect.signature``, what ``help()`` shows), the exported constants, and
 what an object built without the argument actually holds, so a signature text that drifted from

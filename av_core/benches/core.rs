@@ -3,9 +3,8 @@
 //!
 //! `cargo bench -p av_core` (not run in CI; `benches/run.py` holds the Python-side figures).
 
-use av_core::accumulator::Accumulator;
-use av_core::cholesky::solve_spd;
 use av_core::cost_tables::CostTables;
+use av_core::estimator::internals::{solve_spd, Accumulator};
 use av_core::planner::{plan_verification, StepTokens};
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};

@@ -17,7 +17,7 @@
 //! `c ← (c + 1)·2^((m_old - m)·s)`. Nothing is ever subtracted from the sum.
 //!
 //! Rows are split across scoped threads when the input is large. On x86-64 the kernel is also
-//! compiled for AVX2+FMA and AVX-512 and picked at run time ([`crate::simd`]; two `unsafe`
+//! compiled for AVX2+FMA and AVX-512 and picked at run time (`simd.rs`; two `unsafe`
 //! calls, each with its soundness argument). Those two variants evaluate the polynomial with
 //! fused multiply-adds (0.30 → 0.235 ns per entry on one AVX-512 thread) and give the same bits
 //! as each other; the SSE2 baseline has no FMA, rounds every product, and differs from them by a
@@ -278,7 +278,7 @@ fn widen_bfloat16<'a, B: Copy>(
     (widened, range)
 }
 
-/// The feature of one row, on the widest vector unit this CPU has ([`crate::simd`]).
+/// The feature of one row, on the widest vector unit this CPU has (`simd.rs`).
 fn row_log_odds<E: LogitElement>(z: &[E], inv_temperature: f32, max_log_odds: f32) -> f32 {
     run_at(simd::level(), z, inv_temperature, max_log_odds)
 }

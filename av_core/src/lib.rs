@@ -41,32 +41,22 @@
 #![warn(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
-pub mod accumulator;
-pub mod batch;
-pub mod cholesky;
-pub mod coefficients;
 pub mod cost_tables;
 pub mod error;
 pub mod estimator;
 pub mod features;
-pub mod fixed_point;
-pub mod histogram;
-pub mod labels;
-pub mod logistic;
-pub mod map;
-pub mod matrix;
-pub mod memory;
+mod matrix;
 pub mod persist;
 pub mod planner;
-pub mod refit;
-pub mod simd;
-pub mod snapshot;
+mod simd;
 mod sync;
 #[cfg(test)]
 mod test_rng;
 
 pub use error::{Error, ErrorKind, Result};
-pub use estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, Update};
+pub use estimator::{
+    AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, RefitReport, Update,
+};
 pub use matrix::MatrixView;
 
 // The types that docs/design.md ("Determinism and concurrency") shares across threads must
@@ -77,8 +67,8 @@ const _: () = {
     fn check() {
         assert_send_sync::<AcceptanceEstimator>();
         assert_send_sync::<EstimatorState>();
-        assert_send_sync::<coefficients::SharedCoefficients>();
-        assert_send_sync::<accumulator::Accumulator>();
+        assert_send_sync::<estimator::internals::SharedCoefficients>();
+        assert_send_sync::<estimator::internals::Accumulator>();
         assert_send_sync::<cost_tables::CostTables>();
         assert_send_sync::<planner::VerificationPlanner>();
         assert_send_sync::<Error>();

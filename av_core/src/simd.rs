@@ -3,9 +3,9 @@
 //! The wheel is built for the baseline x86-64 target (SSE2, 2 × f64 or 4 × f32 per vector).
 //! Two kernels are also compiled with `#[target_feature]` for AVX2+FMA and AVX-512 and called
 //! through [`level`], which checks the CPU once with `is_x86_feature_detected!`: the feature
-//! kernel ([`crate::features`]) and `predict`'s logistic ([`crate::logistic`]). Every variant
-//! runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an FMA
-//! on its own. The logistic fuses nothing, so all its variants give the same bits; the feature
+//! kernel ([`crate::features`]) and `predict`'s logistic (`estimator/logistic.rs`). Every
+//! variant runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an
+//! FMA on its own. The logistic fuses nothing, so all its variants give the same bits; the feature
 //! kernel asks for fused multiply-adds in its AVX2 and AVX-512 variants, so those two give the
 //! same bits and the SSE2 baseline the bits of the separately rounded source (a build whose
 //! target has FMA instructions, such as aarch64 or `-C target-feature=+fma`, fuses in its
@@ -34,12 +34,6 @@ pub enum Level {
 static LEVEL: AtomicU8 = AtomicU8::new(0);
 
 /// The widest level this CPU runs, capped by `AV_CORE_SIMD` (probed once, then cached).
-///
-/// ```rust
-/// use av_core::simd::{available, level};
-///
-/// assert!(available().contains(&level()));
-/// ```
 pub fn level() -> Level {
     match LEVEL.load(Ordering::Relaxed) {
         1 => Level::Baseline,
@@ -75,4 +69,16 @@ pub fn available() -> Vec<Level> {
         }
     }
     levels
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn level_example() {
+        use crate::simd::{available, level};
+
+        assert!(available().contains(&level()));
+    }
 }

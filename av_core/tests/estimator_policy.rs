@@ -227,6 +227,8 @@ fn set_regularization_refuses_bad_values_and_changes_nothing() {
 #[test]
 fn concurrent_setters_and_refits_see_whole_pairs() {
     let estimator = std::sync::Arc::new(manual(EstimatorConfig::new(2)));
+    // Every pair ever set has damping = 2 l2, from the first one on.
+    estimator.set_regularization(1.0, 2.0).unwrap();
     let writers: Vec<_> = (1..=4)
         .map(|t| {
             let estimator = std::sync::Arc::clone(&estimator);

@@ -5,9 +5,8 @@
 //! `--cfg loom` this file is empty.
 #![cfg(loom)]
 
-use av_core::accumulator::{Accumulator, PositionSums, RoundStats};
-use av_core::coefficients::SharedCoefficients;
-use av_core::histogram::{HistogramAccumulator, HistogramStats};
+use av_core::estimator::internals::{Accumulator, HistogramAccumulator, SharedCoefficients};
+use av_core::estimator::{HistogramStats, PositionSums, RoundStats};
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 use loom::sync::Arc;
 use loom::thread;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use av_core::refit::{Bounds, NewtonStep};
+use av_core::estimator::{Bounds, NewtonStep};
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 use proptest::prelude::*;
 

@@ -7,7 +7,8 @@
 //! field decoding and state validation. Whatever loads must then work: predict in [0, 1],
 //! observe, refit to finite coefficients, and save back to the bytes it was loaded from.
 
-use av_core::snapshot::{crc32, decode, MAGIC};
+use av_core::persist::crc32;
+use av_core::persist::estimator::{decode, MAGIC};
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 use proptest::prelude::*;
 use std::sync::OnceLock;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use av_core::accumulator::RoundStats;
+use av_core::estimator::RoundStats;
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 
 const K: usize = 4;
@@ -144,7 +144,7 @@ fn eight_producers_a_predictor_and_a_refitter() {
     // No prediction mixes two coefficient vectors: each matches one published (or the initial)
     // vector on every position.
     let mut vectors: Vec<_> = published.into_inner().unwrap().into_values().collect();
-    vectors.push(av_core::coefficients::Coefficients {
+    vectors.push(av_core::estimator::Coefficients {
         slope: config.init_slope,
         intercepts: vec![config.init_intercept; K],
         version: 0,
@@ -152,7 +152,7 @@ fn eight_producers_a_predictor_and_a_refitter() {
     // The predictor runs for the whole test, so `seen` can hold millions of outputs and the
     // refitter thousands of vectors: look each output up in a set of the vectors' outputs
     // instead of comparing every pair.
-    let sigmoid = av_core::logistic::probability;
+    let sigmoid = av_core::estimator::internals::probability;
     let bits = |out: &[f32]| out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
     let expected: std::collections::HashSet<Vec<u32>> = vectors
         .iter()
@@ -198,7 +198,7 @@ fn eight_producers_and_a_refitter_lose_no_label_under_map() {
     let per_batch = step(0).total_count();
     let calls_per_producer = 1_000_000u64.div_ceil(per_batch) as usize;
     let mut serial = step(0);
-    serial = av_core::histogram::HistogramStats::new(K, serial.bins);
+    serial = av_core::estimator::HistogramStats::new(K, serial.bins);
     for i in 0..batches.len() {
         let mut times = 0;
         for call in 0..calls_per_producer * PRODUCERS {

@@ -388,7 +388,7 @@ fn impossible_state(corrupt: fn(&mut av_core::EstimatorState)) -> Vec<u8> {
         .unwrap();
     let mut state = core.state();
     corrupt(&mut state);
-    av_core::snapshot::encode(&state)
+    av_core::persist::estimator::encode(&state)
 }
 
 #[test]

@@ -9,7 +9,8 @@
 //! validation must refuse (NaN, ±∞, negative or overflowing counters) rather than on lengths.
 #![no_main]
 
-use av_core::snapshot::{crc32, FORMAT_VERSION, MAGIC};
+use av_core::persist::crc32;
+use av_core::persist::estimator::{FORMAT_VERSION, MAGIC};
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 use libfuzzer_sys::fuzz_target;
 

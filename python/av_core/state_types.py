@@ -40,7 +40,7 @@ class _Settings(TypedDict):
 
 class EstimatorOptions(_Settings):
     """The keyword options of :class:`~av_core.AcceptanceEstimator` (all but ``num_positions``),
-    as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator.rs``): what
+    as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator/config.rs``): what
     ``ESTIMATOR_DEFAULTS`` and ``VLLM_ESTIMATOR`` hold (a refit interval of 100)."""
 
     refit_interval: int

@@ -269,7 +269,8 @@ impl PyAcceptanceEstimator {
     /// ValueError naming the path.
     #[classmethod]
     fn load(_cls: &Bound<'_, PyType>, py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let bytes = py.detach(|| read_file(&path, av_core::snapshot::MAX_ENCODED_LEN as u64))?;
+        let bytes =
+            py.detach(|| read_file(&path, av_core::persist::estimator::MAX_ENCODED_LEN as u64))?;
         let inner = AcceptanceEstimator::from_bytes(&bytes)
             .map_err(|e| value_error("path", format!("{}: {e}", path.display())))?;
         Ok(PyAcceptanceEstimator { inner })

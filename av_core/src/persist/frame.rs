@@ -26,7 +26,8 @@ pub(crate) const DATA: &str = "data";
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
-    /// An [`AcceptanceEstimator`](crate::AcceptanceEstimator)'s state (`crate::snapshot`).
+    /// An [`AcceptanceEstimator`](crate::AcceptanceEstimator)'s state
+    /// ([`crate::persist::estimator`]).
     Estimator,
     /// A [`VerificationPlanner`](crate::planner::VerificationPlanner)'s state.
     Planner,

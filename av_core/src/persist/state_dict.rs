@@ -17,7 +17,7 @@
 //!
 //! Statistics are exact fixed-point integers in units of `2**-fraction_bits`. A vllm estimator
 //! at the default map settings keeps the version-1 layout, as its bytes do
-//! ([`crate::snapshot::written_version`]); version 1 reads as a `vllm` estimator with the map
+//! ([`crate::persist::estimator::written_version`]); version 1 reads as a `vllm` estimator with the map
 //! fields' defaults. A manual estimator (`refit_interval` `None`) is written in either layout
 //! with `refit_interval: None`.
 //!
@@ -41,16 +41,14 @@
 //! # Ok::<(), av_core::Error>(())
 //! ```
 
+use super::estimator::{written_version, FORMAT_VERSION_1};
 use super::tree::{Fields, Map, Value, I128, U64};
-use crate::accumulator::{PositionSums, RoundStats};
 use crate::error::{Error, Result};
 use crate::estimator::{
-    AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, RefitReport, Update,
+    HistogramMemory, HistogramStats, Memory, PositionSums, RoundStats, FRACTION_BITS,
+    X_FRACTION_BITS,
 };
-use crate::fixed_point::FRACTION_BITS;
-use crate::histogram::{HistogramMemory, HistogramStats, X_FRACTION_BITS};
-use crate::memory::Memory;
-use crate::snapshot::{written_version, FORMAT_VERSION_1};
+use crate::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, RefitReport, Update};
 
 /// The `format` of a state.
 pub const FORMAT: &str = "av_core.AcceptanceEstimator";

@@ -55,8 +55,14 @@ impl Survivals {
     ) -> bool {
         let cols = confidences.cols();
         let len = confidences.rows() * cols;
+        // Every entry of the whole rows is written below, so the buffers keep their old contents
+        // instead of being zeroed each call (`resize` fills only when they grow).
         self.values.resize(len, 0.0);
-        self.cumulative.clear();
+        if running_sums && cols > 0 {
+            self.cumulative.resize(len, 0.0);
+        } else {
+            self.cumulative.clear();
+        }
         self.max = 0.0;
         self.min = 1.0;
         self.count = 0;
@@ -64,15 +70,13 @@ impl Survivals {
             return true;
         }
         let data = confidences.data();
-        if running_sums {
-            self.cumulative.resize(len, 0.0);
-        }
+        // A separate, vectorized pass: fused into the multiply chain below it costs more. (The
+        // slice cannot change under us: the bindings hand the core their own copy of a
+        // caller's buffer, and Rust's `&[T]` promises no writer.)
+        let in_range = data.iter().fold(true, |ok, &p| ok & probability(p.into()));
         let rows = (data, &mut self.values[..], &mut self.cumulative[..]);
-        // Common depths get a loop the compiler unrolls (independent rows then overlap). Each
-        // confidence is read once: range-checked and multiplied from the same value, so a
-        // buffer another thread rewrites during the call cannot slip an unchecked one in (the
-        // check costs nothing next to the multiply chain, and saves the pass it replaces).
-        let in_range = match cols {
+        // Common depths get a loop the compiler unrolls (independent rows then overlap).
+        match cols {
             1 => fill_rows::<T, 1>(rows, running_sums),
             2 => fill_rows::<T, 2>(rows, running_sums),
             3 => fill_rows::<T, 3>(rows, running_sums),
@@ -157,25 +161,21 @@ fn probability(p: f64) -> bool {
     (0.0..=1.0).contains(&p)
 }
 
-/// Survivals of rows of `K` confidences, and their running sums when asked; whether every
-/// confidence was in `[0, 1]`.
+/// Survivals of rows of `K` confidences, and their running sums when asked.
 fn fill_rows<T: Copy + Into<f64>, const K: usize>(
     (data, values, cumulative): Rows<'_, T>,
     running_sums: bool,
-) -> bool {
-    let mut in_range = true;
+) {
     if !running_sums {
         for (row, out) in data.chunks_exact(K).zip(values.chunks_exact_mut(K)) {
             let mut survival = 1.0f64;
             for k in 0..K {
-                let p: f64 = row[k].into();
-                in_range &= probability(p);
                 // `+ 0.0` folds a `-0.0` confidence onto `+0.0` (off the multiply chain).
-                survival *= p + 0.0;
+                survival *= row[k].into() + 0.0;
                 out[k] = survival;
             }
         }
-        return in_range;
+        return;
     }
     let rows = data
         .chunks_exact(K)
@@ -185,23 +185,16 @@ fn fill_rows<T: Copy + Into<f64>, const K: usize>(
         let mut survival = 1.0f64;
         let mut sum = 0.0f64;
         for k in 0..K {
-            let p: f64 = row[k].into();
-            in_range &= probability(p);
-            survival *= p + 0.0;
+            survival *= row[k].into() + 0.0;
             sum += survival;
             out[k] = survival;
             sums[k] = sum;
         }
     }
-    in_range
 }
 
 /// [`fill_rows`] for any row length (running sums when `cumulative` is not empty).
-fn fill_rows_any<T: Copy + Into<f64>>(
-    cols: usize,
-    (data, values, cumulative): Rows<'_, T>,
-) -> bool {
-    let mut in_range = true;
+fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values, cumulative): Rows<'_, T>) {
     for (r, (row, out)) in data
         .chunks_exact(cols)
         .zip(values.chunks_exact_mut(cols))
@@ -209,9 +202,7 @@ fn fill_rows_any<T: Copy + Into<f64>>(
     {
         let mut survival = 1.0f64;
         for (value, &p) in out.iter_mut().zip(row) {
-            let p: f64 = p.into();
-            in_range &= probability(p);
-            survival *= p + 0.0;
+            survival *= p.into() + 0.0;
             *value = survival;
         }
         if let Some(sums) = cumulative.get_mut(r * cols..(r + 1) * cols) {
@@ -222,7 +213,6 @@ fn fill_rows_any<T: Copy + Into<f64>>(
             }
         }
     }
-    in_range
 }
 
 /// Keys further below the maximum than this many binades share the last bucket, so one zero

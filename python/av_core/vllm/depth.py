@@ -56,6 +56,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from av_core._checks import _check_int
 from av_core._native import DEFAULT_EXPLORATION, CostTables, DepthPlan, VerificationPlanner
 from av_core.vllm import metrics as vllm_metrics
 
@@ -109,14 +110,6 @@ def _probability(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise TypeError(f"exploration: must be a number, got {type(value).__name__}")
     return float(value)  # the planner checks the range
-
-
-def _check_int(value: object, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name}: must be an int >= {low}, got {value!r}")
-    return int(value)
 
 
 class DraftDepthHook:

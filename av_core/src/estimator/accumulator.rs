@@ -11,13 +11,13 @@
 //! which is all the Newton step needs: `XᵀWX` is the arrowhead `[[Σ a_k, b ᵀ], [b, diag(c)]]` and
 //! `Xᵀr = [Σ g0_k, g1]`. State is O(K) numbers whatever the traffic.
 //!
-//! Sums are kept in fixed point ([`crate::fixed_point`]), so the same set of observations gives
+//! Sums are kept in fixed point ([`super::fixed_point`]), so the same set of observations gives
 //! the same bits in any order, on any thread, in any split into calls.
 
 use crate::sync::{backoff, AtomicU64, Ordering};
 
+use super::fixed_point::{to_f64, AtomicI128, MAGIC, MAGIC_BITS, SCALE};
 use crate::error::{Error, Result};
-use crate::fixed_point::{to_f64, AtomicI128, MAGIC, MAGIC_BITS, SCALE};
 
 /// Largest observation count a round may hold per position, and the largest value of the
 /// estimator's other counters that a restored state may carry: `2^56`.
@@ -29,7 +29,7 @@ use crate::fixed_point::{to_f64, AtomicI128, MAGIC, MAGIC_BITS, SCALE};
 /// # Example
 ///
 /// ```rust
-/// use av_core::accumulator::{RoundStats, MAX_COUNT};
+/// use av_core::estimator::{RoundStats, MAX_COUNT};
 ///
 /// let mut stats = RoundStats::new(1);
 /// stats.positions[0].n = u64::MAX; // no sequence of observations gets here
@@ -39,22 +39,6 @@ use crate::fixed_point::{to_f64, AtomicI128, MAGIC, MAGIC_BITS, SCALE};
 pub const MAX_COUNT: u64 = 1 << 56;
 
 /// One position's statistics in fixed point (units of `2^-FRACTION_BITS`), plus its count.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::accumulator::PositionSums;
-/// use av_core::fixed_point::to_f64;
-///
-/// let mut sums = PositionSums::default();
-/// sums.add_observation(2.0, 0.5, true); // w = 0.25, r = 0.5
-/// let mut other = PositionSums::default();
-/// other.add_observation(-1.0, 0.5, false); // w = 0.25, r = -0.5
-/// sums.merge(&other);
-/// assert_eq!(sums.n, 2);
-/// assert_eq!(to_f64(sums.a), 1.25); // Σ w x² = 0.25·4 + 0.25·1
-/// assert_eq!(to_f64(sums.g1), 0.0); // Σ r
-/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PositionSums {
     /// `Σ w x²`.
@@ -97,7 +81,7 @@ impl PositionSums {
     /// # Example
     ///
     /// ```rust
-    /// use av_core::accumulator::PositionSums;
+    /// use av_core::estimator::PositionSums;
     ///
     /// let mut sums = PositionSums::default();
     /// sums.add_observation(2.0, 0.3, true);
@@ -177,17 +161,6 @@ impl PositionSums {
 
 /// The fixed-point terms `[w x², w x, w, r x, r]` of one observation, times `mask` (1 for a
 /// labeled position, 0 for an unlabeled one, so that a branch-free loop can skip it).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::accumulator::terms;
-/// use av_core::fixed_point::to_fixed;
-///
-/// let [a, b, c, g0, g1] = terms(2.0, 0.5, 1.0, 1.0);
-/// assert_eq!([a, b, c, g0, g1], [1.0, 0.5, 0.25, 1.0, 0.5].map(to_fixed));
-/// assert_eq!(terms(2.0, 0.5, 1.0, 0.0), [0; 5]); // masked out
-/// ```
 #[inline(always)]
 pub fn terms(x: f64, p: f64, y: f64, mask: f64) -> [i64; 5] {
     scaled_term_bits(x, p, y, mask).map(|bits| bits.wrapping_sub(MAGIC_BITS))
@@ -204,20 +177,6 @@ pub(crate) fn scaled_term_bits(x: f64, p: f64, y: f64, mask: f64) -> [i64; 5] {
 }
 
 /// A round's statistics for every position, in fixed point.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::accumulator::RoundStats;
-///
-/// let mut stats = RoundStats::new(3);
-/// stats.positions[0].add_observation(1.0, 0.8, true);
-/// stats.positions[1].add_observation(0.5, 0.6, false);
-/// assert_eq!(stats.total_count(), 2);
-/// let floats = stats.to_float();
-/// assert_eq!(floats.n, [1.0, 1.0, 0.0]);
-/// assert!((floats.c[0] - 0.16).abs() < 1e-10); // w = p(1 − p)
-/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RoundStats {
     /// One entry per draft position.
@@ -267,7 +226,7 @@ impl RoundStats {
     }
 
     /// The statistics as floats, for the solve.
-    pub fn to_float(&self) -> FloatStats {
+    pub(crate) fn to_float(&self) -> FloatStats {
         let column = |f: fn(&PositionSums) -> i128| -> Vec<f64> {
             self.positions.iter().map(|p| to_f64(f(p))).collect()
         };
@@ -394,24 +353,6 @@ impl AtomicRound {
 /// `add` may run on any number of threads at once, and concurrently with `take`/`snapshot`;
 /// `take` and `snapshot` must not overlap each other (the estimator runs them under its refit
 /// lock).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::accumulator::{Accumulator, RoundStats};
-///
-/// let acc = Accumulator::new(2);
-/// let mut step = RoundStats::new(2);
-/// step.positions[0].add_observation(1.5, 0.7, true);
-/// std::thread::scope(|s| {
-///     for _ in 0..4 {
-///         s.spawn(|| acc.add(&step));
-///     }
-/// });
-/// assert_eq!(acc.snapshot().total_count(), 4); // the round goes on
-/// assert_eq!(acc.take().positions[0].n, 4); // ends the round
-/// assert_eq!(acc.take().total_count(), 0);
-/// ```
 #[derive(Debug)]
 pub struct Accumulator {
     buffers: [AtomicRound; 2],
@@ -438,7 +379,7 @@ const fn writers(state: u64, index: usize) -> u64 {
 }
 
 /// The double-buffer protocol of [`Accumulator`], shared with the histogram accumulator
-/// ([`crate::histogram`]): one atomic word holds the index of the active buffer (bit 0) and each
+/// ([`super::histogram`]): one atomic word holds the index of the active buffer (bit 0) and each
 /// buffer's number of writers in flight (bits 1–31 and 32–62).
 #[derive(Debug)]
 pub(crate) struct Flip {
@@ -512,19 +453,6 @@ impl Accumulator {
     }
 
     /// Adds a batch's statistics to the current round. Lock-free; safe from any thread.
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::accumulator::{Accumulator, RoundStats};
-    ///
-    /// let acc = Accumulator::new(1);
-    /// let mut batch = RoundStats::new(1);
-    /// batch.positions[0].add_observation(0.3, 0.6, true);
-    /// acc.add(&batch);
-    /// acc.add(&batch);
-    /// assert_eq!(acc.snapshot().positions[0].n, 2);
-    /// ```
     pub fn add(&self, stats: &RoundStats) {
         debug_assert_eq!(stats.positions.len(), self.num_positions);
         let index = self.flip.enter();
@@ -535,22 +463,6 @@ impl Accumulator {
     /// [`add`](Self::add), unless that would take a position's count in the current round past
     /// [`MAX_COUNT`] (the bound a restored state must meet): then nothing is added and the
     /// error names the position. Lock-free; safe from any thread.
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::accumulator::{Accumulator, RoundStats, MAX_COUNT};
-    ///
-    /// let acc = Accumulator::new(2);
-    /// let mut full = RoundStats::new(2);
-    /// full.positions[1].n = MAX_COUNT; // counts only: a valid, if unreachable, round
-    /// assert_eq!(acc.try_add(&full), Ok(()));
-    /// let mut one = RoundStats::new(2);
-    /// one.positions[0].add_observation(0.3, 0.6, true);
-    /// one.positions[1].add_observation(0.3, 0.6, true);
-    /// assert_eq!(acc.try_add(&one), Err(1));
-    /// assert_eq!(acc.take(), full); // the refused add left nothing behind
-    /// ```
     pub fn try_add(&self, stats: &RoundStats) -> std::result::Result<(), usize> {
         debug_assert_eq!(stats.positions.len(), self.num_positions);
         let index = self.flip.enter();
@@ -563,19 +475,6 @@ impl Accumulator {
     ///
     /// Callers must not run two `take`s at once (the estimator serializes them with its refit
     /// lock); adds may run concurrently.
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::accumulator::{Accumulator, RoundStats};
-    ///
-    /// let acc = Accumulator::new(2);
-    /// let mut batch = RoundStats::new(2);
-    /// batch.positions[1].add_observation(-2.0, 0.3, false);
-    /// acc.add(&batch);
-    /// assert_eq!(acc.take(), batch); // exactly what was added
-    /// assert_eq!(acc.take(), RoundStats::new(2)); // the new round starts empty
-    /// ```
     pub fn take(&self) -> RoundStats {
         let old = self.flip.retire();
         let stats = self.buffers[old].load();
@@ -672,5 +571,104 @@ mod tests {
         assert_eq!(acc.snapshot(), s);
         assert_eq!(acc.take(), s);
         assert_eq!(acc.take(), RoundStats::new(2));
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn positionsums_example() {
+        use crate::estimator::accumulator::PositionSums;
+        use crate::estimator::fixed_point::to_f64;
+
+        let mut sums = PositionSums::default();
+        sums.add_observation(2.0, 0.5, true); // w = 0.25, r = 0.5
+        let mut other = PositionSums::default();
+        other.add_observation(-1.0, 0.5, false); // w = 0.25, r = -0.5
+        sums.merge(&other);
+        assert_eq!(sums.n, 2);
+        assert_eq!(to_f64(sums.a), 1.25); // Σ w x² = 0.25·4 + 0.25·1
+        assert_eq!(to_f64(sums.g1), 0.0); // Σ r
+    }
+
+    #[test]
+    fn terms_example() {
+        use crate::estimator::accumulator::terms;
+        use crate::estimator::fixed_point::to_fixed;
+
+        let [a, b, c, g0, g1] = terms(2.0, 0.5, 1.0, 1.0);
+        assert_eq!([a, b, c, g0, g1], [1.0, 0.5, 0.25, 1.0, 0.5].map(to_fixed));
+        assert_eq!(terms(2.0, 0.5, 1.0, 0.0), [0; 5]); // masked out
+    }
+
+    #[test]
+    fn roundstats_example() {
+        use crate::estimator::accumulator::RoundStats;
+
+        let mut stats = RoundStats::new(3);
+        stats.positions[0].add_observation(1.0, 0.8, true);
+        stats.positions[1].add_observation(0.5, 0.6, false);
+        assert_eq!(stats.total_count(), 2);
+        let floats = stats.to_float();
+        assert_eq!(floats.n, [1.0, 1.0, 0.0]);
+        assert!((floats.c[0] - 0.16).abs() < 1e-10); // w = p(1 − p)
+    }
+
+    #[test]
+    fn accumulator_example() {
+        use crate::estimator::accumulator::{Accumulator, RoundStats};
+
+        let acc = Accumulator::new(2);
+        let mut step = RoundStats::new(2);
+        step.positions[0].add_observation(1.5, 0.7, true);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| acc.add(&step));
+            }
+        });
+        assert_eq!(acc.snapshot().total_count(), 4); // the round goes on
+        assert_eq!(acc.take().positions[0].n, 4); // ends the round
+        assert_eq!(acc.take().total_count(), 0);
+    }
+
+    #[test]
+    fn add_example() {
+        use crate::estimator::accumulator::{Accumulator, RoundStats};
+
+        let acc = Accumulator::new(1);
+        let mut batch = RoundStats::new(1);
+        batch.positions[0].add_observation(0.3, 0.6, true);
+        acc.add(&batch);
+        acc.add(&batch);
+        assert_eq!(acc.snapshot().positions[0].n, 2);
+    }
+
+    #[test]
+    fn try_add_example() {
+        use crate::estimator::accumulator::{Accumulator, RoundStats, MAX_COUNT};
+
+        let acc = Accumulator::new(2);
+        let mut full = RoundStats::new(2);
+        full.positions[1].n = MAX_COUNT; // counts only: a valid, if unreachable, round
+        assert_eq!(acc.try_add(&full), Ok(()));
+        let mut one = RoundStats::new(2);
+        one.positions[0].add_observation(0.3, 0.6, true);
+        one.positions[1].add_observation(0.3, 0.6, true);
+        assert_eq!(acc.try_add(&one), Err(1));
+        assert_eq!(acc.take(), full); // the refused add left nothing behind
+    }
+
+    #[test]
+    fn take_example() {
+        use crate::estimator::accumulator::{Accumulator, RoundStats};
+
+        let acc = Accumulator::new(2);
+        let mut batch = RoundStats::new(2);
+        batch.positions[1].add_observation(-2.0, 0.3, false);
+        acc.add(&batch);
+        assert_eq!(acc.take(), batch); // exactly what was added
+        assert_eq!(acc.take(), RoundStats::new(2)); // the new round starts empty
     }
 }

@@ -1,7 +1,7 @@
 //! The `map` update: the maximum a posteriori fit of the histograms, by Newton iterated to
 //! convergence (docs/estimator.md).
 //!
-//! For the statistics of the memory plus the open round ([`crate::histogram`]), each non-empty
+//! For the statistics of the memory plus the open round ([`super::histogram`]), each non-empty
 //! bin contributes `N` labeled drafts, `A` accepted, at the bin's mean feature `x̄`. With
 //! `θ = (ω, β_0 … β_{K−1})`, the log-likelihood is `Σ_bins A log p + (N − A) log(1 − p)` with
 //! `p = σ(ω x̄ + β_k)`, and the prior is Gaussian with mean `μ = (init_slope, init_intercept·1)`
@@ -25,14 +25,14 @@
 //! Hessian's diagonal; it does not enter the gradient, so it does not move the optimum.
 //!
 //! Every sum runs over the bins in ascending `(k, b)` order, in four lanes combined in a fixed
-//! order, with a logistic that fuses nothing ([`crate::logistic::exp_neg`]): the same statistics
+//! order, with a logistic that fuses nothing ([`super::logistic::exp_neg`]): the same statistics
 //! and starting point give the same bits on every machine.
 
-use crate::cholesky::solve_spd;
-use crate::histogram::{Binning, HistogramMemory, HistogramStats, X_SCALE};
-use crate::logistic::exp_neg;
-use crate::memory::drift_statistic;
-use crate::refit::ArrowheadSystem;
+use super::cholesky::solve_spd;
+use super::histogram::{Binning, HistogramMemory, HistogramStats, X_SCALE};
+use super::logistic::exp_neg;
+use super::memory::drift_statistic;
+use super::refit::ArrowheadSystem;
 
 /// Most Newton iterations of one fit.
 pub const MAX_ITERATIONS: u32 = 16;
@@ -42,18 +42,6 @@ pub const TOLERANCE: f64 = 1e-6;
 pub const ITERATION_CAP: f64 = 1.0;
 
 /// The prior's standard deviations (see the module docs).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::map::{Prior, PriorWidths};
-///
-/// let prior = Prior::new(1, &PriorWidths::DEFAULT, 0.5, -0.2);
-/// // K = 1: β = level + ε, so its precision is 1 / (σ₀² + σ_b²).
-/// assert!((prior.precision[3] - 1.0 / (1.0 + 0.01)).abs() < 1e-12);
-/// assert!((prior.precision[0] - 1.0 / 0.0225).abs() < 1e-9); // 1 / 0.15²
-/// assert_eq!(prior.mean, [0.5, -0.2]);
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PriorWidths {
     /// Slope ω (`inf`: no slope prior).
@@ -148,22 +136,6 @@ pub struct FitBins {
 
 impl FitBins {
     /// The bins of `memory + round` (either may be absent; the layouts must match).
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::histogram::{Binning, HistogramStats};
-    /// use av_core::map::FitBins;
-    ///
-    /// let binning = Binning::new(40.0, 64);
-    /// let mut round = HistogramStats::new(2, 64);
-    /// round.add_observation(&binning, 1, 2.0, true); // bin 33: [1.25, 2.5)
-    /// round.add_observation(&binning, 1, 2.4, false);
-    /// let bins = FitBins::gather(None, Some(&round), &binning, 2);
-    /// assert_eq!(bins.starts, [0, 0, 1]); // one non-empty bin, at position 1
-    /// assert_eq!((bins.n[0], bins.a[0]), (2.0, 1.0));
-    /// assert!((bins.x[0] - 2.2).abs() < 1e-4);
-    /// ```
     pub fn gather(
         memory: Option<&HistogramMemory>,
         round: Option<&HistogramStats>,
@@ -237,21 +209,6 @@ fn combine(lanes: [f64; LANES]) -> f64 {
 }
 
 /// The score and Hessian of `bins` at `theta` (slope first).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::histogram::{Binning, HistogramStats};
-/// use av_core::map::{terms, FitBins};
-///
-/// let binning = Binning::new(40.0, 64);
-/// let mut round = HistogramStats::new(1, 64);
-/// round.add_observation(&binning, 0, 0.0, true);
-/// round.add_observation(&binning, 0, 0.0, false);
-/// let bins = FitBins::gather(None, Some(&round), &binning, 1);
-/// let t = terms(&bins, &[0.5, 0.0]); // p = 1/2 at x = 0
-/// assert_eq!((t.g[1], t.hkk[0]), (0.0, 0.5)); // r = 1 − 2·½; w = 2·¼
-/// ```
 pub fn terms(bins: &FitBins, theta: &[f64]) -> Terms {
     let k = bins.num_positions();
     let slope = theta[0];
@@ -329,25 +286,6 @@ pub struct Fit {
 }
 
 /// The MAP fit of `bins` under `prior`, by Newton from `start` (see the module docs).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::histogram::{Binning, HistogramStats};
-/// use av_core::map::{fit, FitBins, Prior, PriorWidths};
-///
-/// // Confident drafts accepted, unsure ones rejected: the slope rises from the prior's 0.5.
-/// let binning = Binning::new(40.0, 64);
-/// let mut round = HistogramStats::new(1, 64);
-/// for _ in 0..50 {
-///     round.add_observation(&binning, 0, 4.0, true);
-///     round.add_observation(&binning, 0, -4.0, false);
-/// }
-/// let bins = FitBins::gather(None, Some(&round), &binning, 1);
-/// let prior = Prior::new(1, &PriorWidths::DEFAULT, 0.5, -0.2);
-/// let result = fit(&bins, &prior, &[0.5, -0.2], 1e-3);
-/// assert!(result.theta[0] > 0.5 && result.iterations <= 16);
-/// ```
 pub fn fit(bins: &FitBins, prior: &Prior, start: &[f64], l2: f64) -> Fit {
     let k = bins.num_positions();
     let dim = k + 1;
@@ -553,5 +491,68 @@ mod tests {
         assert_ne!(result.theta[1], -0.2);
         assert_eq!(result.theta[2].to_bits(), start[2].to_bits());
         assert_eq!(result.theta[3].to_bits(), start[3].to_bits());
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn priorwidths_example() {
+        use crate::estimator::map::{Prior, PriorWidths};
+
+        let prior = Prior::new(1, &PriorWidths::DEFAULT, 0.5, -0.2);
+        // K = 1: β = level + ε, so its precision is 1 / (σ₀² + σ_b²).
+        assert!((prior.precision[3] - 1.0 / (1.0 + 0.01)).abs() < 1e-12);
+        assert!((prior.precision[0] - 1.0 / 0.0225).abs() < 1e-9); // 1 / 0.15²
+        assert_eq!(prior.mean, [0.5, -0.2]);
+    }
+
+    #[test]
+    fn gather_example() {
+        use crate::estimator::histogram::{Binning, HistogramStats};
+        use crate::estimator::map::FitBins;
+
+        let binning = Binning::new(40.0, 64);
+        let mut round = HistogramStats::new(2, 64);
+        round.add_observation(&binning, 1, 2.0, true); // bin 33: [1.25, 2.5)
+        round.add_observation(&binning, 1, 2.4, false);
+        let bins = FitBins::gather(None, Some(&round), &binning, 2);
+        assert_eq!(bins.starts, [0, 0, 1]); // one non-empty bin, at position 1
+        assert_eq!((bins.n[0], bins.a[0]), (2.0, 1.0));
+        assert!((bins.x[0] - 2.2).abs() < 1e-4);
+    }
+
+    #[test]
+    fn terms_example() {
+        use crate::estimator::histogram::{Binning, HistogramStats};
+        use crate::estimator::map::{terms, FitBins};
+
+        let binning = Binning::new(40.0, 64);
+        let mut round = HistogramStats::new(1, 64);
+        round.add_observation(&binning, 0, 0.0, true);
+        round.add_observation(&binning, 0, 0.0, false);
+        let bins = FitBins::gather(None, Some(&round), &binning, 1);
+        let t = terms(&bins, &[0.5, 0.0]); // p = 1/2 at x = 0
+        assert_eq!((t.g[1], t.hkk[0]), (0.0, 0.5)); // r = 1 − 2·½; w = 2·¼
+    }
+
+    #[test]
+    fn fit_example() {
+        use crate::estimator::histogram::{Binning, HistogramStats};
+        use crate::estimator::map::{fit, FitBins, Prior, PriorWidths};
+
+        // Confident drafts accepted, unsure ones rejected: the slope rises from the prior's 0.5.
+        let binning = Binning::new(40.0, 64);
+        let mut round = HistogramStats::new(1, 64);
+        for _ in 0..50 {
+            round.add_observation(&binning, 0, 4.0, true);
+            round.add_observation(&binning, 0, -4.0, false);
+        }
+        let bins = FitBins::gather(None, Some(&round), &binning, 1);
+        let prior = Prior::new(1, &PriorWidths::DEFAULT, 0.5, -0.2);
+        let result = fit(&bins, &prior, &[0.5, -0.2], 1e-3);
+        assert!(result.theta[0] > 0.5 && result.iterations <= 16);
     }
 }

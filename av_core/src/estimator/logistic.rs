@@ -58,29 +58,13 @@ const C: [f64; 13] = [
 ];
 
 /// `σ(z)` rounded to float32; the arithmetic of every lane of the batch kernel behind `predict`.
-///
-/// ```rust
-/// use av_core::logistic::probability;
-///
-/// assert_eq!(probability(0.0), 0.5);
-/// assert_eq!(probability(-3f64.ln()), 0.25); // 1 / (1 + 3)
-/// assert_eq!((probability(200.0), probability(f64::NEG_INFINITY)), (1.0, 0.0));
-/// ```
 #[inline(always)]
 pub fn probability(z: f64) -> f32 {
     (1.0 / (1.0 + exp_neg(z))) as f32
 }
 
 /// `e^(-z)` for `z` clamped to `±120` (within about 2 ulps): the exponential of
-/// [`probability`], shared with the float64 logistic of the `map` refit ([`crate::map`]).
-///
-/// ```rust
-/// use av_core::logistic::exp_neg;
-///
-/// assert_eq!(exp_neg(0.0), 1.0);
-/// assert!((exp_neg(-2.0) / 2f64.exp() - 1.0).abs() < 1e-15);
-/// assert_eq!(exp_neg(-500.0), exp_neg(-120.0)); // clamped
-/// ```
+/// [`probability`], shared with the float64 logistic of the `map` refit ([`super::map`]).
 #[inline(always)]
 pub fn exp_neg(z: f64) -> f64 {
     // NaN never reaches here: features and coefficients are finite.
@@ -337,5 +321,31 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn probability_example() {
+        use crate::estimator::logistic::probability;
+
+        assert_eq!(probability(0.0), 0.5);
+        assert_eq!(probability(-3f64.ln()), 0.25); // 1 / (1 + 3)
+        assert_eq!(
+            (probability(200.0), probability(f64::NEG_INFINITY)),
+            (1.0, 0.0)
+        );
+    }
+
+    #[test]
+    fn exp_neg_example() {
+        use crate::estimator::logistic::exp_neg;
+
+        assert_eq!(exp_neg(0.0), 1.0);
+        assert!((exp_neg(-2.0) / 2f64.exp() - 1.0).abs() < 1e-15);
+        assert_eq!(exp_neg(-500.0), exp_neg(-120.0)); // clamped
     }
 }

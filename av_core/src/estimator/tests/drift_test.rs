@@ -7,12 +7,10 @@
 //! with the wrong number of degrees of freedom (K instead of K + 1, say) miss that rate by a
 //! wide margin at the levels checked here.
 
-mod common;
-
-use av_core::accumulator::RoundStats;
-use av_core::memory::{drift_statistic, Memory};
-use av_core::refit::ArrowheadSystem;
-use common::{sigmoid, Rng};
+use super::common::{sigmoid, Rng};
+use crate::estimator::accumulator::RoundStats;
+use crate::estimator::memory::{drift_statistic, Memory};
+use crate::estimator::refit::ArrowheadSystem;
 
 /// One stationary round: `per_position` labels at each of `k` positions, drawn from the model
 /// `σ(ω x + β_k)` the round is tested at.

@@ -3,11 +3,9 @@
 //! refit solves is `A Δ = b − A θ` with discounted counts. Checked against that sum computed
 //! densely and independently, over rounds collected under different coefficients.
 
-mod common;
-
-use av_core::accumulator::RoundStats;
-use av_core::memory::Memory;
-use common::{sigmoid, Rng};
+use super::common::{sigmoid, Rng};
+use crate::estimator::accumulator::RoundStats;
+use crate::estimator::memory::Memory;
 
 struct Round {
     stats: RoundStats,

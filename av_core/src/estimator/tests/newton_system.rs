@@ -8,12 +8,10 @@
 //! `refit.rs`'s module docs. A wrong sign or entry anywhere in the system, the conditioning or
 //! the damping moves the estimator's coefficients away from this reference.
 
-mod common;
-
-use av_core::accumulator::RoundStats;
-use av_core::refit::ArrowheadSystem;
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
-use common::{dense_solve, Rng};
+use super::common::{dense_solve, Rng};
+use crate::estimator::accumulator::RoundStats;
+use crate::estimator::refit::ArrowheadSystem;
+use crate::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 
 /// One round of observations: features, draft-time predictions and verdicts.
 struct Round {

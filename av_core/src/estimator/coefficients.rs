@@ -24,23 +24,6 @@ pub struct Coefficients {
 /// `read`, `read_into`, `len` and `is_empty` may run on any number of threads at once, and
 /// concurrently with `write`; `write` calls must not overlap each other (the estimator
 /// serializes them with its refit lock).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::coefficients::SharedCoefficients;
-///
-/// let shared = SharedCoefficients::new(0.5, &[-0.2, -0.4], 0);
-/// std::thread::scope(|s| {
-///     s.spawn(|| shared.write(0.55, &[-0.1, -0.6], 1));
-///     s.spawn(|| {
-///         let c = shared.read(); // either version, never a mix
-///         assert!(c.version == 0 && c.slope == 0.5 || c.version == 1 && c.slope == 0.55);
-///     });
-/// });
-/// assert_eq!(shared.read().intercepts, [-0.1, -0.6]);
-/// assert_eq!(shared.len(), 2);
-/// ```
 #[derive(Debug)]
 pub struct SharedCoefficients {
     sequence: AtomicU64,
@@ -51,17 +34,6 @@ pub struct SharedCoefficients {
 
 impl SharedCoefficients {
     /// Starts from `slope` and `intercepts`, at `version`.
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::coefficients::SharedCoefficients;
-    ///
-    /// let shared = SharedCoefficients::new(0.5, &[-0.2; 4], 0);
-    /// assert_eq!(shared.len(), 4);
-    /// assert!(!shared.is_empty());
-    /// assert_eq!(shared.read().version, 0);
-    /// ```
     pub fn new(slope: f64, intercepts: &[f64], version: u64) -> Self {
         SharedCoefficients {
             sequence: AtomicU64::new(0),
@@ -86,17 +58,6 @@ impl SharedCoefficients {
 
     /// Copies a consistent snapshot into `intercepts` (resized to fit) and returns
     /// `(slope, version)`. Reuses the caller's buffer, so a hot loop does not allocate.
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::coefficients::SharedCoefficients;
-    ///
-    /// let shared = SharedCoefficients::new(0.48, &[0.3, -0.1, -0.9], 7);
-    /// let mut intercepts = Vec::new();
-    /// assert_eq!(shared.read_into(&mut intercepts), (0.48, 7));
-    /// assert_eq!(intercepts, [0.3, -0.1, -0.9]);
-    /// ```
     pub fn read_into(&self, intercepts: &mut Vec<f64>) -> (f64, u64) {
         intercepts.resize(self.intercepts.len(), 0.0);
         let mut spins = 0u32;
@@ -118,16 +79,6 @@ impl SharedCoefficients {
     }
 
     /// A consistent snapshot.
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::coefficients::{Coefficients, SharedCoefficients};
-    ///
-    /// let shared = SharedCoefficients::new(0.5, &[-0.2, -0.2], 0);
-    /// let expected = Coefficients { slope: 0.5, intercepts: vec![-0.2, -0.2], version: 0 };
-    /// assert_eq!(shared.read(), expected);
-    /// ```
     pub fn read(&self) -> Coefficients {
         let mut intercepts = Vec::with_capacity(self.intercepts.len());
         let (slope, version) = self.read_into(&mut intercepts);
@@ -141,17 +92,6 @@ impl SharedCoefficients {
     /// Publishes new values. Only one writer at a time (the caller serializes writers).
     ///
     /// Panics if `intercepts` has a different length from the current vector.
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::coefficients::SharedCoefficients;
-    ///
-    /// let shared = SharedCoefficients::new(0.5, &[-0.2, -0.2], 0);
-    /// shared.write(0.6, &[0.1, -0.3], 1);
-    /// let c = shared.read();
-    /// assert_eq!((c.slope, c.intercepts, c.version), (0.6, vec![0.1, -0.3], 1));
-    /// ```
     pub fn write(&self, slope: f64, intercepts: &[f64], version: u64) {
         assert_eq!(intercepts.len(), self.intercepts.len());
         let sequence = self.sequence.load(Ordering::Relaxed);
@@ -205,5 +145,72 @@ mod tests {
             r.join().unwrap();
         }
         assert_eq!(shared.read().version, 20_000);
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn sharedcoefficients_example() {
+        use crate::estimator::coefficients::SharedCoefficients;
+
+        let shared = SharedCoefficients::new(0.5, &[-0.2, -0.4], 0);
+        std::thread::scope(|s| {
+            s.spawn(|| shared.write(0.55, &[-0.1, -0.6], 1));
+            s.spawn(|| {
+                let c = shared.read(); // either version, never a mix
+                assert!(c.version == 0 && c.slope == 0.5 || c.version == 1 && c.slope == 0.55);
+            });
+        });
+        assert_eq!(shared.read().intercepts, [-0.1, -0.6]);
+        assert_eq!(shared.len(), 2);
+    }
+
+    #[test]
+    fn new_example() {
+        use crate::estimator::coefficients::SharedCoefficients;
+
+        let shared = SharedCoefficients::new(0.5, &[-0.2; 4], 0);
+        assert_eq!(shared.len(), 4);
+        assert!(!shared.is_empty());
+        assert_eq!(shared.read().version, 0);
+    }
+
+    #[test]
+    fn read_into_example() {
+        use crate::estimator::coefficients::SharedCoefficients;
+
+        let shared = SharedCoefficients::new(0.48, &[0.3, -0.1, -0.9], 7);
+        let mut intercepts = Vec::new();
+        assert_eq!(shared.read_into(&mut intercepts), (0.48, 7));
+        assert_eq!(intercepts, [0.3, -0.1, -0.9]);
+    }
+
+    #[test]
+    fn read_example() {
+        use crate::estimator::coefficients::{Coefficients, SharedCoefficients};
+
+        let shared = SharedCoefficients::new(0.5, &[-0.2, -0.2], 0);
+        let expected = Coefficients {
+            slope: 0.5,
+            intercepts: vec![-0.2, -0.2],
+            version: 0,
+        };
+        assert_eq!(shared.read(), expected);
+    }
+
+    #[test]
+    fn write_example() {
+        use crate::estimator::coefficients::SharedCoefficients;
+
+        let shared = SharedCoefficients::new(0.5, &[-0.2, -0.2], 0);
+        shared.write(0.6, &[0.1, -0.3], 1);
+        let c = shared.read();
+        assert_eq!(
+            (c.slope, c.intercepts, c.version),
+            (0.6, vec![0.1, -0.3], 1)
+        );
     }
 }

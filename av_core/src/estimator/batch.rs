@@ -6,9 +6,9 @@
 //! drafts take a plain per-observation loop. Both give the same bits: every term goes through
 //! the same fixed-point conversion, and integer sums do not depend on order.
 
-use crate::accumulator::{scaled_term_bits, PositionSums, RoundStats};
-use crate::fixed_point::MAGIC_BITS;
-use crate::labels::num_labeled;
+use super::accumulator::{scaled_term_bits, PositionSums, RoundStats};
+use super::fixed_point::MAGIC_BITS;
+use super::labels::num_labeled;
 
 /// Where the IRLS predictions come from.
 #[derive(Clone, Copy)]
@@ -38,23 +38,6 @@ fn sigmoid(z: f64) -> f64 {
 
 /// The statistics of one batch: `features` `[R, K]` (clamped to `±limit` here), `counts[r] =
 /// (admitted, accepted)`, predictions from `predictions`.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::batch::{batch_stats, Predictions};
-///
-/// // Two requests, K = 3: the first had 3 drafts verified and 1 accepted, the second 2 and 2.
-/// let features = [2.0f32, 1.0, 0.5, 3.0, 2.5, -1.0];
-/// let counts = [(3, 1), (2, 2)];
-/// let current = Predictions::Current { slope: 0.5, intercepts: &[-0.2; 3] };
-/// let stats = batch_stats::<f32, f64>(3, &features, &counts, current, 40.0);
-/// let labeled: Vec<u64> = stats.positions.iter().map(|p| p.n).collect();
-/// assert_eq!(labeled, [2, 2, 0]);
-/// // The same rows with explicit draft-time predictions.
-/// let given = Predictions::Given(&[0.7f32, 0.6, 0.5, 0.8, 0.7, 0.2]);
-/// assert_eq!(batch_stats(3, &features, &counts, given, 40.0).total_count(), 4);
-/// ```
 pub fn batch_stats<T: Copy + Into<f64>, P: Copy + Into<f64>>(
     num_positions: usize,
     features: &[T],
@@ -206,5 +189,32 @@ mod tests {
             let slow = dynamic(k, &features, &counts, predictions, 40.0);
             prop_assert_eq!(fast, slow);
         }
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn batch_stats_example() {
+        use crate::estimator::batch::{batch_stats, Predictions};
+
+        // Two requests, K = 3: the first had 3 drafts verified and 1 accepted, the second 2 and 2.
+        let features = [2.0f32, 1.0, 0.5, 3.0, 2.5, -1.0];
+        let counts = [(3, 1), (2, 2)];
+        let current = Predictions::Current {
+            slope: 0.5,
+            intercepts: &[-0.2; 3],
+        };
+        let stats = batch_stats::<f32, f64>(3, &features, &counts, current, 40.0);
+        let labeled: Vec<u64> = stats.positions.iter().map(|p| p.n).collect();
+        assert_eq!(labeled, [2, 2, 0]);
+        // The same rows with explicit draft-time predictions.
+        let given = Predictions::Given(&[0.7f32, 0.6, 0.5, 0.8, 0.7, 0.2]);
+        assert_eq!(
+            batch_stats(3, &features, &counts, given, 40.0).total_count(),
+            4
+        );
     }
 }

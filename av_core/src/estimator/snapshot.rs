@@ -1,31 +1,12 @@
-//! A versioned, checksummed byte encoding of [`EstimatorState`], for persistence and the C ABI:
-//! the estimator's payload in the frame of [`crate::persist`] (kind tag `E`, magic
-//! `"AVCORE\0E"`), which says what the frame holds and checks it.
-//!
-//! Payload, version 1: config, coefficients, fixed-point statistics, counters, memory of past
-//! rounds. Version 2 appends the update (u32: 0 map, 1 vllm), bins, the four prior widths and,
-//! for map, its state (reference coefficients, the open round's histograms, their memory, the
-//! fitted-labels marker, resets; each column prefixed by its length).
-//!
-//! Version 1 (av_core before the `map` update) still loads: it is a `vllm` estimator, restored
-//! with everything it held (open round, memory), so it predicts and continues bit for bit as it
-//! did. And a `vllm` estimator whose map settings are the defaults (every estimator built
-//! without opting into `map`) is still *written* as version 1 ([`written_version`]): the same
-//! bytes as before the map update, which older builds read.
-//!
-//! Decoding checks magic, version, length and checksum before it reads a field, then validates
-//! the state like any other input ([`AcceptanceEstimator::from_state`]); arbitrary bytes give an
-//! error, never a panic.
-//!
-//! [`AcceptanceEstimator::from_state`]: crate::AcceptanceEstimator::from_state
+//! The estimator's payload in the persistence frame: its encoding and decoding. Public as
+//! [`crate::persist::estimator`], which documents the format.
 
-use crate::accumulator::{PositionSums, RoundStats};
+use super::accumulator::{PositionSums, RoundStats};
+use super::fixed_point::FRACTION_BITS;
+use super::histogram::{HistogramMemory, HistogramStats, MAX_BINS, X_FRACTION_BITS};
+use super::memory::Memory;
+use super::{EstimatorConfig, EstimatorState, MapState, Update};
 use crate::error::{Error, Result};
-use crate::estimator::{EstimatorConfig, EstimatorState, MapState, Update};
-use crate::fixed_point::FRACTION_BITS;
-use crate::histogram::{HistogramMemory, HistogramStats, MAX_BINS, X_FRACTION_BITS};
-use crate::memory::Memory;
-pub use crate::persist::crc32;
 use crate::persist::{frame, put_f64s, unframe, Kind, Reader, FRAME_LEN};
 
 /// First bytes of an encoded estimator state.
@@ -36,7 +17,7 @@ pub const MAGIC: &[u8; 8] = &Kind::Estimator.magic();
 /// # Example
 ///
 /// ```rust
-/// use av_core::snapshot::{encode, FORMAT_VERSION, MAGIC};
+/// use av_core::persist::estimator::{encode, FORMAT_VERSION, MAGIC};
 /// use av_core::{AcceptanceEstimator, EstimatorConfig};
 ///
 /// let bytes = encode(&AcceptanceEstimator::new(EstimatorConfig::map(2))?.state());
@@ -64,7 +45,7 @@ pub const VERSION_2_EXTENSION_LEN: usize = 4 + 8 + 4 * 8 + 1;
 /// # Example
 ///
 /// ```rust
-/// use av_core::snapshot::{encode, encoded_len, VERSION_2_EXTENSION_LEN};
+/// use av_core::persist::estimator::{encode, encoded_len, VERSION_2_EXTENSION_LEN};
 /// use av_core::{AcceptanceEstimator, EstimatorConfig, Update};
 ///
 /// let state = AcceptanceEstimator::new(EstimatorConfig::map(5))?.state();
@@ -100,7 +81,7 @@ pub const fn encoded_len(num_positions: usize, update: Update, bins: usize) -> u
 /// # Example
 ///
 /// ```rust
-/// use av_core::snapshot::written_version;
+/// use av_core::persist::estimator::written_version;
 /// use av_core::{AcceptanceEstimator, EstimatorConfig};
 ///
 /// let state = AcceptanceEstimator::new(EstimatorConfig::new(2))?.state();
@@ -144,7 +125,7 @@ pub const MAX_ENCODED_LEN: usize =
 /// # Example
 ///
 /// ```rust
-/// use av_core::snapshot::{crc32, encode};
+/// use av_core::persist::{crc32, estimator::{encode}};
 /// use av_core::{AcceptanceEstimator, EstimatorConfig};
 ///
 /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(4))?;
@@ -264,7 +245,7 @@ fn u64_column(r: &mut Reader<'_>, what: &str) -> Result<Vec<u64>> {
 /// # Example
 ///
 /// ```rust
-/// use av_core::snapshot::{decode, encode};
+/// use av_core::persist::estimator::{decode, encode};
 /// use av_core::{AcceptanceEstimator, EstimatorConfig};
 ///
 /// let state = AcceptanceEstimator::new(EstimatorConfig::new(3))?.state();
@@ -458,6 +439,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::persist::crc32;
     use crate::{AcceptanceEstimator, MatrixView};
     use proptest::prelude::*;
 

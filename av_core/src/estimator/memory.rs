@@ -15,7 +15,7 @@
 //! with *discounted* counts: the slope step is damped by `N'/(N' + D)` with
 //! `N' = Σ_s γ^age N_s`, each intercept step (conditioned on the damped slope step) by
 //! `n'_k/(n'_k + D)` with `n'_k = Σ_s γ^age n_{k,s}`; a non-finite step is 0, the slope may not go
-//! negative, and [`crate::refit::Bounds`] cap the step and the range as usual. `A` is an
+//! negative, and [`super::refit::Bounds`] cap the step and the range as usual. `A` is an
 //! arrowhead (a sum of arrowheads), so the memory is `O(K)` numbers. A round with no
 //! observations only decays the memory and leaves the coefficients alone.
 //!
@@ -30,16 +30,16 @@
 //! memoryless (vLLM) step. While the coefficients are still converging `T` is large too, which
 //! is harmless: the estimator then behaves like γ = 0 until it has settled.
 
-use crate::accumulator::{FloatStats, MAX_COUNT};
+use super::accumulator::{FloatStats, MAX_COUNT};
+use super::refit::ArrowheadSystem;
 use crate::error::{Error, Result};
-use crate::refit::ArrowheadSystem;
 
 /// The discounted sum of past rounds' quadratic models.
 ///
 /// # Example
 ///
 /// ```rust
-/// use av_core::memory::Memory;
+/// use av_core::estimator::Memory;
 ///
 /// let memory = Memory::new(4);
 /// assert_eq!(memory.num_positions(), 4);
@@ -97,7 +97,7 @@ impl Memory {
     /// # Example
     ///
     /// ```rust
-    /// use av_core::memory::Memory;
+    /// use av_core::estimator::Memory;
     ///
     /// let mut memory = Memory::new(2);
     /// assert!(memory.validate(2, 0.8, 40.0, 0).is_ok());
@@ -165,7 +165,7 @@ impl Memory {
         // discounted counts times half a unit. Float rounding of the sums themselves is
         // relative.
         let tolerance = 1e-9;
-        let half_unit = 0.5 / crate::fixed_point::SCALE;
+        let half_unit = 0.5 / super::fixed_point::SCALE;
         let rounding = (1.0 + self.total) * 2.0 * half_unit * (1.0 + max_log_odds.abs()).powi(2);
         let mut schur = 0.0;
         let mut count_sum = 0.0;
@@ -226,29 +226,7 @@ impl Memory {
     /// for a round without observations (which only decays the memory). With a finite
     /// `drift_z`, a round that fails the drift test first drops the memory (`self.resets` counts
     /// it).
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::accumulator::RoundStats;
-    /// use av_core::memory::Memory;
-    ///
-    /// let mut round = RoundStats::new(1);
-    /// for (x, y) in [(2.0, true), (1.0, true), (-1.0, false), (0.5, false)] {
-    ///     round.positions[0].add_observation(x, 0.5, y);
-    /// }
-    /// let mut memory = Memory::new(1);
-    /// let (gamma, no_drift_test, l2) = (0.9, f64::INFINITY, 1e-3);
-    /// let system = memory.fold(gamma, no_drift_test, &round.to_float(), l2, 0.5, &[-0.2]);
-    /// let step = system.expect("the round has observations").damped_step(0.5, 50.0);
-    /// assert!(step.slope > 0.0); // confident drafts were the accepted ones
-    /// assert_eq!(memory.total, 4.0);
-    /// // An empty round only decays the memory.
-    /// let empty = RoundStats::new(1).to_float();
-    /// assert!(memory.fold(gamma, no_drift_test, &empty, l2, 0.5, &[-0.2]).is_none());
-    /// assert!((memory.total - 3.6).abs() < 1e-12);
-    /// ```
-    pub fn fold(
+    pub(crate) fn fold(
         &mut self,
         gamma: f64,
         drift_z: f64,
@@ -302,25 +280,6 @@ impl Memory {
 }
 
 /// `T = gᵀ (H + λI)⁻¹ g` of one round's system (∞ if the system cannot be solved).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::accumulator::RoundStats;
-/// use av_core::memory::drift_statistic;
-/// use av_core::refit::ArrowheadSystem;
-///
-/// // Predictions that match the labels on average leave no score: T = 0.
-/// let mut round = RoundStats::new(1);
-/// round.positions[0].add_observation(1.0, 0.5, true);
-/// round.positions[0].add_observation(1.0, 0.5, false);
-/// let system = ArrowheadSystem::from_round(&round.to_float(), 1e-3);
-/// assert_eq!(drift_statistic(&system), 0.0);
-/// // Every draft rejected although predicted at 0.5: a positive statistic.
-/// round.positions[0].add_observation(1.0, 0.5, false);
-/// round.positions[0].add_observation(1.0, 0.5, false);
-/// assert!(drift_statistic(&ArrowheadSystem::from_round(&round.to_float(), 1e-3)) > 0.0);
-/// ```
 pub fn drift_statistic(round: &ArrowheadSystem) -> f64 {
     let Some(solution) = round.full_step() else {
         return f64::INFINITY;
@@ -331,16 +290,6 @@ pub fn drift_statistic(round: &ArrowheadSystem) -> f64 {
 
 /// The Wilson–Hilferty approximation of the χ² quantile with `dof` degrees of freedom at `z`
 /// standard-normal deviations (∞ for an infinite `z`: the test never fires).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::memory::chi_square_quantile;
-///
-/// // K = 4 positions: 5 degrees of freedom; the exact 99.9% quantile is 20.515.
-/// assert!((chi_square_quantile(5, 3.09) - 20.515).abs() < 0.5);
-/// assert_eq!(chi_square_quantile(5, f64::INFINITY), f64::INFINITY);
-/// ```
 pub fn chi_square_quantile(dof: usize, z: f64) -> f64 {
     if z.is_infinite() {
         return f64::INFINITY;
@@ -353,7 +302,7 @@ pub fn chi_square_quantile(dof: usize, z: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::refit::newton_step;
+    use crate::estimator::refit::newton_step;
     use crate::test_rng::XorShift;
 
     fn round(seed: u64, k: usize) -> FloatStats {
@@ -459,5 +408,62 @@ mod tests {
         for (u, v) in x.intercepts.iter().zip(&y.intercepts) {
             assert!((u - v).abs() < 1e-9);
         }
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn fold_example() {
+        use crate::estimator::accumulator::RoundStats;
+        use crate::estimator::memory::Memory;
+
+        let mut round = RoundStats::new(1);
+        for (x, y) in [(2.0, true), (1.0, true), (-1.0, false), (0.5, false)] {
+            round.positions[0].add_observation(x, 0.5, y);
+        }
+        let mut memory = Memory::new(1);
+        let (gamma, no_drift_test, l2) = (0.9, f64::INFINITY, 1e-3);
+        let system = memory.fold(gamma, no_drift_test, &round.to_float(), l2, 0.5, &[-0.2]);
+        let step = system
+            .expect("the round has observations")
+            .damped_step(0.5, 50.0);
+        assert!(step.slope > 0.0); // confident drafts were the accepted ones
+        assert_eq!(memory.total, 4.0);
+        // An empty round only decays the memory.
+        let empty = RoundStats::new(1).to_float();
+        assert!(memory
+            .fold(gamma, no_drift_test, &empty, l2, 0.5, &[-0.2])
+            .is_none());
+        assert!((memory.total - 3.6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn drift_statistic_example() {
+        use crate::estimator::accumulator::RoundStats;
+        use crate::estimator::memory::drift_statistic;
+        use crate::estimator::refit::ArrowheadSystem;
+
+        // Predictions that match the labels on average leave no score: T = 0.
+        let mut round = RoundStats::new(1);
+        round.positions[0].add_observation(1.0, 0.5, true);
+        round.positions[0].add_observation(1.0, 0.5, false);
+        let system = ArrowheadSystem::from_round(&round.to_float(), 1e-3);
+        assert_eq!(drift_statistic(&system), 0.0);
+        // Every draft rejected although predicted at 0.5: a positive statistic.
+        round.positions[0].add_observation(1.0, 0.5, false);
+        round.positions[0].add_observation(1.0, 0.5, false);
+        assert!(drift_statistic(&ArrowheadSystem::from_round(&round.to_float(), 1e-3)) > 0.0);
+    }
+
+    #[test]
+    fn chi_square_quantile_example() {
+        use crate::estimator::memory::chi_square_quantile;
+
+        // K = 4 positions: 5 degrees of freedom; the exact 99.9% quantile is 20.515.
+        assert!((chi_square_quantile(5, 3.09) - 20.515).abs() < 0.5);
+        assert_eq!(chi_square_quantile(5, f64::INFINITY), f64::INFINITY);
     }
 }

@@ -19,40 +19,14 @@ use crate::sync::{AtomicU64, Ordering};
 pub const FRACTION_BITS: u32 = 36;
 
 /// `2^FRACTION_BITS` as a float.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::fixed_point::{FRACTION_BITS, SCALE};
-///
-/// assert_eq!(SCALE, 2f64.powi(FRACTION_BITS as i32));
-/// assert_eq!(1.0 / SCALE, 2f64.powi(-36)); // the resolution, about 1.5e-11
-/// ```
 pub const SCALE: f64 = (1u64 << FRACTION_BITS) as f64;
 
 /// Largest `|value|` that [`to_fixed`] converts exactly (`2^51` units).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::fixed_point::MAX_TERM;
-///
-/// assert_eq!(MAX_TERM, 32768.0);
-/// assert!(2500.0 < MAX_TERM); // the largest term the estimator ever adds
-/// ```
+#[cfg_attr(not(test), allow(dead_code))] // only the tests call it since the module is private
 pub const MAX_TERM: f64 = (1u64 << (51 - FRACTION_BITS)) as f64;
 
 /// `1.5·2^52`: adding it to a float below `2^51` in magnitude leaves the nearest integer in the
 /// low mantissa bits.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::fixed_point::{MAGIC, MAGIC_BITS};
-///
-/// let rounded = (2.75f64 + MAGIC).to_bits() as i64 - MAGIC_BITS;
-/// assert_eq!(rounded, 3);
-/// ```
 pub const MAGIC: f64 = 6_755_399_441_055_744.0;
 
 /// The bits of [`MAGIC`] as an integer.
@@ -61,50 +35,20 @@ pub const MAGIC_BITS: i64 = MAGIC.to_bits() as i64;
 /// Converts one term to fixed point, rounding to nearest (deterministic: the same `f64` always
 /// gives the same integer). Exact for `|value| < MAX_TERM`; the estimator bounds its terms by
 /// 2500.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::fixed_point::{to_f64, to_fixed};
-///
-/// assert_eq!(to_fixed(1.0), 1 << 36);
-/// // Integer sums do not depend on order, unlike float sums.
-/// let terms = [0.1, 1e-3, 2500.0, -0.7];
-/// let forward: i128 = terms.iter().map(|&t| i128::from(to_fixed(t))).sum();
-/// let backward: i128 = terms.iter().rev().map(|&t| i128::from(to_fixed(t))).sum();
-/// assert_eq!(forward, backward);
-/// assert!((to_f64(forward) - 2499.401).abs() < 1e-9);
-/// ```
 #[inline(always)]
+#[cfg_attr(not(test), allow(dead_code))] // only the tests call it since the module is private
 pub fn to_fixed(value: f64) -> i64 {
     (value * SCALE + MAGIC).to_bits() as i64 - MAGIC_BITS
 }
 
 /// Converts a fixed-point sum back to a float (the nearest `f64`).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::fixed_point::to_f64;
-///
-/// assert_eq!(to_f64(3 << 35), 1.5);
-/// ```
 #[inline]
 pub fn to_f64(value: i128) -> f64 {
     value as f64 / SCALE
 }
 
 /// Converts a float to the fixed-point sum closest to it, for injecting statistics.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::fixed_point::{from_f64, to_f64};
-///
-/// let sum = from_f64(-12.25);
-/// assert_eq!(sum, -12 * (1 << 36) - (1 << 34));
-/// assert_eq!(to_f64(sum), -12.25);
-/// ```
+#[cfg_attr(not(test), allow(dead_code))] // only the tests call it since the module is private
 pub fn from_f64(value: f64) -> i128 {
     (value * SCALE).round() as i128
 }
@@ -115,24 +59,8 @@ pub fn from_f64(value: f64) -> i128 {
 /// carry from the value it returns, and adds high word plus carry with a second one. Because
 /// both words only ever receive additions, the pair equals the exact sum modulo `2^128` once
 /// every writer has finished, in whatever order the additions ran. A reader that races a writer
-/// may see the low word without its carry; [`crate::accumulator::Accumulator`] only reads a
+/// may see the low word without its carry; [`super::accumulator::Accumulator`] only reads a
 /// buffer after its writers have drained.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::fixed_point::AtomicI128;
-///
-/// let sum = AtomicI128::default();
-/// std::thread::scope(|s| {
-///     for _ in 0..4 {
-///         s.spawn(|| (0..1000).for_each(|_| sum.add(i128::from(u64::MAX))));
-///     }
-/// });
-/// assert_eq!(sum.load(), 4000 * i128::from(u64::MAX)); // carries into the high word
-/// sum.clear();
-/// assert_eq!(sum.load(), 0);
-/// ```
 #[derive(Debug, Default)]
 pub struct AtomicI128 {
     low: AtomicU64,
@@ -217,5 +145,79 @@ mod tests {
             let back = to_f64(i128::from(fixed));
             prop_assert!((back - value).abs() <= 0.5 / SCALE + value.abs() * f64::EPSILON);
         }
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn scale_example() {
+        use crate::estimator::fixed_point::{FRACTION_BITS, SCALE};
+
+        assert_eq!(SCALE, 2f64.powi(FRACTION_BITS as i32));
+        assert_eq!(1.0 / SCALE, 2f64.powi(-36)); // the resolution, about 1.5e-11
+    }
+
+    #[allow(clippy::assertions_on_constants)] // the example as it was written for the docs
+    #[test]
+    fn max_term_example() {
+        use crate::estimator::fixed_point::MAX_TERM;
+
+        assert_eq!(MAX_TERM, 32768.0);
+        assert!(2500.0 < MAX_TERM); // the largest term the estimator ever adds
+    }
+
+    #[test]
+    fn magic_example() {
+        use crate::estimator::fixed_point::{MAGIC, MAGIC_BITS};
+
+        let rounded = (2.75f64 + MAGIC).to_bits() as i64 - MAGIC_BITS;
+        assert_eq!(rounded, 3);
+    }
+
+    #[test]
+    fn to_fixed_example() {
+        use crate::estimator::fixed_point::{to_f64, to_fixed};
+
+        assert_eq!(to_fixed(1.0), 1 << 36);
+        // Integer sums do not depend on order, unlike float sums.
+        let terms = [0.1, 1e-3, 2500.0, -0.7];
+        let forward: i128 = terms.iter().map(|&t| i128::from(to_fixed(t))).sum();
+        let backward: i128 = terms.iter().rev().map(|&t| i128::from(to_fixed(t))).sum();
+        assert_eq!(forward, backward);
+        assert!((to_f64(forward) - 2499.401).abs() < 1e-9);
+    }
+
+    #[test]
+    fn to_f64_example() {
+        use crate::estimator::fixed_point::to_f64;
+
+        assert_eq!(to_f64(3 << 35), 1.5);
+    }
+
+    #[test]
+    fn from_f64_example() {
+        use crate::estimator::fixed_point::{from_f64, to_f64};
+
+        let sum = from_f64(-12.25);
+        assert_eq!(sum, -12 * (1 << 36) - (1 << 34));
+        assert_eq!(to_f64(sum), -12.25);
+    }
+
+    #[test]
+    fn atomici128_example() {
+        use crate::estimator::fixed_point::AtomicI128;
+
+        let sum = AtomicI128::default();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| (0..1000).for_each(|_| sum.add(i128::from(u64::MAX))));
+            }
+        });
+        assert_eq!(sum.load(), 4000 * i128::from(u64::MAX)); // carries into the high word
+        sum.clear();
+        assert_eq!(sum.load(), 0);
     }
 }

@@ -1,5 +1,5 @@
 //! Per-position histograms of the feature with exact label counts: the statistics of the `map`
-//! update ([`crate::map`]).
+//! update ([`super::map`]).
 //!
 //! The clamped feature `x ∈ [−L, L]` (`L = max_log_odds`) falls in one of `B` equal bins
 //! (`B = bins`, 64 by default, so 1.25 log-odds wide at `L = 40`):
@@ -25,9 +25,9 @@
 //! Past rounds are kept as [`HistogramMemory`]: the same three sums as floats (`x` in feature
 //! units), discounted by `γ` per round.
 
-use crate::accumulator::{Flip, MAX_COUNT};
+use super::accumulator::{Flip, MAX_COUNT};
+use super::fixed_point::{MAGIC, MAGIC_BITS};
 use crate::error::{Error, Result};
-use crate::fixed_point::{MAGIC, MAGIC_BITS};
 use crate::sync::{AtomicU64, Ordering};
 
 /// Default number of bins over `[−max_log_odds, max_log_odds]`.
@@ -43,18 +43,6 @@ pub const X_SCALE: f64 = (1u64 << X_FRACTION_BITS) as f64;
 pub const MAX_BIN_COUNT: u64 = 1 << 40;
 
 /// Where a feature goes: the bin and its fixed-point offset.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::histogram::{Binning, X_SCALE};
-///
-/// let binning = Binning::new(40.0, 64); // bins 1.25 wide
-/// assert_eq!(binning.locate(-40.0), (0, 0));
-/// assert_eq!(binning.locate(0.0), (32, (40.0 * X_SCALE) as u64));
-/// assert_eq!(binning.locate(40.0).0, 63); // the upper edge belongs to the last bin
-/// assert_eq!(binning.locate(1e6), binning.locate(40.0)); // clamped
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Binning {
     limit: f64,
@@ -106,23 +94,6 @@ impl Binning {
 }
 
 /// One round's histograms, `K × B` bins stored position-major (`index = k·B + b`).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::histogram::{Binning, HistogramStats};
-///
-/// let binning = Binning::new(40.0, 64);
-/// let mut round = HistogramStats::new(2, 64);
-/// round.add_observation(&binning, 0, 1.0, true);
-/// round.add_observation(&binning, 0, 1.1, false);
-/// round.add_observation(&binning, 1, -3.0, false);
-/// assert_eq!(round.total_count(), 3);
-/// assert_eq!(round.position_counts(), [2, 1]);
-/// let bin = 32; // both features of position 0 are in [0, 1.25)
-/// assert_eq!((round.count[bin], round.accepted[bin]), (2, 1));
-/// assert!(round.validate("round_stats", 2, 64, 40.0).is_ok());
-/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HistogramStats {
     /// Positions K.
@@ -152,7 +123,14 @@ impl HistogramStats {
 
     /// Adds one labeled draft at `position` with feature `x` and label `accepted`.
     #[inline]
-    pub fn add_observation(&mut self, binning: &Binning, position: usize, x: f64, accepted: bool) {
+    #[cfg_attr(not(test), allow(dead_code))] // only the tests call it since Binning is private
+    pub(crate) fn add_observation(
+        &mut self,
+        binning: &Binning,
+        position: usize,
+        x: f64,
+        accepted: bool,
+    ) {
         let (bin, offset) = binning.locate(x);
         let index = position * self.bins + bin;
         self.count[index] += 1;
@@ -320,27 +298,8 @@ impl AtomicHistogram {
 
 /// The open round's histograms: any number of threads add without a lock; one thread at a time
 /// (the estimator's refit lock) drains. The same double-buffer protocol as
-/// [`crate::accumulator::Accumulator`]: every addition lands in exactly one drain, the one
+/// [`super::accumulator::Accumulator`]: every addition lands in exactly one drain, the one
 /// after the buffer it registered on was retired.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::histogram::{Binning, HistogramAccumulator, HistogramStats};
-///
-/// let binning = Binning::new(40.0, 64);
-/// let acc = HistogramAccumulator::new(1, 64);
-/// let mut step = HistogramStats::new(1, 64);
-/// step.add_observation(&binning, 0, 2.5, true);
-/// std::thread::scope(|s| {
-///     for _ in 0..4 {
-///         s.spawn(|| acc.add(&step));
-///     }
-/// });
-/// let mut round = HistogramStats::new(1, 64);
-/// acc.drain_into(&mut round);
-/// assert_eq!((round.total_count(), round.accepted.iter().sum::<u64>()), (4, 4));
-/// ```
 #[derive(Debug)]
 pub struct HistogramAccumulator {
     buffers: [AtomicHistogram; 2],
@@ -374,28 +333,6 @@ impl HistogramAccumulator {
     /// within [`MAX_COUNT`] too): then nothing is added and the error names the position and
     /// the bin. Counts are reserved first (one compare-and-swap per occupied bin, undone if a
     /// later bin is full), so concurrent adds can never together pass the bound. Lock-free.
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::histogram::{Binning, HistogramAccumulator, HistogramStats, MAX_BIN_COUNT};
-    ///
-    /// let binning = Binning::new(40.0, 64);
-    /// let acc = HistogramAccumulator::new(1, 64);
-    /// let mut step = HistogramStats::new(1, 64);
-    /// step.add_observation(&binning, 0, 2.5, true);
-    /// let mut full = step.clone();
-    /// let bin = full.count.iter().position(|&c| c > 0).unwrap();
-    /// full.count[bin] = MAX_BIN_COUNT - 1;
-    /// full.accepted[bin] = 0;
-    /// full.x_sum[bin] = full.x_sum[bin] * (MAX_BIN_COUNT - 1);
-    /// assert_eq!(acc.try_add(&full), Ok(()));
-    /// assert_eq!(acc.try_add(&step), Ok(())); // the bin is now at the bound
-    /// assert_eq!(acc.try_add(&step), Err((0, bin)));
-    /// let mut round = HistogramStats::new(1, 64);
-    /// acc.drain_into(&mut round);
-    /// assert_eq!(round.count[bin], MAX_BIN_COUNT); // the refused add left nothing behind
-    /// ```
     pub fn try_add(&self, stats: &HistogramStats) -> std::result::Result<(), (usize, usize)> {
         debug_assert_eq!(stats.count.len(), self.num_positions * self.bins);
         for (index, (open, &n)) in self.open.iter().zip(&stats.count).enumerate() {
@@ -461,23 +398,6 @@ impl HistogramAccumulator {
 
 /// The discounted histograms of past rounds (floats: counts are discounted by `γ` per round;
 /// `x_sum` in feature units, `Σ x`).
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::histogram::{Binning, HistogramMemory, HistogramStats};
-///
-/// let binning = Binning::new(40.0, 64);
-/// let mut round = HistogramStats::new(1, 64);
-/// round.add_observation(&binning, 0, 1.0, true);
-/// round.add_observation(&binning, 0, 0.5, false);
-/// let mut memory = HistogramMemory::new(1, 64);
-/// memory.add_round(&round, &binning);
-/// memory.decay(0.5);
-/// assert_eq!((memory.count[32], memory.accepted[32]), (1.0, 0.5));
-/// assert!((memory.x_sum[32] - 0.75).abs() < 1e-4); // (1.0 + 0.5) / 2
-/// assert!(memory.validate(1, 64, 0.8, 40.0).is_ok());
-/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HistogramMemory {
     /// Positions K.
@@ -523,7 +443,7 @@ impl HistogramMemory {
     }
 
     /// Adds a round (same layout).
-    pub fn add_round(&mut self, round: &HistogramStats, binning: &Binning) {
+    pub(crate) fn add_round(&mut self, round: &HistogramStats, binning: &Binning) {
         let limit = binning.limit();
         for index in 0..self.count.len() {
             let n = round.count[index];
@@ -707,5 +627,98 @@ mod tests {
                 prop_assert!((exact - kept).abs() <= 1e-9 * (1.0 + exact.abs()) + n as f64 / X_SCALE);
             }
         }
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn binning_example() {
+        use crate::estimator::histogram::{Binning, X_SCALE};
+
+        let binning = Binning::new(40.0, 64); // bins 1.25 wide
+        assert_eq!(binning.locate(-40.0), (0, 0));
+        assert_eq!(binning.locate(0.0), (32, (40.0 * X_SCALE) as u64));
+        assert_eq!(binning.locate(40.0).0, 63); // the upper edge belongs to the last bin
+        assert_eq!(binning.locate(1e6), binning.locate(40.0)); // clamped
+    }
+
+    #[test]
+    fn histogramstats_example() {
+        use crate::estimator::histogram::{Binning, HistogramStats};
+
+        let binning = Binning::new(40.0, 64);
+        let mut round = HistogramStats::new(2, 64);
+        round.add_observation(&binning, 0, 1.0, true);
+        round.add_observation(&binning, 0, 1.1, false);
+        round.add_observation(&binning, 1, -3.0, false);
+        assert_eq!(round.total_count(), 3);
+        assert_eq!(round.position_counts(), [2, 1]);
+        let bin = 32; // both features of position 0 are in [0, 1.25)
+        assert_eq!((round.count[bin], round.accepted[bin]), (2, 1));
+        assert!(round.validate("round_stats", 2, 64, 40.0).is_ok());
+    }
+
+    #[test]
+    fn histogramaccumulator_example() {
+        use crate::estimator::histogram::{Binning, HistogramAccumulator, HistogramStats};
+
+        let binning = Binning::new(40.0, 64);
+        let acc = HistogramAccumulator::new(1, 64);
+        let mut step = HistogramStats::new(1, 64);
+        step.add_observation(&binning, 0, 2.5, true);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| acc.add(&step));
+            }
+        });
+        let mut round = HistogramStats::new(1, 64);
+        acc.drain_into(&mut round);
+        assert_eq!(
+            (round.total_count(), round.accepted.iter().sum::<u64>()),
+            (4, 4)
+        );
+    }
+
+    #[allow(clippy::assign_op_pattern)] // the example as it was written for the docs
+    #[test]
+    fn try_add_example() {
+        use crate::estimator::histogram::{
+            Binning, HistogramAccumulator, HistogramStats, MAX_BIN_COUNT,
+        };
+
+        let binning = Binning::new(40.0, 64);
+        let acc = HistogramAccumulator::new(1, 64);
+        let mut step = HistogramStats::new(1, 64);
+        step.add_observation(&binning, 0, 2.5, true);
+        let mut full = step.clone();
+        let bin = full.count.iter().position(|&c| c > 0).unwrap();
+        full.count[bin] = MAX_BIN_COUNT - 1;
+        full.accepted[bin] = 0;
+        full.x_sum[bin] = full.x_sum[bin] * (MAX_BIN_COUNT - 1);
+        assert_eq!(acc.try_add(&full), Ok(()));
+        assert_eq!(acc.try_add(&step), Ok(())); // the bin is now at the bound
+        assert_eq!(acc.try_add(&step), Err((0, bin)));
+        let mut round = HistogramStats::new(1, 64);
+        acc.drain_into(&mut round);
+        assert_eq!(round.count[bin], MAX_BIN_COUNT); // the refused add left nothing behind
+    }
+
+    #[test]
+    fn histogrammemory_example() {
+        use crate::estimator::histogram::{Binning, HistogramMemory, HistogramStats};
+
+        let binning = Binning::new(40.0, 64);
+        let mut round = HistogramStats::new(1, 64);
+        round.add_observation(&binning, 0, 1.0, true);
+        round.add_observation(&binning, 0, 0.5, false);
+        let mut memory = HistogramMemory::new(1, 64);
+        memory.add_round(&round, &binning);
+        memory.decay(0.5);
+        assert_eq!((memory.count[32], memory.accepted[32]), (1.0, 0.5));
+        assert!((memory.x_sum[32] - 0.75).abs() < 1e-4); // (1.0 + 0.5) / 2
+        assert!(memory.validate(1, 64, 0.8, 40.0).is_ok());
     }
 }

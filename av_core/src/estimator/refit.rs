@@ -22,8 +22,8 @@
 //! (the planner's exploration floor guarantees some) pull it back within a few rounds. The
 //! defaults never bind on a healthy workload, where steps are a fraction of a log-odd.
 
-use crate::accumulator::FloatStats;
-use crate::cholesky::solve_spd;
+use super::accumulator::FloatStats;
+use super::cholesky::solve_spd;
 
 /// The change a refit applies to the coefficients.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,26 +36,6 @@ pub struct NewtonStep {
 
 /// A Newton system with the estimator's arrowhead structure, ridge included:
 /// `[[a, bᵀ], [b, diag(c)]] Δ = [g0; g1]`, plus the observation counts that damp its step.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::accumulator::RoundStats;
-/// use av_core::refit::ArrowheadSystem;
-///
-/// let mut round = RoundStats::new(2);
-/// round.positions[0].add_observation(2.0, 0.5, true);
-/// round.positions[1].add_observation(1.0, 0.5, false);
-/// let system = ArrowheadSystem::from_round(&round.to_float(), 1e-3);
-/// assert_eq!(system.a, 1.25 + 1e-3); // Σ w x² + λ
-/// assert_eq!(system.c, [0.25 + 1e-3, 0.25 + 1e-3]);
-/// assert_eq!((system.total, system.g1.clone()), (2.0, vec![0.5, -0.5]));
-/// // No damping: the full Newton step; D = 50 shrinks it by 2 / 52.
-/// let full = system.damped_step(0.5, 0.0);
-/// let damped = system.damped_step(0.5, 50.0);
-/// assert!(full.slope > 0.0);
-/// assert!((damped.slope - full.slope * 2.0 / 52.0).abs() < 1e-12);
-/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct ArrowheadSystem {
     /// Slope–slope entry (`Σ a_k + λ`).
@@ -138,22 +118,6 @@ impl ArrowheadSystem {
 
 /// The damped Newton step from the current `slope` on a round's `stats`, with ridge `l2` (λ)
 /// and `damping` (D, in observations): vLLM's update.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::accumulator::RoundStats;
-/// use av_core::refit::newton_step;
-///
-/// // Position 0 accepted twice at p = 0.5 (x = 0): the intercept moves up by
-/// // g1 / (c + λ) = 1 / 0.501, damped by n / (n + D) = 2 / 52; the slope learns nothing.
-/// let mut round = RoundStats::new(1);
-/// round.positions[0].add_observation(0.0, 0.5, true);
-/// round.positions[0].add_observation(0.0, 0.5, true);
-/// let step = newton_step(0.5, &round.to_float(), 1e-3, 50.0);
-/// assert_eq!(step.slope, 0.0);
-/// assert!((step.intercepts[0] - 1.0 / 0.501 * 2.0 / 52.0).abs() < 1e-12);
-/// ```
 pub fn newton_step(slope: f64, stats: &FloatStats, l2: f64, damping: f64) -> NewtonStep {
     ArrowheadSystem::from_round(stats, l2).damped_step(slope, damping)
 }
@@ -164,7 +128,7 @@ pub fn newton_step(slope: f64, stats: &FloatStats, l2: f64, damping: f64) -> New
 /// # Example
 ///
 /// ```rust
-/// use av_core::refit::{Bounds, NewtonStep};
+/// use av_core::estimator::{Bounds, NewtonStep};
 ///
 /// // One confidently wrong round asks for a huge intercept drop; the bounds keep it to 4.
 /// let bounds = Bounds { max_step: 4.0, max_slope: 10.0, max_intercept: 15.0 };
@@ -190,7 +154,7 @@ impl Bounds {
     /// # Example
     ///
     /// ```rust
-    /// use av_core::refit::{Bounds, NewtonStep};
+    /// use av_core::estimator::{Bounds, NewtonStep};
     ///
     /// let step = NewtonStep { slope: 0.25, intercepts: vec![-1e6] };
     /// let mut intercepts = [-0.2];
@@ -208,7 +172,7 @@ impl Bounds {
     /// # Example
     ///
     /// ```rust
-    /// use av_core::refit::{Bounds, NewtonStep};
+    /// use av_core::estimator::{Bounds, NewtonStep};
     ///
     /// let bounds = Bounds { max_step: 1.0, max_slope: 10.0, max_intercept: 15.0 };
     /// let step = NewtonStep { slope: -2.0, intercepts: vec![0.5] };
@@ -317,5 +281,44 @@ mod tests {
         assert!(step.slope != 0.0);
         assert_eq!(step.intercepts[1].to_bits() & !(1 << 63), 0);
         assert_eq!(step.intercepts[2].to_bits() & !(1 << 63), 0);
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn arrowheadsystem_example() {
+        use crate::estimator::accumulator::RoundStats;
+        use crate::estimator::refit::ArrowheadSystem;
+
+        let mut round = RoundStats::new(2);
+        round.positions[0].add_observation(2.0, 0.5, true);
+        round.positions[1].add_observation(1.0, 0.5, false);
+        let system = ArrowheadSystem::from_round(&round.to_float(), 1e-3);
+        assert_eq!(system.a, 1.25 + 1e-3); // Σ w x² + λ
+        assert_eq!(system.c, [0.25 + 1e-3, 0.25 + 1e-3]);
+        assert_eq!((system.total, system.g1.clone()), (2.0, vec![0.5, -0.5]));
+        // No damping: the full Newton step; D = 50 shrinks it by 2 / 52.
+        let full = system.damped_step(0.5, 0.0);
+        let damped = system.damped_step(0.5, 50.0);
+        assert!(full.slope > 0.0);
+        assert!((damped.slope - full.slope * 2.0 / 52.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn newton_step_example() {
+        use crate::estimator::accumulator::RoundStats;
+        use crate::estimator::refit::newton_step;
+
+        // Position 0 accepted twice at p = 0.5 (x = 0): the intercept moves up by
+        // g1 / (c + λ) = 1 / 0.501, damped by n / (n + D) = 2 / 52; the slope learns nothing.
+        let mut round = RoundStats::new(1);
+        round.positions[0].add_observation(0.0, 0.5, true);
+        round.positions[0].add_observation(0.0, 0.5, true);
+        let step = newton_step(0.5, &round.to_float(), 1e-3, 50.0);
+        assert_eq!(step.slope, 0.0);
+        assert!((step.intercepts[0] - 1.0 / 0.501 * 2.0 / 52.0).abs() < 1e-12);
     }
 }

@@ -11,20 +11,6 @@
 ///
 /// Returns `false`, leaving `rhs` unspecified, when `m` is not numerically positive definite
 /// (a pivot that is not strictly positive and finite); the caller treats that step as non-finite.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::cholesky::solve_spd;
-///
-/// // [[4, 2], [2, 3]] x = [10, 8]  →  x = [1.75, 1.5]
-/// let mut m = [4.0, 2.0, 2.0, 3.0];
-/// let mut rhs = [10.0, 8.0];
-/// assert!(solve_spd(&mut m, &mut rhs));
-/// assert!((rhs[0] - 1.75).abs() < 1e-12 && (rhs[1] - 1.5).abs() < 1e-12);
-/// // Singular: refused rather than dividing by zero.
-/// assert!(!solve_spd(&mut [1.0, 1.0, 1.0, 1.0], &mut [1.0, 1.0]));
-/// ```
 pub fn solve_spd(m: &mut [f64], rhs: &mut [f64]) -> bool {
     let n = rhs.len();
     assert_eq!(m.len(), n * n, "matrix must be n × n for n = rhs.len()");
@@ -174,5 +160,23 @@ mod tests {
                 prop_assert!((got - want).abs() <= 1e-7 * (1.0 + want.abs()), "{got} vs {want}");
             }
         }
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn solve_spd_example() {
+        use crate::estimator::cholesky::solve_spd;
+
+        // [[4, 2], [2, 3]] x = [10, 8]  →  x = [1.75, 1.5]
+        let mut m = [4.0, 2.0, 2.0, 3.0];
+        let mut rhs = [10.0, 8.0];
+        assert!(solve_spd(&mut m, &mut rhs));
+        assert!((rhs[0] - 1.75).abs() < 1e-12 && (rhs[1] - 1.5).abs() < 1e-12);
+        // Singular: refused rather than dividing by zero.
+        assert!(!solve_spd(&mut [1.0, 1.0, 1.0, 1.0], &mut [1.0, 1.0]));
     }
 }

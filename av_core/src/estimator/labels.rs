@@ -13,17 +13,8 @@
 use crate::error::{Error, Result};
 
 /// The label of draft position `position`, or `None` when the step says nothing about it.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::labels::label;
-///
-/// // Three drafts verified, the first two accepted: labels 1, 1, 0, then nothing.
-/// let labels: Vec<_> = (0..4).map(|k| label(k, 3, 2)).collect();
-/// assert_eq!(labels, [Some(true), Some(true), Some(false), None]);
-/// ```
 #[inline]
+#[cfg_attr(not(test), allow(dead_code))] // only the tests call it since the module is private
 pub fn label(position: usize, admitted: usize, accepted: usize) -> Option<bool> {
     if position < accepted {
         Some(true)
@@ -35,16 +26,6 @@ pub fn label(position: usize, admitted: usize, accepted: usize) -> Option<bool> 
 }
 
 /// Number of labeled positions of one request: the accepted ones plus the first rejection.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::labels::num_labeled;
-///
-/// assert_eq!(num_labeled(3, 2), 3); // two accepted plus the rejection
-/// assert_eq!(num_labeled(2, 2), 2); // all accepted: no rejection to label
-/// assert_eq!(num_labeled(0, 0), 0);
-/// ```
 #[inline]
 pub fn num_labeled(admitted: usize, accepted: usize) -> usize {
     if accepted < admitted {
@@ -56,18 +37,6 @@ pub fn num_labeled(admitted: usize, accepted: usize) -> usize {
 
 /// Checks one request's counts against the draft length `num_positions` and returns them as
 /// `(admitted, accepted)`.
-///
-/// # Example
-///
-/// ```rust
-/// use av_core::labels::validate_counts;
-///
-/// assert_eq!(validate_counts(0, 4, 1, 4)?, (4, 1));
-/// let err = validate_counts(7, 2, 3, 4).unwrap_err();
-/// assert_eq!(err.argument, "num_accepted");
-/// assert!(err.message.contains("row 7"));
-/// # Ok::<(), av_core::Error>(())
-/// ```
 pub fn validate_counts(
     row: usize,
     admitted: i64,
@@ -141,5 +110,39 @@ mod tests {
         assert_eq!(err.argument, "num_accepted");
         assert!(err.message.contains("row 3"));
         assert_eq!(validate_counts(0, 4, 4, 4).unwrap(), (4, 4));
+    }
+}
+
+/// The examples of this module's items, which doctests cannot reach (the module is private):
+/// the same code, run as unit tests.
+#[cfg(test)]
+mod examples {
+    #[test]
+    fn label_example() {
+        use crate::estimator::labels::label;
+
+        // Three drafts verified, the first two accepted: labels 1, 1, 0, then nothing.
+        let labels: Vec<_> = (0..4).map(|k| label(k, 3, 2)).collect();
+        assert_eq!(labels, [Some(true), Some(true), Some(false), None]);
+    }
+
+    #[test]
+    fn num_labeled_example() {
+        use crate::estimator::labels::num_labeled;
+
+        assert_eq!(num_labeled(3, 2), 3); // two accepted plus the rejection
+        assert_eq!(num_labeled(2, 2), 2); // all accepted: no rejection to label
+        assert_eq!(num_labeled(0, 0), 0);
+    }
+
+    #[test]
+    fn validate_counts_example() -> crate::Result<()> {
+        use crate::estimator::labels::validate_counts;
+
+        assert_eq!(validate_counts(0, 4, 1, 4)?, (4, 1));
+        let err = validate_counts(7, 2, 3, 4).unwrap_err();
+        assert_eq!(err.argument, "num_accepted");
+        assert!(err.message.contains("row 7"));
+        Ok::<(), crate::Error>(())
     }
 }
