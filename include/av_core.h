@@ -84,7 +84,8 @@ typedef struct avc_estimator_config {
    */
   size_t num_positions;
   /**
-   * Observe calls per round; each round ends with a refit (default 100).
+   * Observe calls per round; each round ends with a refit (default 100). 0: manual, the
+   * estimator refits only when avc_estimator_refit is called (observes only count steps).
    */
   uint64_t refit_interval;
   /**
@@ -512,6 +513,17 @@ avc_status avc_estimator_observe(avc_estimator *estimator,
  * estimator must be NULL or a live estimator.
  */
 avc_status avc_estimator_refit(avc_estimator *estimator);
+
+/**
+ * Changes the ridge l2 and the damping of every later refit, as if the estimator had been
+ * created with them (a refit running concurrently uses the old pair or the new one). A
+ * negative or non-finite value returns AVC_ERR_VALUE naming it and changes nothing.
+ *
+ * # Safety
+ *
+ * estimator must be NULL or a live estimator.
+ */
+avc_status avc_estimator_set_regularization(avc_estimator *estimator, double l2, double damping);
 
 /**
  * Copies the current coefficients: the slope to *slope_out and the K intercepts to

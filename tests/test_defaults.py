@@ -181,3 +181,53 @@ def test_the_typed_dicts_name_every_key_the_bindings_return() -> None:
     assert all(type(v) is int for v in state["round_stats"]["a"])
     assert type(state["memory_state"]["a"]) is float
     assert type(report["drift_statistic"]) is float
+
+
+def stub_properties(class_name: str) -> set[str]:
+    tree = ast.parse(STUB.read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    return {
+        n.name
+        for n in cls.body
+        if isinstance(n, ast.FunctionDef)
+        and any(isinstance(d, ast.Name) and d.id == "property" for d in n.decorator_list)
+    }
+
+
+def test_the_config_object_holds_every_field_with_the_documented_defaults() -> None:
+    est = _native.AcceptanceEstimator(3)
+    config = est.config
+    expected = {"num_positions": 3, **CORE_DEFAULTS, **UPDATE_DEFAULTS}
+    # Every field, in the constructor's order, with the documented default and its type.
+    assert list(config) == list(config.keys()) == list(expected)
+    assert dict(config) == config.to_dict() == expected
+    assert all(type(config[k]) is type(v) for k, v in expected.items()), dict(config)
+    assert len(config) == len(expected) and "l2" in config and "nope" not in config
+    assert set(config) == keys(state_types.EstimatorConfigFields)
+    # The same values as attributes, of the config and of the estimator (the old getters).
+    for name, value in expected.items():
+        assert getattr(config, name) == getattr(est, name) == value, name
+    with pytest.raises(KeyError):
+        config["nope"]
+    with pytest.raises(AttributeError):
+        config.l2 = 1.0  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        est.l2 = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        config["l2"] = 1.0  # type: ignore[index]
+    # The stub declares exactly these attributes, on both classes.
+    assert stub_properties("EstimatorConfig") == set(expected)
+    assert set(expected) <= stub_properties("AcceptanceEstimator")
+
+
+def test_the_config_object_rebuilds_the_estimators_configuration() -> None:
+    options = {"refit_interval": 7, "l2": 0.25, "update": "map", "bins": 16}
+    est = _native.AcceptanceEstimator(2, **options)
+    config = est.config
+    assert {k: config[k] for k in options} == options
+    again = _native.AcceptanceEstimator(**config)
+    assert again.config == config
+    assert again.config != _native.AcceptanceEstimator(2).config
+    assert repr(config).startswith("EstimatorConfig(num_positions=2, refit_interval=7, ")
+    # A map estimator's version-2 state_dict holds exactly the config object's fields.
+    assert est.state_dict()["config"] == dict(config)

@@ -35,7 +35,7 @@ fn observe(c: &mut Criterion) {
             .map(|_| (next() * (k + 1) as f64) as i64)
             .collect();
         let mut config = EstimatorConfig::new(k);
-        config.refit_interval = u64::MAX;
+        config.refit_interval = Some(u64::MAX);
         let est = AcceptanceEstimator::new(config).unwrap();
         let fv = MatrixView::new("features", &x, rows, k).unwrap();
         let pv = MatrixView::new("predictions", &p, rows, k).unwrap();

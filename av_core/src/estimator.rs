@@ -143,6 +143,10 @@ pub struct AcceptanceEstimator {
     steps_since_refit: AtomicU64,
     /// Serializes refits and guards the memory of past rounds.
     refit_lock: Mutex<Locked>,
+    /// `[l2, damping]`, changeable ([`AcceptanceEstimator::set_regularization`]): read once per
+    /// refit, so a refit uses the old pair or the new one, never a mix (`config`'s own two
+    /// fields are the construction values; [`AcceptanceEstimator::config`] shows these).
+    regularization: Mutex<[f64; 2]>,
 }
 
 impl AcceptanceEstimator {
@@ -215,13 +219,55 @@ impl AcceptanceEstimator {
             prior,
             steps_since_refit: AtomicU64::new(steps_since_refit),
             refit_lock: Mutex::new(locked),
+            regularization: Mutex::new([config.l2, config.damping]),
             config,
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &EstimatorConfig {
-        &self.config
+    /// The configuration (with the current `l2` and `damping`,
+    /// [`set_regularization`](Self::set_regularization)).
+    pub fn config(&self) -> EstimatorConfig {
+        let [l2, damping] = self.regularization();
+        EstimatorConfig {
+            l2,
+            damping,
+            ..self.config.clone()
+        }
+    }
+
+    /// The current `[l2, damping]`.
+    fn regularization(&self) -> [f64; 2] {
+        *self
+            .regularization
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Changes the ridge `l2` and the damping of every later refit, as if the estimator had been
+    /// built with them (bit for bit what rebuilding it from its [`state`](Self::state) with the
+    /// two fields changed gives). Atomic: a refit running concurrently uses the old pair or the
+    /// new one. A bad value (negative or not finite) is refused naming it, and nothing changes.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig};
+    ///
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// estimator.set_regularization(0.5, 10.0)?;
+    /// assert_eq!((estimator.config().l2, estimator.config().damping), (0.5, 10.0));
+    /// let err = estimator.set_regularization(-1.0, 10.0).unwrap_err();
+    /// assert_eq!(err.argument, "l2");
+    /// assert_eq!(estimator.config().l2, 0.5); // unchanged
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn set_regularization(&self, l2: f64, damping: f64) -> Result<()> {
+        config::check_regularization(l2, damping)?;
+        *self
+            .regularization
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = [l2, damping];
+        Ok(())
     }
 
     /// Number of draft positions K.

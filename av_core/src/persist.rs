@@ -17,6 +17,9 @@
 //! | [`Kind::Planner`] | [`planner`] (embeds the cost tables' payload) | 2 | 1, 2 |
 //! | [`Kind::CostTables`] | [`cost_tables`] | 1 | 1 |
 //!
+//! The estimator's `state_dict` (a tree of plain values, not bytes) is [`state_dict`], on the
+//! neutral value tree of [`tree`] that each binding converts to its own values.
+//!
 //! Cost tables also read and write the JSON text of earlier releases
 //! ([`CostTables::to_json`](crate::cost_tables::CostTables::to_json)).
 //!
@@ -80,6 +83,8 @@ pub mod estimator {
 
 mod frame;
 pub mod planner;
+pub mod state_dict;
+pub mod tree;
 
 pub use frame::{crc32, frame, unframe, Frame, Kind, FRAME_LEN, MAGIC_PREFIX};
 

@@ -87,7 +87,7 @@ fn contended_observes_keep_the_serial_refit_schedule() {
     model(|| {
         // vLLM's schedule: one refit per round.
         let mut config = EstimatorConfig::new(1);
-        config.refit_interval = 2;
+        config.refit_interval = Some(2);
         config.memory = 0.0;
         let estimator = Arc::new(AcceptanceEstimator::new(config).unwrap());
         let other = {
@@ -146,7 +146,7 @@ fn contended_observes_keep_the_serial_map_schedule() {
         let mut config = EstimatorConfig::new(1);
         config.update = Update::Map;
         config.bins = 1;
-        config.refit_interval = 2;
+        config.refit_interval = Some(2);
         let estimator = Arc::new(AcceptanceEstimator::new(config).unwrap());
         let other = {
             let estimator = Arc::clone(&estimator);

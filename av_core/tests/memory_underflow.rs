@@ -11,7 +11,7 @@ fn a_position_decayed_to_underflow_still_reloads() {
     config.memory = 0.3; // below 0.5, so a one-ulp subnormal rounds to zero (0.8 keeps it)
     config.l2 = 0.0; // no ridge: nothing keeps the unlabeled position's weight above zero
     config.drift_z = f64::INFINITY; // no resets: the memory only decays
-    config.refit_interval = 1;
+    config.refit_interval = Some(1);
     let est = AcceptanceEstimator::new(config).unwrap();
     let none = None::<MatrixView<'_, f32>>;
     // One step labels both positions, with a large feature at position 1 (|b| = 40·c there).

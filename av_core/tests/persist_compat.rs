@@ -78,7 +78,7 @@ fn recipe_planner(tables: CostTables, source: BudgetSource) -> VerificationPlann
 fn recipe_estimator() -> AcceptanceEstimator {
     // 0.1.0's estimator is the `vllm` update, still the default (`map` is opt-in).
     let mut config = EstimatorConfig::new(3);
-    config.refit_interval = 4;
+    config.refit_interval = Some(4);
     config.memory = 0.5;
     let estimator = AcceptanceEstimator::new(config).unwrap();
     for round in 0..11 {

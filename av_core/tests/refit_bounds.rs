@@ -51,7 +51,7 @@ proptest! {
 /// An estimator on vLLM's update whose only active limit is the step cap.
 fn capped(max_step: f64, init_slope: f64) -> AcceptanceEstimator {
     let mut config = EstimatorConfig::new(2);
-    config.refit_interval = u64::MAX;
+    config.refit_interval = Some(u64::MAX);
     config.damping = 0.0;
     config.memory = 0.0;
     config.max_step = max_step;
@@ -135,7 +135,7 @@ fn a_refit_moves_each_intercept_by_at_most_max_step() {
 /// The same limits on the `map` update, without a prior (so the fit asks for the data's step).
 fn capped_map(max_step: f64, init_slope: f64) -> AcceptanceEstimator {
     let mut config = EstimatorConfig::map(2);
-    config.refit_interval = u64::MAX;
+    config.refit_interval = Some(u64::MAX);
     config.max_step = max_step;
     config.max_slope = 1e3;
     config.max_intercept = 1e3;

@@ -18,7 +18,7 @@ const HEADER: usize = 8 + 4 + 8;
 fn real_state(k: usize, memory: f64, rounds: usize) -> Vec<u8> {
     let mut config = EstimatorConfig::new(k);
     config.memory = memory;
-    config.refit_interval = 3;
+    config.refit_interval = Some(3);
     let est = AcceptanceEstimator::new(config).unwrap();
     for round in 0..rounds {
         let x: Vec<f32> = (0..4 * k)

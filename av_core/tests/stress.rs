@@ -43,7 +43,7 @@ fn merge(total: &mut RoundStats, part: &RoundStats) {
 fn eight_producers_a_predictor_and_a_refitter() {
     // vLLM's update: the test sums the rounds' IRLS moments.
     let mut config = EstimatorConfig::new(K);
-    config.refit_interval = u64::MAX; // only the refitter thread ends rounds
+    config.refit_interval = Some(u64::MAX); // only the refitter thread ends rounds
     let estimator = AcceptanceEstimator::new(config.clone()).unwrap();
     let batches: Vec<_> = (0..16).map(batch).collect();
     let per_batch: u64 = {
@@ -181,7 +181,7 @@ fn eight_producers_a_predictor_and_a_refitter() {
 #[test]
 fn eight_producers_and_a_refitter_lose_no_label_under_map() {
     let mut config = EstimatorConfig::map(K);
-    config.refit_interval = u64::MAX;
+    config.refit_interval = Some(u64::MAX);
     let estimator = AcceptanceEstimator::new(config).unwrap();
     let batches: Vec<_> = (0..16).map(batch).collect();
     let step = |i: usize| {

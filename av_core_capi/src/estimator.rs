@@ -48,7 +48,8 @@ impl AvcEstimator {
 pub struct AvcEstimatorConfig {
     /// Draft positions K, 1 to 64.
     pub num_positions: usize,
-    /// Observe calls per round; each round ends with a refit (default 100).
+    /// Observe calls per round; each round ends with a refit (default 100). 0: manual, the
+    /// estimator refits only when avc_estimator_refit is called (observes only count steps).
     pub refit_interval: u64,
     /// Damping D: a round with D observations moves a coefficient half a Newton step (50).
     pub damping: f64,
@@ -78,7 +79,7 @@ impl From<&EstimatorConfig> for AvcEstimatorConfig {
     fn from(c: &EstimatorConfig) -> Self {
         AvcEstimatorConfig {
             num_positions: c.num_positions,
-            refit_interval: c.refit_interval,
+            refit_interval: c.refit_interval.unwrap_or(0),
             damping: c.damping,
             l2: c.l2,
             init_slope: c.init_slope,
@@ -100,7 +101,7 @@ impl From<&AvcEstimatorConfig> for EstimatorConfig {
     fn from(c: &AvcEstimatorConfig) -> Self {
         EstimatorConfig {
             num_positions: c.num_positions,
-            refit_interval: c.refit_interval,
+            refit_interval: (c.refit_interval != 0).then_some(c.refit_interval),
             damping: c.damping,
             l2: c.l2,
             init_slope: c.init_slope,
@@ -257,7 +258,7 @@ pub unsafe extern "C" fn avc_estimator_get_update(
                 out_value(update_out, "update_out")?,
             )
         };
-        out.write(handle.estimator.config().into());
+        out.write((&handle.estimator.config()).into());
         Ok(())
     })
 }
@@ -365,7 +366,7 @@ pub unsafe extern "C" fn avc_estimator_get_config(
                 out_value(config_out, "config_out")?,
             )
         };
-        out.write(handle.estimator.config().into());
+        out.write((&handle.estimator.config()).into());
         Ok(())
     })
 }
@@ -497,6 +498,27 @@ pub unsafe extern "C" fn avc_estimator_refit(estimator: *mut AvcEstimator) -> Av
         // SAFETY: the caller's contract is `borrow`'s.
         let handle = unsafe { borrow(estimator, "estimator")? };
         handle.estimator.refit();
+        Ok(())
+    })
+}
+
+/// Changes the ridge l2 and the damping of every later refit, as if the estimator had been
+/// created with them (a refit running concurrently uses the old pair or the new one). A
+/// negative or non-finite value returns AVC_ERR_VALUE naming it and changes nothing.
+///
+/// # Safety
+///
+/// estimator must be NULL or a live estimator.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn avc_estimator_set_regularization(
+    estimator: *mut AvcEstimator,
+    l2: f64,
+    damping: f64,
+) -> AvcStatus {
+    guard("avc_estimator_set_regularization", || {
+        // SAFETY: the caller's contract is `borrow`'s.
+        let handle = unsafe { borrow(estimator, "estimator")? };
+        handle.estimator.set_regularization(l2, damping)?;
         Ok(())
     })
 }

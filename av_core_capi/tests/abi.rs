@@ -99,7 +99,7 @@ impl Drop for Estimator {
 #[test]
 fn observe_predict_and_save_give_the_cores_bits() {
     let core = AcceptanceEstimator::new(EstimatorConfig {
-        refit_interval: 4,
+        refit_interval: Some(4),
         ..EstimatorConfig::new(K)
     })
     .unwrap();
@@ -335,7 +335,7 @@ fn the_update_struct_chooses_vllms_update_and_the_map_settings() {
         assert_eq!(status, AVC_OK, "{}", last_error());
         let capi = Estimator(handle);
         let core = AcceptanceEstimator::new(EstimatorConfig {
-            refit_interval: 3,
+            refit_interval: Some(3),
             prior_slope_sd: 0.25,
             ..core_config
         })
@@ -398,7 +398,7 @@ fn load_refuses_statistics_no_observations_can_produce() {
         (|s| s.stats.positions[0].n = u64::MAX, "round_stats"),
         (|s| s.stats.positions[0].c = -1, "round_stats"),
         (
-            |s| s.steps_since_refit = s.config.refit_interval,
+            |s| s.steps_since_refit = s.config.refit_interval.unwrap(),
             "steps_since_refit",
         ),
         (|s| s.memory.c[0] = -1.0, "memory"),
@@ -423,4 +423,89 @@ fn load_refuses_statistics_no_observations_can_produce() {
     let status = unsafe { avc_estimator_load(bytes.as_ptr(), bytes.len(), &mut loaded) };
     assert_eq!(status, AVC_OK, "{}", last_error());
     drop(Estimator(loaded));
+}
+
+impl Estimator {
+    fn counters(&self) -> (u64, u64) {
+        let (mut refits, mut steps) = (0, 0);
+        // SAFETY: live handle, writable locals.
+        let status = unsafe { avc_estimator_counters(self.0, &mut refits, &mut steps) };
+        assert_eq!(status, AVC_OK);
+        (refits, steps)
+    }
+
+    fn config(&self) -> AvcEstimatorConfig {
+        let mut config = std::mem::MaybeUninit::<AvcEstimatorConfig>::uninit();
+        // SAFETY: live handle, a writable out-pointer the call initializes.
+        unsafe {
+            assert_eq!(
+                avc_estimator_get_config(self.0, config.as_mut_ptr()),
+                AVC_OK
+            );
+            config.assume_init()
+        }
+    }
+}
+
+#[test]
+fn refit_interval_zero_is_manual_and_refits_only_when_asked() {
+    let capi = Estimator::new(0);
+    let core = AcceptanceEstimator::new(EstimatorConfig {
+        refit_interval: None,
+        ..EstimatorConfig::new(K)
+    })
+    .unwrap();
+    assert_eq!(capi.config().refit_interval, 0);
+    for seed in 0..250 {
+        let (features, admitted, accepted) = batch(seed, 4);
+        assert_eq!(capi.observe(&features, &admitted, &accepted), AVC_OK);
+        let view = MatrixView::new("features", &features, 4, K).unwrap();
+        core.observe(view, &admitted, &accepted, None::<MatrixView<'_, f32>>)
+            .unwrap();
+    }
+    assert_eq!(capi.counters(), (0, 250));
+    // SAFETY: live handle.
+    assert_eq!(unsafe { avc_estimator_refit(capi.0) }, AVC_OK);
+    core.refit();
+    assert_eq!(capi.counters(), (1, 0));
+    assert_eq!(capi.save(), core.to_bytes());
+}
+
+#[test]
+fn set_regularization_changes_later_refits_and_refuses_bad_values() {
+    let capi = Estimator::new(5);
+    let before = capi.config();
+    for (l2, damping) in [(-1.0, 10.0), (0.5, f64::NAN), (f64::INFINITY, 1.0)] {
+        // SAFETY: live handle.
+        let status = unsafe { avc_estimator_set_regularization(capi.0, l2, damping) };
+        assert_eq!(status, AVC_ERR_VALUE);
+        assert_eq!(capi.config(), before);
+    }
+    assert!(
+        last_error().starts_with("avc_estimator_set_regularization"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: live handle.
+    let status = unsafe { avc_estimator_set_regularization(capi.0, 0.25, 7.0) };
+    assert_eq!(status, AVC_OK);
+    let config = capi.config();
+    assert_eq!((config.l2, config.damping), (0.25, 7.0));
+    // Later refits are those of an estimator built with the new pair.
+    let core = AcceptanceEstimator::new(EstimatorConfig {
+        refit_interval: Some(5),
+        l2: 0.25,
+        damping: 7.0,
+        ..EstimatorConfig::new(K)
+    })
+    .unwrap();
+    for seed in 0..12 {
+        let (features, admitted, accepted) = batch(seed, 6);
+        assert_eq!(capi.observe(&features, &admitted, &accepted), AVC_OK);
+        let view = MatrixView::new("features", &features, 6, K).unwrap();
+        core.observe(view, &admitted, &accepted, None::<MatrixView<'_, f32>>)
+            .unwrap();
+    }
+    assert_eq!(capi.counters(), (2, 2));
+    assert_eq!(capi.save(), core.to_bytes());
 }

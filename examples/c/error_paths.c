@@ -309,8 +309,37 @@ static void test_config(void) {
     config.damping = NAN;
     EXPECT(avc_estimator_new(&config, &estimator), AVC_ERR_VALUE, "damping: must be finite");
     config.damping = 50;
+    /* refit_interval 0 is manual: observes only count steps, refits happen when asked. */
     config.refit_interval = 0;
-    EXPECT(avc_estimator_new(&config, &estimator), AVC_ERR_VALUE, "refit_interval");
+    OK(avc_estimator_new(&config, &estimator));
+    uint64_t refits = 9, steps = 9;
+    for (int i = 0; i < 3; i++) {
+        OK(avc_estimator_observe(estimator, features, ROWS, K, admitted, ROWS, accepted, ROWS, NULL,
+                                 0, NULL));
+    }
+    OK(avc_estimator_counters(estimator, &refits, &steps));
+    CHECK(refits == 0 && steps == 3, "manual: %llu refits, %llu steps", (unsigned long long)refits,
+          (unsigned long long)steps);
+    OK(avc_estimator_refit(estimator));
+    OK(avc_estimator_counters(estimator, &refits, &steps));
+    CHECK(refits == 1 && steps == 0, "manual refit: %llu refits", (unsigned long long)refits);
+    avc_estimator_config manual;
+    OK(avc_estimator_get_config(estimator, &manual));
+    CHECK(manual.refit_interval == 0, "manual config read back as %llu",
+          (unsigned long long)manual.refit_interval);
+    /* set_regularization: a bad value is refused by name and changes nothing. */
+    EXPECT(avc_estimator_set_regularization(NULL, 0.1, 1.0), AVC_ERR_NULL, "estimator");
+    EXPECT(avc_estimator_set_regularization(estimator, -1.0, 1.0), AVC_ERR_VALUE,
+           "l2: must be non-negative");
+    EXPECT(avc_estimator_set_regularization(estimator, 0.1, NAN), AVC_ERR_VALUE,
+           "damping: must be finite");
+    OK(avc_estimator_get_config(estimator, &manual));
+    CHECK(manual.l2 == config.l2 && manual.damping == 50, "a refused setter changed the config");
+    OK(avc_estimator_set_regularization(estimator, 0.25, 7.0));
+    OK(avc_estimator_get_config(estimator, &manual));
+    CHECK(manual.l2 == 0.25 && manual.damping == 7.0, "set_regularization not applied");
+    OK(avc_estimator_free(estimator));
+    estimator = (avc_estimator *)&config;
     EXPECT(avc_estimator_new(NULL, &estimator), AVC_ERR_NULL, "config");
     EXPECT(avc_estimator_new(&config, NULL), AVC_ERR_NULL, "estimator_out");
 

@@ -36,7 +36,7 @@ fn real_state(k: usize, memory: bool, vllm: bool, steps: usize) -> Vec<u8> {
     };
     config.bins = 8; // a map payload short enough for the fuzzer's offsets to cover
     config.memory = if memory { 0.8 } else { 0.0 };
-    config.refit_interval = 2;
+    config.refit_interval = Some(2);
     let est = AcceptanceEstimator::new(config).expect("valid config");
     for step in 0..steps {
         let x: Vec<f32> = (0..3 * k).map(|i| ((i + step) % 7) as f32 - 3.0).collect();

@@ -18,12 +18,14 @@
 # - After any number of threads observing at once, num_refits and steps_since_refit are those of
 #   a serial run of the same calls.
 import os
+from collections.abc import Iterator
 from typing import Any, Final, Literal, final, overload
 
 import numpy as np
 import numpy.typing as npt
 
 from av_core.state_types import (
+    EstimatorConfigFields,
     EstimatorOptions,
     EstimatorStateDict,
     RefitReport,
@@ -43,6 +45,7 @@ __all__ = [
     "CostTables",
     "DepthPlan",
     "DepthTableError",
+    "EstimatorConfig",
     "OutOfMemoryError",
     "StateError",
     "VerificationPlan",
@@ -97,6 +100,78 @@ class OutOfMemoryError(ValueError):
     a huge numpy.broadcast_to view). A ValueError, naming the argument."""
 
 @final
+class EstimatorConfig:
+    """An estimator's configuration (:attr:`AcceptanceEstimator.config`), frozen: every field of
+    the core's ``EstimatorConfig`` as an attribute and by key (``config.l2``, ``config["l2"]``),
+    in the constructor's order (``keys()``), so ``AcceptanceEstimator(**est.config)`` builds a
+    cold estimator with the same configuration and ``dict(config)`` is a plain dict. Equal when
+    every field is."""
+    def __getitem__(self, key: str, /) -> int | float | str | None:
+        """The field named ``key`` (KeyError if there is none)."""
+    def __contains__(self, key: str, /) -> bool: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def keys(self) -> tuple[str, ...]:
+        """The field names, in the constructor's order."""
+    def to_dict(self) -> EstimatorConfigFields:
+        """The fields as a new dict."""
+    @property
+    def num_positions(self) -> int:
+        """Number of draft positions K."""
+    @property
+    def refit_interval(self) -> int | None:
+        """Observe calls per round (None: manual, a refit only when ``refit()`` is called)."""
+    @property
+    def damping(self) -> float:
+        """Damping D, in observations."""
+    @property
+    def l2(self) -> float:
+        """Ridge λ."""
+    @property
+    def init_slope(self) -> float:
+        """Cold-start slope."""
+    @property
+    def init_intercept(self) -> float:
+        """Cold-start intercept (every position)."""
+    @property
+    def max_log_odds(self) -> float:
+        """Feature clamp."""
+    @property
+    def max_step(self) -> float:
+        """Largest change of a coefficient in one refit."""
+    @property
+    def max_slope(self) -> float:
+        """Largest slope."""
+    @property
+    def max_intercept(self) -> float:
+        """Largest absolute intercept."""
+    @property
+    def memory(self) -> float:
+        """Discount γ per round of the memory of past rounds (0 = vLLM's memoryless refit)."""
+    @property
+    def drift_z(self) -> float:
+        """Drift test threshold (standard deviations); inf disables the test."""
+    @property
+    def update(self) -> str:
+        """How the estimator refits: ``"vllm"`` (the default) or ``"map"``."""
+    @property
+    def bins(self) -> int:
+        """map: bins per position of the feature histograms."""
+    @property
+    def prior_slope_sd(self) -> float:
+        """map: the prior sd of the slope."""
+    @property
+    def prior_level_sd(self) -> float:
+        """map: the prior sd of the intercepts' level."""
+    @property
+    def prior_trend_sd(self) -> float:
+        """map: the prior sd of the intercepts' trend in depth."""
+    @property
+    def prior_spread_sd(self) -> float:
+        """map: the prior sd of each intercept around the trend."""
+
+@final
 class AcceptanceEstimator:
     """Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
     refitted every ``refit_interval`` observe calls by a damped Newton step."""
@@ -104,7 +179,7 @@ class AcceptanceEstimator:
         cls,
         num_positions: int,
         *,
-        refit_interval: int = 100,
+        refit_interval: int | None = 100,
         damping: float = 50.0,
         l2: float = 0.001,
         init_slope: float = 0.5,
@@ -123,12 +198,13 @@ class AcceptanceEstimator:
         prior_spread_sd: float = 0.1,
     ) -> AcceptanceEstimator:
         """K = ``num_positions`` draft positions (1 to 64); every keyword's default is the
-        core's (``ESTIMATOR_DEFAULTS``). ``refit_interval``: observe calls per round;
-        ``damping``: a round with D observations moves a coefficient half a full Newton step;
-        ``l2``: ridge; ``init_slope``, ``init_intercept``: cold start; ``max_log_odds``: feature
-        clamp; ``max_step``, ``max_slope``, ``max_intercept``: refit bounds (inf: none);
-        ``memory``: discount per round of past rounds (0: vLLM's memoryless update);
-        ``drift_z``: drift test threshold, in standard deviations (inf: never).
+        core's (``ESTIMATOR_DEFAULTS``). ``refit_interval``: observe calls per round
+        (``None``: manual, the estimator refits only when :meth:`refit` is called, observes
+        only count their steps); ``damping``: a round with D observations moves a coefficient
+        half a full Newton step; ``l2``: ridge; ``init_slope``, ``init_intercept``: cold start;
+        ``max_log_odds``: feature clamp; ``max_step``, ``max_slope``, ``max_intercept``: refit
+        bounds (inf: none); ``memory``: discount per round of past rounds (0: vLLM's memoryless
+        update); ``drift_z``: drift test threshold, in standard deviations (inf: never).
 
         ``update="vllm"`` (the default) is vLLM 0.33.0's damped Newton step once per round, bit
         for bit (``damping`` applies to it only). ``update="map"`` opts into av_core's refit
@@ -151,6 +227,11 @@ class AcceptanceEstimator:
         completed a round; map: also after the round's 1st, 2nd, 4th, ... observe). With
         ``count_step=False`` the verdicts join the round without counting a step (no refit
         runs), for callers that run their own schedule with :meth:`refit`."""
+    def set_regularization(self, *, l2: float, damping: float) -> None:
+        """Changes the ridge ``l2`` and the damping of every later refit, as if the estimator
+        had been built with them (bit for bit the estimator ``from_state_dict`` rebuilds with
+        the two fields changed). Atomic: a refit running concurrently uses the old pair or the
+        new one. A negative or non-finite value raises ValueError naming it; nothing changes."""
     @overload
     def refit(self, *, report: Literal[False] = False, end_round: bool = True) -> None:
         """Ends the round now: refits on whatever it holds and clears it. With ``report=True``,
@@ -178,14 +259,24 @@ class AcceptanceEstimator:
     def steps_since_refit(self) -> int:
         """Observe calls since the last refit."""
     @property
-    def refit_interval(self) -> int:
-        """Observe calls per round."""
+    def config(self) -> EstimatorConfig:
+        """The configuration, frozen (each field is also an attribute here:
+        ``est.l2 == est.config.l2``)."""
+    @property
+    def refit_interval(self) -> int | None:
+        """Observe calls per round (None: manual, a refit only when ``refit()`` is called)."""
     @property
     def damping(self) -> float:
         """Damping D, in observations."""
     @property
     def l2(self) -> float:
         """Ridge λ."""
+    @property
+    def init_slope(self) -> float:
+        """Cold-start slope."""
+    @property
+    def init_intercept(self) -> float:
+        """Cold-start intercept (every position)."""
     @property
     def max_log_odds(self) -> float:
         """Feature clamp."""

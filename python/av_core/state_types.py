@@ -14,6 +14,7 @@ from typing import TypedDict
 
 __all__ = [
     "EstimatorConfigDict",
+    "EstimatorConfigFields",
     "EstimatorOptions",
     "EstimatorStateDict",
     "MemoryStateDict",
@@ -22,11 +23,9 @@ __all__ = [
 ]
 
 
-class EstimatorOptions(TypedDict):
-    """The keyword options of :class:`~av_core.AcceptanceEstimator` (all but ``num_positions``),
-    as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator/config.rs``)."""
+class _Settings(TypedDict):
+    """The options every configuration states, the refit interval aside."""
 
-    refit_interval: int
     damping: float
     l2: float
     init_slope: float
@@ -39,10 +38,33 @@ class EstimatorOptions(TypedDict):
     drift_z: float
 
 
-class EstimatorConfigDict(EstimatorOptions):
-    """``state_dict()["config"]``: the options and the number of draft positions K."""
+class EstimatorOptions(_Settings):
+    """The keyword options of :class:`~av_core.AcceptanceEstimator` (all but ``num_positions``),
+    as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator/config.rs``): what
+    ``ESTIMATOR_DEFAULTS`` and ``VLLM_ESTIMATOR`` hold (a refit interval of 100)."""
+
+    refit_interval: int
+
+
+class EstimatorConfigDict(_Settings):
+    """``state_dict()["config"]``: the options and the number of draft positions K
+    (``refit_interval`` None: manual refits, only when ``refit()`` is called)."""
 
     num_positions: int
+    refit_interval: int | None
+
+
+class EstimatorConfigFields(EstimatorConfigDict):
+    """Every field of an estimator's configuration (``AcceptanceEstimator.config.to_dict()``,
+    and ``state_dict()["config"]`` of format version 2): the options, K and the update's
+    settings."""
+
+    update: str
+    bins: int
+    prior_slope_sd: float
+    prior_level_sd: float
+    prior_trend_sd: float
+    prior_spread_sd: float
 
 
 class RoundStatsDict(TypedDict):

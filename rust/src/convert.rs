@@ -43,7 +43,7 @@ pub use crate::error::{to_py_err, type_error, value_error};
 const MAX_VALUE_CHARS: usize = 80;
 
 /// `repr(obj)` for a message, shortened past [`MAX_VALUE_CHARS`].
-fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+pub fn short_repr(obj: &Bound<'_, PyAny>) -> String {
     let text = obj
         .repr()
         .map(|r| r.to_string())

@@ -1,36 +1,22 @@
-//! `av_core._native.AcceptanceEstimator`: conversion around `av_core::AcceptanceEstimator`.
+//! `av_core._native.AcceptanceEstimator` and its `EstimatorConfig`: conversion around
+//! `av_core::AcceptanceEstimator`. The `state_dict` format, the refit report and the names of
+//! the configuration's fields are the core's (`av_core::persist::state_dict`); this file turns
+//! their trees into Python values and back ([`crate::tree`]).
 
-use av_core::estimator::{
-    HistogramMemory, HistogramStats, Memory, PositionSums, RoundStats, FRACTION_BITS,
-    X_FRACTION_BITS,
-};
-use av_core::{AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, MatrixView, Update};
+use av_core::persist::state_dict::{self, ConfigField, CONFIG_FIELDS};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
+use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyType};
+use pyo3::types::{PyBytes, PyCFunction, PyDict, PyTuple, PyType};
 use std::path::PathBuf;
 
 use crate::convert::{
-    float_matrix, int_vector, to_py_err, type_error, value_error, Float, FloatMatrix, FloatView,
-    Int,
+    float_matrix, int_vector, to_py_err, value_error, Float, FloatMatrix, FloatView, Int,
 };
 use crate::files::{atomic_write, read_file};
-
-/// Name and version of the `state_dict` layout (version 1, before the map update, still loads
-/// as a vllm estimator, and is still written for a vllm estimator at the default map settings).
-const STATE_FORMAT: &str = "av_core.AcceptanceEstimator";
-const STATE_FORMAT_VERSION: u32 = 2;
-
-/// The update named by a Python string (`argument` names it in the error).
-fn parse_update(name: &str, argument: &str) -> PyResult<Update> {
-    Update::parse(name).ok_or_else(|| {
-        value_error(
-            argument,
-            format!("must be \"map\" or \"vllm\", got {name:?}"),
-        )
-    })
-}
+use crate::tree::{from_py, map_to_py};
 
 /// Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
 /// refitted from the target's verdicts (update "vllm", the default: vLLM's damped Newton step
@@ -47,7 +33,7 @@ impl PyAcceptanceEstimator {
     #[pyo3(signature = (
         num_positions,
         *,
-        refit_interval = Int::new(EstimatorConfig::DEFAULT_REFIT_INTERVAL as i128),
+        refit_interval = Some(Int::new(EstimatorConfig::DEFAULT_REFIT_INTERVAL as i128)),
         damping = Float::new(EstimatorConfig::DEFAULT_DAMPING),
         l2 = Float::new(EstimatorConfig::DEFAULT_L2),
         init_slope = Float::new(EstimatorConfig::DEFAULT_INIT_SLOPE),
@@ -68,7 +54,7 @@ impl PyAcceptanceEstimator {
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_positions: Int,
-        refit_interval: Int,
+        refit_interval: Option<Int>,
         damping: Float,
         l2: Float,
         init_slope: Float,
@@ -88,7 +74,9 @@ impl PyAcceptanceEstimator {
     ) -> PyResult<Self> {
         let config = EstimatorConfig {
             num_positions: num_positions.to_usize("num_positions")?,
-            refit_interval: refit_interval.to_u64("refit_interval")?,
+            refit_interval: refit_interval
+                .map(|v| v.to_u64("refit_interval"))
+                .transpose()?,
             damping: damping.value("damping")?,
             l2: l2.value("l2")?,
             init_slope: init_slope.value("init_slope")?,
@@ -99,7 +87,7 @@ impl PyAcceptanceEstimator {
             max_intercept: max_intercept.value("max_intercept")?,
             memory: memory.value("memory")?,
             drift_z: drift_z.value("drift_z")?,
-            update: parse_update(update, "update")?,
+            update: state_dict::parse_update(update, "update").map_err(to_py_err)?,
             bins: bins.to_usize("bins")?,
             prior_slope_sd: prior_slope_sd.value("prior_slope_sd")?,
             prior_level_sd: prior_level_sd.value("prior_level_sd")?,
@@ -198,21 +186,19 @@ impl PyAcceptanceEstimator {
         if !report {
             return Ok(None);
         }
-        let d = match (&outcome.histogram, inner.config().update) {
-            (_, Update::Vllm) => stats_dict(py, &outcome.stats)?,
-            (Some(round), Update::Map) => histogram_dict(py, round)?,
-            (None, Update::Map) => PyDict::new(py),
-        };
-        d.set_item("slope_step", outcome.step.slope)?;
-        d.set_item("intercept_steps", outcome.step.intercepts)?;
-        let drift = match inner.config().update {
-            Update::Vllm => inner.drift_statistic(&outcome.stats),
-            Update::Map => outcome.drift_statistic.unwrap_or(f64::NAN),
-        };
-        d.set_item("drift_statistic", drift)?;
-        d.set_item("iterations", outcome.iterations)?;
-        d.set_item("end_round", end_round)?;
-        Ok(Some(d))
+        map_to_py(py, &state_dict::refit_report(inner, &outcome, end_round)).map(Some)
+    }
+
+    /// Changes the ridge `l2` and the damping of every later refit, as if the estimator had
+    /// been built with them (bit for bit the estimator `from_state_dict` rebuilds with the two
+    /// fields changed). Atomic: a refit running concurrently uses the old pair or the new one.
+    /// A bad value raises ValueError naming it, and nothing changes.
+    #[pyo3(signature = (*, l2, damping))]
+    fn set_regularization(&self, l2: Float, damping: Float) -> PyResult<()> {
+        let (l2, damping) = (l2.value("l2")?, damping.value("damping")?);
+        self.inner
+            .set_regularization(l2, damping)
+            .map_err(to_py_err)
     }
 
     /// Adds another round's statistics (a dict as in `state_dict()["round_stats"]`) to the open
@@ -221,24 +207,9 @@ impl PyAcceptanceEstimator {
     /// number of positions differ or an `a`/`c` entry is negative.
     fn add_round_stats(&self, py: Python<'_>, round_stats: &Bound<'_, PyAny>) -> PyResult<()> {
         let inner = &self.inner;
-        let config = inner.config();
-        match config.update {
-            Update::Vllm => {
-                let stats = parse_round_stats(round_stats, "round_stats")?;
-                py.detach(|| inner.add_round_stats(&stats))
-                    .map_err(to_py_err)
-            }
-            Update::Map => {
-                let round = parse_histogram(
-                    round_stats,
-                    "round_stats",
-                    config.num_positions,
-                    config.bins,
-                )?;
-                py.detach(|| inner.add_round_histogram(&round))
-                    .map_err(to_py_err)
-            }
-        }
+        let round = from_py(round_stats)?;
+        py.detach(|| state_dict::add_round(inner, &round, "round_stats"))
+            .map_err(to_py_err)
     }
 
     /// Shared slope.
@@ -253,12 +224,6 @@ impl PyAcceptanceEstimator {
         self.inner.coefficients().intercepts.into_pyarray(py)
     }
 
-    /// Number of draft positions K.
-    #[getter]
-    fn num_positions(&self) -> usize {
-        self.inner.num_positions()
-    }
-
     /// Refits so far.
     #[getter]
     fn num_refits(&self) -> u64 {
@@ -271,94 +236,13 @@ impl PyAcceptanceEstimator {
         self.inner.steps_since_refit()
     }
 
-    /// Observe calls per round.
+    /// The configuration, a frozen `EstimatorConfig` (each field is also an attribute of the
+    /// estimator: `est.l2 == est.config.l2`).
     #[getter]
-    fn refit_interval(&self) -> u64 {
-        self.inner.config().refit_interval
-    }
-
-    /// Damping D, in observations.
-    #[getter]
-    fn damping(&self) -> f64 {
-        self.inner.config().damping
-    }
-
-    /// Ridge λ.
-    #[getter]
-    fn l2(&self) -> f64 {
-        self.inner.config().l2
-    }
-
-    /// Feature clamp.
-    #[getter]
-    fn max_log_odds(&self) -> f64 {
-        self.inner.config().max_log_odds
-    }
-
-    /// Largest change of a coefficient in one refit.
-    #[getter]
-    fn max_step(&self) -> f64 {
-        self.inner.config().max_step
-    }
-
-    /// Largest slope.
-    #[getter]
-    fn max_slope(&self) -> f64 {
-        self.inner.config().max_slope
-    }
-
-    /// Largest absolute intercept.
-    #[getter]
-    fn max_intercept(&self) -> f64 {
-        self.inner.config().max_intercept
-    }
-
-    /// Discount γ per round of the memory of past rounds (0 = vLLM's memoryless refit).
-    #[getter]
-    fn memory(&self) -> f64 {
-        self.inner.config().memory
-    }
-
-    /// Drift test threshold (standard deviations); inf disables the test.
-    #[getter]
-    fn drift_z(&self) -> f64 {
-        self.inner.config().drift_z
-    }
-
-    /// How the estimator refits: "map" (av_core's) or "vllm" (vLLM's damped Newton step).
-    #[getter]
-    fn update(&self) -> &'static str {
-        self.inner.config().update.name()
-    }
-
-    /// map: bins per position of the feature histograms.
-    #[getter]
-    fn bins(&self) -> usize {
-        self.inner.config().bins
-    }
-
-    /// map: the prior sd of the slope.
-    #[getter]
-    fn prior_slope_sd(&self) -> f64 {
-        self.inner.config().prior_slope_sd
-    }
-
-    /// map: the prior sd of the intercepts' level.
-    #[getter]
-    fn prior_level_sd(&self) -> f64 {
-        self.inner.config().prior_level_sd
-    }
-
-    /// map: the prior sd of the intercepts' trend in depth.
-    #[getter]
-    fn prior_trend_sd(&self) -> f64 {
-        self.inner.config().prior_trend_sd
-    }
-
-    /// map: the prior sd of each intercept around the trend.
-    #[getter]
-    fn prior_spread_sd(&self) -> f64 {
-        self.inner.config().prior_spread_sd
+    fn config(&self) -> PyEstimatorConfig {
+        PyEstimatorConfig {
+            inner: self.inner.config().clone(),
+        }
     }
 
     /// The state as versioned, checksummed bytes (see `from_bytes`).
@@ -407,62 +291,7 @@ impl PyAcceptanceEstimator {
     /// `from_state_dict` restores it bit-exactly. Statistics are exact fixed-point integers in
     /// units of 2**-fraction_bits.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let state = self.inner.state();
-        let config = PyDict::new(py);
-        config.set_item("num_positions", state.config.num_positions)?;
-        set_options(&config, &state.config)?;
-        // A vllm estimator at the default map settings (anyone who did not opt into map) keeps
-        // the version-1 layout, as the bytes do (`persist::estimator::written_version`).
-        let version_1 = av_core::persist::estimator::written_version(&state)
-            == av_core::persist::estimator::FORMAT_VERSION_1;
-        let version = if version_1 { 1 } else { STATE_FORMAT_VERSION };
-        if version >= 2 {
-            config.set_item("update", state.config.update.name())?;
-            config.set_item("bins", state.config.bins)?;
-            config.set_item("prior_slope_sd", state.config.prior_slope_sd)?;
-            config.set_item("prior_level_sd", state.config.prior_level_sd)?;
-            config.set_item("prior_trend_sd", state.config.prior_trend_sd)?;
-            config.set_item("prior_spread_sd", state.config.prior_spread_sd)?;
-        }
-        let stats = match &state.map {
-            None => stats_dict(py, &state.stats)?,
-            Some(map) => histogram_dict(py, &map.round)?,
-        };
-        let d = PyDict::new(py);
-        d.set_item("format", STATE_FORMAT)?;
-        d.set_item("format_version", version)?;
-        d.set_item("config", config)?;
-        d.set_item("slope", state.slope)?;
-        d.set_item("intercepts", state.intercepts)?;
-        d.set_item("round_stats", stats)?;
-        d.set_item("steps_since_refit", state.steps_since_refit)?;
-        d.set_item("num_refits", state.num_refits)?;
-        let memory = PyDict::new(py);
-        match &state.map {
-            None => {
-                let m = &state.memory;
-                memory.set_item("a", m.a)?;
-                memory.set_item("b", m.b.clone())?;
-                memory.set_item("c", m.c.clone())?;
-                memory.set_item("rhs", m.rhs.clone())?;
-                memory.set_item("total", m.total)?;
-                memory.set_item("counts", m.counts.clone())?;
-                memory.set_item("resets", m.resets)?;
-            }
-            Some(map) => {
-                memory.set_item("count", map.memory.count.clone())?;
-                memory.set_item("accepted", map.memory.accepted.clone())?;
-                memory.set_item("x_sum", map.memory.x_sum.clone())?;
-                memory.set_item("resets", map.resets)?;
-                let reference = PyDict::new(py);
-                reference.set_item("slope", map.reference_slope)?;
-                reference.set_item("intercepts", map.reference_intercepts.clone())?;
-                d.set_item("reference", reference)?;
-                d.set_item("fitted_labels", map.fitted_labels)?;
-            }
-        }
-        d.set_item("memory_state", memory)?;
-        Ok(d)
+        map_to_py(py, &state_dict::encode(&self.inner.state()))
     }
 
     /// Rebuilds an estimator from `state_dict()`, validating every field. A state of format
@@ -476,9 +305,9 @@ impl PyAcceptanceEstimator {
         state: &Bound<'_, PyAny>,
         update: Option<&str>,
     ) -> PyResult<Self> {
-        let mut state = parse_state(state)?;
+        let mut state = state_dict::decode(&from_py(state)?).map_err(to_py_err)?;
         if let Some(name) = update {
-            state = state.with_update(parse_update(name, "update")?);
+            state = state.with_update(state_dict::parse_update(name, "update").map_err(to_py_err)?);
         }
         let inner = AcceptanceEstimator::from_state(&state).map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
@@ -507,106 +336,117 @@ impl PyAcceptanceEstimator {
     }
 }
 
-/// Registers the class and the core's estimator constants: `MAX_LOG_ODDS` (the log-odds clamp),
-/// `ESTIMATOR_DEFAULTS` (the constructor's keyword defaults, `EstimatorConfig::new`) and
-/// `VLLM_ESTIMATOR` (the keywords of vLLM 0.33.0's estimator, `EstimatorConfig::vllm`), the
-/// mappings read-only.
+/// The configuration of an estimator (`AcceptanceEstimator.config`), frozen: every field of the
+/// core's `EstimatorConfig` as an attribute and by key (`config.l2`, `config["l2"]`), in the
+/// constructor's order, so `AcceptanceEstimator(**est.config)` builds a cold estimator with the
+/// same configuration and `dict(config)` is a plain dict.
+#[pyclass(module = "av_core._native", name = "EstimatorConfig", frozen, eq)]
+#[derive(PartialEq)]
+pub struct PyEstimatorConfig {
+    inner: EstimatorConfig,
+}
+
+#[pymethods]
+impl PyEstimatorConfig {
+    fn __getitem__<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        let field =
+            state_dict::config_field(key).ok_or_else(|| PyKeyError::new_err(key.to_owned()))?;
+        crate::tree::to_py(py, &field.get(&self.inner))
+    }
+
+    fn __contains__(&self, key: &str) -> bool {
+        state_dict::config_field(key).is_some()
+    }
+
+    fn __len__(&self) -> usize {
+        CONFIG_FIELDS.len()
+    }
+
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(PyTuple::new(py, CONFIG_FIELDS.iter().map(|f| f.name))?
+            .as_any()
+            .try_iter()?
+            .into_any())
+    }
+
+    /// The field names, in the constructor's order.
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, CONFIG_FIELDS.iter().map(|f| f.name))
+    }
+
+    /// The fields as a new dict.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        map_to_py(py, &state_dict::config(&self.inner))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let mut parts = Vec::with_capacity(CONFIG_FIELDS.len());
+        for field in &CONFIG_FIELDS {
+            let value = crate::tree::to_py(py, &field.get(&self.inner))?;
+            parts.push(format!("{}={}", field.name, value.repr()?));
+        }
+        Ok(format!("EstimatorConfig({})", parts.join(", ")))
+    }
+}
+
+/// Adds every field of [`CONFIG_FIELDS`] to `class` as a read-only property (with the core's
+/// one-line doc) reading it from the config `config_of` finds in an instance: one list of
+/// fields, not a getter per field.
+fn add_config_properties(
+    class: &Bound<'_, PyType>,
+    config_of: fn(&Bound<'_, PyAny>) -> PyResult<EstimatorConfig>,
+) -> PyResult<()> {
+    let py = class.py();
+    let property = py.import("builtins")?.getattr("property")?;
+    for field in &CONFIG_FIELDS {
+        let field: &'static ConfigField = field;
+        let getter = PyCFunction::new_closure(
+            py,
+            None,
+            None,
+            move |args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>| {
+                let config = config_of(&args.get_item(0)?)?;
+                crate::tree::to_py(args.py(), &field.get(&config)).map(Bound::unbind)
+            },
+        )?;
+        let none = py.None();
+        class.setattr(
+            field.name,
+            property.call1((getter, none.clone_ref(py), none, field.doc))?,
+        )?;
+    }
+    Ok(())
+}
+
+/// Registers the classes and the core's estimator constants: `MAX_LOG_ODDS` (the log-odds
+/// clamp), `ESTIMATOR_DEFAULTS` (the constructor's keyword defaults of format version 1,
+/// `EstimatorConfig::new`) and `VLLM_ESTIMATOR` (the keywords of vLLM 0.33.0's estimator,
+/// `EstimatorConfig::vllm`), the mappings read-only.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyAcceptanceEstimator>()?;
-    m.add("MAX_LOG_ODDS", EstimatorConfig::DEFAULT_MAX_LOG_ODDS)?;
+    m.add_class::<PyEstimatorConfig>()?;
     let py = m.py();
+    add_config_properties(&py.get_type::<PyAcceptanceEstimator>(), |obj| {
+        Ok(obj
+            .cast::<PyAcceptanceEstimator>()?
+            .get()
+            .inner
+            .config()
+            .clone())
+    })?;
+    add_config_properties(&py.get_type::<PyEstimatorConfig>(), |obj| {
+        Ok(obj.cast::<PyEstimatorConfig>()?.get().inner.clone())
+    })?;
+    m.add("MAX_LOG_ODDS", EstimatorConfig::DEFAULT_MAX_LOG_ODDS)?;
     let frozen = py.import("types")?.getattr("MappingProxyType")?;
     for (name, config) in [
         ("ESTIMATOR_DEFAULTS", EstimatorConfig::new(1)),
         ("VLLM_ESTIMATOR", EstimatorConfig::vllm(1)),
     ] {
-        let options = PyDict::new(py);
-        set_options(&options, &config)?;
+        let options = map_to_py(py, &state_dict::options(&config))?;
         m.add(name, frozen.call1((options,))?)?;
     }
     Ok(())
-}
-
-/// Every configuration field but `num_positions` and the update's (`update`, `bins`, the prior
-/// widths: opt-in, in `state_dict()["config"]` only of a version-2 state), by its keyword in the
-/// constructor (and key in `state_dict()["config"]`).
-fn set_options(d: &Bound<'_, PyDict>, config: &EstimatorConfig) -> PyResult<()> {
-    d.set_item("refit_interval", config.refit_interval)?;
-    d.set_item("damping", config.damping)?;
-    d.set_item("l2", config.l2)?;
-    d.set_item("init_slope", config.init_slope)?;
-    d.set_item("init_intercept", config.init_intercept)?;
-    d.set_item("max_log_odds", config.max_log_odds)?;
-    d.set_item("max_step", config.max_step)?;
-    d.set_item("max_slope", config.max_slope)?;
-    d.set_item("max_intercept", config.max_intercept)?;
-    d.set_item("memory", config.memory)?;
-    d.set_item("drift_z", config.drift_z)?;
-    Ok(())
-}
-
-/// A round's fixed-point statistics as a dict of per-position integer lists.
-fn stats_dict<'py>(py: Python<'py>, stats: &RoundStats) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("fraction_bits", FRACTION_BITS)?;
-    let column =
-        |f: fn(&PositionSums) -> i128| -> Vec<i128> { stats.positions.iter().map(f).collect() };
-    d.set_item("a", column(|p| p.a))?;
-    d.set_item("b", column(|p| p.b))?;
-    d.set_item("c", column(|p| p.c))?;
-    d.set_item("g0", column(|p| p.g0))?;
-    d.set_item("g1", column(|p| p.g1))?;
-    let counts: Vec<u64> = stats.positions.iter().map(|p| p.n).collect();
-    d.set_item("n", counts)?;
-    Ok(d)
-}
-
-/// A round's histograms as a dict of flat, position-major integer lists (K·B entries each).
-fn histogram_dict<'py>(py: Python<'py>, round: &HistogramStats) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("fraction_bits", X_FRACTION_BITS)?;
-    d.set_item("bins", round.bins)?;
-    d.set_item("count", round.count.clone())?;
-    d.set_item("accepted", round.accepted.clone())?;
-    d.set_item("x_sum", round.x_sum.clone())?;
-    Ok(d)
-}
-
-/// Histograms from the dict `histogram_dict` writes, for an estimator of `num_positions`
-/// positions and `bins` bins (`arg` names it in errors).
-fn parse_histogram(
-    item: &Bound<'_, PyAny>,
-    arg: &'static str,
-    num_positions: usize,
-    bins: usize,
-) -> PyResult<HistogramStats> {
-    let s = item
-        .cast::<PyDict>()
-        .map_err(|_| type_error(arg, "round_stats must be a dict"))?;
-    let bits: u32 = int_field(s, "fraction_bits", arg, U64)?;
-    if bits != X_FRACTION_BITS {
-        return Err(value_error(
-            arg,
-            format!(
-                "round_stats hold {bits} fraction bits, this estimator's histograms \
-                 {X_FRACTION_BITS} (a vllm round given to a map estimator?)"
-            ),
-        ));
-    }
-    let theirs: usize = int_field(s, "bins", arg, U64)?;
-    if theirs != bins {
-        return Err(value_error(
-            arg,
-            format!("round_stats have {theirs} bins, this estimator {bins}"),
-        ));
-    }
-    Ok(HistogramStats {
-        num_positions,
-        bins,
-        count: int_list(s, "count", arg, U64)?,
-        accepted: int_list(s, "accepted", arg, U64)?,
-        x_sum: int_list(s, "x_sum", arg, U64)?,
-    })
 }
 
 /// Number of elements of a view.
@@ -675,218 +515,4 @@ fn observe_views(
             count_step,
         ),
     }
-}
-
-fn get_item<'py>(d: &Bound<'py, PyDict>, key: &str, argument: &str) -> PyResult<Bound<'py, PyAny>> {
-    d.get_item(key)?
-        .ok_or_else(|| value_error(argument, format!("missing key {key:?}")))
-}
-
-fn extract<'py, T: FromPyObjectOwned<'py>>(
-    d: &Bound<'py, PyDict>,
-    key: &str,
-    argument: &str,
-) -> PyResult<T> {
-    get_item(d, key, argument)?.extract::<T>().map_err(|e| {
-        let e: PyErr = e.into();
-        type_error(argument, format!("key {key:?}: {e}"))
-    })
-}
-
-/// An integer field in `min..=max`: a bool or a non-integer is a `TypeError`, a value out of
-/// range a `ValueError`, both naming the key.
-fn int_field<T: TryFrom<i128>>(
-    d: &Bound<'_, PyDict>,
-    key: &str,
-    argument: &str,
-    (min, max): (i128, i128),
-) -> PyResult<T> {
-    let value: Int = extract(d, key, argument)?;
-    checked_int(&value, &format!("{argument}[{key:?}]"), (min, max))
-}
-
-/// Each entry of an integer list field, as [`int_field`].
-fn int_list<T: TryFrom<i128>>(
-    d: &Bound<'_, PyDict>,
-    key: &str,
-    argument: &str,
-    (min, max): (i128, i128),
-) -> PyResult<Vec<T>> {
-    let values: Vec<Int> = extract(d, key, argument)?;
-    values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| checked_int(v, &format!("{argument}[{key:?}][{i}]"), (min, max)))
-        .collect()
-}
-
-/// `value` as a `T` in `min..=max`; `named` is how errors name it (`state["steps_since_refit"]`).
-fn checked_int<T: TryFrom<i128>>(
-    value: &Int,
-    named: &str,
-    (min, max): (i128, i128),
-) -> PyResult<T> {
-    let v = value.in_range(named, min, max)?;
-    T::try_from(v).map_err(|_| value_error(named, format!("{v} is out of range")))
-}
-
-/// A float field: a bool or a non-number is a `TypeError`, an int beyond float range a
-/// `ValueError`.
-fn float_field(d: &Bound<'_, PyDict>, key: &str, argument: &str) -> PyResult<f64> {
-    let value: Float = extract(d, key, argument)?;
-    value.value(&format!("{argument}[{key:?}]"))
-}
-
-/// A list of floats, as [`float_field`].
-fn float_list(d: &Bound<'_, PyDict>, key: &str, argument: &str) -> PyResult<Vec<f64>> {
-    let values: Vec<Float> = extract(d, key, argument)?;
-    values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| v.value(&format!("{argument}[{key:?}][{i}]")))
-        .collect()
-}
-
-const U64: (i128, i128) = (0, u64::MAX as i128);
-const I128: (i128, i128) = (i128::MIN, i128::MAX);
-
-fn parse_state(state: &Bound<'_, PyAny>) -> PyResult<EstimatorState> {
-    let arg = "state";
-    let d = state
-        .cast::<PyDict>()
-        .map_err(|_| type_error(arg, "expected a dict from state_dict()"))?;
-    let format: String = extract(d, "format", arg)?;
-    if format != STATE_FORMAT {
-        return Err(value_error(
-            arg,
-            format!("format is {format:?}, expected {STATE_FORMAT:?}"),
-        ));
-    }
-    let version: u32 = int_field(d, "format_version", arg, U64)?;
-    if !(1..=STATE_FORMAT_VERSION).contains(&version) {
-        return Err(value_error(
-            arg,
-            format!(
-                "format_version {version} is not supported (this build reads 1 to \
-                 {STATE_FORMAT_VERSION})"
-            ),
-        ));
-    }
-    let config_item = get_item(d, "config", arg)?;
-    let c = config_item
-        .cast::<PyDict>()
-        .map_err(|_| type_error(arg, "key \"config\" must be a dict"))?;
-    let mut config = EstimatorConfig {
-        num_positions: int_field(c, "num_positions", arg, U64)?,
-        refit_interval: int_field(c, "refit_interval", arg, U64)?,
-        damping: float_field(c, "damping", arg)?,
-        l2: float_field(c, "l2", arg)?,
-        init_slope: float_field(c, "init_slope", arg)?,
-        init_intercept: float_field(c, "init_intercept", arg)?,
-        max_log_odds: float_field(c, "max_log_odds", arg)?,
-        max_step: float_field(c, "max_step", arg)?,
-        max_slope: float_field(c, "max_slope", arg)?,
-        max_intercept: float_field(c, "max_intercept", arg)?,
-        memory: float_field(c, "memory", arg)?,
-        drift_z: float_field(c, "drift_z", arg)?,
-        ..EstimatorConfig::new(1)
-    };
-    // Version 1 is the vllm update with the map fields' defaults.
-    if version >= 2 {
-        let update: String = extract(c, "update", arg)?;
-        config.update = parse_update(&update, "state[\"config\"][\"update\"]")?;
-        config.bins = int_field(c, "bins", arg, U64)?;
-        config.prior_slope_sd = float_field(c, "prior_slope_sd", arg)?;
-        config.prior_level_sd = float_field(c, "prior_level_sd", arg)?;
-        config.prior_trend_sd = float_field(c, "prior_trend_sd", arg)?;
-        config.prior_spread_sd = float_field(c, "prior_spread_sd", arg)?;
-    }
-    let memory_item = get_item(d, "memory_state", arg)?;
-    let m = memory_item
-        .cast::<PyDict>()
-        .map_err(|_| type_error(arg, "key \"memory_state\" must be a dict"))?;
-    let k = config.num_positions;
-    let (stats, memory, map) = match config.update {
-        Update::Vllm => {
-            let stats = parse_round_stats(&get_item(d, "round_stats", arg)?, arg)?;
-            let memory = Memory {
-                a: float_field(m, "a", arg)?,
-                b: float_list(m, "b", arg)?,
-                c: float_list(m, "c", arg)?,
-                rhs: float_list(m, "rhs", arg)?,
-                total: float_field(m, "total", arg)?,
-                counts: float_list(m, "counts", arg)?,
-                resets: int_field(m, "resets", arg, U64)?,
-            };
-            (stats, memory, None)
-        }
-        Update::Map => {
-            let round = parse_histogram(&get_item(d, "round_stats", arg)?, arg, k, config.bins)?;
-            let reference_item = get_item(d, "reference", arg)?;
-            let r = reference_item
-                .cast::<PyDict>()
-                .map_err(|_| type_error(arg, "key \"reference\" must be a dict"))?;
-            let map = MapState {
-                reference_slope: float_field(r, "slope", arg)?,
-                reference_intercepts: float_list(r, "intercepts", arg)?,
-                round,
-                memory: HistogramMemory {
-                    num_positions: k,
-                    bins: config.bins,
-                    count: float_list(m, "count", arg)?,
-                    accepted: float_list(m, "accepted", arg)?,
-                    x_sum: float_list(m, "x_sum", arg)?,
-                },
-                fitted_labels: int_field(d, "fitted_labels", arg, U64)?,
-                resets: int_field(m, "resets", arg, U64)?,
-            };
-            (RoundStats::new(k), Memory::new(k), Some(map))
-        }
-    };
-    Ok(EstimatorState {
-        config,
-        slope: float_field(d, "slope", arg)?,
-        intercepts: float_list(d, "intercepts", arg)?,
-        stats,
-        steps_since_refit: int_field(d, "steps_since_refit", arg, U64)?,
-        num_refits: int_field(d, "num_refits", arg, U64)?,
-        memory,
-        map,
-    })
-}
-
-/// A round's statistics from the dict `stats_dict` writes (`argument` names it in errors).
-fn parse_round_stats(item: &Bound<'_, PyAny>, arg: &'static str) -> PyResult<RoundStats> {
-    let s = item
-        .cast::<PyDict>()
-        .map_err(|_| type_error(arg, "round_stats must be a dict"))?;
-    let bits: u32 = int_field(s, "fraction_bits", arg, U64)?;
-    if bits != FRACTION_BITS {
-        return Err(value_error(
-            arg,
-            format!("round_stats use {bits} fraction bits, this build uses {FRACTION_BITS}"),
-        ));
-    }
-    let columns: Vec<Vec<i128>> = ["a", "b", "c", "g0", "g1"]
-        .iter()
-        .map(|key| int_list::<i128>(s, key, arg, I128))
-        .collect::<PyResult<_>>()?;
-    let n: Vec<u64> = int_list(s, "n", arg, U64)?;
-    if columns.iter().any(|col| col.len() != n.len()) {
-        return Err(value_error(
-            arg,
-            "round_stats columns have different lengths",
-        ));
-    }
-    let positions = (0..n.len())
-        .map(|k| PositionSums {
-            a: columns[0][k],
-            b: columns[1][k],
-            c: columns[2][k],
-            g0: columns[3][k],
-            g1: columns[4][k],
-            n: n[k],
-        })
-        .collect();
-    Ok(RoundStats { positions })
 }

@@ -13,6 +13,7 @@ mod features;
 mod files;
 mod persist;
 mod planner;
+mod tree;
 
 /// The native module.
 #[pymodule]

@@ -57,10 +57,10 @@ impl Update {
 /// use av_core::EstimatorConfig;
 ///
 /// let mut config = EstimatorConfig::new(4);
-/// assert_eq!(config.refit_interval, EstimatorConfig::DEFAULT_REFIT_INTERVAL);
+/// assert_eq!(config.refit_interval, Some(EstimatorConfig::DEFAULT_REFIT_INTERVAL));
 /// assert_eq!((config.init_slope, config.init_intercept), (0.5, -0.2));
 /// // Refit twice as often and remember past rounds, discounted by 0.9 per round.
-/// config.refit_interval = 50;
+/// config.refit_interval = Some(50);
 /// config.memory = 0.9;
 /// assert!(config.validate().is_ok());
 /// ```
@@ -68,8 +68,12 @@ impl Update {
 pub struct EstimatorConfig {
     /// Draft positions K (1 ≤ K ≤ [`EstimatorConfig::MAX_POSITIONS`]).
     pub num_positions: usize,
-    /// Observe calls (decode steps) per round; a refit ends each round.
-    pub refit_interval: u64,
+    /// Observe calls (decode steps) per round; a refit ends each round. `None`: manual, the
+    /// estimator refits only when [`AcceptanceEstimator::refit`](crate::AcceptanceEstimator::refit) (or
+    /// [`refit_within_round`](crate::AcceptanceEstimator::refit_within_round)) is called, observes
+    /// only count their steps (for callers that run their own schedule, such as
+    /// `av_core.vllm`'s drop-in).
+    pub refit_interval: Option<u64>,
     /// D: a round with D observations moves a coefficient half of a full Newton step.
     pub damping: f64,
     /// λ: ridge added to every diagonal entry of the Newton system.
@@ -201,7 +205,7 @@ impl EstimatorConfig {
     pub fn new(num_positions: usize) -> Self {
         EstimatorConfig {
             num_positions,
-            refit_interval: Self::DEFAULT_REFIT_INTERVAL,
+            refit_interval: Some(Self::DEFAULT_REFIT_INTERVAL),
             damping: Self::DEFAULT_DAMPING,
             l2: Self::DEFAULT_L2,
             init_slope: Self::DEFAULT_INIT_SLOPE,
@@ -233,7 +237,7 @@ impl EstimatorConfig {
     /// use av_core::EstimatorConfig;
     ///
     /// let vllm = EstimatorConfig::vllm(4);
-    /// assert_eq!((vllm.refit_interval, vllm.damping, vllm.l2), (100, 50.0, 1e-3));
+    /// assert_eq!((vllm.refit_interval, vllm.damping, vllm.l2), (Some(100), 50.0, 1e-3));
     /// assert_eq!((vllm.init_slope, vllm.init_intercept, vllm.max_log_odds), (0.5, -0.2, 40.0));
     /// assert_eq!((vllm.memory, vllm.max_step), (0.0, f64::INFINITY));
     /// assert!(vllm.validate().is_ok());
@@ -291,23 +295,13 @@ impl EstimatorConfig {
                 ),
             ));
         }
-        if self.refit_interval == 0 {
-            return Err(Error::value("refit_interval", "must be at least 1, got 0"));
-        }
-        ensure_finite("damping", self.damping)?;
-        if self.damping < 0.0 {
+        if self.refit_interval == Some(0) {
             return Err(Error::value(
-                "damping",
-                format!("must be non-negative, got {}", self.damping),
+                "refit_interval",
+                "must be at least 1 (None for manual refits), got 0",
             ));
         }
-        ensure_finite("l2", self.l2)?;
-        if self.l2 < 0.0 {
-            return Err(Error::value(
-                "l2",
-                format!("must be non-negative, got {}", self.l2),
-            ));
-        }
+        check_regularization(self.l2, self.damping)?;
         ensure_finite("init_slope", self.init_slope)?;
         if self.init_slope < 0.0 {
             return Err(Error::value(
@@ -406,4 +400,23 @@ impl EstimatorConfig {
         }
         Ok(())
     }
+}
+
+/// Checks the ridge `l2` and the damping: both finite and non-negative (damping first).
+pub(crate) fn check_regularization(l2: f64, damping: f64) -> Result<()> {
+    ensure_finite("damping", damping)?;
+    if damping < 0.0 {
+        return Err(Error::value(
+            "damping",
+            format!("must be non-negative, got {damping}"),
+        ));
+    }
+    ensure_finite("l2", l2)?;
+    if l2 < 0.0 {
+        return Err(Error::value(
+            "l2",
+            format!("must be non-negative, got {l2}"),
+        ));
+    }
+    Ok(())
 }

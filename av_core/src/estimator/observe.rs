@@ -375,7 +375,7 @@ impl AcceptanceEstimator {
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
     /// let mut config = EstimatorConfig::new(2);
-    /// config.refit_interval = 2;
+    /// config.refit_interval = Some(2);
     /// let estimator = AcceptanceEstimator::new(config)?;
     /// // Two requests: both drafts of the first accepted, the second's first draft rejected.
     /// let features = [1.8f32, 1.2, -0.7, 0.4];
@@ -389,7 +389,7 @@ impl AcceptanceEstimator {
     /// assert_eq!(estimator.steps_since_refit(), 0);
     /// // Under map (opt-in) the round's 1st, 2nd, 4th, … steps are fitted too.
     /// let mut config = EstimatorConfig::map(2);
-    /// config.refit_interval = 3;
+    /// config.refit_interval = Some(3);
     /// let estimator = AcceptanceEstimator::new(config)?;
     /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // the round's 1st step: fit
     /// assert!(estimator.observe(view, &[2, 2], &[2, 0], none)?); // its 2nd: fit

@@ -35,7 +35,7 @@ impl AcceptanceEstimator {
     pub fn drift_statistic(&self, stats: &RoundStats) -> f64 {
         drift_statistic(&ArrowheadSystem::from_round(
             &stats.to_float(),
-            self.config.l2,
+            self.regularization()[0],
         ))
     }
 
@@ -49,8 +49,10 @@ impl AcceptanceEstimator {
     /// fit waits for the lock rather than skipping, and each due point counts one refit. So
     /// after any concurrent run `num_refits` and `steps_since_refit` are a serial run's.
     pub(super) fn count_map_step(&self) -> bool {
-        let interval = self.config.refit_interval;
         let steps = self.steps_since_refit.fetch_add(1, Ordering::SeqCst) + 1;
+        let Some(interval) = self.config.refit_interval else {
+            return false; // manual: only refit() fits
+        };
         let place = (steps - 1) % interval + 1;
         let doubling = place < interval && place.is_power_of_two();
         if steps < interval && !doubling {
@@ -88,8 +90,10 @@ impl AcceptanceEstimator {
         stats: &RoundStats,
     ) -> Result<bool> {
         self.add_to_round(argument, stats)?;
-        let interval = self.config.refit_interval;
         let steps = self.steps_since_refit.fetch_add(1, Ordering::SeqCst) + 1;
+        let Some(interval) = self.config.refit_interval else {
+            return Ok(false); // manual: only refit() refits
+        };
         if steps < interval {
             return Ok(false);
         }
@@ -157,7 +161,7 @@ impl AcceptanceEstimator {
     /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
     ///
     /// let mut config = EstimatorConfig::map(1);
-    /// config.refit_interval = 1 << 40;
+    /// config.refit_interval = None; // manual: refits only when asked
     /// let estimator = AcceptanceEstimator::new(config)?;
     /// let view = MatrixView::new("features", &[3.0f32, 3.0, -2.0, -2.0], 4, 1)?;
     /// let none = None::<MatrixView<'_, f32>>;
@@ -232,10 +236,11 @@ impl AcceptanceEstimator {
             self.coefficients
                 .write(current.slope, &current.intercepts, version);
         } else {
+            let l2 = self.regularization()[0];
             let statistic = map::score_statistic(
                 &map::round_bins(&round, &self.binning),
                 &state.reference,
-                self.config.l2,
+                l2,
             );
             let drifted = statistic > chi_square_quantile(k + 1, self.config.drift_z);
             state.memory.decay(self.config.memory);
@@ -245,7 +250,7 @@ impl AcceptanceEstimator {
             }
             state.memory.add_round(&round, &self.binning);
             let bins = FitBins::gather(Some(&state.memory), None, &self.binning, k);
-            let fit = map::fit(&bins, &self.prior, &state.reference, self.config.l2);
+            let fit = map::fit(&bins, &self.prior, &state.reference, l2);
             report.step = self.publish_bounded(&state.reference, &fit.theta, version);
             report.drift_statistic = Some(statistic);
             report.iterations = fit.iterations;
@@ -279,7 +284,12 @@ impl AcceptanceEstimator {
         };
         if labels > state.fitted_labels {
             let bins = FitBins::gather(Some(&state.memory), Some(&state.base), &self.binning, k);
-            let fit = map::fit(&bins, &self.prior, &state.reference, self.config.l2);
+            let fit = map::fit(
+                &bins,
+                &self.prior,
+                &state.reference,
+                self.regularization()[0],
+            );
             report.step = self.publish_bounded(&state.reference, &fit.theta, version);
             report.iterations = fit.iterations;
             state.fitted_labels = labels;
@@ -294,7 +304,7 @@ impl AcceptanceEstimator {
         let stats = self.accumulator.take();
         let mut intercepts = Vec::with_capacity(self.config.num_positions);
         let (slope, version) = self.coefficients.read_into(&mut intercepts);
-        let (l2, damping) = (self.config.l2, self.config.damping);
+        let [l2, damping] = self.regularization();
         let float_stats = stats.to_float();
         let step = if self.config.memory == 0.0 {
             newton_step(slope, &float_stats, l2, damping)

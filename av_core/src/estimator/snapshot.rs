@@ -138,7 +138,8 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
     let mut payload = Vec::with_capacity(128 + state.intercepts.len() * 96);
     let c = &state.config;
     payload.extend((c.num_positions as u64).to_le_bytes());
-    payload.extend(c.refit_interval.to_le_bytes());
+    // 0: manual (`None`), a value no interval can have, so no earlier state means it.
+    payload.extend(c.refit_interval.unwrap_or(0).to_le_bytes());
     for value in [
         c.damping,
         c.l2,
@@ -267,7 +268,8 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         ));
     }
     let k = num_positions as usize;
-    let refit_interval = r.u64("refit_interval")?;
+    // 0 is a manual estimator (`None`), as `encode` writes it.
+    let refit_interval = Some(r.u64("refit_interval")?).filter(|&v| v != 0);
     let mut floats = [0.0; 11];
     for (slot, name) in floats.iter_mut().zip([
         "damping",
@@ -517,7 +519,7 @@ mod tests {
     fn a_version_1_state_is_a_vllm_estimator_with_everything_it_held() {
         // Version 1 is this build's version 2 minus the extension, framed as version 1.
         let mut config = EstimatorConfig::new(3);
-        config.refit_interval = 4;
+        config.refit_interval = Some(4);
         let est = AcceptanceEstimator::new(config).unwrap();
         let x = [1.0f32, -2.0, 3.5, 0.25, 8.0, -1.0];
         for _ in 0..6 {

@@ -143,7 +143,7 @@ impl AcceptanceEstimator {
     /// estimator.observe(view, &[2], &[0], None::<MatrixView<'_, f32>>)?;
     /// let state = estimator.state();
     /// assert_eq!(state.map.unwrap().round.total_count(), 1);
-    /// assert_eq!(state.config, *estimator.config());
+    /// assert_eq!(state.config, estimator.config());
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn state(&self) -> EstimatorState {
@@ -166,7 +166,7 @@ impl AcceptanceEstimator {
         };
         let coefficients = self.coefficients.read();
         EstimatorState {
-            config: self.config.clone(),
+            config: self.config(),
             slope: coefficients.slope,
             intercepts: coefficients.intercepts,
             stats,
@@ -315,12 +315,15 @@ impl AcceptanceEstimator {
             .validate("round_stats", k, config.max_log_odds)?;
         // A serial run refits as soon as the count reaches the interval, so the count left over
         // is always below it (a larger one would make every later observe refit).
-        if state.steps_since_refit >= config.refit_interval {
+        if let Some(interval) = config
+            .refit_interval
+            .filter(|&i| state.steps_since_refit >= i)
+        {
             return Err(Error::value(
                 "steps_since_refit",
                 format!(
-                    "= {} must be below refit_interval = {}",
-                    state.steps_since_refit, config.refit_interval
+                    "= {} must be below refit_interval = {interval}",
+                    state.steps_since_refit
                 ),
             ));
         }

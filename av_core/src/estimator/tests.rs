@@ -38,9 +38,9 @@ fn bad_config_is_rejected() {
     let mut c = EstimatorConfig::new(0);
     assert_eq!(c.validate().unwrap_err().argument, "num_positions");
     c.num_positions = 4;
-    c.refit_interval = 0;
+    c.refit_interval = Some(0);
     assert_eq!(c.validate().unwrap_err().argument, "refit_interval");
-    c.refit_interval = 1;
+    c.refit_interval = Some(1);
     c.damping = -1.0;
     assert_eq!(c.validate().unwrap_err().argument, "damping");
     c.damping = 1.0;
@@ -52,7 +52,7 @@ fn bad_config_is_rejected() {
 fn refits_every_interval() {
     // vLLM's schedule: one refit per round of `refit_interval` observes.
     let mut config = EstimatorConfig::new(3);
-    config.refit_interval = 3;
+    config.refit_interval = Some(3);
     let est = AcceptanceEstimator::new(config).unwrap();
     let features = [1.0f32, 2.0, 3.0];
     let mut refits = vec![];
@@ -70,7 +70,7 @@ fn refits_every_interval() {
 #[test]
 fn map_fits_after_the_first_second_fourth_step_of_every_round_and_at_its_end() {
     let mut config = EstimatorConfig::map(3);
-    config.refit_interval = 6;
+    config.refit_interval = Some(6);
     let est = AcceptanceEstimator::new(config).unwrap();
     let features = [1.0f32, 2.0, 3.0];
     let mut fits = vec![];
@@ -89,7 +89,7 @@ fn map_fits_after_the_first_second_fourth_step_of_every_round_and_at_its_end() {
     // A fit within a round starts from the reference, so the coefficients after the round
     // are those of one fit of the round, whatever ran inside it.
     let once = AcceptanceEstimator::new(EstimatorConfig {
-        refit_interval: 1 << 40,
+        refit_interval: Some(1 << 40),
         ..est.config().clone()
     })
     .unwrap();
@@ -208,7 +208,7 @@ fn pooled_rounds_for(update: Update) {
     let k = 3;
     let mut config = EstimatorConfig::new(k);
     config.update = update;
-    config.refit_interval = u64::MAX;
+    config.refit_interval = Some(u64::MAX);
     let whole = AcceptanceEstimator::new(config.clone()).unwrap();
     let ranks: Vec<_> = (0..4)
         .map(|_| AcceptanceEstimator::new(config.clone()).unwrap())
@@ -343,7 +343,7 @@ fn contended(
     update: Update,
 ) -> AcceptanceEstimator {
     let mut config = EstimatorConfig::new(k);
-    config.refit_interval = interval;
+    config.refit_interval = Some(interval);
     config.update = update;
     let estimator = AcceptanceEstimator::new(config).unwrap();
     let batches: Vec<_> = (0..4).map(|s| workload(s, s as usize, k)).collect();
@@ -438,7 +438,7 @@ fn any_number_of_observing_threads_keeps_the_serial_map_schedule() {
 #[test]
 fn a_manual_refit_racing_observers_leaves_a_count_below_the_interval() {
     let mut config = EstimatorConfig::new(3);
-    config.refit_interval = 3;
+    config.refit_interval = Some(3);
     let estimator = AcceptanceEstimator::new(config).unwrap();
     let (f, ad, ac) = workload(4, 2, 3);
     std::thread::scope(|scope| {
@@ -516,7 +516,7 @@ fn state_with_memory() -> EstimatorState {
     // vLLM's statistics and quadratic memory (map_state_with_memory is map's).
     let mut config = EstimatorConfig::new(3);
     config.memory = 0.9;
-    config.refit_interval = 2;
+    config.refit_interval = Some(2);
     let est = AcceptanceEstimator::new(config).unwrap();
     for seed in 0..7 {
         let (f, ad, ac) = workload(seed, 12, 3);
@@ -600,11 +600,11 @@ fn impossible_states_are_refused_by_name() {
         }),
         ("round_stats", |s| s.stats.positions[1].g1 = i128::MAX),
         ("steps_since_refit", |s| {
-            s.steps_since_refit = s.config.refit_interval
+            s.steps_since_refit = s.config.refit_interval.unwrap()
         }),
         ("num_refits", |s| s.num_refits = u64::MAX),
         ("steps_since_refit", |s| {
-            s.config.refit_interval = u64::MAX;
+            s.config.refit_interval = Some(u64::MAX);
             s.steps_since_refit = u64::MAX - 1;
         }),
         ("memory", |s| s.memory.c[1] = -1.0),
@@ -645,7 +645,7 @@ fn impossible_states_are_refused_by_name() {
 /// A valid `map` state after a few rounds, with an open round and a drift reset.
 fn map_state_with_memory() -> EstimatorState {
     let mut config = EstimatorConfig::map(3);
-    config.refit_interval = 2;
+    config.refit_interval = Some(2);
     let est = AcceptanceEstimator::new(config).unwrap();
     for seed in 0..7 {
         let (f, ad, ac) = workload(seed, 12, 3);
@@ -845,7 +845,7 @@ proptest! {
         let mut config = EstimatorConfig::new(k);
         config.memory = memory;
         config.l2 = l2;
-        config.refit_interval = interval;
+        config.refit_interval = Some(interval);
         let est = AcceptanceEstimator::new(config).unwrap();
         for step in 0..steps {
             let (f, ad, ac, p) = edge_batch(seed ^ step as u64, rows, k);

@@ -141,6 +141,10 @@ class TrimmingServing:
         tables = CostTables(np.zeros(r + 1), 1.0 + per_token * np.arange(r * (k + 1) + 1))
         self.num_requests, self.num_positions = r, k
         self.est = AcceptanceEstimator(k, **estimator)  # type: ignore[arg-type]
+        interval = self.est.refit_interval
+        if interval is None:
+            raise ValueError("estimator: a round needs a refit_interval, got None (manual)")
+        self.interval = interval
         self.planner = VerificationPlanner(tables, k, num_slots=r, exploration=exploration)
         self.rng = np.random.default_rng(seed)
         self.trimmed = 0
@@ -149,7 +153,7 @@ class TrimmingServing:
         """One refit interval of decode steps."""
         r, k = self.num_requests, self.num_positions
         slots, scheduled = np.arange(r), np.full(r, k)
-        for _ in range(self.est.refit_interval):
+        for _ in range(self.interval):
             s = workload.step(self.rng, r, scheduled)
             p = self.est.predict(s.features)
             plan = self.planner.plan(
@@ -165,7 +169,7 @@ class TrimmingServing:
         position 0."""
         r, k = self.num_requests, self.num_positions
         x = np.full((r, k), 30.0, np.float32)
-        for _ in range(self.est.refit_interval):
+        for _ in range(self.interval):
             self.est.observe(x, np.full(r, k), np.zeros(r, np.int64), self.est.predict(x))
 
     def rounds_until(self, workload: SyntheticWorkload, tolerance: float, limit: int) -> int:

@@ -55,10 +55,6 @@ from av_core.vllm.update import choose_update, native_options, refit_due
 
 logger = logging.getLogger("vllm.av_core")
 
-# The native estimator never refits on its own: the schedule runs here, from the instance's
-# REFIT_INTERVAL, so that it can be changed on a live instance as in vLLM.
-_NATIVE_NEVER_REFITS = 1 << 40
-
 
 class OnlineAcceptanceEstimator:
     """vLLM 0.33.0's online acceptance estimator, on av_core's Rust core.
@@ -161,7 +157,10 @@ class OnlineAcceptanceEstimator:
 
         self._native = AcceptanceEstimator(
             k,
-            refit_interval=_NATIVE_NEVER_REFITS,
+            # Manual: the native estimator never refits on its own. The schedule runs here, from
+            # the instance's REFIT_INTERVAL, so that it can be changed on a live instance as in
+            # vLLM.
+            refit_interval=None,
             damping=float(self.DAMPING_OBSERVATIONS),
             l2=float(self.L2),
             init_slope=INIT_SLOPE,
@@ -504,8 +503,13 @@ class OnlineAcceptanceEstimator:
             raise ValueError(
                 f"state['estimator'] must be a mapping, got {type(state['estimator']).__name__}"
             )
+        saved = dict(state["estimator"])
+        if isinstance(saved.get("config"), Mapping):
+            # Manual refits, as built here (a state of an earlier release holds 1 << 40, which
+            # the schedule never reached: the same estimator).
+            saved["config"] = {**saved["config"], "refit_interval": None}
         # A state saved under the other update keeps its coefficients and starts a new round.
-        native = AcceptanceEstimator.from_state_dict(dict(state["estimator"]), update=self.update)
+        native = AcceptanceEstimator.from_state_dict(saved, update=self.update)
         if native.num_positions != self.num_speculative_steps:
             raise ValueError(
                 f"state has {native.num_positions} positions, the estimator "
@@ -651,9 +655,7 @@ class OnlineAcceptanceEstimator:
             native = self._native
             l2, damping = float(self.L2), float(self.DAMPING_OBSERVATIONS)
             if native.l2 != l2 or native.damping != damping:
-                state = native.state_dict()
-                state["config"] = {**state["config"], "l2": l2, "damping": damping}
-                native = self._native = AcceptanceEstimator.from_state_dict(state)
+                native.set_regularization(l2=l2, damping=damping)
             if not end_round:
                 native.refit(end_round=False)
             else:

@@ -113,7 +113,7 @@ fn reference_step(r: &Round, l2: f64, d: f64) -> (f64, Vec<f64>) {
 fn config(k: usize, damping: f64) -> EstimatorConfig {
     // vLLM's update: these tests pin its damped Newton step.
     let mut config = EstimatorConfig::new(k);
-    config.refit_interval = u64::MAX;
+    config.refit_interval = Some(u64::MAX);
     config.damping = damping;
     config.memory = 0.0;
     config.max_step = f64::INFINITY;
