@@ -85,7 +85,8 @@ def numpy_refit(
 
 
 class NumpyMemory:
-    """The memory of past rounds (``av_core/src/estimator/memory.rs``) as a dense matrix in numpy."""
+    """The memory of past rounds (``av_core/src/estimator/memory.rs``) as a dense matrix in
+    numpy."""
 
     def __init__(self, k: int) -> None:
         self.a = np.zeros((k + 1, k + 1))
