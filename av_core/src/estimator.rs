@@ -28,7 +28,6 @@ mod logistic;
 mod map;
 mod memory;
 mod refit;
-pub(crate) mod snapshot;
 
 mod config;
 mod observe;

@@ -52,34 +52,7 @@
 
 pub mod cost_tables;
 
-/// The estimator's payload, kind [`Kind::Estimator`]: a versioned, checksummed byte encoding of
-/// [`EstimatorState`](crate::EstimatorState), for persistence and the C ABI (what
-/// [`AcceptanceEstimator::to_bytes`](crate::AcceptanceEstimator::to_bytes) writes, magic
-/// `"AVCORE\0E"`).
-///
-/// Payload, version 1: config, coefficients, fixed-point statistics, counters, memory of past
-/// rounds. Version 2 appends the update (u32: 0 map, 1 vllm), bins, the four prior widths and,
-/// for map, its state (reference coefficients, the open round's histograms, their memory, the
-/// fitted-labels marker, resets; each column prefixed by its length).
-///
-/// Version 1 (av_core before the `map` update) still loads: it is a `vllm` estimator, restored
-/// with everything it held (open round, memory), so it predicts and continues bit for bit as it
-/// did. And a `vllm` estimator whose map settings are the defaults (every estimator built
-/// without opting into `map`) is still *written* as version 1 ([`written_version`]): the same
-/// bytes as before the map update, which older builds read.
-///
-/// Decoding checks magic, version, length and checksum before it reads a field, then validates
-/// the state like any other input
-/// ([`AcceptanceEstimator::from_state`](crate::AcceptanceEstimator::from_state)); arbitrary bytes
-/// give an error, never a panic.
-///
-/// [`written_version`]: estimator::written_version
-pub mod estimator {
-    pub use crate::estimator::snapshot::{
-        decode, encode, encoded_len, written_version, FORMAT_VERSION, FORMAT_VERSION_1, MAGIC,
-        MAX_ENCODED_LEN, VERSION_2_EXTENSION_LEN,
-    };
-}
+pub mod estimator;
 
 mod frame;
 pub mod planner;

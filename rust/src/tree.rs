@@ -90,6 +90,10 @@ fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
 
 /// `obj` as an integer if it is one (`None` if it has no `__index__`).
 fn integer(obj: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
+    // The common case first: i64's conversion is far cheaper than i128's.
+    if let Ok(v) = obj.extract::<i64>() {
+        return Ok(Some(Value::Int(v.into())));
+    }
     match obj.extract::<i128>() {
         Ok(v) => Ok(Some(Value::Int(v))),
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Ok(Some(Value::BigInt {
@@ -119,7 +123,11 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
     Ok(match value {
         Value::None => py.None().into_bound(py),
         Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Int(v) => v.into_pyobject(py)?.into_any(),
+        // Most ints of a state fit i64, whose conversion is far cheaper than i128's.
+        Value::Int(v) => match i64::try_from(*v) {
+            Ok(small) => small.into_pyobject(py)?.into_any(),
+            Err(_) => v.into_pyobject(py)?.into_any(),
+        },
         Value::BigInt { text, .. } => py.get_type::<PyInt>().call1((text.as_str(),))?.into_any(),
         Value::Float(v) => PyFloat::new(py, *v).into_any(),
         Value::Str(s) => PyString::new(py, s).into_any(),

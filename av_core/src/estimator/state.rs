@@ -190,7 +190,7 @@ impl AcceptanceEstimator {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn to_bytes(&self) -> Vec<u8> {
-        super::snapshot::encode(&self.state())
+        crate::persist::estimator::encode(&self.state())
     }
 
     /// Rebuilds an estimator from [`to_bytes`](Self::to_bytes); corrupt, truncated or
@@ -212,7 +212,7 @@ impl AcceptanceEstimator {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        Self::from_state(&super::snapshot::decode(bytes)?)
+        Self::from_state(&crate::persist::estimator::decode(bytes)?)
     }
 
     /// Rebuilds an estimator from [`state`](Self::state), validating every field.

@@ -621,7 +621,7 @@ fn impossible_states_are_refused_by_name() {
         let error = AcceptanceEstimator::from_state(&state).unwrap_err();
         assert_eq!(error.argument, argument, "{error}");
         // The same bytes are refused by `from_bytes` (and so by the C ABI's load).
-        let bytes = super::snapshot::encode(&state);
+        let bytes = crate::persist::estimator::encode(&state);
         assert_eq!(
             AcceptanceEstimator::from_bytes(&bytes)
                 .unwrap_err()
@@ -790,7 +790,7 @@ fn impossible_map_states_are_refused_by_name() {
         corrupt(&mut state);
         let error = AcceptanceEstimator::from_state(&state).unwrap_err();
         assert_eq!(error.argument, argument, "{error}");
-        let bytes = super::snapshot::encode(&state);
+        let bytes = crate::persist::estimator::encode(&state);
         let from_bytes = AcceptanceEstimator::from_bytes(&bytes).unwrap_err();
         assert_eq!(from_bytes.argument, argument, "{from_bytes}");
     }

@@ -323,7 +323,7 @@ fn histogram_of(s: &Fields<'_>, num_positions: usize, bins: usize) -> Result<His
     })
 }
 
-/// Adds another round of `estimator`'s kind, as [`open_round`] writes it, to its open round
+/// Adds another round of `estimator`'s kind, as [`round_stats`] or [`histogram`] writes it, to its open round
 /// (errors name `argument`; a refused round adds nothing).
 pub fn add_round(
     estimator: &AcceptanceEstimator,

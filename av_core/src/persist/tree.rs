@@ -6,8 +6,8 @@
 //!
 //! Reading a tree goes through [`Fields`], which names the argument and the path of every bad
 //! value (`state: ["config"]["l2"] must be a number, got str ("x")`): a missing key, a wrong
-//! type ([`ErrorKind::Type`](crate::ErrorKind::Type), for a bool where a number belongs too) or
-//! an out-of-range integer ([`ErrorKind::Value`](crate::ErrorKind::Value)).
+//! type ([`ErrorKind::Type`], for a bool where a number belongs too) or
+//! an out-of-range integer ([`ErrorKind::Value`]).
 //!
 //! # Example
 //!
