@@ -142,29 +142,62 @@ impl FitBins {
         binning: &Binning,
         num_positions: usize,
     ) -> Self {
-        let bins = binning.bins();
         let limit = binning.limit();
+        // A round's bin as it adds to the memory's (`n`, `a`, `Σx` in feature units), when it
+        // holds labels.
+        let round_bin = |r: &HistogramStats, index: usize| {
+            let count = r.count[index];
+            (count != 0).then(|| {
+                let c = count as f64;
+                (
+                    c,
+                    r.accepted[index] as f64,
+                    r.x_sum[index] as f64 / X_SCALE - limit * c,
+                )
+            })
+        };
+        // One loop per case, so that none tests which inputs it has per bin; the same
+        // arithmetic in each (the sums start from the memory's values, or from 0).
+        match (memory, round) {
+            (Some(m), Some(r)) => Self::collect(num_positions, binning.bins(), |index| {
+                let (mut n, mut a, mut x) = (m.count[index], m.accepted[index], m.x_sum[index]);
+                if let Some((c, accepted, sum)) = round_bin(r, index) {
+                    n += c;
+                    a += accepted;
+                    x += sum;
+                }
+                (n, a, x)
+            }),
+            (Some(m), None) => Self::collect(num_positions, binning.bins(), |index| {
+                (m.count[index], m.accepted[index], m.x_sum[index])
+            }),
+            (None, Some(r)) => Self::collect(num_positions, binning.bins(), |index| {
+                let (mut n, mut a, mut x) = (0.0, 0.0, 0.0);
+                if let Some((c, accepted, sum)) = round_bin(r, index) {
+                    n += c;
+                    a += accepted;
+                    x += sum;
+                }
+                (n, a, x)
+            }),
+            (None, None) => Self::collect(num_positions, binning.bins(), |_| (0.0, 0.0, 0.0)),
+        }
+    }
+
+    /// The non-empty bins among `(n, a, Σx) = bin(k·B + b)`, in ascending `(k, b)` order.
+    #[inline(always)]
+    fn collect(num_positions: usize, bins: usize, bin: impl Fn(usize) -> (f64, f64, f64)) -> Self {
+        let len = num_positions * bins;
         let mut out = FitBins {
             starts: Vec::with_capacity(num_positions + 1),
-            ..FitBins::default()
+            n: Vec::with_capacity(len),
+            a: Vec::with_capacity(len),
+            x: Vec::with_capacity(len),
         };
         out.starts.push(0);
         for k in 0..num_positions {
-            for b in 0..bins {
-                let index = k * bins + b;
-                let (mut n, mut a, mut x) = (0.0, 0.0, 0.0);
-                if let Some(m) = memory {
-                    (n, a, x) = (m.count[index], m.accepted[index], m.x_sum[index]);
-                }
-                if let Some(r) = round {
-                    let count = r.count[index];
-                    if count != 0 {
-                        let c = count as f64;
-                        n += c;
-                        a += r.accepted[index] as f64;
-                        x += r.x_sum[index] as f64 / X_SCALE - limit * c;
-                    }
-                }
+            for index in k * bins..(k + 1) * bins {
+                let (n, a, x) = bin(index);
                 if n > 0.0 {
                     out.n.push(n);
                     out.a.push(a);
