@@ -409,7 +409,10 @@ impl HistogramAccumulator {
     }
 
     /// Adds the bins `touched` (ascending: every occupied bin of the step), whose sums
-    /// `[count, accepted, x_sum]` are `sums(index)`, unless one would pass the bound.
+    /// `[count, accepted, x_sum]` are `sums(index)`, unless one would pass the bound. One pass:
+    /// each bin is checked and added in turn, and a bin that would pass the bound takes the
+    /// bins added before it back out (all under the lock, so no one sees them), which leaves
+    /// the open round as it was and names the first full bin in `(k, b)` order.
     #[inline]
     fn try_add_bins(
         &self,
@@ -417,18 +420,25 @@ impl HistogramAccumulator {
         sums: impl Fn(usize) -> [u64; 3],
     ) -> std::result::Result<(), (usize, usize)> {
         let mut open = self.lock();
-        for index in touched.clone() {
-            if open.reserved[index]
-                .checked_add(sums(index)[0])
-                .is_none_or(|total| total > MAX_BIN_COUNT)
-            {
-                return Err((index / self.bins, index % self.bins));
-            }
-        }
         let open = &mut *open;
-        for index in touched {
+        for index in touched.clone() {
             let [n, a, x] = sums(index);
-            open.reserved[index] += n;
+            let reserved = &mut open.reserved[index];
+            match reserved
+                .checked_add(n)
+                .filter(|&total| total <= MAX_BIN_COUNT)
+            {
+                Some(total) => *reserved = total,
+                None => {
+                    for added in touched.take_while(|&added| added != index) {
+                        let [n, a, x] = sums(added);
+                        open.reserved[added] -= n;
+                        let negated = [n.wrapping_neg(), a.wrapping_neg(), x.wrapping_neg()];
+                        add_bin(&mut open.pending, added, negated);
+                    }
+                    return Err((index / self.bins, index % self.bins));
+                }
+            }
             add_bin(&mut open.pending, index, [n, a, x]);
         }
         Ok(())
@@ -720,6 +730,50 @@ mod tests {
             assert!((got_bins[1] as usize) < bins);
             nan[1] = 2.0;
             assert!(binning.locate_all(&nan, &mut got_bins, &mut got_offsets));
+        }
+    }
+
+    #[test]
+    fn a_refused_add_leaves_no_trace_in_bins_before_the_full_one() {
+        // Bins 0 and 1 are added before bin 2 is found full: they must come back out, from the
+        // round and from the bound's count (a later add filling bin 0 to the bound fits).
+        let binning = Binning::new(40.0, 4);
+        let x_of = |bin: usize| -40.0 + 20.0 * bin as f64 + 1.0;
+        for observe_path in [false, true] {
+            let acc = HistogramAccumulator::new(1, 4);
+            let mut full = HistogramStats::new(1, 4);
+            full.add_observation(&binning, 0, x_of(2), true);
+            full.count[2] = MAX_BIN_COUNT;
+            full.accepted[2] = 0;
+            full.x_sum[2] *= MAX_BIN_COUNT;
+            acc.try_add(&full).unwrap();
+            let mut step = StepHistogram::new(1, 4);
+            let mut stats = HistogramStats::new(1, 4);
+            for bin in 0..4 {
+                let (b, offset) = binning.locate(x_of(bin));
+                assert_eq!(b, bin);
+                step.add(bin, true, offset);
+                stats.add_observation(&binning, 0, x_of(bin), true);
+            }
+            let refused = if observe_path {
+                acc.try_add_step(&step)
+            } else {
+                acc.try_add(&stats)
+            };
+            assert_eq!(refused, Err((0, 2)));
+            let mut round = HistogramStats::new(1, 4);
+            acc.drain_into(&mut round);
+            assert_eq!(round, full, "the refused add left something behind");
+            let mut fill = HistogramStats::new(1, 4);
+            fill.add_observation(&binning, 0, x_of(0), false);
+            fill.count[0] = MAX_BIN_COUNT;
+            fill.x_sum[0] *= MAX_BIN_COUNT;
+            assert_eq!(
+                acc.try_add(&fill),
+                Ok(()),
+                "bin 0's refused label still counts"
+            );
+            assert_eq!(acc.try_add(&stats), Err((0, 0)));
         }
     }
 
