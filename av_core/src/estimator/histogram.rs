@@ -341,7 +341,7 @@ struct OpenRound {
 /// estimator's refit lock) drains, each under one short lock. A step's histogram is built
 /// without it (the binning, the expensive part, runs on every thread at once); the lock covers
 /// only the bound check and the plain integer adds of the step's occupied bins, and a drain
-/// (a vectorized add of the pending histogram into the caller's and a clear). So every
+/// (a vectorized add of the pending histogram into the caller's, then a clear). So every
 /// addition lands whole in exactly one drain, and the bound is checked against everything
 /// added before it. Integer sums: the drained histograms do not depend on the order the adds
 /// took the lock. One uncontended lock per step costs less than what it replaced, a lock-free
