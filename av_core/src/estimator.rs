@@ -13,9 +13,11 @@
 //! over.
 //!
 //! Concurrency: `predict`, `observe`, `refit` and the accessors take `&self` and may run on any
-//! number of threads at once. Observations are accumulated lock-free and order-independently
-//! (bit-identical results for the same set of observations); refits are serialized among
-//! themselves; readers see either the old or the new coefficient vector, never a mix.
+//! number of threads at once. Observations are accumulated order-independently (bit-identical
+//! results for the same set of observations) without the refit lock: lock-free under `vllm`,
+//! under `map` with one short lock per observe around the integer adds of its occupied bins
+//! (binning runs outside it); refits are serialized among themselves; readers see either the
+//! old or the new coefficient vector, never a mix.
 
 mod accumulator;
 mod batch;
@@ -46,7 +48,7 @@ pub use memory::Memory;
 pub use refit::{Bounds, NewtonStep};
 pub use state::{EstimatorState, MapState, RefitReport};
 
-/// Not part of the API: hidden from the documentation, no stability promise. The lock-free
+/// Not part of the API: hidden from the documentation, no stability promise. The concurrent
 /// building blocks and kernels that the loom model (`tests/loom.rs`), the stress test
 /// (`tests/stress.rs`) and the benchmarks (`benches/core.rs`) drive directly, which no public
 /// type exposes.

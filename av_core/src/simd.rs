@@ -1,11 +1,13 @@
 //! Which vector unit the hot loops run on: run-time CPU detection for x86-64.
 //!
 //! The wheel is built for the baseline x86-64 target (SSE2, 2 × f64 or 4 × f32 per vector).
-//! Two kernels are also compiled with `#[target_feature]` for AVX2+FMA and AVX-512 and called
-//! through [`level`], which checks the CPU once with `is_x86_feature_detected!`: the feature
-//! kernel ([`crate::features`]) and `predict`'s logistic (`estimator/logistic.rs`). Every
+//! Three kernels are also compiled with `#[target_feature]` for AVX2+FMA (two of them for
+//! AVX-512 too) and called through [`level`], which checks the CPU once with
+//! `is_x86_feature_detected!`: the feature kernel ([`crate::features`]), `predict`'s logistic
+//! (`estimator/logistic.rs`) and the `map` refit's score and Hessian (`estimator/map.rs`). Every
 //! variant runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an
-//! FMA on its own. The logistic fuses nothing, so all its variants give the same bits; the feature
+//! FMA on its own. The logistic and the `map` terms fuse nothing, so all their variants give the
+//! same bits; the feature
 //! kernel asks for fused multiply-adds in its AVX2 and AVX-512 variants, so those two give the
 //! same bits and the SSE2 baseline the bits of the separately rounded source (a build whose
 //! target has FMA instructions, such as aarch64 or `-C target-feature=+fma`, fuses in its

@@ -1,4 +1,6 @@
-//! Model-checks the lock-free protocols under every interleaving loom can produce.
+//! Model-checks the concurrent protocols under every interleaving loom can produce: the
+//! lock-free double buffer of the vllm update's accumulator, the map update's locked open
+//! round, the coefficients' sequence lock and the refit schedules.
 //!
 //! Run with `RUSTFLAGS="--cfg loom" cargo test -p av_core --release --test loom` (`.ci/run`
 //! does, in its own target directory; about a minute to build, under a second to run). Without
@@ -120,13 +122,15 @@ fn bin(n: u64, accepted: u64) -> HistogramStats {
 
 #[test]
 fn every_histogram_add_lands_in_exactly_one_drain() {
+    // The map update's open round: adds (`try_add`, observe's path: the bound checked and the
+    // bins added under the accumulator's lock) racing a drain.
     model(|| {
         let acc = Arc::new(HistogramAccumulator::new(1, 1));
         let writer = {
             let acc = Arc::clone(&acc);
-            thread::spawn(move || acc.add(&bin(2, 1)))
+            thread::spawn(move || acc.try_add(&bin(2, 1)).unwrap())
         };
-        acc.add(&bin(5, 0));
+        acc.try_add(&bin(5, 0)).unwrap();
         let mut first = HistogramStats::new(1, 1);
         acc.drain_into(&mut first);
         writer.join().unwrap();
@@ -135,6 +139,35 @@ fn every_histogram_add_lands_in_exactly_one_drain() {
         assert_eq!(total, bin(7, 1));
         // The first drain held whole adds only.
         assert!([bin(5, 0), bin(7, 1)].contains(&first), "{first:?}");
+    });
+}
+
+#[test]
+fn racing_adds_never_pass_the_bin_bound_together() {
+    // Two adds that each fit the bound but not together: exactly one lands, whole; the refused
+    // one adds nothing. Once the round holding the winner ends, the loser's add fits again.
+    use av_core::estimator::MAX_BIN_COUNT;
+    model(|| {
+        let acc = Arc::new(HistogramAccumulator::new(1, 1));
+        acc.try_add(&bin(MAX_BIN_COUNT - 3, 0)).unwrap();
+        let other = {
+            let acc = Arc::clone(&acc);
+            thread::spawn(move || acc.try_add(&bin(2, 2)).is_ok())
+        };
+        let mine = acc.try_add(&bin(3, 1)).is_ok();
+        let theirs = other.join().unwrap();
+        assert!(mine ^ theirs, "exactly one add fits: {mine} {theirs}");
+        let mut round = HistogramStats::new(1, 1);
+        acc.drain_into(&mut round);
+        let expect = if mine {
+            bin(MAX_BIN_COUNT, 1)
+        } else {
+            bin(MAX_BIN_COUNT - 1, 2)
+        };
+        assert_eq!(round.count, expect.count);
+        assert_eq!(round.accepted, expect.accepted);
+        acc.end_round(&round);
+        assert_eq!(acc.try_add(&bin(3, 1)), Ok(()));
     });
 }
 

@@ -33,6 +33,7 @@ use super::histogram::{Binning, HistogramMemory, HistogramStats, X_SCALE};
 use super::logistic::exp_neg;
 use super::memory::drift_statistic;
 use super::refit::ArrowheadSystem;
+use crate::simd;
 
 /// Most Newton iterations of one fit.
 pub const MAX_ITERATIONS: u32 = 16;
@@ -142,29 +143,62 @@ impl FitBins {
         binning: &Binning,
         num_positions: usize,
     ) -> Self {
-        let bins = binning.bins();
         let limit = binning.limit();
+        // A round's bin as it adds to the memory's (`n`, `a`, `Σx` in feature units), when it
+        // holds labels.
+        let round_bin = |r: &HistogramStats, index: usize| {
+            let count = r.count[index];
+            (count != 0).then(|| {
+                let c = count as f64;
+                (
+                    c,
+                    r.accepted[index] as f64,
+                    r.x_sum[index] as f64 / X_SCALE - limit * c,
+                )
+            })
+        };
+        // One loop per case, so that none tests which inputs it has per bin; the same
+        // arithmetic in each (the sums start from the memory's values, or from 0).
+        match (memory, round) {
+            (Some(m), Some(r)) => Self::collect(num_positions, binning.bins(), |index| {
+                let (mut n, mut a, mut x) = (m.count[index], m.accepted[index], m.x_sum[index]);
+                if let Some((c, accepted, sum)) = round_bin(r, index) {
+                    n += c;
+                    a += accepted;
+                    x += sum;
+                }
+                (n, a, x)
+            }),
+            (Some(m), None) => Self::collect(num_positions, binning.bins(), |index| {
+                (m.count[index], m.accepted[index], m.x_sum[index])
+            }),
+            (None, Some(r)) => Self::collect(num_positions, binning.bins(), |index| {
+                let (mut n, mut a, mut x) = (0.0, 0.0, 0.0);
+                if let Some((c, accepted, sum)) = round_bin(r, index) {
+                    n += c;
+                    a += accepted;
+                    x += sum;
+                }
+                (n, a, x)
+            }),
+            (None, None) => Self::collect(num_positions, binning.bins(), |_| (0.0, 0.0, 0.0)),
+        }
+    }
+
+    /// The non-empty bins among `(n, a, Σx) = bin(k·B + b)`, in ascending `(k, b)` order.
+    #[inline(always)]
+    fn collect(num_positions: usize, bins: usize, bin: impl Fn(usize) -> (f64, f64, f64)) -> Self {
+        let len = num_positions * bins;
         let mut out = FitBins {
             starts: Vec::with_capacity(num_positions + 1),
-            ..FitBins::default()
+            n: Vec::with_capacity(len),
+            a: Vec::with_capacity(len),
+            x: Vec::with_capacity(len),
         };
         out.starts.push(0);
         for k in 0..num_positions {
-            for b in 0..bins {
-                let index = k * bins + b;
-                let (mut n, mut a, mut x) = (0.0, 0.0, 0.0);
-                if let Some(m) = memory {
-                    (n, a, x) = (m.count[index], m.accepted[index], m.x_sum[index]);
-                }
-                if let Some(r) = round {
-                    let count = r.count[index];
-                    if count != 0 {
-                        let c = count as f64;
-                        n += c;
-                        a += r.accepted[index] as f64;
-                        x += r.x_sum[index] as f64 / X_SCALE - limit * c;
-                    }
-                }
+            for index in k * bins..(k + 1) * bins {
+                let (n, a, x) = bin(index);
                 if n > 0.0 {
                     out.n.push(n);
                     out.a.push(a);
@@ -209,7 +243,40 @@ fn combine(lanes: [f64; LANES]) -> f64 {
 }
 
 /// The score and Hessian of `bins` at `theta` (slope first).
+///
+/// Lane `l` of a position sums its bins `l, l + 4, …` of the whole groups of four, then the
+/// remainder's bin `whole + l`; the lanes combine in a fixed order. Groups of four run as
+/// fixed-size arrays, so they vectorize (on the variant for this CPU's vector unit:
+/// [`crate::simd`]); the lanes and the operations in each are the same whatever the width, and
+/// nothing fuses, so every variant gives the same bits.
 pub fn terms(bins: &FitBins, theta: &[f64]) -> Terms {
+    terms_at(simd::level(), bins, theta)
+}
+
+/// [`terms`] on the variant for `level`, which must be one this CPU runs.
+pub(crate) fn terms_at(level: simd::Level, bins: &FitBins, theta: &[f64]) -> Terms {
+    #[cfg(target_arch = "x86_64")]
+    if level >= simd::Level::Avx2 {
+        // SAFETY: `terms_avx2` only requires the CPU features it is compiled with (`avx2,fma`);
+        // `level` is `Avx2` or wider only when `simd::available` confirmed both on this CPU
+        // with `is_x86_feature_detected!`.
+        return unsafe { x86::terms_avx2(bins, theta) };
+    }
+    let _ = level;
+    terms_generic(bins, theta)
+}
+
+/// The kernel compiled for AVX2 (the same code, one 4-wide vector per group).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn terms_avx2(bins: &super::FitBins, theta: &[f64]) -> super::Terms {
+        super::terms_generic(bins, theta)
+    }
+}
+
+#[inline(always)]
+fn terms_generic(bins: &FitBins, theta: &[f64]) -> Terms {
     let k = bins.num_positions();
     let slope = theta[0];
     let mut out = Terms {
@@ -228,27 +295,37 @@ pub fn terms(bins: &FitBins, theta: &[f64]) -> Terms {
             &bins.x[range],
         );
         let (mut r_sum, mut wx_sum, mut w_sum) = ([0.0; LANES], [0.0; LANES], [0.0; LANES]);
-        let mut lane = |i: usize, l: usize| {
-            let e = exp_neg(slope * x[i] + beta); // e^(−z)
+        // One bin's terms, added to lane `l`'s sums.
+        let mut add = |l: usize, n: f64, a: f64, x: f64, e: f64| {
             let p = 1.0 / (1.0 + e);
             let q = e * p; // 1 − p, without the cancellation
-            let w = n[i] * p * q;
-            let r = a[i] - n[i] * p;
-            let wx = w * x[i];
-            g0[l] += r * x[i];
-            h00[l] += wx * x[i];
+            let w = n * p * q;
+            let r = a - n * p;
+            let wx = w * x;
+            g0[l] += r * x;
+            h00[l] += wx * x;
             r_sum[l] += r;
             wx_sum[l] += wx;
             w_sum[l] += w;
         };
-        let whole = n.len() / LANES * LANES;
-        for start in (0..whole).step_by(LANES) {
+        let groups = n
+            .chunks_exact(LANES)
+            .zip(a.chunks_exact(LANES))
+            .zip(x.chunks_exact(LANES));
+        for ((n, a), x) in groups {
+            let (n, a, x): (&[f64; LANES], &[f64; LANES], &[f64; LANES]) =
+                (as_lanes(n), as_lanes(a), as_lanes(x));
+            let mut e = [0.0; LANES];
             for l in 0..LANES {
-                lane(start + l, l);
+                e[l] = exp_neg(slope * x[l] + beta); // e^(−z)
+            }
+            for l in 0..LANES {
+                add(l, n[l], a[l], x[l], e[l]);
             }
         }
+        let whole = n.len() / LANES * LANES;
         for i in whole..n.len() {
-            lane(i, i - whole);
+            add(i - whole, n[i], a[i], x[i], exp_neg(slope * x[i] + beta));
         }
         out.g[position + 1] = combine(r_sum);
         out.h0k[position] = combine(wx_sum);
@@ -257,6 +334,14 @@ pub fn terms(bins: &FitBins, theta: &[f64]) -> Terms {
     out.g[0] = combine(g0);
     out.h00 = combine(h00);
     out
+}
+
+/// A chunk of exactly [`LANES`] elements as an array.
+#[inline(always)]
+fn as_lanes(chunk: &[f64]) -> &[f64; LANES] {
+    chunk
+        .try_into()
+        .expect("chunks_exact yields LANES elements")
 }
 
 /// The drift test's statistic `T = gᵀ (H + λI)⁻¹ g` of `bins` at `theta`: about χ² with `K + 1`
@@ -474,6 +559,86 @@ mod tests {
                     .sum();
                 assert!((s - pull).abs() < 1e-6, "seed {seed}, coordinate {i}");
             }
+        }
+    }
+
+    /// `terms` as it was written before its groups were vectorized: lane `i % 4` per bin of
+    /// the whole groups, the remainder's bin `i` on lane `i − whole`, one bin at a time.
+    fn terms_one_bin_at_a_time(bins: &FitBins, theta: &[f64]) -> Terms {
+        let k = bins.num_positions();
+        let slope = theta[0];
+        let mut out = Terms {
+            g: vec![0.0; k + 1],
+            h00: 0.0,
+            h0k: vec![0.0; k],
+            hkk: vec![0.0; k],
+        };
+        let (mut g0, mut h00) = ([0.0; LANES], [0.0; LANES]);
+        for position in 0..k {
+            let beta = theta[position + 1];
+            let range = bins.starts[position]..bins.starts[position + 1];
+            let (n, a, x) = (
+                &bins.n[range.clone()],
+                &bins.a[range.clone()],
+                &bins.x[range],
+            );
+            let (mut r_sum, mut wx_sum, mut w_sum) = ([0.0; LANES], [0.0; LANES], [0.0; LANES]);
+            let whole = n.len() / LANES * LANES;
+            for i in 0..n.len() {
+                let l = if i < whole { i % LANES } else { i - whole };
+                let e = exp_neg(slope * x[i] + beta);
+                let p = 1.0 / (1.0 + e);
+                let q = e * p;
+                let w = n[i] * p * q;
+                let r = a[i] - n[i] * p;
+                let wx = w * x[i];
+                g0[l] += r * x[i];
+                h00[l] += wx * x[i];
+                r_sum[l] += r;
+                wx_sum[l] += wx;
+                w_sum[l] += w;
+            }
+            out.g[position + 1] = combine(r_sum);
+            out.h0k[position] = combine(wx_sum);
+            out.hkk[position] = combine(w_sum);
+        }
+        out.g[0] = combine(g0);
+        out.h00 = combine(h00);
+        out
+    }
+
+    #[test]
+    fn every_variant_of_terms_gives_the_bits_of_one_bin_at_a_time() {
+        let binning = Binning::new(40.0, 64);
+        let bits = |t: &Terms| {
+            let mut all = vec![t.h00.to_bits()];
+            all.extend(t.g.iter().chain(&t.h0k).chain(&t.hkk).map(|v| v.to_bits()));
+            all
+        };
+        for seed in 0..30u64 {
+            let mut rng = XorShift::new(seed + 7);
+            let k = 1 + (seed % 7) as usize;
+            let mut round = HistogramStats::new(k, 64);
+            // From a handful of labels (positions with 0–3 bins: only the remainder) to many.
+            for _ in 0..(seed * seed * 3) {
+                let position = (rng.next_u64() % k as u64) as usize;
+                let x = (rng.unit_f64() - 0.4) * 30.0;
+                round.add_observation(&binning, position, x, rng.unit_f64() < 0.6);
+            }
+            let mut memory = HistogramMemory::new(k, 64);
+            memory.add_round(&round, &binning);
+            memory.decay(0.8);
+            let bins = FitBins::gather(Some(&memory), Some(&round), &binning, k);
+            let theta: Vec<f64> = (0..=k).map(|i| 0.5 - 0.3 * i as f64).collect();
+            let want = bits(&terms_one_bin_at_a_time(&bins, &theta));
+            for level in crate::simd::available() {
+                assert_eq!(
+                    bits(&terms_at(level, &bins, &theta)),
+                    want,
+                    "{level:?}, {seed}"
+                );
+            }
+            assert_eq!(bits(&terms(&bins, &theta)), want);
         }
     }
 

@@ -3,11 +3,15 @@
 
 use super::accumulator::{RoundStats, MAX_COUNT};
 use super::batch::{batch_stats, Predictions};
-use super::histogram::{HistogramStats, MAX_BIN_COUNT};
+use super::histogram::{HistogramStats, StepHistogram, MAX_BIN_COUNT};
 use super::labels::{num_labeled, validate_counts};
 use super::{AcceptanceEstimator, Update};
 use crate::error::{Error, Result};
 use crate::matrix::MatrixView;
+
+/// Features located per block by observe's binning (whole rows of at most
+/// [`EstimatorConfig::MAX_POSITIONS`](super::EstimatorConfig::MAX_POSITIONS) features).
+const LOCATE_BLOCK: usize = 512;
 
 /// Whether every value of `source` passes `ok`, in one branch-free pass that vectorizes.
 #[inline]
@@ -31,6 +35,17 @@ fn check_predictions<P: Copy + Into<f64>>(predictions: Option<MatrixView<'_, P>>
         "predictions",
         format!("must be finite and in [0, 1], got {p} at flat index {index}"),
     ))
+}
+
+/// The error of an add refused because position `k`, bin `b` of the open round is full.
+fn bin_full(argument: &'static str, k: usize, b: usize) -> Error {
+    Error::value(
+        argument,
+        format!(
+            "would take position {k}, bin {b}'s count in this round past {MAX_BIN_COUNT} \
+             (refit first)"
+        ),
+    )
 }
 
 /// The error of a call whose input failed a check while being used but passed it when read
@@ -93,15 +108,16 @@ impl AcceptanceEstimator {
     /// every state this estimator reaches saves and loads again); then nothing changes and the
     /// error names `argument`.
     fn add_to_histogram(&self, argument: &'static str, step: &HistogramStats) -> Result<()> {
-        self.histogram.try_add(step).map_err(|(k, b)| {
-            Error::value(
-                argument,
-                format!(
-                    "would take position {k}, bin {b}'s count in this round past \
-                     {MAX_BIN_COUNT} (refit first)"
-                ),
-            )
-        })
+        self.histogram
+            .try_add(step)
+            .map_err(|(k, b)| bin_full(argument, k, b))
+    }
+
+    /// [`add_to_histogram`](Self::add_to_histogram) for observe's own step histograms.
+    fn add_step_to_histogram(&self, argument: &'static str, step: &StepHistogram) -> Result<()> {
+        self.histogram
+            .try_add_step(step)
+            .map_err(|(k, b)| bin_full(argument, k, b))
     }
 
     /// Adds another round's statistics to the open round, exactly (fixed-point integers): for
@@ -273,6 +289,20 @@ impl AcceptanceEstimator {
         num_accepted: &[i64],
         predictions: Option<MatrixView<'_, P>>,
     ) -> Result<HistogramStats> {
+        self.step_bins(features, num_admitted, num_accepted, predictions)
+            .map(StepHistogram::into_stats)
+    }
+
+    /// [`step_histogram`](Self::step_histogram) with the bitmap of the occupied bins that
+    /// [`HistogramAccumulator::try_add_step`](super::histogram::HistogramAccumulator::try_add_step)
+    /// adds from (observe's path).
+    fn step_bins<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        features: MatrixView<'_, T>,
+        num_admitted: &[i64],
+        num_accepted: &[i64],
+        predictions: Option<MatrixView<'_, P>>,
+    ) -> Result<StepHistogram> {
         let k = self.config.num_positions;
         let counts = self.checked_counts(features, num_admitted, num_accepted, predictions)?;
         if let Some(given) = &predictions {
@@ -282,21 +312,30 @@ impl AcceptanceEstimator {
         }
         // One read of each feature: every one is checked, and the labeled ones are binned from
         // the same read (a buffer another thread rewrites meanwhile can fail the call, never
-        // get an unchecked value in).
-        let mut step = HistogramStats::new(k, self.config.bins);
-        let bins = self.config.bins;
+        // get an unchecked value in). Blocks of whole rows: a vectorized pass locates every
+        // feature of the block, then the labeled ones are added.
+        let binning = self.binning;
+        let bins = binning.bins();
+        let mut step = StepHistogram::new(k, bins);
         let mut finite = true;
-        for (values, &(admitted, accepted)) in features.data().chunks_exact(k).zip(&counts) {
-            let labeled = num_labeled(admitted, accepted);
-            for (position, &value) in values.iter().enumerate() {
-                let x: f64 = value.into();
-                finite &= x.is_finite();
-                if position < labeled {
-                    let (bin, offset) = self.binning.locate(x);
-                    let index = position * bins + bin;
-                    step.count[index] += 1;
-                    step.accepted[index] += u64::from(position < accepted);
-                    step.x_sum[index] += offset;
+        let rows_per_block = (LOCATE_BLOCK / k).max(1);
+        let (mut bin_of, mut offset_of) = ([0u32; LOCATE_BLOCK], [0u64; LOCATE_BLOCK]);
+        for (block, block_counts) in features
+            .data()
+            .chunks(rows_per_block * k)
+            .zip(counts.chunks(rows_per_block))
+        {
+            finite &= binning.locate_all(block, &mut bin_of, &mut offset_of);
+            for (row, &(admitted, accepted)) in block_counts.iter().enumerate() {
+                // The labeled drafts: the accepted ones, then the first rejection. The counts
+                // are valid, so `labeled ≤ k`; `min` keeps the slices in range regardless.
+                let labeled = num_labeled(admitted, accepted).min(k);
+                let start = row * k;
+                let located = bin_of[start..start + labeled]
+                    .iter()
+                    .zip(&offset_of[start..start + labeled]);
+                for (position, (&bin, &offset)) in located.enumerate() {
+                    step.add(position * bins + bin as usize, position < accepted, offset);
                 }
             }
         }
@@ -410,9 +449,8 @@ impl AcceptanceEstimator {
                 self.add_valid_step("num_admitted", &stats)
             }
             Update::Map => {
-                let step =
-                    self.step_histogram(features, num_admitted, num_accepted, predictions)?;
-                self.add_to_histogram("num_admitted", &step)?;
+                let step = self.step_bins(features, num_admitted, num_accepted, predictions)?;
+                self.add_step_to_histogram("num_admitted", &step)?;
                 Ok(self.count_map_step())
             }
         }
@@ -448,9 +486,8 @@ impl AcceptanceEstimator {
                 self.add_to_round("num_admitted", &stats)?;
             }
             Update::Map => {
-                let step =
-                    self.step_histogram(features, num_admitted, num_accepted, predictions)?;
-                self.add_to_histogram("num_admitted", &step)?;
+                let step = self.step_bins(features, num_admitted, num_accepted, predictions)?;
+                self.add_step_to_histogram("num_admitted", &step)?;
             }
         }
         Ok(())
