@@ -211,7 +211,7 @@ class AcceptanceEstimator:
         (docs/estimator.md): per-position histograms of the feature (``bins`` per position),
         the MAP fit iterated to convergence under a prior centred on the cold start
         (``prior_*_sd``), fits after 1, 2, 4, ... observes of every round and at its end; better
-        log-loss, slower observes and refits."""
+        log-loss; observes as fast as vLLM's update, refits slower (they iterate)."""
     def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.float32]:
         """Acceptance probabilities, float32 [R, K], for features [R, K] (float32 or float64)."""
     def observe(

@@ -19,8 +19,9 @@ use crate::error::{ensure_finite, Error, Result};
 pub enum Update {
     /// av_core's own update, opt-in (docs/estimator.md): per-position histograms, the MAP fit
     /// iterated to convergence under a prior centred on the cold start, refits after 1, 2, 4, …
-    /// steps inside every round. Better log-loss on the shipped traces, but slower observes and
-    /// refits than [`Update::Vllm`], so not the default.
+    /// steps inside every round. Better log-loss on the shipped traces, observes about as fast
+    /// as [`Update::Vllm`]'s and refits slower (they iterate); not the default, since it misses
+    /// some of its calibration targets (docs/estimator.md).
     Map,
     /// vLLM 0.33.0's update, kept bit for bit (the default): IRLS moments of the round at the
     /// draft-time predictions, one damped Newton step per round (plus av_core's bounds, memory
