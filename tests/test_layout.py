@@ -21,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "python" / "av_core"
 #: The most lines a production module may have (tests and stubs are not production modules).
 MAX_MODULE_LINES = 700
+#: The most lines a Rust source file may have, outside tests.
+MAX_RUST_FILE_LINES = 900
+#: The Rust crates whose sources the limit covers.
+RUST_SOURCES = ("av_core/src", "av_core_capi/src", "rust/src")
 
 
 def modules_after(statement: str) -> list[str]:
@@ -74,6 +78,24 @@ def test_no_production_module_is_longer_than_the_limit() -> None:
     sizes = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in modules}
     too_long = {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES}
     assert too_long == {}, f"modules over {MAX_MODULE_LINES} lines: {too_long}"
+
+
+def is_rust_test_file(path: Path) -> bool:
+    """A unit-test file (``tests.rs``, ``examples.rs`` or anything under a ``tests/`` folder)."""
+    return path.name in ("tests.rs", "examples.rs") or "tests" in path.parts
+
+
+def test_no_rust_file_over_the_limit_outside_tests() -> None:
+    files = [
+        path
+        for source in RUST_SOURCES
+        for path in sorted((ROOT / source).rglob("*.rs"))
+        if not is_rust_test_file(path.relative_to(ROOT / source))
+    ]
+    assert len(files) > 40, "the walk found too few Rust files to be the workspace"
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in files}
+    too_long = {path: lines for path, lines in sizes.items() if lines > MAX_RUST_FILE_LINES}
+    assert too_long == {}, f"Rust files over {MAX_RUST_FILE_LINES} lines: {too_long}"
 
 
 @pytest.mark.parametrize(
