@@ -184,14 +184,18 @@ def test_the_typed_dicts_name_every_key_the_bindings_return() -> None:
 
 
 def stub_properties(class_name: str) -> set[str]:
+    """The properties the stub declares on ``class_name``, its stub base classes' included."""
     tree = ast.parse(STUB.read_text())
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
-    return {
+    own = {
         n.name
         for n in cls.body
         if isinstance(n, ast.FunctionDef)
         and any(isinstance(d, ast.Name) and d.id == "property" for d in n.decorator_list)
     }
+    declared = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    bases = [b.id for b in cls.bases if isinstance(b, ast.Name) and b.id in declared]
+    return own.union(*(stub_properties(base) for base in bases))
 
 
 def test_the_config_object_holds_every_field_with_the_documented_defaults() -> None:

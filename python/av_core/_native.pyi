@@ -99,26 +99,10 @@ class OutOfMemoryError(ValueError):
     """There was no memory for a copy the call needs (an array far larger than memory, such as
     a huge numpy.broadcast_to view). A ValueError, naming the argument."""
 
-@final
-class EstimatorConfig:
-    """An estimator's configuration (:attr:`AcceptanceEstimator.config`), frozen: every field of
-    the core's ``EstimatorConfig`` as an attribute and by key (``config.l2``, ``config["l2"]``),
-    in the constructor's order (``keys()``), so ``AcceptanceEstimator(**est.config)`` builds a
-    cold estimator with the same configuration and ``dict(config)`` is a plain dict. Equal when
-    every field is."""
-    def __getitem__(self, key: str, /) -> int | float | str | None:
-        """The field named ``key`` (KeyError if there is none)."""
-    def __contains__(self, key: str, /) -> bool: ...
-    def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator[str]: ...
-    def __eq__(self, value: object, /) -> bool: ...
-    def keys(self) -> tuple[str, ...]:
-        """The field names, in the constructor's order."""
-    def to_dict(self) -> EstimatorConfigFields:
-        """The fields as a new dict."""
-    @property
-    def num_positions(self) -> int:
-        """Number of draft positions K."""
+class _ConfigFields:
+    """The configuration fields an estimator and its frozen config both show (one list in the
+    core, ``CONFIG_FIELDS``; not a class at runtime)."""
+
     @property
     def refit_interval(self) -> int | None:
         """Observe calls per round (None: manual, a refit only when ``refit()`` is called)."""
@@ -172,7 +156,28 @@ class EstimatorConfig:
         """map: the prior sd of each intercept around the trend."""
 
 @final
-class AcceptanceEstimator:
+class EstimatorConfig(_ConfigFields):
+    """An estimator's configuration (:attr:`AcceptanceEstimator.config`), frozen: every field of
+    the core's ``EstimatorConfig`` as an attribute and by key (``config.l2``, ``config["l2"]``),
+    in the constructor's order (``keys()``), so ``AcceptanceEstimator(**est.config)`` builds a
+    cold estimator with the same configuration and ``dict(config)`` is a plain dict. Equal when
+    every field is."""
+    def __getitem__(self, key: str, /) -> int | float | str | None:
+        """The field named ``key`` (KeyError if there is none)."""
+    def __contains__(self, key: str, /) -> bool: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[str]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def keys(self) -> tuple[str, ...]:
+        """The field names, in the constructor's order."""
+    def to_dict(self) -> EstimatorConfigFields:
+        """The fields as a new dict."""
+    @property
+    def num_positions(self) -> int:
+        """Number of draft positions K."""
+
+@final
+class AcceptanceEstimator(_ConfigFields):
     """Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
     refitted every ``refit_interval`` observe calls by a damped Newton step."""
     def __new__(
@@ -262,57 +267,6 @@ class AcceptanceEstimator:
     def config(self) -> EstimatorConfig:
         """The configuration, frozen (each field is also an attribute here:
         ``est.l2 == est.config.l2``)."""
-    @property
-    def refit_interval(self) -> int | None:
-        """Observe calls per round (None: manual, a refit only when ``refit()`` is called)."""
-    @property
-    def damping(self) -> float:
-        """Damping D, in observations."""
-    @property
-    def l2(self) -> float:
-        """Ridge λ."""
-    @property
-    def init_slope(self) -> float:
-        """Cold-start slope."""
-    @property
-    def init_intercept(self) -> float:
-        """Cold-start intercept (every position)."""
-    @property
-    def max_log_odds(self) -> float:
-        """Feature clamp."""
-    @property
-    def max_step(self) -> float:
-        """Largest change of a coefficient in one refit."""
-    @property
-    def max_slope(self) -> float:
-        """Largest slope."""
-    @property
-    def max_intercept(self) -> float:
-        """Largest absolute intercept."""
-    @property
-    def memory(self) -> float:
-        """Discount γ per round of the memory of past rounds (0 = vLLM's memoryless refit)."""
-    @property
-    def drift_z(self) -> float:
-        """Drift test threshold (standard deviations); inf disables the test."""
-    @property
-    def update(self) -> str:
-        """How the estimator refits: ``"vllm"`` (the default) or ``"map"``."""
-    @property
-    def bins(self) -> int:
-        """map: bins per position of the feature histograms."""
-    @property
-    def prior_slope_sd(self) -> float:
-        """map: the prior sd of the slope."""
-    @property
-    def prior_level_sd(self) -> float:
-        """map: the prior sd of the intercepts' level."""
-    @property
-    def prior_trend_sd(self) -> float:
-        """map: the prior sd of the intercepts' trend in depth."""
-    @property
-    def prior_spread_sd(self) -> float:
-        """map: the prior sd of each intercept around the trend."""
     def to_bytes(self) -> bytes:
         """The state as versioned, checksummed bytes (see ``from_bytes``)."""
     @classmethod
