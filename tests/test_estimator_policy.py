@@ -148,3 +148,77 @@ def test_set_regularization_refuses_bad_values_and_changes_nothing(
         est.set_regularization(**kwargs)
     assert est.to_bytes() == before
     assert (est.l2, est.damping) == (1e-3, 50.0)
+
+
+# --- found by review: bounds and argument types of the policy's entry points -----------------
+
+MAX_COUNT = 2**56  # the most steps a saved state may hold (av_core/src/estimator/accumulator.rs)
+
+
+@pytest.mark.parametrize(("update", "interval"), [("vllm", None), ("map", None), ("vllm", 2**60)])
+def test_a_step_count_at_its_bound_stays_there_and_the_state_reloads(
+    update: str, interval: int | None
+) -> None:
+    state = AcceptanceEstimator(K, refit_interval=interval, update=update).state_dict()
+    state["steps_since_refit"] = MAX_COUNT
+    est = AcceptanceEstimator.from_state_dict(state)
+    x, admitted, accepted = batch(np.random.default_rng(4))
+    for _ in range(3):
+        est.observe(x, admitted, accepted)
+    assert (est.steps_since_refit, est.num_refits) == (MAX_COUNT, 0)
+    # Whatever it reached saves and loads again, by every route.
+    for again in (
+        AcceptanceEstimator.from_bytes(est.to_bytes()),
+        AcceptanceEstimator.from_state_dict(est.state_dict()),
+        pickle.loads(pickle.dumps(est)),
+    ):
+        assert again.to_bytes() == est.to_bytes()
+    est.refit()
+    assert (est.steps_since_refit, est.num_refits) == (0, 1)
+
+
+@pytest.mark.parametrize("bad", [1, 3.5, None, b"map", ["map"]])
+def test_update_of_another_type_is_a_type_error_naming_it(bad: object) -> None:
+    if bad is None:  # from_state_dict's default: no change of update
+        assert AcceptanceEstimator.from_state_dict(AcceptanceEstimator(K).state_dict(), update=bad)
+        with pytest.raises(TypeError, match=r"^update: must be a string, got NoneType \(None\)$"):
+            AcceptanceEstimator(K, update=bad)  # type: ignore[arg-type]
+        return
+    expected = rf"^update: must be a string, got {type(bad).__name__} \("
+    with pytest.raises(TypeError, match=expected):
+        AcceptanceEstimator(K, update=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=expected):
+        AcceptanceEstimator.from_state_dict(AcceptanceEstimator(K).state_dict(), update=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**64])
+def test_refit_interval_states_the_range_it_accepts(bad: int) -> None:
+    with pytest.raises(
+        ValueError,
+        match=rf"^refit_interval: must be an integer in 1\.\.=18446744073709551615, got {bad}$",
+    ):
+        AcceptanceEstimator(K, refit_interval=bad)
+
+
+def test_the_config_is_a_mapping_of_string_keys() -> None:
+    config = AcceptanceEstimator(K).config
+    for key in (0, None, ("l2",), b"l2"):
+        assert key not in config
+        with pytest.raises(KeyError):
+            config[key]  # type: ignore[index]
+    assert config["l2"] == 0.001 and "l2" in config
+
+
+def test_the_vllm_drop_in_restores_counters_as_the_native_state_does() -> None:
+    torch = pytest.importorskip("torch")
+    from av_core.vllm import OnlineAcceptanceEstimator
+
+    est = OnlineAcceptanceEstimator(4, K, torch.device("cpu"))
+    state = est.state_dict()
+    est.load_state_dict({**state, "steps_since_refit": np.int64(3), "refits": np.uint8(2)})
+    assert est.state_dict()["steps_since_refit"] == 3 and est.state_dict()["refits"] == 2
+    with pytest.raises(TypeError, match=r"^state\['refits'\] must be an int, got bool$"):
+        est.load_state_dict({**state, "refits": True})
+    with pytest.raises(ValueError, match=r"^state\['steps_since_refit'\] must be >= 0, got -1$"):
+        est.load_state_dict({**state, "steps_since_refit": -1})
+    assert est.state_dict()["steps_since_refit"] == 3  # a refused state changed nothing

@@ -32,7 +32,7 @@ use numpy::{
 use pyo3::exceptions::{PyException, PyOverflowError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyList, PyTuple};
+use pyo3::types::{PyBool, PyList, PyString, PyTuple};
 
 use crate::error::out_of_memory;
 pub use crate::error::{to_py_err, type_error, value_error};
@@ -201,6 +201,49 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Float {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// A string argument as the caller passed it; [`Text::value`] checks it with the argument's
+/// name (a `str` subclass is a string; anything else a `TypeError`).
+#[derive(Clone, Debug)]
+pub struct Text(TextValue);
+
+#[derive(Clone, Debug)]
+enum TextValue {
+    Value(String),
+    /// Not a string: its type and repr.
+    Other(String, String),
+}
+
+impl Text {
+    /// A default value.
+    pub fn new(value: &str) -> Self {
+        Text(TextValue::Value(value.to_owned()))
+    }
+
+    /// The string, or a `TypeError` naming `argument` and what was passed.
+    pub fn value(&self, argument: &str) -> PyResult<&str> {
+        match &self.0 {
+            TextValue::Value(v) => Ok(v),
+            TextValue::Other(kind, text) => Err(type_error(
+                argument,
+                format!("must be a string, got {kind} ({text})"),
+            )),
+        }
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Text {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let obj = obj.to_owned();
+        Ok(Text(match obj.cast::<PyString>() {
+            // Lone surrogates (no UTF-8) shown replaced: no valid name has them.
+            Ok(text) => TextValue::Value(text.to_string_lossy().into_owned()),
+            Err(_) => TextValue::Other(type_name(&obj), short_repr(&obj)),
+        }))
     }
 }
 

@@ -9,11 +9,11 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyCFunction, PyDict, PyTuple, PyType};
+use pyo3::types::{PyBytes, PyCFunction, PyDict, PyString, PyTuple, PyType};
 use std::path::PathBuf;
 
 use crate::convert::{
-    float_matrix, int_vector, to_py_err, value_error, Float, FloatMatrix, FloatView, Int,
+    float_matrix, int_vector, to_py_err, value_error, Float, FloatMatrix, FloatView, Int, Text,
 };
 use crate::files::{atomic_write, read_file};
 use crate::tree::{from_py, map_to_py};
@@ -44,7 +44,7 @@ impl PyAcceptanceEstimator {
         max_intercept = Float::new(EstimatorConfig::DEFAULT_MAX_INTERCEPT),
         memory = Float::new(EstimatorConfig::DEFAULT_MEMORY),
         drift_z = Float::new(EstimatorConfig::DEFAULT_DRIFT_Z),
-        update = "vllm",
+        update = Text::new("vllm"),
         bins = Int::new(EstimatorConfig::DEFAULT_BINS as i128),
         prior_slope_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_SLOPE_SD),
         prior_level_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_LEVEL_SD),
@@ -65,7 +65,7 @@ impl PyAcceptanceEstimator {
         max_intercept: Float,
         memory: Float,
         drift_z: Float,
-        update: &str,
+        update: Text,
         bins: Int,
         prior_slope_sd: Float,
         prior_level_sd: Float,
@@ -74,8 +74,12 @@ impl PyAcceptanceEstimator {
     ) -> PyResult<Self> {
         let config = EstimatorConfig {
             num_positions: num_positions.to_usize("num_positions")?,
+            // At least 1 (None is the manual mode): the range the message states.
             refit_interval: refit_interval
-                .map(|v| v.to_u64("refit_interval"))
+                .map(|v| {
+                    v.in_range("refit_interval", 1, i128::from(u64::MAX))
+                        .map(|n| n as u64)
+                })
                 .transpose()?,
             damping: damping.value("damping")?,
             l2: l2.value("l2")?,
@@ -87,7 +91,8 @@ impl PyAcceptanceEstimator {
             max_intercept: max_intercept.value("max_intercept")?,
             memory: memory.value("memory")?,
             drift_z: drift_z.value("drift_z")?,
-            update: state_dict::parse_update(update, "update").map_err(to_py_err)?,
+            update: state_dict::parse_update(update.value("update")?, "update")
+                .map_err(to_py_err)?,
             bins: bins.to_usize("bins")?,
             prior_slope_sd: prior_slope_sd.value("prior_slope_sd")?,
             prior_level_sd: prior_level_sd.value("prior_level_sd")?,
@@ -303,10 +308,11 @@ impl PyAcceptanceEstimator {
     fn from_state_dict(
         _cls: &Bound<'_, PyType>,
         state: &Bound<'_, PyAny>,
-        update: Option<&str>,
+        update: Option<Text>,
     ) -> PyResult<Self> {
         let mut state = state_dict::decode(&from_py(state)?).map_err(to_py_err)?;
         if let Some(name) = update {
+            let name = name.value("update")?;
             state = state.with_update(state_dict::parse_update(name, "update").map_err(to_py_err)?);
         }
         let inner = AcceptanceEstimator::from_state(&state).map_err(to_py_err)?;
@@ -348,14 +354,14 @@ pub struct PyEstimatorConfig {
 
 #[pymethods]
 impl PyEstimatorConfig {
-    fn __getitem__<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
-        let field =
-            state_dict::config_field(key).ok_or_else(|| PyKeyError::new_err(key.to_owned()))?;
-        crate::tree::to_py(py, &field.get(&self.inner))
+    fn __getitem__<'py>(&self, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        // Any other key, a non-string included, is missing (a KeyError, as a dict's).
+        let field = named_field(key).ok_or_else(|| PyKeyError::new_err(key.clone().unbind()))?;
+        crate::tree::to_py(key.py(), &field.get(&self.inner))
     }
 
-    fn __contains__(&self, key: &str) -> bool {
-        state_dict::config_field(key).is_some()
+    fn __contains__(&self, key: &Bound<'_, PyAny>) -> bool {
+        named_field(key).is_some()
     }
 
     fn __len__(&self) -> usize {
@@ -387,6 +393,12 @@ impl PyEstimatorConfig {
         }
         Ok(format!("EstimatorConfig({})", parts.join(", ")))
     }
+}
+
+/// The config field `key` names, if it is a string naming one.
+fn named_field(key: &Bound<'_, PyAny>) -> Option<&'static ConfigField> {
+    let name = key.cast::<PyString>().ok()?;
+    state_dict::config_field(name.to_str().ok()?)
 }
 
 /// Adds every field of [`CONFIG_FIELDS`] to `class` as a read-only property (with the core's

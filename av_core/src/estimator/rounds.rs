@@ -39,6 +39,18 @@ impl AcceptanceEstimator {
         ))
     }
 
+    /// Counts one step: the new count, or `None` when it already stood at [`MAX_COUNT`], the
+    /// most a saved state may hold (manual refits, or an interval above it, never take it
+    /// down), where it stays, so whatever the estimator reaches saves and loads again.
+    fn count_one_step(&self) -> Option<u64> {
+        self.steps_since_refit
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
+                (c < MAX_COUNT).then_some(c + 1)
+            })
+            .ok()
+            .map(|c| c + 1)
+    }
+
     /// Counts one `map` step and runs what the schedule asks for: the round's end when the
     /// count reaches `refit_interval`, and a fit within the round when the step is the 1st,
     /// 2nd, 4th, 8th, … of its round. Returns `true` when it did either.
@@ -49,12 +61,14 @@ impl AcceptanceEstimator {
     /// fit waits for the lock rather than skipping, and each due point counts one refit. So
     /// after any concurrent run `num_refits` and `steps_since_refit` are a serial run's.
     pub(super) fn count_map_step(&self) -> bool {
-        let steps = self.steps_since_refit.fetch_add(1, Ordering::SeqCst) + 1;
+        let counted = self.count_one_step();
+        let steps = counted.unwrap_or(MAX_COUNT);
         let Some(interval) = self.config.refit_interval else {
             return false; // manual: only refit() fits
         };
         let place = (steps - 1) % interval + 1;
-        let doubling = place < interval && place.is_power_of_two();
+        // A saturated count is no new place in the round: no fit within it.
+        let doubling = counted.is_some() && place < interval && place.is_power_of_two();
         if steps < interval && !doubling {
             return false;
         }
@@ -90,7 +104,7 @@ impl AcceptanceEstimator {
         stats: &RoundStats,
     ) -> Result<bool> {
         self.add_to_round(argument, stats)?;
-        let steps = self.steps_since_refit.fetch_add(1, Ordering::SeqCst) + 1;
+        let steps = self.count_one_step().unwrap_or(MAX_COUNT);
         let Some(interval) = self.config.refit_interval else {
             return Ok(false); // manual: only refit() refits
         };

@@ -575,6 +575,42 @@ fn states_at_the_loaders_limits_keep_working_and_reload() {
     assert_eq!(again.state(), reloaded.state());
 }
 
+/// A step count at its bound (manual refits, or an interval above the bound, never take it
+/// down) stays there: the estimator keeps observing, and what it reaches saves and loads again
+/// (found by review: one observe past 2^56 steps wrote a state its own loader refused).
+#[test]
+fn a_step_count_at_its_bound_saturates_and_reloads() {
+    let cases = [
+        (EstimatorConfig::new(3), None),
+        (EstimatorConfig::map(3), None),
+        (EstimatorConfig::new(3), Some(MAX_COUNT + 5)),
+        (EstimatorConfig::map(3), Some(u64::MAX)),
+    ];
+    for (mut config, interval) in cases {
+        config.refit_interval = interval;
+        let case = format!("{:?} {interval:?}", config.update);
+        let mut state = AcceptanceEstimator::new(config).unwrap().state();
+        state.steps_since_refit = MAX_COUNT;
+        let est = AcceptanceEstimator::from_state(&state).unwrap();
+        let (f, ad, ac) = workload(2, 6, 3);
+        for _ in 0..3 {
+            est.observe(view(&f, 3), &ad, &ac, NO_PREDICTIONS).unwrap();
+        }
+        // Counted (the round holds the observations), saturated, and no fit ran on its own.
+        assert_eq!(est.steps_since_refit(), MAX_COUNT, "{case}");
+        assert_eq!(est.num_refits(), 0, "{case}");
+        assert!(est.round_counts().iter().sum::<u64>() > 0, "{case}");
+        let again = AcceptanceEstimator::from_bytes(&est.to_bytes()).unwrap();
+        assert_eq!(again.state(), est.state(), "{case}");
+        est.refit();
+        assert_eq!(
+            (est.steps_since_refit(), est.num_refits()),
+            (0, 1),
+            "{case}"
+        );
+    }
+}
+
 #[test]
 fn impossible_states_are_refused_by_name() {
     let valid = state_with_memory();

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from av_core._checks import _check_int
 from av_core._native import AcceptanceEstimator
 from av_core.features import MAX_FEATURE_ENTRIES, draft_log_odds
 from av_core.features.checks import _check_device
@@ -515,10 +516,9 @@ class OnlineAcceptanceEstimator:
                 f"state has {native.num_positions} positions, the estimator "
                 f"{self.num_speculative_steps}"
             )
-        steps, refits = state["steps_since_refit"], state["refits"]
-        for name, value in (("steps_since_refit", steps), ("refits", refits)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"state[{name!r}] must be an int >= 0, got {value!r}")
+        # Python or numpy ints, as the native state accepts (a bool is a TypeError).
+        steps = _check_int(state["steps_since_refit"], "state['steps_since_refit']", 0)
+        refits = _check_int(state["refits"], "state['refits']", 0)
         self.flush()
         recorder = self._recorder
         with contextlib.nullcontext() if recorder is None else recorder.state_lock():
