@@ -14,7 +14,7 @@ const ROWS: usize = 500;
 const PRODUCERS: usize = 8;
 
 /// One deterministic batch: every row verifies all K drafts and accepts `r % (K + 1)`.
-fn batch(seed: u64) -> (Vec<f32>, Vec<f32>, Vec<i64>, Vec<i64>) {
+fn batch(seed: u64) -> Batch {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {
         state ^= state << 13;
@@ -31,6 +31,23 @@ fn batch(seed: u64) -> (Vec<f32>, Vec<f32>, Vec<i64>, Vec<i64>) {
     let admitted = vec![K as i64; ROWS];
     let accepted = (0..ROWS).map(|r| (r % (K + 1)) as i64).collect();
     (features, predictions, admitted, accepted)
+}
+
+type Batch = (Vec<f32>, Vec<f32>, Vec<i64>, Vec<i64>);
+
+/// Producer `t`'s share of the calls: `calls` observes of the batches from `t · calls` on.
+fn produce(estimator: &AcceptanceEstimator, batches: &[Batch], t: usize, calls: usize) {
+    for i in 0..calls {
+        let (f, p, ad, ac) = &batches[(t * calls + i) % batches.len()];
+        estimator
+            .observe(
+                MatrixView::new("f", f, ROWS, K).unwrap(),
+                ad,
+                ac,
+                Some(MatrixView::new("p", p, ROWS, K).unwrap()),
+            )
+            .unwrap();
+    }
 }
 
 fn merge(total: &mut RoundStats, part: &RoundStats) {
@@ -83,19 +100,7 @@ fn eight_producers_a_predictor_and_a_refitter() {
         let producers: Vec<_> = (0..PRODUCERS)
             .map(|t| {
                 let (estimator, batches) = (&estimator, &batches);
-                scope.spawn(move || {
-                    for i in 0..calls_per_producer {
-                        let (f, p, ad, ac) = &batches[(t * calls_per_producer + i) % batches.len()];
-                        estimator
-                            .observe(
-                                MatrixView::new("f", f, ROWS, K).unwrap(),
-                                ad,
-                                ac,
-                                Some(MatrixView::new("p", p, ROWS, K).unwrap()),
-                            )
-                            .unwrap();
-                    }
-                })
+                scope.spawn(move || produce(estimator, batches, t, calls_per_producer))
             })
             .collect();
         scope.spawn(|| {
@@ -197,15 +202,11 @@ fn eight_producers_and_a_refitter_lose_no_label_under_map() {
     };
     let per_batch = step(0).total_count();
     let calls_per_producer = 1_000_000u64.div_ceil(per_batch) as usize;
-    let mut serial = step(0);
-    serial = av_core::estimator::HistogramStats::new(K, serial.bins);
+    let mut serial = av_core::estimator::HistogramStats::new(K, step(0).bins);
+    let calls = calls_per_producer * PRODUCERS;
     for i in 0..batches.len() {
-        let mut times = 0;
-        for call in 0..calls_per_producer * PRODUCERS {
-            if call % batches.len() == i {
-                times += 1;
-            }
-        }
+        // Calls `i`, `i + len`, `i + 2·len`, … below `calls` use batch `i`.
+        let times = (calls + batches.len() - 1 - i) / batches.len();
         let one = step(i);
         for _ in 0..times {
             serial.merge(&one);
@@ -217,19 +218,7 @@ fn eight_producers_and_a_refitter_lose_no_label_under_map() {
         let producers: Vec<_> = (0..PRODUCERS)
             .map(|t| {
                 let (estimator, batches) = (&estimator, &batches);
-                scope.spawn(move || {
-                    for i in 0..calls_per_producer {
-                        let (f, p, ad, ac) = &batches[(t * calls_per_producer + i) % batches.len()];
-                        estimator
-                            .observe(
-                                MatrixView::new("f", f, ROWS, K).unwrap(),
-                                ad,
-                                ac,
-                                Some(MatrixView::new("p", p, ROWS, K).unwrap()),
-                            )
-                            .unwrap();
-                    }
-                })
+                scope.spawn(move || produce(estimator, batches, t, calls_per_producer))
             })
             .collect();
         scope.spawn(|| {
