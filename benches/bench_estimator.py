@@ -292,7 +292,7 @@ def row(name: str, samples: dict[str, list[float]], target: float | None) -> dic
 
 def observe_and_predict(r: int, k: int, repeats: int, inner: int) -> list[dict[str, Any]]:
     x, admitted, accepted, p = workload(r, k)
-    est = AcceptanceEstimator(k, refit_interval=2**62)
+    est = AcceptanceEstimator(k, refit_interval=2**62, update="vllm")
     map_est = AcceptanceEstimator(k, refit_interval=2**62, update="map")
     intercepts = est.intercepts
     observe = timed(
@@ -409,7 +409,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
 def observe_time(r: int, repeats: int, inner: int) -> float:
     x, admitted, accepted, p = workload(r, 8)
-    est = AcceptanceEstimator(8, refit_interval=2**62)
+    est = AcceptanceEstimator(8, refit_interval=2**62, update="vllm")
     samples = timed({"av_core": lambda: est.observe(x, admitted, accepted, p)}, repeats, inner)
     return summary(samples["av_core"])[0]
 

@@ -36,7 +36,7 @@ def batch(seed: int) -> tuple[np.ndarray, ...]:
 def throughput(producers: int, calls: int) -> float:
     """Labeled observations per second with `producers` threads, `calls` observes each."""
     data = [batch(s) for s in range(8)]
-    est = AcceptanceEstimator(K, refit_interval=2**62)
+    est = AcceptanceEstimator(K, refit_interval=2**62, update="vllm")
 
     def work(t: int) -> None:
         for i in range(calls):

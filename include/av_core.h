@@ -47,7 +47,7 @@ typedef int32_t avc_update;
  */
 typedef struct avc_estimator_update {
   /**
-   * AVC_UPDATE_VLLM (default) or AVC_UPDATE_MAP.
+   * AVC_UPDATE_MAP (default) or AVC_UPDATE_VLLM.
    */
   avc_update update;
   /**
@@ -75,7 +75,7 @@ typedef struct avc_estimator_update {
 /**
  * Estimator configuration. Fill it with avc_estimator_config_default, then change fields;
  * the defaults are vLLM 0.33.0's, plus av_core's bounds, memory and drift test. How the
- * estimator refits (vLLM's update by default, or av_core's opt-in map update) is
+ * estimator refits (av_core's map update by default, or vLLM's update) is
  * avc_estimator_update.
  */
 typedef struct avc_estimator_config {
@@ -267,15 +267,15 @@ typedef int32_t avc_budget_source;
 #define AVC_ERR_PANIC 6
 
 /**
- * av_core's update, opt-in (docs/estimator.md): per-position histograms, the MAP fit iterated
- * to convergence under a prior centred on the cold start, fits after 1, 2, 4, ... observes of
- * every round. Better log-loss, slower observes and refits than AVC_UPDATE_VLLM.
+ * av_core's update, the default (docs/estimator.md): per-position histograms, the MAP fit
+ * iterated to convergence under a prior centred on the cold start, fits after 1, 2, 4, ...
+ * observes of every round. Calibrated from the first refit; observes as fast as
+ * AVC_UPDATE_VLLM, refits slower (they iterate).
  */
 #define AVC_UPDATE_MAP 0
 
 /**
- * vLLM 0.33.0's update: one damped Newton step on the round's IRLS moments per round. The
- * default.
+ * vLLM 0.33.0's update: one damped Newton step on the round's IRLS moments per round.
  */
 #define AVC_UPDATE_VLLM 1
 
@@ -361,7 +361,7 @@ const char *avc_version_string(void);
 uint32_t avc_abi_version(void);
 
 /**
- * Writes the default update (AVC_UPDATE_VLLM, and the map settings' defaults) to update_out.
+ * Writes the default update (AVC_UPDATE_MAP, and the map settings' defaults) to update_out.
  *
  * # Safety
  *

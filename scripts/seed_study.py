@@ -152,12 +152,12 @@ def lockout_table(figures: Figures) -> str:
 
 
 def jitter(gamma: float, seed: int) -> np.ndarray:
-    est = AcceptanceEstimator(4, memory=gamma)
+    est = AcceptanceEstimator(4, memory=gamma, update="vllm")  # docs/memory.md: vLLM's update
     return refit_rounds(est, STATIONARY, 50, np.random.default_rng(seed))[15:].std(axis=0)
 
 
 def rounds_to_recover(gamma: float, seed: int) -> int:
-    est = AcceptanceEstimator(4, memory=gamma)
+    est = AcceptanceEstimator(4, memory=gamma, update="vllm")  # docs/memory.md: vLLM's update
     rng = np.random.default_rng(seed)
     refit_rounds(est, LOCKOUT_HIGH, 30, rng)
     optimum = labeled_log_loss(None, MEMORY_LOW)
@@ -200,7 +200,8 @@ def trace_scores(name: str, gamma: float) -> tuple[np.ndarray, np.ndarray, np.nd
     """(labels, prequential predictions, prompt index) of every labeled draft."""
     trace = load_shipped_trace(name)
     rounds = DraftRounds.from_trace(trace)
-    replay = replay_online(rounds, rounds.column(trace.logit_q_max), memory=gamma)
+    # docs/memory.md studies the memory of vLLM's update (the map update's: docs/estimator.md).
+    replay = replay_online(rounds, rounds.column(trace.logit_q_max), memory=gamma, update="vllm")
     labeled = rounds.labels >= 0
     prompt = np.broadcast_to(rounds.request_id[:, None], rounds.labels.shape)[labeled]
     return rounds.labels[labeled].astype(np.int64), replay.predictions[labeled], prompt

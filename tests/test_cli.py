@@ -875,14 +875,14 @@ def test_readme_first_command_installs_what_the_demo_draws_with() -> None:
 
 
 def test_a_run_that_never_ends_a_round_says_what_the_update_did(files: Path) -> None:
-    # vLLM's update (the default) never fits before a round ends: every prediction is the cold
-    # start. The opt-in map update fits after the 1st, 2nd, 4th, ... observes of its first round.
+    # vLLM's update never fits before a round ends: every prediction is the cold start. The map
+    # update (the default) fits after the 1st, 2nd, 4th, ... observes of its first round.
     argv = ["evaluate", "small.csv", "--no-plots", "--refit-interval", "5000"]
-    for vllm in (run_cli(*argv, "--update", "vllm", cwd=files), run_cli(*argv, cwd=files)):
-        assert vllm.returncode == 0, vllm.stderr
-        assert "every prediction is the cold start" in vllm.stderr, vllm.stderr
-    mapped = run_cli(*argv, "--update", "map", cwd=files)
-    assert mapped.returncode == 0, mapped.stderr
-    lines = mapped.stderr.strip().splitlines()
-    assert len(lines) == 1 and "at a round's end" in lines[0], lines
-    assert "cold start" not in lines[0]
+    vllm = run_cli(*argv, "--update", "vllm", cwd=files)
+    assert vllm.returncode == 0, vllm.stderr
+    assert "every prediction is the cold start" in vllm.stderr, vllm.stderr
+    for mapped in (run_cli(*argv, "--update", "map", cwd=files), run_cli(*argv, cwd=files)):
+        assert mapped.returncode == 0, mapped.stderr
+        lines = mapped.stderr.strip().splitlines()
+        assert len(lines) == 1 and "at a round's end" in lines[0], lines
+        assert "cold start" not in lines[0]

@@ -39,11 +39,12 @@ CORE_DEFAULTS: dict[str, float] = {
     "drift_z": 3.09,
 }
 
-#: The update's keywords (docs/estimator.md): vLLM's update by default, av_core's ``map`` opt-in
-#: with its bins and prior widths. Not in ``ESTIMATOR_DEFAULTS`` nor in a default estimator's
-#: ``state_dict()`` (format version 1, as before the map update); the getters hold them.
+#: The update's keywords (docs/estimator.md): av_core's ``map`` update by default, with its bins
+#: and prior widths (vLLM's update is ``update="vllm"``). ``ESTIMATOR_DEFAULTS`` holds the update
+#: but not the map settings; a default estimator's ``state_dict()`` (format version 2) and the
+#: getters hold them all.
 UPDATE_DEFAULTS: dict[str, Any] = {
-    "update": "vllm",
+    "update": "map",
     "bins": 64,
     "prior_slope_sd": 0.15,
     "prior_level_sd": 1.0,
@@ -55,6 +56,7 @@ UPDATE_DEFAULTS: dict[str, Any] = {
 #: _MAX_LOG_ODDS, _INIT_SLOPE, _INIT_BIAS), its memoryless, unbounded update.
 VLLM = {
     **CORE_DEFAULTS,
+    "update": "vllm",
     "memory": 0.0,
     "max_step": math.inf,
     "max_slope": math.inf,
@@ -88,17 +90,17 @@ def test_the_estimators_signature_shows_the_cores_defaults() -> None:
 
 def test_an_estimator_built_with_no_options_holds_the_signatures_defaults() -> None:
     est = _native.AcceptanceEstimator(3)
-    config = dict(est.state_dict()["config"])
+    config: dict[str, Any] = dict(est.state_dict()["config"])
     assert config.pop("num_positions") == 3
     defaults = runtime_defaults(_native.AcceptanceEstimator)
-    assert config == {k: v for k, v in defaults.items() if k not in UPDATE_DEFAULTS}
-    assert config == CORE_DEFAULTS
+    assert config == defaults
+    assert config == {**CORE_DEFAULTS, **UPDATE_DEFAULTS}
     assert {k: getattr(est, k) for k in UPDATE_DEFAULTS} == UPDATE_DEFAULTS
     assert {k: defaults[k] for k in UPDATE_DEFAULTS} == UPDATE_DEFAULTS
 
 
 def test_the_exported_defaults_are_the_cores_and_read_only() -> None:
-    assert dict(_native.ESTIMATOR_DEFAULTS) == CORE_DEFAULTS
+    assert dict(_native.ESTIMATOR_DEFAULTS) == {**CORE_DEFAULTS, "update": "map"}
     assert dict(_native.VLLM_ESTIMATOR) == VLLM
     assert _native.MAX_LOG_ODDS == 40.0
     for mapping in (_native.ESTIMATOR_DEFAULTS, _native.VLLM_ESTIMATOR):
@@ -108,9 +110,11 @@ def test_the_exported_defaults_are_the_cores_and_read_only() -> None:
 
 
 def test_the_vllm_preset_builds_vllms_estimator() -> None:
-    config = dict(_native.AcceptanceEstimator(2, **_native.VLLM_ESTIMATOR).state_dict()["config"])
+    est = _native.AcceptanceEstimator(2, **_native.VLLM_ESTIMATOR)
+    config: dict[str, Any] = dict(est.state_dict()["config"])
     assert config.pop("num_positions") == 2
-    assert config == VLLM
+    assert est.update == "vllm" and est.state_dict()["format_version"] == 1
+    assert config == {k: v for k, v in VLLM.items() if k != "update"}  # version 1: no update key
 
 
 def test_the_stub_states_the_same_defaults() -> None:
@@ -165,22 +169,49 @@ def keys(typed_dict: type) -> set[str]:
 
 
 def test_the_typed_dicts_name_every_key_the_bindings_return() -> None:
-    est = _native.AcceptanceEstimator(2, refit_interval=1)
+    est = _native.AcceptanceEstimator(2, refit_interval=1, update="vllm")
     x = np.array([[1.0, -1.0]], np.float32)
     est.observe(x, np.array([2]), np.array([1]))
-    state = est.state_dict()
+    state: dict[str, Any] = dict(est.state_dict())
     assert set(state) == keys(state_types.EstimatorStateDict)
     assert set(state["config"]) == keys(state_types.EstimatorConfigDict)
     assert set(state["round_stats"]) == keys(state_types.RoundStatsDict)
     assert set(state["memory_state"]) == keys(state_types.MemoryStateDict)
     assert set(_native.ESTIMATOR_DEFAULTS) == keys(state_types.EstimatorOptions)
+    assert set(_native.VLLM_ESTIMATOR) == keys(state_types.EstimatorOptions)
     est.observe(x, np.array([2]), np.array([1]))
-    report = est.refit(report=True)
+    report: dict[str, Any] = dict(est.refit(report=True))
     assert set(report) == keys(state_types.RefitReport)
     # The value types the TypedDicts promise (lists of ints, floats, ints).
     assert all(type(v) is int for v in state["round_stats"]["a"])
     assert type(state["memory_state"]["a"]) is float
     assert type(report["drift_statistic"]) is float
+
+
+def test_the_map_typed_dicts_name_every_key_of_a_default_estimators_state() -> None:
+    est = _native.AcceptanceEstimator(2, refit_interval=3)  # the default update: map
+    x = np.array([[1.0, -1.0]], np.float32)
+    for _ in range(4):  # a round ended (memory), and one step into the next
+        est.observe(x, np.array([2]), np.array([1]))
+    state: dict[str, Any] = dict(est.state_dict())
+    assert state["format_version"] == 2
+    assert set(state) == keys(state_types.MapEstimatorStateDict)
+    assert set(state["config"]) == keys(state_types.EstimatorConfigFields)
+    assert set(state["round_stats"]) == keys(state_types.HistogramDict)
+    assert set(state["memory_state"]) == keys(state_types.HistogramMemoryDict)
+    assert set(state["reference"]) == keys(state_types.ReferenceDict)
+    report: dict[str, Any] = dict(est.refit(report=True))
+    assert set(report) == keys(state_types.MapRefitReport)
+    # 2 positions × 64 bins, position-major; the one step of the open round: x = 1.0 accepted at
+    # position 0, x = -1.0 rejected at position 1, each in its own bin.
+    round_stats = state["round_stats"]
+    assert round_stats["bins"] == 64 and len(round_stats["count"]) == 2 * 64
+    assert sum(round_stats["count"][:64]) == 1 and sum(round_stats["count"][64:]) == 1
+    assert sum(round_stats["accepted"][:64]) == 1 and sum(round_stats["accepted"][64:]) == 0
+    assert all(type(v) is int for v in round_stats["x_sum"])
+    assert all(type(v) is float for v in state["memory_state"]["count"])
+    assert sum(state["memory_state"]["count"]) > 0
+    assert type(state["fitted_labels"]) is int and type(report["iterations"]) is int
 
 
 def stub_properties(class_name: str) -> set[str]:

@@ -42,8 +42,8 @@ def test_a_manual_estimator_refits_only_when_refit_is_called(update: str) -> Non
 
 def test_manual_is_an_interval_never_reached_bit_for_bit() -> None:
     # What av_core.vllm built before: refit_interval = 1 << 40.
-    far = AcceptanceEstimator(K, refit_interval=1 << 40)
-    manual = AcceptanceEstimator(K, refit_interval=None)
+    far = AcceptanceEstimator(K, refit_interval=1 << 40, update="vllm")
+    manual = AcceptanceEstimator(K, refit_interval=None, update="vllm")
     rng_a, rng_b = np.random.default_rng(2), np.random.default_rng(2)
     for step in range(30):
         assert far.observe(*batch(rng_a)) == manual.observe(*batch(rng_b))

@@ -12,7 +12,7 @@ from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
 
 def fitted_estimator() -> AcceptanceEstimator:
     rng = np.random.default_rng(0)
-    est = AcceptanceEstimator(4, refit_interval=5)
+    est = AcceptanceEstimator(4, refit_interval=5, update="vllm")  # a refit per round only
     for _ in range(12):
         x = rng.normal(size=(16, 4)).astype(np.float32)
         admitted = rng.integers(0, 5, size=16)
@@ -195,5 +195,10 @@ def test_state_written_by_0_1_0_still_loads() -> None:
     assert pickle.loads((DATA / "cost_tables_depth.pickle").read_bytes()) == depth
     estimator = AcceptanceEstimator.load(DATA / "estimator_v1.bin")
     assert estimator.to_bytes() == (DATA / "estimator_v1.bin").read_bytes()
-    # Version 1 is vLLM's update, still the default: saved again, it is the same bytes.
-    assert estimator.update == "vllm"
+    # Version 1 is vLLM's update (the default when it was written; map is now): it loads as a
+    # vllm estimator, saved again it is the same bytes, and it refits as vLLM's update does.
+    assert estimator.update == "vllm" and AcceptanceEstimator(4).update == "map"
+    state = estimator.state_dict()
+    assert state["format_version"] == 1
+    vllm = AcceptanceEstimator.from_state_dict(state, update="vllm")
+    assert vllm.to_bytes() == estimator.to_bytes()

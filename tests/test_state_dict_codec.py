@@ -89,7 +89,7 @@ def test_a_small_state_dict_is_the_hand_computed_one() -> None:
     # One labelled draft at x = 2 with draft-time prediction p = 0.5, accepted (y = 1):
     # w = p(1 - p) = 1/4, r = y - p = 1/2, so in units of 2**-36: a = w x² = 1 -> 2**36,
     # b = w x = 1/2 -> 2**35, c = w = 1/4 -> 2**34, g0 = r x = 1 -> 2**36, g1 = r = 2**35.
-    est = AcceptanceEstimator(1)
+    est = AcceptanceEstimator(1, update="vllm")  # IRLS moments: vLLM's update
     est.observe(np.array([[2.0]], np.float32), [1], [1], np.array([[0.5]], np.float32))
     expected = {
         "format": "av_core.AcceptanceEstimator",

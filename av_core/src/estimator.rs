@@ -123,11 +123,14 @@ enum Locked {
 ///         })
 ///     })
 ///     .collect();
+/// let mut refitted = 0;
 /// for worker in workers {
-///     assert!(!worker.join().unwrap()?); // no round completed yet
+///     refitted += usize::from(worker.join().unwrap()?);
 /// }
-/// assert_eq!(estimator.steps_since_refit(), 4);
-/// assert_eq!(estimator.round_stats().total_count(), 12);
+/// // The map update (the default) fits after the 1st, 2nd and 4th step of every round.
+/// assert_eq!((refitted, estimator.num_refits()), (3, 3));
+/// assert_eq!(estimator.steps_since_refit(), 4); // no round completed yet
+/// assert_eq!(estimator.round_counts(), [4, 4, 4]);
 /// # Ok::<(), av_core::Error>(())
 /// ```
 #[derive(Debug)]

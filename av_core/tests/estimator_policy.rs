@@ -47,7 +47,10 @@ fn manual(config: EstimatorConfig) -> AcceptanceEstimator {
 
 #[test]
 fn a_manual_estimator_never_refits_on_its_own_and_refits_when_asked() {
-    for config in [EstimatorConfig::new(3), EstimatorConfig::map(3)] {
+    for config in [
+        EstimatorConfig::new(3).with_update(Update::Vllm),
+        EstimatorConfig::map(3),
+    ] {
         let update = config.update;
         let estimator = manual(config);
         let cold = estimator.coefficients();
@@ -100,10 +103,10 @@ fn manual_vllm_is_the_estimator_whose_interval_is_never_reached() {
     // What av_core.vllm did before the manual mode: an interval no run reaches.
     let far = AcceptanceEstimator::new(EstimatorConfig {
         refit_interval: Some(1 << 40),
-        ..EstimatorConfig::new(2)
+        ..EstimatorConfig::new(2).with_update(Update::Vllm)
     })
     .unwrap();
-    let manual = manual(EstimatorConfig::new(2));
+    let manual = manual(EstimatorConfig::new(2).with_update(Update::Vllm));
     for seed in 0..40 {
         assert_eq!(observe(&far, seed), observe(&manual, seed));
         if seed % 9 == 8 {
@@ -117,7 +120,10 @@ fn manual_vllm_is_the_estimator_whose_interval_is_never_reached() {
 
 #[test]
 fn a_manual_state_round_trips_through_bytes_and_the_state_dict() {
-    for config in [EstimatorConfig::new(2), EstimatorConfig::map(2)] {
+    for config in [
+        EstimatorConfig::new(2).with_update(Update::Vllm),
+        EstimatorConfig::map(2),
+    ] {
         let estimator = manual(config);
         for seed in 0..7 {
             observe(&estimator, seed);
@@ -145,7 +151,7 @@ fn a_manual_state_round_trips_through_bytes_and_the_state_dict() {
 fn an_interval_of_zero_is_still_refused() {
     let config = EstimatorConfig {
         refit_interval: Some(0),
-        ..EstimatorConfig::new(2)
+        ..EstimatorConfig::new(2).with_update(Update::Vllm)
     };
     let err = AcceptanceEstimator::new(config).unwrap_err();
     assert_eq!(
@@ -166,7 +172,7 @@ fn rebuilt(estimator: &AcceptanceEstimator, l2: f64, damping: f64) -> Acceptance
 #[test]
 fn set_regularization_is_the_rebuild_bit_for_bit() {
     let configs = [
-        EstimatorConfig::new(3),
+        EstimatorConfig::new(3).with_update(Update::Vllm),
         EstimatorConfig {
             memory: 0.0,
             ..EstimatorConfig::vllm(3)
@@ -207,7 +213,8 @@ fn set_regularization_is_the_rebuild_bit_for_bit() {
 
 #[test]
 fn set_regularization_refuses_bad_values_and_changes_nothing() {
-    let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+    let estimator =
+        AcceptanceEstimator::new(EstimatorConfig::new(2).with_update(Update::Vllm)).unwrap();
     observe(&estimator, 1);
     let before = estimator.to_bytes();
     for (l2, damping, argument) in [
@@ -226,7 +233,7 @@ fn set_regularization_refuses_bad_values_and_changes_nothing() {
 
 #[test]
 fn concurrent_setters_and_refits_see_whole_pairs() {
-    let estimator = std::sync::Arc::new(manual(EstimatorConfig::new(2)));
+    let estimator = std::sync::Arc::new(manual(EstimatorConfig::new(2).with_update(Update::Vllm)));
     // Every pair ever set has damping = 2 l2, from the first one on.
     estimator.set_regularization(1.0, 2.0).unwrap();
     let writers: Vec<_> = (1..=4)

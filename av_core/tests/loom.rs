@@ -88,7 +88,7 @@ fn contended_observes_keep_the_serial_refit_schedule() {
     // refit and two steps left over (and then refit at every later step).
     model(|| {
         // vLLM's schedule: one refit per round.
-        let mut config = EstimatorConfig::new(1);
+        let mut config = EstimatorConfig::new(1).with_update(Update::Vllm);
         config.refit_interval = Some(2);
         config.memory = 0.0;
         let estimator = Arc::new(AcceptanceEstimator::new(config).unwrap());
@@ -176,7 +176,7 @@ fn contended_observes_keep_the_serial_map_schedule() {
     // map: a round of two is fitted after its first step and at its end, so two threads of two
     // steps each count 4 refits and end with no step counted, like a serial run.
     model(|| {
-        let mut config = EstimatorConfig::new(1);
+        let mut config = EstimatorConfig::new(1).with_update(Update::Vllm);
         config.update = Update::Map;
         config.bins = 1;
         config.refit_interval = Some(2);

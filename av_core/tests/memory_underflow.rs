@@ -3,11 +3,11 @@
 //! target: a memory with a subnormal `b` and no weight was refused as not positive
 //! semi-definite).
 
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 
 #[test]
 fn a_position_decayed_to_underflow_still_reloads() {
-    let mut config = EstimatorConfig::new(2);
+    let mut config = EstimatorConfig::new(2).with_update(Update::Vllm);
     config.memory = 0.3; // below 0.5, so a one-ulp subnormal rounds to zero (0.8 keeps it)
     config.l2 = 0.0; // no ridge: nothing keeps the unlabeled position's weight above zero
     config.drift_z = f64::INFINITY; // no resets: the memory only decays

@@ -10,7 +10,7 @@
 
 use av_core::cost_tables::{CostTables, DrafterKind};
 use av_core::planner::{BudgetSource, DepthMode, Exploration, StepTokens, VerificationPlanner};
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
 
@@ -77,7 +77,7 @@ fn recipe_planner(tables: CostTables, source: BudgetSource) -> VerificationPlann
 
 fn recipe_estimator() -> AcceptanceEstimator {
     // 0.1.0's estimator is the `vllm` update, still the default (`map` is opt-in).
-    let mut config = EstimatorConfig::new(3);
+    let mut config = EstimatorConfig::new(3).with_update(Update::Vllm);
     config.refit_interval = Some(4);
     config.memory = 0.5;
     let estimator = AcceptanceEstimator::new(config).unwrap();

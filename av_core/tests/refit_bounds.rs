@@ -4,7 +4,7 @@
 
 mod common;
 
-use av_core::estimator::{Bounds, NewtonStep};
+use av_core::estimator::{Bounds, NewtonStep, Update};
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 use proptest::prelude::*;
 
@@ -50,7 +50,7 @@ proptest! {
 
 /// An estimator on vLLM's update whose only active limit is the step cap.
 fn capped(max_step: f64, init_slope: f64) -> AcceptanceEstimator {
-    let mut config = EstimatorConfig::new(2);
+    let mut config = EstimatorConfig::new(2).with_update(Update::Vllm);
     config.refit_interval = Some(u64::MAX);
     config.damping = 0.0;
     config.memory = 0.0;

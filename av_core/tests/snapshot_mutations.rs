@@ -9,14 +9,14 @@
 
 use av_core::persist::crc32;
 use av_core::persist::estimator::{decode, MAGIC};
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
 const HEADER: usize = 8 + 4 + 8;
 
 fn real_state(k: usize, memory: f64, rounds: usize) -> Vec<u8> {
-    let mut config = EstimatorConfig::new(k);
+    let mut config = EstimatorConfig::new(k).with_update(Update::Vllm);
     config.memory = memory;
     config.refit_interval = Some(3);
     let est = AcceptanceEstimator::new(config).unwrap();

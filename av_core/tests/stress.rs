@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use av_core::estimator::RoundStats;
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 
 const K: usize = 4;
 const ROWS: usize = 500;
@@ -59,7 +59,7 @@ fn merge(total: &mut RoundStats, part: &RoundStats) {
 #[test]
 fn eight_producers_a_predictor_and_a_refitter() {
     // vLLM's update: the test sums the rounds' IRLS moments.
-    let mut config = EstimatorConfig::new(K);
+    let mut config = EstimatorConfig::new(K).with_update(Update::Vllm);
     config.refit_interval = Some(u64::MAX); // only the refitter thread ends rounds
     let estimator = AcceptanceEstimator::new(config.clone()).unwrap();
     let batches: Vec<_> = (0..16).map(batch).collect();

@@ -41,7 +41,7 @@ impl AvcEstimator {
 
 /// Estimator configuration. Fill it with avc_estimator_config_default, then change fields;
 /// the defaults are vLLM 0.33.0's, plus av_core's bounds, memory and drift test. How the
-/// estimator refits (vLLM's update by default, or av_core's opt-in map update) is
+/// estimator refits (av_core's map update by default, or vLLM's update) is
 /// avc_estimator_update.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -119,12 +119,12 @@ impl From<&AvcEstimatorConfig> for EstimatorConfig {
 
 /// How an estimator refits: AVC_UPDATE_MAP or AVC_UPDATE_VLLM.
 pub type AvcUpdate = i32;
-/// av_core's update, opt-in (docs/estimator.md): per-position histograms, the MAP fit iterated
-/// to convergence under a prior centred on the cold start, fits after 1, 2, 4, ... observes of
-/// every round. Better log-loss, slower observes and refits than AVC_UPDATE_VLLM.
+/// av_core's update, the default (docs/estimator.md): per-position histograms, the MAP fit
+/// iterated to convergence under a prior centred on the cold start, fits after 1, 2, 4, ...
+/// observes of every round. Calibrated from the first refit; observes as fast as
+/// AVC_UPDATE_VLLM, refits slower (they iterate).
 pub const AVC_UPDATE_MAP: AvcUpdate = 0;
-/// vLLM 0.33.0's update: one damped Newton step on the round's IRLS moments per round. The
-/// default.
+/// vLLM 0.33.0's update: one damped Newton step on the round's IRLS moments per round.
 pub const AVC_UPDATE_VLLM: AvcUpdate = 1;
 
 /// The update an estimator refits with and the map update's settings (the fields of the core
@@ -133,7 +133,7 @@ pub const AVC_UPDATE_VLLM: AvcUpdate = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AvcEstimatorUpdate {
-    /// AVC_UPDATE_VLLM (default) or AVC_UPDATE_MAP.
+    /// AVC_UPDATE_MAP (default) or AVC_UPDATE_VLLM.
     pub update: AvcUpdate,
     /// map: bins per position over [-max_log_odds, max_log_odds], 1 to 256 (64).
     pub bins: usize,
@@ -189,7 +189,7 @@ fn with_update(
     })
 }
 
-/// Writes the default update (AVC_UPDATE_VLLM, and the map settings' defaults) to update_out.
+/// Writes the default update (AVC_UPDATE_MAP, and the map settings' defaults) to update_out.
 ///
 /// # Safety
 ///
@@ -684,7 +684,7 @@ mod tests {
         // avc_estimator_config holds the fields it has always held; the fields the core added
         // since (the update and the map settings) are avc_estimator_update's, so that the
         // first struct keeps its size and layout for C code built against older headers.
-        for core in [EstimatorConfig::new(3), EstimatorConfig::map(3)] {
+        for core in [EstimatorConfig::new(3), EstimatorConfig::vllm(3)] {
             let c = AvcEstimatorConfig::from(&core);
             let u = AvcEstimatorUpdate::from(&core);
             let mut names = field_names(&format!("{c:?}"));

@@ -9,7 +9,7 @@ use std::ptr::{null, null_mut};
 
 use av_core::cost_tables::CostTables;
 use av_core::planner::{BudgetSource, StepTokens, VerificationPlanner};
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 use av_core_capi::cost_tables::*;
 use av_core_capi::estimator::*;
 use av_core_capi::planner::*;
@@ -311,7 +311,7 @@ fn the_planner_handle_plans_like_the_core_planner() {
 }
 
 #[test]
-fn the_update_struct_chooses_vllms_update_and_the_map_settings() {
+fn the_update_struct_chooses_the_update_and_the_map_settings() {
     let mut config = std::mem::MaybeUninit::<AvcEstimatorConfig>::uninit();
     let mut update = std::mem::MaybeUninit::<AvcEstimatorUpdate>::uninit();
     // SAFETY: valid out-pointers to locals, initialized by the calls.
@@ -320,12 +320,15 @@ fn the_update_struct_chooses_vllms_update_and_the_map_settings() {
         assert_eq!(avc_estimator_update_default(update.as_mut_ptr()), AVC_OK);
         (config.assume_init(), update.assume_init())
     };
-    assert_eq!(update.update, AVC_UPDATE_VLLM);
+    assert_eq!(update.update, AVC_UPDATE_MAP); // the default
     assert_eq!(update.bins, EstimatorConfig::DEFAULT_BINS);
     config.refit_interval = 3;
     for (mode, core_config) in [
-        (AVC_UPDATE_VLLM, EstimatorConfig::new(K)),
-        (AVC_UPDATE_MAP, EstimatorConfig::map(K)),
+        (
+            AVC_UPDATE_VLLM,
+            EstimatorConfig::new(K).with_update(Update::Vllm),
+        ),
+        (AVC_UPDATE_MAP, EstimatorConfig::new(K)),
     ] {
         update.update = mode;
         update.prior_slope_sd = 0.25;
@@ -381,7 +384,7 @@ fn the_update_struct_chooses_vllms_update_and_the_map_settings() {
 /// the end of `u64` in the open round, the next observe would wrap it.
 fn impossible_state(corrupt: fn(&mut av_core::EstimatorState)) -> Vec<u8> {
     // vLLM's update: the corruptions below are of its IRLS moments and quadratic memory.
-    let core = AcceptanceEstimator::new(EstimatorConfig::new(K)).unwrap();
+    let core = AcceptanceEstimator::new(EstimatorConfig::vllm(K)).unwrap();
     let (features, admitted, accepted) = batch(3, 6);
     let view = MatrixView::new("features", &features, 6, K).unwrap();
     core.observe::<f32, f32>(view, &admitted, &accepted, None)
@@ -506,6 +509,8 @@ fn set_regularization_changes_later_refits_and_refuses_bad_values() {
         core.observe(view, &admitted, &accepted, None::<MatrixView<'_, f32>>)
             .unwrap();
     }
-    assert_eq!(capi.counters(), (2, 2));
+    // The default map update: per round of 5, fits after steps 1, 2, 4 and at its end; 12 steps
+    // are two rounds (8) and steps 1, 2 of the third (2).
+    assert_eq!(capi.counters(), (10, 2));
     assert_eq!(capi.save(), core.to_bytes());
 }

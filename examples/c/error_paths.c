@@ -74,7 +74,7 @@ static avc_estimator *new_vllm_estimator(uint64_t refit_interval) {
     return estimator;
 }
 
-/* An estimator on av_core's opt-in map update. */
+/* An estimator on av_core's map update (the default, spelled out). */
 static avc_estimator *new_map_estimator(uint64_t refit_interval) {
     avc_estimator_config config;
     avc_estimator_update update;
@@ -239,7 +239,7 @@ static void test_estimator_arguments(void) {
     OK(avc_estimator_free(estimator));
 }
 
-/* av_core's map update (opt-in) fits after the 1st, 2nd, 4th, ... observe of a round. */
+/* av_core's map update (the default) fits after the 1st, 2nd, 4th, ... observe of a round. */
 static void test_map_update(void) {
     avc_estimator *estimator = new_map_estimator(100);
     bool refitted = false;
@@ -265,13 +265,13 @@ static void test_map_update(void) {
     OK(avc_estimator_get_update(estimator, &update));
     CHECK(update.update == AVC_UPDATE_MAP && update.bins == 64, "map update %d, %zu bins",
           (int)update.update, update.bins);
-    /* The default is vLLM's update, which avc_estimator_new also uses. */
+    /* The default is the map update, which avc_estimator_new also uses. */
     OK(avc_estimator_update_default(&back));
-    CHECK(back.update == AVC_UPDATE_VLLM && back.bins == 64, "default update %d, %zu bins",
+    CHECK(back.update == AVC_UPDATE_MAP && back.bins == 64, "default update %d, %zu bins",
           (int)back.update, back.bins);
     avc_estimator *plain = new_estimator(100);
     OK(avc_estimator_get_update(plain, &back));
-    CHECK(back.update == AVC_UPDATE_VLLM, "avc_estimator_new gave update %d", (int)back.update);
+    CHECK(back.update == AVC_UPDATE_MAP, "avc_estimator_new gave update %d", (int)back.update);
     OK(avc_estimator_free(plain));
     EXPECT(avc_estimator_update_default(NULL), AVC_ERR_NULL, "update_out");
     EXPECT(avc_estimator_get_update(estimator, NULL), AVC_ERR_NULL, "update_out");

@@ -28,6 +28,8 @@ from av_core.state_types import (
     EstimatorConfigFields,
     EstimatorOptions,
     EstimatorStateDict,
+    MapEstimatorStateDict,
+    MapRefitReport,
     RefitReport,
     RoundStatsDict,
 )
@@ -69,11 +71,12 @@ ESTIMATOR_DEFAULTS: Final[EstimatorOptions]
 """The keyword defaults of :class:`AcceptanceEstimator` (``EstimatorConfig::new``), read-only:
 ``refit_interval=100, damping=50.0, l2=0.001, init_slope=0.5, init_intercept=-0.2,
 max_log_odds=40.0, max_step=4.0, max_slope=10.0, max_intercept=15.0, memory=0.8,
-drift_z=3.09``."""
+drift_z=3.09, update="map"`` (the map update's own settings are the constructor's defaults)."""
 VLLM_ESTIMATOR: Final[EstimatorOptions]
 """vLLM 0.33.0's estimator as keyword options (``EstimatorConfig::vllm``), read-only: the
 defaults with vLLM's memoryless (``memory=0.0``) and unbounded (``max_step``, ``max_slope``,
-``max_intercept`` = inf) update."""
+``max_intercept`` = inf) update: ``update="vllm"``, so ``AcceptanceEstimator(k,
+**VLLM_ESTIMATOR)`` refits as vLLM does."""
 DRAFT_COST_FLOOR_MS: Final[float]
 """Floor of every draft-table entry of :class:`CostTables`, in ms (0.0)."""
 VERIFY_COST_FLOOR_MS: Final[float]
@@ -138,7 +141,7 @@ class _ConfigFields:
         """Drift test threshold (standard deviations); inf disables the test."""
     @property
     def update(self) -> str:
-        """How the estimator refits: ``"vllm"`` (the default) or ``"map"``."""
+        """How the estimator refits: ``"map"`` (the default) or ``"vllm"``."""
     @property
     def bins(self) -> int:
         """map: bins per position of the feature histograms."""
@@ -179,7 +182,9 @@ class EstimatorConfig(_ConfigFields):
 @final
 class AcceptanceEstimator(_ConfigFields):
     """Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
-    refitted every ``refit_interval`` observe calls by a damped Newton step."""
+    refitted from the target's verdicts: by default (``update="map"``) a MAP fit of per-position
+    histograms after the 1st, 2nd, 4th, ... observe of every round of ``refit_interval`` observes
+    and at its end; ``update="vllm"``: vLLM's damped Newton step once per round."""
     def __new__(
         cls,
         num_positions: int,
@@ -195,7 +200,7 @@ class AcceptanceEstimator(_ConfigFields):
         max_intercept: float = 15.0,
         memory: float = 0.8,
         drift_z: float = 3.09,
-        update: Literal["map", "vllm"] | str = "vllm",
+        update: Literal["map", "vllm"] | str = "map",
         bins: int = 64,
         prior_slope_sd: float = 0.15,
         prior_level_sd: float = 1.0,
@@ -211,12 +216,13 @@ class AcceptanceEstimator(_ConfigFields):
         bounds (inf: none); ``memory``: discount per round of past rounds (0: vLLM's memoryless
         update); ``drift_z``: drift test threshold, in standard deviations (inf: never).
 
-        ``update="vllm"`` (the default) is vLLM 0.33.0's damped Newton step once per round, bit
-        for bit (``damping`` applies to it only). ``update="map"`` opts into av_core's refit
-        (docs/estimator.md): per-position histograms of the feature (``bins`` per position),
-        the MAP fit iterated to convergence under a prior centred on the cold start
-        (``prior_*_sd``), fits after 1, 2, 4, ... observes of every round and at its end; better
-        log-loss; observes as fast as vLLM's update, refits slower (they iterate)."""
+        ``update="map"`` (the default) is av_core's refit (docs/estimator.md): per-position
+        histograms of the feature (``bins`` per position), the MAP fit iterated to convergence
+        under a prior centred on the cold start (``prior_*_sd``), fits after 1, 2, 4, ...
+        observes of every round and at its end; calibrated from its first refit and after a
+        workload switch; observes as fast as vLLM's update, refits slower (they iterate).
+        ``update="vllm"`` is vLLM 0.33.0's damped Newton step once per round, bit for bit
+        (``damping`` applies to it only; states saved before the map update load as it)."""
     def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.float32]:
         """Acceptance probabilities, float32 [R, K], for features [R, K] (float32 or float64)."""
     def observe(
@@ -247,7 +253,9 @@ class AcceptanceEstimator(_ConfigFields):
         ``end_round=False`` (map only) fits the memory plus the open round without ending it,
         as the schedule does after the 1st, 2nd, 4th, ... observe of a round."""
     @overload
-    def refit(self, *, report: Literal[True], end_round: bool = True) -> RefitReport: ...
+    def refit(
+        self, *, report: Literal[True], end_round: bool = True
+    ) -> MapRefitReport | RefitReport: ...
     @property
     def slope(self) -> float:
         """Shared slope."""
@@ -288,17 +296,19 @@ class AcceptanceEstimator(_ConfigFields):
         refused, adding nothing, on other fraction bits, bins or number of positions, or
         statistics no sequence of observations can produce (a negative ``a``/``c``, more
         accepted than labeled, a count past the bound)."""
-    def state_dict(self) -> EstimatorStateDict:
+    def state_dict(self) -> MapEstimatorStateDict | EstimatorStateDict:
         """Everything (config, coefficients, round statistics, counters) as plain Python values;
         ``from_state_dict`` restores it bit-exactly. Statistics are exact fixed-point integers
-        in units of 2**-fraction_bits. A vllm estimator at the default map settings has format
-        version 1 (the layout the TypedDicts describe); a map estimator's (version 2) adds the
-        update's settings to ``config`` and holds histograms (``count``, ``accepted``,
-        ``x_sum``, ``bins``) in ``round_stats`` and ``memory_state``."""
+        in units of 2**-fraction_bits. A map estimator's (the default; format version 2) holds
+        every configuration field, histograms (``count``, ``accepted``, ``x_sum``, ``bins``) in
+        ``round_stats`` and ``memory_state``, and the round's ``reference`` and
+        ``fitted_labels`` (:class:`~av_core.state_types.MapEstimatorStateDict`); a vllm
+        estimator at the default map settings has format version 1, IRLS moments and a
+        quadratic memory (:class:`~av_core.state_types.EstimatorStateDict`)."""
     @classmethod
     def from_state_dict(
         cls,
-        state: EstimatorStateDict | dict[str, Any],
+        state: MapEstimatorStateDict | EstimatorStateDict | dict[str, Any],
         *,
         update: Literal["map", "vllm"] | str | None = None,
     ) -> AcceptanceEstimator:
@@ -306,7 +316,7 @@ class AcceptanceEstimator(_ConfigFields):
         1, before the map update, restores as a vllm estimator, bit for bit). With ``update``,
         moves the estimator to that update: configuration and coefficients kept, open round and
         memory started over."""
-    def __reduce__(self) -> tuple[Any, tuple[EstimatorStateDict]]: ...
+    def __reduce__(self) -> tuple[Any, tuple[MapEstimatorStateDict | EstimatorStateDict]]: ...
 
 # --- the verification planner (rust/src/planner.rs) ---
 

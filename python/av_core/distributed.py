@@ -13,15 +13,15 @@ round use its own share only; the round's end, after pooling, is the same on eve
     from av_core import AcceptanceEstimator
     from av_core.distributed import pool_round
 
-    est = AcceptanceEstimator(4, refit_interval=2**40)  # refits only when told
+    est = AcceptanceEstimator(4, refit_interval=None)   # manual: refits only when told
     ...                                                 # est.observe(...) every step
     pool_round(est, group)                              # on every rank, at the same step
     est.refit()                                         # same coefficients everywhere
 
 It is a collective: every rank of ``group`` must call it the same number of times, in the same
 order relative to the group's other collectives. A rank that served nothing since the last call
-contributes zeros. Only the estimator's own refit may not run in between (``refit_interval``
-large, as above), or ranks would refit on their own rounds. ``av_core.vllm``'s drop-in estimator
+contributes zeros. Only the estimator's own refit may not run in between (``refit_interval=None``,
+as above), or ranks would refit on their own rounds. ``av_core.vllm``'s drop-in estimator
 pools before each of its refits when given ``process_group=``; ``AV_CORE_SHARE_STATS=dp`` wires it
 to vLLM's data-parallel group (docs/vllm.md).
 

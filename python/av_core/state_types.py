@@ -17,7 +17,12 @@ __all__ = [
     "EstimatorConfigFields",
     "EstimatorOptions",
     "EstimatorStateDict",
+    "HistogramDict",
+    "HistogramMemoryDict",
+    "MapEstimatorStateDict",
+    "MapRefitReport",
     "MemoryStateDict",
+    "ReferenceDict",
     "RefitReport",
     "RoundStatsDict",
 ]
@@ -41,9 +46,11 @@ class _Settings(TypedDict):
 class EstimatorOptions(_Settings):
     """The keyword options of :class:`~av_core.AcceptanceEstimator` (all but ``num_positions``),
     as the core defines them (``EstimatorConfig`` in ``av_core/src/estimator/config.rs``): what
-    ``ESTIMATOR_DEFAULTS`` and ``VLLM_ESTIMATOR`` hold (a refit interval of 100)."""
+    ``ESTIMATOR_DEFAULTS`` and ``VLLM_ESTIMATOR`` hold (a refit interval of 100; ``update``
+    ``"map"`` in the defaults, ``"vllm"`` in vLLM's preset)."""
 
     refit_interval: int
+    update: str
 
 
 class EstimatorConfigDict(_Settings):
@@ -82,10 +89,21 @@ class RoundStatsDict(TypedDict):
     n: list[int]
 
 
-class RefitReport(RoundStatsDict):
-    """``refit(report=True)``: the round's statistics, the Newton step taken from them (before
-    the step and range bounds) and the round's drift statistic (about chi-square with K + 1
-    degrees of freedom while the coefficients it was collected under fit)."""
+class HistogramDict(TypedDict):
+    """``state_dict()["round_stats"]`` under ``update="map"``: the open round's per-position
+    histograms of the feature, ``bins`` per position, position-major (entry ``k * bins + j``):
+    ``count`` labeled drafts, ``accepted`` of them accepted (plain integers), ``x_sum``
+    Σ (x + max_log_odds) of the clamped features, in units of ``2**-fraction_bits``."""
+
+    fraction_bits: int
+    bins: int
+    count: list[int]
+    accepted: list[int]
+    x_sum: list[int]
+
+
+class _RefitStep(TypedDict):
+    """What a refit report adds to the round's statistics."""
 
     slope_step: float
     intercept_steps: list[float]
@@ -94,6 +112,18 @@ class RefitReport(RoundStatsDict):
     iterations: int
     #: Whether the refit ended the round (``refit(end_round=...)``).
     end_round: bool
+
+
+class RefitReport(RoundStatsDict, _RefitStep):
+    """``refit(report=True)`` under ``update="vllm"``: the round's statistics, the Newton step
+    taken from them (before the step and range bounds) and the round's drift statistic (about
+    chi-square with K + 1 degrees of freedom while the coefficients it was collected under
+    fit)."""
+
+
+class MapRefitReport(HistogramDict, _RefitStep):
+    """``refit(report=True)`` under ``update="map"``: the round's histograms and the fit's step,
+    drift statistic, iterations and whether it ended the round, as in :class:`RefitReport`."""
 
 
 class MemoryStateDict(TypedDict):
@@ -112,8 +142,10 @@ class MemoryStateDict(TypedDict):
 
 
 class EstimatorStateDict(TypedDict):
-    """:meth:`AcceptanceEstimator.state_dict`: everything ``from_state_dict`` restores
-    bit-exactly (``format``: ``"av_core.AcceptanceEstimator"``, ``format_version``: 1)."""
+    """:meth:`AcceptanceEstimator.state_dict` under ``update="vllm"``: everything
+    ``from_state_dict`` restores bit-exactly (``format``: ``"av_core.AcceptanceEstimator"``,
+    ``format_version``: 1 at the map settings' defaults, else 2 with every configuration
+    field)."""
 
     format: str
     format_version: int
@@ -124,3 +156,40 @@ class EstimatorStateDict(TypedDict):
     steps_since_refit: int
     num_refits: int
     memory_state: MemoryStateDict
+
+
+class ReferenceDict(TypedDict):
+    """``state_dict()["reference"]`` under ``update="map"``: the coefficients of the last
+    round's end, which every fit inside the next round starts from and is bounded around."""
+
+    slope: float
+    intercepts: list[float]
+
+
+class HistogramMemoryDict(TypedDict):
+    """``state_dict()["memory_state"]`` under ``update="map"``: past rounds' histograms, each
+    discounted by γ per round (``count``, ``accepted``, ``x_sum`` as floats, Σ x in feature
+    units); ``resets``: rounds whose drift test dropped them."""
+
+    count: list[float]
+    accepted: list[float]
+    x_sum: list[float]
+    resets: int
+
+
+class MapEstimatorStateDict(TypedDict):
+    """:meth:`AcceptanceEstimator.state_dict` under ``update="map"`` (the default): format
+    version 2, every configuration field, the open round's histograms, the reference
+    coefficients, the labels fitted in this round and the histogram memory."""
+
+    format: str
+    format_version: int
+    config: EstimatorConfigFields
+    slope: float
+    intercepts: list[float]
+    round_stats: HistogramDict
+    steps_since_refit: int
+    num_refits: int
+    reference: ReferenceDict
+    fitted_labels: int
+    memory_state: HistogramMemoryDict

@@ -4,7 +4,7 @@
 //! their trees into Python values and back ([`crate::tree`]).
 
 use av_core::persist::state_dict::{self, ConfigField, CONFIG_FIELDS};
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pyo3::exceptions::PyKeyError;
@@ -19,9 +19,9 @@ use crate::files::{atomic_write, read_file};
 use crate::tree::{from_py, map_to_py};
 
 /// Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
-/// refitted from the target's verdicts (update "vllm", the default: vLLM's damped Newton step
-/// every `refit_interval` observe calls; "map", opt-in: MAP fits of per-position histograms
-/// after 1, 2, 4, ... observes of every round and at its end).
+/// refitted from the target's verdicts (update "map", the default: MAP fits of per-position
+/// histograms after 1, 2, 4, ... observes of every round and at its end; "vllm": vLLM's damped
+/// Newton step every `refit_interval` observe calls).
 #[pyclass(module = "av_core._native", name = "AcceptanceEstimator", frozen)]
 pub struct PyAcceptanceEstimator {
     inner: AcceptanceEstimator,
@@ -44,13 +44,13 @@ impl PyAcceptanceEstimator {
         max_intercept = Float::new(EstimatorConfig::DEFAULT_MAX_INTERCEPT),
         memory = Float::new(EstimatorConfig::DEFAULT_MEMORY),
         drift_z = Float::new(EstimatorConfig::DEFAULT_DRIFT_Z),
-        update = Text::new("vllm"),
+        update = Text::new(Update::default().name()),
         bins = Int::new(EstimatorConfig::DEFAULT_BINS as i128),
         prior_slope_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_SLOPE_SD),
         prior_level_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_LEVEL_SD),
         prior_trend_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_TREND_SD),
         prior_spread_sd = Float::new(EstimatorConfig::DEFAULT_PRIOR_SPREAD_SD),
-    ), text_signature = "(num_positions, *, refit_interval=100, damping=50.0, l2=0.001, init_slope=0.5, init_intercept=-0.2, max_log_odds=40.0, max_step=4.0, max_slope=10.0, max_intercept=15.0, memory=0.8, drift_z=3.09, update='vllm', bins=64, prior_slope_sd=0.15, prior_level_sd=1.0, prior_trend_sd=0.2, prior_spread_sd=0.1)")]
+    ), text_signature = "(num_positions, *, refit_interval=100, damping=50.0, l2=0.001, init_slope=0.5, init_intercept=-0.2, max_log_odds=40.0, max_step=4.0, max_slope=10.0, max_intercept=15.0, memory=0.8, drift_z=3.09, update='map', bins=64, prior_slope_sd=0.15, prior_level_sd=1.0, prior_trend_sd=0.2, prior_spread_sd=0.1)")]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_positions: Int,

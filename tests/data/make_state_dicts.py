@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 
 #: name -> (K, keywords, observe calls)
 SCENARIOS: dict[str, tuple[int, dict[str, Any], int]] = {
-    # A default (vllm) estimator: format version 1.
+    # A vllm estimator at the defaults (the default update when recorded): format version 1.
     "vllm_default": (3, {"refit_interval": 5}, 13),
     # vllm with non-default map settings: format version 2 with moments.
     "vllm_bins32": (2, {"refit_interval": 3, "bins": 32, "memory": 0.5}, 8),
@@ -45,7 +45,9 @@ SCENARIOS: dict[str, tuple[int, dict[str, Any], int]] = {
 
 
 def drive(k: int, options: dict[str, Any], steps: int) -> AcceptanceEstimator:
-    est = AcceptanceEstimator(k, **options)
+    # The records were written when vllm was the default update: a scenario without ``update``
+    # is a vllm estimator.
+    est = AcceptanceEstimator(k, **{"update": "vllm", **options})
     rng = np.random.default_rng(k * 1000 + steps)
     for _ in range(steps):
         rows = int(rng.integers(1, 9))

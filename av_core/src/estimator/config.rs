@@ -11,22 +11,22 @@ use crate::error::{ensure_finite, Error, Result};
 /// ```rust
 /// use av_core::estimator::Update;
 ///
-/// assert_eq!(Update::default(), Update::Vllm);
+/// assert_eq!(Update::default(), Update::Map);
 /// assert_eq!(Update::parse("vllm"), Some(Update::Vllm));
 /// assert_eq!(Update::Map.name(), "map");
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Update {
-    /// av_core's own update, opt-in (docs/estimator.md): per-position histograms, the MAP fit
-    /// iterated to convergence under a prior centred on the cold start, refits after 1, 2, 4, …
-    /// steps inside every round. Better log-loss on the shipped traces, observes about as fast
-    /// as [`Update::Vllm`]'s and refits slower (they iterate); not the default, since it misses
-    /// some of its calibration targets (docs/estimator.md).
+    /// av_core's own update (the default; docs/estimator.md): per-position histograms, the MAP
+    /// fit iterated to convergence under a prior centred on the cold start, refits after 1, 2,
+    /// 4, … steps inside every round. Calibrated from its first refit and after workload
+    /// switches, where vLLM's one damped step per round starts low; observes as fast as
+    /// [`Update::Vllm`], and refits slower (they iterate, once per doubling step).
+    #[default]
     Map,
-    /// vLLM 0.33.0's update, kept bit for bit (the default): IRLS moments of the round at the
+    /// vLLM 0.33.0's update, kept bit for bit (`av_core.vllm`'s default): IRLS moments of the round at the
     /// draft-time predictions, one damped Newton step per round (plus av_core's bounds, memory
     /// and drift test when configured).
-    #[default]
     Vllm,
 }
 
@@ -49,8 +49,9 @@ impl Update {
     }
 }
 
-/// Configuration of an [`AcceptanceEstimator`](crate::AcceptanceEstimator). Defaults are vLLM
-/// 0.33.0's.
+/// Configuration of an [`AcceptanceEstimator`](crate::AcceptanceEstimator). The refit interval,
+/// damping, ridge, cold start and clamp are vLLM 0.33.0's; the update is av_core's
+/// [`Update::Map`] ([`EstimatorConfig::vllm`] is vLLM's estimator).
 ///
 /// # Example
 ///
@@ -97,8 +98,8 @@ pub struct EstimatorConfig {
     /// Drift test threshold, in standard deviations of the round's χ² statistic: a round beyond
     /// it drops the memory (`inf` = never; see `docs/memory.md`).
     pub drift_z: f64,
-    /// How the estimator refits: vLLM's [`Update::Vllm`] (the default) or av_core's
-    /// [`Update::Map`] (opt-in).
+    /// How the estimator refits: av_core's [`Update::Map`] (the default) or vLLM's
+    /// [`Update::Vllm`].
     pub update: Update,
     /// `map`: bins per position over `[−max_log_odds, max_log_odds]`
     /// ([`HistogramStats`](crate::estimator::HistogramStats)).
@@ -161,8 +162,9 @@ impl EstimatorConfig {
     /// Default sd of each intercept around the trend in the `map` prior.
     pub const DEFAULT_PRIOR_SPREAD_SD: f64 = PriorWidths::DEFAULT.spread_sd;
 
-    /// av_core's opt-in `map` update on `num_positions` positions: [`EstimatorConfig::new`]
-    /// with `update = Update::Map` and the map defaults (bins, prior widths).
+    /// av_core's `map` update on `num_positions` positions: [`EstimatorConfig::new`] (whose
+    /// update it is) with `update = Update::Map` spelled out, and the map defaults (bins, prior
+    /// widths).
     ///
     /// # Example
     ///
@@ -179,6 +181,22 @@ impl EstimatorConfig {
             update: Update::Map,
             ..EstimatorConfig::new(num_positions)
         }
+    }
+
+    /// This configuration with `update` (the other fields as they are).
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::estimator::Update;
+    /// use av_core::EstimatorConfig;
+    ///
+    /// let config = EstimatorConfig::new(4).with_update(Update::Vllm);
+    /// assert_eq!(config.update, Update::Vllm);
+    /// assert_eq!(config.memory, EstimatorConfig::DEFAULT_MEMORY);
+    /// ```
+    pub fn with_update(self, update: Update) -> Self {
+        EstimatorConfig { update, ..self }
     }
 
     /// The `map` prior's widths.
@@ -229,8 +247,8 @@ impl EstimatorConfig {
     /// vLLM 0.33.0's estimator (`OnlineAcceptanceEstimator`) for `num_positions` positions: the
     /// defaults' refit interval, damping, ridge, cold start and clamp (all vLLM's), with vLLM's
     /// memoryless (`memory = 0`) and unbounded (`max_step`, `max_slope`, `max_intercept` = `inf`)
-    /// update. The preset `av_core.vllm` starts from (it keeps the default bounds unless asked
-    /// for vLLM's exact update).
+    /// update ([`Update::Vllm`]). The preset `av_core.vllm` starts from (it keeps the default
+    /// bounds unless asked for vLLM's exact update).
     ///
     /// # Example
     ///
@@ -241,10 +259,12 @@ impl EstimatorConfig {
     /// assert_eq!((vllm.refit_interval, vllm.damping, vllm.l2), (Some(100), 50.0, 1e-3));
     /// assert_eq!((vllm.init_slope, vllm.init_intercept, vllm.max_log_odds), (0.5, -0.2, 40.0));
     /// assert_eq!((vllm.memory, vllm.max_step), (0.0, f64::INFINITY));
+    /// assert_eq!(vllm.update, av_core::estimator::Update::Vllm);
     /// assert!(vllm.validate().is_ok());
     /// ```
     pub fn vllm(num_positions: usize) -> Self {
         EstimatorConfig {
+            update: Update::Vllm,
             memory: 0.0,
             max_step: f64::INFINITY,
             max_slope: f64::INFINITY,

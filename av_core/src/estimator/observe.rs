@@ -129,11 +129,12 @@ impl AcceptanceEstimator {
     /// # Example
     ///
     /// ```rust
-    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
     ///
     /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
     /// // vLLM's update pools IRLS moments (add_round_histogram pools map's histograms).
-    /// let (one, other) = (EstimatorConfig::new(2), EstimatorConfig::new(2));
+    /// let config = EstimatorConfig::new(2).with_update(Update::Vllm);
+    /// let (one, other) = (config.clone(), config);
     /// let (rank0, rank1) = (AcceptanceEstimator::new(one)?, AcceptanceEstimator::new(other)?);
     /// rank0.observe(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
     /// rank1.observe(view, &[2], &[0], None::<MatrixView<'_, f32>>)?;
@@ -411,9 +412,9 @@ impl AcceptanceEstimator {
     /// # Example
     ///
     /// ```rust
-    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
     ///
-    /// let mut config = EstimatorConfig::new(2);
+    /// let mut config = EstimatorConfig::new(2).with_update(Update::Vllm);
     /// config.refit_interval = Some(2);
     /// let estimator = AcceptanceEstimator::new(config)?;
     /// // Two requests: both drafts of the first accepted, the second's first draft rejected.
@@ -504,9 +505,9 @@ impl AcceptanceEstimator {
     /// # Example
     ///
     /// ```rust
-    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
     ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2).with_update(Update::Vllm))?;
     /// let features = MatrixView::new("features", &[2.0f32, 1.0], 1, 2)?;
     /// let stats = estimator.step_stats(features, &[2], &[2], None::<MatrixView<'_, f32>>)?;
     /// assert!(!estimator.add_step(&stats)?);

@@ -133,9 +133,9 @@ impl AcceptanceEstimator {
     /// # Example
     ///
     /// ```rust
-    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
     ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(1))?;
+    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(1).with_update(Update::Vllm))?;
     /// // Confident drafts (x = 3) accepted, unsure ones (x = -1) rejected.
     /// let features = [3.0f32, 3.0, 3.0, -1.0, -1.0, -1.0];
     /// let view = MatrixView::new("features", &features, 6, 1)?;
@@ -188,7 +188,8 @@ impl AcceptanceEstimator {
     /// // Nothing new since: the next fit within the round is skipped (but counted).
     /// assert_eq!(estimator.refit_within_round()?.iterations, 0);
     /// assert_eq!(estimator.num_refits(), 2);
-    /// assert!(AcceptanceEstimator::new(EstimatorConfig::new(1))?.refit_within_round().is_err());
+    /// let vllm = EstimatorConfig::vllm(1);
+    /// assert!(AcceptanceEstimator::new(vllm)?.refit_within_round().is_err());
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn refit_within_round(&self) -> Result<RefitReport> {

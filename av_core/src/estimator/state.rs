@@ -15,16 +15,16 @@ use crate::sync::Ordering;
 /// # Example
 ///
 /// ```rust
-/// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+/// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 ///
-/// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
+/// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2).with_update(Update::Vllm))?;
 /// let features = MatrixView::new("features", &[1.0f32, 0.5], 1, 2)?;
 /// estimator.observe(features, &[2], &[1], None::<MatrixView<'_, f32>>)?;
 /// let state = estimator.state();
 /// assert_eq!((state.slope, state.intercepts.clone()), (0.5, vec![-0.2, -0.2]));
 /// assert_eq!((state.steps_since_refit, state.stats.total_count()), (1, 2));
-/// // Under map (opt-in) the open round is histograms, and its first step is fitted.
-/// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
+/// // Under map (the default) the open round is histograms, and its first step is fitted.
+/// let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
 /// estimator.observe(features, &[2], &[1], None::<MatrixView<'_, f32>>)?;
 /// let state = estimator.state();
 /// assert_eq!((state.num_refits, state.map.unwrap().round.total_count()), (1, 2));

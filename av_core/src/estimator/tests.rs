@@ -24,7 +24,7 @@ const NO_PREDICTIONS: Option<MatrixView<'static, f32>> = None;
 
 #[test]
 fn cold_start_predicts_the_configured_curve() {
-    let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+    let est = AcceptanceEstimator::new(EstimatorConfig::new(2).with_update(Update::Vllm)).unwrap();
     let mut out = [0.0f32; 4];
     est.predict(view(&[0.0f32, 2.0, -1.0, 100.0], 2), &mut out)
         .unwrap();
@@ -35,7 +35,7 @@ fn cold_start_predicts_the_configured_curve() {
 
 #[test]
 fn bad_config_is_rejected() {
-    let mut c = EstimatorConfig::new(0);
+    let mut c = EstimatorConfig::new(0).with_update(Update::Vllm);
     assert_eq!(c.validate().unwrap_err().argument, "num_positions");
     c.num_positions = 4;
     c.refit_interval = Some(0);
@@ -51,7 +51,7 @@ fn bad_config_is_rejected() {
 #[test]
 fn refits_every_interval() {
     // vLLM's schedule: one refit per round of `refit_interval` observes.
-    let mut config = EstimatorConfig::new(3);
+    let mut config = EstimatorConfig::new(3).with_update(Update::Vllm);
     config.refit_interval = Some(3);
     let est = AcceptanceEstimator::new(config).unwrap();
     let features = [1.0f32, 2.0, 3.0];
@@ -113,7 +113,7 @@ fn map_fits_after_the_first_second_fourth_step_of_every_round_and_at_its_end() {
 
 #[test]
 fn rejected_calls_change_nothing() {
-    let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+    let est = AcceptanceEstimator::new(EstimatorConfig::new(2).with_update(Update::Vllm)).unwrap();
     est.observe(view(&[1.0f64, 2.0], 2), &[2], &[1], NO_PREDICTIONS)
         .unwrap();
     let before = est.state();
@@ -160,7 +160,7 @@ proptest! {
         seed in any::<u64>(), rows in 1usize..40, split in 0usize..40, k in 1usize..6,
     ) {
         let (features, admitted, accepted) = workload(seed, rows, k);
-        let whole = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+        let whole = AcceptanceEstimator::new(EstimatorConfig::new(k).with_update(Update::Vllm)).unwrap();
         whole.observe(view(&features, k), &admitted, &accepted, NO_PREDICTIONS).unwrap();
 
         // Reversed rows, split into two calls.
@@ -169,7 +169,7 @@ proptest! {
         let ad: Vec<i64> = order.iter().map(|&r| admitted[r]).collect();
         let ac: Vec<i64> = order.iter().map(|&r| accepted[r]).collect();
         let cut = split.min(rows);
-        let parts = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+        let parts = AcceptanceEstimator::new(EstimatorConfig::new(k).with_update(Update::Vllm)).unwrap();
         parts.observe(view(&f[..cut * k], k), &ad[..cut], &ac[..cut], NO_PREDICTIONS).unwrap();
         parts.observe(view(&f[cut * k..], k), &ad[cut..], &ac[cut..], NO_PREDICTIONS).unwrap();
 
@@ -186,7 +186,7 @@ proptest! {
     #[test]
     fn state_round_trips(seed in any::<u64>(), rows in 0usize..20, k in 1usize..5) {
         let (features, admitted, accepted) = workload(seed, rows, k);
-        let est = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+        let est = AcceptanceEstimator::new(EstimatorConfig::new(k).with_update(Update::Vllm)).unwrap();
         est.observe(view(&features, k), &admitted, &accepted, NO_PREDICTIONS).unwrap();
         est.refit();
         est.observe(view(&features, k), &admitted, &accepted, NO_PREDICTIONS).unwrap();
@@ -206,7 +206,7 @@ fn pooled_rounds_give_every_rank_the_bits_of_one_estimator() {
 /// `add_round_stats` pools `vllm` rounds, `add_round_histogram` `map` ones.
 fn pooled_rounds_for(update: Update) {
     let k = 3;
-    let mut config = EstimatorConfig::new(k);
+    let mut config = EstimatorConfig::new(k).with_update(Update::Vllm);
     config.update = update;
     config.refit_interval = Some(u64::MAX);
     let whole = AcceptanceEstimator::new(config.clone()).unwrap();
@@ -264,7 +264,7 @@ fn pooled_rounds_for(update: Update) {
 
 #[test]
 fn bad_round_stats_are_refused_and_change_nothing() {
-    let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+    let est = AcceptanceEstimator::new(EstimatorConfig::new(2).with_update(Update::Vllm)).unwrap();
     est.observe(view(&[1.0f64, 2.0], 2), &[2], &[1], NO_PREDICTIONS)
         .unwrap();
     let before = est.state();
@@ -305,11 +305,13 @@ fn bad_round_stats_are_refused_and_change_nothing() {
 fn threads_give_the_serial_bits() {
     let k = 4;
     let batches: Vec<_> = (0..64).map(|s| workload(s, 16, k)).collect();
-    let serial = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+    let serial =
+        AcceptanceEstimator::new(EstimatorConfig::new(k).with_update(Update::Vllm)).unwrap();
     for (f, ad, ac) in &batches {
         serial.observe(view(f, k), ad, ac, NO_PREDICTIONS).unwrap();
     }
-    let parallel = AcceptanceEstimator::new(EstimatorConfig::new(k)).unwrap();
+    let parallel =
+        AcceptanceEstimator::new(EstimatorConfig::new(k).with_update(Update::Vllm)).unwrap();
     std::thread::scope(|scope| {
         for chunk in batches.chunks(16) {
             let parallel = &parallel;
@@ -342,7 +344,7 @@ fn contended(
     k: usize,
     update: Update,
 ) -> AcceptanceEstimator {
-    let mut config = EstimatorConfig::new(k);
+    let mut config = EstimatorConfig::new(k).with_update(Update::Vllm);
     config.refit_interval = Some(interval);
     config.update = update;
     let estimator = AcceptanceEstimator::new(config).unwrap();
@@ -437,7 +439,7 @@ fn any_number_of_observing_threads_keeps_the_serial_map_schedule() {
 
 #[test]
 fn a_manual_refit_racing_observers_leaves_a_count_below_the_interval() {
-    let mut config = EstimatorConfig::new(3);
+    let mut config = EstimatorConfig::new(3).with_update(Update::Vllm);
     config.refit_interval = Some(3);
     let estimator = AcceptanceEstimator::new(config).unwrap();
     let (f, ad, ac) = workload(4, 2, 3);
@@ -465,7 +467,7 @@ fn a_manual_refit_racing_observers_leaves_a_count_below_the_interval() {
 #[test]
 fn add_step_refuses_statistics_no_observation_gives() {
     // add_step takes vLLM's IRLS moments (add_step_histogram is map's).
-    let est = AcceptanceEstimator::new(EstimatorConfig::new(2)).unwrap();
+    let est = AcceptanceEstimator::new(EstimatorConfig::new(2).with_update(Update::Vllm)).unwrap();
     let (f, ad, ac) = workload(1, 5, 2);
     let stats = est
         .step_stats(view(&f, 2), &ad, &ac, NO_PREDICTIONS)
@@ -514,7 +516,7 @@ fn add_step_histogram_refuses_histograms_no_observation_gives() {
 /// A valid state after a few refits with memory, for the corruption tests.
 fn state_with_memory() -> EstimatorState {
     // vLLM's statistics and quadratic memory (map_state_with_memory is map's).
-    let mut config = EstimatorConfig::new(3);
+    let mut config = EstimatorConfig::new(3).with_update(Update::Vllm);
     config.memory = 0.9;
     config.refit_interval = Some(2);
     let est = AcceptanceEstimator::new(config).unwrap();
@@ -581,9 +583,12 @@ fn states_at_the_loaders_limits_keep_working_and_reload() {
 #[test]
 fn a_step_count_at_its_bound_saturates_and_reloads() {
     let cases = [
-        (EstimatorConfig::new(3), None),
+        (EstimatorConfig::new(3).with_update(Update::Vllm), None),
         (EstimatorConfig::map(3), None),
-        (EstimatorConfig::new(3), Some(MAX_COUNT + 5)),
+        (
+            EstimatorConfig::new(3).with_update(Update::Vllm),
+            Some(MAX_COUNT + 5),
+        ),
         (EstimatorConfig::map(3), Some(u64::MAX)),
     ];
     for (mut config, interval) in cases {
@@ -878,7 +883,7 @@ proptest! {
         interval in 1u64..5,
         given in any::<bool>(),
     ) {
-        let mut config = EstimatorConfig::new(k);
+        let mut config = EstimatorConfig::new(k).with_update(Update::Vllm);
         config.memory = memory;
         config.l2 = l2;
         config.refit_interval = Some(interval);
@@ -903,7 +908,7 @@ proptest! {
         g1 in prop_oneof![any::<i128>(), -(1i128 << 40)..(1i128 << 40)],
         n in prop_oneof![any::<u64>(), 0u64..100_000, Just(MAX_COUNT), Just(u64::MAX)],
     ) {
-        let mut state = AcceptanceEstimator::new(EstimatorConfig::new(1)).unwrap().state();
+        let mut state = AcceptanceEstimator::new(EstimatorConfig::new(1).with_update(Update::Vllm)).unwrap().state();
         state.stats.positions[0] = PositionSums { a, b, c, g0, g1, n };
         if let Ok(est) = AcceptanceEstimator::from_state(&state) {
             // Accepted: the next observe adds without wrapping, or (a full round) is

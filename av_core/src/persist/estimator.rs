@@ -69,9 +69,10 @@ pub const VERSION_2_EXTENSION_LEN: usize = 4 + 8 + 4 * 8 + 1;
 ///
 /// let state = AcceptanceEstimator::new(EstimatorConfig::map(5))?.state();
 /// assert_eq!(encode(&state).len(), encoded_len(5, Update::Map, 64));
-/// let state = AcceptanceEstimator::new(EstimatorConfig::new(5))?.state();
+/// let vllm = EstimatorConfig::new(5).with_update(Update::Vllm);
+/// let state = AcceptanceEstimator::new(vllm.clone())?.state();
 /// assert_eq!(encode(&state).len(), encoded_len(5, Update::Vllm, 64));
-/// let mut config = EstimatorConfig::new(5);
+/// let mut config = vllm;
 /// config.bins = 32;
 /// let state = AcceptanceEstimator::new(config)?.state();
 /// assert_eq!(encode(&state).len(), encoded_len(5, Update::Vllm, 32) + VERSION_2_EXTENSION_LEN);
@@ -93,6 +94,25 @@ pub const fn encoded_len(num_positions: usize, update: Update, bins: usize) -> u
     FRAME_LEN + version_1 + rest
 }
 
+/// What a version-1 state holds beyond its fields: [`Update::Vllm`] (av_core wrote no other
+/// update before the map update) and the map fields (bins, prior widths) at their defaults.
+/// Every estimator before the map update was one of these, whatever today's default update is.
+///
+/// # Example
+///
+/// ```rust
+/// use av_core::estimator::Update;
+/// use av_core::persist::estimator::version_1_config;
+/// use av_core::EstimatorConfig;
+///
+/// let config = version_1_config(3);
+/// assert_eq!(config.update, Update::Vllm);
+/// assert_eq!(config.bins, EstimatorConfig::new(3).bins);
+/// ```
+pub fn version_1_config(num_positions: usize) -> EstimatorConfig {
+    EstimatorConfig::new(num_positions).with_update(Update::Vllm)
+}
+
 /// The format version [`encode`] writes for `state`: 1 (what av_core wrote before the map
 /// update, so that older builds read it) for a `vllm` estimator whose map settings (bins,
 /// prior widths) are bit for bit the defaults, which version 1 decodes to; 2 otherwise.
@@ -104,16 +124,13 @@ pub const fn encoded_len(num_positions: usize, update: Update, bins: usize) -> u
 /// use av_core::{AcceptanceEstimator, EstimatorConfig};
 ///
 /// let state = AcceptanceEstimator::new(EstimatorConfig::new(2))?.state();
-/// assert_eq!(written_version(&state), 1); // the default: vLLM's update
-/// let state = AcceptanceEstimator::new(EstimatorConfig::map(2))?.state();
-/// assert_eq!(written_version(&state), 2);
+/// assert_eq!(written_version(&state), 2); // the default: the map update
+/// let state = AcceptanceEstimator::new(EstimatorConfig::vllm(2))?.state();
+/// assert_eq!(written_version(&state), 1);
 /// # Ok::<(), av_core::Error>(())
 /// ```
 pub fn written_version(state: &EstimatorState) -> u32 {
-    let (c, d) = (
-        &state.config,
-        EstimatorConfig::new(state.config.num_positions),
-    );
+    let (c, d) = (&state.config, version_1_config(state.config.num_positions));
     let widths = |c: &EstimatorConfig| {
         [
             c.prior_slope_sd,
@@ -344,7 +361,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
         resets,
     };
     // Version 1 is the vllm update; version 2 says which, and carries the map state.
-    let mut extension = EstimatorConfig::new(k);
+    let mut extension = version_1_config(k);
     let mut map = None;
     if version >= 2 {
         extension.update = match r.u32("update")? {
@@ -513,7 +530,7 @@ mod tests {
     #[test]
     fn encoded_len_is_the_length_for_every_k() {
         for k in 1..=EstimatorConfig::MAX_POSITIONS {
-            for config in [EstimatorConfig::map(k), EstimatorConfig::new(k)] {
+            for config in [EstimatorConfig::map(k), version_1_config(k)] {
                 let (update, bins) = (config.update, config.bins);
                 let state = AcceptanceEstimator::new(config).unwrap().state();
                 assert_eq!(
@@ -537,7 +554,7 @@ mod tests {
     #[test]
     fn a_version_1_state_is_a_vllm_estimator_with_everything_it_held() {
         // Version 1 is this build's version 2 minus the extension, framed as version 1.
-        let mut config = EstimatorConfig::new(3);
+        let mut config = version_1_config(3);
         config.refit_interval = Some(4);
         let est = AcceptanceEstimator::new(config).unwrap();
         let x = [1.0f32, -2.0, 3.5, 0.25, 8.0, -1.0];

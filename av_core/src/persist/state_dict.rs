@@ -36,12 +36,12 @@
 //! let estimator = AcceptanceEstimator::new(EstimatorConfig::new(2))?;
 //! let tree = Value::Map(state_dict::encode(&estimator.state()));
 //! let Value::Map(map) = &tree else { unreachable!() };
-//! assert_eq!(map.get("format_version"), Some(&Value::Int(1)));
+//! assert_eq!(map.get("format_version"), Some(&Value::Int(2))); // the map update's
 //! assert_eq!(state_dict::decode(&tree)?, estimator.state());
 //! # Ok::<(), av_core::Error>(())
 //! ```
 
-use super::estimator::{written_version, FORMAT_VERSION_1};
+use super::estimator::{version_1_config, written_version, FORMAT_VERSION_1};
 use super::tree::{Fields, Map, Value, I128, U64};
 use crate::error::{Error, Result};
 use crate::estimator::{
@@ -194,10 +194,12 @@ pub fn config(config: &EstimatorConfig) -> Map {
     fields(config, &CONFIG_FIELDS)
 }
 
-/// The constructor's options of format version 1 (every field but `num_positions` and the
-/// update's): what the bindings export as the defaults (`ESTIMATOR_DEFAULTS`) and presets.
+/// The constructor's options of format version 1 and the update (every field but
+/// `num_positions` and the map update's settings): what the bindings export as the defaults
+/// (`ESTIMATOR_DEFAULTS`) and presets (`VLLM_ESTIMATOR`), so that `AcceptanceEstimator(k,
+/// **VLLM_ESTIMATOR)` is vLLM's estimator whatever the default update.
 pub fn options(config: &EstimatorConfig) -> Map {
-    fields(config, &CONFIG_FIELDS[1..VERSION_1_FIELDS])
+    fields(config, &CONFIG_FIELDS[1..=VERSION_1_FIELDS])
 }
 
 fn fields(config: &EstimatorConfig, fields: &[ConfigField]) -> Map {
@@ -445,8 +447,8 @@ pub fn decode(value: &Value) -> Result<EstimatorState> {
         ));
     }
     let c = d.map("config")?;
-    let mut config = EstimatorConfig::new(1);
     // Version 1 is the vllm update with the map fields' defaults.
+    let mut config = version_1_config(1);
     let held = if version >= 2 {
         &CONFIG_FIELDS[..]
     } else {
@@ -519,8 +521,8 @@ mod tests {
     }
 
     #[test]
-    fn a_default_state_is_version_1_with_its_keys_in_order() {
-        let mut config = EstimatorConfig::new(2);
+    fn a_vllm_state_at_the_defaults_is_version_1_with_its_keys_in_order() {
+        let mut config = version_1_config(2);
         config.refit_interval = Some(5);
         let state = observed(config).state();
         let tree = encode(&state);
@@ -548,6 +550,29 @@ mod tests {
     }
 
     #[test]
+    fn the_default_state_is_the_map_updates_and_version_1_still_reads_as_vllm() {
+        // The default update moved from vllm to map: a default state is written as version 2,
+        // and a version-1 tree (every state before the map update) still decodes to vllm.
+        let state = observed(EstimatorConfig::new(2)).state();
+        assert_eq!(state.config.update, Update::Map);
+        assert_eq!(encode(&state).get("format_version"), Some(&Value::Int(2)));
+        let old = observed(version_1_config(2)).state();
+        let tree = encode(&old);
+        assert_eq!(tree.get("format_version"), Some(&Value::Int(1)));
+        let Some(Value::Map(config)) = tree.get("config") else {
+            panic!("no config")
+        };
+        assert!(
+            config.get("update").is_none(),
+            "version 1 has no update key"
+        );
+        assert_eq!(
+            decode(&Value::Map(tree)).unwrap().config.update,
+            Update::Vllm
+        );
+    }
+
+    #[test]
     fn a_map_state_is_version_2_and_round_trips() {
         let state = observed(EstimatorConfig::map(2)).state();
         let tree = encode(&state);
@@ -572,7 +597,11 @@ mod tests {
             field.set(&mut read, &fields).unwrap();
         }
         assert_eq!(read, config);
-        assert_eq!(options(&config).len(), 11);
+        assert_eq!(options(&config).len(), 12);
+        assert_eq!(
+            options(&config).get("update"),
+            Some(&Value::Str("map".into()))
+        );
         assert!(config_field("l2").is_some() && config_field("nope").is_none());
     }
 

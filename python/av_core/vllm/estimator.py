@@ -24,7 +24,7 @@ from av_core._checks import _check_int
 from av_core._native import AcceptanceEstimator
 from av_core.features import MAX_FEATURE_ENTRIES, draft_log_odds
 from av_core.features.checks import _check_device
-from av_core.state_types import RoundStatsDict
+from av_core.state_types import HistogramDict, RoundStatsDict
 from av_core.vllm import metrics as vllm_metrics
 from av_core.vllm.checks import (
     _check_confidences,
@@ -453,9 +453,10 @@ class OnlineAcceptanceEstimator:
         the device). ``slope``/``intercepts`` are their float32 copies on ``device``."""
         return self._native.slope, self._native.intercepts
 
-    def round_stats(self) -> RoundStatsDict:
+    def round_stats(self) -> RoundStatsDict | HistogramDict:
         """The open round's exact statistics as folded so far (``state_dict()["round_stats"]``
-        of the native estimator; staged verdicts still in flight are not in it)."""
+        of the native estimator: IRLS moments under vLLM's update, histograms under map; staged
+        verdicts still in flight are not in it)."""
         return self._native.state_dict()["round_stats"]
 
     def on_refit(self, callback: Callable[[OnlineAcceptanceEstimator], None]) -> None:

@@ -1,10 +1,10 @@
 """Which update the vLLM drop-in refits with, and when a refit is due.
 
-vLLM's update (the default): one damped Newton step at the end of every round of
+vLLM's update (the drop-in's default): one damped Newton step at the end of every round of
 ``REFIT_INTERVAL`` steps, no memory across rounds, av_core's step and range bounds unless
-``exact``. av_core's ``"map"`` update (opt-in, docs/estimator.md): the MAP fit on per-position
-histograms iterated to convergence, with memory, and fits after the 1st, 2nd, 4th, ... step of
-every round as well as at its end.
+``exact``. av_core's ``"map"`` update (opt-in here, ``AcceptanceEstimator``'s default;
+docs/estimator.md): the MAP fit on per-position histograms iterated to convergence, with memory,
+and fits after the 1st, 2nd, 4th, ... step of every round as well as at its end.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@
 use super::common::{dense_solve, Rng};
 use crate::estimator::accumulator::RoundStats;
 use crate::estimator::refit::ArrowheadSystem;
+use crate::estimator::Update;
 use crate::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 
 /// One round of observations: features, draft-time predictions and verdicts.
@@ -112,7 +113,7 @@ fn reference_step(r: &Round, l2: f64, d: f64) -> (f64, Vec<f64>) {
 
 fn config(k: usize, damping: f64) -> EstimatorConfig {
     // vLLM's update: these tests pin its damped Newton step.
-    let mut config = EstimatorConfig::new(k);
+    let mut config = EstimatorConfig::new(k).with_update(Update::Vllm);
     config.refit_interval = Some(u64::MAX);
     config.damping = damping;
     config.memory = 0.0;
@@ -246,7 +247,7 @@ fn default_damping_moves_a_round_of_d_observations_half_a_newton_step() {
     // 50 observations at x = 0 with p = 0.5 (30 accepted): the slope learns nothing, and the
     // intercept must move by exactly half of g1 / (c + λ).
     const VLLM_DAMPING_OBSERVATIONS: usize = 50;
-    let config = EstimatorConfig::new(1);
+    let config = EstimatorConfig::new(1).with_update(Update::Vllm);
     let l2 = config.l2;
     let est = AcceptanceEstimator::new(config).unwrap();
     let before = est.coefficients().intercepts[0];

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from av_core._native import ESTIMATOR_DEFAULTS
+from av_core._native import ESTIMATOR_DEFAULTS, AcceptanceEstimator
 from av_core.tools import argtypes as types
 from av_core.tools.cli.common import (
     DEFAULT_TRACE,
@@ -227,8 +227,6 @@ def _simulate(args: argparse.Namespace) -> int:
             progress=job,
         )
     if args.refit_interval > args.warmup_steps + args.steps:
-        from av_core import AcceptanceEstimator
-
         # The simulated policies run the estimator's default update: the map update fits
         # within its first round too.
         within = AcceptanceEstimator(1).update == "map"
@@ -392,10 +390,11 @@ def add_evaluate(add: AddCommand) -> argparse.ArgumentParser:
     )
     evaluate.add_argument(
         "--update",
-        choices=("vllm", "map"),
-        default="vllm",
-        help="how the estimator refits: vllm (vLLM's damped Newton step once per round, the "
-        "default) or map (av_core's opt-in update); docs/estimator.md",
+        choices=("map", "vllm"),
+        default=None,
+        help="how the estimator refits: map (av_core's MAP fit of per-position histograms, "
+        "after 1, 2, 4, ... steps of every round) or vllm (vLLM's damped Newton step once per "
+        f"round); default: the estimator's, {AcceptanceEstimator(1).update}; docs/estimator.md",
     )
     evaluate.add_argument(
         "--groups-per-workload",

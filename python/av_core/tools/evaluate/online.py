@@ -59,8 +59,8 @@ def replay_online(
     estimator refits itself every ``refit_interval`` observes; the prediction stored for a draft
     is the one made before its own step was observed, so its label never influences its score.
     ``memory`` is the estimator's memory across rounds (``None``: av_core's default; 0: vLLM's
-    memoryless update); ``update`` how it refits (``None``: the estimator's default, ``"vllm"``,
-    vLLM's damped Newton step; ``"map"``: av_core's opt-in update, docs/estimator.md).
+    memoryless update); ``update`` how it refits (``None``: the estimator's default, ``"map"``,
+    av_core's update, docs/estimator.md; ``"vllm"``: vLLM's damped Newton step).
     """
     if isinstance(batch_rounds, bool) or not isinstance(batch_rounds, int | np.integer):
         raise TypeError(f"batch_rounds must be an int, got {type(batch_rounds).__name__}")
