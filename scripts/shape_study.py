@@ -15,9 +15,10 @@ update's, on the same histograms (the terms at each bin's exact mean x̄). Prior
 on (ω, β) plus ``c ~ N(c_mean, c_sd²)``. Batch fits of every label (K intercepts): whole-trace ECE
 0.0120 → 0.0082 on t1 and 0.0199 → 0.0103 on t0.6.
 
-Scored prequentially exactly as ``scripts/cold_start_study.py`` scores the map update (its
-``replay`` and ``Scores``): refit 25 and 100, 1 and 4 rounds per observe, first 25% of labels and
-the whole trace, on the shipped order and on random prompt orders.
+Scored as ``scripts/residual_study.py`` scores its candidates (its ``cells``: the prequential
+``replay`` and ``Scores`` of ``scripts/cold_start_study.py``, refit 25 and 100, 1 and 4 rounds
+per observe, first 25% of labels and the whole trace), on the shipped order and on random prompt
+orders.
 
 ``python scripts/shape_study.py [--permutations P]``
 """
@@ -37,19 +38,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cold_start_study as cs  # noqa: E402
 from cold_start_study import (  # noqa: E402
-    CONFIGS,
     F64,
     MAX_X,
     Histogram,
     Maker,
     Scheme,
-    Scores,
-    Stream,
     chi2_quantile,
-    replay,
     sigmoid,
     spd_solve,
 )
+from residual_study import BOUNDS, KEYS, cells  # noqa: E402
 
 from av_core.trace import SHIPPED_TRACES  # noqa: E402
 
@@ -151,19 +149,6 @@ CANDIDATES: dict[str, Maker] = {
     ),
     "… the same, γ = 0.9": shape(0.6, 0.2, init_slope=0.1, init_intercept=-0.6, memory=0.9),
 }
-KEYS = ("ece_first", "auc_gap_first", "ece", "auc_gap", "log_loss")
-BOUNDS = tuple(cs.TARGETS[key] for key in KEYS[:4])
-
-
-def cells(make: Maker, streams: list[Stream]) -> F64:
-    """[trace × config, KEYS]"""
-    out = []
-    for stream in streams:
-        for interval, batch in CONFIGS:
-            predictions, _ = replay(stream, make(stream.x.shape[1], interval), batch)
-            scores = Scores.of(stream, predictions)
-            out.append([getattr(scores, key) for key in KEYS])
-    return np.asarray(out)
 
 
 def main() -> None:
