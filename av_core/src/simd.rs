@@ -1,21 +1,22 @@
 //! Which vector unit the hot loops run on: run-time CPU detection for x86-64.
 //!
 //! The wheel is built for the baseline x86-64 target (SSE2, 2 × f64 or 4 × f32 per vector).
-//! Three kernels are also compiled with `#[target_feature]` for AVX2+FMA (two of them for
+//! Four kernels are also compiled with `#[target_feature]` for AVX2 (+FMA; two of them for
 //! AVX-512 too) and called through [`level`], which checks the CPU once with
 //! `is_x86_feature_detected!`: the feature kernel ([`crate::features`]), `predict`'s logistic
-//! (`estimator/logistic.rs`) and the `map` refit's score and Hessian (`estimator/map.rs`). Every
+//! (`estimator/logistic.rs`), the `map` refit's score and Hessian (`estimator/map.rs`) and the
+//! `map` observe's binning pass (`Binning::locate_all`, `estimator/histogram.rs`). Every
 //! variant runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an
-//! FMA on its own. The logistic and the `map` terms fuse nothing, so all their variants give the
-//! same bits; the feature
+//! FMA on its own. The logistic, the `map` terms and the binning fuse nothing, so all their
+//! variants give the same bits; the feature
 //! kernel asks for fused multiply-adds in its AVX2 and AVX-512 variants, so those two give the
 //! same bits and the SSE2 baseline the bits of the separately rounded source (a build whose
 //! target has FMA instructions, such as aarch64 or `-C target-feature=+fma`, fuses in its
 //! baseline too); tests compare them bit for bit. So a CPU feature can differ in its last bits
 //! between an AVX2 host and an SSE2-only one; `AV_CORE_SIMD=baseline` pins a mixed x86-64 fleet
-//! to one result. The statistics kernel of `observe` was tried the same way and ran slower with the wider
-//! vectors on the development machine (5.9 µs against 5.3 µs at R = 256, K = 8), so it stays on
-//! the baseline build.
+//! to one result. The statistics kernel of `observe` under vLLM's update was tried the same way
+//! and ran slower with the wider vectors on the development machine (5.9 µs against 5.3 µs at
+//! R = 256, K = 8), so it stays on the baseline build.
 //!
 //! `AV_CORE_SIMD=baseline|avx2` caps the level (for benchmarks and bisecting).
 

@@ -88,9 +88,42 @@ impl Binning {
     /// `offsets` (the first `xs.len()` of each); returns whether every feature is finite. The
     /// same bits as `locate` for every non-NaN feature (a NaN, for which the caller fails
     /// anyway, is located as `−L`: bin 0, offset 0). One branch-free pass that vectorizes: the
-    /// expensive part of binning a step.
+    /// expensive part of binning a step. Runs on the widest vectors the CPU has
+    /// ([`crate::simd`]); every variant gives the same bits (nothing is fused).
     #[inline]
     pub fn locate_all<T: Copy + Into<f64>>(
+        &self,
+        xs: &[T],
+        bins: &mut [u32],
+        offsets: &mut [u64],
+    ) -> bool {
+        self.locate_all_at(crate::simd::level(), xs, bins, offsets)
+    }
+
+    /// [`locate_all`](Self::locate_all) on the variant for `level`, which must be one this CPU
+    /// runs ([`crate::simd::available`]).
+    #[inline]
+    pub(crate) fn locate_all_at<T: Copy + Into<f64>>(
+        &self,
+        level: crate::simd::Level,
+        xs: &[T],
+        bins: &mut [u32],
+        offsets: &mut [u64],
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if level >= crate::simd::Level::Avx2 {
+            // SAFETY: `locate_all_avx2` only requires the CPU features it is compiled with
+            // (`avx2`); `level` is `Avx2` or wider only when `simd::available` confirmed AVX2
+            // (and FMA) on this CPU with `is_x86_feature_detected!`.
+            return unsafe { x86::locate_all_avx2(self, xs, bins, offsets) };
+        }
+        let _ = level;
+        self.locate_all_baseline(xs, bins, offsets)
+    }
+
+    /// The body of every [`locate_all`](Self::locate_all) variant.
+    #[inline(always)]
+    fn locate_all_baseline<T: Copy + Into<f64>>(
         &self,
         xs: &[T],
         bins: &mut [u32],
@@ -634,6 +667,20 @@ impl HistogramMemory {
             return fail(format!("{total} labels exceed {limit}"));
         }
         Ok(())
+    }
+}
+
+/// [`Binning::locate_all`] compiled for AVX2 (the same code, wider vectors).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    #[target_feature(enable = "avx2")]
+    pub(super) fn locate_all_avx2<T: Copy + Into<f64>>(
+        binning: &super::Binning,
+        xs: &[T],
+        bins: &mut [u32],
+        offsets: &mut [u64],
+    ) -> bool {
+        binning.locate_all_baseline(xs, bins, offsets)
     }
 }
 

@@ -32,9 +32,12 @@ fn bins_are_equal_and_cover_the_clamped_range() {
 fn locate_all_is_locate_bit_for_bit() {
     // The vectorized pass observe bins with against the scalar rule, on every bin edge (and
     // the floats either side of it), the clamp's edges, zeros, subnormals, huge values and
-    // random features, for several bin counts and limits.
+    // random features, for several bin counts and limits, on every vector unit this CPU has
+    // (the SSE2 baseline and, where present, the AVX2 variant).
     let mut rng = XorShift::new(11);
-    for (limit, bins) in [(40.0, 64), (40.0, 1), (40.0, 7), (3.5, 1024), (100.0, 113)] {
+    let levels = crate::simd::available();
+    let cases = [(40.0, 64), (40.0, 1), (40.0, 7), (3.5, 1024), (100.0, 113)];
+    for (level, (limit, bins)) in levels.iter().flat_map(|&l| cases.map(|c| (l, c))) {
         let binning = Binning::new(limit, bins);
         let mut xs: Vec<f64> = vec![0.0, -0.0, f64::MIN_POSITIVE, -1e-310, 1e300, -1e300];
         // A float and its neighbours (by bits; `next_up` is newer than the crate's MSRV).
@@ -60,15 +63,15 @@ fn locate_all_is_locate_bit_for_bit() {
         xs.push(f64::INFINITY);
         xs.push(f64::NEG_INFINITY);
         let (mut got_bins, mut got_offsets) = (vec![0u32; xs.len()], vec![0u64; xs.len()]);
-        assert!(!binning.locate_all(&xs, &mut got_bins, &mut got_offsets));
+        assert!(!binning.locate_all_at(level, &xs, &mut got_bins, &mut got_offsets));
         let finite = xs.len() - 2;
-        assert!(binning.locate_all(&xs[..finite], &mut got_bins, &mut got_offsets));
+        assert!(binning.locate_all_at(level, &xs[..finite], &mut got_bins, &mut got_offsets));
         for (i, &x) in xs.iter().enumerate() {
             let (bin, offset) = binning.locate(x);
             assert_eq!(
                 (got_bins[i] as usize, got_offsets[i]),
                 (bin, offset),
-                "{x:e}"
+                "{x:e} on {level:?}"
             );
         }
         // f32 features (what the bindings pass) go through the same conversion.
@@ -77,21 +80,21 @@ fn locate_all_is_locate_bit_for_bit() {
             .map(|&x| x as f32)
             .filter(|x| x.is_finite())
             .collect();
-        assert!(binning.locate_all(&xs32, &mut got_bins, &mut got_offsets));
+        assert!(binning.locate_all_at(level, &xs32, &mut got_bins, &mut got_offsets));
         for (i, &x) in xs32.iter().enumerate() {
             let (bin, offset) = binning.locate(f64::from(x));
             assert_eq!(
                 (got_bins[i] as usize, got_offsets[i]),
                 (bin, offset),
-                "{x:e}"
+                "{x:e} on {level:?}"
             );
         }
         // A NaN is not finite, and lands in range.
         let mut nan = [0.0, f64::NAN, 1.0];
-        assert!(!binning.locate_all(&nan, &mut got_bins, &mut got_offsets));
+        assert!(!binning.locate_all_at(level, &nan, &mut got_bins, &mut got_offsets));
         assert!((got_bins[1] as usize) < bins);
         nan[1] = 2.0;
-        assert!(binning.locate_all(&nan, &mut got_bins, &mut got_offsets));
+        assert!(binning.locate_all_at(level, &nan, &mut got_bins, &mut got_offsets));
     }
 }
 
