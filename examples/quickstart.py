@@ -29,7 +29,7 @@ verify_curve = [(1, 6.0), (256, 6.0), (8192, 240.0)]
 slots = np.arange(R)  # the request slot of each row
 scheduled_drafts = np.full(R, K)  # drafts each request brought this step
 
-estimator = AcceptanceEstimator(K)  # vLLM's cold start, refit every 100 steps
+estimator = AcceptanceEstimator(K)  # vLLM's cold start; rounds of 100 steps
 tables = CostTables.from_curves(draft_curve, verify_curve, max_num_reqs=256, max_batch_tokens=8192)
 planner = VerificationPlanner(tables, K)  # budget from the previous step (lossless)
 
@@ -40,7 +40,7 @@ for _ in range(500):  # decode steps
     # The target verifies plan.admitted[r] drafts of request r and accepts the leading ones:
     leading = np.cumprod(accepts, axis=1).sum(axis=1)
     accepted = np.minimum(leading, plan.admitted)
-    estimator.observe(x, plan.admitted, accepted, p)  # lock-free; refits every 100 calls
+    estimator.observe(x, plan.admitted, accepted, p)  # refits after calls 1, 2, 4, ... of a round
 
 print(f"refits: {estimator.num_refits}; slope {estimator.slope:.3f} (true 0.6)")
 # --- README "Use" ends

@@ -1,6 +1,7 @@
 """The estimator-memory study: how the memory discount γ fares on every criterion at once.
 
-For each γ (0 is vLLM's memoryless update):
+For each γ of vLLM's update (``update="vllm"``; γ = 0 is vLLM's memoryless update), the
+update this study chose the memory for (the map update's own memory: docs/estimator.md):
 
 1. real traces, scored prequentially (each draft by the coefficients in force when it was
    drafted, ``av_core.tools.evaluate``): AUC, log-loss and ECE overall and per draft position;
@@ -43,12 +44,12 @@ def shipped_traces() -> list[Path]:
 
 
 def jitter(gamma: float, seed: int = 1) -> np.ndarray:
-    est = AcceptanceEstimator(4, memory=gamma)
+    est = AcceptanceEstimator(4, memory=gamma, update="vllm")
     return refit_rounds(est, STATIONARY, 50, np.random.default_rng(seed))[15:].std(axis=0)
 
 
 def rounds_to_recover(gamma: float, seed: int = 2) -> int:
-    est = AcceptanceEstimator(4, memory=gamma)
+    est = AcceptanceEstimator(4, memory=gamma, update="vllm")
     rng = np.random.default_rng(seed)
     refit_rounds(est, HIGH, 30, rng)
     optimum = labeled_log_loss(None, LOW)
@@ -62,7 +63,7 @@ def rounds_to_recover(gamma: float, seed: int = 2) -> int:
 def trace_rows(name: str, trace: DraftTrace, gammas: list[float]) -> list[str]:
     rows = []
     for gamma in gammas:
-        report = evaluate_trace(trace, memory=gamma).feature(ONLINE).report
+        report = evaluate_trace(trace, memory=gamma, update="vllm").feature(ONLINE).report
         o = report.overall
         per = report.per_position
         rows.append(
@@ -131,6 +132,7 @@ def main() -> None:
                     steps=steps,
                     depth_control=("batch",),
                     memory=gamma,
+                    update="vllm",
                 )
                 for gamma in gammas
             }

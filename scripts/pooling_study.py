@@ -13,7 +13,8 @@ Reported per rank, over ``--seeds`` assignments (median and worst): the prequent
 the coefficient jitter (RMS change of the K + 1 coefficients from one refit to the next after
 ``--warmup`` refits) and, for alone, the spread of the coefficients across ranks (RMS difference
 from their mean at each refit; pooled ranks hold identical bits, 0). The estimator is the vLLM
-drop-in's (memoryless, gamma = 0) unless ``--memory`` says otherwise.
+drop-in's (vLLM's update, ``update="vllm"``, memoryless, gamma = 0) unless ``--memory`` says
+otherwise; manual (``refit_interval=None``), refitted by the study's own schedule.
 
     python scripts/pooling_study.py [--seeds 20] [--interval 25] [--memory 0]
 """
@@ -61,7 +62,8 @@ def serve(
     k = rounds.num_positions
     queues = [np.flatnonzero(owner == r) for r in range(RANKS)]
     estimators = [
-        AcceptanceEstimator(k, refit_interval=1 << 40, memory=memory) for _ in range(RANKS)
+        AcceptanceEstimator(k, refit_interval=None, memory=memory, update="vllm")
+        for _ in range(RANKS)
     ]
     loss_sum = np.zeros(RANKS)
     labels = np.zeros(RANKS, dtype=np.int64)
@@ -123,7 +125,8 @@ def synthetic(
     rng = np.random.default_rng(1000 + seed)
     k = workload.num_positions
     estimators = [
-        AcceptanceEstimator(k, refit_interval=1 << 40, memory=memory) for _ in range(RANKS)
+        AcceptanceEstimator(k, refit_interval=None, memory=memory, update="vllm")
+        for _ in range(RANKS)
     ]
     history = []
     for _ in range(rounds):

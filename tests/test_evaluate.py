@@ -194,4 +194,4 @@ def test_evaluate_command_prints_the_tables(
     write_trace(synthetic_trace(num_requests=4, num_steps=40), path)
     assert main(["evaluate", str(path), "--no-plots", "--refit-interval", "10"]) == 0
     out = capsys.readouterr().out
-    assert ONLINE in out and RAW in out and "refit every 10 observes" in out
+    assert ONLINE in out and RAW in out and "rounds of 10 observes" in out

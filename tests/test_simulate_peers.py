@@ -35,6 +35,7 @@ from av_core.tools.simulate import (
     format_peers_markdown,
     peer_rows,
     round_streams,
+    simulate_adaptive,
     simulate_fixed,
     simulate_oracle,
     simulate_sglang_ema,
@@ -345,6 +346,37 @@ def test_trt_schedule_in_the_simulator_is_fixed_k_at_the_scheduled_length() -> N
     assert deep.tokens == simulate_fixed(rounds, streams, 4, cost, "parallel").tokens
 
 
+def test_the_vllm_peer_is_vllms_update_whatever_av_cores_default() -> None:
+    # vLLM-AV is vLLM's estimator (its update, memoryless, no exploration floor), not av_core's
+    # default update: the same streams through simulate_adaptive with vLLM's options give the
+    # same tokens and time, and av_core's default (map) gives others.
+    trace = synthetic_trace(num_requests=6, num_steps=40)
+    rounds = DraftRounds.from_trace(trace)
+    features = rounds.column(trace.logit_q_max)
+    cost = GpuLikeCost()
+    simulation = simulate_trace(
+        trace, concurrency=[64], steps=40, warmup_steps=10, peers=True, depth_control=[]
+    )
+    peer = next(r for r in simulation.results[64] if r.policy == "vLLM-AV")
+    streams = round_streams(rounds, 64, 50, seed=0)
+
+    def run(**options: object) -> tuple[int, float]:
+        result = simulate_adaptive(
+            rounds,
+            features,
+            streams,
+            cost,
+            "parallel",
+            measure_from=10,
+            exploration=0.0,
+            **options,  # type: ignore[arg-type]
+        )
+        return result.tokens, result.time_ms
+
+    assert (peer.tokens, peer.time_ms) == run(memory=0.0, update="vllm")
+    assert (peer.tokens, peer.time_ms) != run(memory=0.0)
+
+
 # --- the comparison table and the command line ------------------------------------------------
 
 
@@ -361,7 +393,8 @@ def test_peer_rows_divide_by_the_best_fixed_k_including_none() -> None:
         for name in ("SGL-EMA", "TRT", "vLLM-AV", "AV+D", "oracle"):
             assert row.relative[name] == pytest.approx(results[name] / best)
         assert row.av_core_of_oracle == pytest.approx(results["AV+D"] / results["oracle"])
-        others = [v for n, v in results.items() if n not in ("AV+D", "oracle")]
+        # Every peer's policy and fixed K; av_core's own AV (without depth control) is no peer.
+        others = [v for n, v in results.items() if n not in ("AV", "AV+D", "oracle")]
         assert row.av_core_of_best_other == pytest.approx(results["AV+D"] / max(others))
     table = format_peers_markdown(simulation, label="synthetic / parallel").splitlines()
     assert table[0].startswith("| trace / drafter | R | best fixed K (tok/ms) | SGLang-EMA |")

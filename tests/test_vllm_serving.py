@@ -136,10 +136,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_ranks(state_dir: str, tmp_path: Path, tag: str) -> list[dict[str, Any]]:
+def run_ranks(state_dir: str, tmp_path: Path, tag: str, **variables: str) -> list[dict[str, Any]]:
+    """``variables``: environment variables for the ranks (every other AV_CORE_* is dropped)."""
     port = str(free_port())
     env = child_env(
-        HERE, drop=("AV_CORE", "PROMETHEUS"), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"
+        HERE,
+        drop=("AV_CORE", "PROMETHEUS"),
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+        **variables,
     )
     outs = [tmp_path / f"{tag}-{rank}.json" for rank in range(2)]
     procs = [
@@ -189,9 +194,15 @@ def test_an_idle_rank_reaches_every_refit_and_both_hold_the_same_bits(tmp_path: 
     assert len({tuple(bits) for bits in busy["trajectory"]}) == 5  # cold start + 4 refits
 
 
-def test_restarted_ranks_start_from_rank_zeros_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("update", ["vllm", "map"])
+def test_restarted_ranks_start_from_rank_zeros_state(
+    tmp_path: Path, update: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The drop-in's update (vLLM's by default; av_core's map opted into by the environment, in
+    # this process and in the ranks): both restart equal.
+    monkeypatch.setenv("AV_CORE_VLLM_ESTIMATOR", update)
     state = tmp_path / "state"
-    run_ranks(str(state), tmp_path, "first")
+    run_ranks(str(state), tmp_path, "first", AV_CORE_VLLM_ESTIMATOR=update)
     files = sorted(state.iterdir())
     assert len(files) == 2  # one per rank (dp0-rank0, dp1-rank1)
     # Give rank 1 a different saved state (another history), with a valid file.
@@ -208,7 +219,7 @@ def test_restarted_ranks_start_from_rank_zeros_state(tmp_path: Path) -> None:
     }
     rank0 = saved[StateKey("org/target", "org/draft", "eagle3", fakes.K, "dp0-rank0").filename()]
     assert saved[key.filename()]["intercepts"] != rank0["intercepts"]
-    busy, idle = run_ranks(str(state), tmp_path, "second")
+    busy, idle = run_ranks(str(state), tmp_path, "second", AV_CORE_VLLM_ESTIMATOR=update)
     expected = [float(rank0["slope"]).hex()] + [float(v).hex() for v in rank0["intercepts"]]
     assert busy["after_load"] == idle["after_load"] == expected
     assert busy["trajectory"] == idle["trajectory"]

@@ -11,7 +11,7 @@
 
 use av_core::persist::crc32;
 use av_core::persist::estimator::{FORMAT_VERSION, MAGIC};
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
 use libfuzzer_sys::fuzz_target;
 
 const HEADER: usize = 8 + 4 + 8;
@@ -30,7 +30,7 @@ fn framed(payload: &[u8]) -> Vec<u8> {
 /// observed steps and refits.
 fn real_state(k: usize, memory: bool, vllm: bool, steps: usize) -> Vec<u8> {
     let mut config = if vllm {
-        EstimatorConfig::new(k)
+        EstimatorConfig::new(k).with_update(Update::Vllm)
     } else {
         EstimatorConfig::map(k)
     };

@@ -18,7 +18,7 @@
 # - After any number of threads observing at once, num_refits and steps_since_refit are those of
 #   a serial run of the same calls.
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Final, Literal, final, overload
 
 import numpy as np
@@ -28,6 +28,7 @@ from av_core.state_types import (
     EstimatorConfigFields,
     EstimatorOptions,
     EstimatorStateDict,
+    HistogramDict,
     MapEstimatorStateDict,
     MapRefitReport,
     RefitReport,
@@ -135,7 +136,8 @@ class _ConfigFields:
         """Largest absolute intercept."""
     @property
     def memory(self) -> float:
-        """Discount γ per round of the memory of past rounds (0 = vLLM's memoryless refit)."""
+        """Discount γ per round of the memory of past rounds (0: none; with ``update="vllm"``,
+        vLLM's memoryless refit)."""
     @property
     def drift_z(self) -> float:
         """Drift test threshold (standard deviations); inf disables the test."""
@@ -213,8 +215,9 @@ class AcceptanceEstimator(_ConfigFields):
         only count their steps); ``damping``: a round with D observations moves a coefficient
         half a full Newton step; ``l2``: ridge; ``init_slope``, ``init_intercept``: cold start;
         ``max_log_odds``: feature clamp; ``max_step``, ``max_slope``, ``max_intercept``: refit
-        bounds (inf: none); ``memory``: discount per round of past rounds (0: vLLM's memoryless
-        update); ``drift_z``: drift test threshold, in standard deviations (inf: never).
+        bounds (inf: none); ``memory``: discount per round of past rounds (0: none; with
+        ``update="vllm"``, vLLM's memoryless update); ``drift_z``: drift test threshold, in
+        standard deviations (inf: never).
 
         ``update="map"`` (the default) is av_core's refit (docs/estimator.md): per-position
         histograms of the feature (``bins`` per position), the MAP fit iterated to convergence
@@ -270,7 +273,8 @@ class AcceptanceEstimator(_ConfigFields):
         """Refits so far."""
     @property
     def steps_since_refit(self) -> int:
-        """Observe calls since the last refit."""
+        """Observe calls since the open round began, i.e. since the last refit that ended a
+        round (the map update's fits within a round do not reset it)."""
     @property
     def config(self) -> EstimatorConfig:
         """The configuration, frozen (each field is also an attribute here:
@@ -290,7 +294,9 @@ class AcceptanceEstimator(_ConfigFields):
         raises ValueError naming the path."""
     def round_counts(self) -> npt.NDArray[np.int64]:
         """Labeled observations per position in the open round, int64 [K]."""
-    def add_round_stats(self, round_stats: RoundStatsDict | dict[str, Any]) -> None:
+    def add_round_stats(
+        self, round_stats: RoundStatsDict | HistogramDict | Mapping[str, Any]
+    ) -> None:
         """Adds another round's statistics (as in ``state_dict()["round_stats"]``: vllm's IRLS
         moments or map's histograms, the estimator's own kind) to the open round, exactly;
         refused, adding nothing, on other fraction bits, bins or number of positions, or

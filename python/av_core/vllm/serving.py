@@ -229,10 +229,14 @@ def _start_equal(estimator: Any, group: Any) -> None:
     round (each rank's restored round would otherwise be pooled again)."""
     import torch.distributed as dist
 
+    from av_core.distributed import round_columns
+
     state = estimator.state_dict()
     rounds = state["estimator"]["round_stats"]
-    for name in ("a", "b", "c", "g0", "g1", "n"):
+    for name in round_columns(rounds):  # vLLM's moments, or the map update's histograms
         rounds[name] = [0] * len(rounds[name])
+    if "fitted_labels" in state["estimator"]:  # map: the labels fitted within the open round
+        state["estimator"]["fitted_labels"] = 0
     state["steps_since_refit"] = 0
     state["estimator"]["steps_since_refit"] = 0
     box = [state]

@@ -222,14 +222,14 @@ def _simulate(args: argparse.Namespace) -> int:
             exploration=args.exploration,
             depth_control=args.depth_control,
             memory=args.memory,
+            update=args.update,
             peers=args.peers,
             trt_schedule=args.trt_schedule,
             progress=job,
         )
     if args.refit_interval > args.warmup_steps + args.steps:
-        # The simulated policies run the estimator's default update: the map update fits
-        # within its first round too.
-        within = AcceptanceEstimator(1).update == "map"
+        # The map update (the estimator's default) fits within its first round too.
+        within = (args.update or AcceptanceEstimator(1).update) == "map"
         _warn_without_refits(
             console,
             int(within),
@@ -333,6 +333,18 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_update_option(parser: argparse.ArgumentParser) -> None:
+    """``--update``: how the estimator refits (``None``: the estimator's own default)."""
+    parser.add_argument(
+        "--update",
+        choices=("map", "vllm"),
+        default=None,
+        help="how the estimator refits: map (av_core's MAP fit of per-position histograms, "
+        "after 1, 2, 4, ... steps of every round) or vllm (vLLM's damped Newton step once per "
+        f"round); default: the estimator's, {AcceptanceEstimator(1).update}; docs/estimator.md",
+    )
+
+
 def add_demo(add: AddCommand) -> argparse.ArgumentParser:
     """``av-core demo`` and its options (``add`` creates the subparser)."""
     demo = add(
@@ -386,16 +398,9 @@ def add_evaluate(add: AddCommand) -> argparse.ArgumentParser:
         type=types.memory,
         default=None,
         help="estimator memory across rounds, gamma in [0, 1) (default: the estimator's, "
-        f"{ESTIMATOR_DEFAULTS['memory']}; 0 is vLLM's memoryless update)",
+        f"{ESTIMATOR_DEFAULTS['memory']}; 0 with --update vllm is vLLM's memoryless update)",
     )
-    evaluate.add_argument(
-        "--update",
-        choices=("map", "vllm"),
-        default=None,
-        help="how the estimator refits: map (av_core's MAP fit of per-position histograms, "
-        "after 1, 2, 4, ... steps of every round) or vllm (vLLM's damped Newton step once per "
-        f"round); default: the estimator's, {AcceptanceEstimator(1).update}; docs/estimator.md",
-    )
+    _add_update_option(evaluate)
     evaluate.add_argument(
         "--groups-per-workload",
         type=types.positive_int,
@@ -472,6 +477,7 @@ def add_simulate(add: AddCommand) -> argparse.ArgumentParser:
         default=None,
         help="estimator memory across rounds, gamma in [0, 1) (default: the estimator's)",
     )
+    _add_update_option(simulate)
     simulate.add_argument(
         "--depth-control",
         type=depth_modes,

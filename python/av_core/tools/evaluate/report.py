@@ -160,12 +160,14 @@ def _agreement(evaluation: Evaluation) -> Table:
 def evaluation_preamble(evaluation: Evaluation) -> list[str]:
     """The lines above the tables: what was replayed and how."""
     e = evaluation
+    observes = -(-e.num_rounds // e.batch_rounds)
     return [
         f"trace: {e.num_rows} rows, {e.num_rounds} drafting rounds, {e.num_labeled} labeled "
         f"drafts, K = {e.num_positions}",
-        f"prequential replay: {e.batch_rounds} round(s) per observe, refit every "
-        f"{e.refit_interval} observes ({e.trajectory.rounds.shape[0]} refits); every draft is "
-        "scored with the prediction made at draft time",
+        f"prequential replay: {e.batch_rounds} round(s) per observe, rounds of "
+        f"{e.refit_interval} observes ({observes // e.refit_interval} round ends, "
+        f"{e.trajectory.rounds.shape[0]} refits in all); every draft is scored with the "
+        "prediction made at draft time",
     ]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -157,6 +157,7 @@ def simulate_adaptive(
     exploration: float | None = None,
     depth_control: DepthControl | None = None,
     memory: float | None = None,
+    update: str | None = None,
 ) -> PolicyResult:
     """Adaptive verification: features → estimator → planner → verdicts → observe.
 
@@ -168,7 +169,8 @@ def simulate_adaptive(
     ``measure_from`` run the whole loop (they warm up the estimator and the planner's remembered
     confidences) but are not counted. ``exploration`` is the planner's exploration floor (the
     probability that a request verifies its whole block in a step; ``None``: the planner's
-    default).
+    default). ``memory`` and ``update`` are the estimator's (``None``: its defaults; the
+    simulator's vLLM peer passes vLLM's, ``memory=0.0, update="vllm"``).
     """
     steps, num_requests = streams.rounds.shape
     num_positions = rounds.num_positions
@@ -194,11 +196,12 @@ def simulate_adaptive(
         )
     )
     if estimator is None:
-        estimator = (
-            AcceptanceEstimator(num_positions, refit_interval=refit_interval)
-            if memory is None
-            else AcceptanceEstimator(num_positions, refit_interval=refit_interval, memory=memory)
-        )
+        options: dict[str, Any] = {"refit_interval": refit_interval}
+        if memory is not None:
+            options["memory"] = memory
+        if update is not None:
+            options["update"] = update
+        estimator = AcceptanceEstimator(num_positions, **options)
     x_all = np.ascontiguousarray(features, dtype=np.float32)
     slots = np.arange(num_requests, dtype=np.int64)
     tokens = 0

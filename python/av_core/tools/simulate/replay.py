@@ -46,13 +46,15 @@ def simulate_trace(
     exploration: float | None = None,
     depth_control: Sequence[DepthControl] = ("batch", "per_request"),
     memory: float | None = None,
+    update: str | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     peers: bool = False,
     trt_schedule: Mapping[int, int] | None = None,
 ) -> Simulation:
     """Runs every policy at every concurrency on the same round streams (paired comparison):
     fixed K = 0..K, AV, and AV with each drafting-depth mode in ``depth_control``. ``memory``
-    sets the estimator's memory across rounds (``None``: the estimator's default). With
+    sets the estimator's memory across rounds and ``update`` how it refits (``"map"`` or
+    ``"vllm"``; ``None``: the estimator's defaults). With
     ``peers``, also the other engines' policies (:data:`PEER_POLICIES`: SGLang's EMA tiers,
     TensorRT-LLM's ``draft_len_schedule`` (``trt_schedule``, default ``{4: 4, 8: 2, 32: 1}``),
     vLLM's adaptive verification: AV with vLLM's memoryless update and no exploration floor)
@@ -117,7 +119,9 @@ def simulate_trace(
             parallel_pass_tokens=parallel_pass_tokens,
         )
         for mode in (None, *depth_control):
-            row.append(adaptive(exploration=exploration, depth_control=mode, memory=memory))
+            row.append(
+                adaptive(exploration=exploration, depth_control=mode, memory=memory, update=update)
+            )
             advance(f"R={r} {row[-1].policy}")
         if peers:
             run = functools.partial(
@@ -175,7 +179,9 @@ def _peer_results(
     yield result, result.policy
     result = run(simulate_trt_schedule, trt_schedule)
     yield result, result.policy
-    vllm = adaptive(exploration=0.0, memory=VLLM_ESTIMATOR["memory"])
+    vllm = adaptive(
+        exploration=0.0, memory=VLLM_ESTIMATOR["memory"], update=VLLM_ESTIMATOR["update"]
+    )
     result = dataclasses.replace(vllm, policy=PEER_POLICIES[2])
     yield result, result.policy
     yield run(simulate_oracle), ORACLE

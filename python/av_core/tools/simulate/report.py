@@ -217,7 +217,8 @@ class PeerRow:
 
     @property
     def av_core_of_best_other(self) -> float:
-        """av_core against the best of every other policy but the oracle (fixed K included)."""
+        """av_core against the best of the peers' policies and fixed K (the oracle, and av_core's
+        own policies, excluded)."""
         others = [v for k, v in self.relative.items() if k not in (self.av_core, self.oracle)]
         return self.relative[self.av_core] / max([1.0, *others])
 
