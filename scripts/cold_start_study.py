@@ -316,6 +316,34 @@ def histogram_terms(
     return g, float((w * xbar * xbar).sum()), (w * xbar).sum(axis=1), w.sum(axis=1)
 
 
+def newton(
+    theta0: F64,
+    free: npt.NDArray[np.bool_],
+    system: Callable[[F64], tuple[F64, F64]],
+    hold: Callable[[F64, npt.NDArray[np.bool_]], None],
+    scheme: Scheme,
+) -> tuple[F64, int]:
+    """The MAP fit's Newton iterations from ``theta0``: ``system(θ)`` gives the penalized
+    Hessian and gradient, the step is taken on the ``free`` coordinates, capped at
+    ``scheme.iteration_cap``, and ``hold(θ, free)`` enforces the constraints in place (pinning a
+    coordinate it clamps). Returns (θ, iterations)."""
+    theta, iterations = theta0.copy(), 0
+    for _ in range(scheme.max_iterations):
+        iterations += 1
+        h, grad = system(theta)
+        step = spd_solve(h[np.ix_(free, free)], grad[free])
+        if step is None or not np.all(np.isfinite(step)):
+            break
+        largest = float(np.max(np.abs(step)))
+        if largest > scheme.iteration_cap:
+            step *= scheme.iteration_cap / largest
+        theta[free] += step
+        hold(theta, free)
+        if largest < scheme.tolerance:
+            break
+    return theta, iterations
+
+
 class Histogram:
     """The candidate estimator (see the module docstring and docs/estimator.md)."""
 
@@ -432,27 +460,20 @@ class Histogram:
         # end: a round's result then depends on its observations, not on when the intra-round
         # refits happened to snapshot them (threads).
         theta0 = np.concatenate([[self.reference[0]], self.reference[1]])
-        theta = theta0.copy()
         # Positions without a single label keep their intercepts: no data, no change.
         free = np.concatenate([[True], n.sum(axis=1) > 0])
-        iterations = 0
-        for _ in range(s.max_iterations):
-            iterations += 1
+
+        def system(theta: F64) -> tuple[F64, F64]:
             g, ha, hb, hc = histogram_terms(n, a, xbar, theta[0], theta[1:])
             h = arrowhead(ha, hb, hc) + self.lam + self.q_a + s.l2 * np.eye(k + 1)
-            grad = g - self.lam @ (theta - self.mu) + self.q_b - self.q_a @ theta
-            step = spd_solve(h[np.ix_(free, free)], grad[free])
-            if step is None or not np.all(np.isfinite(step)):
-                break
-            largest = float(np.max(np.abs(step)))
-            if largest > s.iteration_cap:
-                step *= s.iteration_cap / largest
-            theta[free] += step
+            return h, g - self.lam @ (theta - self.mu) + self.q_b - self.q_a @ theta
+
+        def hold(theta: F64, free: npt.NDArray[np.bool_]) -> None:
             if theta[0] < 0.0:  # the slope may not go negative: hold it at 0
                 theta[0] = 0.0
                 free[0] = False
-            if largest < s.tolerance:
-                break
+
+        theta, iterations = newton(theta0, free, system, hold, s)
         self.iterations.append(iterations)
         self.new_labels = 0
         delta = np.clip(theta - theta0, -s.max_step, s.max_step)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,6 +45,7 @@ from cold_start_study import (  # noqa: E402
     Maker,
     Scheme,
     chi2_quantile,
+    newton,
     sigmoid,
     spd_solve,
 )
@@ -107,25 +109,19 @@ class Shape(Histogram):
         n, a, sx = self.r_n + self.m_n, self.r_a + self.m_a, self.r_sx + self.m_sx
         xbar = self._xbar(n, sx)
         theta0 = self.ref.copy()
-        theta = theta0.copy()
         free = np.concatenate([[True, True], n.sum(axis=1) > 0])
-        for _ in range(s.max_iterations):
+
+        def system(theta: F64) -> tuple[F64, F64]:
             g, h = self._terms(n, a, xbar, theta)
-            h = h + self.lam2 + s.l2 * np.eye(k + 2)
-            grad = g - self.lam2 @ (theta - self.mu2)
-            step = spd_solve(h[np.ix_(free, free)], grad[free])
-            if step is None or not np.all(np.isfinite(step)):
-                break
-            largest = float(np.max(np.abs(step)))
-            if largest > s.iteration_cap:
-                step *= s.iteration_cap / largest
-            theta[free] += step
+            return h + self.lam2 + s.l2 * np.eye(k + 2), g - self.lam2 @ (theta - self.mu2)
+
+        def hold(theta: F64, free: npt.NDArray[np.bool_]) -> None:
             if theta[0] < 0.0:  # ω ≥ 0: hold it at 0
                 theta[0], free[0] = 0.0, False
             if theta[0] + theta[1] < 0.0 and free[1]:  # ω + c ≥ 0
                 theta[1], free[1] = -theta[0], False
-            if largest < s.tolerance:
-                break
+
+        theta, _ = newton(theta0, free, system, hold, s)
         self.new_labels = 0
         d = np.clip(theta - theta0, -s.max_step, s.max_step)
         self.slope = float(np.clip(theta0[0] + d[0], 0.0, s.max_slope))
