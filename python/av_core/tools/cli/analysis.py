@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from av_core._native import ESTIMATOR_DEFAULTS, AcceptanceEstimator
+from av_core._native import ESTIMATOR_DEFAULTS
 from av_core.tools import argtypes as types
 from av_core.tools.cli.common import (
     DEFAULT_TRACE,
@@ -229,7 +229,7 @@ def _simulate(args: argparse.Namespace) -> int:
         )
     if args.refit_interval > args.warmup_steps + args.steps:
         # The map update (the estimator's default) fits within its first round too.
-        within = (args.update or AcceptanceEstimator(1).update) == "map"
+        within = (args.update or ESTIMATOR_DEFAULTS["update"]) == "map"
         _warn_without_refits(
             console,
             int(within),
@@ -341,7 +341,7 @@ def _add_update_option(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="how the estimator refits: map (av_core's MAP fit of per-position histograms, "
         "after 1, 2, 4, ... steps of every round) or vllm (vLLM's damped Newton step once per "
-        f"round); default: the estimator's, {AcceptanceEstimator(1).update}; docs/estimator.md",
+        f"round); default: the estimator's, {ESTIMATOR_DEFAULTS['update']}; docs/estimator.md",
     )
 
 
