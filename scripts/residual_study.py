@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,6 +51,7 @@ from cold_start_study import (  # noqa: E402
     Stream,
     arrowhead,
     chi2_quantile,
+    newton,
     replay,
     sigmoid,
     spd_solve,
@@ -156,27 +158,20 @@ class Residual(Histogram):
         prior[1 + k :, 1 + k :] = self.precision
         mu = np.concatenate([self.mu, np.zeros(b + 1)])
         theta0 = np.concatenate([[self.reference[0]], self.reference[1], self.ref_delta])
-        theta = theta0.copy()
         free = np.concatenate([[True], n.sum(axis=1) > 0, np.full(b + 1, fit_delta)])
-        iterations = 0
-        for _ in range(s.max_iterations):
-            iterations += 1
+
+        def system(theta: F64) -> tuple[F64, F64]:
             p = sigmoid(design @ theta)
             w, r = big_n * p * (1 - p), big_a - big_n * p
             g = design.T @ r - prior @ (theta - mu)
-            h = (design * w[:, None]).T @ design + prior + s.l2 * np.eye(dim)
-            step = spd_solve(h[np.ix_(free, free)], g[free])
-            if step is None or not np.all(np.isfinite(step)):
-                break
-            largest = float(np.max(np.abs(step)))
-            if largest > s.iteration_cap:
-                step *= s.iteration_cap / largest
-            theta[free] += step
+            return (design * w[:, None]).T @ design + prior + s.l2 * np.eye(dim), g
+
+        def hold(theta: F64, free: npt.NDArray[np.bool_]) -> None:
             if theta[0] < 0.0:
                 theta[0] = 0.0
                 free[0] = False
-            if largest < s.tolerance:
-                break
+
+        theta, iterations = newton(theta0, free, system, hold, s)
         self.iterations.append(iterations)
         self.new_labels = 0
         d = np.clip(theta - theta0, -s.max_step, s.max_step)
