@@ -1,5 +1,6 @@
 //! Criterion benchmarks of the core's hot paths, without Python: the per-step statistics and
-//! the lock-free accumulator (observe), the Cholesky Newton solve (refit), and the planner.
+//! the lock-free accumulator (observe), the Cholesky Newton solve (refit), the map update's
+//! end-of-round refit on a fresh round, and the planner.
 //!
 //! `cargo bench -p av_core` (not run in CI; `benches/run.py` holds the Python-side figures).
 
@@ -7,7 +8,7 @@ use av_core::cost_tables::CostTables;
 use av_core::estimator::internals::{solve_spd, Accumulator};
 use av_core::planner::{plan_verification, StepTokens};
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use std::hint::black_box;
 
 fn uniform(seed: u64) -> impl FnMut() -> f64 {
@@ -80,6 +81,52 @@ fn cholesky(c: &mut Criterion) {
     group.finish();
 }
 
+/// The map update's end-of-round refit at K = 16, each on a fresh round: one observe of R = 256
+/// requests (untimed) drawn from a pool of 16 steps of a logistic pair, then the timed refit
+/// (memory decay and the drift test, the fold, the gather and Newton to convergence).
+fn map_refit(c: &mut Criterion) {
+    let mut group = c.benchmark_group("map_refit");
+    for k in [8usize, 16] {
+        let rows = 256;
+        let mut next = uniform(3);
+        let steps: Vec<(Vec<f32>, Vec<i64>)> = (0..16)
+            .map(|_| {
+                let x: Vec<f32> = (0..rows * k).map(|_| (next() * 7.5 - 3.0) as f32).collect();
+                let accepted = (0..rows)
+                    .map(|r| {
+                        let accepted_at = |j: usize| {
+                            let z = 0.55 * x[r * k + j] as f64 - 0.3 - 0.05 * j as f64;
+                            1.0 / (1.0 + (-z).exp())
+                        };
+                        (0..k).take_while(|&j| next() < accepted_at(j)).count() as i64
+                    })
+                    .collect();
+                (x, accepted)
+            })
+            .collect();
+        let admitted = vec![k as i64; rows];
+        let mut config = EstimatorConfig::new(k);
+        config.refit_interval = Some(u64::MAX);
+        let est = AcceptanceEstimator::new(config).unwrap();
+        let mut step = 0usize;
+        let mut observe_next = || {
+            let (x, accepted) = &steps[step % steps.len()];
+            step += 1;
+            let view = MatrixView::new("features", x, rows, k).unwrap();
+            est.add_observations(view, &admitted, accepted, None::<MatrixView<'_, f32>>)
+                .unwrap();
+        };
+        for _ in 0..8 {
+            observe_next();
+            est.refit();
+        }
+        group.bench_function(BenchmarkId::from_parameter(format!("K={k}")), |b| {
+            b.iter_batched(&mut observe_next, |()| est.refit(), BatchSize::PerIteration)
+        });
+    }
+    group.finish();
+}
+
 fn planner(c: &mut Criterion) {
     let mut group = c.benchmark_group("plan_verification");
     for (rows, k) in [(64usize, 8usize), (256, 8), (1024, 16)] {
@@ -113,5 +160,5 @@ fn planner(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, observe, cholesky, planner);
+criterion_group!(benches, observe, cholesky, map_refit, planner);
 criterion_main!(benches);
