@@ -11,8 +11,10 @@ the core's real default fails as surely as a changed default.
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import math
+import pickle
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -266,3 +268,73 @@ def test_the_config_object_rebuilds_the_estimators_configuration() -> None:
     assert repr(config).startswith("EstimatorConfig(num_positions=2, refit_interval=7, ")
     # A map estimator's version-2 state_dict holds exactly the config object's fields.
     assert est.state_dict()["config"] == dict(config)
+
+
+#: Configurations unlike the default in every way a field can differ (None, inf, the other
+#: update, the largest K).
+CONFIGS: list[dict[str, Any]] = [
+    {"num_positions": 3},
+    {"num_positions": 4, **_native.VLLM_ESTIMATOR},
+    {"num_positions": 2, "refit_interval": None, "max_step": math.inf, "drift_z": math.inf},
+    {"num_positions": 64, "bins": 16, "prior_slope_sd": math.inf, "prior_trend_sd": 0.0},
+    {"num_positions": 1, "update": "vllm", "memory": 0.0, "l2": 0.5, "init_intercept": -0.0},
+]
+
+
+@pytest.mark.parametrize("fields", CONFIGS, ids=lambda f: ",".join(map(str, f.values())))
+def test_the_config_object_pickles_copies_and_hashes_as_a_value(fields: dict[str, Any]) -> None:
+    config = _native.AcceptanceEstimator(**fields).config
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        again = pickle.loads(pickle.dumps(config, protocol=protocol))
+        assert type(again) is _native.EstimatorConfig
+        assert again == config and hash(again) == hash(config), protocol
+        assert again.to_dict() == config.to_dict()
+        assert {k: again[k] for k in fields} == fields  # the values set, not the defaults
+    # Immutable: a copy is the object itself, also inside a copied structure.
+    assert copy.copy(config) is config and copy.deepcopy(config) is config
+    assert copy.deepcopy({"c": [config]})["c"][0] is config
+    # Equal configurations built apart hash alike and meet as dict keys and set members.
+    twin = _native.AcceptanceEstimator(**fields).config
+    assert twin is not config and {config: 1}[twin] == 1 and len({config, twin}) == 1
+
+
+def test_configs_that_differ_in_one_field_are_different_keys() -> None:
+    base = _native.AcceptanceEstimator(3).config
+    changes = {"l2": 0.002, "update": "vllm", "bins": 32, "refit_interval": None, "memory": 0.5}
+    others = [_native.AcceptanceEstimator(**{**base, k: v}).config for k, v in changes.items()]
+    assert all(o != base for o in others)
+    assert len({base, *others}) == 1 + len(changes)
+    # 0.0 and -0.0 are the same value, as Python's floats are: equal and hashed alike.
+    zero = _native.AcceptanceEstimator(3, init_intercept=0.0).config
+    negative = _native.AcceptanceEstimator(3, init_intercept=-0.0).config
+    assert zero == negative and hash(zero) == hash(negative)
+
+
+@pytest.mark.parametrize("fields", CONFIGS, ids=lambda f: ",".join(map(str, f.values())))
+def test_from_dict_builds_what_the_constructor_builds(fields: dict[str, Any]) -> None:
+    # Fields left out take the constructor's defaults: compared with the constructor itself.
+    assert _native.EstimatorConfig.from_dict(fields) == _native.AcceptanceEstimator(**fields).config
+    full = _native.AcceptanceEstimator(**fields).config.to_dict()
+    assert _native.EstimatorConfig.from_dict(full).to_dict() == full
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "text"),
+    [
+        ({"num_positions": 3, "l3": 1.0}, ValueError, r'fields: \["l3"\] is not a field'),
+        ({"l2": 1.0}, ValueError, r'fields: \["num_positions"\] is missing'),
+        ({"num_positions": 0}, ValueError, r"num_positions: must be between 1 and 64, got 0"),
+        ({"num_positions": 3, "memory": 1.5}, ValueError, r"memory: must be in \[0, 1\), got 1.5"),
+        ({"num_positions": 3, "bins": "64"}, TypeError, r'fields: \["bins"\] must be an integer'),
+        (
+            {"num_positions": 3, "update": "newton"},
+            ValueError,
+            r"\"map\" or \"vllm\", got \"newton\"",
+        ),
+        ({"num_positions": 3, "l2": -1.0}, ValueError, r"l2: .*got -1"),
+        ([("num_positions", 3)], TypeError, r"fields: expected a dict of EstimatorConfig fields"),
+    ],
+)
+def test_from_dict_refuses_bad_fields_naming_them(fields: Any, error: type, text: str) -> None:
+    with pytest.raises(error, match=text):
+        _native.EstimatorConfig.from_dict(fields)

@@ -166,7 +166,7 @@ class EstimatorConfig(_ConfigFields):
     the core's ``EstimatorConfig`` as an attribute and by key (``config.l2``, ``config["l2"]``),
     in the constructor's order (``keys()``), so ``AcceptanceEstimator(**est.config)`` builds a
     cold estimator with the same configuration and ``dict(config)`` is a plain dict. Equal when
-    every field is."""
+    every field is, and hashed by the fields; pickles, and copies are the object itself."""
     def __getitem__(self, key: str, /) -> int | float | str | None:
         """The field named ``key`` (KeyError if there is none)."""
     def __contains__(self, key: str, /) -> bool: ...
@@ -177,6 +177,16 @@ class EstimatorConfig(_ConfigFields):
         """The field names, in the constructor's order."""
     def to_dict(self) -> EstimatorConfigFields:
         """The fields as a new dict."""
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, int | float | str | None]) -> EstimatorConfig:
+        """The configuration ``fields`` describes, as :meth:`to_dict` writes it:
+        ``num_positions`` is required, a field left out takes the constructor's default, and a
+        key that names no field, a value of the wrong type or out of range raises (ValueError /
+        TypeError naming the field), as ``AcceptanceEstimator(**fields)`` would."""
+    def __hash__(self) -> int: ...
+    def __copy__(self) -> EstimatorConfig: ...
+    def __deepcopy__(self, memo: Any, /) -> EstimatorConfig: ...
+    def __reduce__(self) -> tuple[Any, tuple[EstimatorConfigFields]]: ...
     @property
     def num_positions(self) -> int:
         """Number of draft positions K."""

@@ -385,6 +385,44 @@ impl PyEstimatorConfig {
         map_to_py(py, &state_dict::config(&self.inner))
     }
 
+    /// The configuration `fields` describes, as `to_dict()` writes it: `num_positions` is
+    /// required, a field left out takes the constructor's default, and a key that names no
+    /// field, a value of the wrong type or out of range raises (ValueError / TypeError naming
+    /// the field), as `AcceptanceEstimator(**fields)` would.
+    #[classmethod]
+    fn from_dict(_cls: &Bound<'_, PyType>, fields: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let inner = state_dict::decode_config(&from_py(fields)?, "fields").map_err(to_py_err)?;
+        Ok(PyEstimatorConfig { inner })
+    }
+
+    /// Pickling: rebuilt by `from_dict` from `to_dict()`.
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+        py: Python<'py>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyDict>,))> {
+        let constructor = slf.get_type().getattr("from_dict")?;
+        Ok((constructor, (slf.get().to_dict(py)?,)))
+    }
+
+    /// The configuration is immutable: a copy is the same object.
+    fn __copy__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __deepcopy__<'py>(slf: Bound<'py, Self>, _memo: &Bound<'py, PyAny>) -> Bound<'py, Self> {
+        slf
+    }
+
+    /// The hash of the fields' values: equal configurations hash alike (`0.0` and `-0.0`
+    /// included, as Python's floats do).
+    fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
+        let mut values = Vec::with_capacity(CONFIG_FIELDS.len());
+        for field in &CONFIG_FIELDS {
+            values.push(crate::tree::to_py(py, &field.get(&self.inner))?);
+        }
+        PyTuple::new(py, values)?.hash()
+    }
+
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let mut parts = Vec::with_capacity(CONFIG_FIELDS.len());
         for field in &CONFIG_FIELDS {

@@ -202,6 +202,29 @@ pub fn options(config: &EstimatorConfig) -> Map {
     fields(config, &CONFIG_FIELDS[1..=VERSION_1_FIELDS])
 }
 
+/// The configuration a dict of its fields describes, as [`config`] writes it (errors name
+/// `argument` and the field): `num_positions` is required, a field left out takes
+/// [`EstimatorConfig::new`]'s value (the constructor's default), a key that names no field is
+/// refused, and the result is validated as [`AcceptanceEstimator::new`] validates it.
+pub fn decode_config(value: &Value, argument: &'static str) -> Result<EstimatorConfig> {
+    let c = Fields::root(value, argument, "expected a dict of EstimatorConfig fields")?;
+    if let Some(key) = c.as_map().keys().find(|&key| config_field(key).is_none()) {
+        return Err(c.error(
+            crate::ErrorKind::Value,
+            key,
+            "is not a field of EstimatorConfig",
+        ));
+    }
+    let mut config = EstimatorConfig::new(1);
+    for field in &CONFIG_FIELDS {
+        if field.name == "num_positions" || c.as_map().get(field.name).is_some() {
+            field.set(&mut config, &c)?;
+        }
+    }
+    config.validate()?;
+    Ok(config)
+}
+
 fn fields(config: &EstimatorConfig, fields: &[ConfigField]) -> Map {
     let mut map = Map::new();
     for field in fields {
@@ -603,6 +626,54 @@ mod tests {
             Some(&Value::Str("map".into()))
         );
         assert!(config_field("l2").is_some() && config_field("nope").is_none());
+    }
+
+    #[test]
+    fn decode_config_reads_what_config_writes_and_defaults_the_rest() {
+        let mut config = EstimatorConfig::vllm(3);
+        config.refit_interval = None;
+        config.max_step = f64::INFINITY;
+        let tree = Value::Map(super::config(&config));
+        assert_eq!(decode_config(&tree, "fields").unwrap(), config);
+        // Only num_positions given: the constructor's defaults, the default update's included.
+        let mut partial = Map::new();
+        partial.insert("num_positions", 5u64);
+        partial.insert("l2", 0.5);
+        let mut expected = EstimatorConfig::new(5);
+        expected.l2 = 0.5;
+        assert_eq!(
+            decode_config(&Value::Map(partial), "fields").unwrap(),
+            expected
+        );
+    }
+
+    #[test]
+    fn decode_config_refuses_unknown_missing_and_invalid_fields() {
+        let message = |tree: Map| decode_config(&Value::Map(tree), "fields").unwrap_err();
+        let mut unknown = super::config(&EstimatorConfig::new(2));
+        unknown.insert("l3", 1.0);
+        let err = message(unknown);
+        assert_eq!(err.kind, crate::ErrorKind::Value);
+        assert!(err.to_string().contains("[\"l3\"] is not a field"), "{err}");
+        let mut missing = Map::new();
+        for (key, value) in super::config(&EstimatorConfig::new(2)).iter().skip(1) {
+            missing.insert(key, value.clone());
+        }
+        assert!(message(missing)
+            .to_string()
+            .contains("[\"num_positions\"] is missing"));
+        let mut invalid = super::config(&EstimatorConfig::new(2));
+        invalid.insert("memory", 1.5);
+        let err = message(invalid);
+        assert_eq!(
+            (err.kind, err.argument),
+            (crate::ErrorKind::Value, "memory")
+        );
+        let mut wrong_type = super::config(&EstimatorConfig::new(2));
+        wrong_type.insert("bins", "64");
+        assert_eq!(message(wrong_type).kind, crate::ErrorKind::Type);
+        let err = decode_config(&Value::Int(3), "fields").unwrap_err();
+        assert_eq!((err.kind, err.argument), (crate::ErrorKind::Type, "fields"));
     }
 
     #[test]
