@@ -37,6 +37,8 @@ from av_core import AcceptanceEstimator
 OBSERVE_TARGET_US = 5.0
 REFIT_TARGET_US = 2.0
 MAP_REFIT_TARGET_US = 20.0
+#: Distinct rounds the refit rows cycle through.
+FRESH_ROUNDS = 16
 BINS, LIMIT, X_SCALE = 64, 40.0, 2.0**16
 
 
@@ -353,34 +355,42 @@ def refit(k: int, memory: float, repeats: int, inner: int, update: str) -> dict[
     """The end-of-round refit of an estimator that has observed one step of R = 256 requests
     (after a few rounds, so the memory holds something), against the numpy reference refitting
     the same statistics; the round-loading observe is untimed (``count_step=False``, so no fit
-    of the schedule runs in it)."""
-    x, admitted, accepted, p = workload(256, k)
+    of the schedule runs in it). Each refit gets a fresh round, as in serving: the steps cycle
+    through ``FRESH_ROUNDS`` draws of the workload, the same sequence on both sides (a repeated
+    round converges in fewer Newton iterations than a new one)."""
+    steps = [workload(256, k, seed=seed) for seed in range(FRESH_ROUNDS)]
     est = AcceptanceEstimator(k, refit_interval=2**62, memory=memory, update=update)
     reference: NumpyEstimator | NumpyMapEstimator = (
         NumpyEstimator(k, memory) if update == "vllm" else NumpyMapEstimator(k, memory)
     )
-    for _ in range(5):  # warm rounds: a non-empty memory and moved coefficients
+    for x, admitted, accepted, _ in steps[:5]:  # warm rounds: a memory, moved coefficients
         est.observe(x, admitted, accepted, count_step=False)
         est.refit()
         reference.observe(x, admitted, accepted)
         reference.refit()
-    stats = (
+    stats = [
         numpy_observe(x, admitted, accepted, p)
         if update == "vllm"
         else numpy_observe_map(x, admitted, accepted, k)
-    )
+        for x, admitted, accepted, p in steps
+    ]
+    turn = {"av_core": 0, "numpy": 0}
+
+    def av_core_setup() -> None:
+        x, admitted, accepted, p = steps[turn["av_core"] % FRESH_ROUNDS]
+        turn["av_core"] += 1
+        est.observe(x, admitted, accepted, p, count_step=False)
 
     def numpy_setup() -> None:
+        step = stats[turn["numpy"] % FRESH_ROUNDS]
+        turn["numpy"] += 1
         if isinstance(reference, NumpyEstimator):
-            reference.stats = stats
+            reference.stats = step
         else:
-            reference.round = stats
+            reference.round = step
 
     samples = timed_each(
-        {
-            "av_core": (lambda: est.observe(x, admitted, accepted, p, count_step=False), est.refit),
-            "numpy": (numpy_setup, reference.refit),
-        },
+        {"av_core": (av_core_setup, est.refit), "numpy": (numpy_setup, reference.refit)},
         repeats,
         inner,
     )
