@@ -212,7 +212,7 @@ impl PyAcceptanceEstimator {
     /// number of positions differ or an `a`/`c` entry is negative.
     fn add_round_stats(&self, py: Python<'_>, round_stats: &Bound<'_, PyAny>) -> PyResult<()> {
         let inner = &self.inner;
-        let round = from_py(round_stats)?;
+        let round = from_py(round_stats, "round_stats")?;
         py.detach(|| state_dict::add_round(inner, &round, "round_stats"))
             .map_err(to_py_err)
     }
@@ -302,7 +302,8 @@ impl PyAcceptanceEstimator {
     /// Rebuilds an estimator from `state_dict()`, validating every field. A state of format
     /// version 1 (before the map update) is a vllm estimator and restores as one. With
     /// `update`, the estimator moves to that update: the configuration and coefficients are
-    /// kept, the open round and the memory of past rounds start over.
+    /// kept, the open round and the memory of past rounds start over (the state is validated
+    /// whole first, so a corrupt one is refused whatever the update).
     #[classmethod]
     #[pyo3(signature = (state, *, update = None))]
     fn from_state_dict(
@@ -310,12 +311,21 @@ impl PyAcceptanceEstimator {
         state: &Bound<'_, PyAny>,
         update: Option<Text>,
     ) -> PyResult<Self> {
-        let mut state = state_dict::decode(&from_py(state)?).map_err(to_py_err)?;
-        if let Some(name) = update {
-            let name = name.value("update")?;
-            state = state.with_update(state_dict::parse_update(name, "update").map_err(to_py_err)?);
-        }
+        let update = update
+            .map(|name| {
+                state_dict::parse_update(name.value("update")?, "update").map_err(to_py_err)
+            })
+            .transpose()?;
+        let state = state_dict::decode(&from_py(state, "state")?).map_err(to_py_err)?;
+        // The state as saved is validated whole before it moves: moving drops the open round
+        // and the memory, which must not let a corrupt one load unread.
         let inner = AcceptanceEstimator::from_state(&state).map_err(to_py_err)?;
+        let inner = match update {
+            Some(update) if update != state.config.update => {
+                AcceptanceEstimator::from_state(&state.with_update(update)).map_err(to_py_err)?
+            }
+            _ => inner,
+        };
         Ok(PyAcceptanceEstimator { inner })
     }
 
@@ -388,10 +398,17 @@ impl PyEstimatorConfig {
     /// The configuration `fields` describes, as `to_dict()` writes it: `num_positions` is
     /// required, a field left out takes the constructor's default, and a key that names no
     /// field, a value of the wrong type or out of range raises (ValueError / TypeError naming
-    /// the field), as `AcceptanceEstimator(**fields)` would.
+    /// the field), as `AcceptanceEstimator(**fields)` would. Any Mapping is read (an
+    /// `EstimatorConfig` gives itself); a key that is not a string is refused.
     #[classmethod]
     fn from_dict(_cls: &Bound<'_, PyType>, fields: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let inner = state_dict::decode_config(&from_py(fields)?, "fields").map_err(to_py_err)?;
+        if let Ok(config) = fields.cast::<PyEstimatorConfig>() {
+            return Ok(PyEstimatorConfig {
+                inner: config.get().inner.clone(),
+            });
+        }
+        let inner =
+            state_dict::decode_config(&from_py(fields, "fields")?, "fields").map_err(to_py_err)?;
         Ok(PyEstimatorConfig { inner })
     }
 
