@@ -296,9 +296,9 @@ class AcceptanceEstimator(_ConfigFields):
     def to_bytes(self) -> bytes:
         """The state as versioned, checksummed bytes (see ``from_bytes``)."""
     @classmethod
-    def from_bytes(cls, data: bytes) -> AcceptanceEstimator:
-        """Rebuilds an estimator from ``to_bytes()``; corrupt, truncated or future-version data
-        raises ValueError."""
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> AcceptanceEstimator:
+        """Rebuilds an estimator from ``to_bytes()`` (bytes or any bytes-like object); corrupt,
+        truncated or future-version data raises ValueError."""
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes ``to_bytes()`` to ``path`` atomically: a temporary file in the same directory,
         flushed to disk, then renamed over ``path``, so a crash leaves the old file intact."""

@@ -13,7 +13,8 @@ use pyo3::types::{PyBytes, PyCFunction, PyDict, PyString, PyTuple, PyType};
 use std::path::PathBuf;
 
 use crate::convert::{
-    float_matrix, int_vector, to_py_err, value_error, Float, FloatMatrix, FloatView, Int, Text,
+    byte_string, float_matrix, int_vector, to_py_err, value_error, Flag, Float, FloatMatrix,
+    FloatView, Int, Text,
 };
 use crate::files::{atomic_write, read_file};
 use crate::tree::{from_py, map_to_py};
@@ -138,7 +139,7 @@ impl PyAcceptanceEstimator {
     /// completed a round; map: it completed a round, or was the round's 1st, 2nd, 4th, ...).
     /// With `count_step=False` the verdicts join the round without counting a step (no refit
     /// runs): for callers that run the schedule themselves with `refit`.
-    #[pyo3(signature = (features, num_admitted, num_accepted, predictions = None, *, count_step = true))]
+    #[pyo3(signature = (features, num_admitted, num_accepted, predictions = None, *, count_step = Flag::new(true)), text_signature = "($self, features, num_admitted, num_accepted, predictions=None, *, count_step=True)")]
     fn observe(
         &self,
         py: Python<'_>,
@@ -146,8 +147,9 @@ impl PyAcceptanceEstimator {
         num_admitted: &Bound<'_, PyAny>,
         num_accepted: &Bound<'_, PyAny>,
         predictions: Option<&Bound<'_, PyAny>>,
-        count_step: bool,
+        count_step: Flag,
     ) -> PyResult<bool> {
+        let count_step = count_step.value("count_step")?;
         let k = self.inner.num_positions();
         // Every array is copied here, with the GIL held, before the core sees it: a buffer
         // another thread rewrites once the GIL is released cannot change what was checked.
@@ -174,13 +176,17 @@ impl PyAcceptanceEstimator {
     /// taken from them (`slope_step`, `intercept_steps`, before the step and range bounds) and
     /// the round's drift statistic (`drift_statistic`: about chi-square with K + 1 degrees of
     /// freedom while the coefficients it was collected under fit).
-    #[pyo3(signature = (*, report = false, end_round = true))]
+    #[pyo3(
+        signature = (*, report = Flag::new(false), end_round = Flag::new(true)),
+        text_signature = "($self, *, report=False, end_round=True)"
+    )]
     fn refit<'py>(
         &self,
         py: Python<'py>,
-        report: bool,
-        end_round: bool,
+        report: Flag,
+        end_round: Flag,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let (report, end_round) = (report.value("report")?, end_round.value("end_round")?);
         let inner = &self.inner;
         let outcome = if end_round {
             py.detach(|| inner.refit())
@@ -255,11 +261,12 @@ impl PyAcceptanceEstimator {
         PyBytes::new(py, &self.inner.to_bytes())
     }
 
-    /// Rebuilds an estimator from `to_bytes()`; corrupt, truncated or future-version data
-    /// raises ValueError.
+    /// Rebuilds an estimator from `to_bytes()` (bytes or any bytes-like object); corrupt,
+    /// truncated or future-version data raises ValueError.
     #[classmethod]
-    fn from_bytes(_cls: &Bound<'_, PyType>, data: &[u8]) -> PyResult<Self> {
-        let inner = AcceptanceEstimator::from_bytes(data).map_err(to_py_err)?;
+    fn from_bytes(_cls: &Bound<'_, PyType>, data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let data = byte_string(data, "data")?;
+        let inner = AcceptanceEstimator::from_bytes(&data).map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
     }
 
