@@ -123,7 +123,7 @@ fn entries<'py>(
             return Err(type_error(
                 &at(argument, path),
                 format!(
-                    "key {} is a {}, not a str (no field has that name)",
+                    "key {} ({}) is not a str (no field has that name)",
                     short_repr(&key),
                     type_name(&key)
                 ),
