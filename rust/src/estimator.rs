@@ -324,15 +324,12 @@ impl PyAcceptanceEstimator {
             })
             .transpose()?;
         let state = state_dict::decode(&from_py(state, "state")?).map_err(to_py_err)?;
-        // The state as saved is validated whole before it moves: moving drops the open round
-        // and the memory, which must not let a corrupt one load unread.
-        let inner = AcceptanceEstimator::from_state(&state).map_err(to_py_err)?;
         let inner = match update {
-            Some(update) if update != state.config.update => {
-                AcceptanceEstimator::from_state(&state.with_update(update)).map_err(to_py_err)?
-            }
-            _ => inner,
-        };
+            // The core validates the state as saved before it moves.
+            Some(update) => AcceptanceEstimator::from_state_with_update(&state, update),
+            None => AcceptanceEstimator::from_state(&state),
+        }
+        .map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
     }
 
