@@ -178,11 +178,15 @@ class EstimatorConfig(_ConfigFields):
     def to_dict(self) -> EstimatorConfigFields:
         """The fields as a new dict."""
     @classmethod
-    def from_dict(cls, fields: Mapping[str, int | float | str | None]) -> EstimatorConfig:
+    def from_dict(
+        cls, fields: Mapping[str, int | float | str | None] | EstimatorConfig
+    ) -> EstimatorConfig:
         """The configuration ``fields`` describes, as :meth:`to_dict` writes it:
         ``num_positions`` is required, a field left out takes the constructor's default, and a
         key that names no field, a value of the wrong type or out of range raises (ValueError /
-        TypeError naming the field), as ``AcceptanceEstimator(**fields)`` would."""
+        TypeError naming the field), as ``AcceptanceEstimator(**fields)`` would. Any Mapping is
+        read (an ``EstimatorConfig`` gives itself); a key that is not a ``str`` is a
+        TypeError."""
     def __hash__(self) -> int: ...
     def __copy__(self) -> EstimatorConfig: ...
     def __deepcopy__(self, memo: Any, /) -> EstimatorConfig: ...
@@ -292,9 +296,9 @@ class AcceptanceEstimator(_ConfigFields):
     def to_bytes(self) -> bytes:
         """The state as versioned, checksummed bytes (see ``from_bytes``)."""
     @classmethod
-    def from_bytes(cls, data: bytes) -> AcceptanceEstimator:
-        """Rebuilds an estimator from ``to_bytes()``; corrupt, truncated or future-version data
-        raises ValueError."""
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> AcceptanceEstimator:
+        """Rebuilds an estimator from ``to_bytes()`` (bytes or any bytes-like object); corrupt,
+        truncated or future-version data raises ValueError."""
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes ``to_bytes()`` to ``path`` atomically: a temporary file in the same directory,
         flushed to disk, then renamed over ``path``, so a crash leaves the old file intact."""
@@ -331,7 +335,8 @@ class AcceptanceEstimator(_ConfigFields):
         """Rebuilds an estimator from ``state_dict()``, validating every field (format version
         1, before the map update, restores as a vllm estimator, bit for bit). With ``update``,
         moves the estimator to that update: configuration and coefficients kept, open round and
-        memory started over."""
+        memory started over (the state is validated whole first: a corrupt one is refused
+        whatever the update)."""
     def __reduce__(self) -> tuple[Any, tuple[MapEstimatorStateDict | EstimatorStateDict]]: ...
 
 # --- the verification planner (rust/src/planner.rs) ---

@@ -32,7 +32,7 @@ use numpy::{
 use pyo3::exceptions::{PyException, PyOverflowError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use crate::error::out_of_memory;
 pub use crate::error::{to_py_err, type_error, value_error};
@@ -188,8 +188,18 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Float {
 
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         let obj = obj.to_owned();
+        if let Ok(float) = obj.cast::<PyFloat>() {
+            return Ok(Float(FloatValue::Value(float.value())));
+        }
         if let Ok(flag) = obj.cast::<PyBool>() {
             return Ok(Float(FloatValue::Bool(flag.is_true())));
+        }
+        // A numpy bool is a bool too, not the 0.0 or 1.0 its `__float__` gives (PyO3's `bool`
+        // takes Python's and numpy's bools only).
+        if obj.cast::<PyInt>().is_err() {
+            if let Ok(flag) = obj.extract::<bool>() {
+                return Ok(Float(FloatValue::Bool(flag)));
+            }
         }
         match obj.extract::<f64>() {
             Ok(v) => Ok(Float(FloatValue::Value(v))),
@@ -201,6 +211,71 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Float {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// A boolean argument as the caller passed it; [`Flag::value`] checks it with the argument's
+/// name (Python's and numpy's bools are bools; anything else, an int included, a `TypeError`).
+#[derive(Clone, Debug)]
+pub struct Flag(FlagValue);
+
+#[derive(Clone, Debug)]
+enum FlagValue {
+    Value(bool),
+    /// Not a bool: its type and repr.
+    Other(String, String),
+}
+
+impl Flag {
+    /// A default value.
+    pub const fn new(value: bool) -> Self {
+        Flag(FlagValue::Value(value))
+    }
+
+    /// The value, or a `TypeError` naming `argument` and what was passed.
+    pub fn value(&self, argument: &str) -> PyResult<bool> {
+        match &self.0 {
+            FlagValue::Value(v) => Ok(*v),
+            FlagValue::Other(kind, text) => Err(type_error(
+                argument,
+                format!("must be a bool, got {kind} ({text})"),
+            )),
+        }
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Flag {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let obj = obj.to_owned();
+        Ok(Flag(match obj.extract::<bool>() {
+            Ok(flag) => FlagValue::Value(flag),
+            Err(_) => FlagValue::Other(type_name(&obj), short_repr(&obj)),
+        }))
+    }
+}
+
+/// The bytes of a bytes-like argument (`bytes`, `bytearray`, a `memoryview` or any other buffer
+/// of bytes, such as a uint8 numpy array), copied; anything else is a `TypeError` naming
+/// `argument`.
+pub fn byte_string(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<u8>> {
+    if let Ok(bytes) = obj.cast::<PyBytes>() {
+        return Ok(bytes.as_bytes().to_vec());
+    }
+    if let Ok(bytes) = obj.cast::<PyByteArray>() {
+        return Ok(bytes.to_vec());
+    }
+    match pyo3::buffer::PyBuffer::<u8>::get(obj) {
+        Ok(buffer) => buffer.to_vec(obj.py()),
+        Err(_) => Err(type_error(
+            argument,
+            format!(
+                "expected bytes (or a bytearray, memoryview or other buffer of bytes), got {} ({})",
+                type_name(obj),
+                short_repr(obj)
+            ),
+        )),
     }
 }
 

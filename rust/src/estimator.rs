@@ -13,7 +13,8 @@ use pyo3::types::{PyBytes, PyCFunction, PyDict, PyString, PyTuple, PyType};
 use std::path::PathBuf;
 
 use crate::convert::{
-    float_matrix, int_vector, to_py_err, value_error, Float, FloatMatrix, FloatView, Int, Text,
+    byte_string, float_matrix, int_vector, to_py_err, value_error, Flag, Float, FloatMatrix,
+    FloatView, Int, Text,
 };
 use crate::files::{atomic_write, read_file};
 use crate::tree::{from_py, map_to_py};
@@ -138,7 +139,7 @@ impl PyAcceptanceEstimator {
     /// completed a round; map: it completed a round, or was the round's 1st, 2nd, 4th, ...).
     /// With `count_step=False` the verdicts join the round without counting a step (no refit
     /// runs): for callers that run the schedule themselves with `refit`.
-    #[pyo3(signature = (features, num_admitted, num_accepted, predictions = None, *, count_step = true))]
+    #[pyo3(signature = (features, num_admitted, num_accepted, predictions = None, *, count_step = Flag::new(true)), text_signature = "($self, features, num_admitted, num_accepted, predictions=None, *, count_step=True)")]
     fn observe(
         &self,
         py: Python<'_>,
@@ -146,8 +147,9 @@ impl PyAcceptanceEstimator {
         num_admitted: &Bound<'_, PyAny>,
         num_accepted: &Bound<'_, PyAny>,
         predictions: Option<&Bound<'_, PyAny>>,
-        count_step: bool,
+        count_step: Flag,
     ) -> PyResult<bool> {
+        let count_step = count_step.value("count_step")?;
         let k = self.inner.num_positions();
         // Every array is copied here, with the GIL held, before the core sees it: a buffer
         // another thread rewrites once the GIL is released cannot change what was checked.
@@ -174,13 +176,17 @@ impl PyAcceptanceEstimator {
     /// taken from them (`slope_step`, `intercept_steps`, before the step and range bounds) and
     /// the round's drift statistic (`drift_statistic`: about chi-square with K + 1 degrees of
     /// freedom while the coefficients it was collected under fit).
-    #[pyo3(signature = (*, report = false, end_round = true))]
+    #[pyo3(
+        signature = (*, report = Flag::new(false), end_round = Flag::new(true)),
+        text_signature = "($self, *, report=False, end_round=True)"
+    )]
     fn refit<'py>(
         &self,
         py: Python<'py>,
-        report: bool,
-        end_round: bool,
+        report: Flag,
+        end_round: Flag,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let (report, end_round) = (report.value("report")?, end_round.value("end_round")?);
         let inner = &self.inner;
         let outcome = if end_round {
             py.detach(|| inner.refit())
@@ -212,7 +218,7 @@ impl PyAcceptanceEstimator {
     /// number of positions differ or an `a`/`c` entry is negative.
     fn add_round_stats(&self, py: Python<'_>, round_stats: &Bound<'_, PyAny>) -> PyResult<()> {
         let inner = &self.inner;
-        let round = from_py(round_stats)?;
+        let round = from_py(round_stats, "round_stats")?;
         py.detach(|| state_dict::add_round(inner, &round, "round_stats"))
             .map_err(to_py_err)
     }
@@ -255,11 +261,12 @@ impl PyAcceptanceEstimator {
         PyBytes::new(py, &self.inner.to_bytes())
     }
 
-    /// Rebuilds an estimator from `to_bytes()`; corrupt, truncated or future-version data
-    /// raises ValueError.
+    /// Rebuilds an estimator from `to_bytes()` (bytes or any bytes-like object); corrupt,
+    /// truncated or future-version data raises ValueError.
     #[classmethod]
-    fn from_bytes(_cls: &Bound<'_, PyType>, data: &[u8]) -> PyResult<Self> {
-        let inner = AcceptanceEstimator::from_bytes(data).map_err(to_py_err)?;
+    fn from_bytes(_cls: &Bound<'_, PyType>, data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let data = byte_string(data, "data")?;
+        let inner = AcceptanceEstimator::from_bytes(&data).map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
     }
 
@@ -302,7 +309,8 @@ impl PyAcceptanceEstimator {
     /// Rebuilds an estimator from `state_dict()`, validating every field. A state of format
     /// version 1 (before the map update) is a vllm estimator and restores as one. With
     /// `update`, the estimator moves to that update: the configuration and coefficients are
-    /// kept, the open round and the memory of past rounds start over.
+    /// kept, the open round and the memory of past rounds start over (the state is validated
+    /// whole first, so a corrupt one is refused whatever the update).
     #[classmethod]
     #[pyo3(signature = (state, *, update = None))]
     fn from_state_dict(
@@ -310,12 +318,18 @@ impl PyAcceptanceEstimator {
         state: &Bound<'_, PyAny>,
         update: Option<Text>,
     ) -> PyResult<Self> {
-        let mut state = state_dict::decode(&from_py(state)?).map_err(to_py_err)?;
-        if let Some(name) = update {
-            let name = name.value("update")?;
-            state = state.with_update(state_dict::parse_update(name, "update").map_err(to_py_err)?);
+        let update = update
+            .map(|name| {
+                state_dict::parse_update(name.value("update")?, "update").map_err(to_py_err)
+            })
+            .transpose()?;
+        let state = state_dict::decode(&from_py(state, "state")?).map_err(to_py_err)?;
+        let inner = match update {
+            // The core validates the state as saved before it moves.
+            Some(update) => AcceptanceEstimator::from_state_with_update(&state, update),
+            None => AcceptanceEstimator::from_state(&state),
         }
-        let inner = AcceptanceEstimator::from_state(&state).map_err(to_py_err)?;
+        .map_err(to_py_err)?;
         Ok(PyAcceptanceEstimator { inner })
     }
 
@@ -388,10 +402,17 @@ impl PyEstimatorConfig {
     /// The configuration `fields` describes, as `to_dict()` writes it: `num_positions` is
     /// required, a field left out takes the constructor's default, and a key that names no
     /// field, a value of the wrong type or out of range raises (ValueError / TypeError naming
-    /// the field), as `AcceptanceEstimator(**fields)` would.
+    /// the field), as `AcceptanceEstimator(**fields)` would. Any Mapping is read (an
+    /// `EstimatorConfig` gives itself); a key that is not a string is refused.
     #[classmethod]
     fn from_dict(_cls: &Bound<'_, PyType>, fields: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let inner = state_dict::decode_config(&from_py(fields)?, "fields").map_err(to_py_err)?;
+        if let Ok(config) = fields.cast::<PyEstimatorConfig>() {
+            return Ok(PyEstimatorConfig {
+                inner: config.get().inner.clone(),
+            });
+        }
+        let inner =
+            state_dict::decode_config(&from_py(fields, "fields")?, "fields").map_err(to_py_err)?;
         Ok(PyEstimatorConfig { inner })
     }
 

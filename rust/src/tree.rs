@@ -5,20 +5,24 @@
 use av_core::persist::tree::{Map, Value};
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMapping, PyString, PyTuple,
+};
 
-use crate::convert::{short_repr, type_name};
+use crate::convert::{short_repr, type_error, type_name, value_error};
 
 /// Deeper than any format nests (a `state_dict` is three levels): a self-containing list stops
 /// here instead of recursing forever.
 const MAX_DEPTH: usize = 16;
 
 /// `obj` as a tree. Numbers and sequences of other types convert as the bindings' scalar and
-/// list arguments do (a numpy integer is an int, a numpy array a list); a dict's entries with
-/// keys other than strings are left out (no format reads them); anything else is a
-/// [`Value::Other`], which a reader refuses naming its type.
-pub fn from_py(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
-    from_py_at(obj, 0)
+/// list arguments do (a numpy integer is an int, a numpy bool a bool, a numpy array a list; a
+/// `bytes` is not a list); any `Mapping` reads as a dict. A dict key that is not a `str` is a
+/// `TypeError` and one that is not valid UTF-8 a `ValueError`, both naming `argument` and the
+/// key's path, since no format could read it (dropping it would silently lose what the caller
+/// meant). Anything else is a [`Value::Other`], which a reader refuses naming its type.
+pub fn from_py(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Value> {
+    from_py_at(obj, argument, &mut String::new(), 0)
 }
 
 fn other(obj: &Bound<'_, PyAny>) -> Value {
@@ -28,7 +32,21 @@ fn other(obj: &Bound<'_, PyAny>) -> Value {
     }
 }
 
-fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
+/// `argument` and the path so far, as the core's messages write them (`state: ["config"]`).
+fn at(argument: &str, path: &str) -> String {
+    if path.is_empty() {
+        argument.to_owned()
+    } else {
+        format!("{argument}: {path}")
+    }
+}
+
+fn from_py_at(
+    obj: &Bound<'_, PyAny>,
+    argument: &str,
+    path: &mut String,
+    depth: usize,
+) -> PyResult<Value> {
     if obj.is_none() {
         return Ok(Value::None);
     }
@@ -50,34 +68,38 @@ fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         return Ok(other(obj));
     }
     if let Ok(dict) = obj.cast::<PyDict>() {
-        let mut map = Map::new();
-        for (key, value) in dict.iter() {
-            if let Ok(key) = key.cast::<PyString>() {
-                map.insert(key.to_str()?, from_py_at(&value, depth + 1)?);
-            }
-        }
-        return Ok(Value::Map(map));
+        return entries(dict.iter(), argument, path, depth);
     }
     if let Ok(list) = obj.cast::<PyList>() {
-        return list
-            .iter()
-            .map(|item| from_py_at(&item, depth + 1))
-            .collect::<PyResult<_>>()
-            .map(Value::List);
+        return items(list.iter(), argument, path, depth).map(Value::List);
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
-        return tuple
+        return items(tuple.iter(), argument, path, depth).map(Value::List);
+    }
+    // A numpy bool is a bool (PyO3's `bool` takes `bool` and numpy's bools only), not the
+    // number its `__float__` gives.
+    if let Ok(flag) = obj.extract::<bool>() {
+        return Ok(Value::Bool(flag));
+    }
+    if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyByteArray>() {
+        return Ok(other(obj));
+    }
+    // Any other Mapping (a mappingproxy, a collections.abc.Mapping) reads as the dict of its
+    // items.
+    if let Ok(mapping) = obj.cast::<PyMapping>() {
+        let pairs = mapping.items()?;
+        let pairs = pairs
             .iter()
-            .map(|item| from_py_at(&item, depth + 1))
-            .collect::<PyResult<_>>()
-            .map(Value::List);
+            .map(|pair| pair.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>())
+            .collect::<PyResult<Vec<_>>>()?;
+        return entries(pairs.into_iter(), argument, path, depth);
     }
     // Another type: an integer (`__index__`: numpy integers), a sequence (numpy arrays), a
     // number (`__float__`: numpy float32), in that order; or none of them.
     if let Some(value) = integer(obj)? {
         return Ok(value);
     }
-    if let Some(items) = sequence(obj, depth)? {
+    if let Some(items) = sequence(obj, argument, path, depth)? {
         return Ok(Value::List(items));
     }
     match obj.extract::<f64>() {
@@ -86,6 +108,59 @@ fn from_py_at(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         Err(e) if e.is_instance_of::<PyTypeError>(obj.py()) => Ok(other(obj)),
         Err(e) => Err(e),
     }
+}
+
+/// A dict's entries as a map; every key must be a `str` of valid UTF-8 (module docs).
+fn entries<'py>(
+    pairs: impl Iterator<Item = (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    argument: &str,
+    path: &mut String,
+    depth: usize,
+) -> PyResult<Value> {
+    let mut map = Map::new();
+    for (key, value) in pairs {
+        let Ok(text) = key.cast::<PyString>() else {
+            return Err(type_error(
+                &at(argument, path),
+                format!(
+                    "key {} ({}) is not a str (no field has that name)",
+                    short_repr(&key),
+                    type_name(&key)
+                ),
+            ));
+        };
+        let Ok(name) = text.to_str() else {
+            return Err(value_error(
+                &at(argument, path),
+                format!("key {} is not valid UTF-8", short_repr(&key)),
+            ));
+        };
+        let len = path.len();
+        path.push_str(&format!("[{name:?}]"));
+        let value = from_py_at(&value, argument, path, depth + 1);
+        path.truncate(len);
+        map.insert(name, value?);
+    }
+    Ok(Value::Map(map))
+}
+
+/// A sequence's items as a list.
+fn items<'py>(
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    argument: &str,
+    path: &mut String,
+    depth: usize,
+) -> PyResult<Vec<Value>> {
+    items
+        .enumerate()
+        .map(|(i, item)| {
+            let len = path.len();
+            path.push_str(&format!("[{i}]"));
+            let value = from_py_at(&item, argument, path, depth + 1);
+            path.truncate(len);
+            value
+        })
+        .collect()
 }
 
 /// `obj` as an integer if it is one (`None` if it has no `__index__`).
@@ -107,15 +182,16 @@ fn integer(obj: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
 
 /// The items of `obj` if it converts to a list as a list argument does (PyO3's sequence
 /// extraction: numpy arrays and other sequences, not a str).
-fn sequence(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Option<Vec<Value>>> {
-    let Ok(items) = obj.extract::<Vec<Bound<'_, PyAny>>>() else {
+fn sequence(
+    obj: &Bound<'_, PyAny>,
+    argument: &str,
+    path: &mut String,
+    depth: usize,
+) -> PyResult<Option<Vec<Value>>> {
+    let Ok(list) = obj.extract::<Vec<Bound<'_, PyAny>>>() else {
         return Ok(None);
     };
-    items
-        .iter()
-        .map(|item| from_py_at(item, depth + 1))
-        .collect::<PyResult<_>>()
-        .map(Some)
+    items(list.into_iter(), argument, path, depth).map(Some)
 }
 
 /// `value` as a Python object (a map is a `dict` with the tree's key order).

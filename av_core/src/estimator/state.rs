@@ -65,7 +65,8 @@ impl EstimatorState {
     ///
     /// let mut state = AcceptanceEstimator::new(EstimatorConfig::new(2))?.state();
     /// state.intercepts = vec![0.7, -0.1];
-    /// let moved = state.clone().with_update(Update::Map);
+    /// let moved = state.clone().with_update(Update::Map); // what it drops is not checked:
+    /// // `AcceptanceEstimator::from_state_with_update` validates the state as saved first
     /// assert_eq!(moved.config.update, Update::Map);
     /// assert_eq!(moved.intercepts, [0.7, -0.1]);
     /// let estimator = AcceptanceEstimator::from_state(&moved)?;
@@ -231,6 +232,35 @@ impl AcceptanceEstimator {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn from_state(state: &EstimatorState) -> Result<Self> {
+        Self::validated(state)
+    }
+
+    /// Rebuilds an estimator from `state` moved to `update` ([`EstimatorState::with_update`]):
+    /// the state is validated whole as saved first, so a corrupt round or memory is refused
+    /// even though the move drops it.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::{AcceptanceEstimator, EstimatorConfig, Update};
+    ///
+    /// let state = AcceptanceEstimator::new(EstimatorConfig::new(2))?.state();
+    /// let vllm = AcceptanceEstimator::from_state_with_update(&state, Update::Vllm)?;
+    /// assert_eq!(vllm.config().update, Update::Vllm);
+    /// let mut corrupt = state.clone();
+    /// corrupt.map.as_mut().unwrap().memory.count[0] = f64::NAN;
+    /// assert!(AcceptanceEstimator::from_state_with_update(&corrupt, Update::Vllm).is_err());
+    /// # Ok::<(), av_core::Error>(())
+    /// ```
+    pub fn from_state_with_update(state: &EstimatorState, update: Update) -> Result<Self> {
+        let as_saved = Self::validated(state)?;
+        if update == state.config.update {
+            return Ok(as_saved);
+        }
+        Self::validated(&state.clone().with_update(update))
+    }
+
+    fn validated(state: &EstimatorState) -> Result<Self> {
         state.config.validate()?;
         let k = state.config.num_positions;
         ensure_finite("slope", state.slope)?;
