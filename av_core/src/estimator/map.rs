@@ -17,16 +17,19 @@
 //!
 //! Each iteration computes, per bin, `p`, `w = N p(1 − p)`, `r = A − N p`; the score
 //! `g = (Σ r x̄, Σ_b r per k)` and the arrowhead Hessian `(Σ w x̄², Σ_b w x̄, Σ_b w)`; then solves
-//! `(H + P + λI)_FF Δ = (g − P(θ − μ))_F` by dense Cholesky over the free set `F` (the slope and
-//! every position with a label: a position without one keeps its intercept). A step longer than
+//! `(H + P + λI)_FF Δ = (g − P(θ − μ))_F` over the free set `F` (the slope and every position
+//! with a label: a position without one keeps its intercept), in `O(K)` by the system's
+//! structure ([`newton_step`]: arrowhead plus the prior's rank-2 intercept block; the tests
+//! hold it to a dense Cholesky of the same system). A step longer than
 //! one log-odd in any coordinate is scaled back to one; a slope that would go negative is held
 //! at 0 (and leaves `F`); the iteration stops when the longest step is below `10⁻⁶`, after 16
 //! iterations, or when the system is not positive definite. `λ` (`l2`) only guards the
 //! Hessian's diagonal; it does not enter the gradient, so it does not move the optimum.
 //!
 //! Every sum runs over the bins in ascending `(k, b)` order, in four lanes combined in a fixed
-//! order, with a logistic that fuses nothing ([`super::logistic::exp_neg`]): the same statistics
-//! and starting point give the same bits on every machine.
+//! order, with a logistic that fuses nothing ([`super::logistic::exp_neg`]), and the solve is
+//! a fixed sequence of plain float operations: the same statistics and starting point give the
+//! same bits on every machine.
 
 use super::histogram::{Binning, HistogramMemory, HistogramStats, X_SCALE};
 use super::logistic::exp_neg;
