@@ -33,8 +33,6 @@
 
 use super::histogram::{Binning, HistogramMemory, HistogramStats, X_SCALE};
 use super::logistic::exp_neg;
-use super::memory::drift_statistic;
-use super::refit::ArrowheadSystem;
 use crate::simd;
 
 /// Most Newton iterations of one fit.
@@ -131,6 +129,15 @@ impl Prior {
             c0,
             c1,
             z,
+        }
+    }
+
+    /// No prior on `num_positions` positions (`P = 0`, `μ = 0`).
+    pub fn none(num_positions: usize) -> Self {
+        Prior {
+            mean: vec![0.0; num_positions + 1],
+            z: vec![0.0; num_positions],
+            ..Prior::default()
         }
     }
 
@@ -389,19 +396,14 @@ fn as_lanes(chunk: &[f64]) -> &[f64; LANES] {
 
 /// The drift test's statistic `T = gᵀ (H + λI)⁻¹ g` of `bins` at `theta`: about χ² with `K + 1`
 /// degrees of freedom while `theta` still fits the workload (∞ if the system cannot be solved).
+/// The arrowhead is solved as the fit's step is, with no prior ([`newton_step`]).
 pub fn score_statistic(bins: &FitBins, theta: &[f64], l2: f64) -> f64 {
     let t = terms(bins, theta);
     let k = bins.num_positions();
-    let system = ArrowheadSystem {
-        a: t.h00 + l2,
-        b: t.h0k,
-        c: t.hkk.iter().map(|c| c + l2).collect(),
-        g0: t.g[0],
-        g1: t.g[1..].to_vec(),
-        total: 0.0,
-        counts: vec![0.0; k],
-    };
-    drift_statistic(&system)
+    match newton_step(&t, &Prior::none(k), &vec![true; k + 1], l2, &t.g) {
+        Some(step) => t.g.iter().zip(&step).map(|(g, d)| g * d).sum(),
+        None => f64::INFINITY,
+    }
 }
 
 /// The outcome of [`fit`].
@@ -825,6 +827,42 @@ mod tests {
         ));
         // Holding the slope leaves a definite intercept block.
         assert!(newton_step(&indefinite, &prior, &[false, true, true], 0.0, &r).is_some());
+    }
+
+    #[test]
+    fn the_score_statistic_is_the_dense_arrowheads() {
+        // Against the statistic of the same arrowhead solved by a dense Cholesky (the drift
+        // test's shared `drift_statistic`), positions without labels included.
+        use crate::estimator::memory::drift_statistic;
+        use crate::estimator::refit::ArrowheadSystem;
+        let binning = Binning::new(40.0, 64);
+        let mut rng = XorShift::new(5);
+        for case in 0..200 {
+            let k = 1 + (rng.next_u64() % 16) as usize;
+            let bins = random_bins(&mut rng, k, &binning);
+            let theta: Vec<f64> = (0..=k).map(|_| rng.unit_f64() * 2.0 - 1.0).collect();
+            let l2 = [1e-3, 0.5][case % 2];
+            let t = terms(&bins, &theta);
+            let dense = drift_statistic(&ArrowheadSystem {
+                a: t.h00 + l2,
+                b: t.h0k.clone(),
+                c: t.hkk.iter().map(|c| c + l2).collect(),
+                g0: t.g[0],
+                g1: t.g[1..].to_vec(),
+                total: 0.0,
+                counts: vec![0.0; k],
+            });
+            let ours = score_statistic(&bins, &theta, l2);
+            assert!(
+                (ours - dense).abs() <= 1e-9 * (1.0 + dense.abs()),
+                "case {case}: {ours} vs {dense}"
+            );
+        }
+        // Without a ridge, a position with no label leaves the system singular: ∞, as before.
+        let mut round = HistogramStats::new(2, 64);
+        round.add_observation(&binning, 0, 1.0, true);
+        let bins = FitBins::gather(None, Some(&round), &binning, 2);
+        assert_eq!(score_statistic(&bins, &[0.5, 0.0, 0.0], 0.0), f64::INFINITY);
     }
 
     #[test]
