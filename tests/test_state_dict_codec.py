@@ -1,7 +1,8 @@
 """The ``state_dict`` format, now the core's (av_core/src/persist/state_dict.rs): the bindings
 only convert its value tree to Python values and back, so the output must be exactly what the
 bindings wrote before (tests/data/state_dicts.json, written by that build), key order and
-Python types included, and every state must read back bit for bit."""
+Python types included, and every state must read back bit for bit (a refit's floats to
+rounding where the fit's arithmetic changed since: ``REFITTED_SINCE``)."""
 
 from __future__ import annotations
 
@@ -33,22 +34,43 @@ GENERATOR = _load_generator()
 RECORDS: dict[str, Any] = json.loads((DATA / "state_dicts.json").read_text())
 
 
-def exact(a: Any, b: Any, where: str = "") -> None:
+def exact(a: Any, b: Any, where: str = "", fitted: float = 0.0) -> None:
     """``a`` and ``b`` are the same tree: same types (a bool is not an int, an int not a float),
-    same key order, floats with the same bits (NaN and -0.0 included)."""
+    same key order, floats with the same bits (NaN and -0.0 included). With ``fitted`` > 0,
+    floats may differ by that much (absolute): for values a refit computed since the record."""
     assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
     if isinstance(a, dict):
         assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
         for key in a:
-            exact(a[key], b[key], f"{where}[{key!r}]")
+            exact(a[key], b[key], f"{where}[{key!r}]", fitted)
     elif isinstance(a, list):
         assert len(a) == len(b), f"{where}: {len(a)} != {len(b)} items"
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            exact(x, y, f"{where}[{i}]")
+            exact(x, y, f"{where}[{i}]", fitted)
+    elif isinstance(a, float) and fitted > 0.0:
+        assert abs(a - b) <= fitted, f"{where}: {a!r} != {b!r} (± {fitted})"
     elif isinstance(a, float):
         assert struct.pack("<d", a) == struct.pack("<d", b), f"{where}: {a!r} != {b!r}"
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+#: Records whose refits' floats may differ from the record by this much: the map update's
+#: Newton step has been solved by its structure (O(K), Woodbury and a Schur complement) since
+#: the record was written, not by a dense Cholesky, which moves the fitted coefficients by
+#: rounding (at most 2e-15 in these records). Everything else stays exact: the format, the
+#: types, every integer (the histograms), and every float of a state loaded without a refit.
+REFITTED_SINCE: dict[str, float] = {"map": 1e-12}
+
+
+def test_the_exact_check_tolerates_only_what_it_is_told() -> None:
+    exact({"a": [0.1 + 1e-13]}, {"a": [0.1]}, fitted=1e-12)
+    with pytest.raises(AssertionError):
+        exact({"a": [0.1 + 1e-11]}, {"a": [0.1]}, fitted=1e-12)
+    with pytest.raises(AssertionError):
+        exact({"a": 1}, {"a": 2}, fitted=1e-12)  # integers stay exact
+    with pytest.raises(AssertionError):
+        exact({"a": 1.0}, {"a": 1}, fitted=1e-12)  # and types
 
 
 def test_the_exact_check_catches_a_changed_type_or_order() -> None:
@@ -69,9 +91,10 @@ def test_state_dict_and_report_are_what_the_bindings_wrote_before(name: str) -> 
     k, options, steps = GENERATOR.SCENARIOS[name]
     assert (record["k"], record["options"], record["steps"]) == (k, options, steps)
     est = GENERATOR.drive(k, options, steps)
-    exact(est.state_dict(), record["state"], name)
-    exact(est.refit(report=True), record["report"], f"{name} report")
-    exact(est.state_dict(), record["after"], f"{name} after")
+    fitted = REFITTED_SINCE.get(name, 0.0)
+    exact(est.state_dict(), record["state"], name, fitted)
+    exact(est.refit(report=True), record["report"], f"{name} report", fitted)
+    exact(est.state_dict(), record["after"], f"{name} after", fitted)
 
 
 @pytest.mark.parametrize("name", sorted(RECORDS))
@@ -82,7 +105,7 @@ def test_the_old_builds_state_dicts_load_bit_for_bit(name: str) -> None:
         exact(est.state_dict(), record[key], f"{name} {key}")
     # And it continues as the estimator that wrote it: its report is the old build's.
     est = AcceptanceEstimator.from_state_dict(copy.deepcopy(record["state"]))
-    exact(est.refit(report=True), record["report"], f"{name} report")
+    exact(est.refit(report=True), record["report"], f"{name} report", REFITTED_SINCE.get(name, 0.0))
 
 
 def test_a_small_state_dict_is_the_hand_computed_one() -> None:

@@ -209,11 +209,7 @@ impl AcceptanceEstimator {
             let prior = Prior::new(k, &widths, config.init_slope, config.init_intercept);
             (prior, config.bins)
         } else {
-            let empty = Prior {
-                precision: Vec::new(),
-                mean: Vec::new(),
-            };
-            (empty, 0)
+            (Prior::default(), 0)
         };
         AcceptanceEstimator {
             coefficients: SharedCoefficients::new(slope, intercepts, num_refits),
