@@ -275,3 +275,144 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
         if name.startswith("AV_CORE_"):
             monkeypatch.delenv(name)
     yield monkeypatch
+
+
+# ---------------------------------------------------------------------------------------------
+# The vLLM drop-in's environment (fake vLLM module trees with vLLM 0.33.0's interfaces)
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [("1", True), (" TRUE ", True), ("yes", True), ("On", True), ("", False), ("0", False)]
+    + [("false", False), ("NO", False), ("off\n", False), (" ", False)],
+)
+def test_env_flag_spellings(monkeypatch: pytest.MonkeyPatch, value: str, on: bool) -> None:
+    from av_core._env import env_flag
+
+    monkeypatch.setenv("AV_CORE_TEST_FLAG", value)
+    assert env_flag("AV_CORE_TEST_FLAG") is on
+
+
+@pytest.mark.parametrize("value", ["2", "enable", "y", "exact", "-1", "0.5", "1 1"])
+def test_env_flag_refuses_other_values_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    from av_core._env import env_flag
+
+    monkeypatch.setenv("AV_CORE_TEST_FLAG", value)
+    with pytest.raises(ValueError, match=rf"AV_CORE_TEST_FLAG={value!r}"):
+        env_flag("AV_CORE_TEST_FLAG")
+
+
+@pytest.fixture
+def fake_vllm(clean_env: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    pytest.importorskip("torch")
+    from test_vllm import build_fake_vllm
+
+    from av_core.vllm import plugin
+
+    for name, module in build_fake_vllm().items():
+        clean_env.setitem(sys.modules, name, module)
+    plugin.uninstall()
+    yield clean_env
+    plugin.uninstall()
+
+
+def _patched() -> object:
+    return sys.modules["vllm.v1.worker.gpu.spec_decode.acceptance_estimator"].__dict__[
+        "OnlineAcceptanceEstimator"
+    ]
+
+
+@pytest.mark.parametrize("value", ["2", "enable", "y"])
+def test_an_unknown_av_core_vllm_is_refused_not_taken_for_off(
+    fake_vllm: pytest.MonkeyPatch, value: str
+) -> None:
+    """Before, ``AV_CORE_VLLM=on`` (or any typo) quietly left vLLM's own estimator in place."""
+    from av_core.vllm import plugin
+
+    fake_vllm.setenv("AV_CORE_VLLM", value)
+    before = _patched()
+    with pytest.raises(ValueError, match=rf"AV_CORE_VLLM={value!r}"):
+        plugin.register()
+    assert plugin.installed() == [] and _patched() is before
+
+
+def test_av_core_vllm_on_installs(fake_vllm: pytest.MonkeyPatch) -> None:
+    from av_core.vllm import OnlineAcceptanceEstimator, plugin
+
+    fake_vllm.setenv("AV_CORE_VLLM", "on")
+    plugin.register()
+    assert _patched() is OnlineAcceptanceEstimator
+
+
+@pytest.mark.parametrize(
+    ("variables", "needle"),
+    [
+        ({"AV_CORE_VLLM_ESTIMATOR": "bad"}, "AV_CORE_VLLM_ESTIMATOR='bad'"),
+        ({"AV_CORE_VLLM_ESTIMATOR": "1"}, "AV_CORE_VLLM_ESTIMATOR='1'"),
+        ({"AV_CORE_VLLM_EXACT": "2"}, "AV_CORE_VLLM_EXACT='2'"),
+        ({"AV_CORE_VLLM_EXACT": "exact"}, "AV_CORE_VLLM_EXACT='exact'"),
+        ({"AV_CORE_VLLM_ANY_VERSION": "sure"}, "AV_CORE_VLLM_ANY_VERSION='sure'"),
+        ({"AV_CORE_VLLM_EXACT": "1", "AV_CORE_VLLM_ESTIMATOR": "map"}, "AV_CORE_VLLM_ESTIMATOR"),
+    ],
+)
+def test_the_plugin_refuses_a_bad_estimator_setting_before_patching(
+    fake_vllm: pytest.MonkeyPatch, variables: dict[str, str], needle: str
+) -> None:
+    """Before, the plugin installed and the first estimator vLLM built (deep in its model
+    runner) raised; ``AV_CORE_VLLM_EXACT=2`` was quietly off."""
+    from av_core.vllm import plugin
+
+    fake_vllm.setenv("AV_CORE_VLLM", "1")
+    for name, value in variables.items():
+        fake_vllm.setenv(name, value)
+    before = _patched()
+    with pytest.raises(ValueError, match="AV_CORE_VLLM") as error:
+        plugin.register()
+    assert needle in str(error.value)
+    assert plugin.installed() == [] and _patched() is before
+
+
+@pytest.mark.parametrize(("value", "exact"), [("on", True), ("TRUE", True), ("off", False)])
+def test_the_drop_in_reads_exact_in_every_spelling(
+    clean_env: pytest.MonkeyPatch, value: str, exact: bool
+) -> None:
+    torch = pytest.importorskip("torch")
+    from av_core.vllm import OnlineAcceptanceEstimator
+
+    clean_env.setenv("AV_CORE_VLLM_EXACT", value)
+    assert OnlineAcceptanceEstimator(8, 4, torch.device("cpu")).exact is exact
+    clean_env.setenv("AV_CORE_VLLM_EXACT", "exact")
+    with pytest.raises(ValueError, match="AV_CORE_VLLM_EXACT='exact'"):
+        OnlineAcceptanceEstimator(8, 4, torch.device("cpu"))
+
+
+def test_the_map_opt_in_without_the_plugin_is_a_warning(
+    fake_vllm: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from av_core.vllm import plugin
+
+    fake_vllm.setenv("AV_CORE_VLLM_ESTIMATOR", "map")
+    with caplog.at_level(logging.WARNING, logger="vllm.av_core"):
+        plugin.register()
+    assert plugin.installed() == []
+    assert any(
+        "AV_CORE_VLLM_ESTIMATOR" in r.getMessage() and "no effect" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_the_map_opt_in_through_the_plugin_builds_map_estimators(
+    fake_vllm: pytest.MonkeyPatch,
+) -> None:
+    torch = pytest.importorskip("torch")
+    from av_core.vllm import plugin
+
+    fake_vllm.setenv("AV_CORE_VLLM", "1")
+    fake_vllm.setenv("AV_CORE_VLLM_ESTIMATOR", " Map ")
+    plugin.register()
+    estimator = _patched()(8, 4, torch.device("cpu"))  # type: ignore[operator]
+    assert estimator.update == "map" and estimator._native.update == "map"
