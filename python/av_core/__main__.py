@@ -1,6 +1,7 @@
-"""``python -m av_core`` runs the ``av-core`` command line; :func:`run` is also the ``av-core``
-console script (``pyproject.toml``), so that a Ctrl-C while the command line's modules are still
-being imported ends as quietly as one during a command (status 130, one line)."""
+"""``python -m av_core`` runs the ``av-core`` command line: :func:`run` imports it inside a guard,
+so that a Ctrl-C while its modules are still being imported ends as quietly as one during a
+command (status 130, one line). (The ``av-core`` console script's entry point stays
+``av_core.tools.cli:main``, whose import its generated wrapper does unguarded.)"""
 
 from __future__ import annotations
 
