@@ -35,6 +35,7 @@ MAX_COUNT = 2**31 - 1
 MAX_SEED = 2**63 - 1
 
 _INT = re.compile(r"[+-]?\d+")
+_DIGITS = re.compile(r"\d+")
 
 
 def _int(text: str, what: str) -> int:
@@ -63,7 +64,7 @@ def parse_int_list(
         dash = item.find("-", 1)
         if dash > 0:
             first, second = item[:dash], item[dash + 1 :]
-            if not (first.strip().isdigit() and second.strip().isdigit()):
+            if not (_DIGITS.fullmatch(first.strip()) and _DIGITS.fullmatch(second.strip())):
                 raise ValueError(f"range {item!r} must be LOW-HIGH with two integers >= 1")
             start, stop = int(first), int(second)
             if start > stop:
@@ -192,9 +193,17 @@ def device(text: str) -> str:
     return text
 
 
+def path_text(text: str) -> Path:
+    """An argparse type for a path that is not checked yet, only refused when empty: ``''`` is
+    no path (``Path('')`` would quietly be the current folder; an unset shell variable)."""
+    if text == "":
+        raise argparse.ArgumentTypeError("must be a path, got '' (an empty string)")
+    return Path(text)
+
+
 def model_path(text: str) -> Path:
     """An existing model directory or ``.gguf`` file (checked before anything is loaded)."""
-    path = Path(text)
+    path = path_text(text)
     if path.is_dir():
         return path
     if path.is_file():
@@ -210,7 +219,7 @@ def model_path(text: str) -> Path:
 
 def readable_file(text: str) -> Path:
     """An existing, readable regular file."""
-    path = Path(text)
+    path = path_text(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory, expected a file")
     if not path.exists():
@@ -301,7 +310,7 @@ def probe_output_file(path: Path) -> str | None:
 
 
 def _checked_path(text: str, check: Callable[[Path], str | None]) -> Path:
-    path = Path(text)
+    path = path_text(text)
     problem = check(path)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
@@ -332,6 +341,7 @@ __all__ = [
     "non_negative_float",
     "non_negative_int",
     "parse_int_list",
+    "path_text",
     "positive_float",
     "prepare_output_dir",
     "probe_output_file",

@@ -54,15 +54,19 @@ from typing import Any
 import numpy as np
 
 from av_core._engine_interface import engine_version, resolve, signature_text
+from av_core._env import env_flag
 from av_core.vllm import serving as vllm_serving
 from av_core.vllm.constants import (
     DAMPING_OBSERVATIONS,
+    ENV_ESTIMATOR,
+    ENV_EXACT,
     INIT_INTERCEPT,
     INIT_SLOPE,
     L2,
     MAX_LOG_ODDS,
     REFIT_INTERVAL,
 )
+from av_core.vllm.update import choose_update
 
 __all__ = [
     "BUDGET_MODULE",
@@ -574,11 +578,16 @@ def install() -> list[Replacement]:
     """Check vLLM and swap in av_core's drop-ins (see the module doc); idempotent.
 
     Raises :class:`VllmCompatibilityError`, with every difference found, and patches nothing if
-    vLLM's interfaces differ from those mirrored.
+    vLLM's interfaces differ from those mirrored; ``ValueError`` naming the variable, and patches
+    nothing, for a value of ``AV_CORE_VLLM_ANY_VERSION``, ``AV_CORE_VLLM_EXACT`` or
+    ``AV_CORE_VLLM_ESTIMATOR`` it does not know (or ``exact`` with ``map``).
     """
     if _installed:
         return list(_installed)
-    any_version = os.environ.get(ENV_ANY_VERSION, "").strip().lower() in {"1", "true", "yes"}
+    any_version = env_flag(ENV_ANY_VERSION)
+    # What every drop-in estimator will be built with: a bad value fails here, naming the
+    # variable, before anything is patched (not later, inside vLLM's model runner).
+    update, exact = choose_update(None, None)
     version = engine_version("vllm")
     modules = {name: importlib.import_module(name) for name in (ESTIMATOR_MODULE, BUDGET_MODULE)}
     problems = check_interface(modules, None if any_version else version)
@@ -602,8 +611,10 @@ def install() -> list[Replacement]:
         _installed.append(entry)
         logger.info("av_core: replaced %s", entry.describe())
     logger.info("av_core: vLLM %s runs adaptive verification on av_core", version)
-    if os.environ.get("AV_CORE_VLLM_EXACT", "").strip().lower() in {"1", "true", "yes"}:
-        logger.info("av_core: AV_CORE_VLLM_EXACT=1: estimators refit with vLLM's unbounded update")
+    if exact:
+        logger.info("av_core: %s=1: estimators refit with vLLM's unbounded update", ENV_EXACT)
+    if update == "map":
+        logger.info("av_core: %s=map: estimators refit with av_core's own update", ENV_ESTIMATOR)
     return list(_installed)
 
 
@@ -626,9 +637,17 @@ def installed() -> list[Replacement]:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: :func:`install` when ``AV_CORE_VLLM=1``, and
     :func:`install_depth_control` when ``AV_CORE_VLLM_DEPTH`` is set (off by default)."""
-    if os.environ.get(ENV_ENABLE, "").strip().lower() not in {"1", "true", "yes"}:
-        logger.debug("av_core: %s is not set, vLLM keeps its own adaptive verification", ENV_ENABLE)
-    else:
+    if env_flag(ENV_ENABLE):
         install()
+    else:
+        logger.debug("av_core: %s is not set, vLLM keeps its own adaptive verification", ENV_ENABLE)
+        ignored = [name for name in (ENV_ESTIMATOR, ENV_EXACT) if os.environ.get(name, "").strip()]
+        if ignored:
+            logger.warning(
+                "av_core: %s set without %s=1: vLLM keeps its own estimator, so %s has no effect",
+                " and ".join(ignored),
+                ENV_ENABLE,
+                "it" if len(ignored) == 1 else "they",
+            )
     if _depth_mode() != "off":
         install_depth_control()

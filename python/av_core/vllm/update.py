@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from av_core._env import env_flag
 from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR
 from av_core.vllm.constants import ENV_ESTIMATOR, ENV_EXACT
 
@@ -21,17 +22,22 @@ UPDATES = ("vllm", "map")
 
 def choose_update(update: str | None, exact: bool | None) -> tuple[str, bool]:
     """``(update, exact)`` from the keywords, unset ones from ``AV_CORE_VLLM_ESTIMATOR`` and
-    ``AV_CORE_VLLM_EXACT``; ``ValueError`` for an unknown update or ``exact`` with ``"map"``."""
+    ``AV_CORE_VLLM_EXACT``; ``ValueError`` for an unknown update, a value of
+    ``AV_CORE_VLLM_EXACT`` that is neither on nor off, or ``exact`` with ``"map"``."""
     if exact is None:
-        exact = os.environ.get(ENV_EXACT, "").strip().lower() in ("1", "true", "yes")
+        exact = env_flag(ENV_EXACT)
     if update is None:
-        update = os.environ.get(ENV_ESTIMATOR, "").strip().lower() or "vllm"
+        text = os.environ.get(ENV_ESTIMATOR, "")
+        update = text.strip().lower() or "vllm"
+        if update not in UPDATES:
+            raise ValueError(f"{ENV_ESTIMATOR}={text!r}: expected 'vllm' (the default) or 'map'")
     if update not in UPDATES:
         raise ValueError(f"update must be 'vllm' or 'map' (or set {ENV_ESTIMATOR}), got {update!r}")
     if update == "map" and exact:
         raise ValueError(
             f"exact (vLLM's unbounded refit) applies to update='vllm' only; {ENV_EXACT} or "
-            "exact=True cannot be combined with update='map'"
+            "exact=True cannot be combined with update='map' (or set by "
+            f"{ENV_ESTIMATOR}={os.environ.get(ENV_ESTIMATOR, '')!r})"
         )
     return update, bool(exact)
 

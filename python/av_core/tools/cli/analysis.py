@@ -31,7 +31,7 @@ from av_core.tools.cli.common import (
     trace_arg,
 )
 from av_core.tools.evaluate import DEFAULT_REFIT_INTERVAL
-from av_core.tools.simulate import DEFAULT_CONCURRENCY, GpuLikeCost
+from av_core.tools.simulate import DEFAULT_CONCURRENCY, MAX_COST_MS, GpuLikeCost
 
 if TYPE_CHECKING:
     from av_core.tools.simulate import CostModel, DepthControl
@@ -407,7 +407,9 @@ def add_evaluate(add: AddCommand) -> argparse.ArgumentParser:
         default=4,
         help="prompt groups per workload for the intercept/entropy correlation",
     )
-    evaluate.add_argument("--out", default="av_core_evaluate", help="folder for the PNG plots")
+    evaluate.add_argument(
+        "--out", type=types.path_text, default="av_core_evaluate", help="folder for the PNG plots"
+    )
     evaluate.add_argument("--no-plots", action="store_true", help="tables only")
     _output_options(evaluate)
     evaluate.set_defaults(handler=_evaluate)
@@ -417,6 +419,13 @@ def add_evaluate(add: AddCommand) -> argparse.ArgumentParser:
 def add_simulate(add: AddCommand) -> argparse.ArgumentParser:
     """``av-core simulate`` and its options (``add`` creates the subparser)."""
     gpu = GpuLikeCost()
+    # Times in ms, bounded by the cost model's MAX_COST_MS (past it a run's sums overflow).
+    time_ms = types.bounded_float(
+        0.0, MAX_COST_MS, what=f"a finite number of ms in [0, {MAX_COST_MS:g}]"
+    )
+    positive_ms = types.bounded_float(
+        0.0, MAX_COST_MS, low_open=True, what=f"a finite number of ms in (0, {MAX_COST_MS:g}]"
+    )
     simulate = add(
         "simulate",
         help="serving simulation: adaptive verification against fixed K",
@@ -486,12 +495,12 @@ def add_simulate(add: AddCommand) -> argparse.ArgumentParser:
         "none",
     )
     for name, value, kind in (
-        ("verify-base-ms", gpu.verify_base_ms, types.positive_float),
+        ("verify-base-ms", gpu.verify_base_ms, positive_ms),
         ("verify-knee", gpu.verify_knee, types.non_negative_int),
-        ("verify-per-token-ms", gpu.verify_per_token_ms, types.non_negative_float),
-        ("draft-base-ms", gpu.draft_base_ms, types.non_negative_float),
+        ("verify-per-token-ms", gpu.verify_per_token_ms, time_ms),
+        ("draft-base-ms", gpu.draft_base_ms, time_ms),
         ("draft-knee", gpu.draft_knee, types.non_negative_int),
-        ("draft-per-token-ms", gpu.draft_per_token_ms, types.non_negative_float),
+        ("draft-per-token-ms", gpu.draft_per_token_ms, time_ms),
     ):
         simulate.add_argument(
             f"--{name}",
@@ -500,7 +509,9 @@ def add_simulate(add: AddCommand) -> argparse.ArgumentParser:
             metavar="N" if kind is types.non_negative_int else "MS",
             help="gpu-like cost model",
         )
-    simulate.add_argument("--out", default="av_core_simulate", help="folder for the PNG plot")
+    simulate.add_argument(
+        "--out", type=types.path_text, default="av_core_simulate", help="folder for the PNG plot"
+    )
     simulate.add_argument("--no-plots", action="store_true", help="tables only")
     _output_options(simulate)
     simulate.add_argument(

@@ -140,13 +140,20 @@ class _Console:
 
     def note(self, text: str) -> None:
         if not self.quiet:
-            print(text, file=sys.stderr)
+            _to_stderr(text)
 
     def warn(self, text: str) -> None:
-        print(f"{PROG} {self.command}: warning: {one_line(text)}", file=sys.stderr)
+        _to_stderr(f"{PROG} {self.command}: warning: {one_line(text)}")
 
     def progress(self, total: int, description: str, unit: str = "step") -> Progress:
         return Progress(total, description, progress_enabled(self.quiet), unit=unit)
+
+
+def _to_stderr(line: str) -> None:
+    """One line on stderr; a stderr that refuses it (a full disk, a closed pipe) does not stop
+    the run, whose results and exit status do not depend on its notes."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _console(args: argparse.Namespace) -> _Console:
@@ -235,7 +242,7 @@ def trace_arg(text: str) -> TraceArg:
     names = shipped_names()
     if text in names:
         return TraceArg(text, names[text], None)
-    path = Path(text)
+    path = types.path_text(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory, expected a trace file")
     if not path.exists():

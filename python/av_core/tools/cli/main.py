@@ -10,7 +10,7 @@ import os
 import sys
 import traceback
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from av_core import __version__
@@ -111,8 +111,62 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
+def interrupted(command: str = PROG) -> int:
+    """Ctrl-C: one line on stderr (when it is open), exit status 130."""
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        sys.stderr.write(f"\n{command}: interrupted\n")
+    return EXIT_INTERRUPTED
+
+
+def _stderr_writable() -> bool:
+    """Whether ``sys.stderr`` can be written: it exists and, when it is a file descriptor, that
+    descriptor is open for writing (``2>&-`` leaves it closed, or the number reused by the
+    first file opened, read-only)."""
+    stream = sys.stderr
+    if stream is None:
+        return False
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): trusted
+        return True
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: only whether it is open
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            return False
+        return True
+    try:
+        mode = fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError:
+        return False
+    return mode != os.O_RDONLY
+
+
+@contextlib.contextmanager
+def _stderr_open() -> Iterator[None]:
+    """Standard error closed (``2>&-``, or no ``sys.stderr`` at all): notes, warnings and the
+    error line go to /dev/null instead of failing the run, so that the exit status still tells
+    what happened and nothing meant for stderr lands in stdout."""
+    if _stderr_writable():
+        yield
+        return
+    with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs one command; returns its exit status (0, 1 failed run, 2 bad option or input)."""
+    """Runs one command; returns its exit status (0, 1 failed run, 2 bad option or input,
+    130 interrupted, 141 output closed by the reader)."""
+    try:
+        with _stderr_open():
+            return _main(argv)
+    except KeyboardInterrupt:  # before the command was known, or while stderr was set up
+        return interrupted()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -125,8 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
     debug = _debug_requested(arguments) or bool(args.debug)
     if args.command is None:
-        sys.stderr.write(parser.format_help())
-        sys.stderr.write(f"{PROG}: error: a command is required\n")
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(parser.format_help())
+            sys.stderr.write(f"{PROG}: error: a command is required\n")
         return EXIT_USAGE
     command = f"{PROG} {args.command}"
     if sys.stdout is None:  # started with stdout closed (`av-core evaluate >&-`)
@@ -146,11 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        sys.stderr.write(f"\n{command}: interrupted\n")
-        return EXIT_INTERRUPTED
+        return interrupted(command)
     except Exception as error:
         if debug:
-            traceback.print_exc()
+            with contextlib.suppress(OSError, ValueError):
+                traceback.print_exc()
         if isinstance(error, CommandError):
             message, code = one_line(str(error)), error.exit_code
         elif isinstance(error, ValueError | OSError | ImportError | EOFError | zlib.error):
@@ -162,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = EXIT_FAILED
         with contextlib.suppress(OSError):
             sys.stdout.flush()
-        with contextlib.suppress(BrokenPipeError):
+        with contextlib.suppress(OSError, ValueError):
             sys.stderr.write(f"{command}: error: {message}\n")
+            sys.stderr.flush()
         return code

@@ -26,6 +26,7 @@ One module per concern: :mod:`~av_core.tools.simulate.costs` (cost models),
 """
 
 from av_core.tools.simulate.costs import (
+    MAX_COST_MS,
     CostModel,
     DrafterKind,
     GpuLikeCost,
@@ -80,6 +81,7 @@ __all__ = [
     "PEERS_TITLE",
     "PeerRow",
     "DEFAULT_CONCURRENCY",
+    "MAX_COST_MS",
     "MAX_STREAM_ENTRIES",
     "DepthControl",
     "AdaptiveTrace",

@@ -21,6 +21,11 @@ IntArray = npt.NDArray[np.int64]
 DrafterKind = Literal["autoregressive", "parallel"]
 PassTokens = Literal["requests", "drafts"]
 
+#: The largest time (ms) a cost model takes, a forward pass of about 11.6 days, or per token: far
+#: past any real pass, and low enough that a simulated run's sums of step times cannot overflow
+#: to inf (at 1e308 ms they did, and the run failed dividing by it).
+MAX_COST_MS = 1e9
+
 
 @dataclass(frozen=True)
 class GpuLikeCost:
@@ -56,6 +61,8 @@ class GpuLikeCost:
             if not math.isfinite(value) or value < 0 or (low_open and value == 0):
                 bound = "> 0" if low_open else ">= 0"
                 raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+            if name.endswith("_ms") and value > MAX_COST_MS:
+                raise ValueError(f"{name} must be at most {MAX_COST_MS:g} ms, got {value!r}")
 
     def verify_ms(self, tokens: npt.ArrayLike) -> FloatArray:
         t = np.asarray(tokens, dtype=np.float64)
@@ -139,6 +146,11 @@ class MeasuredCost:
                 raise ValueError(f"{path}: {name!r} must be a list of [tokens, ms] pairs")
             if not np.all(np.isfinite(array)) or np.any(array[:, 1] < 0):
                 raise ValueError(f"{path}: {name!r} must hold finite, non-negative times")
+            if np.any(array[:, 1] > MAX_COST_MS):
+                raise ValueError(
+                    f"{path}: {name!r} must hold times of at most {MAX_COST_MS:g} ms, got "
+                    f"{float(array[:, 1].max())!r}"
+                )
             if np.any(array[:, 0] < 0):
                 raise ValueError(f"{path}: {name!r} must hold non-negative token counts")
             order = np.argsort(array[:, 0], kind="stable")
