@@ -351,6 +351,7 @@ def test_av_core_vllm_on_installs(fake_vllm: pytest.MonkeyPatch) -> None:
         ({"AV_CORE_VLLM_EXACT": "exact"}, "AV_CORE_VLLM_EXACT='exact'"),
         ({"AV_CORE_VLLM_ANY_VERSION": "sure"}, "AV_CORE_VLLM_ANY_VERSION='sure'"),
         ({"AV_CORE_VLLM_EXACT": "1", "AV_CORE_VLLM_ESTIMATOR": "map"}, "AV_CORE_VLLM_ESTIMATOR"),
+        ({"AV_CORE_SIMD": "sse2"}, 'AV_CORE_SIMD: "sse2" is not a level'),
     ],
 )
 def test_the_plugin_refuses_a_bad_estimator_setting_before_patching(
@@ -364,7 +365,7 @@ def test_the_plugin_refuses_a_bad_estimator_setting_before_patching(
     for name, value in variables.items():
         fake_vllm.setenv(name, value)
     before = _patched()
-    with pytest.raises(ValueError, match="AV_CORE_VLLM") as error:
+    with pytest.raises(ValueError, match="AV_CORE_") as error:
         plugin.register()
     assert needle in str(error.value)
     assert plugin.installed() == [] and _patched() is before
@@ -412,3 +413,50 @@ def test_the_map_opt_in_through_the_plugin_builds_map_estimators(
     plugin.register()
     estimator = _patched()(8, 4, torch.device("cpu"))  # type: ignore[operator]
     assert estimator.update == "map" and estimator._native.update == "map"
+
+
+# ---------------------------------------------------------------------------------------------
+# AV_CORE_SIMD, read by the core: every documented level is taken, anything else is named
+
+
+def _python(code: str, simd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", code],
+        env=child_env(drop=("AV_CORE_SIMD",), AV_CORE_SIMD=simd),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("simd", ["", "baseline", " Baseline ", "AVX2", "avx512"])
+def test_every_documented_simd_level_imports_quietly(simd: str) -> None:
+    result = _python("import av_core; av_core._native.check_environment()", simd)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("simd", ["sse2", "avx", "none", "0"])
+def test_an_unknown_simd_level_is_named_by_the_api_and_the_cli(simd: str, folder: Path) -> None:
+    # import av_core warns (a RuntimeWarning, an error under -W error), naming it and the value.
+    imported = _python("import av_core", simd)
+    assert imported.returncode != 0 and "RuntimeWarning" in imported.stderr, imported.stderr
+    assert f'AV_CORE_SIMD: "{simd}" is not a level' in imported.stderr
+    # check_environment raises ValueError, naming it.
+    checked = _python(
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "import av_core\n"
+        "try:\n    av_core._native.check_environment()\n"
+        "except ValueError as e:\n    print(e)\n",
+        simd,
+    )
+    assert checked.stdout.strip().startswith(f'AV_CORE_SIMD: "{simd}" is not a level'), checked
+    # The CLI: one error line (after the import's warning) and status 2, no traceback.
+    cli = subprocess.run(
+        [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "av_core", "evaluate", "small.csv"],
+        cwd=folder,
+        env=child_env(drop=("AV_CORE_SIMD",), AV_CORE_SIMD=simd),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    _one_line(cli, "evaluate", "AV_CORE_SIMD", f'"{simd}"')

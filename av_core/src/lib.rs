@@ -59,6 +59,21 @@ pub use estimator::{
 };
 pub use matrix::MatrixView;
 
+/// Checks the environment variables the core reads: `AV_CORE_SIMD` (the widest vector level
+/// its kernels may use: `baseline`, `avx2`, `avx512`, or unset). A value it does not take is an
+/// error naming the variable and the value; the bindings call this when they load, so a typo
+/// fails at start-up instead of silently changing which kernels (and which last bits) run.
+///
+/// # Example
+///
+/// ```rust
+/// // Unset or one of the documented levels in this test's environment.
+/// assert!(av_core::check_environment().is_ok() || std::env::var("AV_CORE_SIMD").is_ok());
+/// ```
+pub fn check_environment() -> Result<()> {
+    simd::env_cap().map(|_| ())
+}
+
 // The types that docs/design.md ("Determinism and concurrency") shares across threads must
 // stay `Send + Sync`; this fails to compile if a field ever breaks that (a `Cell`, an `Rc`, a raw pointer).
 const _: () = {

@@ -18,9 +18,43 @@
 //! and ran slower with the wider vectors on the development machine (5.9 µs against 5.3 µs at
 //! R = 256, K = 8), so it stays on the baseline build.
 //!
-//! `AV_CORE_SIMD=baseline|avx2` caps the level (for benchmarks and bisecting).
+//! `AV_CORE_SIMD=baseline|avx2|avx512` caps the level (for benchmarks, bisecting and pinning a
+//! fleet's bits; any case, surrounding spaces ignored, empty or unset for no cap). Any other
+//! value is refused by [`crate::check_environment`], which the bindings call when they load;
+//! a caller that never checks runs on the baseline, the one result every x86-64 host shares.
 
+use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The environment variable that caps the level.
+pub const CAP_VARIABLE: &str = "AV_CORE_SIMD";
+
+/// The cap `text` names: `None` (no cap) for an empty text, else a level; an error naming
+/// [`CAP_VARIABLE`] and the value for anything else.
+pub fn parse_cap(text: &str) -> Result<Option<Level>> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "baseline" => Ok(Some(Level::Baseline)),
+        "avx2" => Ok(Some(Level::Avx2)),
+        "avx512" => Ok(Some(Level::Avx512)),
+        _ => Err(Error::value(
+            CAP_VARIABLE,
+            format!("{text:?} is not a level: expected baseline, avx2, avx512 or unset"),
+        )),
+    }
+}
+
+/// The cap [`CAP_VARIABLE`] sets in this process's environment.
+pub fn env_cap() -> Result<Option<Level>> {
+    match std::env::var(CAP_VARIABLE) {
+        Ok(text) => parse_cap(&text),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(text)) => Err(Error::value(
+            CAP_VARIABLE,
+            format!("{text:?} is not a level: expected baseline, avx2, avx512 or unset"),
+        )),
+    }
+}
 
 /// A vector-unit level, narrowest first.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]
@@ -43,13 +77,10 @@ pub fn level() -> Level {
         2 => Level::Avx2,
         3 => Level::Avx512,
         _ => {
-            let cap = std::env::var("AV_CORE_SIMD").unwrap_or_default();
             let widest = available().last().copied().unwrap_or(Level::Baseline);
-            let level = match cap.as_str() {
-                "baseline" => Level::Baseline,
-                "avx2" => widest.min(Level::Avx2),
-                _ => widest,
-            };
+            // An unreadable cap pins the baseline: the bits every host shares.
+            let cap = env_cap().unwrap_or(Some(Level::Baseline));
+            let level = cap.map_or(widest, |cap| widest.min(cap));
             LEVEL.store(level as u8 + 1, Ordering::Relaxed);
             level
         }
@@ -72,6 +103,26 @@ pub fn available() -> Vec<Level> {
         }
     }
     levels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_reads_every_documented_level_and_refuses_the_rest() {
+        assert_eq!(parse_cap("").unwrap(), None);
+        assert_eq!(parse_cap("  ").unwrap(), None);
+        assert_eq!(parse_cap("baseline").unwrap(), Some(Level::Baseline));
+        assert_eq!(parse_cap(" Baseline\n").unwrap(), Some(Level::Baseline));
+        assert_eq!(parse_cap("AVX2").unwrap(), Some(Level::Avx2));
+        assert_eq!(parse_cap("avx512").unwrap(), Some(Level::Avx512));
+        for bad in ["sse2", "avx", "avx-2", "0", "none", "baseline,avx2"] {
+            let err = parse_cap(bad).unwrap_err();
+            assert_eq!(err.argument, CAP_VARIABLE);
+            assert!(err.message.contains(&format!("{bad:?}")), "{err}");
+        }
+    }
 }
 
 /// The examples of this module's items, which doctests cannot reach (the module is private):

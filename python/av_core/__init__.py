@@ -27,6 +27,7 @@ draft-depth table a depth decision needs, or it covers other positions),
 :class:`OutOfMemoryError` (no memory for a copy of an argument).
 """
 
+from av_core import _native
 from av_core._native import (
     AcceptanceEstimator,
     BufferChangedError,
@@ -44,6 +45,13 @@ from av_core._native import (
     choose_draft_depth,
     plan_verification,
 )
+
+try:
+    _native.check_environment()
+except ValueError as _error:  # a typo must not pass unnoticed; the kernels run on the baseline
+    import warnings as _warnings
+
+    _warnings.warn(f"{_error} (running the baseline kernels)", RuntimeWarning, stacklevel=2)
 
 __all__ = [
     "AcceptanceEstimator",

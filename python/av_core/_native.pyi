@@ -54,6 +54,7 @@ __all__ = [
     "VerificationPlan",
     "VerificationPlanner",
     "assign_draft_budget",
+    "check_environment",
     "choose_draft_budget",
     "choose_draft_depth",
     "draft_log_odds_bf16",
@@ -582,6 +583,12 @@ class DepthPlan:
     @property
     def predicted_cost_ms(self) -> float:
         """Drafting cost of the depths plus verify_ms[T + budget]."""
+
+def check_environment() -> None:
+    """Checks the environment variables the core reads (``AV_CORE_SIMD``: ``baseline``,
+    ``avx2``, ``avx512`` or unset, any case); ValueError naming the variable and its value
+    otherwise (the core then runs its baseline kernels). ``import av_core`` warns, the CLI exits
+    2 and the vLLM plugin refuses to install on such a value."""
 
 def choose_draft_depth(
     confidences: npt.ArrayLike,

@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from av_core import _native
 from av_core._engine_interface import engine_version, resolve, signature_text
 from av_core._env import env_flag
 from av_core.vllm import serving as vllm_serving
@@ -580,10 +581,12 @@ def install() -> list[Replacement]:
     Raises :class:`VllmCompatibilityError`, with every difference found, and patches nothing if
     vLLM's interfaces differ from those mirrored; ``ValueError`` naming the variable, and patches
     nothing, for a value of ``AV_CORE_VLLM_ANY_VERSION``, ``AV_CORE_VLLM_EXACT`` or
-    ``AV_CORE_VLLM_ESTIMATOR`` it does not know (or ``exact`` with ``map``).
+    ``AV_CORE_VLLM_ESTIMATOR`` it does not know (or ``exact`` with ``map``), or of
+    ``AV_CORE_SIMD``.
     """
     if _installed:
         return list(_installed)
+    _native.check_environment()  # AV_CORE_SIMD: a bad value fails here, naming it
     any_version = env_flag(ENV_ANY_VERSION)
     # What every drop-in estimator will be built with: a bad value fails here, naming the
     # variable, before anything is patched (not later, inside vLLM's model runner).

@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from av_core import __version__
+from av_core import __version__, _native
 from av_core.tools import argtypes as types
 from av_core.tools.cli.analysis import add_demo, add_evaluate, add_simulate, depth_modes
 from av_core.tools.cli.common import (
@@ -184,6 +184,12 @@ def _main(argv: Sequence[str] | None) -> int:
             sys.stderr.write(f"{PROG}: error: a command is required\n")
         return EXIT_USAGE
     command = f"{PROG} {args.command}"
+    try:  # AV_CORE_SIMD, read by the core: a value it does not take is a usage error
+        _native.check_environment()
+    except ValueError as error:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"{command}: error: {error}\n")
+        return EXIT_USAGE
     if sys.stdout is None:  # started with stdout closed (`av-core evaluate >&-`)
         with contextlib.suppress(OSError, AttributeError):
             sys.stderr.write(f"{command}: error: standard output is closed: nowhere to write\n")
