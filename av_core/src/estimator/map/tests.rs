@@ -81,6 +81,26 @@ fn the_closed_form_precision_inverts_the_hierarchical_covariance() {
         .all(|&p| p == 0.0));
 }
 
+/// `(H + P + λI)` restricted to the coordinates `index`, assembled entry by entry (row-major).
+fn dense_system(t: &Terms, precision: &[f64], index: &[usize], l2: f64) -> Vec<f64> {
+    let dim = t.g.len();
+    let mut matrix = Vec::with_capacity(index.len() * index.len());
+    for &i in index {
+        for &j in index {
+            let hessian = match (i, j) {
+                (0, 0) => t.h00,
+                (0, j) => t.h0k[j - 1],
+                (i, 0) => t.h0k[i - 1],
+                (i, j) if i == j => t.hkk[i - 1],
+                _ => 0.0,
+            };
+            let ridge = if i == j { l2 } else { 0.0 };
+            matrix.push(hessian + precision[i * dim + j] + ridge);
+        }
+    }
+    matrix
+}
+
 /// The dense reference of [`fit`]: the same iteration with the system assembled as a dense
 /// `(H + P + λI)_FF` and solved by Cholesky (how the fit was first written).
 fn fit_dense(bins: &FitBins, prior: &Prior, start: &[f64], l2: f64) -> Fit {
@@ -99,22 +119,15 @@ fn fit_dense(bins: &FitBins, prior: &Prior, start: &[f64], l2: f64) -> Fit {
         if index.is_empty() {
             break;
         }
-        let (mut matrix, mut rhs) = (Vec::new(), Vec::new());
-        for &i in &index {
-            let row = &precision[i * dim..(i + 1) * dim];
-            let pull: f64 = (0..dim).map(|j| row[j] * (theta[j] - prior.mean[j])).sum();
-            rhs.push(t.g[i] - pull);
-            for &j in &index {
-                let hessian = match (i, j) {
-                    (0, 0) => t.h00,
-                    (0, j) => t.h0k[j - 1],
-                    (i, 0) => t.h0k[i - 1],
-                    (i, j) if i == j => t.hkk[i - 1],
-                    _ => 0.0,
-                };
-                matrix.push(hessian + row[j] + if i == j { l2 } else { 0.0 });
-            }
-        }
+        let mut matrix = dense_system(&t, &precision, &index, l2);
+        let mut rhs: Vec<f64> = index
+            .iter()
+            .map(|&i| {
+                let row = &precision[i * dim..(i + 1) * dim];
+                let pull: f64 = (0..dim).map(|j| row[j] * (theta[j] - prior.mean[j])).sum();
+                t.g[i] - pull
+            })
+            .collect();
         if !crate::estimator::cholesky::solve_spd(&mut matrix, &mut rhs)
             || !rhs.iter().all(|d| d.is_finite())
         {
@@ -190,20 +203,7 @@ fn the_structured_step_solves_the_dense_system() {
         let dim = k + 1;
         let precision = prior.precision();
         let index: Vec<usize> = (0..dim).filter(|&i| free[i]).collect();
-        let mut matrix = Vec::new();
-        for &i in &index {
-            for &j in &index {
-                let hessian = match (i, j) {
-                    (0, 0) => t.h00,
-                    (0, j) => t.h0k[j - 1],
-                    (i, 0) => t.h0k[i - 1],
-                    (i, j) if i == j => t.hkk[i - 1],
-                    _ => 0.0,
-                };
-                let ridge = if i == j { l2 } else { 0.0 };
-                matrix.push(hessian + precision[i * dim + j] + ridge);
-            }
-        }
+        let mut matrix = dense_system(&t, &precision, &index, l2);
         let dense_matrix = matrix.clone();
         let mut dense: Vec<f64> = index.iter().map(|&i| r[i]).collect();
         let solved = crate::estimator::cholesky::solve_spd(&mut matrix, &mut dense);
