@@ -791,3 +791,53 @@ def test_register_installs_only_when_asked(
         policy = worker.adaptive_controller.params
         assert isinstance(policy, CostAwarePolicy)
         assert policy.cost_tables == gpu_like_tables(7)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("ENV_ANY_VERSION", "sure"),
+        ("ENV_SKIP_ZERO_STEP_EXTEND", "2"),
+        ("AV_CORE_SIMD", "sse2"),
+    ],
+)
+def test_install_refuses_a_setting_it_does_not_take_before_patching(
+    sources: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+    value: str,
+) -> None:
+    """Before, an unknown spelling of a switch (``on``, ``2``, a typo) was quietly off."""
+    name = getattr(av_sglang, variable, variable)
+    with sglang_on_cpu(sources, tmp_path) as modules:
+        original = modules[WORKER_MODULE].AdaptiveSpeculativeParams
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=f"{name}") as error:
+            av_sglang.install(cost_tables=gpu_like_tables(7))
+        assert repr(value) in str(error.value) or f'"{value}"' in str(error.value)
+        assert modules[WORKER_MODULE].AdaptiveSpeculativeParams is original
+        assert av_sglang.installed() == []
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [("on", True), (" TRUE ", True), ("off", False), ("", False)]
+)
+def test_register_reads_the_switch_in_every_spelling(
+    sources: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, on: bool
+) -> None:
+    costs = tmp_path / "tables.json"
+    costs.write_text(gpu_like_tables(7).to_json())
+    with sglang_on_cpu(sources, tmp_path / "pkg"):
+        monkeypatch.setenv(av_sglang.ENV_ENABLE, value)
+        monkeypatch.setenv(av_sglang.ENV_COSTS, str(costs))
+        av_sglang.register()
+        assert bool(av_sglang.installed()) is on
+        av_sglang.uninstall()
+
+
+def test_register_refuses_an_unknown_switch_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(av_sglang.ENV_ENABLE, "enable")
+    with pytest.raises(ValueError, match=f"{av_sglang.ENV_ENABLE}='enable'"):
+        av_sglang.register()
+    assert av_sglang.installed() == []

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
+from av_core import _native
 from av_core._engine_interface import engine_version, resolve, signature_text
+from av_core._env import env_flag
 from av_core._native import CostTables
 from av_core.sglang.policy import CostAwarePolicy, config_candidate_steps, load_cost_tables
 
@@ -340,11 +342,7 @@ def _policy_factory(
 ) -> Callable[..., CostAwarePolicy]:
     drafter = _drafter_kind()
     max_batch = _max_batch()
-    skip_extend = os.environ.get(ENV_SKIP_ZERO_STEP_EXTEND, "").strip().lower() in (
-        "1",
-        "true",
-        "yes",
-    )
+    skip_extend = env_flag(ENV_SKIP_ZERO_STEP_EXTEND)
     costs_path = os.environ.get(ENV_COSTS)
 
     def AdaptiveSpeculativeParams(  # noqa: N802 - stands in for SGLang's class
@@ -378,7 +376,9 @@ def install(cost_tables: CostTables | None = None, **options: Any) -> list[str]:
     ``AdaptiveSpeculativeParams`` (module doc). ``cost_tables`` (else the file named by
     ``AV_CORE_SGLANG_COSTS``) and ``options`` (keywords of :class:`CostAwarePolicy`) configure
     the policy. Returns what was replaced; idempotent. Raises :class:`SglangCompatibilityError`
-    (every difference) or :class:`ValueError` (no cost tables) and patches nothing."""
+    (every difference) or :class:`ValueError` (no cost tables, or a value of one of its
+    environment variables or of ``AV_CORE_SIMD`` that it does not take, named) and patches
+    nothing."""
     if _installed:
         return [f"{WORKER_MODULE}.{entry.attribute}" for entry in _installed]
     if cost_tables is not None and not isinstance(cost_tables, CostTables):
@@ -399,9 +399,12 @@ def install(cost_tables: CostTables | None = None, **options: Any) -> list[str]:
             f"av_core's SGLang policy needs cost tables: pass install(cost_tables=...) or set "
             f"{ENV_COSTS} to a CostTables JSON or an av-core profile file; nothing was patched"
         )
+    # Every setting is read before anything is patched: a bad value fails here, naming it.
+    _native.check_environment()
     _drafter_kind()
     _max_batch()
-    any_version = os.environ.get(ENV_ANY_VERSION, "").strip().lower() in {"1", "true", "yes"}
+    env_flag(ENV_SKIP_ZERO_STEP_EXTEND)
+    any_version = env_flag(ENV_ANY_VERSION)
     version = engine_version("sglang")
     modules = {
         name: importlib.import_module(name)
@@ -443,7 +446,7 @@ def installed() -> list[str]:
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: :func:`install` when ``AV_CORE_SGLANG=1``."""
-    if os.environ.get(ENV_ENABLE, "").strip().lower() not in {"1", "true", "yes"}:
+    if not env_flag(ENV_ENABLE):
         logger.debug("av_core: %s is not set, SGLang keeps its own adaptive policy", ENV_ENABLE)
         return
     install()
