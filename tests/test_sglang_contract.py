@@ -798,6 +798,7 @@ def test_register_installs_only_when_asked(
     [
         ("ENV_ANY_VERSION", "sure"),
         ("ENV_SKIP_ZERO_STEP_EXTEND", "2"),
+        ("ENV_SKIP_ZERO_STEP_EXTEND", "on"),  # SGLang's own reader takes it as off
         ("AV_CORE_SIMD", "sse2"),
     ],
 )
@@ -841,3 +842,33 @@ def test_register_refuses_an_unknown_switch_value(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ValueError, match=f"{av_sglang.ENV_ENABLE}='enable'"):
         av_sglang.register()
     assert av_sglang.installed() == []
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [("y", True), ("TRUE", True), ("1", True), ("n", False), ("0", False)]
+)
+def test_sglangs_own_switch_is_read_as_sglang_reads_it(
+    monkeypatch: pytest.MonkeyPatch, value: str, on: bool
+) -> None:
+    from av_core.sglang.installer import _sglang_flag
+
+    monkeypatch.setenv(av_sglang.ENV_SKIP_ZERO_STEP_EXTEND, value)
+    assert _sglang_flag(av_sglang.ENV_SKIP_ZERO_STEP_EXTEND) is on
+    monkeypatch.delenv(av_sglang.ENV_SKIP_ZERO_STEP_EXTEND)
+    assert _sglang_flag(av_sglang.ENV_SKIP_ZERO_STEP_EXTEND) is False
+
+
+def test_the_mirrored_spellings_are_sglangs() -> None:
+    """``SGLANG_ON``/``SGLANG_OFF`` against the two lists of SGLang's own ``EnvBool.parse``,
+    read from its source in the reference wheel."""
+    from av_core.sglang.installer import SGLANG_OFF, SGLANG_ON
+
+    with zipfile.ZipFile(sglang_wheel()) as archive:
+        tree = ast.parse(archive.read("sglang/srt/environ.py").decode())
+    env_bool = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EnvBool")
+    lists = [
+        [element.value for element in node.comparators[0].elts]  # type: ignore[attr-defined]
+        for node in ast.walk(env_bool)
+        if isinstance(node, ast.Compare) and isinstance(node.comparators[0], ast.List)
+    ]
+    assert lists == [list(SGLANG_ON), list(SGLANG_OFF)], lists

@@ -324,6 +324,27 @@ def _drafter_kind() -> Literal["autoregressive", "parallel"]:
     raise ValueError(f"{ENV_DRAFTER}={value!r}: expected autoregressive or parallel")
 
 
+#: How SGLang 0.5.23 reads its own boolean variables (``sglang.srt.environ.EnvBool``: lower-cased,
+#: not stripped); anything else SGLang warns about and takes as its default, off.
+SGLANG_ON = ("true", "1", "yes", "y")
+SGLANG_OFF = ("false", "0", "no", "n")
+
+
+def _sglang_flag(name: str) -> bool:
+    """SGLang's boolean variable ``name`` as SGLang reads it (unset: off), so that the policy
+    charges what SGLang runs; a value SGLang itself would not take is a ``ValueError`` naming it
+    (SGLang would only warn and treat it as off)."""
+    text = os.environ.get(name)
+    if text is None or text.lower() in SGLANG_OFF:
+        return False
+    if text.lower() in SGLANG_ON:
+        return True
+    raise ValueError(
+        f"{name}={text!r}: SGLang reads true, 1, yes or y as on and false, 0, no or n as off "
+        "(anything else it takes as off, with a warning)"
+    )
+
+
 def _max_batch() -> int:
     value = os.environ.get(ENV_MAX_BATCH, "1024")
     try:
@@ -342,7 +363,7 @@ def _policy_factory(
 ) -> Callable[..., CostAwarePolicy]:
     drafter = _drafter_kind()
     max_batch = _max_batch()
-    skip_extend = env_flag(ENV_SKIP_ZERO_STEP_EXTEND)
+    skip_extend = _sglang_flag(ENV_SKIP_ZERO_STEP_EXTEND)
     costs_path = os.environ.get(ENV_COSTS)
 
     def AdaptiveSpeculativeParams(  # noqa: N802 - stands in for SGLang's class
@@ -403,7 +424,7 @@ def install(cost_tables: CostTables | None = None, **options: Any) -> list[str]:
     _native.check_environment()
     _drafter_kind()
     _max_batch()
-    env_flag(ENV_SKIP_ZERO_STEP_EXTEND)
+    _sglang_flag(ENV_SKIP_ZERO_STEP_EXTEND)
     any_version = env_flag(ENV_ANY_VERSION)
     version = engine_version("sglang")
     modules = {
