@@ -361,6 +361,15 @@ const char *avc_version_string(void);
 uint32_t avc_abi_version(void);
 
 /**
+ * Checks the environment variables the core reads: AV_CORE_SIMD (the widest vector level the
+ * kernels may use: "baseline", "avx2", "avx512" in any case, or unset). Any other value is
+ * AVC_ERR_VALUE, and avc_last_error() names the variable and the value; the kernels then run
+ * on the baseline. Call it once at start-up to fail on a typo instead of running other kernels
+ * (and other last bits) than the fleet was pinned to.
+ */
+avc_status avc_check_environment(void);
+
+/**
  * Writes the default update (AVC_UPDATE_MAP, and the map settings' defaults) to update_out.
  *
  * # Safety

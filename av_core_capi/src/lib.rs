@@ -45,6 +45,9 @@ pub mod handle;
 pub mod version;
 
 #[cfg(feature = "capi")]
+pub mod environment;
+
+#[cfg(feature = "capi")]
 pub mod estimator;
 
 #[cfg(feature = "capi")]

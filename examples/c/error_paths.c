@@ -12,6 +12,8 @@
  * Every case is defined behaviour: the double-free case relies on the library's registry of
  * live handles, which refuses a freed pointer without reading it.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -1077,6 +1079,31 @@ static void test_concurrent_observe(void) {
     OK(avc_estimator_free(shared));
 }
 
+/* AV_CORE_SIMD: the documented levels pass, anything else is named. Run last and restored: the
+ * kernels' level was fixed at their first call, so this changes nothing else in the program. */
+static void test_environment(void) {
+    const char *before = getenv("AV_CORE_SIMD");
+    char saved[64] = "";
+    if (before != NULL) {
+        snprintf(saved, sizeof saved, "%s", before);
+    }
+    OK(avc_check_environment());
+    setenv("AV_CORE_SIMD", " AVX2 ", 1);
+    OK(avc_check_environment());
+    setenv("AV_CORE_SIMD", "baseline", 1);
+    OK(avc_check_environment());
+    setenv("AV_CORE_SIMD", "sse2", 1);
+    EXPECT(avc_check_environment(), AVC_ERR_VALUE, "avc_check_environment: AV_CORE_SIMD: \"sse2\"");
+    setenv("AV_CORE_SIMD", "avx-2", 1);
+    EXPECT(avc_check_environment(), AVC_ERR_VALUE, "\"avx-2\" is not a level");
+    if (before != NULL) {
+        setenv("AV_CORE_SIMD", saved, 1);
+    } else {
+        unsetenv("AV_CORE_SIMD");
+    }
+    OK(avc_check_environment());
+}
+
 int main(void) {
     test_estimator_arguments();
     test_map_update();
@@ -1090,6 +1117,7 @@ int main(void) {
     test_misc();
     test_thread_local_errors();
     test_concurrent_observe();
+    test_environment();
     printf("error_paths: %d checks, %d failures\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }
