@@ -214,33 +214,45 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Float {
     }
 }
 
+/// An argument as the caller passed it: its value, or (when it was not of the expected type)
+/// its type and repr, kept for the error that names the argument.
+#[derive(Clone, Debug)]
+enum Given<T> {
+    Value(T),
+    Other(String, String),
+}
+
+impl<T> Given<T> {
+    fn other(obj: &Bound<'_, PyAny>) -> Self {
+        Given::Other(type_name(obj), short_repr(obj))
+    }
+
+    /// The value, or a `TypeError` naming `argument`, what it must be and what was passed.
+    fn checked(&self, argument: &str, expected: &str) -> PyResult<&T> {
+        match self {
+            Given::Value(v) => Ok(v),
+            Given::Other(kind, text) => Err(type_error(
+                argument,
+                format!("must be {expected}, got {kind} ({text})"),
+            )),
+        }
+    }
+}
+
 /// A boolean argument as the caller passed it; [`Flag::value`] checks it with the argument's
 /// name (Python's and numpy's bools are bools; anything else, an int included, a `TypeError`).
 #[derive(Clone, Debug)]
-pub struct Flag(FlagValue);
-
-#[derive(Clone, Debug)]
-enum FlagValue {
-    Value(bool),
-    /// Not a bool: its type and repr.
-    Other(String, String),
-}
+pub struct Flag(Given<bool>);
 
 impl Flag {
     /// A default value.
     pub const fn new(value: bool) -> Self {
-        Flag(FlagValue::Value(value))
+        Flag(Given::Value(value))
     }
 
     /// The value, or a `TypeError` naming `argument` and what was passed.
     pub fn value(&self, argument: &str) -> PyResult<bool> {
-        match &self.0 {
-            FlagValue::Value(v) => Ok(*v),
-            FlagValue::Other(kind, text) => Err(type_error(
-                argument,
-                format!("must be a bool, got {kind} ({text})"),
-            )),
-        }
+        self.0.checked(argument, "a bool").copied()
     }
 }
 
@@ -250,8 +262,8 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Flag {
     fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
         let obj = obj.to_owned();
         Ok(Flag(match obj.extract::<bool>() {
-            Ok(flag) => FlagValue::Value(flag),
-            Err(_) => FlagValue::Other(type_name(&obj), short_repr(&obj)),
+            Ok(flag) => Given::Value(flag),
+            Err(_) => Given::other(&obj),
         }))
     }
 }
@@ -282,30 +294,17 @@ pub fn byte_string(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<u8>> 
 /// A string argument as the caller passed it; [`Text::value`] checks it with the argument's
 /// name (a `str` subclass is a string; anything else a `TypeError`).
 #[derive(Clone, Debug)]
-pub struct Text(TextValue);
-
-#[derive(Clone, Debug)]
-enum TextValue {
-    Value(String),
-    /// Not a string: its type and repr.
-    Other(String, String),
-}
+pub struct Text(Given<String>);
 
 impl Text {
     /// A default value.
     pub fn new(value: &str) -> Self {
-        Text(TextValue::Value(value.to_owned()))
+        Text(Given::Value(value.to_owned()))
     }
 
     /// The string, or a `TypeError` naming `argument` and what was passed.
     pub fn value(&self, argument: &str) -> PyResult<&str> {
-        match &self.0 {
-            TextValue::Value(v) => Ok(v),
-            TextValue::Other(kind, text) => Err(type_error(
-                argument,
-                format!("must be a string, got {kind} ({text})"),
-            )),
-        }
+        self.0.checked(argument, "a string").map(String::as_str)
     }
 }
 
@@ -316,8 +315,8 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Text {
         let obj = obj.to_owned();
         Ok(Text(match obj.cast::<PyString>() {
             // Lone surrogates (no UTF-8) shown replaced: no valid name has them.
-            Ok(text) => TextValue::Value(text.to_string_lossy().into_owned()),
-            Err(_) => TextValue::Other(type_name(&obj), short_repr(&obj)),
+            Ok(text) => Given::Value(text.to_string_lossy().into_owned()),
+            Err(_) => Given::other(&obj),
         }))
     }
 }
