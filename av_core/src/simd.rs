@@ -37,11 +37,15 @@ pub fn parse_cap(text: &str) -> Result<Option<Level>> {
         "baseline" => Ok(Some(Level::Baseline)),
         "avx2" => Ok(Some(Level::Avx2)),
         "avx512" => Ok(Some(Level::Avx512)),
-        _ => Err(Error::value(
-            CAP_VARIABLE,
-            format!("{text:?} is not a level: expected baseline, avx2, avx512 or unset"),
-        )),
+        _ => Err(not_a_level(text)),
     }
+}
+
+fn not_a_level(text: impl std::fmt::Debug) -> Error {
+    Error::value(
+        CAP_VARIABLE,
+        format!("{text:?} is not a level: expected baseline, avx2, avx512 or unset"),
+    )
 }
 
 /// The cap [`CAP_VARIABLE`] sets in this process's environment.
@@ -49,10 +53,7 @@ pub fn env_cap() -> Result<Option<Level>> {
     match std::env::var(CAP_VARIABLE) {
         Ok(text) => parse_cap(&text),
         Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(text)) => Err(Error::value(
-            CAP_VARIABLE,
-            format!("{text:?} is not a level: expected baseline, avx2, avx512 or unset"),
-        )),
+        Err(std::env::VarError::NotUnicode(text)) => Err(not_a_level(text)),
     }
 }
 
