@@ -173,9 +173,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "M16",
-        "av_core/src/estimator/rounds.rs",
-        "chi_square_quantile(k + 1, self.config.drift_z)",
-        "chi_square_quantile(k, self.config.drift_z)",
+        "av_core/src/estimator/update/map.rs",
+        "chi_square_quantile(k + 1, config.drift_z)",
+        "chi_square_quantile(k, config.drift_z)",
         "the map update's drift χ² test with K degrees of freedom instead of K + 1",
         killer="drift_test.rs",
     ),

@@ -154,7 +154,13 @@ fn map_false_alarm_rate(k: usize, z: f64, seed: u64) -> (f64, f64) {
             .fold((c.slope - slope).abs(), f64::max)
             .max(drift);
     }
-    let resets = estimator.state().map.expect("a map state").resets;
+    let resets = estimator
+        .state()
+        .update
+        .as_map()
+        .expect("a map state")
+        .memory
+        .resets;
     (resets as f64 / ROUNDS as f64, drift)
 }
 
