@@ -13,7 +13,7 @@
 //! the estimator's *update rule* ([`Update`]), one module each under `update/`: vLLM's damped
 //! Newton step on the round's IRLS moments ([`RoundStats`], [`NewtonStep`]) or av_core's MAP fit
 //! of per-position histograms ([`HistogramStats`]). The estimator holds the rule it was built
-//! with and what every rule shares ([`Common`]: the configuration, the published
+//! with and what every rule shares (`Common`: the configuration, the published
 //! coefficients, the step count).
 //!
 //! Concurrency: `predict`, `observe`, `refit` and the accessors take `&self` and may run on any
@@ -71,7 +71,7 @@ pub mod internals {
 
 use crate::error::{Error, Result};
 use crate::matrix::MatrixView;
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 use coefficients::SharedCoefficients;
 use update::{dispatch, Rule, UpdateRule};
 
@@ -107,11 +107,17 @@ impl Common {
 
     /// The current `[l2, damping]`.
     fn regularization(&self) -> [f64; 2] {
-        *self
-            .regularization
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        *lock(&self.regularization)
     }
+}
+
+/// Takes one of the estimator's locks. Nothing that holds one can panic halfway through what
+/// it guards (plain float and integer arithmetic, copies), so a poisoned lock still guards a
+/// consistent value.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The online acceptance estimator. See the [module documentation](self) for the model.
@@ -220,11 +226,7 @@ impl AcceptanceEstimator {
     /// ```
     pub fn set_regularization(&self, l2: f64, damping: f64) -> Result<()> {
         config::check_regularization(l2, damping)?;
-        *self
-            .common
-            .regularization
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = [l2, damping];
+        *lock(&self.common.regularization) = [l2, damping];
         Ok(())
     }
 

@@ -254,11 +254,7 @@ impl UpdateRule for MapUpdate {
     }
 
     fn lock(&self) -> MutexGuard<'_, Fit> {
-        // Nothing that holds the lock can panic halfway through a refit (plain float and
-        // integer arithmetic), so a poisoned lock still guards a consistent value.
-        self.fit
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::estimator::lock(&self.fit)
     }
 
     fn state(&self, fit: &mut Fit) -> MapState {

@@ -113,11 +113,7 @@ impl UpdateRule for VllmUpdate {
     }
 
     fn lock(&self) -> MutexGuard<'_, Memory> {
-        // Nothing that holds the lock can panic halfway through updating the memory (plain
-        // float arithmetic), so a poisoned lock still guards a consistent value.
-        self.memory
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::estimator::lock(&self.memory)
     }
 
     fn state(&self, memory: &mut Memory) -> VllmState {

@@ -22,41 +22,37 @@ fn decoded(tree: &Value) -> Result<EstimatorState> {
     decode(tree, "state", ErrorKind::Value)
 }
 
-/// `tree` with `value` at `path` (set, or added at the end of its dict).
-fn with(tree: &Value, path: &[&str], value: Value) -> Value {
+/// `tree` with the key at `path` set to `value` (added at the end of its dict if absent), or
+/// removed for `None`.
+fn edited(tree: &Value, path: &[&str], value: Option<Value>) -> Value {
     let mut tree = tree.clone();
     let mut at = &mut tree;
-    for (i, key) in path.iter().enumerate() {
+    let (last, parents) = path.split_last().expect("a path");
+    for key in parents {
         let Value::Dict(entries) = at else {
             panic!("not a dict at {key}")
         };
-        if i + 1 == path.len() {
-            match entries.iter_mut().find(|(k, _)| k == key) {
-                Some(entry) => entry.1 = value,
-                None => entries.push((key.to_string(), value)),
-            }
-            return tree;
-        }
         at = &mut entries.iter_mut().find(|(k, _)| k == key).expect("a key").1;
+    }
+    let Value::Dict(entries) = at else {
+        panic!("not a dict at {last}")
+    };
+    entries.retain(|(k, _)| k != last || value.is_some());
+    if let Some(value) = value {
+        match entries.iter_mut().find(|(k, _)| k == last) {
+            Some(entry) => entry.1 = value,
+            None => entries.push((last.to_string(), value)),
+        }
     }
     tree
 }
 
-/// `tree` without the key at `path`.
+fn with(tree: &Value, path: &[&str], value: Value) -> Value {
+    edited(tree, path, Some(value))
+}
+
 fn without(tree: &Value, path: &[&str]) -> Value {
-    let mut tree = tree.clone();
-    let mut at = &mut tree;
-    for (i, key) in path.iter().enumerate() {
-        let Value::Dict(entries) = at else {
-            panic!("not a dict at {key}")
-        };
-        if i + 1 == path.len() {
-            entries.retain(|(k, _)| k != key);
-            break;
-        }
-        at = &mut entries.iter_mut().find(|(k, _)| k == key).expect("a key").1;
-    }
-    tree
+    edited(tree, path, None)
 }
 
 #[test]
