@@ -1,0 +1,355 @@
+"""The C example (``examples/llama_cpp/av_spec.c``): av_core's loop inside llama.cpp, from C.
+
+Builds it with ``examples/llama_cpp/build.sh`` against the installed llama-cpp-python and
+av_core's static C library, writes two tiny llama-architecture GGUFs from seeded random
+weights (``examples/llama_cpp/tiny_models.py``), and runs it:
+
+* every policy exits 0 with output that parses, and its counts add up: emitted = accepted +
+  one per verify, R x new tokens in all;
+* greedy decoding emits the same tokens under every policy as without speculation (a cache
+  rollback that kept a rejected draft, or dropped an accepted one, changes what follows);
+* at temperature 1.5 the first two emitted tokens follow the same law with speculation as
+  without (chi-square, two samples), which a residual drawn from p instead of max(0, p - q)
+  fails at p < 1e-8;
+* bad input (missing, non-GGUF or truncated model, mismatched vocabularies, a context too
+  small, bad cost tables, bad options) gives one line on stderr naming the file or setting,
+  exit 2, nothing on stdout;
+* one run under AddressSanitizer and UndefinedBehaviorSanitizer (valgrind cannot run a
+  llama.cpp built for AVX-512).
+
+Skips only when there is no C compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "llama_cpp"
+POLICIES = ("avd", "av", "fixed", "none")
+# Cheap drafting, so that AV+D and AV draft and verify on the tiny pair (with the built-in
+# tables of the real pair, drafting costs about as much as verifying and AV+D rarely drafts).
+CHEAP_TABLES = {
+    "draft_ms": [0.0, 0.4, 0.5, 0.6, 0.7],
+    "verify_ms": [1.0] + [2.0 + 0.05 * t for t in range(20)],
+}
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler"
+)
+
+
+def build(*args: str) -> Path:
+    result = subprocess.run(
+        [str(EXAMPLE / "build.sh"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert result.returncode == 0, result.stderr
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def av_spec() -> Path:
+    return build()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The close pair (acceptance about 0.7), a farther pair (more rejections, so the law test
+    exercises the residual), a drafter with one more token, and the cheap cost tables."""
+    out = tmp_path_factory.mktemp("tiny_models")
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import tiny_models
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    paths = dict(tiny_models.write_pair(out / "close", seed=0, other_vocab=True))
+    paths["far_target"], paths["far_drafter"] = tiny_models.write_pair(
+        out / "far", seed=0, noise=0.15
+    ).values()
+    paths["tables"] = out / "cheap.json"
+    paths["tables"].write_text(json.dumps(CHEAP_TABLES))
+    return paths
+
+
+def run(binary: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def run_json(binary: Path, models: dict[str, Path], *args: str) -> dict[str, Any]:
+    result = run(
+        binary,
+        "--target",
+        str(models["target"]),
+        "--drafter",
+        str(models["drafter"]),
+        "--threads",
+        "1",
+        "--json",
+        *args,
+    )
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_runs_and_its_counts_add_up(
+    av_spec: Path, models: dict[str, Path], policy: str
+) -> None:
+    requests, new_tokens, k = 3, 24, 4
+    d = run_json(
+        av_spec,
+        models,
+        "--policy",
+        policy,
+        "--requests",
+        str(requests),
+        "--new-tokens",
+        str(new_tokens),
+        "--k",
+        str(k),
+        "--cost-tables",
+        str(models["tables"]),
+    )
+    print(
+        f"{policy}: emitted {d['emitted']} = accepted {d['accepted']} + verifies "
+        f"{d['verifies']}; drafted {d['drafted']}, admitted {d['admitted']}, "
+        f"{d['target_calls']} target calls, acceptance {d['acceptance']:.3f}"
+    )
+    assert d["emitted"] == d["accepted"] + d["verifies"] == requests * new_tokens
+    assert [len(tokens) for tokens in d["generated"]] == [new_tokens] * requests
+    assert d["target_calls"] == d["steps"]
+    assert 0 <= d["accepted"] <= d["admitted"] <= d["drafted"] <= d["verifies"] * k
+    if d["admitted"]:
+        assert d["acceptance"] == pytest.approx(d["accepted"] / d["admitted"], abs=1e-6)
+    assert d["tokens_per_target_call"] == pytest.approx(d["emitted"] / d["target_calls"], abs=1e-5)
+    assert d["tokens_per_s"] > 0 and d["tokens_per_s_cpu"] > 0
+    if policy == "none":
+        assert d["drafted"] == d["drafter_calls"] == 0
+        assert d["verifies"] == requests * new_tokens
+    else:
+        # With cheap drafting every speculating policy drafts, and the pair agrees often.
+        assert d["drafted"] > 0 and d["accepted"] > 0
+    if policy == "fixed":
+        assert d["admitted"] == d["drafted"]
+    if policy in ("avd", "av"):
+        assert d["av_core_ms_per_step"] > 0
+
+
+def test_the_text_report_states_the_accounting(av_spec: Path, models: dict[str, Path]) -> None:
+    result = run(
+        av_spec,
+        "--target",
+        str(models["target"]),
+        "--drafter",
+        str(models["drafter"]),
+        "--policy",
+        "fixed",
+        "--requests",
+        "2",
+        "--new-tokens",
+        "10",
+        "--threads",
+        "1",
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("policy fixed, R = 2, 10 new tokens each")
+    accounting = [line for line in lines if line.startswith("emitted = accepted + verifies:")]
+    assert len(accounting) == 1
+    emitted, rest = accounting[0].split(": ")[1].split(" = ")
+    accepted, verifies = rest.split(" + ")
+    assert int(emitted) == int(accepted) + int(verifies) == 20
+    assert any(line.startswith("tokens/s ") and "wall" in line and "CPU" in line for line in lines)
+
+
+def test_greedy_tokens_do_not_depend_on_the_policy(av_spec: Path, models: dict[str, Path]) -> None:
+    generated = {}
+    for policy in POLICIES:
+        d = run_json(
+            av_spec,
+            models,
+            "--policy",
+            policy,
+            "--temperature",
+            "0",
+            "--requests",
+            "4",
+            "--new-tokens",
+            "48",
+            "--cost-tables",
+            str(models["tables"]),
+        )
+        generated[policy] = d["generated"]
+        if policy != "none":
+            assert 0 < d["accepted"] < d["admitted"], "needs both accepted and rejected drafts"
+    for policy in POLICIES:
+        assert generated[policy] == generated["none"], policy
+
+
+@pytest.mark.parametrize("temperature", ["0", "1"])
+def test_a_drafter_equal_to_the_target_is_always_accepted(
+    av_spec: Path, models: dict[str, Path], temperature: str
+) -> None:
+    """With the target as its own drafter, q equals p whenever the drafter's cache holds the
+    same tokens as the target's, so every draft passes: a drafter cache that lost or kept a
+    wrong token after a rollback would show up as rejections."""
+    same = {"target": models["target"], "drafter": models["target"]}
+    d = run_json(
+        av_spec,
+        same,
+        "--policy",
+        "fixed",
+        "--requests",
+        "3",
+        "--new-tokens",
+        "40",
+        "--temperature",
+        temperature,
+    )
+    assert d["admitted"] > 60
+    assert d["accepted"] == d["admitted"]
+
+
+def emitted_counts(
+    av_spec: Path, models: dict[str, Path], policy: str, seeds: range
+) -> list[Counter[int]]:
+    """Counts of the first and second emitted token over 256 requests per seed."""
+    counts: list[Counter[int]] = [Counter(), Counter()]
+    for seed in seeds:
+        d = run_json(
+            av_spec,
+            {"target": models["far_target"], "drafter": models["far_drafter"]},
+            "--policy",
+            policy,
+            "--k",
+            "2",
+            "--requests",
+            "256",
+            "--new-tokens",
+            "3",
+            "--temperature",
+            "1.5",
+            "--prompt",
+            "def f(x):",
+            "--seed",
+            str(seed),
+        )
+        for position in (0, 1):
+            counts[position].update(tokens[position] for tokens in d["generated"])
+    return counts
+
+
+def test_speculation_emits_the_targets_law(av_spec: Path, models: dict[str, Path]) -> None:
+    """Two-sample chi-square per emitted position: speculative (fixed K = 2, both positions
+    come from acceptance, residual or bonus) against plain sampling, 2048 draws each, tokens
+    seen fewer than 10 times pooled."""
+    from scipy.stats import chi2_contingency
+
+    plain = emitted_counts(av_spec, models, "none", range(8))
+    speculative = emitted_counts(av_spec, models, "fixed", range(1000, 1008))
+    for position in (0, 1):
+        tokens = sorted(set(plain[position]) | set(speculative[position]))
+        table = np.array([[c[position][t] for t in tokens] for c in (plain, speculative)])
+        common = table.sum(axis=0) >= 10
+        pooled = np.column_stack([table[:, common], table[:, ~common].sum(axis=1)])
+        p_value = chi2_contingency(pooled)[1]
+        print(f"position {position}: {pooled.shape[1]} categories, p = {p_value:.3g}")
+        assert p_value > 1e-3, (position, pooled)
+
+
+BAD_INPUT = [
+    (["--target", "{dir}/missing.gguf"], "--target {dir}/missing.gguf: cannot open"),
+    (["--target", "{dir}/garbage.gguf"], "--target {dir}/garbage.gguf: not a GGUF file"),
+    (["--target", "{dir}/truncated.gguf"], "--target {dir}/truncated.gguf: llama.cpp cannot load"),
+    (["--drafter", "{other_vocab}"], "--drafter {other_vocab}: vocabulary of 296 tokens"),
+    (["--n-ctx", "64"], "--n-ctx: 64 is too small for R x (prompt + new tokens + K + 1)"),
+    (["--cost-tables", "{dir}/missing.json"], "--cost-tables {dir}/missing.json: cannot open"),
+    (
+        ["--cost-tables", "{dir}/bad.json"],
+        "--cost-tables {dir}/bad.json: avc_cost_tables_from_json",
+    ),
+    (["--cost-tables", "{tables}", "--requests", "8"], "--cost-tables {tables}: covers 4 requests"),
+    (["--requests", "0"], "--requests: expected an integer in [1, 256], got '0'"),
+    (["--policy", "greedy"], "--policy: expected avd, av, fixed or none, got 'greedy'"),
+    (["--top-p", "1.5"], "--top-p: expected a number in (0, 1], got '1.5'"),
+    (["--frobnicate"], "unknown or incomplete option '--frobnicate'"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUT)
+def test_bad_input_is_one_line_naming_the_file_or_setting(
+    av_spec: Path,
+    models: dict[str, Path],
+    tmp_path: Path,
+    args: list[str],
+    message: str,
+) -> None:
+    (tmp_path / "garbage.gguf").write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "truncated.gguf").write_bytes(models["target"].read_bytes()[:50_000])
+    (tmp_path / "bad.json").write_text('{"draft_ms": [0.5]}')
+    names = {"dir": tmp_path, "other_vocab": models["other_vocab"], "tables": models["tables"]}
+    base = {"--target": str(models["target"]), "--drafter": str(models["drafter"])}
+    argv = [a.format(**names) for a in args]
+    for option, value in base.items():
+        if option not in argv:
+            argv = [option, value, *argv]
+    result = run(av_spec, *argv, check=False)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"av_spec: error: {message.format(**names)}"), lines[0]
+
+
+def test_a_run_under_address_and_undefined_behaviour_sanitizers(models: dict[str, Path]) -> None:
+    probe = subprocess.run(
+        [
+            os.environ.get("CC", "cc"),
+            "-fsanitize=address,undefined",
+            "-x",
+            "c",
+            "-",
+            "-o",
+            os.devnull,
+        ],
+        input="int main(void) { return 0; }",
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        pytest.skip("the C compiler has no AddressSanitizer")
+    binary = build("--sanitize")
+    for policy in ("avd", "fixed"):
+        d = run_json(
+            binary,
+            models,
+            "--policy",
+            policy,
+            "--requests",
+            "3",
+            "--new-tokens",
+            "16",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.9",
+            "--cost-tables",
+            str(models["tables"]),
+        )
+        assert d["emitted"] == d["accepted"] + d["verifies"] == 48
