@@ -362,6 +362,135 @@ static char *read_file(const char *option, const char *path, size_t *len) {
     return text;
 }
 
+/* Just enough JSON to find one member's value in a file: the text of the value is handed to
+ * avc_cost_tables_from_json, which parses and validates it. Each function takes a pointer into
+ * [s, end) and returns the position after what it skipped, or NULL on malformed text. */
+static const char *skip_space(const char *s, const char *end) {
+    while (s < end && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')) {
+        s++;
+    }
+    return s;
+}
+
+static const char *skip_string(const char *s, const char *end) {
+    for (s++; s < end; s++) {
+        if (*s == '\\') {
+            s++;
+        } else if (*s == '"') {
+            return s + 1;
+        }
+    }
+    return NULL;
+}
+
+static const char *skip_value(const char *s, const char *end) {
+    s = skip_space(s, end);
+    if (s == end) {
+        return NULL;
+    }
+    if (*s == '"') {
+        return skip_string(s, end);
+    }
+    if (*s != '{' && *s != '[') { /* number, true, false, null */
+        while (s < end && strchr(",}] \t\r\n", *s) == NULL) {
+            s++;
+        }
+        return s;
+    }
+    char close = *s == '{' ? '}' : ']';
+    s = skip_space(s + 1, end);
+    if (s < end && *s == close) {
+        return s + 1;
+    }
+    for (;;) {
+        if (close == '}') {
+            s = skip_space(s, end);
+            if (s == end || *s != '"' || (s = skip_string(s, end)) == NULL) {
+                return NULL;
+            }
+            s = skip_space(s, end);
+            if (s == end || *s++ != ':') {
+                return NULL;
+            }
+        }
+        if ((s = skip_value(s, end)) == NULL) {
+            return NULL;
+        }
+        s = skip_space(s, end);
+        if (s < end && *s == ',') {
+            s++;
+        } else if (s < end && *s == close) {
+            return s + 1;
+        } else {
+            return NULL;
+        }
+    }
+}
+
+/* The value of member `key` of the object at s (*value_end set after it), or NULL. */
+static const char *member(const char *s, const char *end, const char *key,
+                          const char **value_end) {
+    s = skip_space(s, end);
+    if (s == end || *s != '{') {
+        return NULL;
+    }
+    s = skip_space(s + 1, end);
+    size_t key_len = strlen(key);
+    while (s < end && *s == '"') {
+        const char *name = s + 1, *after = skip_string(s, end);
+        if (after == NULL) {
+            return NULL;
+        }
+        bool match = (size_t)(after - 1 - name) == key_len && memcmp(name, key, key_len) == 0;
+        s = skip_space(after, end);
+        if (s == end || *s++ != ':') {
+            return NULL;
+        }
+        const char *value = skip_space(s, end);
+        if ((s = skip_value(value, end)) == NULL) {
+            return NULL;
+        }
+        if (match) {
+            *value_end = s;
+            return value;
+        }
+        s = skip_space(s, end);
+        if (s < end && *s == ',') {
+            s = skip_space(s + 1, end);
+        }
+    }
+    return NULL;
+}
+
+/* The planner's CostTables JSON in a --cost-tables file: the whole file (CostTables.to_json()),
+ * or, in the file `av-core profile --engine llama.cpp` writes, concurrency["R"].cost_tables. */
+static avc_cost_tables *tables_from_file(const options *o) {
+    size_t len = 0;
+    char *text = read_file("--cost-tables", o->cost_tables, &len);
+    const char *start = text, *end = text + len, *value_end = NULL;
+    const char *per_r = member(text, end, "concurrency", &value_end);
+    if (per_r != NULL) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", o->requests);
+        const char *entry = member(per_r, value_end, key, &value_end);
+        if (entry == NULL) {
+            fail("--cost-tables %s: has no profile at R = %d (profile that concurrency)",
+                 o->cost_tables, o->requests);
+        }
+        start = member(entry, value_end, "cost_tables", &end);
+        if (start == NULL) {
+            fail("--cost-tables %s: concurrency \"%d\" has no cost_tables", o->cost_tables,
+                 o->requests);
+        }
+    }
+    avc_cost_tables *tables = NULL;
+    if (avc_cost_tables_from_json(start, (size_t)(end - start), &tables) != AVC_OK) {
+        fail("--cost-tables %s: %s", o->cost_tables, avc_last_error());
+    }
+    free(text);
+    return tables;
+}
+
 /* Tables covering R requests and R * (K + 1) target tokens, with a depth table over K. */
 static avc_cost_tables *cost_tables(const options *o) {
     size_t max_tokens = (size_t)o->requests * (size_t)(o->k + 1);
@@ -374,12 +503,7 @@ static avc_cost_tables *cost_tables(const options *o) {
         AVC(avc_cost_tables_from_curves(draft, 4, DEFAULT_VERIFY, 6, (size_t)o->requests,
                                         max_tokens, 0, &base));
     } else {
-        size_t len = 0;
-        char *text = read_file("--cost-tables", o->cost_tables, &len);
-        if (avc_cost_tables_from_json(text, len, &base) != AVC_OK) {
-            fail("--cost-tables %s: %s", o->cost_tables, avc_last_error());
-        }
-        free(text);
+        base = tables_from_file(o);
         size_t max_reqs = 0, max_batch_tokens = 0;
         AVC(avc_cost_tables_sizes(base, &max_reqs, &max_batch_tokens));
         if (max_reqs < (size_t)o->requests || max_batch_tokens < max_tokens) {
@@ -582,8 +706,6 @@ int main(int argc, char **argv) {
     if (avc_check_environment() != AVC_OK) {
         fail("%s", avc_last_error());
     }
-    llama_log_set(log_callback, NULL);
-    llama_backend_init();
 
     const int R = o.requests, K = o.k;
     const bool speculate = o.policy != POLICY_NONE;
@@ -591,6 +713,8 @@ int main(int argc, char **argv) {
 
     /* The cost tables first: a bad file fails before the models load. */
     avc_cost_tables *tables = cost_tables(&o);
+    llama_log_set(log_callback, NULL);
+    llama_backend_init();
 
     /* Models, vocabulary, prompts. */
     struct llama_model *target_model = load_model("--target", o.target);

@@ -273,6 +273,62 @@ def test_speculation_emits_the_targets_law(av_spec: Path, models: dict[str, Path
         assert p_value > 1e-3, (position, pooled)
 
 
+def profile_file(path: Path, tables_by_r: dict[int, dict[str, Any]]) -> Path:
+    """A cost file shaped as `av-core profile --engine llama.cpp` writes it: per concurrency,
+    measured points and the planner's tables (plus strings and nesting the reader must skip)."""
+    data = {
+        "format": "av_core.llama_cpp.costs/1",
+        "engine": "llama.cpp",
+        "note": 'braces and quotes in a string: "}{[',
+        "num_positions": 4,
+        "concurrency": {
+            str(r): {
+                "verify": [[r, 2.0], [2 * r, 3.5]],
+                "draft": [[1, 0.1]],
+                "nested": [1, {"a": [True, None, -1e-3]}, []],
+                "cost_tables": tables,
+            }
+            for r, tables in tables_by_r.items()
+        },
+    }
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def test_a_profile_file_gives_the_tables_of_its_concurrency(
+    av_spec: Path, models: dict[str, Path], tmp_path: Path
+) -> None:
+    dear = {**CHEAP_TABLES, "draft_ms": [0.0, 400.0, 500.0, 600.0, 700.0]}
+    drafted = {}
+    for name, tables_by_r in {
+        "cheap at 4": {2: dear, 4: CHEAP_TABLES},
+        "dear at 4": {2: CHEAP_TABLES, 4: dear},
+    }.items():
+        path = profile_file(tmp_path / "profile.json", tables_by_r)
+        d = run_json(
+            av_spec, models, "--requests", "4", "--new-tokens", "20", "--cost-tables", str(path)
+        )
+        drafted[name] = d["drafted"]
+    assert drafted["cheap at 4"] > 40 and drafted["dear at 4"] == 0, drafted
+    result = run(
+        av_spec,
+        "--target",
+        str(models["target"]),
+        "--drafter",
+        str(models["drafter"]),
+        "--requests",
+        "3",
+        "--cost-tables",
+        str(path),
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"av_spec: error: --cost-tables {path}: has no profile at R = 3 (profile that "
+        "concurrency)\n"
+    )
+
+
 BAD_INPUT = [
     (["--target", "{dir}/missing.gguf"], "--target {dir}/missing.gguf: cannot open"),
     (["--target", "{dir}/garbage.gguf"], "--target {dir}/garbage.gguf: not a GGUF file"),
@@ -317,7 +373,8 @@ def test_bad_input_is_one_line_naming_the_file_or_setting(
     assert lines[0].startswith(f"av_spec: error: {message.format(**names)}"), lines[0]
 
 
-def test_a_run_under_address_and_undefined_behaviour_sanitizers(models: dict[str, Path]) -> None:
+@pytest.fixture(scope="module")
+def av_spec_asan() -> Path:
     probe = subprocess.run(
         [
             os.environ.get("CC", "cc"),
@@ -334,10 +391,39 @@ def test_a_run_under_address_and_undefined_behaviour_sanitizers(models: dict[str
     )
     if probe.returncode != 0:
         pytest.skip("the C compiler has no AddressSanitizer")
-    binary = build("--sanitize")
+    return build("--sanitize")
+
+
+def test_every_truncated_cost_file_is_one_line_under_sanitizers(
+    av_spec_asan: Path, models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The cost-file reader never reads past the text, whatever prefix of a file it gets (the
+    tables are read before the models, so each run is quick)."""
+    text = profile_file(tmp_path / "whole.json", {4: CHEAP_TABLES}).read_bytes()
+    path = tmp_path / "cut.json"
+    for cut in range(0, len(text), 7):
+        path.write_bytes(text[:cut])
+        result = run(
+            av_spec_asan,
+            "--target",
+            str(models["target"]),
+            "--drafter",
+            str(models["drafter"]),
+            "--cost-tables",
+            str(path),
+            check=False,
+        )
+        assert result.returncode == 2, (cut, result.stderr)
+        assert len(result.stderr.splitlines()) == 1, (cut, result.stderr)
+        assert result.stderr.startswith(f"av_spec: error: --cost-tables {path}: "), result.stderr
+
+
+def test_a_run_under_address_and_undefined_behaviour_sanitizers(
+    av_spec_asan: Path, models: dict[str, Path]
+) -> None:
     for policy in ("avd", "fixed"):
         d = run_json(
-            binary,
+            av_spec_asan,
             models,
             "--policy",
             policy,
