@@ -315,7 +315,7 @@ fn rejected_feature_calls_name_the_argument_and_write_nothing() {
 }
 
 fn from_json(text: &[u8]) -> (AvcStatus, *mut AvcCostTables) {
-    let mut handle = 1usize as *mut AvcCostTables;
+    let mut handle = std::ptr::dangling_mut::<AvcCostTables>();
     // SAFETY: `text` is a live byte slice; `handle` a writable local.
     let status =
         unsafe { avc_cost_tables_from_json(text.as_ptr().cast(), text.len(), &mut handle) };

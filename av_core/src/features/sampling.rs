@@ -139,7 +139,7 @@ fn check_settings(
                 ));
             }
             let p = top_p.get(r).copied().unwrap_or(1.0);
-            if !(p > 0.0) {
+            if p.is_nan() || p <= 0.0 {
                 return Err(Error::value(
                     "top_p",
                     format!("[{r}] = {p} must lie in (0, 1] (>= 1 is no top-p)"),
