@@ -1,7 +1,7 @@
 //! The entry points an engine written in C needs besides the estimator and the planner
 //! (`avc_draft_log_odds`, `avc_cost_tables_from_json`, `avc_cost_tables_to_json`), called from
-//! Rust: they give the core's bits (the feature also against a float64 reference written from
-//! its definition), and every rejected call names its argument and writes nothing.
+//! Rust: they give the core's bits, and every rejected call names its argument and writes
+//! nothing.
 
 #![cfg(feature = "capi")]
 
@@ -16,18 +16,7 @@ use av_core_capi::cost_tables::*;
 use av_core_capi::cost_tables_json::*;
 use av_core_capi::features::*;
 use av_core_capi::status::*;
-use common::last_error;
-
-/// Asserts a rejected call's status and that its message starts with `prefix`.
-#[track_caller]
-fn rejected(status: AvcStatus, expected: AvcStatus, prefix: &str) {
-    let message = last_error();
-    assert_eq!(status, expected, "{message}");
-    assert!(
-        message.starts_with(prefix),
-        "message {message:?} does not start with {prefix:?}"
-    );
-}
+use common::{last_error, rejected};
 
 /// The settings of one call; empty arrays are passed as NULL with length 0.
 struct Settings<'a> {
@@ -92,88 +81,60 @@ fn logits(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// float64 reference from the definition: q = softmax(z / T) sorted descending, the first k
-/// kept, then entries kept while the renormalised mass before them is below p; ln(max / rest).
-fn reference(z: &[f32], t: f64, k: usize, p: f64) -> f64 {
-    let t = if t > 0.0 { t } else { 1.0 };
-    let m = z
-        .iter()
-        .fold(f64::NEG_INFINITY, |a, &v| a.max(f64::from(v)));
-    let mut q: Vec<f64> = z.iter().map(|&v| ((f64::from(v) - m) / t).exp()).collect();
-    q.sort_by(|a, b| b.total_cmp(a));
-    q.truncate(k);
-    let total: f64 = q.iter().sum();
-    let mut kept: Vec<f64> = Vec::new();
-    for &v in &q {
-        let before: f64 = kept.iter().sum();
-        if !kept.is_empty() && before >= p * total {
-            break;
-        }
-        kept.push(v);
-    }
-    let rest = kept[1..].iter().fold(0.0, |a, &v| a + v);
-    (kept[0] / rest).ln().clamp(-40.0, 40.0)
+/// The core's feature of the same rows (`av_core::features::sampling`, tested there against a
+/// float64 reference written from the definition).
+fn core_features(z: &[f32], rows: usize, vocab: usize, s: &Settings<'_>, limit: f32) -> Vec<f32> {
+    let k64: Vec<i64> = s.top_k.iter().map(|&k| i64::from(k)).collect();
+    let mut out = vec![0.0f32; rows];
+    draft_log_odds_sampling(
+        z,
+        rows,
+        vocab,
+        s.temperature,
+        &k64,
+        s.top_p,
+        limit,
+        &mut out,
+    )
+    .unwrap();
+    out
 }
 
 #[test]
-fn features_match_the_definition_and_the_core_bit_for_bit() {
+fn features_are_the_cores_bit_for_bit() {
     let (rows, vocab) = (5, 700);
     let z = logits(rows, vocab, 7);
-    let temperature = [1.0f32, 0.6, 0.0, 1.7, 1.0];
-    let top_k = [0i32, 50, -1, 3, 0];
-    let top_p = [1.0f32, 0.9, 0.5, 1.0, 0.3];
     let settings = Settings {
-        temperature: &temperature,
-        top_k: &top_k,
-        top_p: &top_p,
+        temperature: &[1.0, 0.6, 0.0, 1.7, 1.0],
+        top_k: &[0, 50, -1, 3, 0],
+        top_p: &[1.0, 0.9, 0.5, 1.0, 0.3],
     };
-    let mut got = [f32::NAN; 5];
-    assert_eq!(log_odds(&z, rows, vocab, &settings, 40.0, &mut got), AVC_OK);
-    for r in 0..rows {
-        let k = if top_k[r] <= 0 {
-            vocab
-        } else {
-            top_k[r] as usize
-        };
-        let want = reference(
-            &z[r * vocab..(r + 1) * vocab],
-            f64::from(temperature[r]),
-            k,
-            f64::from(top_p[r]),
+    for (s, limit) in [(&settings, 40.0f32), (&DEFAULTS, 40.0), (&settings, 0.5)] {
+        let mut got = vec![f32::NAN; rows];
+        assert_eq!(log_odds(&z, rows, vocab, s, limit, &mut got), AVC_OK);
+        let want = core_features(&z, rows, vocab, s, limit);
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "limit {limit}"
         );
-        assert!(
-            (f64::from(got[r]) - want).abs() < 1e-4,
-            "row {r}: {} vs {want}",
-            got[r]
-        );
+        assert!(got.iter().all(|x| x.abs() <= limit));
     }
-    let mut core = [0.0f32; 5];
-    let k64: Vec<i64> = top_k.iter().map(|&k| i64::from(k)).collect();
-    draft_log_odds_sampling(&z, rows, vocab, &temperature, &k64, &top_p, 40.0, &mut core).unwrap();
-    assert_eq!(got.map(f32::to_bits), core.map(f32::to_bits));
-
-    // No settings: temperature 1, no truncation, on every row.
-    let mut plain = [f32::NAN; 5];
+    // The settings change the result (the arrays are read, row by row).
+    let mut truncated = vec![0.0f32; rows];
+    let mut plain = vec![0.0f32; rows];
+    assert_eq!(
+        log_odds(&z, rows, vocab, &settings, 40.0, &mut truncated),
+        AVC_OK
+    );
     assert_eq!(
         log_odds(&z, rows, vocab, &DEFAULTS, 40.0, &mut plain),
         AVC_OK
     );
-    for r in 0..rows {
-        let want = reference(&z[r * vocab..(r + 1) * vocab], 1.0, vocab, 1.0);
-        assert!((f64::from(plain[r]) - want).abs() < 1e-4, "row {r}");
-    }
-    // The clamp is the caller's.
-    let mut clamped = [0.0f32; 5];
-    assert_eq!(
-        log_odds(&z, rows, vocab, &settings, 0.5, &mut clamped),
-        AVC_OK
-    );
-    for r in 0..rows {
-        assert_eq!(clamped[r], got[r].clamp(-0.5, 0.5), "row {r}");
-    }
+    assert_eq!(truncated[0], plain[0]);
     assert!(
-        got.iter().any(|x| x.abs() > 0.5),
-        "the clamp is not exercised"
+        (1..rows).all(|r| truncated[r] != plain[r]),
+        "{truncated:?} {plain:?}"
     );
 }
 

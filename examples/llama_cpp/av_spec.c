@@ -46,26 +46,25 @@
 
 /* ---------------------------------------------------------------- errors and options */
 
-/* One line on stderr, exit 2: the contract for bad input (a file, a setting). */
-static void fail(const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    fprintf(stderr, PROGRAM ": error: ");
+/* One line on stderr, then exit: `what` is "error: " and status 2 for bad input (a file, a
+ * setting), "" and status 1 when a library call fails at run time. */
+_Noreturn static void vexit(int status, const char *what, const char *format, va_list args) {
+    fprintf(stderr, PROGRAM ": %s", what);
     vfprintf(stderr, format, args);
     fprintf(stderr, "\n");
-    va_end(args);
-    exit(2);
+    exit(status);
 }
 
-/* A runtime failure of a library call (not the user's input): one line, exit 1. */
-static void die(const char *format, ...) {
+_Noreturn static void fail(const char *format, ...) {
     va_list args;
     va_start(args, format);
-    fprintf(stderr, PROGRAM ": ");
-    vfprintf(stderr, format, args);
-    fprintf(stderr, "\n");
-    va_end(args);
-    exit(1);
+    vexit(2, "error: ", format, args);
+}
+
+_Noreturn static void die(const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vexit(1, "", format, args);
 }
 
 /* Calls an avc_* function; a failure is a bug in this program or the library. */

@@ -85,26 +85,30 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-def run(binary: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=300)
+def flags(**options: object) -> list[str]:
+    """``--name value`` for each keyword (underscores become dashes)."""
+    return [
+        item
+        for name, value in options.items()
+        for item in (f"--{name.replace('_', '-')}", str(value))
+    ]
+
+
+def run(
+    binary: Path, models: dict[str, Path], *args: str, check: bool = True, **options: object
+) -> subprocess.CompletedProcess[str]:
+    """The program on the pair models["target"], models["drafter"] with one thread."""
+    argv = [*flags(target=models["target"], drafter=models["drafter"], threads=1), *args]
+    result = subprocess.run(
+        [str(binary), *argv, *flags(**options)], capture_output=True, text=True, timeout=300
+    )
     if check:
         assert result.returncode == 0, result.stderr
     return result
 
 
-def run_json(binary: Path, models: dict[str, Path], *args: str) -> dict[str, Any]:
-    result = run(
-        binary,
-        "--target",
-        str(models["target"]),
-        "--drafter",
-        str(models["drafter"]),
-        "--threads",
-        "1",
-        "--json",
-        *args,
-    )
-    data: dict[str, Any] = json.loads(result.stdout)
+def run_json(binary: Path, models: dict[str, Path], **options: object) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(run(binary, models, "--json", **options).stdout)
     return data
 
 
@@ -116,16 +120,11 @@ def test_every_policy_runs_and_its_counts_add_up(
     d = run_json(
         av_spec,
         models,
-        "--policy",
-        policy,
-        "--requests",
-        str(requests),
-        "--new-tokens",
-        str(new_tokens),
-        "--k",
-        str(k),
-        "--cost-tables",
-        str(models["tables"]),
+        policy=policy,
+        requests=requests,
+        new_tokens=new_tokens,
+        k=k,
+        cost_tables=models["tables"],
     )
     print(
         f"{policy}: emitted {d['emitted']} = accepted {d['accepted']} + verifies "
@@ -153,21 +152,7 @@ def test_every_policy_runs_and_its_counts_add_up(
 
 
 def test_the_text_report_states_the_accounting(av_spec: Path, models: dict[str, Path]) -> None:
-    result = run(
-        av_spec,
-        "--target",
-        str(models["target"]),
-        "--drafter",
-        str(models["drafter"]),
-        "--policy",
-        "fixed",
-        "--requests",
-        "2",
-        "--new-tokens",
-        "10",
-        "--threads",
-        "1",
-    )
+    result = run(av_spec, models, policy="fixed", requests=2, new_tokens=10)
     lines = result.stdout.splitlines()
     assert lines[0].startswith("policy fixed, R = 2, 10 new tokens each")
     accounting = [line for line in lines if line.startswith("emitted = accepted + verifies:")]
@@ -184,16 +169,11 @@ def test_greedy_tokens_do_not_depend_on_the_policy(av_spec: Path, models: dict[s
         d = run_json(
             av_spec,
             models,
-            "--policy",
-            policy,
-            "--temperature",
-            "0",
-            "--requests",
-            "4",
-            "--new-tokens",
-            "48",
-            "--cost-tables",
-            str(models["tables"]),
+            policy=policy,
+            temperature=0,
+            requests=4,
+            new_tokens=48,
+            cost_tables=models["tables"],
         )
         generated[policy] = d["generated"]
         if policy != "none":
@@ -210,18 +190,7 @@ def test_a_drafter_equal_to_the_target_is_always_accepted(
     same tokens as the target's, so every draft passes: a drafter cache that lost or kept a
     wrong token after a rollback would show up as rejections."""
     same = {"target": models["target"], "drafter": models["target"]}
-    d = run_json(
-        av_spec,
-        same,
-        "--policy",
-        "fixed",
-        "--requests",
-        "3",
-        "--new-tokens",
-        "40",
-        "--temperature",
-        temperature,
-    )
+    d = run_json(av_spec, same, policy="fixed", requests=3, new_tokens=40, temperature=temperature)
     assert d["admitted"] > 60
     assert d["accepted"] == d["admitted"]
 
@@ -235,20 +204,13 @@ def emitted_counts(
         d = run_json(
             av_spec,
             {"target": models["far_target"], "drafter": models["far_drafter"]},
-            "--policy",
-            policy,
-            "--k",
-            "2",
-            "--requests",
-            "256",
-            "--new-tokens",
-            "3",
-            "--temperature",
-            "1.5",
-            "--prompt",
-            "def f(x):",
-            "--seed",
-            str(seed),
+            policy=policy,
+            k=2,
+            requests=256,
+            new_tokens=3,
+            temperature=1.5,
+            prompt="def f(x):",
+            seed=seed,
         )
         for position in (0, 1):
             counts[position].update(tokens[position] for tokens in d["generated"])
@@ -305,23 +267,10 @@ def test_a_profile_file_gives_the_tables_of_its_concurrency(
         "dear at 4": {2: CHEAP_TABLES, 4: dear},
     }.items():
         path = profile_file(tmp_path / "profile.json", tables_by_r)
-        d = run_json(
-            av_spec, models, "--requests", "4", "--new-tokens", "20", "--cost-tables", str(path)
-        )
+        d = run_json(av_spec, models, requests=4, new_tokens=20, cost_tables=path)
         drafted[name] = d["drafted"]
     assert drafted["cheap at 4"] > 40 and drafted["dear at 4"] == 0, drafted
-    result = run(
-        av_spec,
-        "--target",
-        str(models["target"]),
-        "--drafter",
-        str(models["drafter"]),
-        "--requests",
-        "3",
-        "--cost-tables",
-        str(path),
-        check=False,
-    )
+    result = run(av_spec, models, requests=3, cost_tables=path, check=False)
     assert result.returncode == 2
     assert result.stderr == (
         f"av_spec: error: --cost-tables {path}: has no profile at R = 3 (profile that "
@@ -360,12 +309,8 @@ def test_bad_input_is_one_line_naming_the_file_or_setting(
     (tmp_path / "truncated.gguf").write_bytes(models["target"].read_bytes()[:50_000])
     (tmp_path / "bad.json").write_text('{"draft_ms": [0.5]}')
     names = {"dir": tmp_path, "other_vocab": models["other_vocab"], "tables": models["tables"]}
-    base = {"--target": str(models["target"]), "--drafter": str(models["drafter"])}
-    argv = [a.format(**names) for a in args]
-    for option, value in base.items():
-        if option not in argv:
-            argv = [option, value, *argv]
-    result = run(av_spec, *argv, check=False)
+    # The pair comes first; a --target or --drafter in args replaces it (the last one counts).
+    result = run(av_spec, models, *[a.format(**names) for a in args], check=False)
     assert result.returncode == 2
     assert result.stdout == ""
     lines = result.stderr.splitlines()
@@ -403,16 +348,7 @@ def test_every_truncated_cost_file_is_one_line_under_sanitizers(
     path = tmp_path / "cut.json"
     for cut in range(0, len(text), 7):
         path.write_bytes(text[:cut])
-        result = run(
-            av_spec_asan,
-            "--target",
-            str(models["target"]),
-            "--drafter",
-            str(models["drafter"]),
-            "--cost-tables",
-            str(path),
-            check=False,
-        )
+        result = run(av_spec_asan, models, cost_tables=path, check=False)
         assert result.returncode == 2, (cut, result.stderr)
         assert len(result.stderr.splitlines()) == 1, (cut, result.stderr)
         assert result.stderr.startswith(f"av_spec: error: --cost-tables {path}: "), result.stderr
@@ -425,17 +361,11 @@ def test_a_run_under_address_and_undefined_behaviour_sanitizers(
         d = run_json(
             av_spec_asan,
             models,
-            "--policy",
-            policy,
-            "--requests",
-            "3",
-            "--new-tokens",
-            "16",
-            "--top-k",
-            "40",
-            "--top-p",
-            "0.9",
-            "--cost-tables",
-            str(models["tables"]),
+            policy=policy,
+            requests=3,
+            new_tokens=16,
+            top_k=40,
+            top_p=0.9,
+            cost_tables=models["tables"],
         )
         assert d["emitted"] == d["accepted"] + d["verifies"] == 48
