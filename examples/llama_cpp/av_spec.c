@@ -323,8 +323,8 @@ static struct llama_context *new_context(const char *option, const char *path,
 
 /* ---------------------------------------------------------------- cost tables */
 
-/* Built-in tables: the Qwen2.5-Coder 1.5B target and 0.5B drafter (Q4_K_M) on a quiet 2-core
- * x86 CPU with 2 threads, 200-token context (issue 29's probe). verify: one target decode of
+/* Built-in tables: the Qwen2.5-Coder 1.5B target and 0.5B drafter (Q4_K_M) measured on a quiet
+ * 2-core x86 CPU with 2 threads and a 200-token context. verify: one target decode of
  * t tokens; draft pass: one drafter decode of one token for each of r requests. The planner's
  * draft_ms[r] is the cost of drafting all K positions, K passes here. The drafter costs about
  * what the target does, so speculation rarely pays on this CPU: AV+D mostly drafts nothing.
@@ -373,10 +373,11 @@ static const char *skip_space(const char *s, const char *end) {
 
 static const char *skip_string(const char *s, const char *end) {
     for (s++; s < end; s++) {
-        if (*s == '\\') {
-            s++;
-        } else if (*s == '"') {
+        if (*s == '"') {
             return s + 1;
+        }
+        if (*s == '\\' && ++s == end) { /* an escape: the loop skips the escaped character */
+            return NULL;
         }
     }
     return NULL;

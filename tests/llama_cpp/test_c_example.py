@@ -241,7 +241,7 @@ def profile_file(path: Path, tables_by_r: dict[int, dict[str, Any]]) -> Path:
     data = {
         "format": "av_core.llama_cpp.costs/1",
         "engine": "llama.cpp",
-        "note": 'braces and quotes in a string: "}{[',
+        "note": 'braces, quotes and escapes in a string: "}{[ \\\\" \\',
         "num_positions": 4,
         "concurrency": {
             str(r): {
