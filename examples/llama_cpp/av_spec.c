@@ -513,8 +513,11 @@ static avc_cost_tables *cost_tables(const options *o) {
                  max_tokens);
         }
     }
-    size_t depth_len = 0;
-    AVC(avc_cost_tables_draft_depth(base, NULL, 0, &depth_len));
+    size_t depth_len = 0; /* the size query: 0 without a depth table, else K + 1 */
+    avc_status status = avc_cost_tables_draft_depth(base, NULL, 0, &depth_len);
+    if (status != AVC_OK && status != AVC_ERR_BUFFER_TOO_SMALL) {
+        die("avc_cost_tables_draft_depth failed: %s", avc_last_error());
+    }
     if (depth_len != 0 && depth_len != (size_t)o->k + 1) {
         fail("--cost-tables %s: its draft_depth_ms covers depth %zu, but --k is %d",
              o->cost_tables, depth_len - 1, o->k);

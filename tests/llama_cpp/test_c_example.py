@@ -278,6 +278,21 @@ def test_a_profile_file_gives_the_tables_of_its_concurrency(
     )
 
 
+@pytest.mark.parametrize("depth_table", [[0.0, 0.25, 0.5, 0.75, 1.0], [0.0, 1.0, 1.0, 1.0, 1.0]])
+def test_cost_tables_with_a_depth_table_of_k_are_used(
+    av_spec: Path, models: dict[str, Path], tmp_path: Path, depth_table: list[float]
+) -> None:
+    path = tmp_path / "tables.json"
+    path.write_text(json.dumps({**CHEAP_TABLES, "draft_depth_ms": depth_table}))
+    d = run_json(av_spec, models, requests=4, new_tokens=20, cost_tables=path)
+    assert d["drafted"] > 0 and d["emitted"] == 80
+    result = run(av_spec, models, requests=4, k=3, cost_tables=path, check=False)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"av_spec: error: --cost-tables {path}: its draft_depth_ms covers depth 4, but --k is 3\n"
+    )
+
+
 BAD_INPUT = [
     (["--target", "{dir}/missing.gguf"], "--target {dir}/missing.gguf: cannot open"),
     (["--target", "{dir}/garbage.gguf"], "--target {dir}/garbage.gguf: not a GGUF file"),
