@@ -168,7 +168,7 @@ def max_difference(a: dict[Hashable, float], b: dict[Hashable, float]) -> float:
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A tiny target and drafter GGUF (64 tokens, seeded random weights), written once."""
+    """A tiny target and drafter GGUF (384 tokens, seeded random weights), written once."""
     from av_core.llama_cpp.tiny import write_tiny_pair
 
     target, drafter = write_tiny_pair(tmp_path_factory.mktemp("tiny_gguf"))

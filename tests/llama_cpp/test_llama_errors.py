@@ -40,17 +40,17 @@ def test_a_truncated_gguf_is_named(tmp_path, tiny_pair) -> None:  # type: ignore
 
 
 def test_vocabularies_of_other_sizes_are_refused(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    other = write_tiny_model(tmp_path / "small.gguf", vocab_size=48)
-    with pytest.raises(ValueError, match=r"vocabularies differ \(64 against 48 tokens\)") as error:
+    other = write_tiny_model(tmp_path / "small.gguf", vocab_size=360)
+    with pytest.raises(ValueError, match=r"vocabularies differ \(384 against 360 tokens\)") as error:
         open_engine(tiny_pair[0], other, requests=1, tokens_per_request=16)
     assert str(other) in str(error.value) and tiny_pair[0] in str(error.value)
 
 
 def test_vocabularies_with_another_token_are_refused(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    tokens = tiny_vocabulary(64)
-    tokens[17] = "\u2581other"
+    tokens = tiny_vocabulary()
+    tokens[370] = "\u2581other"
     other = write_tiny_model(tmp_path / "renamed.gguf", tokens=tokens)
-    with pytest.raises(ValueError, match="token 17 is"):
+    with pytest.raises(ValueError, match="token 370 is"):
         open_engine(tiny_pair[0], other, requests=1, tokens_per_request=16)
 
 

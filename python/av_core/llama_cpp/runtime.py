@@ -37,6 +37,7 @@ REQUIRED_API = (
     "llama_init_from_model",
     "llama_free",
     "llama_n_ctx",
+    "llama_n_batch",
     "llama_n_seq_max",
     "llama_get_memory",
     "llama_memory_clear",
@@ -238,7 +239,7 @@ class Context:
         self.n_ctx = int(api.llama_n_ctx(handle))
         self.n_seq_max = int(api.llama_n_seq_max(handle))
         self.memory = api.llama_get_memory(handle)
-        self.batch_size = self.n_ctx
+        self.batch_size = int(api.llama_n_batch(handle))
         self.batch = api.llama_batch_init(self.batch_size, 0, 1)
         self.log = log
 
@@ -261,7 +262,7 @@ class Context:
         in batch order, float32 [n_marked, V] (a copy)."""
         n = len(tokens)
         if n > self.batch_size:
-            raise ValueError(f"a batch of {n} tokens exceeds n_batch = {self.batch_size}")
+            raise ValueError(f"n_batch: a batch of {n} tokens exceeds n_batch = {self.batch_size}")
         if self.log is not None:
             self.log.events.append(("decode", list(tokens), list(positions), list(seq_ids), list(logits)))
         batch = self.batch

@@ -71,8 +71,10 @@ def probabilities(logits: npt.ArrayLike, params: SamplingParams) -> FloatArray:
         out[np.arange(z.shape[0]), np.argmax(z, axis=1)] = 1.0
         return out[0] if single else out
     vocab = z.shape[1]
-    y = (z - z.max(axis=1, keepdims=True)) / params.temperature
-    terms = np.exp(y)
+    y = z - z.max(axis=1, keepdims=True)
+    if params.temperature != 1.0:
+        y *= 1.0 / params.temperature
+    terms = np.exp(y, out=y)
     if params.truncated:
         k = params.top_k if 0 < params.top_k < vocab else vocab
         for row in range(z.shape[0]):
@@ -128,6 +130,9 @@ class RandomSource(Protocol):
     def categorical(self, weights: FloatArray) -> int: ...
 
 
+_BLOCK = 1024
+
+
 class NumpySource:
     """:class:`RandomSource` over a seeded ``numpy.random.Generator``."""
 
@@ -138,12 +143,25 @@ class NumpySource:
         return bool(self.rng.random() < probability)
 
     def categorical(self, weights: FloatArray) -> int:
-        cumulative = np.cumsum(weights)
-        index = int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right"))
-        # Round-off can land past the last positive entry: take the last one with mass.
-        if index >= cumulative.shape[0] or weights[index] <= 0.0:
-            index = int(np.flatnonzero(weights > 0.0)[-1])
-        return index
+        """Inverse-CDF sampling in two stages (blocks of ``_BLOCK`` entries, then the entries
+        of the chosen block), so a draw reads the vocabulary once instead of summing it twice."""
+        w = np.asarray(weights, dtype=np.float64)
+        n = w.shape[0]
+        blocks = -(-n // _BLOCK)
+        padded = np.zeros(blocks * _BLOCK)
+        padded[:n] = w
+        sums = padded.reshape(blocks, _BLOCK).sum(axis=1)
+        target = self.rng.random() * sums.sum()
+        block_cumulative = np.cumsum(sums)
+        block = min(int(np.searchsorted(block_cumulative, target, side="right")), blocks - 1)
+        while sums[block] <= 0.0:  # round-off past the last block with mass
+            block -= 1
+        target -= block_cumulative[block] - sums[block]
+        inside = padded[block * _BLOCK : (block + 1) * _BLOCK]
+        index = min(int(np.searchsorted(np.cumsum(inside), target, side="right")), _BLOCK - 1)
+        while inside[index] <= 0.0:  # round-off past the last entry with mass
+            index -= 1
+        return block * _BLOCK + index
 
 
 def verify(

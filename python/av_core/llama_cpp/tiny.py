@@ -17,17 +17,27 @@ import numpy as np
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 
 
-def tiny_vocabulary(vocab_size: int) -> list[str]:
-    """``<unk>``, ``<s>``, ``</s>`` and ``vocab_size - 3`` plain word pieces."""
-    if vocab_size < 8:
-        raise ValueError(f"vocab_size must be >= 8, got {vocab_size}")
-    return [*SPECIAL_TOKENS, *(f"\u2581w{i}" for i in range(vocab_size - len(SPECIAL_TOKENS)))]
+#: The 256 byte tokens SentencePiece falls back to for a character it has no piece for.
+BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
+#: The word boundary and every printable ASCII character, so that ASCII text tokenizes
+#: character by character.
+CHARACTER_TOKENS = ("\u2581", *(chr(c) for c in range(33, 127)))
+MIN_VOCAB = len(SPECIAL_TOKENS) + len(BYTE_TOKENS) + len(CHARACTER_TOKENS)
+
+
+def tiny_vocabulary(vocab_size: int = 384) -> list[str]:
+    """``<unk>``, ``<s>``, ``</s>``, the byte tokens, the characters, then word pieces up to
+    ``vocab_size`` tokens: any text tokenizes (characters, else bytes)."""
+    if vocab_size < MIN_VOCAB:
+        raise ValueError(f"vocab_size must be >= {MIN_VOCAB}, got {vocab_size}")
+    words = (f"\u2581w{i}" for i in range(vocab_size - MIN_VOCAB))
+    return [*SPECIAL_TOKENS, *BYTE_TOKENS, *CHARACTER_TOKENS, *words]
 
 
 def write_tiny_model(
     path: str | Path,
     *,
-    vocab_size: int = 64,
+    vocab_size: int = 384,
     embedding: int = 32,
     layers: int = 2,
     heads: int = 4,
@@ -67,8 +77,11 @@ def write_tiny_model(
     writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * len(tokens))
     kinds = [gguf.TokenType.NORMAL] * len(tokens)
-    for index in range(len(SPECIAL_TOKENS)):
-        kinds[index] = gguf.TokenType.UNKNOWN if index == 0 else gguf.TokenType.CONTROL
+    for index, token in enumerate(tokens):
+        if token in SPECIAL_TOKENS:
+            kinds[index] = gguf.TokenType.UNKNOWN if token == "<unk>" else gguf.TokenType.CONTROL
+        elif token in BYTE_TOKENS:
+            kinds[index] = gguf.TokenType.BYTE
     writer.add_token_types(kinds)
     writer.add_unk_token_id(0)
     writer.add_bos_token_id(1)
@@ -97,7 +110,7 @@ def write_tiny_model(
     return path
 
 
-def write_tiny_pair(directory: str | Path, *, vocab_size: int = 64, seed: int = 0) -> tuple[Path, Path]:
+def write_tiny_pair(directory: str | Path, *, vocab_size: int = 384, seed: int = 0) -> tuple[Path, Path]:
     """``(target, drafter)``: a tiny target and a drafter that resembles it (same vocabulary)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -108,4 +121,12 @@ def write_tiny_pair(directory: str | Path, *, vocab_size: int = 64, seed: int = 
     return target, drafter
 
 
-__all__ = ["SPECIAL_TOKENS", "tiny_vocabulary", "write_tiny_model", "write_tiny_pair"]
+__all__ = [
+    "BYTE_TOKENS",
+    "CHARACTER_TOKENS",
+    "MIN_VOCAB",
+    "SPECIAL_TOKENS",
+    "tiny_vocabulary",
+    "write_tiny_model",
+    "write_tiny_pair",
+]
