@@ -182,8 +182,10 @@ class SpeculativeEngine:
         *,
         source: RandomSource | None = None,
         seed: int = 0,
+        stop_tokens: Sequence[int] = (),
     ) -> RunResult:
-        """Generates ``max_new_tokens`` tokens for each prompt (token ids, one request each)."""
+        """Generates ``max_new_tokens`` tokens for each prompt (token ids, one request each); a
+        request that emits one of ``stop_tokens`` ends there (its later tokens are dropped)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: every request needs at least one prompt token")
         if max_new_tokens < 1:
@@ -213,13 +215,29 @@ class SpeculativeEngine:
             policy.add_request(r)
         result.prefill_s = time.perf_counter() - wall0
         result.prefill_cpu_s = time.process_time() - cpu0
+        stops = set(map(int, stop_tokens))
+        stopped: set[int] = set()
         while True:
             slots = np.array(
-                [r for r in range(n) if len(seqs[r]) - start_len[r] < max_new_tokens], dtype=np.int64
+                [
+                    r
+                    for r in range(n)
+                    if len(seqs[r]) - start_len[r] < max_new_tokens and r not in stopped
+                ],
+                dtype=np.int64,
             )
             if slots.size == 0:
                 break
-            result.steps.append(self._step(seqs, start_len, target_len, drafter_len, slots, max_new_tokens, policy, source))
+            step = self._step(
+                seqs, start_len, target_len, drafter_len, slots, max_new_tokens, policy, source
+            )
+            result.steps.append(step)
+            for r in slots.tolist() if stops else ():
+                new = seqs[r][len(seqs[r]) - int(step.emitted[slots.tolist().index(r)]) :]
+                cut = next((i for i, t in enumerate(new) if t in stops), None)
+                if cut is not None:
+                    del seqs[r][len(seqs[r]) - len(new) + cut + 1 :]
+                    stopped.add(r)
         for r in range(n):
             result.tokens[r] = seqs[r][start_len[r] :]
         result.target_cached = target_len
