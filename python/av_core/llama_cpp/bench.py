@@ -232,8 +232,7 @@ def run_bench(
     records = _read_runs(runs_path)
     done = {(r["policy"], r["R"], r["threads"], r["repeat"]) for r in records}
     policies = config.run_policies()
-    for name in policies:
-        PolicySpec(name).check(config.num_positions)
+    deepest = max(PolicySpec(name).check(config.num_positions) for name in policies)
     params = SamplingParams(config.temperature)
     total = len(config.threads) * len(config.concurrency) * config.repeats * len(policies)
     finished = len([key for key in done if key[0] in policies])
@@ -245,7 +244,7 @@ def run_bench(
             requests=largest,
             tokens_per_request=config.max_prompt_tokens + config.max_new_tokens,
             params=params,
-            max_positions=config.num_positions,
+            max_positions=deepest,
             threads=threads,
         )
         chosen = select_prompts(engine, prompts, config.max_prompt_tokens)

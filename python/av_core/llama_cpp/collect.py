@@ -75,7 +75,7 @@ def collect_llama(
         trace = replace(
             trace,
             request_id=np.full(len(trace), index, dtype=np.int64),
-            prompt_id=np.full(len(trace), prompt.prompt_id, dtype=np.str_),
+            prompt_id=np.array([prompt.prompt_id] * len(trace), dtype=np.str_),
         )
         if len(trace):
             append_trace(trace, output)

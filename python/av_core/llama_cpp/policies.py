@@ -180,10 +180,11 @@ class PolicySpec:
 
     name: str
 
-    def check(self, num_positions: int) -> None:
-        """``ValueError`` for a name :meth:`build` would refuse (before any model is loaded)."""
+    def check(self, num_positions: int) -> int:
+        """``ValueError`` for a name :meth:`build` would refuse (before any model is loaded);
+        else the deepest the policy drafts."""
         tables = CostTables(np.zeros(2), np.ones(num_positions + 2))
-        self.build(tables, num_positions, 1)
+        return self.build(tables, num_positions, 1).num_positions
 
     def build(self, tables: CostTables | None, num_positions: int, num_slots: int) -> Policy:
         name = self.name
