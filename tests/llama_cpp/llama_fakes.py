@@ -6,11 +6,14 @@ tiny GGUF pair.
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
-import pytest
 
 
 class FakeRuntime:
@@ -166,10 +169,13 @@ def max_difference(a: dict[Hashable, float], b: dict[Hashable, float]) -> float:
     return max(abs(a.get(key, 0.0) - b.get(key, 0.0)) for key in set(a) | set(b))
 
 
-@pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A tiny target and drafter GGUF (384 tokens, seeded random weights), written once."""
+@functools.cache
+def tiny_models() -> tuple[str, str]:
+    """A tiny target and drafter GGUF (384 tokens, seeded random weights), written once per
+    test process into a folder removed at exit."""
     from av_core.llama_cpp.tiny import write_tiny_pair
 
-    target, drafter = write_tiny_pair(tmp_path_factory.mktemp("tiny_gguf"))
+    folder = tempfile.mkdtemp(prefix="av_core_tiny_gguf_")
+    atexit.register(shutil.rmtree, folder, True)
+    target, drafter = write_tiny_pair(folder)
     return str(target), str(drafter)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from llama_fakes import tiny_pair  # noqa: F401 - a fixture
+from llama_fakes import tiny_models
 
 from av_core.llama_cpp.bench import README_END, README_START, aggregate, format_table, update_readme
 from av_core.llama_cpp.profile import EngineCosts
@@ -15,7 +15,12 @@ from av_core.tools.cli import main
 from av_core.tools.trace import read_trace
 
 PROMPTS = [
-    {"prompt_id": f"p{i}", "workload": "code" if i % 2 else "prose", "prompt": f"def f{i}(x): return x + {i}", "chat": False}
+    {
+        "prompt_id": f"p{i}",
+        "workload": "code" if i % 2 else "prose",
+        "prompt": f"def f{i}(x): return x + {i}",
+        "chat": False,
+    }
     for i in range(6)
 ]
 
@@ -27,11 +32,16 @@ def prompts_file(tmp_path):  # type: ignore[no-untyped-def]
     return path
 
 
+@pytest.fixture(scope="module")
+def tiny_pair() -> tuple[str, str]:
+    return tiny_models()
+
+
 def _models(pair: tuple[str, str]) -> list[str]:
     return ["--target", pair[0], "--drafter", pair[1]]
 
 
-def test_profile_writes_the_loops_cost_tables(tmp_path, tiny_pair, capsys) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_profile_writes_the_loops_cost_tables(tmp_path, tiny_pair, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "costs.json"
     argv = ["profile", "--engine", "llama.cpp", *_models(tiny_pair), "--concurrency", "1,3"]
     assert main([*argv, "--k", "3", "--context", "24", "--repeats", "1", "--output", str(out)]) == 0
@@ -46,7 +56,9 @@ def test_profile_writes_the_loops_cost_tables(tmp_path, tiny_pair, capsys) -> No
     assert "R=3: verify 3 tok" in capsys.readouterr().out
 
 
-def test_bench_engine_runs_resumes_and_fills_the_readme(tmp_path, tiny_pair, prompts_file, capsys) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_bench_engine_runs_resumes_and_fills_the_readme(
+    tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "bench"
     argv = [
         "bench-engine", *_models(tiny_pair), "--prompts", str(prompts_file), "--out", str(out),
@@ -74,10 +86,16 @@ def test_bench_engine_runs_resumes_and_fills_the_readme(tmp_path, tiny_pair, pro
     readme.write_text(f"# x\n\n{README_START}\nold\n{README_END}\ntail\n")
     assert main(["bench-engine", "--out", str(out), "--update-readme", str(readme)]) == 0
     text = readme.read_text()
-    assert "old" not in text and "| 1 | 1 | no-spec |" in text and text.endswith(f"{README_END}\ntail\n")
+    assert (
+        "old" not in text
+        and "| 1 | 1 | no-spec |" in text
+        and text.endswith(f"{README_END}\ntail\n")
+    )
 
 
-def test_collect_writes_a_full_verification_trace_and_resumes(tmp_path, tiny_pair, prompts_file, capsys) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_collect_writes_a_full_verification_trace_and_resumes(
+    tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "trace.csv.gz"
     argv = ["collect", "--engine", "llama.cpp", *_models(tiny_pair), "--prompts", str(prompts_file)]
     argv += ["--output", str(out), "--max-new-tokens", "16", "--k", "3", "--max-prompts", "4"]
@@ -94,16 +112,55 @@ def test_collect_writes_a_full_verification_trace_and_resumes(tmp_path, tiny_pai
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["bench-engine", "--target", "{t}", "--drafter", "{missing}"], "no such model directory or .gguf file"),
-        (["bench-engine", "--target", "{t}", "--drafter", "{d}", "--policies", "K=2,fast"], "unknown policy 'fast'"),
+        (
+            ["bench-engine", "--target", "{t}", "--drafter", "{missing}"],
+            "no such model directory or .gguf file",
+        ),
+        (
+            ["bench-engine", "--target", "{t}", "--drafter", "{d}", "--policies", "K=2,fast"],
+            "unknown policy 'fast'",
+        ),
         (["bench-engine", "--target", "{t}"], "--target and --drafter are required"),
-        (["profile", "--engine", "llama.cpp", "--target", "{t}", "--output", "{out}"], "--drafter is required with --engine llama.cpp"),
-        (["profile", "--engine", "llama.cpp", "--target", "{dir}", "--drafter", "{d}", "--output", "{out}"], "reads a .gguf file, not a directory"),
-        (["collect", "--engine", "llama.cpp", "--target", "{t}", "--drafter", "{text}", "--prompts", "{prompts}", "--output", "{csv}"], "not a GGUF file"),
+        (
+            ["profile", "--engine", "llama.cpp", "--target", "{t}", "--output", "{out}"],
+            "--drafter is required with --engine llama.cpp",
+        ),
+        (
+            [
+                "profile",
+                "--engine",
+                "llama.cpp",
+                "--target",
+                "{dir}",
+                "--drafter",
+                "{d}",
+                "--output",
+                "{out}",
+            ],
+            "reads a .gguf file, not a directory",
+        ),
+        (
+            [
+                "collect",
+                "--engine",
+                "llama.cpp",
+                "--target",
+                "{t}",
+                "--drafter",
+                "{text}",
+                "--prompts",
+                "{prompts}",
+                "--output",
+                "{csv}",
+            ],
+            "not a GGUF file",
+        ),
         (["bench-engine", "--out", "{dir}", "--update-readme", "{text}"], "results.json"),
     ],
 )
-def test_errors_are_one_line_with_exit_2(argv, message, tmp_path, tiny_pair, prompts_file, capsys) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_errors_are_one_line_with_exit_2(
+    argv, message, tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
     text = tmp_path / "model.gguf"
     text.write_text("hello")
     values = {
@@ -120,10 +177,12 @@ def test_errors_are_one_line_with_exit_2(argv, message, tmp_path, tiny_pair, pro
 
 def test_aggregate_and_table_on_hand_records() -> None:
     base = {"R": 2, "threads": 1, "accepted": 3, "admitted": 4, "tokens": 10, "target_calls": 5,
-            "verifications": 10, "depth0_steps": 1, "host_ms_per_step": 0.1, "tokens_per_s_cpu": 1.0,
+            "verifications": 10, "depth0_steps": 1, "host_ms_per_step": 0.1,
+            "tokens_per_s_cpu": 1.0,
             "priced_tokens_per_s": 2.0, "simulated_tokens_per_s": None}  # fmt: skip
     records = [
-        {**base, "policy": "AV+D", "repeat": i, "tokens_per_s": v} for i, v in enumerate([3.0, 1.0, 2.0])
+        {**base, "policy": "AV+D", "repeat": i, "tokens_per_s": v}
+        for i, v in enumerate([3.0, 1.0, 2.0])
     ] + [{**base, "policy": "no-spec", "repeat": 0, "tokens_per_s": 4.0}]
     rows = {r["policy"]: r for r in aggregate(records)}
     assert rows["AV+D"]["tokens_per_s"] == 2.0 and rows["AV+D"]["spread"] == [1.0, 3.0]

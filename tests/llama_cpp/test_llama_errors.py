@@ -6,7 +6,7 @@ from __future__ import annotations
 import types
 
 import pytest
-from llama_fakes import FakeRuntime, tiny_pair  # noqa: F401 - a fixture
+from llama_fakes import FakeRuntime, tiny_models
 
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.engine import SpeculativeEngine
@@ -14,6 +14,11 @@ from av_core.llama_cpp.policies import FixedK, LlamaCppPolicy, PolicySpec
 from av_core.llama_cpp.runtime import REQUIRED_API, Model, llama_api
 from av_core.llama_cpp.sampling import SamplingParams
 from av_core.llama_cpp.tiny import tiny_vocabulary, write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_pair() -> tuple[str, str]:
+    return tiny_models()
 
 
 def test_a_missing_gguf_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -31,7 +36,7 @@ def test_a_file_that_is_not_gguf_is_named(tmp_path) -> None:  # type: ignore[no-
         Model(tmp_path)
 
 
-def test_a_truncated_gguf_is_named(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_a_truncated_gguf_is_named(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "cut.gguf"
     with open(tiny_pair[0], "rb") as handle:
         path.write_bytes(handle.read(3000))
@@ -39,14 +44,16 @@ def test_a_truncated_gguf_is_named(tmp_path, tiny_pair) -> None:  # type: ignore
         Model(path)
 
 
-def test_vocabularies_of_other_sizes_are_refused(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_vocabularies_of_other_sizes_are_refused(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]
     other = write_tiny_model(tmp_path / "small.gguf", vocab_size=360)
-    with pytest.raises(ValueError, match=r"vocabularies differ \(384 against 360 tokens\)") as error:
+    with pytest.raises(
+        ValueError, match=r"vocabularies differ \(384 against 360 tokens\)"
+    ) as error:
         open_engine(tiny_pair[0], other, requests=1, tokens_per_request=16)
     assert str(other) in str(error.value) and tiny_pair[0] in str(error.value)
 
 
-def test_vocabularies_with_another_token_are_refused(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_vocabularies_with_another_token_are_refused(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]
     tokens = tiny_vocabulary()
     tokens[370] = "\u2581other"
     other = write_tiny_model(tmp_path / "renamed.gguf", tokens=tokens)
@@ -54,7 +61,7 @@ def test_vocabularies_with_another_token_are_refused(tmp_path, tiny_pair) -> Non
         open_engine(tiny_pair[0], other, requests=1, tokens_per_request=16)
 
 
-def test_a_context_too_small_names_n_ctx(tiny_pair) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_a_context_too_small_names_n_ctx(tiny_pair) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"n_ctx = 100 is too small for 2 requests"):
         open_engine(*tiny_pair, requests=2, tokens_per_request=64, n_ctx=100)
     engine = open_engine(*tiny_pair, requests=2, tokens_per_request=32, max_positions=4)

@@ -22,7 +22,10 @@ def _tables() -> CostTables:
     # Verifying a second draft costs nearly a whole step: the planner trims depending on the
     # confidences, so its decisions differ between branches.
     return CostTables.from_curves(
-        [(1, 0.5), (2, 0.9)], [(1, 4.0), (2, 5.0), (3, 8.0), (6, 12.0)], max_num_reqs=2, max_batch_tokens=6
+        [(1, 0.5), (2, 0.9)],
+        [(1, 4.0), (2, 5.0), (3, 8.0), (6, 12.0)],
+        max_num_reqs=2,
+        max_batch_tokens=6,
     )
 
 

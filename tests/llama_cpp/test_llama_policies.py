@@ -106,7 +106,7 @@ def _first_below(confidences: dict[int, float], policy: LlamaCppPolicy) -> int:
 
 
 def _tables(draft_ms: float) -> CostTables:
-    """Drafting all 4 positions costs ``draft_ms`` at any batch; verifying t tokens 10 + 0.5 t ms."""
+    """Drafting all 4 positions costs ``draft_ms`` at any batch; t tokens verify in 10 + t/2 ms."""
     return CostTables(np.full(5, draft_ms), 10.0 + 0.5 * np.arange(21.0))
 
 
@@ -115,7 +115,10 @@ def test_av_d_drafts_nothing_where_drafting_costs_more_than_it_can_return() -> N
     step but exploration's (probability 0.01), so the loop runs as no speculation."""
     policy = AdaptivePolicy(_tables(160.0), 4, num_slots=4, depth=True)
     engine = SpeculativeEngine(
-        FakeRuntime(5, 1, capacity=128), FakeRuntime(5, 2, capacity=128), SamplingParams(1.0), max_positions=4
+        FakeRuntime(5, 1, capacity=128),
+        FakeRuntime(5, 2, capacity=128),
+        SamplingParams(1.0),
+        max_positions=4,
     )
     result = engine.generate([[0], [1], [2], [3]], 60, policy, seed=0)
     zero = sum(int(s.depths.max()) == 0 for s in result.steps)
@@ -125,7 +128,9 @@ def test_av_d_drafts_nothing_where_drafting_costs_more_than_it_can_return() -> N
 
 def test_av_d_drafts_where_drafting_is_cheap() -> None:
     policy = AdaptivePolicy(_tables(0.4), 4, num_slots=4, depth=True)
-    engine = SpeculativeEngine(FakeRuntime(5, 1), FakeRuntime(5, 1), SamplingParams(1.0), max_positions=4)
+    engine = SpeculativeEngine(
+        FakeRuntime(5, 1), FakeRuntime(5, 1), SamplingParams(1.0), max_positions=4
+    )
     result = engine.generate([[0], [1]], 40, policy, seed=0)
     assert result.steps[0].depths.tolist() == [4, 4]  # new requests: confidence 1.0, full depth
     assert result.acceptance == 1.0  # the drafter is the target
@@ -134,7 +139,9 @@ def test_av_d_drafts_where_drafting_is_cheap() -> None:
 def test_vllm_av_drafts_the_full_depth_and_trims_only_verification() -> None:
     policy = PolicySpec("vLLM-AV").build(_tables(1.0), 3, 2)
     assert policy.planner.exploration == 0.0
-    engine = SpeculativeEngine(FakeRuntime(5, 1), FakeRuntime(5, 3), SamplingParams(1.0), max_positions=3)
+    engine = SpeculativeEngine(
+        FakeRuntime(5, 1), FakeRuntime(5, 3), SamplingParams(1.0), max_positions=3
+    )
     result = engine.generate([[0], [1]], 30, policy, seed=1)
     for step in result.steps:
         remaining_cap = step.depths  # capped only by the tokens left

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llama_fakes import tiny_pair  # noqa: F401 - a fixture
+from llama_fakes import tiny_models
 from scipy import stats
 
 from av_core import CostTables
@@ -16,12 +16,19 @@ from av_core.llama_cpp.sampling import SamplingParams, probabilities
 
 R = 3
 PROMPTS = [[5, 9, 11, 4, 7], [20, 3, 3, 8, 9, 30, 31, 40], [12]]
-TABLES = CostTables.from_curves([(1, 1.0), (4, 2.0)], [(1, 3.0), (20, 9.0)], max_num_reqs=4, max_batch_tokens=32)
+TABLES = CostTables.from_curves(
+    [(1, 1.0), (4, 2.0)], [(1, 3.0), (20, 9.0)], max_num_reqs=4, max_batch_tokens=32
+)
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_pair):  # type: ignore[no-untyped-def]  # noqa: F811
+def engine(tiny_pair):  # type: ignore[no-untyped-def]
     return open_engine(*tiny_pair, requests=R, tokens_per_request=64, max_positions=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair() -> tuple[str, str]:
+    return tiny_models()
 
 
 def _fresh_next_logits(context: Context, sequences: list[list[int]]) -> np.ndarray:
@@ -36,7 +43,9 @@ def _fresh_next_logits(context: Context, sequences: list[list[int]]) -> np.ndarr
     if tokens:
         fresh.decode(tokens, positions, seq_ids, [False] * len(tokens))
     last = [seq[-1] for seq in sequences]
-    return fresh.decode(last, [len(s) - 1 for s in sequences], list(range(len(sequences))), [True] * len(sequences))
+    return fresh.decode(
+        last, [len(s) - 1 for s in sequences], list(range(len(sequences))), [True] * len(sequences)
+    )
 
 
 #: How far a token's logits may move with the batch shapes its cache was built in (llama.cpp's
@@ -45,7 +54,7 @@ def _fresh_next_logits(context: Context, sequences: list[list[int]]) -> np.ndarr
 SHAPE_TOLERANCE = 1e-3
 
 
-def test_batch_shapes_move_the_tiny_models_logits_only_slightly(tiny_pair) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_batch_shapes_move_the_tiny_models_logits_only_slightly(tiny_pair) -> None:  # type: ignore[no-untyped-def]
     """The cache built in one batch or token by token gives the next logits within
     SHAPE_TOLERANCE, and a cache missing one token gives them far outside it."""
     from av_core.llama_cpp.runtime import Model
@@ -95,7 +104,9 @@ def test_kv_caches_hold_exactly_the_emitted_tokens(engine, policy: str, seed: in
     np.testing.assert_allclose(loop, fresh, rtol=0, atol=SHAPE_TOLERANCE)
 
 
-@pytest.mark.parametrize("policy", ["no-spec", "K=2", "llama.cpp", "llama.cpp-p0.75", "vLLM-AV", "AV+D"])
+@pytest.mark.parametrize(
+    "policy", ["no-spec", "K=2", "llama.cpp", "llama.cpp-p0.75", "vLLM-AV", "AV+D"]
+)
 def test_token_accounting(engine, policy: str) -> None:  # type: ignore[no-untyped-def]
     """Every request gets exactly its new tokens; each step emits, per request, its accepted
     drafts plus one token; admitted <= drafted <= depth."""
@@ -109,7 +120,7 @@ def test_token_accounting(engine, policy: str) -> None:  # type: ignore[no-untyp
     assert result.emitted == 33 * R == result.accepted + result.verifications
 
 
-def test_the_first_tokens_follow_the_target_by_chi_square(tiny_pair) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_the_first_tokens_follow_the_target_by_chi_square(tiny_pair) -> None:  # type: ignore[no-untyped-def]
     """Many requests from one prompt through the real loop (fixed K = 3, temperature 1): the
     first and the second emitted token follow the target's law (chi-square, p > 0.001), while
     the drafter's own law is rejected (the test has the power to see a wrong law)."""
@@ -118,7 +129,9 @@ def test_the_first_tokens_follow_the_target_by_chi_square(tiny_pair) -> None:  #
     prompt = [5, 9, 11, 4]
     firsts, seconds = [], []
     for seed in range(150):
-        result = engine.generate([prompt] * requests, 4, PolicySpec("K=3").build(None, 3, requests), seed=seed)
+        result = engine.generate(
+            [prompt] * requests, 4, PolicySpec("K=3").build(None, 3, requests), seed=seed
+        )
         firsts += [t[0] for t in result.tokens]
         seconds += [t[1] for t in result.tokens]
     target = Context(engine.target.model, n_ctx=256, n_seq_max=1)
@@ -129,7 +142,9 @@ def test_the_first_tokens_follow_the_target_by_chi_square(tiny_pair) -> None:  #
     # The second token's law: sum over the first.
     p2 = np.zeros_like(p1)
     for token in np.flatnonzero(p1 > 1e-6):
-        p2 += p1[token] * probabilities(_fresh_next_logits(target, [[*prompt, int(token)]])[0], params)
+        p2 += p1[token] * probabilities(
+            _fresh_next_logits(target, [[*prompt, int(token)]])[0], params
+        )
 
     def chi_square_p(samples: list[int], law: np.ndarray) -> float:
         counts = np.bincount(samples, minlength=law.shape[0]).astype(float)

@@ -56,7 +56,7 @@ def open_engine(
         Context(model, n_ctx=size, n_seq_max=requests, threads=threads)
         for model in (target_model, drafter_model)
     ]
-    return SpeculativeEngine(*contexts, params, max_positions=max_positions)
+    return SpeculativeEngine(contexts[0], contexts[1], params, max_positions=max_positions)
 
 
 __all__ = [

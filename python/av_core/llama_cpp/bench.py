@@ -72,14 +72,25 @@ class BenchConfig:
 def run_trace(result: RunResult, workloads: Sequence[str], params: SamplingParams) -> DraftTrace:
     """The run's drafts as a labeled trace (one row per kept draft of every step)."""
     rows: dict[str, list[Any]] = {
-        key: [] for key in ("request_id", "step", "position", "workload", "logit_q_max", "admitted", "label")
+        key: []
+        for key in (
+            "request_id",
+            "step",
+            "position",
+            "workload",
+            "logit_q_max",
+            "admitted",
+            "label",
+        )
     }
     counter = [0] * len(workloads)
     for step in result.steps:
         for i, r in enumerate(step.slots.tolist()):
             for k in range(int(step.drafted[i])):
                 admitted = k < step.admitted[i]
-                label = 1 if k < step.accepted[i] else (0 if admitted and k == step.accepted[i] else -1)
+                label = (
+                    1 if k < step.accepted[i] else (0 if admitted and k == step.accepted[i] else -1)
+                )
                 rows["request_id"].append(r)
                 rows["step"].append(counter[r])
                 rows["position"].append(k)
@@ -112,7 +123,9 @@ def priced_ms(result: RunResult, cost: MeasuredCost) -> float:
     return total
 
 
-def simulated_tokens_per_s(trace: DraftTrace, cost: MeasuredCost, requests: int, seed: int) -> dict[str, float]:
+def simulated_tokens_per_s(
+    trace: DraftTrace, cost: MeasuredCost, requests: int, seed: int
+) -> dict[str, float]:
     """Tokens per second the simulator predicts for each of its policies at ``requests``."""
     simulation = simulate_trace(
         trace,
@@ -164,9 +177,15 @@ def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for record in records:
         groups.setdefault((record["policy"], record["R"], record["threads"]), []).append(record)
     rows = []
-    for (policy, requests, threads), runs in sorted(groups.items(), key=lambda item: (item[0][2], item[0][1])):
+    for (policy, requests, threads), runs in sorted(
+        groups.items(), key=lambda item: (item[0][2], item[0][1])
+    ):
         speeds = [run["tokens_per_s"] for run in runs]
-        simulated = [run["simulated_tokens_per_s"] for run in runs if run.get("simulated_tokens_per_s") is not None]
+        simulated = [
+            run["simulated_tokens_per_s"]
+            for run in runs
+            if run.get("simulated_tokens_per_s") is not None
+        ]
         admitted = sum(run["admitted"] for run in runs)
         rows.append(
             {
@@ -176,7 +195,9 @@ def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "tokens_per_s": statistics.median(speeds),
                 "tokens_per_s_cpu": statistics.median(run["tokens_per_s_cpu"] for run in runs),
                 "simulated_tokens_per_s": statistics.median(simulated) if simulated else None,
-                "priced_tokens_per_s": statistics.median(run["priced_tokens_per_s"] for run in runs),
+                "priced_tokens_per_s": statistics.median(
+                    run["priced_tokens_per_s"] for run in runs
+                ),
                 "acceptance": sum(run["accepted"] for run in runs) / admitted if admitted else None,
                 "tokens_per_target_call": sum(run["tokens"] for run in runs)
                 / sum(run["target_calls"] for run in runs),
@@ -205,7 +226,9 @@ def _read_runs(path: Path) -> list[dict[str, Any]]:
     return runs
 
 
-def select_prompts(engine: SpeculativeEngine, prompts: Sequence[Prompt], max_tokens: int) -> list[tuple[Prompt, list[int]]]:
+def select_prompts(
+    engine: SpeculativeEngine, prompts: Sequence[Prompt], max_tokens: int
+) -> list[tuple[Prompt, list[int]]]:
     """The prompts whose tokens (chat template applied) fit ``max_tokens``, in order."""
     model = engine.target.model  # type: ignore[attr-defined]
     chosen = []
@@ -251,11 +274,14 @@ def run_bench(
         need = largest * config.repeats
         if len(chosen) < need:
             raise ValueError(
-                f"prompts: {len(chosen)} prompts fit --max-prompt-tokens {config.max_prompt_tokens}, "
+                f"prompts: {len(chosen)} prompts fit --max-prompt-tokens "
+                f"{config.max_prompt_tokens}, "
                 f"R = {largest} x {config.repeats} repeats need {need}"
             )
         context = int(statistics.mean(len(t) for _, t in chosen) + config.max_new_tokens / 2)
-        costs = _costs(config, engine, threads, context, out / f"costs_t{threads}.json", note, progress)
+        costs = _costs(
+            config, engine, threads, context, out / f"costs_t{threads}.json", note, progress
+        )
         _estimate(config, costs, threads, chosen, done, note)
         for requests in config.concurrency:
             cost = costs.measured_cost(requests)
@@ -265,30 +291,52 @@ def run_bench(
                 tokens = [t for _, t in batch]
                 workloads = [p.workload for p, _ in batch]
                 trace_sim: dict[str, float] | None = None
-                for name in (config.trace_policy, *(p for p in policies if p != config.trace_policy)):
+                for name in (
+                    config.trace_policy,
+                    *(p for p in policies if p != config.trace_policy),
+                ):
                     key = (name, requests, threads, repeat)
                     if key in done:
                         continue
                     policy = PolicySpec(name).build(tables, config.num_positions, requests)
-                    result = engine.generate(tokens, config.max_new_tokens, policy, seed=config.seed + repeat)
+                    result = engine.generate(
+                        tokens, config.max_new_tokens, policy, seed=config.seed + repeat
+                    )
                     record = run_record(result, name, requests, threads, repeat, cost)
                     if name == config.trace_policy:
                         trace = run_trace(result, workloads, params)
-                        trace_sim = simulated_tokens_per_s(trace, cost, requests, config.seed + repeat) if trace.labeled.any() else {}
+                        trace_sim = (
+                            simulated_tokens_per_s(trace, cost, requests, config.seed + repeat)
+                            if trace.labeled.any()
+                            else {}
+                        )
                         record["simulated_all"] = trace_sim
                     if trace_sim is None:
                         trace_sim = next(
-                            (r.get("simulated_all") for r in records if r["policy"] == config.trace_policy and r["R"] == requests and r["threads"] == threads and r["repeat"] == repeat),
+                            (
+                                r.get("simulated_all")
+                                for r in records
+                                if r["policy"] == config.trace_policy
+                                and r["R"] == requests
+                                and r["threads"] == threads
+                                and r["repeat"] == repeat
+                            ),
                             {},
                         )
-                    record["simulated_tokens_per_s"] = trace_sim.get(SIMULATED_AS.get(name, name))
+                    simulated = trace_sim or {}
+                    record["simulated_tokens_per_s"] = simulated.get(SIMULATED_AS.get(name, name))
                     records.append(record)
                     done.add(key)
                     with runs_path.open("a", encoding="utf-8") as handle:
                         handle.write(json.dumps(record) + "\n")
                     finished += 1
                     if progress is not None:
-                        progress(finished, total, f"t={threads} R={requests} #{repeat} {name}: {record['tokens_per_s']:.2f} tok/s")
+                        progress(
+                            finished,
+                            total,
+                            f"t={threads} R={requests} #{repeat} {name}: "
+                            f"{record['tokens_per_s']:.2f} tok/s",
+                        )
             write_results(out / "results.json", config, aggregate(records))
         engine.target.close()  # type: ignore[attr-defined]
         engine.drafter.close()  # type: ignore[attr-defined]
@@ -310,16 +358,29 @@ def _costs(
     prompts' mean plus half the new tokens) unless one covering every R is there."""
     if path.exists():
         costs = EngineCosts.load(path)
-        if set(config.concurrency) <= set(costs.points) and costs.num_positions == config.num_positions:
+        if (
+            set(config.concurrency) <= set(costs.points)
+            and costs.num_positions == config.num_positions
+        ):
             note(f"reusing {path}")
             return costs
     note(f"profiling the loop's step costs at {threads} thread(s) into {path}")
     points = {}
     for requests in config.concurrency:
         points[requests] = profile_engine(
-            engine, requests, config.num_positions, context=context, repeats=config.profile_repeats, progress=progress
+            engine,
+            requests,
+            config.num_positions,
+            context=context,
+            repeats=config.profile_repeats,
+            progress=progress,
         )
-    metadata = {"threads": threads, "context": context, "target": config.target, "drafter": config.drafter}
+    metadata = {
+        "threads": threads,
+        "context": context,
+        "target": config.target,
+        "drafter": config.drafter,
+    }
     costs = EngineCosts(points, config.num_positions, metadata)
     write_engine_costs(path, costs)
     return costs
@@ -339,14 +400,19 @@ def _estimate(
     seconds = 0.0
     for requests in config.concurrency:
         cost = costs.measured_cost(requests)
-        run_ms = float(cost.verify_ms(requests * prompt_tokens)) * 2 + config.max_new_tokens * float(cost.verify_ms(requests))
+        run_ms = float(
+            cost.verify_ms(requests * prompt_tokens)
+        ) * 2 + config.max_new_tokens * float(cost.verify_ms(requests))
         left = sum(
             (name, requests, threads, repeat) not in done
             for name in config.run_policies()
             for repeat in range(config.repeats)
         )
         seconds += left * run_ms / 1000.0
-    note(f"estimated time left at {threads} thread(s): {seconds / 60:.1f} min (from the measured costs)")
+    note(
+        f"estimated time left at {threads} thread(s): {seconds / 60:.1f} min (from the "
+        "measured costs)"
+    )
 
 
 def write_results(path: Path, config: BenchConfig, rows: list[dict[str, Any]]) -> None:
@@ -374,7 +440,8 @@ def format_table(data: dict[str, Any], *, threads: int | None = None) -> str:
     CPU and simulated beside it) and its ratio to the best policy at that R."""
     rows = [row for row in data["rows"] if threads is None or row["threads"] == threads]
     lines = [
-        "| threads | R | policy | tok/s (wall) | min–max | tok/s (CPU) | simulated | priced | acceptance | tokens/verify | vs best |",
+        "| threads | R | policy | tok/s (wall) | min–max | tok/s (CPU) | simulated | priced "
+        "| acceptance | tokens/verify | vs best |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_key: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -385,11 +452,16 @@ def format_table(data: dict[str, Any], *, threads: int | None = None) -> str:
         for row in group:
 
             def fmt(value: float | None, digits: int = 2) -> str:
-                return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+                return (
+                    "–"
+                    if value is None or (isinstance(value, float) and math.isnan(value))
+                    else f"{value:.{digits}f}"
+                )
 
             lines.append(
                 f"| {t} | {r} | {row['policy']} | {fmt(row['tokens_per_s'])} | "
-                f"{fmt(row['spread'][0])}–{fmt(row['spread'][1])} | {fmt(row['tokens_per_s_cpu'])} | "
+                f"{fmt(row['spread'][0])}–{fmt(row['spread'][1])} | "
+                f"{fmt(row['tokens_per_s_cpu'])} | "
                 f"{fmt(row['simulated_tokens_per_s'])} | {fmt(row['priced_tokens_per_s'])} | "
                 f"{fmt(row['acceptance'], 3)} | {fmt(row['tokens_per_verification'])} | "
                 f"{row['tokens_per_s'] / best:.3f} |"
@@ -408,11 +480,15 @@ def update_readme(readme: str | Path, results: str | Path) -> bool:
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
     caption = (
-        f"`av-core bench-engine` on {data['target']} / {data['drafter']}, K = {data['num_positions']}, "
+        f"`av-core bench-engine` on {data['target']} / {data['drafter']}, "
+        f"K = {data['num_positions']}, "
         f"{data['max_new_tokens']} new tokens per request, temperature {data['temperature']}, "
         f"measured {data['measured']}; medians over repeats."
     )
-    readme.write_text(f"{head}{README_START}\n{caption}\n\n{format_table(data)}\n{README_END}{tail}", encoding="utf-8")
+    readme.write_text(
+        f"{head}{README_START}\n{caption}\n\n{format_table(data)}\n{README_END}{tail}",
+        encoding="utf-8",
+    )
     return True
 
 

@@ -206,7 +206,11 @@ class SpeculativeEngine:
         self.drafter.clear()
         prefill = [(r, i) for r in range(n) for i in range(len(seqs[r]) - 1)]
         if prefill:
-            entries = ([seqs[r][i] for r, i in prefill], [i for _, i in prefill], [r for r, _ in prefill])
+            entries = (
+                [seqs[r][i] for r, i in prefill],
+                [i for _, i in prefill],
+                [r for r, _ in prefill],
+            )
             for runtime in (self.target, self.drafter):
                 runtime.decode(*entries, [False] * len(prefill))
         target_len = [len(s) - 1 for s in seqs]
@@ -308,9 +312,14 @@ class SpeculativeEngine:
         features = np.zeros((m, k_max), dtype=np.float32)
         for i in range(m):
             if drafted[i]:
-                features[i, : drafted[i]] = draft_features(np.stack(logit_rows[i][: drafted[i]]), self.params)
+                features[i, : drafted[i]] = draft_features(
+                    np.stack(logit_rows[i][: drafted[i]]), self.params
+                )
         admitted = np.minimum(
-            np.asarray(policy.admit(slots, features[:, : max(policy.num_positions, 1)], drafted), dtype=np.int64),
+            np.asarray(
+                policy.admit(slots, features[:, : max(policy.num_positions, 1)], drafted),
+                dtype=np.int64,
+            ),
             drafted,
         )
         host_ms += (time.perf_counter() - host) * 1000.0

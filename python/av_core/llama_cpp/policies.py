@@ -61,7 +61,9 @@ class Policy:
         """The drafts kept after drafting (llama.cpp drops a draft shorter than ``n_min``)."""
         return counts
 
-    def admit(self, slots: IntArray, features: npt.NDArray[np.float32], drafted: IntArray) -> IntArray:
+    def admit(
+        self, slots: IntArray, features: npt.NDArray[np.float32], drafted: IntArray
+    ) -> IntArray:
         """How many leading drafts of each request the target verifies."""
         return drafted
 
@@ -86,7 +88,10 @@ class LlamaCppPolicy(Policy):
     (llama.cpp drafts greedily, where that is harmless); the defaults have ``n_min = 0``."""
 
     def __init__(
-        self, n_max: int = LLAMA_CPP_N_MAX, n_min: int = LLAMA_CPP_N_MIN, p_min: float = LLAMA_CPP_P_MIN
+        self,
+        n_max: int = LLAMA_CPP_N_MAX,
+        n_min: int = LLAMA_CPP_N_MIN,
+        p_min: float = LLAMA_CPP_P_MIN,
     ) -> None:
         if n_max < 1 or n_min < 0 or not 0.0 <= p_min <= 1.0:
             raise ValueError(
@@ -151,7 +156,9 @@ class AdaptivePolicy(Policy):
         )
         return np.asarray(plan.depths, dtype=np.int64)
 
-    def admit(self, slots: IntArray, features: npt.NDArray[np.float32], drafted: IntArray) -> IntArray:
+    def admit(
+        self, slots: IntArray, features: npt.NDArray[np.float32], drafted: IntArray
+    ) -> IntArray:
         predictions = self.estimator.predict(features)
         plan = self.planner.plan(
             slots,
@@ -191,7 +198,7 @@ class PolicySpec:
         if name == "no-spec":
             return FixedK(0)
         if name.startswith("K="):
-            return FixedK(_parse(name, name[2:], int))
+            return FixedK(int(_parse(name, name[2:], int)))
         if name == "llama.cpp":
             return LlamaCppPolicy()
         if name.startswith("llama.cpp-p"):
@@ -222,7 +229,16 @@ def _parse(name: str, text: str, kind: type[int] | type[float]) -> int | float:
     return value
 
 
-DEFAULT_POLICIES = ("no-spec", "K=1", "K=2", "K=4", "llama.cpp", "llama.cpp-p0.75", "vLLM-AV", "AV+D")
+DEFAULT_POLICIES = (
+    "no-spec",
+    "K=1",
+    "K=2",
+    "K=4",
+    "llama.cpp",
+    "llama.cpp-p0.75",
+    "vLLM-AV",
+    "AV+D",
+)
 
 __all__ = [
     "DEFAULT_POLICIES",

@@ -82,7 +82,10 @@ class EngineCosts:
             **self.metadata,
             "concurrency": {
                 str(r): {
-                    **{key: [[int(x), float(ms)] for x, ms in value] for key, value in entry.items()},
+                    **{
+                        key: [[int(x), float(ms)] for x, ms in value]
+                        for key, value in entry.items()
+                    },
                     "cost_tables": json.loads(self.tables(r).to_json()),
                 }
                 for r, entry in sorted(self.points.items())
@@ -117,7 +120,9 @@ class EngineCosts:
                 if not values or any(not math.isfinite(ms) or ms < 0 for _, ms in values):
                     raise ValueError(f"{path}: {key!r} needs finite, non-negative times")
         metadata = {
-            k: v for k, v in data.items() if k not in ("format", "engine", "num_positions", "concurrency")
+            k: v
+            for k, v in data.items()
+            if k not in ("format", "engine", "num_positions", "concurrency")
         }
         return EngineCosts(points, num_positions, metadata)
 
@@ -164,7 +169,12 @@ def profile_engine(
         chunk = int(getattr(runtime, "batch_size", 512))
         for start in range(0, len(tokens), chunk):
             stop = start + chunk
-            runtime.decode(tokens[start:stop], positions[start:stop], seq_ids[start:stop], [False] * len(tokens[start:stop]))
+            runtime.decode(
+                tokens[start:stop],
+                positions[start:stop],
+                seq_ids[start:stop],
+                [False] * len(tokens[start:stop]),
+            )
     total = (num_positions + 1) + requests + num_positions
     done = 0
 
@@ -188,7 +198,11 @@ def profile_engine(
         positions = [context + i for _ in range(requests) for i in range(1 + a)]
         seq_ids = [r for r in range(requests) for _ in range(1 + a)]
 
-        def call(tokens: list[int] = tokens, positions: list[int] = positions, seq_ids: list[int] = seq_ids) -> None:
+        def call(
+            tokens: list[int] = tokens,
+            positions: list[int] = positions,
+            seq_ids: list[int] = seq_ids,
+        ) -> None:
             probabilities(target.decode(tokens, positions, seq_ids, [True] * len(tokens)), params)
 
         verify.append((n, _median_ms(call, undo(target, range(requests)), repeats)))
@@ -198,7 +212,9 @@ def profile_engine(
         def call() -> None:
             last = list(map(int, rng.integers(0, vocab, size=count)))
             for d in range(depth):
-                rows = drafter.decode(last, [context + d] * count, list(range(count)), [True] * count)
+                rows = drafter.decode(
+                    last, [context + d] * count, list(range(count)), [True] * count
+                )
                 last = [source.categorical(probabilities(row, params)) for row in rows]
 
         return call
@@ -217,7 +233,7 @@ def profile_engine(
 
 
 def write_engine_costs(path: str | Path, costs: EngineCosts) -> None:
-    """Writes the cost file (JSON) in one replace, so that an interrupted run leaves no half file."""
+    """Writes the cost file (JSON) in one replace: an interrupted run leaves no half file."""
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(costs.to_dict(), indent=1) + "\n", encoding="utf-8")

@@ -33,6 +33,8 @@ REQUIRED_API = (
     "llama_vocab_get_text",
     "llama_vocab_is_eog",
     "llama_tokenize",
+    "llama_model_chat_template",
+    "llama_chat_apply_template",
     "llama_context_default_params",
     "llama_init_from_model",
     "llama_free",
@@ -67,33 +69,36 @@ def llama_api(module: ModuleType | None = None) -> ModuleType:
     and llama.cpp's log output silenced once (``AV_CORE_LLAMA_LOG=1`` keeps it)."""
     if module is None:
         try:
-            import llama_cpp as module
+            import llama_cpp
         except ImportError as error:
             raise ImportError(
                 'av_core.llama_cpp needs llama-cpp-python: pip install "av_core[llama]"'
             ) from error
-    version = getattr(module, "__version__", "unknown")
+        api: ModuleType = llama_cpp
+    else:
+        api = module
+    version = getattr(api, "__version__", "unknown")
     for name in REQUIRED_API:
-        if not callable(getattr(module, name, None)):
+        if not callable(getattr(api, name, None)):
             raise ValueError(
                 f"llama-cpp-python {version} has no {name}: av_core.llama_cpp needs the "
                 "low-level API of llama-cpp-python >= 0.3.36"
             )
-    fields = {name for name, *_ in getattr(module.llama_context_params, "_fields_", [])}
+    fields = {name for name, *_ in getattr(api.llama_context_params, "_fields_", [])}
     for name in REQUIRED_CONTEXT_FIELDS:
         if name not in fields:
             raise ValueError(
                 f"llama-cpp-python {version}: llama_context_params has no field {name!r}: "
                 "av_core.llama_cpp needs llama-cpp-python >= 0.3.36"
             )
-    if _STATE.get("module") is not module:
-        module.llama_backend_init()
+    if _STATE.get("module") is not api:
+        api.llama_backend_init()
         if os.environ.get("AV_CORE_LLAMA_LOG", "") != "1":
-            callback = module.llama_log_callback(lambda level, text, data: None)
+            callback = api.llama_log_callback(lambda level, text, data: None)
             _STATE["log_callback"] = callback  # kept alive: llama.cpp holds the pointer
-            module.llama_log_set(callback, ctypes.c_void_p(0))
-        _STATE["module"] = module
-    return module
+            api.llama_log_set(callback, ctypes.c_void_p(0))
+        _STATE["module"] = api
+    return api
 
 
 def _check_gguf(path: Path) -> None:
@@ -119,7 +124,9 @@ class Model:
         params.n_gpu_layers = 0
         handle = self.api.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
-            raise ValueError(f"{self.path}: llama.cpp could not load this GGUF (corrupt or unsupported)")
+            raise ValueError(
+                f"{self.path}: llama.cpp could not load this GGUF (corrupt or unsupported)"
+            )
         self.handle = handle
         self.vocab = self.api.llama_model_get_vocab(handle)
         self.n_vocab = int(self.api.llama_vocab_n_tokens(self.vocab))
@@ -130,7 +137,9 @@ class Model:
             bytes(self.api.llama_vocab_get_text(self.vocab, i) or b"") for i in range(self.n_vocab)
         ]
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(
+        self, text: str, *, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
         data = text.encode("utf-8")
         size = len(data) + 16
         while True:
@@ -159,7 +168,9 @@ class Model:
                 buffer = ctypes.create_string_buffer(n)
                 n = api.llama_chat_apply_template(template, message, 1, True, buffer, n)
             if n > 0:
-                return self.tokenize(buffer.raw[:n].decode("utf-8", errors="replace"), parse_special=True)
+                return self.tokenize(
+                    buffer.raw[:n].decode("utf-8", errors="replace"), parse_special=True
+                )
         return self.tokenize(text)
 
     def is_end_of_generation(self, token: int) -> bool:
@@ -264,7 +275,9 @@ class Context:
         if n > self.batch_size:
             raise ValueError(f"n_batch: a batch of {n} tokens exceeds n_batch = {self.batch_size}")
         if self.log is not None:
-            self.log.events.append(("decode", list(tokens), list(positions), list(seq_ids), list(logits)))
+            self.log.events.append(
+                ("decode", list(tokens), list(positions), list(seq_ids), list(logits))
+            )
         batch = self.batch
         batch.n_tokens = n
         for i in range(n):

@@ -92,7 +92,9 @@ def probabilities(logits: npt.ArrayLike, params: SamplingParams) -> FloatArray:
     return out[0] if single else out
 
 
-def draft_features(logits: npt.NDArray[np.float32], params: SamplingParams) -> npt.NDArray[np.float32]:
+def draft_features(
+    logits: npt.NDArray[np.float32], params: SamplingParams
+) -> npt.NDArray[np.float32]:
     """``logit(q_max)`` of each row of drafter logits [N, V] under the sampler's distribution q.
 
     Untruncated rows go to the Rust kernel :func:`av_core.features.draft_log_odds` uses on CPU
@@ -112,7 +114,7 @@ def draft_features(logits: npt.NDArray[np.float32], params: SamplingParams) -> n
         from av_core.features import draft_log_odds
     except ImportError as error:
         raise ImportError(
-            "features under top-k/top-p need torch: pip install \"av_core[llama,torch]\""
+            'features under top-k/top-p need torch: pip install "av_core[llama,torch]"'
         ) from error
     return draft_log_odds(
         torch.from_numpy(logits),
@@ -161,7 +163,7 @@ class NumpySource:
         index = min(int(np.searchsorted(np.cumsum(inside), target, side="right")), _BLOCK - 1)
         while inside[index] <= 0.0:  # round-off past the last entry with mass
             index -= 1
-        return block * _BLOCK + index
+        return int(block * _BLOCK + index)
 
 
 def verify(

