@@ -142,6 +142,12 @@ def test_generate_checks_its_arguments_before_touching_the_caches() -> None:
         engine.generate([[]], 3, FixedK(1))
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
         engine.generate([[1]], 0, FixedK(1))
+    with pytest.raises(TypeError, match="max_new_tokens must be an int, got 2.0"):
+        engine.generate([[1]], 2.0, FixedK(1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"prompts\[1\]\[1\] = 5 is not a token id of the 5-token"):
+        engine.generate([[1], [0, 5]], 3, FixedK(1))
+    with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] must be a token id \(int\), got 1.5"):
+        engine.generate([[1.5]], 3, FixedK(1))  # type: ignore[list-item]
     with pytest.raises(ValueError, match="drafts up to 3 positions, more than max_positions = 2"):
         engine.generate([[1]], 3, LlamaCppPolicy(n_max=3))
     assert target.kv[0] == [1, 2]

@@ -188,6 +188,17 @@ class SpeculativeEngine:
         request that emits one of ``stop_tokens`` ends there (its later tokens are dropped)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: every request needs at least one prompt token")
+        for r, prompt in enumerate(prompts):
+            for i, token in enumerate(prompt):
+                if isinstance(token, bool) or not isinstance(token, int | np.integer):
+                    raise TypeError(f"prompts[{r}][{i}] must be a token id (int), got {token!r}")
+                if not 0 <= token < self.target.n_vocab:
+                    raise ValueError(
+                        f"prompts[{r}][{i}] = {token} is not a token id of the "
+                        f"{self.target.n_vocab}-token vocabulary"
+                    )
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if policy.num_positions > self.max_positions:

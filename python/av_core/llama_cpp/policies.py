@@ -36,7 +36,8 @@ def llama_cpp_confidence(logits: npt.ArrayLike) -> float:
     """The probability llama.cpp's draft policy compares with ``p_min``: the most likely token's
     share of a softmax over the drafter's ``LLAMA_CPP_DRAFT_TOP_K`` largest raw logits."""
     z = np.asarray(logits, dtype=np.float64)
-    top = np.partition(z, -LLAMA_CPP_DRAFT_TOP_K)[-LLAMA_CPP_DRAFT_TOP_K:] if z.size > 10 else z
+    k = LLAMA_CPP_DRAFT_TOP_K
+    top = np.partition(z, -k)[-k:] if z.size > k else z
     return float(1.0 / np.exp(top - top.max()).sum())
 
 
@@ -104,7 +105,8 @@ class LlamaCppPolicy(Policy):
         self.name = f"llama.cpp(n_max={n_max},p_min={p_min:g})"
 
     def stop(self, drafter_logits: npt.NDArray[np.float32]) -> bool:
-        return llama_cpp_confidence(drafter_logits) < self.p_min
+        # No confidence is below p_min = 0: skip computing it (llama.cpp computes it anyway).
+        return self.p_min > 0.0 and llama_cpp_confidence(drafter_logits) < self.p_min
 
     def drafted(self, counts: IntArray) -> IntArray:
         return np.where(counts < self.n_min, 0, counts)
