@@ -36,7 +36,7 @@ from av_core.llama_cpp.profile import EngineCosts, profile_engine, write_engine_
 from av_core.llama_cpp.sampling import SamplingParams
 from av_core.tools.collect.prompts import Prompt
 from av_core.tools.simulate import MeasuredCost, simulate_trace
-from av_core.tools.trace import DraftTrace
+from av_core.tools.trace import DraftTrace, trace_from_rows
 
 #: The simulator's name of each policy's counterpart.
 SIMULATED_AS = {"no-spec": "K=0", "vLLM-AV": "vLLM-AV", "AV+D": "AV+D", "AV": "AV"}
@@ -69,48 +69,39 @@ class BenchConfig:
         return names if self.trace_policy in names else (*names, self.trace_policy)
 
 
-def run_trace(result: RunResult, workloads: Sequence[str], params: SamplingParams) -> DraftTrace:
-    """The run's drafts as a labeled trace (one row per kept draft of every step)."""
-    rows: dict[str, list[Any]] = {
-        key: []
-        for key in (
-            "request_id",
-            "step",
-            "position",
-            "workload",
-            "logit_q_max",
-            "admitted",
-            "label",
-        )
-    }
+def run_trace(
+    result: RunResult,
+    workloads: Sequence[str],
+    params: SamplingParams,
+    *,
+    request_ids: Sequence[int] | None = None,
+    prompt_ids: Sequence[str] | None = None,
+) -> DraftTrace | None:
+    """The run's drafts as a labeled trace (one row per kept draft of every step; ``None`` when
+    nothing was drafted). ``request_ids`` and ``prompt_ids`` name each request of the run."""
+    rows: list[dict[str, Any]] = []
     counter = [0] * len(workloads)
     for step in result.steps:
         for i, r in enumerate(step.slots.tolist()):
             for k in range(int(step.drafted[i])):
-                admitted = k < step.admitted[i]
-                label = (
-                    1 if k < step.accepted[i] else (0 if admitted and k == step.accepted[i] else -1)
-                )
-                rows["request_id"].append(r)
-                rows["step"].append(counter[r])
-                rows["position"].append(k)
-                rows["workload"].append(workloads[r])
-                rows["logit_q_max"].append(float(step.features[i, k]))
-                rows["admitted"].append(admitted)
-                rows["label"].append(label)
+                admitted = bool(k < step.admitted[i])
+                rejected = admitted and k == step.accepted[i]
+                row = {
+                    "request_id": r if request_ids is None else request_ids[r],
+                    "step": counter[r],
+                    "position": k,
+                    "workload": workloads[r],
+                    "logit_q_max": float(step.features[i, k]),
+                    "admitted": admitted,
+                    "label": 1 if k < step.accepted[i] else (0 if rejected else None),
+                    "temperature": params.temperature,
+                    "top_p": params.top_p,
+                }
+                if prompt_ids is not None:
+                    row["prompt_id"] = prompt_ids[r]
+                rows.append(row)
             counter[r] += 1
-    n = len(rows["step"])
-    return DraftTrace(
-        request_id=np.asarray(rows["request_id"], dtype=np.int64),
-        step=np.asarray(rows["step"], dtype=np.int64),
-        position=np.asarray(rows["position"], dtype=np.int64),
-        workload=np.asarray(rows["workload"], dtype=np.str_),
-        logit_q_max=np.asarray(rows["logit_q_max"], dtype=np.float64),
-        admitted=np.asarray(rows["admitted"], dtype=bool),
-        label=np.asarray(rows["label"], dtype=np.int8),
-        temperature=np.full(n, params.temperature),
-        top_p=np.full(n, params.top_p),
-    )
+    return trace_from_rows(rows) if rows else None
 
 
 def priced_ms(result: RunResult, cost: MeasuredCost) -> float:
@@ -307,7 +298,7 @@ def run_bench(
                         trace = run_trace(result, workloads, params)
                         trace_sim = (
                             simulated_tokens_per_s(trace, cost, requests, config.seed + repeat)
-                            if trace.labeled.any()
+                            if trace is not None and trace.labeled.any()
                             else {}
                         )
                         record["simulated_all"] = trace_sim

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.bench import run_trace
@@ -71,17 +68,18 @@ def collect_llama(
         result = engine.generate(
             [tokens], max_new_tokens, FixedK(num_drafts), seed=prompt_seed, stop_tokens=stops
         )
-        trace = run_trace(result, [prompt.workload], params)
-        trace = replace(
-            trace,
-            request_id=np.full(len(trace), index, dtype=np.int64),
-            prompt_id=np.array([prompt.prompt_id] * len(trace), dtype=np.str_),
+        trace = run_trace(
+            result,
+            [prompt.workload],
+            params,
+            request_ids=[index],
+            prompt_ids=[prompt.prompt_id],
         )
-        if len(trace):
+        if trace is not None:  # a prompt that drafted nothing has no rows (and is redone)
             append_trace(trace, output)
-        rows += len(trace)
-        labeled += int(trace.labeled.sum())
-        accepted += int((trace.label == 1).sum())
+            rows += len(trace)
+            labeled += int(trace.labeled.sum())
+            accepted += int((trace.label == 1).sum())
         if progress is not None:
             rate = accepted / labeled if labeled else float("nan")
             progress(count, len(todo), f"{prompt.prompt_id}: acceptance {rate:.3f}")
