@@ -157,3 +157,33 @@ def test_the_first_tokens_follow_the_target_by_chi_square(tiny_pair) -> None:  #
     assert chi_square_p(firsts, p1) > 1e-3
     assert chi_square_p(seconds, p2) > 1e-3
     assert chi_square_p(firsts, q1) < 1e-3
+
+
+def test_a_cached_prefill_gives_the_same_run(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+    """With cache_prefill, a second run on the same prompts starts from the saved caches and
+    emits what a run that decoded its prefill emits (the same seed), token for token."""
+    plain = open_engine(*tiny_pair, requests=R, tokens_per_request=64, max_positions=4)
+    cached = open_engine(
+        *tiny_pair, requests=R, tokens_per_request=64, max_positions=4, cache_prefill=True
+    )
+    policy = "AV+D"
+    first = cached.generate(PROMPTS, 20, PolicySpec("K=2").build(TABLES, 4, R), seed=4)
+    calls: list[list[bool]] = []
+    decode = cached.target.decode
+
+    def spy(tokens, positions, seq_ids, logits):  # type: ignore[no-untyped-def]
+        calls.append(list(logits))
+        return decode(tokens, positions, seq_ids, logits)
+
+    cached.target.decode = spy  # type: ignore[method-assign]
+    again = cached.generate(PROMPTS, 20, PolicySpec(policy).build(TABLES, 4, R), seed=5)
+    assert calls and all(any(marks) for marks in calls)  # no prefill decode (no logits) ran
+    reference = plain.generate(PROMPTS, 20, PolicySpec(policy).build(TABLES, 4, R), seed=5)
+    assert again.tokens == reference.tokens
+    assert first.tokens != again.tokens
+    other = [PROMPTS[1], PROMPTS[0], PROMPTS[2]]  # other prompts: prefilled anew
+    swapped = cached.generate(other, 20, PolicySpec(policy).build(TABLES, 4, R), seed=5)
+    assert (
+        swapped.tokens
+        == plain.generate(other, 20, PolicySpec(policy).build(TABLES, 4, R), seed=5).tokens
+    )

@@ -33,12 +33,14 @@ def open_engine(
     max_positions: int = 8,
     threads: int = 1,
     n_ctx: int | None = None,
+    cache_prefill: bool = False,
 ) -> SpeculativeEngine:
     """Loads both GGUF files, checks they share a vocabulary, and builds the loop over a
     target and a drafter context of ``requests`` sequences. ``tokens_per_request``: the
     longest prompt plus the new tokens; ``n_ctx`` defaults to what that needs (with room for
-    a draft block). ``ValueError`` naming the file or setting for a missing or corrupt GGUF,
-    differing vocabularies or a context too small."""
+    a draft block); ``cache_prefill``: see :class:`SpeculativeEngine`. ``ValueError`` naming
+    the file or setting for a missing or corrupt GGUF, differing vocabularies or a context too
+    small."""
     if requests < 1:
         raise ValueError(f"requests must be >= 1, got {requests}")
     per_sequence = tokens_per_request + max_positions + 1
@@ -56,7 +58,13 @@ def open_engine(
         Context(model, n_ctx=size, n_seq_max=requests, threads=threads)
         for model in (target_model, drafter_model)
     ]
-    return SpeculativeEngine(contexts[0], contexts[1], params, max_positions=max_positions)
+    return SpeculativeEngine(
+        contexts[0],
+        contexts[1],
+        params,
+        max_positions=max_positions,
+        cache_prefill=cache_prefill,
+    )
 
 
 __all__ = [

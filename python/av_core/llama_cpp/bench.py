@@ -260,6 +260,7 @@ def run_bench(
             params=params,
             max_positions=deepest,
             threads=threads,
+            cache_prefill=True,
         )
         chosen = select_prompts(engine, prompts, config.max_prompt_tokens)
         need = largest * config.repeats

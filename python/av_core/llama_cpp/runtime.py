@@ -48,6 +48,9 @@ REQUIRED_API = (
     "llama_batch_free",
     "llama_decode",
     "llama_get_logits_ith",
+    "llama_state_get_size",
+    "llama_state_get_data",
+    "llama_state_set_data",
 )
 #: The context parameters the integration sets.
 REQUIRED_CONTEXT_FIELDS = (
@@ -297,6 +300,21 @@ class Context:
                 raise RuntimeError(f"llama_get_logits_ith({i}) returned NULL")
             out[row] = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
         return out
+
+    def save(self) -> Any:
+        """A copy of the context's state (its KV cache), for :meth:`restore`."""
+        size = int(self.api.llama_state_get_size(self.handle))
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(self.api.llama_state_get_data(self.handle, buffer, size))
+        return buffer, written
+
+    def restore(self, state: Any) -> None:
+        """Puts back a state :meth:`save` took."""
+        buffer, size = state
+        if int(self.api.llama_state_set_data(self.handle, buffer, size)) != size:
+            raise RuntimeError(
+                f"llama_state_set_data did not read the saved state ({self.model.path})"
+            )
 
     def remove(self, seq_id: int, start: int) -> None:
         """Drops sequence ``seq_id``'s KV entries at positions ``>= start``."""
