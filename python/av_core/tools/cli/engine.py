@@ -207,8 +207,18 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
         "--out, with the simulator's prediction beside each measured figure "
         "(docs/llama-cpp.md).",
     )
-    bench.add_argument("--target", type=types.model_path, default=None, help=".gguf file")
-    bench.add_argument("--drafter", type=types.model_path, default=None, help=".gguf file")
+    bench.add_argument(
+        "--target",
+        type=types.model_path,
+        default=None,
+        help=".gguf file (default: none; required unless --update-readme alone)",
+    )
+    bench.add_argument(
+        "--drafter",
+        type=types.model_path,
+        default=None,
+        help=".gguf file (default: none; required unless --update-readme alone)",
+    )
     bench.add_argument(
         "--prompts",
         type=types.readable_file,
@@ -246,7 +256,8 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
         type=types.path_text,
         default=None,
         metavar="FILE",
-        help="rewrite FILE's measured table from --out/results.json (alone: without running)",
+        help="rewrite FILE's measured table from --out/results.json (alone: without running; "
+        "default: none, the README is not touched)",
     )
     bench.set_defaults(handler=_bench)
     return bench
