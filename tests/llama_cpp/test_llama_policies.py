@@ -147,3 +147,54 @@ def test_vllm_av_drafts_the_full_depth_and_trims_only_verification() -> None:
         remaining_cap = step.depths  # capped only by the tokens left
         np.testing.assert_array_equal(step.drafted, remaining_cap)
     assert any((s.admitted < s.drafted).any() for s in result.steps)
+
+
+def _timed_step(verify_tokens: int, verify_ms: float, pass_sizes: list[int], pass_ms: float):  # type: ignore[no-untyped-def]
+    """The fields of a StepRecord that online cost tables read."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        slots=np.arange(2),
+        admitted=np.array([verify_tokens - 2, 0]),
+        verify_ms=verify_ms,
+        draft_passes=pass_sizes,
+        draft_pass_ms=[pass_ms] * len(pass_sizes),
+    )
+
+
+def test_online_costs_replace_the_profiled_sizes_by_their_medians() -> None:
+    from av_core.llama_cpp.profile import OnlineCosts
+
+    points = {"verify": [(2, 10.0), (4, 12.0), (6, 14.0)], "draft": [(1, 1.0), (2, 1.5)]}
+    online = OnlineCosts(points, 2, 2, interval=3, window=2)
+    assert online.record(_timed_step(4, 50.0, [2, 2], 9.0)) is None
+    assert online.record(_timed_step(4, 30.0, [2], 7.0)) is None
+    tables = online.record(_timed_step(4, 20.0, [2], 5.0))
+    assert tables is not None
+    # verify at 4 tokens: the median of the last window (2) samples, 30 and 20; others profiled.
+    assert online.points("verify") == [(2, 10.0), (4, 25.0), (6, 14.0)]
+    np.testing.assert_allclose(tables.verify_ms[[2, 4, 6]], [10.0, 25.0, 25.0])
+    # A 2-request pass: median of the last two passes (7 and 5) = 6; drafting K = 2 costs 2 passes.
+    assert online.points("draft") == [(1, 1.0), (2, 6.0)]
+    assert tables.draft_ms[2] == pytest.approx(12.0)
+    assert tables.max_draft_depth == 2
+
+
+def test_re_measured_costs_move_av_d_and_keep_the_remembered_confidences() -> None:
+    """AV+D drafts while the profile says drafting is cheap; once the online measurements say a
+    drafter pass costs 200 ms, the rebuilt tables make it draft nothing, and the planner still
+    holds each slot's remembered confidences."""
+    from av_core.llama_cpp.profile import OnlineCosts
+
+    points = {"verify": [(2, 10.0), (6, 12.0)], "draft": [(1, 0.1), (2, 0.1)]}
+    online = OnlineCosts(points, 2, 2, interval=2)
+    policy = AdaptivePolicy(online.tables(), 2, num_slots=2, depth=True, online=online)
+    slots = np.arange(2)
+    assert policy.depths(slots, np.array([2, 2])).tolist() == [2, 2]
+    policy.admit(slots, np.array([[3.0, 1.0], [2.0, -1.0]], dtype=np.float32), np.array([2, 2]))
+    remembered = [policy.planner.previous_confidences(s).copy() for s in (0, 1)]
+    for _ in range(2):
+        policy.measured(_timed_step(6, 12.0, [2, 2], 200.0))  # type: ignore[arg-type]
+    assert policy.depths(slots, np.array([2, 2])).tolist() == [0, 0]
+    for s in (0, 1):
+        np.testing.assert_array_equal(policy.planner.previous_confidences(s), remembered[s])

@@ -32,7 +32,12 @@ import numpy as np
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.engine import RunResult, SpeculativeEngine
 from av_core.llama_cpp.policies import DEFAULT_POLICIES, PolicySpec
-from av_core.llama_cpp.profile import EngineCosts, profile_engine, write_engine_costs
+from av_core.llama_cpp.profile import (
+    EngineCosts,
+    OnlineCosts,
+    profile_engine,
+    write_engine_costs,
+)
 from av_core.llama_cpp.sampling import SamplingParams
 from av_core.tools.collect.prompts import Prompt
 from av_core.tools.simulate import MeasuredCost, simulate_trace
@@ -58,6 +63,7 @@ class BenchConfig:
     profile_repeats: int = 3
     temperature: float = 1.0
     seed: int = 0
+    remeasure: bool = False
 
     @property
     def trace_policy(self) -> str:
@@ -290,7 +296,14 @@ def run_bench(
                     key = (name, requests, threads, repeat)
                     if key in done:
                         continue
-                    policy = PolicySpec(name).build(tables, config.num_positions, requests)
+                    online = (
+                        OnlineCosts(costs.points[requests], config.num_positions, requests)
+                        if config.remeasure
+                        else None
+                    )
+                    policy = PolicySpec(name).build(
+                        tables, config.num_positions, requests, online=online
+                    )
                     result = engine.generate(
                         tokens, config.max_new_tokens, policy, seed=config.seed + repeat
                     )

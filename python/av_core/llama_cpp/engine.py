@@ -63,8 +63,9 @@ class Runtime(Protocol):
 class StepRecord:
     """One decode step over the active requests ``slots``: per request the depth the policy
     allowed, the drafts kept, admitted and accepted, the tokens emitted and ``features`` [n, K]
-    (0 past the drafts); times in ms: drafter decodes, target decode, av_core (policy) calls,
-    and the whole step."""
+    (0 past the drafts); the requests in each drafter pass; times in ms: each drafter pass and
+    all of them (decode, distributions, draws), the target decode with its distributions, av_core
+    (policy) calls, and the whole step."""
 
     slots: IntArray
     depths: IntArray
@@ -74,6 +75,7 @@ class StepRecord:
     emitted: IntArray
     features: npt.NDArray[np.float32]
     draft_passes: list[int]
+    draft_pass_ms: list[float]
     draft_ms: float
     verify_ms: float
     host_ms: float
@@ -304,7 +306,9 @@ class SpeculativeEngine:
         logit_rows: list[list[npt.NDArray[np.float32]]] = [[] for _ in range(m)]
         feed = {i: seqs[slots[i]][drafter_len[slots[i]] :] for i in range(m) if depths[i] > 0}
         passes: list[int] = []
+        pass_ms: list[float] = []
         while feed:
+            pass0 = time.perf_counter()
             tokens: list[int] = []
             positions: list[int] = []
             seq_ids: list[int] = []
@@ -331,6 +335,7 @@ class SpeculativeEngine:
                 logit_rows[i].append(row)
                 if len(drafts[i]) < depths[i]:
                     feed[i] = [token]
+            pass_ms.append((time.perf_counter() - pass0) * 1000.0)
         draft_ms = (time.perf_counter() - draft0) * 1000.0
 
         host = time.perf_counter()
@@ -362,6 +367,7 @@ class SpeculativeEngine:
             positions += range(target_len[r], target_len[r] + len(block))
             seq_ids += [r] * len(block)
         rows = self.target.decode(tokens, positions, seq_ids, [True] * len(tokens))
+        target_rows = probabilities(rows, self.params)
         verify_ms = (time.perf_counter() - verify0) * 1000.0
 
         accepted = np.zeros(m, dtype=np.int64)
@@ -370,7 +376,7 @@ class SpeculativeEngine:
         for i in range(m):
             r = int(slots[i])
             a = int(admitted[i])
-            p = probabilities(rows[offset : offset + a + 1], self.params)
+            p = target_rows[offset : offset + a + 1]
             offset += a + 1
             q = np.stack(q_rows[i][:a]) if a else np.zeros((0, self.target.n_vocab))
             accepted[i], token = verify(p, q, drafts[i][:a], source)
@@ -391,7 +397,7 @@ class SpeculativeEngine:
         host = time.perf_counter()
         policy.observe(admitted, accepted)
         host_ms += (time.perf_counter() - host) * 1000.0
-        return StepRecord(
+        record = StepRecord(
             slots=slots,
             depths=depths,
             drafted=drafted,
@@ -400,11 +406,14 @@ class SpeculativeEngine:
             emitted=emitted,
             features=features,
             draft_passes=passes,
+            draft_pass_ms=pass_ms,
             draft_ms=draft_ms,
             verify_ms=verify_ms,
             host_ms=host_ms,
             step_ms=(time.perf_counter() - step0) * 1000.0,
         )
+        policy.measured(record)
+        return record
 
 
 __all__ = ["RunResult", "Runtime", "SpeculativeEngine", "StepRecord"]

@@ -12,12 +12,17 @@ distributions and the drafted counts. No method receives a drafted or sampled to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
 from av_core._native import VLLM_ESTIMATOR
+
+if TYPE_CHECKING:
+    from av_core.llama_cpp.engine import StepRecord
+    from av_core.llama_cpp.profile import OnlineCosts
 
 IntArray = npt.NDArray[np.int64]
 
@@ -70,6 +75,9 @@ class Policy:
 
     def observe(self, admitted: IntArray, accepted: IntArray) -> None:
         """The target's verdicts of this step: ``accepted[r]`` leading drafts of ``admitted[r]``."""
+
+    def measured(self, step: StepRecord) -> None:
+        """The step's record with its timings, after the step (for online cost tables)."""
 
 
 class FixedK(Policy):
@@ -126,8 +134,10 @@ class AdaptivePolicy(Policy):
         depth: bool,
         vllm: bool = False,
         exploration_seed: int = 0,
+        online: OnlineCosts | None = None,
     ) -> None:
         self.num_positions = int(num_positions)
+        self.online = online
         self.depth = depth
         self.estimator = (
             AcceptanceEstimator(num_positions, **VLLM_ESTIMATOR)
@@ -179,6 +189,29 @@ class AdaptivePolicy(Policy):
         self.estimator.observe(features, admitted, accepted, predictions)
         self._step = None
 
+    def measured(self, step: StepRecord) -> None:
+        if self.online is not None:
+            tables = self.online.record(step)
+            if tables is not None:
+                self.set_tables(tables)
+
+    def set_tables(self, tables: CostTables) -> None:
+        """Plans with ``tables`` from now on; every slot's remembered confidences carry over (the
+        planner is rebuilt: its step count, which only the exploration draws read, restarts)."""
+        if self.depth and tables.max_draft_depth is None:
+            tables = tables.with_draft_depth("autoregressive", max_depth=self.num_positions)
+        old = self.planner
+        slots = np.arange(old.num_slots)
+        remembered = np.stack([old.previous_confidences(int(s)) for s in slots])
+        self.planner = VerificationPlanner(
+            tables,
+            self.num_positions,
+            num_slots=old.num_slots,
+            exploration=old.exploration,
+            exploration_seed=old.exploration_seed,
+        )
+        self.planner.remember(slots, remembered, np.full(slots.shape[0], self.num_positions))
+
 
 @dataclass(frozen=True)
 class PolicySpec:
@@ -195,7 +228,15 @@ class PolicySpec:
         tables = CostTables(np.zeros(2), np.ones(num_positions + 2))
         return self.build(tables, num_positions, 1).num_positions
 
-    def build(self, tables: CostTables | None, num_positions: int, num_slots: int) -> Policy:
+    def build(
+        self,
+        tables: CostTables | None,
+        num_positions: int,
+        num_slots: int,
+        *,
+        online: OnlineCosts | None = None,
+    ) -> Policy:
+        """The policy; ``online``: adaptive policies re-measure their cost tables with it."""
         name = self.name
         if name == "no-spec":
             return FixedK(0)
@@ -214,6 +255,7 @@ class PolicySpec:
                 num_slots=num_slots,
                 depth=name == "AV+D",
                 vllm=name == "vLLM-AV",
+                online=online,
             )
         raise ValueError(
             f"policy: unknown policy {name!r} (no-spec, K=<k>, llama.cpp, llama.cpp-p<p_min>, "

@@ -232,6 +232,64 @@ def profile_engine(
     return {"verify": verify, "draft": draft, "draft_depth": [(0, 0.0), *depth]}
 
 
+class OnlineCosts:
+    """Re-measures the loop's step costs while it runs (the option of measuring online): each
+    step's target decode joins the samples of its size (tokens), each drafter pass those of its
+    size (requests), the last ``window`` of each size kept; every ``interval`` steps the tables
+    are rebuilt from the profile's points with each size seen online at its median, priced as
+    :meth:`EngineCosts.tables` prices them. Feed it with :meth:`record` (an adaptive policy built
+    with ``online=`` does, and switches to the tables it returns)."""
+
+    def __init__(
+        self,
+        points: dict[str, list[tuple[int, float]]],
+        num_positions: int,
+        requests: int,
+        *,
+        interval: int = 25,
+        window: int = 16,
+    ) -> None:
+        if interval < 1 or window < 1:
+            raise ValueError(f"interval and window must be >= 1, got {interval} and {window}")
+        self.base = {key: dict(points[key]) for key in ("verify", "draft")}
+        self.num_positions, self.requests = num_positions, requests
+        self.interval, self.window = interval, window
+        self.samples: dict[str, dict[int, list[float]]] = {"verify": {}, "draft": {}}
+        self.steps = 0
+
+    def _add(self, key: str, size: int, ms: float) -> None:
+        kept = self.samples[key].setdefault(size, [])
+        kept.append(ms)
+        del kept[: -self.window]
+
+    def points(self, key: str) -> list[tuple[int, float]]:
+        """The profile's points of ``key`` with each size measured online at its median."""
+        merged = dict(self.base[key])
+        for size, times in self.samples[key].items():
+            merged[size] = float(statistics.median(times))
+        return sorted(merged.items())
+
+    def record(self, step: Any) -> CostTables | None:
+        """Adds a step's timings (a :class:`~av_core.llama_cpp.engine.StepRecord`); the rebuilt
+        tables every ``interval`` steps, else None."""
+        self._add("verify", len(step.slots) + int(step.admitted.sum()), float(step.verify_ms))
+        for size, ms in zip(step.draft_passes, step.draft_pass_ms, strict=True):
+            self._add("draft", int(size), float(ms))
+        self.steps += 1
+        return None if self.steps % self.interval else self.tables()
+
+    def tables(self) -> CostTables:
+        """The tables of the current points (the profile's, with the sizes measured online)."""
+        cost = MeasuredCost(
+            np.asarray(self.points("verify"), dtype=np.float64),
+            np.asarray(self.points("draft"), dtype=np.float64),
+            "llama.cpp profile, re-measured online",
+        )
+        return cost_tables_for(
+            cost, "autoregressive", self.num_positions, self.requests, depth_table=True
+        )
+
+
 def write_engine_costs(path: str | Path, costs: EngineCosts) -> None:
     """Writes the cost file (JSON) in one replace: an interrupted run leaves no half file."""
     path = Path(path)
@@ -240,4 +298,4 @@ def write_engine_costs(path: str | Path, costs: EngineCosts) -> None:
     partial.replace(path)
 
 
-__all__ = ["FORMAT", "EngineCosts", "profile_engine", "write_engine_costs"]
+__all__ = ["FORMAT", "EngineCosts", "OnlineCosts", "profile_engine", "write_engine_costs"]

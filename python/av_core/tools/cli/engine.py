@@ -169,6 +169,7 @@ def _bench(args: argparse.Namespace) -> int:
         profile_repeats=args.profile_repeats,
         temperature=args.temperature,
         seed=args.seed,
+        remeasure=args.remeasure,
     )
     with _Job(console, "bench-engine", "run") as job, about("bench-engine"):
         run_bench(config, prompts, args.out, progress=job, note=console.note)
@@ -251,6 +252,11 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
         "--temperature", type=types.non_negative_float, default=1.0, help="0 is greedy"
     )
     bench.add_argument("--seed", type=types.seed, default=0, help="sampling seed")
+    bench.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="adaptive policies re-measure their cost tables while they run (every 25 steps)",
+    )
     bench.add_argument(
         "--update-readme",
         type=types.path_text,
