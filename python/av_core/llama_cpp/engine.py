@@ -265,11 +265,11 @@ class SpeculativeEngine:
                 seqs, start_len, target_len, drafter_len, slots, max_new_tokens, policy, source
             )
             result.steps.append(step)
-            for r in slots.tolist() if stops else ():
-                new = seqs[r][len(seqs[r]) - int(step.emitted[slots.tolist().index(r)]) :]
-                cut = next((i for i, t in enumerate(new) if t in stops), None)
+            for i, r in enumerate(slots.tolist() if stops else ()):
+                first = len(seqs[r]) - int(step.emitted[i])
+                cut = next((j for j in range(first, len(seqs[r])) if seqs[r][j] in stops), None)
                 if cut is not None:
-                    del seqs[r][len(seqs[r]) - len(new) + cut + 1 :]
+                    del seqs[r][cut + 1 :]
                     stopped.add(r)
         for r in range(n):
             result.tokens[r] = seqs[r][start_len[r] :]
