@@ -400,20 +400,19 @@ def _estimate(
     note: Callable[[str], None],
 ) -> None:
     """Prints the expected duration of what is left at these threads, from the cost tables:
-    per run, the prefill and ``max_new_tokens`` one-token steps."""
+    one prefill per (R, repeat) (the target's cost extrapolated to the prompts' tokens, plus
+    0.4 of it for the drafter), and per run ``max_new_tokens`` steps of no speculation's cost."""
     prompt_tokens = statistics.mean(len(t) for _, t in chosen)
     seconds = 0.0
     for requests in config.concurrency:
         cost = costs.measured_cost(requests)
-        run_ms = float(
-            cost.verify_ms(requests * prompt_tokens)
-        ) * 2 + config.max_new_tokens * float(cost.verify_ms(requests))
-        left = sum(
-            (name, requests, threads, repeat) not in done
-            for name in config.run_policies()
-            for repeat in range(config.repeats)
-        )
-        seconds += left * run_ms / 1000.0
+        prefill_ms = 1.4 * float(cost.verify_ms(requests * prompt_tokens))
+        run_ms = config.max_new_tokens * float(cost.verify_ms(requests))
+        for repeat in range(config.repeats):
+            left = sum(
+                (name, requests, threads, repeat) not in done for name in config.run_policies()
+            )
+            seconds += (prefill_ms + left * run_ms) / 1000.0 if left else 0.0
     note(
         f"estimated time left at {threads} thread(s): {seconds / 60:.1f} min (from the "
         "measured costs)"
