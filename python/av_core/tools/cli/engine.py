@@ -208,18 +208,13 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
         "--out, with the simulator's prediction beside each measured figure "
         "(docs/llama-cpp.md).",
     )
-    bench.add_argument(
-        "--target",
-        type=types.model_path,
-        default=None,
-        help=".gguf file (default: none; required unless --update-readme alone)",
-    )
-    bench.add_argument(
-        "--drafter",
-        type=types.model_path,
-        default=None,
-        help=".gguf file (default: none; required unless --update-readme alone)",
-    )
+    for option in ("--target", "--drafter"):
+        bench.add_argument(
+            option,
+            type=types.model_path,
+            default=None,
+            help=".gguf file (default: none; required unless --update-readme alone)",
+        )
     bench.add_argument(
         "--prompts",
         type=types.readable_file,
