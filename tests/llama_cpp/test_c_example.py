@@ -1,8 +1,8 @@
 """The C example (``examples/llama_cpp/av_spec.c``): av_core's loop inside llama.cpp, from C.
 
 Builds it with ``examples/llama_cpp/build.sh`` against the installed llama-cpp-python and
-av_core's static C library, writes two tiny llama-architecture GGUFs from seeded random
-weights (``examples/llama_cpp/tiny_models.py``), and runs it:
+av_core's static C library, writes tiny llama-architecture GGUFs from seeded random weights
+(``av_core.llama_cpp.tiny``), and runs it:
 
 * every policy exits 0 with output that parses, and its counts add up: emitted = accepted +
   one per verify, R x new tokens in all;
@@ -38,6 +38,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama_cpp"
 POLICIES = ("avd", "av", "fixed", "none")
+# The drafters' weight noise: close enough that most drafts pass, far enough that some fail.
+CLOSE_NOISE, FAR_NOISE = 0.05, 0.3
 # Cheap drafting, so that AV+D and AV draft and verify on the tiny pair (with the built-in
 # tables of the real pair, drafting costs about as much as verifying and AV+D rarely drafts).
 CHEAP_TABLES = {
@@ -69,19 +71,19 @@ def av_spec() -> Path:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The close pair (acceptance about 0.7), a farther pair (more rejections, so the law test
-    exercises the residual), a drafter with one more token, and the cheap cost tables."""
+    """A target and two drafters of its weights plus seeded noise: a close one (acceptance
+    about 0.8 at temperature 1) and a farther one (more rejections, so the law test exercises
+    the residual); a model with one more token; and the cheap cost tables."""
+    from av_core.llama_cpp.tiny import write_tiny_model
+
     out = tmp_path_factory.mktemp("tiny_models")
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        import tiny_models
-    finally:
-        sys.path.remove(str(EXAMPLE))
-    paths = dict(tiny_models.write_pair(out / "close", seed=0, other_vocab=True))
-    paths["far_target"], paths["far_drafter"] = tiny_models.write_pair(
-        out / "far", seed=0, noise=0.15
-    ).values()
-    paths["tables"] = out / "cheap.json"
+    paths = {
+        "target": write_tiny_model(out / "target.gguf", seed=0),
+        "drafter": write_tiny_model(out / "drafter.gguf", seed=0, noise=CLOSE_NOISE),
+        "far_drafter": write_tiny_model(out / "far_drafter.gguf", seed=0, noise=FAR_NOISE),
+        "other_vocab": write_tiny_model(out / "other_vocab.gguf", vocab_size=385, seed=0),
+        "tables": out / "cheap.json",
+    }
     paths["tables"].write_text(json.dumps(CHEAP_TABLES))
     return paths
 
@@ -229,7 +231,7 @@ def emitted_counts(
     for seed in seeds:
         d = run_json(
             av_spec,
-            {"target": models["far_target"], "drafter": models["far_drafter"]},
+            {"target": models["target"], "drafter": models["far_drafter"]},
             policy=policy,
             k=2,
             requests=256,
@@ -323,7 +325,7 @@ BAD_INPUT = [
     (["--target", "{dir}/missing.gguf"], "--target {dir}/missing.gguf: cannot open"),
     (["--target", "{dir}/garbage.gguf"], "--target {dir}/garbage.gguf: not a GGUF file"),
     (["--target", "{dir}/truncated.gguf"], "--target {dir}/truncated.gguf: llama.cpp cannot load"),
-    (["--drafter", "{other_vocab}"], "--drafter {other_vocab}: vocabulary of 296 tokens"),
+    (["--drafter", "{other_vocab}"], "--drafter {other_vocab}: vocabulary of 385 tokens"),
     (["--n-ctx", "64"], "--n-ctx: 64 is too small for R x (prompt + new tokens + K + 1)"),
     (["--cost-tables", "{dir}/missing.json"], "--cost-tables {dir}/missing.json: cannot open"),
     (
