@@ -48,7 +48,7 @@ from test_sglang import geometric_counts, reference_choice, reference_rates
 
 from av_core import CostTables
 from av_core import sglang as av_sglang
-from av_core._engine_interface import signature_text
+from av_core._engine_interface import compare_signatures, signature_text
 from av_core.sglang import (
     CONTROLLER_SIGNATURES,
     PARAMS_MODULE,
@@ -223,9 +223,12 @@ def test_wheel_is_the_expected_release(sources: dict[str, str]) -> None:
 
 def test_released_source_matches_every_relied_on_interface(sources: dict[str, str]) -> None:
     assert contract_problems(sources) == []
-    # av_core's side of the protocol has the same signatures.
+    # av_core's side of the protocol takes every call the released protocol allows.
     for name, text in POLICY_METHODS.items():
-        assert signature_text(getattr(CostAwarePolicy, name)) == text
+        assert compare_signatures(text, signature_text(getattr(CostAwarePolicy, name))).kind in (
+            "same",
+            "additive",
+        )
     assert isinstance(CostAwarePolicy.__dict__["candidate_steps"], property)
 
 
@@ -696,7 +699,7 @@ def test_sglang_own_policy_on_the_same_rounds_is_reproduced(
             "    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None: ...",
             "    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None: ...\n\n"
             "    def reset(self) -> None: ...",
-            "has members",
+            "AdaptiveSpecPolicy.reset.*does not implement it",
         ),
         (
             RUNTIME_STATE_MODULE,

@@ -4,12 +4,14 @@ dotted name, and the installed engine's version. Nothing here imports an engine 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 
 def signature_text(function: Callable[..., Any]) -> str:
@@ -60,3 +62,180 @@ def engine_version(package: str) -> str:
     if version is None:
         version = getattr(importlib.import_module(f"{package}.version"), "__version__", None)
     return str(version)
+
+
+# --- what changed between two signatures ------------------------------------------------------
+
+#: How a parameter can be passed (the names of :class:`inspect.Parameter` kinds, lower case).
+ParameterKind = Literal[
+    "positional_only", "positional_or_keyword", "var_positional", "keyword_only", "var_keyword"
+]
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One parameter of a signature written as :func:`signature_text` writes it; ``default`` is
+    the default's text (``None`` for a required parameter)."""
+
+    name: str
+    kind: ParameterKind
+    default: str | None = None
+
+
+def parse_signature(text: str) -> tuple[Parameter, ...]:
+    """The parameters of ``text`` (``(a, b=1, *, c=None)``, :func:`signature_text`'s notation);
+    ``ValueError`` naming the text when it is not a parameter list."""
+    try:
+        tree = ast.parse(f"def _{text}:\n    pass\n")
+        function = tree.body[0]
+    except SyntaxError as error:
+        raise ValueError(f"not a signature: {text!r} ({error.msg})") from error
+    if len(tree.body) != 1 or not isinstance(function, ast.FunctionDef):
+        raise ValueError(f"not a signature: {text!r}")
+    arguments = function.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults))
+    defaults += arguments.defaults
+    parameters: list[Parameter] = []
+    for index, (arg, default) in enumerate(zip(positional, defaults, strict=True)):
+        kind: ParameterKind = (
+            "positional_only" if index < len(arguments.posonlyargs) else "positional_or_keyword"
+        )
+        parameters.append(Parameter(arg.arg, kind, _default_text(default)))
+    if arguments.vararg is not None:
+        parameters.append(Parameter(arguments.vararg.arg, "var_positional"))
+    for arg, kw_default in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True):
+        parameters.append(Parameter(arg.arg, "keyword_only", _default_text(kw_default)))
+    if arguments.kwarg is not None:
+        parameters.append(Parameter(arguments.kwarg.arg, "var_keyword"))
+    return tuple(parameters)
+
+
+def _default_text(node: ast.expr | None) -> str | None:
+    return None if node is None else ast.unparse(node)
+
+
+@dataclass(frozen=True)
+class SignatureChange:
+    """How a signature differs from the one an integration was written against.
+
+    ``kind``: ``"same"``; ``"additive"`` when every call the old signature accepted still means
+    the same (new parameters are optional and come after the old positional ones or are
+    keyword-only, a required parameter became optional, ``*args``/``**kwargs`` appeared);
+    ``"changed"`` otherwise (a parameter removed, renamed, moved, of another kind, newly
+    required, or with another default). ``changes`` names each difference."""
+
+    kind: Literal["same", "additive", "changed"]
+    changes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return "; ".join(self.changes) if self.changes else "no change"
+
+
+def compare_signatures(expected: str, found: str) -> SignatureChange:
+    """What changed from ``expected`` to ``found`` (both in :func:`signature_text`'s notation)."""
+    old, new = parse_signature(expected), parse_signature(found)
+    if old == new:
+        return SignatureChange("same")
+    changed: list[str] = []
+    added: list[str] = []
+    old_positional = [p for p in old if p.kind in _POSITIONAL]
+    new_positional = [p for p in new if p.kind in _POSITIONAL]
+    new_by_name = {p.name: p for p in new}
+    old_names = {p.name for p in old}
+    for index, before in enumerate(old_positional):
+        after = new_positional[index] if index < len(new_positional) else None
+        if after is None or after.name != before.name:
+            moved = new_by_name.get(before.name)
+            if moved is None and after is not None and after.name not in old_names:
+                changed.append(f"parameter {before.name} renamed to {after.name}")
+            elif moved is None:
+                changed.append(f"parameter {before.name} removed")
+            else:
+                changed.append(f"parameter {before.name} moved ({_where(moved, new)})")
+            continue
+        changed += _parameter_changes(before, after, added)
+    for extra in new_positional[len(old_positional) :]:
+        if extra.name in old_names:
+            continue  # reported where it used to be
+        if extra.default is None:
+            changed.append(f"new required parameter {extra.name}")
+        else:
+            added.append(f"new optional parameter {extra.name}={extra.default}")
+    for before in (p for p in old if p.kind not in _POSITIONAL):
+        after = new_by_name.get(before.name)
+        if after is None:
+            star = "*" if before.kind == "var_positional" else "**"
+            what = f"{star}{before.name}" if before.kind in _VARIADIC else before.name
+            changed.append(f"parameter {what} removed")
+        elif after.kind != before.kind:
+            changed.append(f"parameter {before.name} moved ({_where(after, new)})")
+        else:
+            changed += _parameter_changes(before, after, added)
+    for extra in (p for p in new if p.kind not in _POSITIONAL and p.name not in old_names):
+        if extra.kind in _VARIADIC:
+            star = "*" if extra.kind == "var_positional" else "**"
+            added.append(f"now takes {star}{extra.name}")
+        elif extra.default is None:
+            changed.append(f"new required keyword-only parameter {extra.name}")
+        else:
+            added.append(f"new optional keyword-only parameter {extra.name}={extra.default}")
+    if changed:
+        return SignatureChange("changed", tuple(changed + added))
+    return SignatureChange("additive", tuple(added))
+
+
+_POSITIONAL = ("positional_only", "positional_or_keyword")
+_VARIADIC = ("var_positional", "var_keyword")
+
+
+def _where(parameter: Parameter, signature: tuple[Parameter, ...]) -> str:
+    if parameter.kind == "keyword_only":
+        return "now keyword-only"
+    if parameter.kind in _VARIADIC:
+        return "now variadic"
+    index = [p.name for p in signature if p.kind in _POSITIONAL].index(parameter.name)
+    return f"now positional parameter {index + 1}"
+
+
+def _parameter_changes(before: Parameter, after: Parameter, added: list[str]) -> list[str]:
+    """The changes of one parameter kept under its name and place (optional-now goes to
+    ``added``)."""
+    changes = []
+    if before.kind != after.kind:
+        changes.append(f"parameter {before.name} is now {after.kind.replace('_', '-')}")
+    if before.default != after.default:
+        if before.default is None:
+            added.append(f"parameter {before.name} is now optional (default {after.default})")
+        elif after.default is None:
+            changes.append(f"parameter {before.name} is now required (was {before.default})")
+        else:
+            changes.append(
+                f"parameter {before.name}: default {before.default} is now {after.default}"
+            )
+    return changes
+
+
+def accepts(interface: str, implementation: str) -> SignatureChange:
+    """Whether a function with signature ``implementation`` takes every call that ``interface``
+    allows, with the same meaning: :func:`compare_signatures` from the interface to the
+    implementation must be ``same`` or ``additive`` (a ``changed`` result names what the
+    implementation lacks)."""
+    return compare_signatures(interface, implementation)
+
+
+def overriding_subclasses(owner: type, attribute: str) -> list[type]:
+    """The classes below ``owner`` (every generation, as far as they exist now) that define
+    ``attribute`` themselves: a patch of ``owner.attribute`` never runs for their instances."""
+    found: list[type] = []
+    seen: set[int] = set()
+    pending = list(type.__subclasses__(owner))
+    while pending:
+        cls = pending.pop()
+        if id(cls) in seen:
+            continue
+        seen.add(id(cls))
+        if attribute in vars(cls):
+            found.append(cls)
+        pending.extend(type.__subclasses__(cls))
+    return sorted(found, key=lambda cls: f"{cls.__module__}.{cls.__qualname__}")

@@ -40,7 +40,7 @@ import json
 import math
 import os
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -59,6 +59,10 @@ class _Launch:
     steps: int
     probe: bool
     features: npt.NDArray[np.float32] | None = None
+    #: The steps the batch ran, once known: SGLang main's ``on_state_activated`` (the state the
+    #: controller activated for it) or ``num_steps``; they differ from ``steps`` where the
+    #: controller runs something else (under DP attention, the minimum over ranks).
+    ran: int | None = None
 
 
 @dataclass
@@ -73,6 +77,8 @@ class _Counters:
     inconsistent: int = 0
     without_features: int = 0
     beyond_tables: int = 0  # decisions for a batch the cost tables do not cover (extrapolated)
+    overridden: int = 0  # batches that ran other steps than the policy chose (e.g. DP minimum)
+    unpriced: int = 0  # decisions with no cost for any candidate (no tables, no profile yet)
     by_step: dict[int, int] = field(default_factory=dict)
 
 
@@ -110,9 +116,12 @@ class CostAwarePolicy:
     positions (default: a new one with ``refit_interval`` and ``memory``).
     """
 
+    #: Whether the policy needs cost tables (the profiling policy can price from SGLang's own).
+    _needs_tables = True
+
     def __init__(
         self,
-        cost_tables: CostTables,
+        cost_tables: CostTables | None,
         candidate_steps: Sequence[int] | Mapping[int, Sequence[int]],
         *,
         initial_steps: int | None = None,
@@ -126,7 +135,12 @@ class CostAwarePolicy:
         memory: float | None = None,
         feature_rows: int = 256,
     ) -> None:
-        if not isinstance(cost_tables, CostTables):
+        if cost_tables is None and self._needs_tables:
+            raise TypeError(
+                "cost_tables must be av_core.CostTables (only ProfilingCostAwarePolicy, which "
+                "prices steps from SGLang's own profiling, runs without), got None"
+            )
+        if cost_tables is not None and not isinstance(cost_tables, CostTables):
             raise TypeError(f"cost_tables must be av_core.CostTables, got {type(cost_tables)!r}")
         if isinstance(candidate_steps, Mapping):
             if not candidate_steps:
@@ -144,7 +158,9 @@ class CostAwarePolicy:
         k = union[-1]
         if drafter not in ("autoregressive", "parallel"):
             raise ValueError(f"drafter must be 'autoregressive' or 'parallel', got {drafter!r}")
-        if cost_tables.max_draft_depth is None:
+        if cost_tables is None:
+            pass
+        elif cost_tables.max_draft_depth is None:
             cost_tables = cost_tables.with_draft_depth(drafter, max_depth=k)
         elif cost_tables.max_draft_depth != k:
             raise ValueError(
@@ -194,6 +210,8 @@ class CostAwarePolicy:
             key: initial_steps if initial_steps in steps else None for key, steps in tiers.items()
         }
         self._since_probe = 0
+        self._probe_due = False
+        self._active: int | None = None
         self._pending: deque[_Launch] = deque(maxlen=8)
         self._feature_rows: deque[npt.NDArray[np.float32]] = deque(maxlen=feature_rows)
         self._survival_key: tuple[int, int] | None = None
@@ -217,17 +235,27 @@ class CostAwarePolicy:
         batch = _batch_size(batch_size)
         key = self._route(batch)
         allowed = self._tiers[key]
+        if self._pending:
+            self._settle(self._pending[-1])
         if batch == 0:
             current = self._current[key]
             return current if current is not None else allowed[0]
         rates = self._rates(batch, allowed)
-        tables = self._tables
-        if batch > tables.max_num_reqs or batch * (allowed[-1] + 1) >= tables.verify_ms.shape[0]:
+        if self._beyond(batch, allowed):
             self.counters.beyond_tables += 1
-        best = max(allowed, key=lambda s: (rates[s], -s))
         current = self._current[key]
+        if not rates:  # nothing to price with yet: stay where SGLang started
+            self.counters.unpriced += 1
+            best = current if current is not None else allowed[len(allowed) // 2]
+        else:
+            best = max(rates, key=lambda s: (rates[s], -s))
         choice = best
-        if current is not None and rates[best] <= rates[current] * (1.0 + self._hysteresis):
+        if (
+            current is not None
+            and current in rates
+            and best in rates
+            and rates[best] <= rates[current] * (1.0 + self._hysteresis)
+        ):
             choice = current
         if current is not None and choice != current:
             self.counters.switches += 1
@@ -236,9 +264,10 @@ class CostAwarePolicy:
         higher = [s for s in allowed if s > choice]
         if self._probe_interval is not None and higher:
             self._since_probe += 1
-            if self._since_probe > self._probe_interval:
+            if self._probe_due or self._since_probe > self._probe_interval:
                 run, probe = higher[0], True
                 self._since_probe = 0
+                self._probe_due = False
                 self.counters.probes += 1
         self.counters.decisions += 1
         self.counters.by_step[run] = self.counters.by_step.get(run, 0) + 1
@@ -246,12 +275,19 @@ class CostAwarePolicy:
         return run
 
     def on_verify_complete(
-        self, num_correct_drafts_per_req: list[int], batch_size: int
+        self,
+        num_correct_drafts_per_req: list[int],
+        batch_size: int,
+        num_steps: int | None = None,
     ) -> int | None:
-        """Learns from a verify's accepted draft counts. Returns ``None``: the next
+        """Learns from a verify's accepted draft counts; ``num_steps`` (SGLang main) is the
+        steps that batch ran, else they are the state activated for it (``on_state_activated``)
+        or, with neither, the steps chosen. Returns ``None``: the next
         ``get_steps_for_batch`` decides (switching here would change the steps of a batch
         already in flight under overlap scheduling)."""
         batch = _batch_size(batch_size)
+        if num_steps is not None:
+            num_steps = _steps_value(num_steps, "num_steps")
         counts = np.asarray(list(num_correct_drafts_per_req), dtype=np.int64).reshape(-1)
         launch = None
         while self._pending:
@@ -262,9 +298,12 @@ class CostAwarePolicy:
         if launch is None or counts.shape[0] != batch:
             self.counters.unmatched += 1
             return None
-        if launch.steps == 0 or batch == 0:
+        self._settle(launch)
+        steps = launch.ran if num_steps is None else num_steps
+        assert steps is not None
+        if steps == 0 or batch == 0:
             return None
-        if np.any(counts < 0) or np.any(counts > launch.steps):
+        if np.any(counts < 0) or np.any(counts > steps):
             self.counters.inconsistent += 1
             return None
         if self._drafter_features:
@@ -274,12 +313,31 @@ class CostAwarePolicy:
             features = launch.features
         else:
             features = np.zeros((batch, self._k), dtype=np.float32)
-        admitted = np.full(batch, launch.steps, dtype=np.int32)
+        admitted = np.full(batch, steps, dtype=np.int32)
         self._estimator.observe(features, admitted, counts.astype(np.int32))
-        if launch.probe:
+        if launch.probe and steps >= launch.steps:
             self._estimator.refit()
         self.counters.observed += 1
         return None
+
+    def on_state_activated(self, steps: int) -> None:
+        """SGLang main's controller reports every runtime state it activates (its
+        ``_activate``: at start-up, while profiling, and for a batch whose steps differ from the
+        running state's). The batch launched last runs the state active when the next decision
+        is asked for, which is how a step count the controller overrides (under DP attention,
+        the minimum over ranks) reaches the verdicts' bookkeeping."""
+        self._active = _steps_value(steps, "steps")
+
+    def _settle(self, launch: _Launch) -> None:
+        """Fixes the steps ``launch`` ran (module doc); a probe that did not run is retried at
+        the next decision (under DP attention it runs once every rank probes)."""
+        if launch.ran is not None:
+            return
+        launch.ran = launch.steps if self._active is None else self._active
+        if launch.ran != launch.steps:
+            self.counters.overridden += 1
+            if launch.probe and launch.ran < launch.steps:
+                self._probe_due = True
 
     def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
         """The captured batch sizes whose tier may run ``step`` (``None``: graphs disabled)."""
@@ -319,7 +377,7 @@ class CostAwarePolicy:
         return self._estimator
 
     @property
-    def cost_tables(self) -> CostTables:
+    def cost_tables(self) -> CostTables | None:
         return self._tables
 
     @property
@@ -369,6 +427,7 @@ class CostAwarePolicy:
         if depth <= 0:
             return 0.0
         tables = self._tables
+        assert tables is not None
         last = tables.max_num_reqs
         if batch <= last:
             return float(tables.draft_cost_ms(batch, depth))
@@ -379,6 +438,7 @@ class CostAwarePolicy:
     def _verify_ms(self, tokens: int) -> float:
         """Verifying ``tokens`` tokens; past the table's end extended along its last segment
         (a batch larger than the tables cover must not look free to speculate on)."""
+        assert self._tables is not None
         verify = self._tables.verify_ms
         last = int(verify.shape[0]) - 1
         if tokens <= last:
@@ -387,16 +447,31 @@ class CostAwarePolicy:
         return float(verify[last]) + (tokens - last) * slope
 
     def _rates(self, batch: int, allowed: Sequence[int]) -> dict[int, float]:
+        """``E(s)/C(s)`` of each candidate that has a cost."""
         survival = self.survivals()
-        rates = {}
+        return {
+            s: batch * (1.0 + float(survival[:s].sum())) / ms
+            for s, ms in self._step_costs(batch, allowed).items()
+        }
+
+    def _step_costs(self, batch: int, allowed: Sequence[int]) -> dict[int, float]:
+        """``C(s)`` in ms of each candidate: drafting and verifying from the cost tables."""
+        if self._tables is None:
+            return {}
+        costs = {}
         for s in allowed:
-            tokens = batch * (1.0 + float(survival[:s].sum()))
             draft = self._draft_ms(batch, s)
             if s == 0 and self._draft_extend_at_zero:
                 draft = self._draft_ms(batch, 1)
-            ms = draft + self._verify_ms(batch * (s + 1))
-            rates[s] = tokens / ms
-        return rates
+            costs[s] = draft + self._verify_ms(batch * (s + 1))
+        return costs
+
+    def _beyond(self, batch: int, allowed: Sequence[int]) -> bool:
+        """Whether pricing ``batch`` extrapolates past what the costs cover."""
+        tables = self._tables
+        return tables is not None and (
+            batch > tables.max_num_reqs or batch * (allowed[-1] + 1) >= tables.verify_ms.shape[0]
+        )
 
     def _tier_key(self, batch: int) -> int:
         key = self._keys[0]
@@ -405,13 +480,206 @@ class CostAwarePolicy:
                 key = candidate
         return key
 
-    def _route(self, batch: int) -> int:
-        padded = batch
+    def _padded(self, batch: int) -> int:
+        """The CUDA-graph batch size SGLang pads ``batch`` to (itself past the largest)."""
         if self._graph_bs is not None:
             larger = [b for b in self._graph_bs if b >= batch]
             if larger:
-                padded = larger[0]
-        return self._tier_key(padded)
+                return larger[0]
+        return batch
+
+    def _route(self, batch: int) -> int:
+        return self._tier_key(self._padded(batch))
+
+
+@dataclass(frozen=True)
+class ProfilePoint:
+    """One measurement the profiling policy asks SGLang's controller for (SGLang main's
+    ``SpecProfilePoint``: the field names the controller reads)."""
+
+    steps: int
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """The measurements, as SGLang main's ``SpecProfilePlan``."""
+
+    points: tuple[Any, ...]
+    seq_len: int
+    n_warmup: int
+    n_measure: int
+
+
+class ProfilingCostAwarePolicy(CostAwarePolicy):
+    """:class:`CostAwarePolicy` that prices steps from SGLang's own start-up profiling (SGLang
+    main's optional ``AdaptiveProfilingPolicy``: the controller's ``run_profiling`` activates
+    each runtime state, times whole decode steps of each batch size on it and hands the
+    milliseconds to :meth:`record_profile`, broadcast from tensor-parallel rank 0).
+
+    A measured step is what SGLang runs: drafting, verification and the draft-extend pass of
+    that runtime state and CUDA graph, so ``C(s)`` at a profiled batch size needs no model. A
+    batch is priced at the CUDA-graph size it pads to (linear between profiled sizes, along the
+    last segment past the largest, counted in ``counters.beyond_tables``). A tier whose
+    candidates are not all profiled is priced from ``cost_tables`` when given (one cost source
+    per decision), else only its profiled candidates are.
+
+    ``profile_batch_sizes`` (default: every captured CUDA-graph size), ``max_profile_batch_size``,
+    ``profile_warmup``, ``profile_measure`` and ``profile_seq_len`` shape the plan as SGLang's
+    throughput-aware policy's ``profile_run_*`` settings do; ``plan_type``/``point_type``:
+    SGLang's own ``SpecProfilePlan``/``SpecProfilePoint`` (default: :class:`ProfilePlan`,
+    :class:`ProfilePoint`). Other keywords are :class:`CostAwarePolicy`'s."""
+
+    _needs_tables = False
+
+    def __init__(
+        self,
+        cost_tables: CostTables | None,
+        candidate_steps: Sequence[int] | Mapping[int, Sequence[int]],
+        *,
+        profile_batch_sizes: Sequence[int] | None = None,
+        max_profile_batch_size: int | None = None,
+        profile_warmup: int = 5,
+        profile_measure: int = 10,
+        profile_seq_len: int = 128,
+        plan_type: Callable[..., Any] = ProfilePlan,
+        point_type: Callable[..., Any] = ProfilePoint,
+        **options: Any,
+    ) -> None:
+        if profile_batch_sizes is not None:
+            profile_batch_sizes = _steps_list(profile_batch_sizes, "profile_batch_sizes")
+            if profile_batch_sizes[0] < 1:
+                raise ValueError(
+                    f"profile_batch_sizes must hold sizes >= 1, got {profile_batch_sizes}"
+                )
+        for name, value, low in (
+            ("max_profile_batch_size", max_profile_batch_size, 1),
+            ("profile_warmup", profile_warmup, 0),
+            ("profile_measure", profile_measure, 1),
+            ("profile_seq_len", profile_seq_len, 1),
+        ):
+            if value is None and name == "max_profile_batch_size":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if not callable(plan_type) or not callable(point_type):
+            raise TypeError("plan_type and point_type must be callables (SGLang's dataclasses)")
+        super().__init__(cost_tables, candidate_steps, **options)
+        self._profile_sizes = profile_batch_sizes
+        self._max_profile_batch = max_profile_batch_size
+        self._profile_warmup = profile_warmup
+        self._profile_measure = profile_measure
+        self._profile_seq_len = profile_seq_len
+        self._plan_type = plan_type
+        self._point_type = point_type
+        self._profile: dict[int, dict[int, float]] = {}
+
+    # --- SGLang main's AdaptiveProfilingPolicy ------------------------------------------------
+
+    def profile_plan(self, worker: Any, *, max_running_requests: int) -> Any:
+        """The ``(steps, batch size)`` points to time: each candidate step at each captured
+        CUDA-graph size whose tier may run it (up to ``max_running_requests``), with a synthetic
+        context of ``profile_seq_len`` tokens clamped to the model's context length."""
+        limit = _steps_value(max_running_requests, "max_running_requests")
+        pool = list(self._graph_bs or [])
+        if self._profile_sizes is not None:
+            pool = [b for b in pool if b in self._profile_sizes]
+        if self._max_profile_batch is not None:
+            pool = [b for b in pool if b <= self._max_profile_batch]
+        pool = [b for b in pool if 1 <= b <= limit]
+        points = tuple(
+            self._point_type(steps=s, batch_size=b)
+            for s in self._union
+            for b in pool
+            if s in self._tiers[self._tier_key(b)]
+        )
+        if not points and self._tables is None:
+            raise ValueError(
+                "av_core's SGLang policy has no cost tables and nothing to profile (no captured "
+                "CUDA-graph batch size within max_running_requests and the profile settings): "
+                "give it cost tables (AV_CORE_SGLANG_COSTS)"
+            )
+        seq_len = self._profile_seq_len
+        context = getattr(getattr(worker, "model_config", None), "context_len", None)
+        if isinstance(context, int) and not isinstance(context, bool):
+            headroom = (self._profile_warmup + self._profile_measure) * (self._k + 1) + 16
+            seq_len = max(1, min(seq_len, context - headroom))
+        return self._plan_type(
+            points=points,
+            seq_len=seq_len,
+            n_warmup=self._profile_warmup,
+            n_measure=self._profile_measure,
+        )
+
+    def record_profile(self, batch_size: int, steps: int, avg_ms: float) -> None:
+        """One measured decode step: ``avg_ms`` for ``batch_size`` requests at ``steps``."""
+        batch = _batch_size(batch_size)
+        step = _steps_value(steps, "steps")
+        if batch < 1 or step not in self._union:
+            raise ValueError(
+                f"record_profile: batch_size must be >= 1 and steps a candidate step "
+                f"{self._union}, got batch_size={batch}, steps={step}"
+            )
+        if isinstance(avg_ms, bool) or not isinstance(avg_ms, int | float | np.number):
+            raise TypeError(f"avg_ms must be a number, got {avg_ms!r}")
+        if not (math.isfinite(float(avg_ms)) and float(avg_ms) > 0.0):
+            raise ValueError(f"avg_ms must be finite and > 0, got {avg_ms!r}")
+        self._profile.setdefault(step, {})[batch] = float(avg_ms)
+
+    def profile_summary(self) -> str:
+        """What was measured, for SGLang's start-up log."""
+        if not self._profile:
+            return "av_core: nothing profiled (cost tables only)"
+        parts = []
+        for step in sorted(self._profile):
+            points = self._profile[step]
+            shown = ", ".join(f"{b}: {points[b]:.3f}" for b in sorted(points))
+            parts.append(f"steps {step}: {{{shown}}} ms")
+        return "av_core cost-aware policy, measured decode steps: " + "; ".join(parts)
+
+    @property
+    def profile(self) -> dict[int, dict[int, float]]:
+        """``{steps: {batch size: ms}}`` as recorded."""
+        return {step: dict(points) for step, points in self._profile.items()}
+
+    # --- pricing ------------------------------------------------------------------------------
+
+    def _step_costs(self, batch: int, allowed: Sequence[int]) -> dict[int, float]:
+        measured = [s for s in allowed if s in self._profile]
+        if self._tables is not None and len(measured) < len(allowed):
+            return super()._step_costs(batch, allowed)
+        padded = self._padded(batch)
+        return {s: self._measured_ms(self._profile[s], padded) for s in measured}
+
+    def _beyond(self, batch: int, allowed: Sequence[int]) -> bool:
+        measured = [s for s in allowed if s in self._profile]
+        if self._tables is not None and len(measured) < len(allowed):
+            return super()._beyond(batch, allowed)
+        padded = self._padded(batch)
+        return any(padded > max(self._profile[s]) for s in measured)
+
+    @staticmethod
+    def _measured_ms(points: Mapping[int, float], batch: int) -> float:
+        """Linear in the batch size between measured sizes; flat below the smallest; along the
+        last segment (never falling) past the largest."""
+        sizes = sorted(points)
+        ms = [points[b] for b in sizes]
+        if batch <= sizes[0]:
+            return ms[0]
+        if batch > sizes[-1]:
+            slope = 0.0
+            if len(sizes) > 1:
+                slope = max((ms[-1] - ms[-2]) / (sizes[-1] - sizes[-2]), 0.0)
+            return ms[-1] + (batch - sizes[-1]) * slope
+        return float(np.interp(batch, sizes, ms))
+
+
+def _steps_value(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
 
 
 def _batch_size(value: object) -> int:
