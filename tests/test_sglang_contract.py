@@ -33,6 +33,7 @@ import ast
 import contextlib
 import importlib.util
 import json
+import logging
 import sys
 import textwrap
 import tomllib
@@ -760,11 +761,23 @@ def test_install_refuses_and_patches_nothing_on_a_changed_sglang(
         assert av_sglang.installed() == []
 
 
-def test_install_refuses_another_version_unless_waived(
-    sources: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_newer_version_installs_on_matching_interfaces_an_older_one_only_when_waived(
+    sources: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with sglang_on_cpu(sources, tmp_path, version="0.5.24") as modules:
-        with pytest.raises(SglangCompatibilityError, match="version 0.5.24"):
+    """Before, any version but 0.5.23 was refused, so the day SGLang shipped a release av_core
+    stopped installing whatever the release changed."""
+    with sglang_on_cpu(sources, tmp_path / "new", version="0.5.24") as modules:
+        with caplog.at_level(logging.INFO, logger="sglang.av_core"):
+            assert av_sglang.install(cost_tables=gpu_like_tables(7))
+        assert modules[WORKER_MODULE].AdaptiveSpeculativeParams is not (
+            modules[PARAMS_MODULE].AdaptiveSpeculativeParams
+        )
+        assert any("0.5.24 is newer" in record.getMessage() for record in caplog.records)
+    with sglang_on_cpu(sources, tmp_path / "old", version="0.5.22") as modules:
+        with pytest.raises(SglangCompatibilityError, match="version 0.5.22 is older"):
             av_sglang.install(cost_tables=gpu_like_tables(7))
         assert av_sglang.installed() == []
         monkeypatch.setenv(av_sglang.ENV_ANY_VERSION, "1")

@@ -239,3 +239,28 @@ def overriding_subclasses(owner: type, attribute: str) -> list[type]:
             found.append(cls)
         pending.extend(type.__subclasses__(cls))
     return sorted(found, key=lambda cls: f"{cls.__module__}.{cls.__qualname__}")
+
+
+def release_numbers(version: str) -> tuple[int, ...]:
+    """The leading numeric components of ``version`` (``0.5.24.dev0`` → ``(0, 5, 24)``,
+    ``0.33.0rc1`` → ``(0, 33, 0)``); empty when it starts with none."""
+    numbers: list[int] = []
+    for part in version.strip().split("."):
+        digits = ""
+        for char in part:
+            if not char.isdigit():
+                break
+            digits += char
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if len(digits) < len(part):
+            break
+    return tuple(numbers)
+
+
+def older_than(version: str, reference: str) -> bool:
+    """Whether ``version`` is numerically below ``reference`` (no number at all counts as
+    older: nothing known can be assumed of it)."""
+    numbers = release_numbers(version)
+    return not numbers or numbers < release_numbers(reference)

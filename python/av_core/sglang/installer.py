@@ -35,6 +35,7 @@ from av_core import _native
 from av_core._engine_interface import (
     compare_signatures,
     engine_version,
+    older_than,
     resolve,
     signature_text,
 )
@@ -127,6 +128,27 @@ PROFILING_METHODS: dict[str, str] = {
     "profile_plan": "(self, worker, *, max_running_requests)",
     "record_profile": "(self, batch_size, steps, avg_ms)",
     "profile_summary": "(self)",
+}
+
+
+#: The SGLang main revision whose interfaces the installer knows (and the tests reproduce).
+MAIN_REVISION = "sgl-project/sglang@a12239f6ac74d804d169ee5d3cfed3c49fa7162c"
+
+#: How SGLang main (:data:`MAIN_REVISION`) writes what differs from 0.5.23: the protocol's
+#: methods (``on_verify_complete`` gained ``num_steps=None``, ``on_state_activated`` is new) and
+#: the definitions of :data:`CONTROLLER_SIGNATURES` it changed. A signature is accepted when it is
+#: one of the known ones, or an additive change of the newest; refused otherwise.
+MAIN_POLICY_METHODS: dict[str, str] = {
+    "on_verify_complete": "(self, num_correct_drafts_per_req, batch_size, num_steps=None)",
+    "on_state_activated": "(self, steps)",
+}
+MAIN_CONTROLLER_SIGNATURES: dict[tuple[str, str], str] = {
+    (RUNTIME_STATE_MODULE, "AdaptiveController.on_verify_complete"): (
+        "(self, num_correct_drafts_per_req, batch_size, num_steps=None)"
+    ),
+    (WORKER_MODULE, "EAGLEWorkerV2.on_verify_complete_cpu"): (
+        "(self, num_correct_drafts_per_req, batch_size=0, num_steps=None)"
+    ),
 }
 
 
@@ -291,16 +313,33 @@ def _public_members(cls: type) -> set[str]:
 
 
 def _signature_report(
-    where: str, expected: str, found: str, report: InterfaceReport, *, taken_by: str | None = None
+    where: str,
+    known: str | list[str],
+    found: str,
+    report: InterfaceReport,
+    *,
+    taken_by: str | None = None,
 ) -> None:
-    """Classifies ``found`` against ``expected``; a replaced definition's additive change must
-    also be taken by av_core's replacement (signature ``taken_by``)."""
-    change = compare_signatures(expected, found)
+    """Classifies ``found`` against the ``known`` signatures (oldest first): one of them, or an
+    additive change of the newest, is accepted (a replaced definition's additive change must
+    also be taken by av_core's replacement, signature ``taken_by``); anything else refused."""
+    versions = [known] if isinstance(known, str) else list(known)
+    if found in versions[:-1]:
+        change = compare_signatures(versions[0], found)
+        if change.kind != "same":
+            report.accepted.append(f"{where}{found}: as on SGLang main, {change.describe()}")
+        return
+    change = compare_signatures(versions[-1], found)
     if change.kind == "changed":
         report.problems.append(
-            f"{where}{found} differs from the expected {expected}: {change.describe()}"
+            f"{where}{found} differs from the expected {versions[-1]}: {change.describe()}"
         )
-    elif change.kind == "additive":
+        return
+    if change.kind == "same" and len(versions) > 1:
+        change = compare_signatures(versions[0], found)
+        report.accepted.append(f"{where}{found}: as on SGLang main, {change.describe()}")
+        return
+    if change.kind == "additive":
         if taken_by is not None and compare_signatures(found, taken_by).kind == "changed":
             report.problems.append(
                 f"{where}{found}: {change.describe()}, which av_core's replacement "
@@ -318,6 +357,7 @@ def _protocol_report(
     report: InterfaceReport,
     *,
     properties: tuple[str, ...] = (),
+    newer: Mapping[str, str] | None = None,
 ) -> None:
     """SGLang's protocol ``name`` against what it was (``expected``) and what ``policy``
     implements: a new member is accepted when the policy has it with a signature taking every
@@ -340,8 +380,11 @@ def _protocol_report(
         except (AttributeError, TypeError, ValueError) as error:
             report.problems.append(f"{where}.{member}: not found or not inspectable ({error})")
             continue
-        if member in expected:
-            _signature_report(f"{where}.{member}", expected[member], found, report)
+        known = [t for t in (expected.get(member), (newer or {}).get(member)) if t is not None]
+        if known:
+            _signature_report(f"{where}.{member}", known, found, report)
+            if member not in expected:
+                report.accepted.append(f"{where}.{member}: a protocol method new since 0.5.23")
         else:
             report.accepted.append(f"{where}.{member}{found}: a new protocol method")
         ours = inspect.getattr_static(policy, member, None)
@@ -464,11 +507,18 @@ def interface_report(
         sources = {PROCESSOR_MODULE: module_source(PROCESSOR_MODULE)}
     report = InterfaceReport([], [])
     if version is not None and version not in SUPPORTED_SGLANG_VERSIONS:
-        report.problems.append(
-            f"SGLang version {version} is not one av_core's policy was written against "
-            f"({', '.join(SUPPORTED_SGLANG_VERSIONS)}); set {ENV_ANY_VERSION}=1 to try it "
-            "anyway (the interface checks still apply)"
-        )
+        if older_than(version, SUPPORTED_SGLANG_VERSIONS[0]):
+            report.problems.append(
+                f"SGLang version {version} is older than those av_core's policy was written "
+                f"against ({', '.join(SUPPORTED_SGLANG_VERSIONS)}); set {ENV_ANY_VERSION}=1 to "
+                "try it anyway (the interface checks still apply)"
+            )
+        else:
+            report.accepted.append(
+                f"SGLang {version} is newer than the releases the contract tests read "
+                f"({', '.join(SUPPORTED_SGLANG_VERSIONS)}): installed because every interface "
+                "check passes"
+            )
     missing = [name for name in (RUNTIME_STATE_MODULE, PARAMS_MODULE, WORKER_MODULE)]
     missing = [name for name in missing if name not in modules]
     if missing:
@@ -482,7 +532,13 @@ def interface_report(
     throughput = modules.get(THROUGHPUT_MODULE)
     policy: type = ProfilingCostAwarePolicy if profile else CostAwarePolicy
     _protocol_report(
-        runtime, "AdaptiveSpecPolicy", POLICY_METHODS, policy, report, properties=POLICY_PROPERTIES
+        runtime,
+        "AdaptiveSpecPolicy",
+        POLICY_METHODS,
+        policy,
+        report,
+        properties=POLICY_PROPERTIES,
+        newer=MAIN_POLICY_METHODS,
     )
     factory = "(self, initial_steps, cfg_path=None)"
     for (module_name, dotted), text in CONTROLLER_SIGNATURES.items():
@@ -493,7 +549,8 @@ def interface_report(
             report.problems.append(f"{where}: not found or not inspectable ({error})")
             continue
         replaced = dotted == "AdaptiveSpeculativeParams.__init__"
-        _signature_report(where, text, found, report, taken_by=factory if replaced else None)
+        known = [text, *filter(None, [MAIN_CONTROLLER_SIGNATURES.get((module_name, dotted))])]
+        _signature_report(where, known, found, report, taken_by=factory if replaced else None)
     profiling = getattr(runtime, "AdaptiveProfilingPolicy", None)
     optional = set(PROFILING_METHODS) if profiling is not None else set()
     controller = getattr(runtime, "AdaptiveController", None)
