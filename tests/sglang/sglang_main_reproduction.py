@@ -338,6 +338,8 @@ class BaseSpecWorker:
 WORKER_SOURCE = '''\
 """Reproduction (av_core tests) of SGLang main's EAGLEWorkerV2 adaptive hooks."""
 
+from __future__ import annotations
+
 from typing import Optional
 
 from sglang.srt.speculative._standins import (
