@@ -264,3 +264,46 @@ def older_than(version: str, reference: str) -> bool:
     older: nothing known can be assumed of it)."""
     numbers = release_numbers(version)
     return not numbers or numbers < release_numbers(reference)
+
+
+@dataclass(frozen=True)
+class InterfaceReport:
+    """What an installer's interface check found: ``problems`` (each refuses the install) and
+    ``accepted`` (additive changes taken as they are, which the installer logs)."""
+
+    problems: list[str]
+    accepted: list[str]
+
+
+def record_signature(
+    report: InterfaceReport,
+    where: str,
+    known: str | list[str],
+    found: str,
+    *,
+    newest: str = "the newest known revision",
+    taken_by: str | None = None,
+) -> None:
+    """Classifies the signature ``found`` of ``where`` against the ``known`` ones (oldest
+    first; the last is ``newest``): one of them, or an additive change of the newest, is
+    accepted; anything else is a problem naming what changed. A definition av_core replaces
+    has ``taken_by``, its replacement's signature: an additive change must be one the
+    replacement takes too."""
+    versions = [known] if isinstance(known, str) else list(known)
+    if found in versions:
+        change = compare_signatures(versions[0], found)
+        if change.kind != "same":
+            report.accepted.append(f"{where}{found}: as on {newest}, {change.describe()}")
+        return
+    change = compare_signatures(versions[-1], found)
+    if change.kind == "changed":
+        report.problems.append(
+            f"{where}{found} differs from the expected {versions[-1]}: {change.describe()}"
+        )
+    elif taken_by is not None and compare_signatures(found, taken_by).kind == "changed":
+        report.problems.append(
+            f"{where}{found}: {change.describe()}, which av_core's replacement {taken_by} "
+            "does not take"
+        )
+    else:
+        report.accepted.append(f"{where}{found}: {change.describe()}")

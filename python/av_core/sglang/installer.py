@@ -33,9 +33,11 @@ from typing import Any, Literal
 
 from av_core import _native
 from av_core._engine_interface import (
+    InterfaceReport,
     compare_signatures,
     engine_version,
     older_than,
+    record_signature,
     resolve,
     signature_text,
 )
@@ -299,54 +301,8 @@ def _call_site_problems(
     return problems
 
 
-@dataclass(frozen=True)
-class InterfaceReport:
-    """What :func:`interface_report` found: ``problems`` (each refuses the install) and
-    ``accepted`` (additive changes the policy takes as they are, logged by :func:`install`)."""
-
-    problems: list[str]
-    accepted: list[str]
-
-
 def _public_members(cls: type) -> set[str]:
     return {name for name in dir(cls) if not name.startswith("_")}
-
-
-def _signature_report(
-    where: str,
-    known: str | list[str],
-    found: str,
-    report: InterfaceReport,
-    *,
-    taken_by: str | None = None,
-) -> None:
-    """Classifies ``found`` against the ``known`` signatures (oldest first): one of them, or an
-    additive change of the newest, is accepted (a replaced definition's additive change must
-    also be taken by av_core's replacement, signature ``taken_by``); anything else refused."""
-    versions = [known] if isinstance(known, str) else list(known)
-    if found in versions[:-1]:
-        change = compare_signatures(versions[0], found)
-        if change.kind != "same":
-            report.accepted.append(f"{where}{found}: as on SGLang main, {change.describe()}")
-        return
-    change = compare_signatures(versions[-1], found)
-    if change.kind == "changed":
-        report.problems.append(
-            f"{where}{found} differs from the expected {versions[-1]}: {change.describe()}"
-        )
-        return
-    if change.kind == "same" and len(versions) > 1:
-        change = compare_signatures(versions[0], found)
-        report.accepted.append(f"{where}{found}: as on SGLang main, {change.describe()}")
-        return
-    if change.kind == "additive":
-        if taken_by is not None and compare_signatures(found, taken_by).kind == "changed":
-            report.problems.append(
-                f"{where}{found}: {change.describe()}, which av_core's replacement "
-                f"{taken_by} does not take"
-            )
-        else:
-            report.accepted.append(f"{where}{found}: {change.describe()}")
 
 
 def _protocol_report(
@@ -382,7 +338,7 @@ def _protocol_report(
             continue
         known = [t for t in (expected.get(member), (newer or {}).get(member)) if t is not None]
         if known:
-            _signature_report(f"{where}.{member}", known, found, report)
+            record_signature(report, f"{where}.{member}", known, found, newest="SGLang main")
             if member not in expected:
                 report.accepted.append(f"{where}.{member}: a protocol method new since 0.5.23")
         else:
@@ -550,7 +506,14 @@ def interface_report(
             continue
         replaced = dotted == "AdaptiveSpeculativeParams.__init__"
         known = [text, *filter(None, [MAIN_CONTROLLER_SIGNATURES.get((module_name, dotted))])]
-        _signature_report(where, known, found, report, taken_by=factory if replaced else None)
+        record_signature(
+            report,
+            where,
+            known,
+            found,
+            newest="SGLang main",
+            taken_by=factory if replaced else None,
+        )
     profiling = getattr(runtime, "AdaptiveProfilingPolicy", None)
     optional = set(PROFILING_METHODS) if profiling is not None else set()
     controller = getattr(runtime, "AdaptiveController", None)
@@ -582,7 +545,7 @@ def interface_report(
         except (AttributeError, TypeError, ValueError) as error:
             report.problems.append(f"{where}: not found or not inspectable ({error})")
         else:
-            _signature_report(where, text, found, report, taken_by=text)
+            record_signature(report, where, text, found, taken_by=text)
     if not isinstance(getattr(params, "DEFAULT_ADAPTIVE_CONFIG", None), Mapping):
         report.problems.append(f"{PARAMS_MODULE}.DEFAULT_ADAPTIVE_CONFIG: not found")
     bound = getattr(worker, "AdaptiveSpeculativeParams", None)
@@ -642,7 +605,7 @@ def _profiling_report(
         except (AttributeError, TypeError, ValueError) as error:
             report.problems.append(f"{where}: not found or not inspectable ({error})")
             continue
-        _signature_report(where, text, found, report)
+        record_signature(report, where, text, found)
     report.problems.extend(_call_site_problems(modules, sources, (PROFILING_CALL_SITE,)))
 
 

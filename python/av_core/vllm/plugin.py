@@ -41,11 +41,14 @@ proposal drafted and when a new request takes a slot.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import inspect
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -54,7 +57,15 @@ from typing import Any
 import numpy as np
 
 from av_core import _native
-from av_core._engine_interface import engine_version, resolve, signature_text
+from av_core._engine_interface import (
+    InterfaceReport,
+    engine_version,
+    older_than,
+    overriding_subclasses,
+    record_signature,
+    resolve,
+    signature_text,
+)
 from av_core._env import env_flag
 from av_core.vllm import serving as vllm_serving
 from av_core.vllm.constants import (
@@ -180,6 +191,113 @@ GET_NUM_TOKENS_READS = (
 )
 
 
+#: What vLLM's own bodies of the functions av_core replaces do in every checked release (0.32.x,
+#: 0.33.0; tests/test_vllm_contract.py reads them from the wheels): the attributes of ``self``
+#: they touch and the functions they call (each callee's last name). A body that does more (a
+#: broadcast, a new attribute, another helper) holds behaviour the replacement would drop, so
+#: the install is refused naming it.
+REPLACED_BODIES: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {
+    (BUDGET_MODULE, "AdaptiveVerificationManager.get_num_tokens"): (
+        frozenset(
+            {
+                "_batch_budget",
+                "_max_total_logits",
+                "_stale_confidences",
+                "_stale_idx",
+                "cost_tables",
+                "num_bonus_tokens",
+                "num_speculative_steps",
+                "req_states",
+            }
+        ),
+        frozenset(
+            {
+                "arange",
+                "argmax",
+                "astype",
+                "concatenate",
+                "count_nonzero",
+                "cumprod",
+                "cumsum",
+                "fromiter",
+                "get",
+                "int",
+                "len",
+                "list",
+                "map",
+                "max",
+                "min",
+                "sort",
+                "sum",
+                "values",
+                "zip",
+            }
+        ),
+    ),
+    (BUDGET_MODULE, "_assign_draft_token_budget"): (
+        frozenset(),
+        frozenset(
+            {
+                "arange",
+                "cumprod",
+                "flatten",
+                "float",
+                "index_fill_",
+                "masked_fill",
+                "sum",
+                "topk",
+                "view_as",
+                "zeros_like",
+            }
+        ),
+    ),
+    (BUDGET_MODULE, "build_cost_tables_from_curves"): (
+        frozenset(),
+        frozenset(
+            {
+                "accumulate",
+                "any",
+                "arange",
+                "asarray",
+                "build_table",
+                "interp",
+                "len",
+                "maximum",
+                "minimum",
+                "searchsorted",
+            }
+        ),
+    ),
+}
+
+#: Calls that communicate across ranks (or fetch the group to): inside a replaced body they are
+#: a decision made on one rank and shared (vllm#56831 broadcasts the budget from rank 0).
+COLLECTIVES = frozenset(
+    {
+        "all_gather",
+        "all_gather_object",
+        "all_reduce",
+        "barrier",
+        "broadcast",
+        "broadcast_object",
+        "broadcast_object_list",
+        "get_dp_group",
+        "get_tp_group",
+        "get_world_group",
+        "reduce",
+        "scatter",
+    }
+)
+
+#: ``_batch_budget`` as vLLM's compaction reads it and av_core's ``get_num_tokens`` writes it:
+#: (drafts per request, non-draft tokens per request, budget).
+BATCH_BUDGET_ARITY = 3
+
+#: Modules that may define subclasses of what av_core patches (imported, when present, before
+#: the check for overrides): vllm#52559's DFlash manager overrides ``get_num_tokens``.
+SUBCLASS_MODULES = ("vllm.v1.worker.gpu.spec_decode.dflash.adaptive_k",)
+
+
 class VllmCompatibilityError(RuntimeError):
     """vLLM's interfaces differ from those av_core's drop-ins mirror; nothing was patched."""
 
@@ -195,28 +313,228 @@ class Replacement:
     replacement: Any
 
     def describe(self) -> str:
-        new = f"{self.replacement.__module__}.{self.replacement.__qualname__}"
+        function = getattr(self.replacement, "__func__", self.replacement)
+        new = f"{function.__module__}.{function.__qualname__}"
         return f"{self.owner_name}.{self.attribute} -> {new}"
 
 
 _installed: list[Replacement] = []
 
+#: ``Replacement.original`` of an attribute the class did not define itself (restored by
+#: deleting it).
+_ABSENT: Any = object()
+
+#: The attributes av_core patches on each class whose later subclasses it guards.
+_guarded: dict[type, set[str]] = {}
+
+
+def _subclass_guard(owner: type, owner_name: str, attributes: list[str]) -> list[Replacement]:
+    """While installed, a subclass of ``owner`` defined later that overrides one of
+    ``attributes`` without calling ``super()`` (the patch would never run for it) raises
+    :class:`VllmCompatibilityError` naming it, at its definition (vLLM then fails to start,
+    as on a refused install). Returns the ``__init_subclass__`` replacement to install, if the
+    class has none from av_core yet."""
+    fresh = owner not in _guarded
+    _guarded.setdefault(owner, set()).update(attributes)
+    if not fresh:
+        return []
+
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:  # noqa: N807
+        super(owner, cls).__init_subclass__(**kwargs)
+        for attribute in sorted(_guarded.get(owner, ())):
+            if attribute in vars(cls) and not _calls_super(vars(cls)[attribute], attribute):
+                raise VllmCompatibilityError(
+                    f"{cls.__module__}.{cls.__qualname__} overrides {attribute}: av_core's "
+                    f"replacement of {owner_name}.{attribute} ({ENV_ENABLE}=1) would never run "
+                    "for it"
+                )
+
+    original = vars(owner).get("__init_subclass__", _ABSENT)
+    return [
+        Replacement(
+            owner, owner_name, "__init_subclass__", original, classmethod(__init_subclass__)
+        )
+    ]
+
 
 def _signature_problems(
-    modules: Mapping[str, ModuleType], expected: Mapping[tuple[str, str], str]
+    modules: Mapping[str, ModuleType],
+    expected: Mapping[tuple[str, str], str],
+    report: InterfaceReport | None = None,
+    replacements: Mapping[tuple[str, str], str] | None = None,
 ) -> list[str]:
-    """Every live signature that differs from ``expected`` (``(module, dotted) -> text``)."""
-    problems: list[str] = []
+    """Every live signature that differs from ``expected`` (``(module, dotted) -> text``) in a
+    way that matters: an additive change (a new optional parameter) is accepted, and noted in
+    ``report``, unless the definition is one av_core replaces (``replacements``: its
+    replacement's signature) and the replacement does not take it."""
+    found_report = InterfaceReport([], [])
     for (module_name, dotted), text in expected.items():
         where = f"{module_name}.{dotted}"
         try:
             found = signature_text(resolve(modules[module_name], dotted))
         except (AttributeError, KeyError, TypeError, ValueError) as error:
-            problems.append(f"{where}: not found or not inspectable ({error})")
+            found_report.problems.append(f"{where}: not found or not inspectable ({error})")
             continue
-        if found != text:
-            problems.append(f"{where}{found} differs from the expected {where}{text}")
+        taken_by = (replacements or {}).get((module_name, dotted))
+        record_signature(found_report, where, text, found, taken_by=taken_by)
+    if report is not None:
+        report.accepted.extend(found_report.accepted)
+    return found_report.problems
+
+
+def _replacement_signatures() -> dict[tuple[str, str], str]:
+    """The signatures of av_core's replacements of :data:`EXPECTED_SIGNATURES`."""
+    from av_core import vllm as drop_ins
+
+    estimator = drop_ins.OnlineAcceptanceEstimator
+    ours: dict[str, Callable[..., Any]] = {
+        "OnlineAcceptanceEstimator.__init__": estimator.__init__,
+        "OnlineAcceptanceEstimator.step": estimator.step,
+        "OnlineAcceptanceEstimator.predict": estimator.predict,
+        "build_cost_tables_from_curves": drop_ins.build_cost_tables_from_curves,
+        "_assign_draft_token_budget": drop_ins.assign_draft_token_budget,
+        "AdaptiveVerificationManager.get_num_tokens": _get_num_tokens,
+    }
+    return {key: signature_text(ours[key[1]]) for key in EXPECTED_SIGNATURES}
+
+
+def callee_names(function: ast.AST) -> set[str]:
+    """The last name of every callee in ``function`` (``np.cumsum(...)`` → ``cumsum``)."""
+    names = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call):
+            callee = node.func
+            if isinstance(callee, ast.Name):
+                names.add(callee.id)
+            elif isinstance(callee, ast.Attribute):
+                names.add(callee.attr)
+    return names
+
+
+def self_attributes(function: ast.AST) -> set[str]:
+    """The attributes of ``self`` that ``function`` reads or writes."""
+    return {
+        node.attr
+        for node in ast.walk(function)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
+
+
+def _parsed(function: Any) -> ast.AST | None:
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
+def _body_problems(modules: Mapping[str, ModuleType], report: InterfaceReport) -> list[str]:
+    """What the bodies av_core replaces do beyond :data:`REPLACED_BODIES` (module doc), and
+    whether vLLM still reads ``_batch_budget`` as av_core writes it."""
+    problems: list[str] = []
+    for (module_name, dotted), (attributes, calls) in REPLACED_BODIES.items():
+        where = f"{module_name}.{dotted}"
+        try:
+            tree = _parsed(resolve(modules[module_name], dotted))
+        except (AttributeError, KeyError):
+            continue  # reported by the signature check
+        if tree is None:
+            report.accepted.append(f"{where}: source not readable, its body is not checked")
+            continue
+        called = callee_names(tree)
+        shared = sorted(called & COLLECTIVES)
+        if shared:
+            problems.append(
+                f"{where} communicates across ranks ({', '.join(shared)}): av_core's "
+                "replacement would drop that (vLLM deciding on rank 0 and broadcasting it, as "
+                "vllm#56831 does for the draft budget)"
+            )
+        extra_calls = sorted(called - calls - COLLECTIVES)
+        if extra_calls:
+            problems.append(
+                f"{where} calls {', '.join(extra_calls)}, which av_core's replacement does not"
+            )
+        extra_attributes = sorted(self_attributes(tree) - attributes)
+        if extra_attributes:
+            problems.append(
+                f"{where} uses self.{', self.'.join(extra_attributes)}, which av_core's "
+                "replacement ignores"
+            )
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Tuple)
+                and any(
+                    isinstance(t, ast.Attribute) and t.attr == "_batch_budget" for t in node.targets
+                )
+                and len(node.value.elts) != BATCH_BUDGET_ARITY
+            ):
+                problems.append(
+                    f"{where} stores a {len(node.value.elts)}-tuple in _batch_budget; av_core's "
+                    "replacement stores (drafts per request, non-draft tokens per request, "
+                    "budget)"
+                )
+    manager = getattr(modules.get(BUDGET_MODULE), "AdaptiveVerificationManager", None)
+    tree = _parsed(manager) if manager is not None else None
+    if manager is not None and tree is None:
+        report.accepted.append(
+            f"{BUDGET_MODULE}.AdaptiveVerificationManager: source not readable, its reads of "
+            "_batch_budget are not checked"
+        )
+    for node in ast.walk(tree) if tree is not None else ():
+        if not (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)):
+            continue
+        value = node.value
+        reads_budget = (isinstance(value, ast.Name) and value.id == "batch_budget") or (
+            isinstance(value, ast.Attribute) and value.attr == "_batch_budget"
+        )
+        arity = len(node.targets[0].elts)
+        if reads_budget and arity != BATCH_BUDGET_ARITY:
+            problems.append(
+                f"{BUDGET_MODULE}.AdaptiveVerificationManager unpacks _batch_budget into "
+                f"{arity} values ({ast.unparse(node)}); av_core's get_num_tokens stores "
+                f"{BATCH_BUDGET_ARITY}"
+            )
     return problems
+
+
+def _override_problems(targets: list[tuple[type, str, str]], report: InterfaceReport) -> list[str]:
+    """Subclasses (as far as imported) that define what av_core patches on their base: the
+    patch never runs for them. One that calls the base's method through ``super()`` keeps it
+    running and is accepted."""
+    for module_name in SUBCLASS_MODULES:
+        if module_name in sys.modules:
+            continue
+        try:
+            if importlib.util.find_spec(module_name) is not None:
+                importlib.import_module(module_name)
+        except (ImportError, ValueError, VllmCompatibilityError):
+            continue  # vLLM cannot import it either
+    problems = []
+    for owner, owner_name, attribute in targets:
+        for cls in overriding_subclasses(owner, attribute):
+            name = f"{cls.__module__}.{cls.__qualname__}"
+            if _calls_super(vars(cls)[attribute], attribute):
+                report.accepted.append(f"{name}.{attribute} overrides and calls super()")
+                continue
+            problems.append(
+                f"{name} overrides {attribute}: av_core's replacement of "
+                f"{owner_name}.{attribute} would never run for it"
+            )
+    return problems
+
+
+def _calls_super(method: Any, attribute: str) -> bool:
+    tree = _parsed(method)
+    return tree is not None and any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == attribute
+        and isinstance(node.func.value, ast.Call)
+        and ast.unparse(node.func.value.func) == "super"
+        for node in ast.walk(tree)
+    )
 
 
 def version_supported(version: str) -> bool:
@@ -233,32 +551,51 @@ def version_supported(version: str) -> bool:
     return False
 
 
-def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> list[str]:
-    """Every difference between the live vLLM modules and what the drop-ins mirror (empty when
-    compatible). ``version=None`` skips the version check."""
-    problems: list[str] = []
+def interface_report(modules: Mapping[str, ModuleType], version: str | None) -> InterfaceReport:
+    """Every difference between the live vLLM modules and what the drop-ins mirror, split into
+    refusals and accepted additive changes. ``version=None`` skips the version check."""
+    report = InterfaceReport([], [])
     if version is not None and not version_supported(version):
-        problems.append(
-            f"vLLM version {version} is not one av_core's plugin was written against "
-            f"({', '.join(SUPPORTED_VLLM_VERSIONS)}); set {ENV_ANY_VERSION}=1 to try it anyway "
-            "(the signature checks still apply)"
-        )
-    problems += _signature_problems(modules, EXPECTED_SIGNATURES)
+        if older_than(version, "0.32.0"):
+            report.problems.append(
+                f"vLLM version {version} is older than those av_core's plugin was written "
+                f"against ({', '.join(SUPPORTED_VLLM_VERSIONS)}); set {ENV_ANY_VERSION}=1 to "
+                "try it anyway (the interface checks still apply)"
+            )
+        else:
+            report.accepted.append(
+                f"vLLM {version} is not a release the contract tests read "
+                f"({', '.join(SUPPORTED_VLLM_VERSIONS)}): installed because every interface "
+                "check passes"
+            )
+    report.problems.extend(
+        _signature_problems(modules, EXPECTED_SIGNATURES, report, _replacement_signatures())
+    )
     for (module_name, dotted), expected_value in EXPECTED_CONSTANTS.items():
         where = f"{module_name}.{dotted}"
         try:
             value = resolve(modules[module_name], dotted)
         except (AttributeError, KeyError) as error:
-            problems.append(f"{where}: not found ({error})")
+            report.problems.append(f"{where}: not found ({error})")
             continue
         if value != expected_value:
-            problems.append(f"{where} = {value!r}, expected {expected_value!r}")
+            report.problems.append(f"{where} = {value!r}, expected {expected_value!r}")
     budget_module = modules.get(BUDGET_MODULE)
     if budget_module is not None and not hasattr(
         budget_module, "_assign_draft_token_budget_compiled"
     ):
-        problems.append(f"{BUDGET_MODULE}._assign_draft_token_budget_compiled: not found")
-    return problems
+        report.problems.append(f"{BUDGET_MODULE}._assign_draft_token_budget_compiled: not found")
+    report.problems.extend(_body_problems(modules, report))
+    manager = getattr(budget_module, "AdaptiveVerificationManager", None)
+    if isinstance(manager, type):
+        targets = [(manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", "get_num_tokens")]
+        report.problems.extend(_override_problems(targets, report))
+    return report
+
+
+def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> list[str]:
+    """The refusals of :func:`interface_report` (empty when compatible)."""
+    return interface_report(modules, version).problems
 
 
 def _get_num_tokens(
@@ -271,6 +608,7 @@ def _get_num_tokens(
 
     if self.cost_tables is None:
         raise RuntimeError("adaptive verification has no cost tables yet (profiling did not run)")
+    _check_one_dimensional(self.cost_tables, type(self).__name__)
     req_states = self.req_states
     plan = batch_draft_budget(
         num_tokens_per_req,
@@ -289,6 +627,18 @@ def _get_num_tokens(
         plan.draft_budget,
     )
     return plan.num_tokens
+
+
+def _check_one_dimensional(cost_tables: Any, owner: str) -> None:
+    """av_core prices verification by token count: a verify table of another shape (vllm#52559's
+    DFlash manager keeps one by batch size and K) is refused by name, never read as if flat."""
+    shapes = [np.shape(table) for table in cost_tables]
+    if len(shapes) != 2 or any(len(shape) != 1 for shape in shapes):
+        raise VllmCompatibilityError(
+            f"{owner}.cost_tables have shapes {shapes}; av_core prices drafting by batch size "
+            "and verification by token count (two 1-D tables): a verify table by batch size "
+            "and K, as vllm#52559's DFlashAdaptiveKManager keeps, is not one it can read"
+        )
 
 
 def _import(name: str) -> ModuleType | None:
@@ -367,6 +717,9 @@ def _plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
             inspect.getattr_static(manager, "get_num_tokens"),
             _get_num_tokens,
         ),
+        *_subclass_guard(
+            manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", ["get_num_tokens"]
+        ),
     ]
     # Modules that bound a name with `from ... import` before now keep the original unless
     # rebound too (vLLM's speculator.py imports the estimator class that way).
@@ -410,8 +763,8 @@ def _record_confidences(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wraps ``AdaptiveVerificationManager.record_confidences``: the proposal that just ran is
     the one whose confidences this call starts copying to the host."""
 
-    def record_confidences(self: Any, confidence_probs: Any, input_batch: Any) -> None:
-        original(self, confidence_probs, input_batch)
+    def record_confidences(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
         hook, last = _DepthState.hook, _DepthState.last
         if hook is not None and last is not None:
             hook.proposed(*last)
@@ -425,8 +778,8 @@ def _add_request(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wraps ``AdaptiveVerificationManager.add_request``: a new request in a slot starts at 1.0
     in the hook too."""
 
-    def add_request(self: Any, req_idx: int) -> None:
-        original(self, req_idx)
+    def add_request(self: Any, req_idx: int, *args: Any, **kwargs: Any) -> None:
+        original(self, req_idx, *args, **kwargs)
         if _DepthState.hook is not None:
             _DepthState.hook.add_request(int(req_idx))
 
@@ -441,6 +794,7 @@ def _depth_hook(manager: Any, num_speculative_steps: int) -> Any:
 
     tables = manager.cost_tables
     if _DepthState.hook is None or _DepthState.tables_source is not tables:
+        _check_one_dimensional(tables, type(manager).__name__)
         draft_ms, verify_ms = (np.asarray(t, dtype=np.float64) for t in tables)
         costs = CostTables(draft_ms, verify_ms).with_draft_depth(
             _drafter_kind(), max_depth=num_speculative_steps
@@ -506,7 +860,22 @@ def _drafter_kind() -> str:
     return os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
 
 
-def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
+#: What an early-stopping drafter calls inside ``propose`` (vLLM's ``DraftConfidenceStop``, on a
+#: branch: the round ends once no chain's top-1 probability reaches a threshold).
+CONFIDENCE_STOP_CALLS = frozenset({"should_continue", "begin_round", "num_verifiable_drafts"})
+
+
+def _confidence_stops(propose: Any) -> list[str]:
+    tree = _parsed(propose)
+    if tree is None:
+        return []
+    return sorted(callee_names(tree) & CONFIDENCE_STOP_CALLS)
+
+
+def _depth_problems(
+    modules: Mapping[str, ModuleType], report: InterfaceReport | None = None
+) -> list[str]:
+    report = report if report is not None else InterfaceReport([], [])
     problems = []
     for module_name, class_name in DEPTH_SPECULATORS:
         where = f"{module_name}.{class_name}.propose"
@@ -518,10 +887,29 @@ def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
         if not text.startswith("(self, input_batch,") or "num_speculative_tokens=None" not in text:
             expected = "(self, input_batch, ..., num_speculative_tokens=None)"
             problems.append(f"{where}{text}: expected {expected}")
+        stops = _confidence_stops(resolve(modules[module_name], f"{class_name}.propose"))
+        if stops:
+            problems.append(
+                f"{where} stops drafting early on its own ({', '.join(stops)}: a "
+                "DraftConfidenceStop): the depth it drafts is not the depth av_core chose, so "
+                "the hook would record confidences for positions never drafted"
+            )
     problems += _signature_problems(
         modules,
         {(BUDGET_MODULE, dotted): text for dotted, text in DEPTH_MANAGER_SIGNATURES.items()},
+        report,
     )
+    targets = [
+        (owner, f"{module_name}.{class_name}", "propose")
+        for module_name, class_name in DEPTH_SPECULATORS
+        if isinstance(owner := getattr(modules[module_name], class_name, None), type)
+    ]
+    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
+    targets += [
+        (manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", attribute)
+        for attribute in ("record_confidences", "add_request")
+    ]
+    problems += _override_problems(targets, report)
     if _drafter_kind() not in ("autoregressive", "parallel"):
         problems.append(f"{ENV_DRAFTER}={_drafter_kind()!r}: expected autoregressive or parallel")
     if _depth_mode() not in ("batch", "per_request", "off"):
@@ -533,7 +921,7 @@ def install_depth_control() -> list[Replacement]:
     """Checks the speculators and wraps their ``propose`` with drafting-depth control (module
     doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference.
     Idempotent."""
-    done = [entry for entry in _installed if entry.attribute == "propose"]
+    done = [entry for entry in installed() if entry.attribute == "propose"]
     if done:
         return done
     names = [module for module, _ in DEPTH_SPECULATORS] + [BUDGET_MODULE]
@@ -560,6 +948,7 @@ def install_depth_control() -> list[Replacement]:
             ("add_request", _add_request),
         )
     ]
+    plan += _subclass_guard(manager, owner_name, ["record_confidences", "add_request"])
     for module_name, class_name in DEPTH_SPECULATORS:
         owner = getattr(modules[module_name], class_name)
         original = inspect.getattr_static(owner, "propose")
@@ -568,6 +957,7 @@ def install_depth_control() -> list[Replacement]:
                 owner, f"{module_name}.{class_name}", "propose", original, _depth_propose(original)
             )
         )
+        plan += _subclass_guard(owner, f"{module_name}.{class_name}", ["propose"])
     for entry in plan:
         setattr(entry.owner, entry.attribute, entry.replacement)
         _installed.append(entry)
@@ -585,7 +975,7 @@ def install() -> list[Replacement]:
     ``AV_CORE_SIMD``.
     """
     if _installed:
-        return list(_installed)
+        return installed()
     _native.check_environment()  # AV_CORE_SIMD: a bad value fails here, naming it
     any_version = env_flag(ENV_ANY_VERSION)
     # What every drop-in estimator will be built with: a bad value fails here, naming the
@@ -593,14 +983,17 @@ def install() -> list[Replacement]:
     update, exact = choose_update(None, None)
     version = engine_version("vllm")
     modules = {name: importlib.import_module(name) for name in (ESTIMATOR_MODULE, BUDGET_MODULE)}
-    problems = check_interface(modules, None if any_version else version)
+    report = interface_report(modules, None if any_version else version)
+    problems = report.problems
     serving = vllm_serving.wanted()
     if serving:
         serving_modules = {name: _import(name) for name in vllm_serving.modules_needed()}
         missing = [name for name, module in serving_modules.items() if module is None]
         problems += [f"{name}: cannot be imported" for name in missing]
         present = {name: m for name, m in serving_modules.items() if m is not None}
-        problems += vllm_serving.problems(present, _signature_problems)
+        problems += vllm_serving.problems(
+            present, lambda mods, expected: _signature_problems(mods, expected, report)
+        )
     if problems:
         raise VllmCompatibilityError(
             f"av_core's vLLM plugin ({ENV_ENABLE}=1) cannot run on this vLLM ({version}); "
@@ -613,12 +1006,14 @@ def install() -> list[Replacement]:
         setattr(entry.owner, entry.attribute, entry.replacement)
         _installed.append(entry)
         logger.info("av_core: replaced %s", entry.describe())
+    for change in report.accepted:
+        logger.info("av_core: accepted an additive change of vLLM: %s", change)
     logger.info("av_core: vLLM %s runs adaptive verification on av_core", version)
     if exact:
         logger.info("av_core: %s=1: estimators refit with vLLM's unbounded update", ENV_EXACT)
     if update == "map":
         logger.info("av_core: %s=map: estimators refit with av_core's own update", ENV_ESTIMATOR)
-    return list(_installed)
+    return installed()
 
 
 def uninstall() -> None:
@@ -628,13 +1023,17 @@ def uninstall() -> None:
     _DepthState.last = None
     while _installed:
         entry = _installed.pop()
-        setattr(entry.owner, entry.attribute, entry.original)
+        if entry.original is _ABSENT:
+            delattr(entry.owner, entry.attribute)
+        else:
+            setattr(entry.owner, entry.attribute, entry.original)
         logger.info("av_core: restored %s.%s", entry.owner_name, entry.attribute)
+    _guarded.clear()
 
 
 def installed() -> list[Replacement]:
-    """The replacements in effect."""
-    return list(_installed)
+    """The replacements in effect (without the guards against later overriding subclasses)."""
+    return [entry for entry in _installed if entry.attribute != "__init_subclass__"]
 
 
 def register() -> None:
