@@ -155,11 +155,16 @@ def compare_signatures(expected: str, found: str) -> SignatureChange:
                 changed.append(f"parameter {before.name} moved ({_where(moved, new)})")
             continue
         changed += _parameter_changes(before, after, added)
+    old_star = next((p.name for p in old if p.kind == "var_positional"), None)
     for extra in new_positional[len(old_positional) :]:
-        if extra.name in old_names:
+        if extra.name in old_names and not old_star:
             continue  # reported where it used to be
         if extra.default is None:
             changed.append(f"new required parameter {extra.name}")
+        elif old_star:
+            changed.append(
+                f"new positional parameter {extra.name}={extra.default} takes what *{old_star} took"
+            )
         else:
             added.append(f"new optional parameter {extra.name}={extra.default}")
     for before in (p for p in old if p.kind not in _POSITIONAL):
@@ -168,6 +173,13 @@ def compare_signatures(expected: str, found: str) -> SignatureChange:
             star = "*" if before.kind == "var_positional" else "**"
             what = f"{star}{before.name}" if before.kind in _VARIADIC else before.name
             changed.append(f"parameter {what} removed")
+        elif (
+            before.kind == "keyword_only"
+            and after.kind == "positional_or_keyword"
+            and new_positional.index(after) >= len(old_positional)
+        ):
+            added.append(f"parameter {before.name} can now also be passed positionally")
+            changed += _parameter_changes(before, after, added, kinds=False)
         elif after.kind != before.kind:
             changed.append(f"parameter {before.name} moved ({_where(after, new)})")
         else:
@@ -198,12 +210,17 @@ def _where(parameter: Parameter, signature: tuple[Parameter, ...]) -> str:
     return f"now positional parameter {index + 1}"
 
 
-def _parameter_changes(before: Parameter, after: Parameter, added: list[str]) -> list[str]:
-    """The changes of one parameter kept under its name and place (optional-now goes to
-    ``added``)."""
+def _parameter_changes(
+    before: Parameter, after: Parameter, added: list[str], *, kinds: bool = True
+) -> list[str]:
+    """The changes of one parameter kept under its name and place (what only widens the calls
+    it takes, optional now or no longer positional-only, goes to ``added``)."""
     changes = []
-    if before.kind != after.kind:
-        changes.append(f"parameter {before.name} is now {after.kind.replace('_', '-')}")
+    if kinds and before.kind != after.kind:
+        if (before.kind, after.kind) == ("positional_only", "positional_or_keyword"):
+            added.append(f"parameter {before.name} can now also be passed by keyword")
+        else:
+            changes.append(f"parameter {before.name} is now {after.kind.replace('_', '-')}")
     if before.default != after.default:
         if before.default is None:
             added.append(f"parameter {before.name} is now optional (default {after.default})")

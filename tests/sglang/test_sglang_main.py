@@ -433,8 +433,8 @@ CHANGED = [
     (
         main.RUNTIME,
         "def run_profiling(self, tree_cache, *, max_running_requests):",
-        "def run_profiling(self, tree_cache, max_running_requests):",
-        "run_profiling.*max_running_requests moved",
+        "def run_profiling(self, tree_cache, *, max_requests):",
+        "run_profiling.*max_running_requests removed",
     ),
     (
         main.RUNTIME,

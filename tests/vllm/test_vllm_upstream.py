@@ -24,7 +24,9 @@ speculator's ``propose``, which drafting-depth control refuses.
 
 from __future__ import annotations
 
+import ast
 import logging
+import re
 import sys
 import types
 from pathlib import Path
@@ -74,6 +76,31 @@ def refused(modules: dict[str, types.ModuleType], *messages: str) -> None:
 def originals_of(modules: dict[str, types.ModuleType]) -> dict[str, Any]:
     budget = modules[BUDGET_MODULE]
     return {"get_num_tokens": budget.AdaptiveVerificationManager.__dict__["get_num_tokens"]}
+
+
+def definition(tree: ast.Module, dotted: str) -> ast.FunctionDef:
+    scope: list[ast.stmt] = tree.body
+    node: Any = None
+    for part in dotted.split("."):
+        node = next(
+            n for n in scope if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == part
+        )
+        scope = node.body
+    assert isinstance(node, ast.FunctionDef)
+    return node
+
+
+@pytest.mark.vllm
+def test_the_replaced_bodies_are_those_of_the_release(
+    vllm_sources: dict[str, str],  # noqa: F811
+) -> None:
+    """REPLACED_BODIES against the wheel's text (read with regular expressions over each body,
+    not with the plugin's own walk of the syntax tree)."""
+    for (module, dotted), (attributes, calls) in vllm_plugin.REPLACED_BODIES.items():
+        node = definition(ast.parse(vllm_sources[module]), dotted)
+        body = "\n".join(ast.unparse(statement) for statement in node.body)
+        assert set(re.findall(r"\bself\.(\w+)", body)) == attributes, dotted
+        assert set(re.findall(r"(\w+)\(", body)) == calls, dotted
 
 
 BUDGET_LINE = "        self._batch_budget = (\n"
