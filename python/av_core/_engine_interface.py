@@ -1,6 +1,8 @@
 """What the engine integrations (:mod:`av_core.vllm`, :mod:`av_core.sglang`) share to check an
 engine's interfaces before patching anything: the text of a signature, the object behind a
-dotted name, and the installed engine's version. Nothing here imports an engine until asked."""
+dotted name, the installed engine's version, whether a changed signature is additive (every
+call it allowed keeps its meaning) or changed (:func:`compare_signatures`), and the subclasses
+that override a patched method. Nothing here imports an engine until asked."""
 
 from __future__ import annotations
 
@@ -246,7 +248,7 @@ def overriding_subclasses(owner: type, attribute: str) -> list[type]:
     ``attribute`` themselves: a patch of ``owner.attribute`` never runs for their instances."""
     found: list[type] = []
     seen: set[int] = set()
-    pending = list(type.__subclasses__(owner))
+    pending: list[type] = list(type.__subclasses__(owner))
     while pending:
         cls = pending.pop()
         if id(cls) in seen:

@@ -1,20 +1,24 @@
-"""SGLang 0.5.23: a cost-aware policy for its adaptive speculative decoding, backed by av_core.
+"""SGLang: a cost-aware policy for its adaptive speculative decoding, backed by av_core.
 
 SGLang's adaptive mode (``--speculative-adaptive``, EAGLE/EAGLE3, ``topk = 1``) switches the
 drafting depth (``speculative_num_steps``) between pre-built runtime states through a small policy
 interface, ``AdaptiveSpecPolicy`` (``sglang/srt/speculative/adaptive_runtime_state.py``), driven by
 its ``AdaptiveController``: ``get_steps_for_batch(batch_size)`` before each decode batch,
-``on_verify_complete(num_correct_drafts_per_req, batch_size)`` after its verify. Its built-in
-policy (``AdaptiveSpeculativeParams``) follows an EMA of the accepted length through hand-written
-per-batch-size candidate steps and is not cost-aware.
+``on_verify_complete(num_correct_drafts_per_req, batch_size)`` after its verify, and on SGLang
+main also ``on_state_activated(steps)`` on every switch, ``num_steps`` with each verify and an
+optional start-up profiling protocol. Its built-in policies (``AdaptiveSpeculativeParams``, an
+EMA of the accepted length; on main also ``ThroughputAwarePolicy``) are replaced by av_core's.
 
 :mod:`av_core.sglang.policy` holds the policy (:class:`CostAwarePolicy`: acceptance from av_core's
-estimator, cost from av_core cost tables, hysteresis, probes, deterministic and lossless) and
+estimator, cost from av_core cost tables, hysteresis, probes, deterministic and lossless;
+:class:`ProfilingCostAwarePolicy`: costs from SGLang's own start-up profiling) and
 :mod:`av_core.sglang.installer` the entry point that swaps it in after checking SGLang's
-interfaces (:func:`install`, :func:`register`). ``docs/sglang.md`` has the details. Nothing here
+interfaces (:func:`install`, :func:`register`): SGLang 0.5.23 and main's additive changes are
+accepted, anything changed refused by name. ``docs/sglang.md`` has the details. Nothing here
 imports SGLang except the installer, and only when it runs.
 """
 
+from av_core._engine_interface import InterfaceReport
 from av_core.sglang.installer import (
     CALL_SITES,
     CONTROLLER_SIGNATURES,
@@ -35,7 +39,6 @@ from av_core.sglang.installer import (
     SUPPORTED_SGLANG_VERSIONS,
     THROUGHPUT_MODULE,
     WORKER_MODULE,
-    InterfaceReport,
     SglangCompatibilityError,
     calls_to,
     check_interface,

@@ -2,15 +2,25 @@
 
 With ``AV_CORE_SGLANG=1`` the ``sglang.srt.plugins`` entry point (:func:`register`, which SGLang
 calls in every scheduler process before building its workers) runs :func:`install`: it checks
-SGLang's version and every signature and call site the policy relies on (:func:`check_interface`)
-and, on any difference, raises :class:`SglangCompatibilityError` listing them and patches nothing
-(SGLang logs the error and keeps its own policy). Compatible, it rebinds
-``AdaptiveSpeculativeParams`` in ``eagle_worker_v2`` (the only name ``EAGLEWorkerV2.__init__``
-constructs its policy through) to a factory that builds a :class:`CostAwarePolicy` with the
-candidate steps of SGLang's own adaptive config (per batch-size tier, so the same runtime states
-and CUDA graphs are built) and the cost tables of ``AV_CORE_SGLANG_COSTS`` (a
-``CostTables.to_json`` file or an ``av-core profile`` cost file). ``docs/sglang.md`` has the
-details. Nothing here imports SGLang until :func:`install` runs.
+SGLang's version and every signature and call site the policy relies on
+(:func:`interface_report`) and, on any change that matters, raises
+:class:`SglangCompatibilityError` listing them and patches nothing (SGLang logs the error and
+keeps its own policy). A change is *additive* when every call the known interface allows keeps
+its meaning (a new optional parameter such as main's ``num_steps=None``, a new protocol method
+av_core's policy implements such as ``on_state_activated``, a newer version): accepted and
+logged; anything else (removed, renamed, moved or newly required parameters, another default, a
+protocol member av_core's policy lacks, a construction site building another policy) is
+refused by name. SGLang 0.5.23 and main (:data:`MAIN_REVISION`) are the revisions known.
+
+Compatible, it rebinds SGLang's policy classes where SGLang builds them from
+(``AdaptiveSpeculativeParams`` in ``eagle_worker_v2``; main's ``ThroughputAwarePolicy`` in its
+module, imported when built) to factories that build av_core's policy with the candidate steps
+of SGLang's own adaptive config (per batch-size tier, so the same runtime states and CUDA graphs
+are built) and the cost tables of ``AV_CORE_SGLANG_COSTS`` (a ``CostTables.to_json`` file or an
+``av-core profile`` cost file), or, without tables on SGLang main (or with
+``AV_CORE_SGLANG_PROFILE=1``), :class:`~av_core.sglang.policy.ProfilingCostAwarePolicy`, priced
+from SGLang's start-up profiling. ``docs/sglang.md`` has the details. Nothing here imports
+SGLang until :func:`install` runs.
 """
 
 from __future__ import annotations

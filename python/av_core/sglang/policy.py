@@ -30,6 +30,15 @@ the one with the most expected tokens per millisecond:
   statistics are fixed-point; probes are counted, not drawn), so every tensor-parallel rank that
   sees the same verdicts makes the same choice without a collective, as SGLang's adaptive mode
   requires.
+- **What ran, not what was chosen**: SGLang main reports every runtime state it activates
+  (``on_state_activated``) and may pass the steps a verified batch ran (``num_steps``); under
+  DP attention (sgl-project/sglang#35898) a batch runs the minimum of the ranks' choices. The
+  verdicts are learnt with the steps that ran (positions never drafted are not rejections), and a
+  probe the minimum cancelled is retried at the next decision until it runs, so ranks that all
+  sit at 0 still probe together.
+
+:class:`ProfilingCostAwarePolicy` takes ``C(s)`` from SGLang main's start-up profiling
+(``AdaptiveProfilingPolicy``: whole decode steps timed on SGLang's own runtime states).
 
 It is lossless: the step count is chosen before drafting, from past verdicts only.
 """

@@ -13,11 +13,17 @@ place and before any of them is used:
   the budget with :func:`av_core.vllm.batch_draft_budget`.
 
 Each replacement is logged (logger ``vllm.av_core``, so it shows in vLLM's own log). Before
-touching anything it checks vLLM's version and every signature and constant the replacements
-mirror; on any difference it raises :class:`VllmCompatibilityError` listing them and patches
-nothing: silently serving with a half-patched or mismatched vLLM would be worse than not starting.
-``AV_CORE_VLLM_ANY_VERSION=1`` waives the version check only (for a point release or a source
-build whose interfaces still match); the signature checks always run.
+touching anything it checks vLLM's version, every signature and constant the replacements
+mirror, what vLLM's own bodies of the replaced functions do (:data:`REPLACED_BODIES`: a
+broadcast from rank 0, a new attribute or helper, another ``_batch_budget`` layout would be
+dropped by the replacement) and whether a subclass overrides what it patches (the patch would
+never run for it; a guard keeps refusing such a subclass defined later). An *additive* change (a
+new optional parameter that the replacement takes too, a newer vLLM) is accepted and logged; on
+any other difference it raises :class:`VllmCompatibilityError` listing them and patches nothing:
+silently serving with a half-patched or mismatched vLLM would be worse than not starting.
+``AV_CORE_VLLM_ANY_VERSION=1`` waives the check that refuses versions older than 0.32 only; the
+interface checks always run. A verify cost table by batch size and K (vllm#52559) is refused by
+name where av_core would read it.
 
 ``AV_CORE_STATE_DIR`` (warm restarts) and ``AV_CORE_SHARE_STATS=dp`` (pooled statistics across
 data-parallel ranks) wrap ``DraftModelSpeculator.load_model`` (and, for sharing,
@@ -339,8 +345,10 @@ def _subclass_guard(owner: type, owner_name: str, attributes: list[str]) -> list
     if not fresh:
         return []
 
-    def __init_subclass__(cls: type, **kwargs: Any) -> None:  # noqa: N807
-        super(owner, cls).__init_subclass__(**kwargs)
+    base: Any = owner
+
+    def __init_subclass__(cls: Any, /, **kwargs: Any) -> None:  # noqa: N807
+        super(base, cls).__init_subclass__(**kwargs)
         for attribute in sorted(_guarded.get(owner, ())):
             if attribute in vars(cls) and not _calls_super(vars(cls)[attribute], attribute):
                 raise VllmCompatibilityError(
