@@ -326,3 +326,24 @@ def record_signature(
         )
     else:
         report.accepted.append(f"{where}{found}: {change.describe()}")
+
+
+def check_signature(
+    report: InterfaceReport,
+    modules: Any,
+    module_name: str,
+    dotted: str,
+    known: str | list[str],
+    *,
+    newest: str = "the newest known revision",
+    taken_by: str | None = None,
+) -> None:
+    """:func:`record_signature` of ``modules[module_name].<dotted>``; a definition that is not
+    there, or not inspectable, is a problem."""
+    where = f"{module_name}.{dotted}"
+    try:
+        found = signature_text(resolve(modules[module_name], dotted))
+    except (AttributeError, KeyError, TypeError, ValueError) as error:
+        report.problems.append(f"{where}: not found or not inspectable ({error})")
+        return
+    record_signature(report, where, known, found, newest=newest, taken_by=taken_by)

@@ -287,7 +287,10 @@ class _Off:
         return False
 
 
-envs = SimpleNamespace(SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=_Off())
+envs = SimpleNamespace(
+    SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=_Off(),
+    SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=_Off(),
+)
 torch = SimpleNamespace(empty=lambda *args, **kwargs: None, int64="int64")
 
 
@@ -460,6 +463,29 @@ FILES: dict[str, str] = {
 }
 
 
+def standin_worker(runtime: ModuleType, steps: int = 2) -> Any:
+    """A worker of SGLang's ``AdaptiveSpecWorker`` protocol running ``steps``, whose runtime
+    states are ``runtime.SpecRuntimeState`` records (no backends, no graphs)."""
+
+    class Worker:
+        speculative_num_steps = steps
+
+        def build_adaptive_runtime_state(
+            self,
+            speculative_num_steps: int,
+            speculative_num_draft_tokens: int,
+            cuda_graph_bs: Any = None,
+        ) -> Any:
+            return runtime.SpecRuntimeState(
+                speculative_num_steps, speculative_num_draft_tokens, *[None] * 6
+            )
+
+        def apply_runtime_state(self, state: Any) -> None:
+            self.speculative_num_steps = state.speculative_num_steps
+
+    return Worker()
+
+
 def standin_spec() -> Any:
     """The ``get_spec()`` answer of the tree imported last (the test sets its fields)."""
     return sys.modules[STANDINS].SPEC
@@ -543,9 +569,13 @@ def checkout_root(value: str) -> Path:
     return root / "python" if (root / "python" / "sglang").is_dir() else root
 
 
+#: The worker's methods that stay :data:`WORKER_SOURCE`'s where the rest is an SGLang source's.
+WORKER_STANDINS = ("build_adaptive_runtime_state", "apply_runtime_state")
+
+
 def worker_with(source: str, methods: tuple[str, ...] = WORKER_METHODS) -> str:
-    """:data:`WORKER_SOURCE` with ``EAGLEWorkerV2``'s ``methods`` replaced by those of
-    ``source`` (an ``eagle_worker_v2.py``), each exactly as written there."""
+    """An ``EAGLEWorkerV2`` with ``methods`` exactly as ``source`` (an ``eagle_worker_v2.py``)
+    writes them and :data:`WORKER_STANDINS` from :data:`WORKER_SOURCE`."""
     import ast
 
     def own(text: str) -> dict[str, ast.FunctionDef]:
@@ -567,7 +597,7 @@ def worker_with(source: str, methods: tuple[str, ...] = WORKER_METHODS) -> str:
         "    get_exec,\n    get_parallel,\n    get_spec,\n    envs,\n    torch,\n)",
     )
     body = [segment(source, theirs[name]) for name in methods if name in theirs]
-    body += [segment(WORKER_SOURCE, node) for name, node in ours.items() if name not in methods]
+    body += [segment(WORKER_SOURCE, ours[name]) for name in WORKER_STANDINS]
     return header + "class EAGLEWorkerV2(BaseSpecWorker):\n" + "\n".join(body)
 
 

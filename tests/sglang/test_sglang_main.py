@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,8 +31,17 @@ from typing import Any
 import numpy as np
 import pytest
 import sglang_main_reproduction as main
-from test_sglang import geometric_counts, reference_choice, reference_rates
-from test_sglang_contract import CONFIG, GRAPH_BS, gpu_like_tables, padded, rounds_script, tier_of
+from test_sglang import geometric_counts, reference_choice
+from test_sglang_contract import (
+    CONFIG,
+    GRAPH_BS,
+    TIERS,
+    drive_rounds,
+    gpu_like_tables,
+    padded,
+    rounds_script,
+    tier_of,
+)
 
 from av_core import AcceptanceEstimator, CostTables
 from av_core import sglang as av_sglang
@@ -44,7 +53,6 @@ from av_core.sglang import (
     SglangCompatibilityError,
 )
 
-TIERS = {int(key): entry["candidate_steps"] for key, entry in CONFIG.items()}
 SOURCES = ["reproduction", "checkout"]
 
 
@@ -151,37 +159,6 @@ def test_no_cost_tables_means_sglangs_own_profiling(
 # --- the controller drives the policy ---------------------------------------------------------
 
 
-def expected_steps(
-    policy: CostAwarePolicy,
-    price: Callable[[int, list[int]], dict[int, float]],
-    margin: float,
-    interval: int,
-) -> Callable[[int], int]:
-    """The brute-force decision with hysteresis and probes, from the policy's estimator as it
-    stands (``price``: the reference rates of a batch's candidates)."""
-    current: dict[int, int | None] = {1: None, 8: 2, 64: 2}
-    since_probe = [0]
-
-    def decide(batch: int) -> int:
-        tier = tier_of(padded(batch))
-        allowed = TIERS[tier]
-        rates = price(batch, allowed)
-        best = reference_choice(rates)
-        running = current[tier]
-        keep = running is not None and rates[best] <= rates[running] * (1 + margin)
-        choice = running if keep and running is not None else best
-        current[tier] = choice
-        higher = [s for s in allowed if s > choice]
-        if higher:
-            since_probe[0] += 1
-            if since_probe[0] > interval:
-                since_probe[0] = 0
-                return higher[0]
-        return choice
-
-    return decide
-
-
 @pytest.mark.parametrize("pass_steps", [False, True])
 def test_mains_controller_drives_the_policy_through_verify_rounds(
     sglang: dict[str, ModuleType], tmp_path: Path, pass_steps: bool
@@ -200,30 +177,7 @@ def test_mains_controller_drives_the_policy_through_verify_rounds(
     for steps, graph_bs in worker.built.items():
         assert graph_bs == [b for b in GRAPH_BS if steps in TIERS[tier_of(b)]], steps
 
-    def price(batch: int, allowed: list[int]) -> dict[int, float]:
-        return reference_rates(
-            policy.estimator.intercepts,
-            tables.draft_ms,
-            depth,
-            tables.verify_ms,
-            batch,
-            allowed,
-            extend_at_zero=True,
-        )
-
-    decide = expected_steps(policy, price, margin, interval)
-    rng = np.random.default_rng(11)
-    history = []
-    for t, (batch, p) in enumerate(rounds_script(0)):
-        expected = decide(batch)
-        worker.activate_step_by_batch(batch)  # SGLang's own hook → controller → policy
-        steps = worker.speculative_num_steps
-        assert steps == expected, (t, batch)
-        history.append(steps)
-        counts = geometric_counts(rng, p, steps, batch)
-        worker.on_verify_complete_cpu(
-            counts, batch_size=batch, num_steps=steps if pass_steps else None
-        )
+    history = drive_rounds(worker, policy, tables, margin, interval, num_steps=pass_steps)
     assert policy.counters.observed == sum(1 for s in history if s > 0)
     assert policy.counters.unmatched == policy.counters.inconsistent == 0
     assert policy.counters.overridden == 0
@@ -264,27 +218,10 @@ def test_under_dp_attention_each_rank_learns_what_ran_and_probes_still_run(
     ).with_draft_depth("autoregressive", max_depth=k)
     ranks = []
     for _ in range(3):
-
-        class Worker:
-            speculative_num_steps = 2
-
-            def build_adaptive_runtime_state(
-                self,
-                speculative_num_steps: int,
-                speculative_num_draft_tokens: int,
-                cuda_graph_bs: Any = None,
-            ) -> Any:
-                return runtime.SpecRuntimeState(
-                    speculative_num_steps, speculative_num_draft_tokens, *[None] * 6
-                )
-
-            def apply_runtime_state(self, state: Any) -> None:
-                self.speculative_num_steps = state.speculative_num_steps
-
         policy = CostAwarePolicy(tables, TIERS, initial_steps=2, probe_interval=20)
         recorder = Recorder(policy.estimator)
         policy._estimator = recorder  # type: ignore[assignment]
-        worker = Worker()
+        worker = main.standin_worker(runtime)
         controller = runtime.AdaptiveController(worker, policy)
         controller.register(runtime.SpecRuntimeState(2, 3, *[None] * 6))
         controller.init_states(cuda_graph_bs=GRAPH_BS)

@@ -41,7 +41,7 @@ from test_vllm_contract import (  # noqa: F401 - fixtures
     vllm_sources,
     wheel,
 )
-from test_vllm_depth import FakeManager, FakeSpeculator
+from test_vllm_depth import FakeManager, fake_vllm  # noqa: F401 - a fixture
 
 from av_core.vllm import plugin as vllm_plugin
 from av_core.vllm.plugin import BUDGET_MODULE, VllmCompatibilityError
@@ -73,9 +73,14 @@ def refused(modules: dict[str, types.ModuleType], *messages: str) -> None:
     assert originals(modules) == before and vllm_plugin.installed() == []
 
 
-def originals_of(modules: dict[str, types.ModuleType]) -> dict[str, Any]:
-    budget = modules[BUDGET_MODULE]
-    return {"get_num_tokens": budget.AdaptiveVerificationManager.__dict__["get_num_tokens"]}
+def refused_by_real(modules: dict[str, types.ModuleType], message: str) -> None:
+    """``install`` raises naming ``message`` and patches nothing (vLLM's real modules)."""
+    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
+    before = manager.__dict__["get_num_tokens"]
+    with pytest.raises(VllmCompatibilityError, match="nothing was patched") as error:
+        vllm_plugin.install()
+    assert message in str(error.value), (message, str(error.value))
+    assert manager.__dict__["get_num_tokens"] is before and vllm_plugin.installed() == []
 
 
 def definition(tree: ast.Module, dotted: str) -> ast.FunctionDef:
@@ -116,12 +121,9 @@ def test_a_budget_broadcast_inside_get_num_tokens_is_refused_by_name(
     """Before, av_core replaced the method and the broadcast silently went with it."""
     sources = modified(vllm_sources, BUDGET_LINE, BROADCAST + BUDGET_LINE)
     modules = load_vllm(sources, wheel, monkeypatch)
-    before = originals_of(modules)
-    with pytest.raises(VllmCompatibilityError) as error:
-        vllm_plugin.install()
-    text = str(error.value)
-    assert "get_num_tokens communicates across ranks (broadcast_object, get_tp_group)" in text
-    assert originals_of(modules) == before and vllm_plugin.installed() == []
+    refused_by_real(
+        modules, "get_num_tokens communicates across ranks (broadcast_object, get_tp_group)"
+    )
 
 
 @pytest.mark.vllm
@@ -186,11 +188,7 @@ def test_the_reserved_budget_variant_is_refused_naming_each_change(
 ) -> None:
     """Each piece of the variant alone; before, only a changed signature was seen."""
     modules = load_vllm(modified(vllm_sources, old, new), wheel, monkeypatch)
-    before = originals_of(modules)
-    with pytest.raises(VllmCompatibilityError) as error:
-        vllm_plugin.install()
-    assert message in str(error.value), str(error.value)
-    assert originals_of(modules) == before and vllm_plugin.installed() == []
+    refused_by_real(modules, message)
 
 
 @pytest.mark.vllm
@@ -258,11 +256,7 @@ def test_a_manager_subclass_overriding_get_num_tokens_is_refused_by_name(
     """Before, the base-class patch was installed and never ran for DFlash's manager."""
     modules = load_vllm(vllm_sources, wheel, monkeypatch)
     define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch)
-    before = originals_of(modules)
-    with pytest.raises(VllmCompatibilityError) as error:
-        vllm_plugin.install()
-    assert f"{DFLASH_MODULE}.DFlashAdaptiveKManager overrides get_num_tokens" in str(error.value)
-    assert originals_of(modules) == before and vllm_plugin.installed() == []
+    refused_by_real(modules, f"{DFLASH_MODULE}.DFlashAdaptiveKManager overrides get_num_tokens")
 
 
 @pytest.mark.vllm
@@ -367,27 +361,8 @@ def test_an_additive_change_the_replacement_takes_is_accepted_and_logged(
         vllm_plugin.uninstall()
 
 
-@pytest.fixture
-def depth_modules(monkeypatch: pytest.MonkeyPatch) -> dict[str, types.ModuleType]:
-    """Speculator and manager modules named like vLLM's (test_vllm_depth's fakes)."""
-    modules = {}
-    for module_name, class_name in vllm_plugin.DEPTH_SPECULATORS:
-        module = types.ModuleType(module_name)
-        setattr(module, class_name, type(class_name, (FakeSpeculator,), {}))
-        monkeypatch.setitem(sys.modules, module_name, module)
-        modules[module_name] = module
-    budget = types.ModuleType(BUDGET_MODULE)
-    budget.AdaptiveVerificationManager = type(  # type: ignore[attr-defined]
-        "AdaptiveVerificationManager", (FakeManager,), {}
-    )
-    monkeypatch.setitem(sys.modules, BUDGET_MODULE, budget)
-    modules[BUDGET_MODULE] = budget
-    monkeypatch.setenv(vllm_plugin.ENV_DEPTH, "batch")
-    return modules
-
-
 def test_depth_control_takes_a_new_optional_argument_of_what_it_wraps(
-    depth_modules: dict[str, types.ModuleType],
+    fake_vllm: dict[str, types.ModuleType],  # noqa: F811,
 ) -> None:
     """record_confidences(..., source=None): the wrapper passes it through (before, it took
     exactly vLLM 0.33.0's arguments and the check refused any other)."""
@@ -400,7 +375,7 @@ def test_depth_control_takes_a_new_optional_argument_of_what_it_wraps(
             seen.append(source)
             super().record_confidences(confidence_probs, input_batch)
 
-    depth_modules[BUDGET_MODULE].AdaptiveVerificationManager = Manager  # type: ignore[attr-defined]
+    fake_vllm[BUDGET_MODULE].AdaptiveVerificationManager = Manager  # type: ignore[attr-defined]
     try:
         vllm_plugin.install_depth_control()
         manager = Manager(4)
@@ -412,7 +387,8 @@ def test_depth_control_takes_a_new_optional_argument_of_what_it_wraps(
 
 
 def test_depth_control_refuses_a_speculator_that_stops_drafting_on_its_own(
-    depth_modules: dict[str, types.ModuleType], monkeypatch: pytest.MonkeyPatch
+    fake_vllm: dict[str, types.ModuleType],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A DraftConfidenceStop inside ``propose`` drafts fewer positions than the depth av_core
     chose; before, the hook recorded confidences for positions never drafted."""
@@ -425,7 +401,7 @@ def test_depth_control_refuses_a_speculator_that_stops_drafting_on_its_own(
         "                break\n"
     )
     stopping = define(source, "av_core_test_stopping", monkeypatch)
-    setattr(depth_modules[module_name], class_name, stopping.Stopping)
+    setattr(fake_vllm[module_name], class_name, stopping.Stopping)
     with pytest.raises(VllmCompatibilityError, match="stops drafting early on its own"):
         vllm_plugin.install_depth_control()
     assert vllm_plugin.installed() == []

@@ -44,6 +44,7 @@ from typing import Any, Literal
 from av_core import _native
 from av_core._engine_interface import (
     InterfaceReport,
+    check_signature,
     compare_signatures,
     engine_version,
     older_than,
@@ -508,19 +509,14 @@ def interface_report(
     )
     factory = "(self, initial_steps, cfg_path=None)"
     for (module_name, dotted), text in CONTROLLER_SIGNATURES.items():
-        where = f"{module_name}.{dotted}"
-        try:
-            found = signature_text(resolve(modules[module_name], dotted))
-        except (AttributeError, TypeError, ValueError) as error:
-            report.problems.append(f"{where}: not found or not inspectable ({error})")
-            continue
         replaced = dotted == "AdaptiveSpeculativeParams.__init__"
         known = [text, *filter(None, [MAIN_CONTROLLER_SIGNATURES.get((module_name, dotted))])]
-        record_signature(
+        check_signature(
             report,
-            where,
+            modules,
+            module_name,
+            dotted,
             known,
-            found,
             newest="SGLang main",
             taken_by=factory if replaced else None,
         )
@@ -548,14 +544,15 @@ def interface_report(
     if profile:
         _profiling_report(modules, report, profiling, sources)
     if throughput is not None:
-        where = f"{THROUGHPUT_MODULE}.ThroughputAwarePolicy.__init__"
         text = MAIN_SIGNATURES[(THROUGHPUT_MODULE, "ThroughputAwarePolicy.__init__")]
-        try:
-            found = signature_text(resolve(throughput, "ThroughputAwarePolicy.__init__"))
-        except (AttributeError, TypeError, ValueError) as error:
-            report.problems.append(f"{where}: not found or not inspectable ({error})")
-        else:
-            record_signature(report, where, text, found, taken_by=text)
+        check_signature(
+            report,
+            modules,
+            THROUGHPUT_MODULE,
+            "ThroughputAwarePolicy.__init__",
+            text,
+            taken_by=text,
+        )
     if not isinstance(getattr(params, "DEFAULT_ADAPTIVE_CONFIG", None), Mapping):
         report.problems.append(f"{PARAMS_MODULE}.DEFAULT_ADAPTIVE_CONFIG: not found")
     bound = getattr(worker, "AdaptiveSpeculativeParams", None)
@@ -607,15 +604,8 @@ def _profiling_report(
                 f"{sorted(required)}); av_core's policy builds it from {sorted(given)}"
             )
     for (module_name, dotted), text in MAIN_SIGNATURES.items():
-        if module_name == THROUGHPUT_MODULE:
-            continue
-        where = f"{module_name}.{dotted}"
-        try:
-            found = signature_text(resolve(modules[module_name], dotted))
-        except (AttributeError, TypeError, ValueError) as error:
-            report.problems.append(f"{where}: not found or not inspectable ({error})")
-            continue
-        record_signature(report, where, text, found)
+        if module_name != THROUGHPUT_MODULE:
+            check_signature(report, modules, module_name, dotted, text)
     report.problems.extend(_call_site_problems(modules, sources, (PROFILING_CALL_SITE,)))
 
 

@@ -65,10 +65,10 @@ import numpy as np
 from av_core import _native
 from av_core._engine_interface import (
     InterfaceReport,
+    check_signature,
     engine_version,
     older_than,
     overriding_subclasses,
-    record_signature,
     resolve,
     signature_text,
 )
@@ -377,14 +377,8 @@ def _signature_problems(
     replacement's signature) and the replacement does not take it."""
     found_report = InterfaceReport([], [])
     for (module_name, dotted), text in expected.items():
-        where = f"{module_name}.{dotted}"
-        try:
-            found = signature_text(resolve(modules[module_name], dotted))
-        except (AttributeError, KeyError, TypeError, ValueError) as error:
-            found_report.problems.append(f"{where}: not found or not inspectable ({error})")
-            continue
         taken_by = (replacements or {}).get((module_name, dotted))
-        record_signature(found_report, where, text, found, taken_by=taken_by)
+        check_signature(found_report, modules, module_name, dotted, text, taken_by=taken_by)
     if report is not None:
         report.accepted.extend(found_report.accepted)
     return found_report.problems
