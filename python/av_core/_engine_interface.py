@@ -59,11 +59,16 @@ def resolve(module: ModuleType, dotted: str) -> Any:
 
 
 def engine_version(package: str) -> str:
-    """``package.__version__``, else ``package.version.__version__`` (as a string)."""
+    """``package.__version__``, else ``package.version.__version__`` (as a string); ``unknown``
+    when neither says (a source checkout without version metadata)."""
     version = getattr(sys.modules.get(package), "__version__", None)
     if version is None:
-        version = getattr(importlib.import_module(f"{package}.version"), "__version__", None)
-    return str(version)
+        try:
+            module = importlib.import_module(f"{package}.version")
+        except ImportError:
+            return "unknown"
+        version = getattr(module, "__version__", None)
+    return "unknown" if version is None else str(version)
 
 
 # --- what changed between two signatures ------------------------------------------------------
@@ -279,10 +284,10 @@ def release_numbers(version: str) -> tuple[int, ...]:
 
 
 def older_than(version: str, reference: str) -> bool:
-    """Whether ``version`` is numerically below ``reference`` (no number at all counts as
-    older: nothing known can be assumed of it)."""
+    """Whether ``version`` is numerically below ``reference``; a version without a number (a
+    source tree that does not say) is not: the interface checks decide for it."""
     numbers = release_numbers(version)
-    return not numbers or numbers < release_numbers(reference)
+    return bool(numbers) and numbers < release_numbers(reference)
 
 
 @dataclass(frozen=True)

@@ -487,3 +487,21 @@ def test_record_profile_refuses_bad_measurements_by_name() -> None:
     assert policy.profile == {}
     with pytest.raises(TypeError, match="cost_tables"):
         CostAwarePolicy(None, [1, 3])  # type: ignore[arg-type]
+
+
+def test_a_source_tree_without_a_version_installs_on_matching_interfaces(tmp_path: Path) -> None:
+    """A checkout that does not say its version (no ``__version__``, no ``sglang.version``) is
+    judged by its interfaces (before, reading its version raised)."""
+    files = {**main.FILES, "sglang/__init__.py": ""}
+    with main.importable(files, tmp_path):
+        assert engine_version("sglang") == "unknown"
+        report = av_sglang.interface_report(main_modules(), engine_version("sglang"))
+        assert report.problems == []
+        assert any("SGLang unknown is not one of the releases" in a for a in report.accepted)
+        assert av_sglang.install(cost_tables=gpu_like_tables(5))
+
+
+def main_modules() -> dict[str, ModuleType]:
+    import sys
+
+    return {name: sys.modules[name] for name in (main.RUNTIME, main.PARAMS, main.WORKER)}

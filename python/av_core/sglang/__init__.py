@@ -19,7 +19,8 @@ imports SGLang except the installer, and only when it runs.
 """
 
 from av_core._engine_interface import InterfaceReport
-from av_core.sglang.installer import (
+from av_core.sglang.installer import install, installed, register, uninstall
+from av_core.sglang.interface import (
     CALL_SITES,
     CONTROLLER_SIGNATURES,
     ENV_ANY_VERSION,
@@ -43,25 +44,19 @@ from av_core.sglang.installer import (
     calls_to,
     check_interface,
     construction_sites,
-    install,
-    installed,
     interface_report,
     policy_calls,
     policy_constructions,
-    register,
-    uninstall,
 )
-from av_core.sglang.installer import (
+from av_core.sglang.interface import (
     ENV_SKIP_ZERO_STEP_EXTEND as ENV_SKIP_ZERO_STEP_EXTEND,
 )
 from av_core.sglang.policy import (
     CostAwarePolicy,
-    ProfilePlan,
-    ProfilePoint,
-    ProfilingCostAwarePolicy,
     config_candidate_steps,
     load_cost_tables,
 )
+from av_core.sglang.profiling import ProfilePlan, ProfilePoint, ProfilingCostAwarePolicy
 
 __all__ = [
     "CALL_SITES",

@@ -32,35 +32,22 @@ checked with the rest, before anything is patched. ``AV_CORE_VLLM_EXACT=1`` give
 vLLM's unbounded refit; metrics (``AV_CORE_METRICS_PORT``, ``PROMETHEUS_MULTIPROC_DIR``) start
 with the first estimator, plugin or not.
 
-Drafting-depth control (:mod:`av_core.vllm.depth`) is off unless ``AV_CORE_VLLM_DEPTH`` is set
-to ``batch`` (or ``1``) or ``per_request``; ``AV_CORE_VLLM_DRAFTER`` (``autoregressive``, the
-default, or ``parallel``) gives the shape of the drafter's cost by depth. Then
-:func:`install_depth_control` wraps ``propose`` of vLLM's autoregressive speculators (EAGLE/MTP
-``TargetDependentARSpeculator``, ``StandaloneARSpeculator``, ``MultiModuleMTPSpeculator``): before
-drafting, a :class:`~av_core.vllm.depth.DraftDepthHook` catches up on the confidences vLLM's
-``AdaptiveVerificationManager`` has copied to the host (two proposals back; so vLLM's adaptive
-verification must be on), chooses the depth from them and the manager's profiled cost tables,
-passes it as ``num_speculative_tokens`` and marks undrafted positions ``-1``. The manager's
-``record_confidences`` and ``add_request`` are wrapped to tell the hook which depths each
-proposal drafted and when a new request takes a slot.
+Drafting-depth control (:mod:`av_core.vllm.depth_control`) is off unless ``AV_CORE_VLLM_DEPTH`` is
+set to ``batch`` (or ``1``) or ``per_request``; :func:`register` then installs it too.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import inspect
 import logging
 import os
 import sys
-import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
-
-import numpy as np
 
 from av_core import _native
 from av_core._engine_interface import (
@@ -68,7 +55,6 @@ from av_core._engine_interface import (
     check_signature,
     engine_version,
     older_than,
-    overriding_subclasses,
     resolve,
     signature_text,
 )
@@ -84,6 +70,27 @@ from av_core.vllm.constants import (
     MAX_LOG_ODDS,
     REFIT_INTERVAL,
 )
+from av_core.vllm.depth_control import (
+    DEPTH_MANAGER_SIGNATURES,
+    DEPTH_SPECULATORS,
+    ENV_DEPTH,
+    ENV_DRAFTER,
+    _depth_mode,
+    _DepthState,
+    install_depth_control,
+)
+from av_core.vllm.depth_control import DEPTH_READS as DEPTH_READS
+from av_core.vllm.depth_control import _depth_hook as _depth_hook
+from av_core.vllm.interface import (
+    BUDGET_MODULE,
+    ESTIMATOR_MODULE,
+    VllmCompatibilityError,
+    body_problems,
+    calls_super,
+    check_one_dimensional,
+    override_problems,
+)
+from av_core.vllm.interface import REPLACED_BODIES as REPLACED_BODIES
 from av_core.vllm.update import choose_update
 
 __all__ = [
@@ -115,13 +122,9 @@ logger = logging.getLogger("vllm.av_core")
 
 ENV_ENABLE = "AV_CORE_VLLM"
 ENV_ANY_VERSION = "AV_CORE_VLLM_ANY_VERSION"
-ENV_DEPTH = "AV_CORE_VLLM_DEPTH"
-ENV_DRAFTER = "AV_CORE_VLLM_DRAFTER"
 #: The releases whose interfaces the contract tests check: every 0.32 point release (0.32.x) and
 #: 0.33.0 (their estimator files are identical; the manager differs in what av_core leaves alone).
 SUPPORTED_VLLM_VERSIONS = ("0.32.x", "0.33.0")
-ESTIMATOR_MODULE = "vllm.v1.worker.gpu.spec_decode.acceptance_estimator"
-BUDGET_MODULE = "vllm.v1.worker.gpu.spec_decode.adaptive_verification"
 
 #: Every signature the replacements mirror, as ``signature_text`` writes it (names, order,
 #: kinds and defaults; annotations ignored). tests/test_vllm_contract.py checks this table
@@ -147,27 +150,6 @@ EXPECTED_SIGNATURES: dict[tuple[str, str], str] = {
     ),
 }
 
-#: The speculators whose ``propose`` depth control wraps: (module, class). Each ``propose`` takes
-#: ``input_batch`` first and a ``num_speculative_tokens=None`` keyword (checked before patching,
-#: and against the released source by tests/test_vllm_contract.py).
-DEPTH_SPECULATORS = (
-    (
-        "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator",
-        "TargetDependentARSpeculator",
-    ),
-    ("vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator", "StandaloneARSpeculator"),
-    ("vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator", "MultiModuleMTPSpeculator"),
-)
-
-#: Attributes of ``AdaptiveVerificationManager`` that depth control reads (set in its
-#: ``__init__`` and profiling in vLLM 0.33.0).
-DEPTH_READS = ("cost_tables", "_stale_confidences", "_stale_idx")
-
-#: ``AdaptiveVerificationManager`` methods depth control wraps, with their 0.33.0 signatures.
-DEPTH_MANAGER_SIGNATURES = {
-    "AdaptiveVerificationManager.record_confidences": "(self, confidence_probs, input_batch)",
-    "AdaptiveVerificationManager.add_request": "(self, req_idx)",
-}
 
 #: Constants whose values the drop-ins reproduce: vLLM's must equal the core's vLLM preset
 #: (``av_core._native.VLLM_ESTIMATOR``, read through ``av_core.vllm.constants``).
@@ -195,117 +177,6 @@ GET_NUM_TOKENS_READS = (
     "num_computed_tokens_np",
     "prefill_len",
 )
-
-
-#: What vLLM's own bodies of the functions av_core replaces do in every checked release (0.32.x,
-#: 0.33.0; tests/test_vllm_contract.py reads them from the wheels): the attributes of ``self``
-#: they touch and the functions they call (each callee's last name). A body that does more (a
-#: broadcast, a new attribute, another helper) holds behaviour the replacement would drop, so
-#: the install is refused naming it.
-REPLACED_BODIES: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {
-    (BUDGET_MODULE, "AdaptiveVerificationManager.get_num_tokens"): (
-        frozenset(
-            {
-                "_batch_budget",
-                "_max_total_logits",
-                "_stale_confidences",
-                "_stale_idx",
-                "cost_tables",
-                "num_bonus_tokens",
-                "num_speculative_steps",
-                "req_states",
-            }
-        ),
-        frozenset(
-            {
-                "arange",
-                "argmax",
-                "astype",
-                "concatenate",
-                "count_nonzero",
-                "cumprod",
-                "cumsum",
-                "fromiter",
-                "get",
-                "int",
-                "len",
-                "list",
-                "map",
-                "max",
-                "min",
-                "sort",
-                "sum",
-                "values",
-                "zip",
-            }
-        ),
-    ),
-    (BUDGET_MODULE, "_assign_draft_token_budget"): (
-        frozenset(),
-        frozenset(
-            {
-                "arange",
-                "cumprod",
-                "flatten",
-                "float",
-                "index_fill_",
-                "masked_fill",
-                "sum",
-                "topk",
-                "view_as",
-                "zeros_like",
-            }
-        ),
-    ),
-    (BUDGET_MODULE, "build_cost_tables_from_curves"): (
-        frozenset(),
-        frozenset(
-            {
-                "accumulate",
-                "any",
-                "arange",
-                "asarray",
-                "build_table",
-                "interp",
-                "len",
-                "maximum",
-                "minimum",
-                "searchsorted",
-            }
-        ),
-    ),
-}
-
-#: Calls that communicate across ranks (or fetch the group to): inside a replaced body they are
-#: a decision made on one rank and shared (vllm#56831 broadcasts the budget from rank 0).
-COLLECTIVES = frozenset(
-    {
-        "all_gather",
-        "all_gather_object",
-        "all_reduce",
-        "barrier",
-        "broadcast",
-        "broadcast_object",
-        "broadcast_object_list",
-        "get_dp_group",
-        "get_tp_group",
-        "get_world_group",
-        "reduce",
-        "scatter",
-    }
-)
-
-#: ``_batch_budget`` as vLLM's compaction reads it and av_core's ``get_num_tokens`` writes it:
-#: (drafts per request, non-draft tokens per request, budget).
-BATCH_BUDGET_ARITY = 3
-
-#: Modules that may define subclasses of what av_core patches (imported, when present, before
-#: the check for overrides): vllm#52559's DFlash manager overrides ``get_num_tokens``.
-SUBCLASS_MODULES = ("vllm.v1.worker.gpu.spec_decode.dflash.adaptive_k",)
-
-
-class VllmCompatibilityError(RuntimeError):
-    """vLLM's interfaces differ from those av_core's drop-ins mirror; nothing was patched."""
 
 
 @dataclass(frozen=True)
@@ -350,7 +221,7 @@ def _subclass_guard(owner: type, owner_name: str, attributes: list[str]) -> list
     def __init_subclass__(cls: Any, /, **kwargs: Any) -> None:  # noqa: N807
         super(base, cls).__init_subclass__(**kwargs)
         for attribute in sorted(_guarded.get(owner, ())):
-            if attribute in vars(cls) and not _calls_super(vars(cls)[attribute], attribute):
+            if attribute in vars(cls) and not calls_super(vars(cls)[attribute], attribute):
                 raise VllmCompatibilityError(
                     f"{cls.__module__}.{cls.__qualname__} overrides {attribute}: av_core's "
                     f"replacement of {owner_name}.{attribute} ({ENV_ENABLE}=1) would never run "
@@ -398,145 +269,6 @@ def _replacement_signatures() -> dict[tuple[str, str], str]:
         "AdaptiveVerificationManager.get_num_tokens": _get_num_tokens,
     }
     return {key: signature_text(ours[key[1]]) for key in EXPECTED_SIGNATURES}
-
-
-def callee_names(function: ast.AST) -> set[str]:
-    """The last name of every callee in ``function`` (``np.cumsum(...)`` → ``cumsum``)."""
-    names = set()
-    for node in ast.walk(function):
-        if isinstance(node, ast.Call):
-            callee = node.func
-            if isinstance(callee, ast.Name):
-                names.add(callee.id)
-            elif isinstance(callee, ast.Attribute):
-                names.add(callee.attr)
-    return names
-
-
-def self_attributes(function: ast.AST) -> set[str]:
-    """The attributes of ``self`` that ``function`` reads or writes."""
-    return {
-        node.attr
-        for node in ast.walk(function)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "self"
-    }
-
-
-def _parsed(function: Any) -> ast.AST | None:
-    try:
-        return ast.parse(textwrap.dedent(inspect.getsource(function)))
-    except (OSError, TypeError, SyntaxError):
-        return None
-
-
-def _body_problems(modules: Mapping[str, ModuleType], report: InterfaceReport) -> list[str]:
-    """What the bodies av_core replaces do beyond :data:`REPLACED_BODIES` (module doc), and
-    whether vLLM still reads ``_batch_budget`` as av_core writes it."""
-    problems: list[str] = []
-    for (module_name, dotted), (attributes, calls) in REPLACED_BODIES.items():
-        where = f"{module_name}.{dotted}"
-        try:
-            tree = _parsed(resolve(modules[module_name], dotted))
-        except (AttributeError, KeyError):
-            continue  # reported by the signature check
-        if tree is None:
-            report.accepted.append(f"{where}: source not readable, its body is not checked")
-            continue
-        called = callee_names(tree)
-        shared = sorted(called & COLLECTIVES)
-        if shared:
-            problems.append(
-                f"{where} communicates across ranks ({', '.join(shared)}): av_core's "
-                "replacement would drop that (vLLM deciding on rank 0 and broadcasting it, as "
-                "vllm#56831 does for the draft budget)"
-            )
-        extra_calls = sorted(called - calls - COLLECTIVES)
-        if extra_calls:
-            problems.append(
-                f"{where} calls {', '.join(extra_calls)}, which av_core's replacement does not"
-            )
-        extra_attributes = sorted(self_attributes(tree) - attributes)
-        if extra_attributes:
-            problems.append(
-                f"{where} uses self.{', self.'.join(extra_attributes)}, which av_core's "
-                "replacement ignores"
-            )
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Assign)
-                and isinstance(node.value, ast.Tuple)
-                and any(
-                    isinstance(t, ast.Attribute) and t.attr == "_batch_budget" for t in node.targets
-                )
-                and len(node.value.elts) != BATCH_BUDGET_ARITY
-            ):
-                problems.append(
-                    f"{where} stores a {len(node.value.elts)}-tuple in _batch_budget; av_core's "
-                    "replacement stores (drafts per request, non-draft tokens per request, "
-                    "budget)"
-                )
-    manager = getattr(modules.get(BUDGET_MODULE), "AdaptiveVerificationManager", None)
-    tree = _parsed(manager) if manager is not None else None
-    if manager is not None and tree is None:
-        report.accepted.append(
-            f"{BUDGET_MODULE}.AdaptiveVerificationManager: source not readable, its reads of "
-            "_batch_budget are not checked"
-        )
-    for node in ast.walk(tree) if tree is not None else ():
-        if not (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)):
-            continue
-        value = node.value
-        reads_budget = (isinstance(value, ast.Name) and value.id == "batch_budget") or (
-            isinstance(value, ast.Attribute) and value.attr == "_batch_budget"
-        )
-        arity = len(node.targets[0].elts)
-        if reads_budget and arity != BATCH_BUDGET_ARITY:
-            problems.append(
-                f"{BUDGET_MODULE}.AdaptiveVerificationManager unpacks _batch_budget into "
-                f"{arity} values ({ast.unparse(node)}); av_core's get_num_tokens stores "
-                f"{BATCH_BUDGET_ARITY}"
-            )
-    return problems
-
-
-def _override_problems(targets: list[tuple[type, str, str]], report: InterfaceReport) -> list[str]:
-    """Subclasses (as far as imported) that define what av_core patches on their base: the
-    patch never runs for them. One that calls the base's method through ``super()`` keeps it
-    running and is accepted."""
-    for module_name in SUBCLASS_MODULES:
-        if module_name in sys.modules:
-            continue
-        try:
-            if importlib.util.find_spec(module_name) is not None:
-                importlib.import_module(module_name)
-        except (ImportError, ValueError, VllmCompatibilityError):
-            continue  # vLLM cannot import it either
-    problems = []
-    for owner, owner_name, attribute in targets:
-        for cls in overriding_subclasses(owner, attribute):
-            name = f"{cls.__module__}.{cls.__qualname__}"
-            if _calls_super(vars(cls)[attribute], attribute):
-                report.accepted.append(f"{name}.{attribute} overrides and calls super()")
-                continue
-            problems.append(
-                f"{name} overrides {attribute}: av_core's replacement of "
-                f"{owner_name}.{attribute} would never run for it"
-            )
-    return problems
-
-
-def _calls_super(method: Any, attribute: str) -> bool:
-    tree = _parsed(method)
-    return tree is not None and any(
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr == attribute
-        and isinstance(node.func.value, ast.Call)
-        and ast.unparse(node.func.value.func) == "super"
-        for node in ast.walk(tree)
-    )
 
 
 def version_supported(version: str) -> bool:
@@ -587,11 +319,11 @@ def interface_report(modules: Mapping[str, ModuleType], version: str | None) -> 
         budget_module, "_assign_draft_token_budget_compiled"
     ):
         report.problems.append(f"{BUDGET_MODULE}._assign_draft_token_budget_compiled: not found")
-    report.problems.extend(_body_problems(modules, report))
+    report.problems.extend(body_problems(modules, report))
     manager = getattr(budget_module, "AdaptiveVerificationManager", None)
     if isinstance(manager, type):
         targets = [(manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", "get_num_tokens")]
-        report.problems.extend(_override_problems(targets, report))
+        report.problems.extend(override_problems(targets, report))
     return report
 
 
@@ -610,7 +342,7 @@ def _get_num_tokens(
 
     if self.cost_tables is None:
         raise RuntimeError("adaptive verification has no cost tables yet (profiling did not run)")
-    _check_one_dimensional(self.cost_tables, type(self).__name__)
+    check_one_dimensional(self.cost_tables, type(self).__name__)
     req_states = self.req_states
     plan = batch_draft_budget(
         num_tokens_per_req,
@@ -629,18 +361,6 @@ def _get_num_tokens(
         plan.draft_budget,
     )
     return plan.num_tokens
-
-
-def _check_one_dimensional(cost_tables: Any, owner: str) -> None:
-    """av_core prices verification by token count: a verify table of another shape (vllm#52559's
-    DFlash manager keeps one by batch size and K) is refused by name, never read as if flat."""
-    shapes = [np.shape(table) for table in cost_tables]
-    if len(shapes) != 2 or any(len(shape) != 1 for shape in shapes):
-        raise VllmCompatibilityError(
-            f"{owner}.cost_tables have shapes {shapes}; av_core prices drafting by batch size "
-            "and verification by token count (two 1-D tables): a verify table by batch size "
-            "and K, as vllm#52559's DFlashAdaptiveKManager keeps, is not one it can read"
-        )
 
 
 def _import(name: str) -> ModuleType | None:
@@ -737,234 +457,6 @@ def _plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
                     Replacement(module, name, entry.attribute, entry.original, entry.replacement)
                 )
     return plan
-
-
-class _DepthState:
-    """The process's depth hook and the vLLM manager it reads (one model runner per process)."""
-
-    hook: Any = None
-    manager: Any = None
-    tables_source: Any = None
-    # The requests and depths of the `propose` that ran last, noted at the next
-    # `record_confidences` (the call that starts copying that proposal's confidences).
-    last: tuple[Any, Any] | None = None
-
-
-def _record_manager(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps ``AdaptiveVerificationManager.__init__`` to remember the instance."""
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        _DepthState.manager = self
-
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    return __init__
-
-
-def _record_confidences(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps ``AdaptiveVerificationManager.record_confidences``: the proposal that just ran is
-    the one whose confidences this call starts copying to the host."""
-
-    def record_confidences(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        hook, last = _DepthState.hook, _DepthState.last
-        if hook is not None and last is not None:
-            hook.proposed(*last)
-        _DepthState.last = None
-
-    record_confidences.__wrapped__ = original  # type: ignore[attr-defined]
-    return record_confidences
-
-
-def _add_request(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps ``AdaptiveVerificationManager.add_request``: a new request in a slot starts at 1.0
-    in the hook too."""
-
-    def add_request(self: Any, req_idx: int, *args: Any, **kwargs: Any) -> None:
-        original(self, req_idx, *args, **kwargs)
-        if _DepthState.hook is not None:
-            _DepthState.hook.add_request(int(req_idx))
-
-    add_request.__wrapped__ = original  # type: ignore[attr-defined]
-    return add_request
-
-
-def _depth_hook(manager: Any, num_speculative_steps: int) -> Any:
-    """The hook, built on first use from vLLM's profiled tables (rebuilt if they change)."""
-    from av_core import CostTables
-    from av_core.vllm.depth import DraftDepthHook
-
-    tables = manager.cost_tables
-    if _DepthState.hook is None or _DepthState.tables_source is not tables:
-        _check_one_dimensional(tables, type(manager).__name__)
-        draft_ms, verify_ms = (np.asarray(t, dtype=np.float64) for t in tables)
-        costs = CostTables(draft_ms, verify_ms).with_draft_depth(
-            _drafter_kind(), max_depth=num_speculative_steps
-        )
-        _DepthState.hook = DraftDepthHook(
-            costs,
-            manager._stale_confidences[0].np.shape[0],
-            num_speculative_steps,
-            mode="per_request" if _depth_mode() == "per_request" else "batch",
-        )
-        _DepthState.tables_source = tables
-    return _DepthState.hook
-
-
-def _depth_propose(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps a speculator's ``propose``: choose the depth first, draft that deep, mask the rest."""
-
-    def propose(self: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        manager = _DepthState.manager
-        k = self.num_speculative_steps
-        given = kwargs.get("num_speculative_tokens")
-        limit = k if given is None else int(given)
-        slots = np.asarray(input_batch.idx_mapping_np[: input_batch.num_reqs], dtype=np.int64)
-        if (
-            manager is None
-            or getattr(manager, "cost_tables", None) is None
-            or kwargs.get("dummy_run")
-            or limit == 0
-        ):
-            if not kwargs.get("dummy_run"):
-                _DepthState.last = (slots, np.full(slots.size, min(limit, k)))
-            return original(self, input_batch, *args, **kwargs)
-        hook = _depth_hook(manager, k)
-        hook.catch_up(manager._stale_confidences[manager._stale_idx].np)
-        depth = hook.num_speculative_tokens(
-            slots,
-            limit=limit,
-            num_non_draft_tokens=len(slots),
-            num_sampling_requests=len(slots),
-        )
-        kwargs["num_speculative_tokens"] = depth
-        draft_tokens = original(self, input_batch, *args, **kwargs)
-        if depth < limit:
-            draft_tokens[:, depth:] = -1
-        hook.mask(draft_tokens)
-        _DepthState.last = (slots, hook.last_depths)
-        return draft_tokens
-
-    propose.__wrapped__ = original  # type: ignore[attr-defined]
-    return propose
-
-
-def _depth_mode() -> str:
-    """``batch`` or ``per_request`` from ``AV_CORE_VLLM_DEPTH`` (``1``/``true``/``yes`` mean
-    batch; empty, ``0``, ``false``, ``no`` and ``off`` mean off)."""
-    value = os.environ.get(ENV_DEPTH, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return "off"
-    return "batch" if value in ("1", "true", "yes") else value
-
-
-def _drafter_kind() -> str:
-    return os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
-
-
-#: What an early-stopping drafter calls inside ``propose`` (vLLM's ``DraftConfidenceStop``, on a
-#: branch: the round ends once no chain's top-1 probability reaches a threshold).
-CONFIDENCE_STOP_CALLS = frozenset({"should_continue", "begin_round", "num_verifiable_drafts"})
-
-
-def _confidence_stops(propose: Any) -> list[str]:
-    tree = _parsed(propose)
-    if tree is None:
-        return []
-    return sorted(callee_names(tree) & CONFIDENCE_STOP_CALLS)
-
-
-def _depth_problems(
-    modules: Mapping[str, ModuleType], report: InterfaceReport | None = None
-) -> list[str]:
-    report = report if report is not None else InterfaceReport([], [])
-    problems = []
-    for module_name, class_name in DEPTH_SPECULATORS:
-        where = f"{module_name}.{class_name}.propose"
-        try:
-            text = signature_text(resolve(modules[module_name], f"{class_name}.propose"))
-        except (AttributeError, KeyError, TypeError, ValueError) as error:
-            problems.append(f"{where}: not found or not inspectable ({error})")
-            continue
-        if not text.startswith("(self, input_batch,") or "num_speculative_tokens=None" not in text:
-            expected = "(self, input_batch, ..., num_speculative_tokens=None)"
-            problems.append(f"{where}{text}: expected {expected}")
-        stops = _confidence_stops(resolve(modules[module_name], f"{class_name}.propose"))
-        if stops:
-            problems.append(
-                f"{where} stops drafting early on its own ({', '.join(stops)}: a "
-                "DraftConfidenceStop): the depth it drafts is not the depth av_core chose, so "
-                "the hook would record confidences for positions never drafted"
-            )
-    problems += _signature_problems(
-        modules,
-        {(BUDGET_MODULE, dotted): text for dotted, text in DEPTH_MANAGER_SIGNATURES.items()},
-        report,
-    )
-    targets = [
-        (owner, f"{module_name}.{class_name}", "propose")
-        for module_name, class_name in DEPTH_SPECULATORS
-        if isinstance(owner := getattr(modules[module_name], class_name, None), type)
-    ]
-    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
-    targets += [
-        (manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", attribute)
-        for attribute in ("record_confidences", "add_request")
-    ]
-    problems += _override_problems(targets, report)
-    if _drafter_kind() not in ("autoregressive", "parallel"):
-        problems.append(f"{ENV_DRAFTER}={_drafter_kind()!r}: expected autoregressive or parallel")
-    if _depth_mode() not in ("batch", "per_request", "off"):
-        problems.append(f"{ENV_DEPTH}={_depth_mode()!r}: expected batch (or 1) or per_request")
-    return problems
-
-
-def install_depth_control() -> list[Replacement]:
-    """Checks the speculators and wraps their ``propose`` with drafting-depth control (module
-    doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference.
-    Idempotent."""
-    done = [entry for entry in installed() if entry.attribute == "propose"]
-    if done:
-        return done
-    names = [module for module, _ in DEPTH_SPECULATORS] + [BUDGET_MODULE]
-    modules = {name: importlib.import_module(name) for name in names}
-    problems = _depth_problems(modules)
-    if problems:
-        raise VllmCompatibilityError(
-            f"av_core's drafting-depth control ({ENV_DEPTH}) cannot run on this vLLM; nothing "
-            "was patched. Differences:\n  - " + "\n  - ".join(problems)
-        )
-    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
-    owner_name = f"{BUDGET_MODULE}.AdaptiveVerificationManager"
-    plan = [
-        Replacement(
-            manager,
-            owner_name,
-            attribute,
-            inspect.getattr_static(manager, attribute),
-            wrap(inspect.getattr_static(manager, attribute)),
-        )
-        for attribute, wrap in (
-            ("__init__", _record_manager),
-            ("record_confidences", _record_confidences),
-            ("add_request", _add_request),
-        )
-    ]
-    plan += _subclass_guard(manager, owner_name, ["record_confidences", "add_request"])
-    for module_name, class_name in DEPTH_SPECULATORS:
-        owner = getattr(modules[module_name], class_name)
-        original = inspect.getattr_static(owner, "propose")
-        plan.append(
-            Replacement(
-                owner, f"{module_name}.{class_name}", "propose", original, _depth_propose(original)
-            )
-        )
-        plan += _subclass_guard(owner, f"{module_name}.{class_name}", ["propose"])
-    for entry in plan:
-        setattr(entry.owner, entry.attribute, entry.replacement)
-        _installed.append(entry)
-        logger.info("av_core: depth control wraps %s.%s", entry.owner_name, entry.attribute)
-    return [entry for entry in plan if entry.attribute == "propose"]
 
 
 def install() -> list[Replacement]:
