@@ -25,3 +25,9 @@ def env_flag(name: str) -> bool:
         f"{name}={text!r}: expected 1, true, yes or on to switch it on, or 0, false, no, off or "
         "empty to leave it off"
     )
+
+
+def env_text(name: str) -> str | None:
+    """The value of ``name`` without surrounding spaces; ``None`` when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return value or None
