@@ -25,3 +25,19 @@ def exact(a: Any, b: Any, where: str = "", fitted: float = 0.0) -> None:
         assert struct.pack("<d", a) == struct.pack("<d", b), f"{where}: {a!r} != {b!r}"
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def with_later_fields(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved``, a ``state_dict`` an earlier build wrote, as this build writes the same state:
+    the configuration fields added since (after the record's, in the declaration's order) at
+    their defaults, which is what a state saved before a field existed reads as. Format 1
+    holds a fixed set of fields and is returned as it is."""
+    from av_core import AcceptanceEstimator
+
+    if saved.get("format_version") != 2:
+        return saved
+    defaults = AcceptanceEstimator(1).config.to_dict()
+    config = dict(saved["config"])
+    for name, value in defaults.items():
+        config.setdefault(name, value)
+    return {**saved, "config": config}
