@@ -269,10 +269,14 @@ class WarmStart:
         state = payload.get("state")
         if not isinstance(state, dict) or not isinstance(state.get("estimator"), dict):
             return "no estimator state"
-        saved_config = state["estimator"].get("config")
-        if not isinstance(saved_config, dict):
+        if not isinstance(state["estimator"].get("config"), dict):
             return "no estimator configuration"
-        problem = self._check_key(payload.get("key")) or self._check_config(saved_config, estimator)
+        problem = self._check_key(payload.get("key"))
+        if problem is not None:
+            return problem
+        # The configuration as this build reads it (a field added since at its default).
+        saved = AcceptanceEstimator.from_state_dict(state["estimator"])
+        problem = self._check_config(saved.state_dict()["config"], estimator)
         if problem is not None:
             return problem
         estimator.load_state_dict(state)
