@@ -570,9 +570,9 @@ avc_status avc_estimator_counters(const avc_estimator *estimator,
  * returns AVC_ERR_BUFFER_TOO_SMALL and writes nothing to buf. The size depends on the
  * configuration only (K, the update, its bins, and whether refit_interval is 0), never on
  * what the estimator observed, so the usual pattern is a first call with buf = NULL, cap = 0
- * to learn it. A map estimator's state grows with its bins, 78 bytes per bin and position: at
- * K = 4, 6256 / 21232 / 81136 bytes at 16 / 64 / 256 bins. Observations racing the save land
- * either in it or after it, never half.
+ * to learn it. A map estimator's state grows with its bins, by 78 bytes per bin and position
+ * (at K = 4 and 64 bins, about 21 kB). Observations racing the save land either in it or
+ * after it, never half.
  *
  * # Safety
  *
