@@ -346,7 +346,7 @@ impl EstimatorConfig {
     /// What a state of format version 1 holds beyond its fields (`num_positions` to
     /// `drift_z`): vLLM's update (av_core had no other before the map update) at the default
     /// map settings (bins, prior widths). Every estimator before the map update was one of
-    /// these, whatever today's default update is.
+    /// these, whatever the default update is.
     ///
     /// # Example
     ///
