@@ -583,12 +583,22 @@ fn a_saved_states_size_depends_on_its_configuration_as_the_header_says() {
     // and three float columns); vLLM's update keeps no histograms.
     assert_eq!(map[1].0 - map[0].0, 78 * 4 * (64 - 16));
     assert_eq!(map[2].0 - map[1].0, 78 * 4 * (256 - 64));
-    assert_eq!(saved_sizes(AVC_UPDATE_VLLM, 16), saved_sizes(AVC_UPDATE_VLLM, 256));
+    assert_eq!(
+        saved_sizes(AVC_UPDATE_VLLM, 16),
+        saved_sizes(AVC_UPDATE_VLLM, 256)
+    );
     // The header states the rule.
     let header = include_str!("../../include/av_core.h");
     let end = header.find("avc_status avc_estimator_save(").unwrap();
     let doc = header[header[..end].rfind("/**").unwrap()..end].replace("\n *", "");
-    for rule in ["depends on the configuration only", "bins", "78 bytes per bin and position"] {
-        assert!(doc.contains(rule), "the header does not say {rule:?}:\n{doc}");
+    for rule in [
+        "depends on the configuration only",
+        "bins",
+        "78 bytes per bin and position",
+    ] {
+        assert!(
+            doc.contains(rule),
+            "the header does not say {rule:?}:\n{doc}"
+        );
     }
 }
