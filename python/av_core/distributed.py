@@ -134,8 +134,9 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
     (as in ``state_dict()["round_stats"]``).
 
     A collective: every rank of ``group`` calls it at the same point (see the module doc). First
-    the ranks check that they agree on the number of positions and the fixed-point format (a
-    rank that differs makes every rank raise ``ValueError``, and nothing is added anywhere);
+    the ranks check that they agree on the round's layout: positions, fixed-point format,
+    histogram bins and so the size of what is summed (a rank that differs makes every rank raise
+    ``ValueError`` naming the difference, and nothing is added anywhere);
     then one all-reduce of exact integers. Observations another thread adds during the call
     stay in this rank's round only.
     """
@@ -159,25 +160,27 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
     columns = round_columns(local)
     bits, k = int(local["fraction_bits"]), estimator.num_positions
     bins = int(local.get("bins", 0))  # 0: the vllm update's moments
-    layout = [k, bits, bins]
-    header = torch.tensor([v for value in layout for v in (value, -value)], dtype=torch.int64)
-    header = _reduce(header, group, dist.ReduceOp.MAX)
-    most_k, least_k, most_bits, least_bits, most_bins, least_bins = (int(v) for v in header)
-    if (most_k, -least_k, most_bits, -least_bits, most_bins, -least_bins) != (
-        k,
-        k,
-        bits,
-        bits,
-        bins,
-        bins,
-    ):
+    limbs = round_limbs(local)
+    # Everything that shapes the all-reduce below, compared as a whole: tensors of different
+    # sizes in one gloo all-reduce abort the process instead of raising.
+    layout = {
+        "positions": k,
+        "fraction bits": bits,
+        "histogram bins": bins,
+        "columns": limbs.shape[0],
+        "entries": limbs.shape[1],
+    }
+    header = torch.tensor([v for value in layout.values() for v in (value, -value)])
+    header = _reduce(header.to(torch.int64), group, dist.ReduceOp.MAX).tolist()
+    ranges = {name: (-header[2 * i + 1], header[2 * i]) for i, name in enumerate(layout)}
+    if any(low != high for low, high in ranges.values()):
+        spans = ", ".join(f"{name} {low}..{high}" for name, (low, high) in ranges.items())
+        mine = ", ".join(f"{value} {name}" for name, value in layout.items())
         raise ValueError(
-            f"estimator: the ranks of the group disagree on the round's layout (positions "
-            f"{-least_k}..{most_k}, fraction bits {-least_bits}..{most_bits}, histogram bins "
-            f"{-least_bins}..{most_bins}; this rank has {k} positions, {bits} fraction bits "
-            f"and {bins} bins, 0 for the vllm update)"
+            f"estimator: the ranks of the group disagree on the round's layout ({spans}; this "
+            f"rank has {mine}; histogram bins are 0 for the vllm update)"
         )
-    summed = _reduce(torch.from_numpy(round_limbs(local)), group, dist.ReduceOp.SUM)
+    summed = _reduce(torch.from_numpy(limbs), group, dist.ReduceOp.SUM)
     pooled = limbs_to_round(summed.numpy(), bits, columns)
     others: dict[str, Any] = {"fraction_bits": bits}
     if "bins" in local:
