@@ -272,13 +272,23 @@ def plot_pareto(simulation: Simulation, path: Path) -> Path:
     return path
 
 
+#: The files :func:`evaluation_plots` writes: reliability, per-position AUC, coefficients.
+EVALUATION_PLOTS = ("reliability.png", "position_auc.png", "coefficients.png")
+
+
+def simulation_plot_names(suffix: str = "") -> tuple[str, ...]:
+    """The files :func:`simulation_plots` writes with ``suffix``."""
+    return (f"pareto{suffix}.png",)
+
+
 def evaluation_plots(evaluation: Evaluation, out: Path) -> list[Path]:
-    """The three plots of ``av-core evaluate`` in ``out``."""
+    """The three plots of ``av-core evaluate`` in ``out`` (:data:`EVALUATION_PLOTS`)."""
     out.mkdir(parents=True, exist_ok=True)
+    reliability, auc, coefficients = (out / name for name in EVALUATION_PLOTS)
     return [
-        plot_reliability(evaluation, out / "reliability.png"),
-        plot_position_auc(evaluation, out / "position_auc.png"),
-        plot_trajectory(evaluation, out / "coefficients.png"),
+        plot_reliability(evaluation, reliability),
+        plot_position_auc(evaluation, auc),
+        plot_trajectory(evaluation, coefficients),
     ]
 
 
@@ -286,10 +296,12 @@ def simulation_plots(simulation: Simulation, out: Path, suffix: str = "") -> lis
     """The plot of ``av-core simulate`` in ``out``: the Pareto panel and the
     relative-throughput panel."""
     out.mkdir(parents=True, exist_ok=True)
-    return [plot_pareto(simulation, out / f"pareto{suffix}.png")]
+    (pareto,) = simulation_plot_names(suffix)
+    return [plot_pareto(simulation, out / pareto)]
 
 
 __all__ = [
+    "EVALUATION_PLOTS",
     "evaluation_plots",
     "pareto_figure",
     "plot_pareto",
@@ -297,5 +309,6 @@ __all__ = [
     "plot_reliability",
     "plot_trajectory",
     "plots_available",
+    "simulation_plot_names",
     "simulation_plots",
 ]

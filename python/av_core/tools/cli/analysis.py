@@ -29,6 +29,7 @@ from av_core.tools.cli.common import (
     load_trace,
     reading,
     trace_arg,
+    write_text_file,
 )
 from av_core.tools.evaluate import DEFAULT_REFIT_INTERVAL
 from av_core.tools.simulate import DEFAULT_CONCURRENCY, MAX_COST_MS, GpuLikeCost
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 #: The warm-up steps of the demo's simulations (``simulate_trace``'s default).
 DEMO_WARMUP_STEPS = 200
+#: The drafters the demo simulates, in the order it prints them.
+DEMO_DRAFTERS = ("parallel", "autoregressive")
 #: Largest ``--concurrency`` value (the simulator holds [steps, R] round indices).
 MAX_CONCURRENCY = 65536
 
@@ -50,9 +53,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         evaluation_tables,
         evaluation_to_dict,
     )
+    from av_core.tools.plots import EVALUATION_PLOTS
 
     console = _console(args)
-    plots = _plots_ready(args, console)
+    plots = _plots_ready(args, console, EVALUATION_PLOTS)
     trace = load_trace(args.trace)
     with _Job(console, "evaluate", "replay") as job, about(args.trace.label):
         evaluation = evaluate_trace(
@@ -191,6 +195,7 @@ def trt_schedule(text: str) -> dict[int, int]:
 
 def _simulate(args: argparse.Namespace) -> int:
     """Serving simulation: adaptive verification against fixed K at several concurrencies."""
+    from av_core.tools.plots import simulation_plot_names
     from av_core.tools.simulate import (
         PEERS_TITLE,
         format_markdown,
@@ -206,7 +211,7 @@ def _simulate(args: argparse.Namespace) -> int:
         raise CommandError("--trt-schedule needs --peers (it sets the TensorRT-LLM peer policy)")
     _check_simulation_size(args.steps, args.warmup_steps, max(args.concurrency))
     cost = _cost_model(args)
-    plots = _plots_ready(args, console)
+    plots = _plots_ready(args, console, simulation_plot_names(f"_{args.drafter}"))
     trace = load_trace(args.trace)
     with _Job(console, "simulate", "policy") as job, about(args.trace.label):
         simulation = simulate_trace(
@@ -265,18 +270,24 @@ def _simulate(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Evaluate and simulate on the trace shipped with the package; plots in ./av_core_demo/."""
     from av_core.tools.evaluate import ONLINE, RAW, evaluate_trace
+    from av_core.tools.plots import EVALUATION_PLOTS, simulation_plot_names
     from av_core.tools.simulate import simulate_trace
     from av_core.tools.tables import percent_change
 
     console = _console(args)
     _check_simulation_size(args.steps, DEMO_WARMUP_STEPS, max(DEFAULT_CONCURRENCY), demo=True)
-    out = _prepare_out(args)  # the tables go there even without plots
-    plots = _plots_ready(args, console)
+    tables = {"evaluate": "evaluate.txt"} | {d: f"simulate_{d}.txt" for d in DEMO_DRAFTERS}
+    out = _prepare_out(args, list(tables.values()))  # the tables go there even without plots
+    pictures = [
+        *EVALUATION_PLOTS,
+        *(n for d in DEMO_DRAFTERS for n in simulation_plot_names(f"_{d}")),
+    ]
+    plots = _plots_ready(args, console, pictures)
     trace = load_trace(args.trace)
     with _Job(console, "demo: evaluate", "replay") as job, about(args.trace.label):
         evaluation = evaluate_trace(trace, progress=job)
     simulations = {}
-    for drafter in ("parallel", "autoregressive"):
+    for drafter in DEMO_DRAFTERS:
         with _Job(console, f"demo: simulate {drafter}", "policy") as job:
             with about(args.trace.label):
                 simulations[drafter] = simulate_trace(
@@ -285,11 +296,11 @@ def _demo(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     console.result("== av-core evaluate (prequential replay of the online estimator) ==")
     console.result(evaluation.to_text())
-    (out / "evaluate.txt").write_text(evaluation.to_text() + "\n")
+    write_text_file(out / tables["evaluate"], evaluation.to_text() + "\n")
     for drafter, simulation in simulations.items():
         console.result(f"\n== av-core simulate --drafter {drafter} (gpu-like cost model) ==")
         console.result(simulation.to_text())
-        (out / f"simulate_{drafter}.txt").write_text(simulation.to_text() + "\n")
+        write_text_file(out / tables[drafter], simulation.to_text() + "\n")
 
     if plots:
         from av_core.tools.plots import evaluation_plots, simulation_plots

@@ -284,18 +284,24 @@ def _add_trace_argument(parser: argparse.ArgumentParser) -> None:
 # Plots
 
 
-def _prepare_out(args: argparse.Namespace) -> Path:
-    """``--out``, created and probed with a test file before any work (:class:`CommandError`
-    naming ``--out`` when it cannot be written)."""
+def _prepare_out(args: argparse.Namespace, files: Sequence[str] = ()) -> Path:
+    """``--out``, created and probed with a test file, and each of ``files`` in it probed,
+    before any work (:class:`CommandError` naming ``--out`` and what cannot be written), so
+    that no result is computed for a file that refuses it."""
     out = Path(args.out)
     problem = types.prepare_output_dir(out)
+    for name in files:
+        if problem is not None:
+            break
+        problem = types.probe_output_file(out / name)
     if problem is not None:
         raise CommandError(f"--out: {problem}")
     return out
 
 
-def _plots_ready(args: argparse.Namespace, console: _Console) -> bool:
-    """Whether plots will be written; prepares ``--out`` up front when they will."""
+def _plots_ready(args: argparse.Namespace, console: _Console, files: Sequence[str]) -> bool:
+    """Whether plots will be written; prepares ``--out`` and probes the plot ``files`` up front
+    when they will."""
     from av_core.tools.plots import plots_available
 
     if getattr(args, "no_plots", False):
@@ -306,8 +312,16 @@ def _plots_ready(args: argparse.Namespace, console: _Console) -> bool:
             "'av_core[demo]' for the plots and progress bars)"
         )
         return False
-    _prepare_out(args)
+    _prepare_out(args, files)
     return True
+
+
+def write_text_file(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path``; a failure is a :class:`CommandError` naming the file."""
+    try:
+        path.write_text(text)
+    except OSError as error:
+        raise CommandError(f"cannot write {str(path)!r}: {error.strerror or error}") from error
 
 
 def _probe_output(option: str, path: Path) -> None:
