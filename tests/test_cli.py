@@ -443,8 +443,8 @@ def test_output_into_a_closed_pipe_ends_quietly(files: Path) -> None:
     [["evaluate", "small.csv", "--bogus"], ["simulate", "--steps", "5", "--no-such-option"]],
 )
 def test_an_unknown_option_is_named_by_its_command(files: Path, argv: list[str]) -> None:
-    line = assert_one_line_error(run_cli(*argv, cwd=files), argv[0], "unrecognized arguments")
-    assert argv[-1] in line
+    line = assert_one_line_error(run_cli(*argv, cwd=files), argv[0], "unknown option")
+    assert f"'{argv[-1]}' for {argv[0]}" in line
 
 
 def test_a_closed_stdout_is_one_line_before_any_work(files: Path) -> None:

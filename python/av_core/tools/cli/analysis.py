@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from av_core._native import ESTIMATOR_DEFAULTS
 from av_core.tools import argtypes as types
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 #: The warm-up steps of the demo's simulations (``simulate_trace``'s default).
 DEMO_WARMUP_STEPS = 200
 #: The drafters the demo simulates, in the order it prints them.
-DEMO_DRAFTERS = ("parallel", "autoregressive")
+DEMO_DRAFTERS: tuple[Literal["parallel", "autoregressive"], ...] = ("parallel", "autoregressive")
 #: Largest ``--concurrency`` value (the simulator holds [steps, R] round indices).
 MAX_CONCURRENCY = 65536
 

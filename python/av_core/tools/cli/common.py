@@ -10,9 +10,10 @@ import contextlib
 import gzip
 import importlib.util
 import os
+import re
 import sys
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -97,11 +98,68 @@ def about(source: str) -> Iterator[None]:
         raise CommandError(text if source in text else f"{source}: {text}") from error
 
 
+#: A token argparse reads as a value, not an option, although it starts with ``-``: a number.
+_NUMBER = re.compile(r"-\d|-\.\d|-inf|-nan", re.IGNORECASE)
+
+
 class _Parser(argparse.ArgumentParser):
-    """Errors on one line: ``av-core COMMAND: error: MESSAGE (see av-core COMMAND --help)``."""
+    """Errors on one line: ``av-core COMMAND: error: MESSAGE (see av-core COMMAND --help)``.
+
+    A command's parser refuses an option it does not have before it parses anything, naming the
+    option (and the commands that have it, from :attr:`commands`): argparse alone sets an
+    unknown option aside and hands the value after it to the next positional argument, so
+    ``evaluate --concurrency 64`` would say ``argument TRACE: no such file: '64'``.
+    """
+
+    #: Every command's parser by name (set on each command's parser by the parser's builder).
+    commands: Mapping[str, argparse.ArgumentParser] = {}
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if args is not None and not _has_commands(self):
+            unknown = next((name for name in _options_given(args) if not _knows(self, name)), None)
+            if unknown is not None:
+                command = self.prog.rsplit(" ", 1)[-1]
+                others = [
+                    name
+                    for name, parser in self.commands.items()
+                    if name != command and _knows(parser, unknown)
+                ]
+                hint = f" ({', '.join(others)} {'takes' if len(others) == 1 else 'take'} it)"
+                self.error(f"unknown option {unknown!r} for {command}" + (hint if others else ""))
+        return super().parse_known_args(args, namespace)
+
+
+def _has_commands(parser: argparse.ArgumentParser) -> bool:
+    return any(isinstance(action, argparse._SubParsersAction) for action in parser._actions)
+
+
+def _options_given(args: Sequence[str]) -> Iterator[str]:
+    """The option names in ``args`` as argparse reads them: tokens before ``--`` that start
+    with ``-`` and are not numbers nor ``-`` alone nor hold a space; ``--name=value`` is
+    ``--name``."""
+    for token in args:
+        if token == "--":
+            return
+        if not token.startswith("-") or token == "-" or " " in token or _NUMBER.match(token):
+            continue
+        yield token.split("=", 1)[0] if token.startswith("--") else token
+
+
+def _knows(parser: argparse.ArgumentParser, name: str) -> bool:
+    """Whether ``parser`` takes the option ``name``: exactly, as a unique-or-not prefix of a long
+    option (argparse's abbreviations; an ambiguous one argparse refuses itself), or as a short
+    option with its value or more flags attached (``-q``, ``-qv``)."""
+    options = [option for action in parser._actions for option in action.option_strings]
+    if name in options:
+        return True
+    if name.startswith("--"):
+        return parser.allow_abbrev and any(o.startswith(name) for o in options)
+    return name[:2] in options
 
 
 class _Formatter(argparse.HelpFormatter):

@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for adds in (add_demo, add_evaluate, add_simulate, add_traces, add_profile, add_collect):
         _name_metavars(adds(add))
+    for sub in commands.choices.values():
+        if isinstance(sub, _Parser):
+            sub.commands = commands.choices
     return parser
 
 
