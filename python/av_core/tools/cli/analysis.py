@@ -352,7 +352,7 @@ def _add_update_option(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="how the estimator refits: map (av_core's MAP fit of per-position histograms, "
         "after 1, 2, 4, ... steps of every round) or vllm (vLLM's damped Newton step once per "
-        f"round); default: the estimator's, {ESTIMATOR_DEFAULTS['update']}; docs/estimator.md",
+        f"round); default: the estimator's, {ESTIMATOR_DEFAULTS['update']}",
     )
 
 
@@ -389,7 +389,7 @@ def add_evaluate(add: AddCommand) -> argparse.ArgumentParser:
         help="prequential evaluation of the online estimator and the candidate features",
         description="Replays the online estimator over TRACE in decode order, scoring every "
         "draft with the prediction made at draft time; compares features; fits each workload "
-        "(docs/evaluate.md).",
+        "with the fits' slopes and intercepts.",
     )
     _add_trace_argument(evaluate)
     evaluate.add_argument(
@@ -441,7 +441,7 @@ def add_simulate(add: AddCommand) -> argparse.ArgumentParser:
         "simulate",
         help="serving simulation: adaptive verification against fixed K",
         description="Replays TRACE's drafting rounds for R concurrent requests and compares "
-        "adaptive verification with fixed K = 0..K at every concurrency (docs/simulate.md). "
+        "adaptive verification with fixed K = 0..K at every concurrency. "
         "The gpu-like cost model: ms(t) = base + max(0, t - knee) * per_token.",
     )
     _add_trace_argument(simulate)

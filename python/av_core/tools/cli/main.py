@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Adaptive verification for speculative decoding: estimator and planner. "
         "Every command checks its options before it starts; errors are one line (exit 2).",
         formatter_class=_Formatter,
-        epilog=f"{PROG} COMMAND --help describes a command's options; docs/cli.md describes all.",
+        epilog=f"{PROG} COMMAND --help describes a command: what it reads and writes, and "
+        "each option with its default.",
     )
     parser.add_argument("--version", action="version", version=f"av_core {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help=argparse.SUPPRESS)
