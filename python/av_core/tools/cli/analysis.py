@@ -315,7 +315,7 @@ def _demo(args: argparse.Namespace) -> int:
     online = evaluation.feature(ONLINE).report.overall
     raw = evaluation.feature(RAW).report.overall
     console.result("")
-    console.result(
+    console.paragraph(
         f"estimator: online logit(q_max) ECE {online.ece:.4f} vs raw q_max {raw.ece:.4f}, "
         f"log-loss {online.log_loss:.4f} vs {raw.log_loss:.4f} "
         f"({evaluation.num_labeled} labeled drafts, scored at draft time)"
@@ -333,7 +333,7 @@ def _demo(args: argparse.Namespace) -> int:
             for c in simulation.results
         }
         lowest = min(depth, key=lambda c: depth[c])
-        console.result(
+        console.paragraph(
             f"simulated, {drafter} drafter (gpu-like cost model, not measured): AV vs best "
             f"fixed K>=1 from {percent_change(ratios[worst])} (R={worst}) to "
             f"{percent_change(ratios[best])} (R={best}); with drafting-depth control, worst "
@@ -363,7 +363,7 @@ def add_demo(add: AddCommand) -> argparse.ArgumentParser:
         help="evaluate and simulate on the real trace shipped with av_core",
         description="Runs evaluate and simulate (parallel and autoregressive drafters, gpu-like "
         "cost model) on the trace shipped inside the package; writes tables and plots to "
-        "--out and ends with a three-line summary.",
+        "--out and ends with a summary: calibration, then each drafter's throughput.",
     )
     demo.add_argument(
         "--trace",

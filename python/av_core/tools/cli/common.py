@@ -205,6 +205,12 @@ class _Console:
         except OSError as error:  # a full disk, an I/O error: say where the results were going
             raise CommandError(f"cannot write to standard output: {describe(error)}") from error
 
+    def paragraph(self, text: str) -> None:
+        """A result in prose, wrapped to the text width of tables (``TEXT_WIDTH``)."""
+        from av_core.tools.tables import wrap_text
+
+        self.result(wrap_text(text))
+
     def note(self, text: str) -> None:
         if not self.quiet:
             _to_stderr(text)
