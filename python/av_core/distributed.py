@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from av_core._native import AcceptanceEstimator
+from av_core._native import AcceptanceEstimator, InvalidTypeError, InvalidValueError
 
 __all__ = [
     "HISTOGRAM_COLUMNS",
@@ -81,7 +81,7 @@ def round_limbs(round_stats: Mapping[str, Any]) -> npt.NDArray[np.int64]:
     columns = [[int(v) for v in round_stats[name]] for name in names]
     k = len(columns[0])
     if any(len(column) != k for column in columns):
-        raise ValueError("round_stats columns must all have one entry per position (or bin)")
+        raise InvalidValueError("round_stats columns must all have one entry per position (or bin)")
     out = np.empty((len(names), k, NUM_LIMBS), dtype=np.int64)
     for row, column in enumerate(columns):
         for position, value in enumerate(column):
@@ -99,7 +99,7 @@ def limbs_to_round(
     non-negative). ``columns``: the round's columns (:func:`round_columns`)."""
     array = np.asarray(limbs, dtype=np.int64)
     if array.ndim != 3 or array.shape[0] != len(columns) or array.shape[2] != NUM_LIMBS:
-        raise ValueError(
+        raise InvalidValueError(
             f"limbs must have shape [{len(columns)}, K, {NUM_LIMBS}], got {array.shape}"
         )
     out: dict[str, Any] = {"fraction_bits": int(fraction_bits)}
@@ -141,7 +141,7 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
     stay in this rank's round only.
     """
     if not isinstance(estimator, AcceptanceEstimator):
-        raise TypeError(
+        raise InvalidTypeError(
             f"estimator must be an av_core.AcceptanceEstimator, got {type(estimator).__name__} "
             "(av_core.vllm.OnlineAcceptanceEstimator pools itself: pass process_group=)"
         )
@@ -176,7 +176,7 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
     if any(low != high for low, high in ranges.values()):
         spans = ", ".join(f"{name} {low}..{high}" for name, (low, high) in ranges.items())
         mine = ", ".join(f"{value} {name}" for name, value in layout.items())
-        raise ValueError(
+        raise InvalidValueError(
             f"estimator: the ranks of the group disagree on the round's layout ({spans}; this "
             f"rank has {mine}; histogram bins are 0 for the vllm update)"
         )

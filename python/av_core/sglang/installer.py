@@ -20,28 +20,28 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import os
 import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
-from av_core import _native
+from av_core import _settings as settings
 from av_core._engine_interface import engine_version, resolve, signature_text
-from av_core._env import env_flag
-from av_core._native import CostTables
+from av_core._native import CostTables, Error
+from av_core._settings import SGLANG_OFF as SGLANG_OFF
+from av_core._settings import SGLANG_ON as SGLANG_ON
 from av_core.sglang.policy import CostAwarePolicy, config_candidate_steps, load_cost_tables
 
 logger = logging.getLogger("sglang.av_core")
 
-ENV_ENABLE = "AV_CORE_SGLANG"
-ENV_COSTS = "AV_CORE_SGLANG_COSTS"
-ENV_DRAFTER = "AV_CORE_SGLANG_DRAFTER"
-ENV_MAX_BATCH = "AV_CORE_SGLANG_MAX_BATCH"
-ENV_ANY_VERSION = "AV_CORE_SGLANG_ANY_VERSION"
+ENV_ENABLE = settings.SGLANG.name
+ENV_COSTS = settings.SGLANG_COSTS.name
+ENV_DRAFTER = settings.SGLANG_DRAFTER.name
+ENV_MAX_BATCH = settings.SGLANG_MAX_BATCH.name
+ENV_ANY_VERSION = settings.SGLANG_ANY_VERSION.name
 #: SGLang's own switch: at 0 steps it still runs the drafter's extend pass unless this is set.
-ENV_SKIP_ZERO_STEP_EXTEND = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+ENV_SKIP_ZERO_STEP_EXTEND = settings.SGLANG_SKIP_ZERO_STEP_EXTEND.name
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 RUNTIME_STATE_MODULE = "sglang.srt.speculative.adaptive_runtime_state"
 PARAMS_MODULE = "sglang.srt.speculative.adaptive_spec_params"
@@ -98,8 +98,9 @@ CALL_SITES: tuple[tuple[str, str | None, str, tuple[str, ...]], ...] = (
 )
 
 
-class SglangCompatibilityError(RuntimeError):
-    """SGLang's interfaces differ from those the policy relies on; nothing was patched."""
+class SglangCompatibilityError(Error, RuntimeError):
+    """SGLang's interfaces differ from those the policy relies on; nothing was patched. An
+    ``av_core.Error`` and a ``RuntimeError``."""
 
 
 @dataclass(frozen=True)
@@ -316,44 +317,20 @@ def check_interface(
 
 
 def _drafter_kind() -> Literal["autoregressive", "parallel"]:
-    value = os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
-    if value == "autoregressive":
-        return "autoregressive"
-    if value == "parallel":
-        return "parallel"
-    raise ValueError(f"{ENV_DRAFTER}={value!r}: expected autoregressive or parallel")
-
-
-#: How SGLang 0.5.23 reads its own boolean variables (``sglang.srt.environ.EnvBool``: lower-cased,
-#: not stripped); anything else SGLang warns about and takes as its default, off.
-SGLANG_ON = ("true", "1", "yes", "y")
-SGLANG_OFF = ("false", "0", "no", "n")
+    return "parallel" if settings.SGLANG_DRAFTER.require() == "parallel" else "autoregressive"
 
 
 def _sglang_flag(name: str) -> bool:
-    """SGLang's boolean variable ``name`` as SGLang reads it (unset: off), so that the policy
-    charges what SGLang runs; a value SGLang itself would not take is a ``ValueError`` naming it
-    (SGLang would only warn and treat it as off)."""
-    text = os.environ.get(name)
-    if text is None or text.lower() in SGLANG_OFF:
-        return False
-    if text.lower() in SGLANG_ON:
-        return True
-    raise ValueError(
-        f"{name}={text!r}: SGLang reads true, 1, yes or y as on and false, 0, no or n as off "
-        "(anything else it takes as off, with a warning)"
-    )
+    """SGLang's boolean variable ``name`` as SGLang reads it (unset: off; ``SGLANG_ON``,
+    ``SGLANG_OFF``), so that the policy charges what SGLang runs; a value SGLang itself would
+    not take is a ``SettingError`` naming it (SGLang would only warn and treat it as off)."""
+    value: bool = settings.named(name).require()
+    return value
 
 
 def _max_batch() -> int:
-    value = os.environ.get(ENV_MAX_BATCH, "1024")
-    try:
-        batch = int(value)
-    except ValueError:
-        batch = 0
-    if batch < 1:
-        raise ValueError(f"{ENV_MAX_BATCH}={value!r}: expected an integer >= 1")
-    return batch
+    value: int = settings.SGLANG_MAX_BATCH.require()
+    return value
 
 
 def _policy_factory(
@@ -364,7 +341,7 @@ def _policy_factory(
     drafter = _drafter_kind()
     max_batch = _max_batch()
     skip_extend = _sglang_flag(ENV_SKIP_ZERO_STEP_EXTEND)
-    costs_path = os.environ.get(ENV_COSTS)
+    costs_path = settings.SGLANG_COSTS.require()
 
     def AdaptiveSpeculativeParams(  # noqa: N802 - stands in for SGLang's class
         initial_steps: int, cfg_path: str | None = None
@@ -415,17 +392,15 @@ def install(cost_tables: CostTables | None = None, **options: Any) -> list[str]:
             f"install: {unknown} are not CostAwarePolicy options ({sorted(accepted)}); "
             "nothing was patched"
         )
-    if cost_tables is None and not os.environ.get(ENV_COSTS):
+    if cost_tables is None and not settings.SGLANG_COSTS.is_set():
         raise ValueError(
             f"av_core's SGLang policy needs cost tables: pass install(cost_tables=...) or set "
             f"{ENV_COSTS} to a CostTables JSON or an av-core profile file; nothing was patched"
         )
-    # Every setting is read before anything is patched: a bad value fails here, naming it.
-    _native.check_environment()
-    _drafter_kind()
-    _max_batch()
-    _sglang_flag(ENV_SKIP_ZERO_STEP_EXTEND)
-    any_version = env_flag(ENV_ANY_VERSION)
+    # Every setting is read before anything is patched: a bad value fails here, naming it
+    # (docs/settings.md).
+    settings.check(settings.SGLANG_SETTINGS)
+    any_version = settings.SGLANG_ANY_VERSION.require()
     version = engine_version("sglang")
     modules = {
         name: importlib.import_module(name)
@@ -467,7 +442,7 @@ def installed() -> list[str]:
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: :func:`install` when ``AV_CORE_SGLANG=1``."""
-    if not env_flag(ENV_ENABLE):
+    if not settings.SGLANG.require():
         logger.debug("av_core: %s is not set, SGLang keeps its own adaptive policy", ENV_ENABLE)
         return
     install()

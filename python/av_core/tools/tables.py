@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from av_core._native import InvalidValueError
+
 Cell = str | int | float | None
 #: The widest line of text output: tables, the notes under them and the lines above them.
 TEXT_WIDTH = 100
@@ -108,7 +110,7 @@ class Table:
 
     def add(self, *cells: Cell) -> None:
         if len(cells) != len(self.columns):
-            raise ValueError(
+            raise InvalidValueError(
                 f"table {self.title!r}: a row needs {len(self.columns)} cells, got {len(cells)}"
             )
         self.rows.append(list(cells))

@@ -44,7 +44,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,9 +52,9 @@ from typing import Any
 
 import numpy as np
 
-from av_core import _native
+from av_core import _settings as settings
 from av_core._engine_interface import engine_version, resolve, signature_text
-from av_core._env import env_flag
+from av_core._native import Error
 from av_core.vllm import serving as vllm_serving
 from av_core.vllm.constants import (
     DAMPING_OBSERVATIONS,
@@ -96,10 +95,10 @@ __all__ = [
 
 logger = logging.getLogger("vllm.av_core")
 
-ENV_ENABLE = "AV_CORE_VLLM"
-ENV_ANY_VERSION = "AV_CORE_VLLM_ANY_VERSION"
-ENV_DEPTH = "AV_CORE_VLLM_DEPTH"
-ENV_DRAFTER = "AV_CORE_VLLM_DRAFTER"
+ENV_ENABLE = settings.VLLM.name
+ENV_ANY_VERSION = settings.VLLM_ANY_VERSION.name
+ENV_DEPTH = settings.VLLM_DEPTH.name
+ENV_DRAFTER = settings.VLLM_DRAFTER.name
 #: The releases whose interfaces the contract tests check: every 0.32 point release (0.32.x) and
 #: 0.33.0 (their estimator files are identical; the manager differs in what av_core leaves alone).
 SUPPORTED_VLLM_VERSIONS = ("0.32.x", "0.33.0")
@@ -180,8 +179,9 @@ GET_NUM_TOKENS_READS = (
 )
 
 
-class VllmCompatibilityError(RuntimeError):
-    """vLLM's interfaces differ from those av_core's drop-ins mirror; nothing was patched."""
+class VllmCompatibilityError(Error, RuntimeError):
+    """vLLM's interfaces differ from those av_core's drop-ins mirror; nothing was patched. An
+    ``av_core.Error`` and a ``RuntimeError``."""
 
 
 @dataclass(frozen=True)
@@ -494,16 +494,13 @@ def _depth_propose(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _depth_mode() -> str:
-    """``batch`` or ``per_request`` from ``AV_CORE_VLLM_DEPTH`` (``1``/``true``/``yes`` mean
-    batch; empty, ``0``, ``false``, ``no`` and ``off`` mean off)."""
-    value = os.environ.get(ENV_DEPTH, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return "off"
-    return "batch" if value in ("1", "true", "yes") else value
+    """``off``, ``batch`` or ``per_request`` from ``AV_CORE_VLLM_DEPTH`` (a switch's on
+    spellings mean batch, its off spellings off; checked by :func:`install_depth_control`)."""
+    return settings.VLLM_DEPTH.get()
 
 
 def _drafter_kind() -> str:
-    return os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
+    return settings.VLLM_DRAFTER.get()
 
 
 def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
@@ -522,20 +519,18 @@ def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
         modules,
         {(BUDGET_MODULE, dotted): text for dotted, text in DEPTH_MANAGER_SIGNATURES.items()},
     )
-    if _drafter_kind() not in ("autoregressive", "parallel"):
-        problems.append(f"{ENV_DRAFTER}={_drafter_kind()!r}: expected autoregressive or parallel")
-    if _depth_mode() not in ("batch", "per_request", "off"):
-        problems.append(f"{ENV_DEPTH}={_depth_mode()!r}: expected batch (or 1) or per_request")
     return problems
 
 
 def install_depth_control() -> list[Replacement]:
     """Checks the speculators and wraps their ``propose`` with drafting-depth control (module
-    doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference.
-    Idempotent."""
+    doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference, and
+    ``SettingError`` for a value of ``AV_CORE_VLLM_DEPTH`` or ``AV_CORE_VLLM_DRAFTER`` it does
+    not take. Idempotent."""
     done = [entry for entry in _installed if entry.attribute == "propose"]
     if done:
         return done
+    settings.check((settings.VLLM_DEPTH, settings.VLLM_DRAFTER, settings.SIMD))
     names = [module for module, _ in DEPTH_SPECULATORS] + [BUDGET_MODULE]
     modules = {name: importlib.import_module(name) for name in names}
     problems = _depth_problems(modules)
@@ -579,18 +574,20 @@ def install() -> list[Replacement]:
     """Check vLLM and swap in av_core's drop-ins (see the module doc); idempotent.
 
     Raises :class:`VllmCompatibilityError`, with every difference found, and patches nothing if
-    vLLM's interfaces differ from those mirrored; ``ValueError`` naming the variable, and patches
-    nothing, for a value of ``AV_CORE_VLLM_ANY_VERSION``, ``AV_CORE_VLLM_EXACT`` or
-    ``AV_CORE_VLLM_ESTIMATOR`` it does not know (or ``exact`` with ``map``), or of
-    ``AV_CORE_SIMD``.
+    vLLM's interfaces differ from those mirrored; ``SettingError`` (a ``ValueError``) naming
+    every variable, and patches nothing, for a value of a variable it or its drop-ins read
+    (``av_core._settings.VLLM_SETTINGS``, ``AV_CORE_SIMD`` included) that it does not take, or
+    ``exact`` with ``map``.
     """
     if _installed:
         return list(_installed)
-    _native.check_environment()  # AV_CORE_SIMD: a bad value fails here, naming it
-    any_version = env_flag(ENV_ANY_VERSION)
+    # Every variable the plugin and its drop-ins read (AV_CORE_SIMD included), checked before
+    # anything is patched: a value one does not take fails here, naming it (docs/settings.md).
+    settings.check(settings.VLLM_SETTINGS)
+    any_version = settings.VLLM_ANY_VERSION.require()
     # What every drop-in estimator will be built with: a bad value fails here, naming the
     # variable, before anything is patched (not later, inside vLLM's model runner).
-    update, exact = choose_update(None, None)
+    update, exact = choose_update(None, None, strict=True)
     version = engine_version("vllm")
     modules = {name: importlib.import_module(name) for name in (ESTIMATOR_MODULE, BUDGET_MODULE)}
     problems = check_interface(modules, None if any_version else version)
@@ -640,11 +637,11 @@ def installed() -> list[Replacement]:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: :func:`install` when ``AV_CORE_VLLM=1``, and
     :func:`install_depth_control` when ``AV_CORE_VLLM_DEPTH`` is set (off by default)."""
-    if env_flag(ENV_ENABLE):
+    if settings.VLLM.require():
         install()
     else:
         logger.debug("av_core: %s is not set, vLLM keeps its own adaptive verification", ENV_ENABLE)
-        ignored = [name for name in (ENV_ESTIMATOR, ENV_EXACT) if os.environ.get(name, "").strip()]
+        ignored = [s.name for s in (settings.VLLM_ESTIMATOR, settings.VLLM_EXACT) if s.is_set()]
         if ignored:
             logger.warning(
                 "av_core: %s set without %s=1: vLLM keeps its own estimator, so %s has no effect",
@@ -652,5 +649,5 @@ def register() -> None:
                 ENV_ENABLE,
                 "it" if len(ignored) == 1 else "they",
             )
-    if _depth_mode() != "off":
+    if settings.VLLM_DEPTH.require() != "off":
         install_depth_control()

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from av_core import _settings as settings
+from av_core._native import Error
 from av_core.tools import argtypes as types
 from av_core.tools.progress import Progress, progress_enabled
 from av_core.tools.trace import SHIPPED_TRACE, SHIPPED_TRACES
@@ -32,14 +34,15 @@ PROG = "av-core"
 #: output closed by the reader (128 + SIGPIPE), interrupted (128 + SIGINT).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 0, 1, 2, 141, 130
 #: The environment variable that turns on tracebacks, like ``--debug``.
-DEBUG_VARIABLE = "AV_CORE_DEBUG"
+DEBUG_VARIABLE = settings.DEBUG.name
 #: What a command module's ``add_COMMAND(add)`` is given: ``add(name, help=..., description=...)``
 #: creates the subparser with the common options and the help formatter.
 AddCommand = Callable[..., argparse.ArgumentParser]
 
 
-class CommandError(Exception):
-    """An expected failure: printed as one line, exit status :attr:`exit_code` (2)."""
+class CommandError(Error):
+    """An expected failure: printed as one line, exit status :attr:`exit_code` (2). An
+    ``av_core.Error``."""
 
     exit_code = EXIT_USAGE
 

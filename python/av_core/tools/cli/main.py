@@ -13,11 +13,11 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from av_core import __version__, _native
+from av_core import __version__
+from av_core import _settings as settings
 from av_core.tools import argtypes as types
 from av_core.tools.cli.analysis import add_demo, add_evaluate, add_simulate, depth_modes
 from av_core.tools.cli.common import (
-    DEBUG_VARIABLE,
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -103,7 +103,8 @@ def _command_parser(
 
 
 def _debug_requested(argv: Sequence[str]) -> bool:
-    if os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):
+    """``--debug`` before any ``--``, or ``AV_CORE_DEBUG`` on (read once it was checked)."""
+    if settings.DEBUG.get():
         return True
     return "--debug" in argv[: argv.index("--")] if "--" in argv else "--debug" in argv
 
@@ -181,19 +182,19 @@ def _main(argv: Sequence[str] | None) -> int:
             )
     except SystemExit as stop:  # argparse printed the one-line error, or --help / --version
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
-    debug = _debug_requested(arguments) or bool(args.debug)
     if args.command is None:
         with contextlib.suppress(OSError, ValueError):
             sys.stderr.write(parser.format_help())
             sys.stderr.write(f"{PROG}: error: a command is required\n")
         return EXIT_USAGE
     command = f"{PROG} {args.command}"
-    try:  # AV_CORE_SIMD, read by the core: a value it does not take is a usage error
-        _native.check_environment()
+    try:  # AV_CORE_DEBUG, and AV_CORE_SIMD read by the core: a bad value is a usage error
+        settings.check(settings.CLI_SETTINGS)
     except ValueError as error:
         with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(f"{command}: error: {error}\n")
+            sys.stderr.write(f"{command}: error: {one_line(str(error))}\n")
         return EXIT_USAGE
+    debug = _debug_requested(arguments) or bool(args.debug)
     if sys.stdout is None:  # started with stdout closed (`av-core evaluate >&-`)
         with contextlib.suppress(OSError, AttributeError):
             sys.stderr.write(f"{command}: error: standard output is closed: nowhere to write\n")
