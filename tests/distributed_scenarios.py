@@ -190,40 +190,42 @@ def run_mismatch(rank: int, world: int, group: Any) -> dict[str, str]:
     return out
 
 
+def join_gloo(rank: int, world: int, port: str) -> Any:
+    """This rank joins a gloo group of ``world`` processes on 127.0.0.1: the whole group."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
+    return dist.group.WORLD
+
+
+def _leave(group: Any) -> None:
+    import torch.distributed as dist
+
+    dist.barrier(group)
+    dist.destroy_process_group()
+
+
 def main(argv: list[str]) -> None:
     mode, rank, world, port, out = argv[1], int(argv[2]), int(argv[3]), argv[4], argv[5]
     torch.set_num_threads(1)
     result: dict[str, Any] = {"rank": rank}
     if mode == "dp":
-        import torch.distributed as dist
-
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=60),
-        )
-        group = dist.group.WORLD
+        group = join_gloo(rank, world, port)
         result["native"] = run_native(rank, group)
         result["native_vllm"] = run_native(rank, group, "vllm")
         result["drop_in"] = run_drop_in(rank, group)
         result["drop_in_map"] = run_drop_in(rank, group, "map")
-        dist.barrier()
-        dist.destroy_process_group()
+        _leave(group)
     elif mode == "mismatch":
-        import torch.distributed as dist
-
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=60),
-        )
-        result["mismatch"] = run_mismatch(rank, world, dist.group.WORLD)
-        dist.barrier()
-        dist.destroy_process_group()
+        group = join_gloo(rank, world, port)
+        result["mismatch"] = run_mismatch(rank, world, group)
+        _leave(group)
     elif mode == "tp":
         for key, update in (("drop_in", "vllm"), ("drop_in_map", "map")):
             rng = np.random.default_rng(300 + rank)

@@ -89,46 +89,43 @@ class Setting(Generic[T]):
         text = self.text()
         return text is not None and text.strip() != ""
 
-    def problem(self) -> str | None:
-        """Why the current value is refused (naming the variable and the value), or ``None``."""
+    def _read(self) -> tuple[T, str | None]:
+        """The value and ``None``; or, for a text the variable does not take, what a lenient
+        read gives (``fallback(text)`` or the default) and why the text is refused."""
         text = self.text()
         if text is None:
-            return None
+            return self.default, None
         try:
-            self._parse(text)
+            return self._parse(text), None
         except ValueError as error:
-            return self._describe(text, error)
-        return None
+            value = self._fallback(text) if self._fallback is not None else self.default
+            return value, self._describe(text, error)
+
+    def problem(self) -> str | None:
+        """Why the current value is refused (naming the variable and the value), or ``None``."""
+        return self._read()[1]
 
     def require(self) -> T:
         """The value; :class:`SettingError` naming the variable for a value it does not take."""
-        text = self.text()
-        if text is None:
-            return self.default
-        try:
-            return self._parse(text)
-        except ValueError as error:
-            raise SettingError(self._describe(text, error)) from None
+        value, problem = self._read()
+        if problem is not None:
+            raise SettingError(problem)
+        return value
 
     def get(self) -> T:
         """The value; for a value it does not take, one warning (once per value) and the
         default. Never raises: for code that runs while serving."""
-        text = self.text()
-        if text is None:
-            return self.default
-        try:
-            return self._parse(text)
-        except ValueError as error:
-            value = self._fallback(text) if self._fallback is not None else self.default
-            key = (self.name, text)
+        value, problem = self._read()
+        if problem is not None:
+            key = (self.name, self.text() or "")
             with _warned_lock:
                 first = key not in _warned
                 _warned.add(key)
             if first:
                 logging.getLogger(self.logger).warning(
-                    "av_core: %s; using %s", self._describe(text, error), shown(value)
+                    "av_core: %s; using %s", problem, shown(value)
                 )
-            return value
+        return value
 
     def _describe(self, text: str, error: ValueError) -> str:
         return f"{self.name}={text!r}: {error}"
@@ -201,6 +198,33 @@ def choice(
     return Setting(name, default, takes, parse, logger=logger)
 
 
+def drafter(name: str, *, logger: str) -> Setting[str]:
+    """How the drafter's cost grows with depth: ``autoregressive`` (the default) or
+    ``parallel``."""
+    return choice(name, ("autoregressive", "parallel"), default="autoregressive", logger=logger)
+
+
+def _bounded(
+    convert: Callable[[str], Any], inside: Callable[[Any], bool], what: str, default: Any
+) -> Callable[[str], Any]:
+    """A parser: blank is ``default``; else ``convert`` of the stripped text, refused as ``not
+    {what}`` when it does not convert or is not ``inside``."""
+
+    def parse(text: str) -> Any:
+        stripped = text.strip()
+        if stripped == "":
+            return default
+        try:
+            value = convert(stripped)
+        except ValueError:
+            raise ValueError(f"not {what}") from None
+        if not inside(value):
+            raise ValueError(f"not {what}")
+        return value
+
+    return parse
+
+
 def integer(
     name: str,
     *,
@@ -213,19 +237,7 @@ def integer(
 ) -> Setting[Any]:
     """An integer in ``[low, high]`` (blanks ignored); empty or unset is ``default``."""
     what = what or (f"an integer >= {low}" if high is None else f"an integer in {low}..{high}")
-
-    def parse(text: str) -> Any:
-        stripped = text.strip()
-        if stripped == "":
-            return default
-        try:
-            value = int(stripped)
-        except ValueError:
-            raise ValueError(f"not {what}") from None
-        if value < low or (high is not None and value > high):
-            raise ValueError(f"not {what}")
-        return value
-
+    parse = _bounded(int, lambda v: v >= low and (high is None or v <= high), what, default)
     return Setting(name, default, what, parse, logger=logger, owner=owner)
 
 
@@ -235,18 +247,7 @@ def number(
     """A finite number in ``[low, high]``; read leniently, a number outside is the nearest bound
     (anything else the default)."""
     what = f"a number in [{low:g}, {high:g}]"
-
-    def parse(text: str) -> float:
-        stripped = text.strip()
-        if stripped == "":
-            return default
-        try:
-            value = float(stripped)
-        except ValueError:
-            raise ValueError(f"not {what}") from None
-        if not (math.isfinite(value) and low <= value <= high):
-            raise ValueError(f"not {what}")
-        return value
+    parse = _bounded(float, lambda v: math.isfinite(v) and low <= v <= high, what, default)
 
     def nearest(text: str) -> float:
         try:
@@ -318,12 +319,7 @@ VLLM_DEPTH = choice(
     aliases={**dict.fromkeys(ON, "batch"), **dict.fromkeys(OFF, "off")},
     logger=VLLM_LOG,
 )
-VLLM_DRAFTER = choice(
-    "AV_CORE_VLLM_DRAFTER",
-    ("autoregressive", "parallel"),
-    default="autoregressive",
-    logger=VLLM_LOG,
-)
+VLLM_DRAFTER = drafter("AV_CORE_VLLM_DRAFTER", logger=VLLM_LOG)
 SHARE_STATS = choice(
     "AV_CORE_SHARE_STATS",
     ("off", "dp"),
@@ -387,12 +383,7 @@ RANK = integer(
 SGLANG = switch("AV_CORE_SGLANG", logger=SGLANG_LOG)
 SGLANG_ANY_VERSION = switch("AV_CORE_SGLANG_ANY_VERSION", logger=SGLANG_LOG)
 SGLANG_COSTS = text("AV_CORE_SGLANG_COSTS", logger=SGLANG_LOG)
-SGLANG_DRAFTER = choice(
-    "AV_CORE_SGLANG_DRAFTER",
-    ("autoregressive", "parallel"),
-    default="autoregressive",
-    logger=SGLANG_LOG,
-)
+SGLANG_DRAFTER = drafter("AV_CORE_SGLANG_DRAFTER", logger=SGLANG_LOG)
 SGLANG_MAX_BATCH = integer(
     "AV_CORE_SGLANG_MAX_BATCH", default=1024, low=1, what="an integer >= 1", logger=SGLANG_LOG
 )

@@ -109,6 +109,17 @@ def _tables() -> av_core.CostTables:
     )
 
 
+def _budget(
+    confidences: Any = None, function: Callable[..., Any] | None = None, **options: Any
+) -> Any:
+    """``choose_draft_budget`` (or ``function``) on two requests of four drafts, with
+    ``options`` replacing the keywords."""
+    keywords = {"num_non_draft_tokens": 2, "num_sampling_requests": 2, "cost_tables": _tables()}
+    call = function or av_core.choose_draft_budget
+    p = np.full((2, 4), 0.5, np.float32) if confidences is None else confidences
+    return call(p, np.array([4, 4]), **(keywords | options))
+
+
 def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
     """(what, a bad call, the class it raises)."""
     est = av_core.AcceptanceEstimator(4)
@@ -171,36 +182,13 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
         ),
         (
             "budget bad probability",
-            lambda: av_core.choose_draft_budget(
-                np.full((2, 4), 2.0, np.float32),
-                np.array([4, 4]),
-                num_non_draft_tokens=2,
-                num_sampling_requests=2,
-                cost_tables=_tables(),
-            ),
+            lambda: _budget(np.full((2, 4), 2.0, np.float32)),
             "InvalidValueError",
         ),
-        (
-            "budget tables type",
-            lambda: av_core.choose_draft_budget(
-                np.full((2, 4), 0.5, np.float32),
-                np.array([4, 4]),
-                num_non_draft_tokens=2,
-                num_sampling_requests=2,
-                cost_tables="tables",
-            ),
-            "InvalidTypeError",
-        ),
+        ("budget tables type", lambda: _budget(cost_tables="tables"), "InvalidTypeError"),
         (
             "depth mode type",
-            lambda: av_core.choose_draft_depth(
-                np.full((2, 4), 0.5, np.float32),
-                np.array([4, 4]),
-                num_non_draft_tokens=2,
-                num_sampling_requests=2,
-                cost_tables=_tables(),
-                mode=3,
-            ),
+            lambda: _budget(function=av_core.choose_draft_depth, mode=3),
             "InvalidTypeError",
         ),
         (
