@@ -305,6 +305,8 @@ DEFAULT_SAVE_EVERY = 10
 
 # -- the command line -------------------------------------------------------------------------
 DEBUG = switch("AV_CORE_DEBUG")
+#: llama.cpp's own log output, silenced by ``av_core.llama_cpp`` unless this is on.
+LLAMA_LOG = switch("AV_CORE_LLAMA_LOG")
 SIMD = _CoreSetting("AV_CORE_SIMD", "baseline | avx2 | avx512, or empty (the widest the CPU has)")
 
 # -- the vLLM plugin and drop-ins -------------------------------------------------------------
@@ -392,7 +394,7 @@ SGLANG_SKIP_ZERO_STEP_EXTEND = sglang_flag("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXT
 #: What each entry point checks before it starts: the command line, the metrics (with the
 #: ranks they report under), the vLLM plugin (everything its drop-ins will read) and the
 #: SGLang installer.
-CLI_SETTINGS = (DEBUG, SIMD)
+CLI_SETTINGS = (DEBUG, LLAMA_LOG, SIMD)
 METRICS_SETTINGS = (
     METRICS,
     METRICS_PORT,

@@ -48,7 +48,10 @@ def _foreign_options() -> list[tuple[str, str, list[str]]]:
 def test_there_are_foreign_options_to_try() -> None:
     cases = _foreign_options()
     assert {command for command, _, _ in cases} == set(_commands())
-    assert ("evaluate", "--concurrency", ["simulate"]) in cases
+    owners = next(
+        o for command, option, o in cases if (command, option) == ("evaluate", "--concurrency")
+    )
+    assert "simulate" in owners
 
 
 @pytest.mark.parametrize(("command", "option", "owners"), _foreign_options())

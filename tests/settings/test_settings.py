@@ -31,6 +31,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 #: A value each variable does not take (written here, not derived from the parsers).
 BAD: dict[str, str] = {
     "AV_CORE_DEBUG": "maybe",
+    "AV_CORE_LLAMA_LOG": "2",
     "AV_CORE_SIMD": "sse2",
     "AV_CORE_VLLM": "enable",
     "AV_CORE_VLLM_ANY_VERSION": "sure",

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import re
 import sys
+import textwrap
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -187,6 +188,13 @@ class _Formatter(argparse.HelpFormatter):
         ):
             return help_text
         return f"{help_text} (default: {shown_default(action.default).replace('%', '%%')})"
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """Lines broken at spaces only: a default such as ``no-spec,K=1,...`` stays whole, as
+        typed, even past the width (argparse also breaks at hyphens and inside long words)."""
+        return textwrap.wrap(
+            " ".join(text.split()), width, break_on_hyphens=False, break_long_words=False
+        )
 
 
 # ---------------------------------------------------------------------------------------------

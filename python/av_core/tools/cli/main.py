@@ -31,6 +31,7 @@ from av_core.tools.cli.common import (
     one_line,
 )
 from av_core.tools.cli.data import add_collect, add_profile, add_traces
+from av_core.tools.cli.engine import add_bench_engine
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return sub
 
-    for adds in (add_demo, add_evaluate, add_simulate, add_traces, add_profile, add_collect):
+    for adds in (
+        add_demo,
+        add_evaluate,
+        add_simulate,
+        add_traces,
+        add_profile,
+        add_collect,
+        add_bench_engine,
+    ):
         _name_metavars(adds(add))
     for sub in commands.choices.values():
         if isinstance(sub, _Parser):
