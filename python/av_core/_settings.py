@@ -385,6 +385,8 @@ RANK = integer(
 SGLANG = switch("AV_CORE_SGLANG", logger=SGLANG_LOG)
 SGLANG_ANY_VERSION = switch("AV_CORE_SGLANG_ANY_VERSION", logger=SGLANG_LOG)
 SGLANG_COSTS = text("AV_CORE_SGLANG_COSTS", logger=SGLANG_LOG)
+#: Price steps from SGLang's own start-up profiling (SGLang main); on by itself without tables.
+SGLANG_PROFILE = switch("AV_CORE_SGLANG_PROFILE", logger=SGLANG_LOG)
 SGLANG_DRAFTER = drafter("AV_CORE_SGLANG_DRAFTER", logger=SGLANG_LOG)
 SGLANG_MAX_BATCH = integer(
     "AV_CORE_SGLANG_MAX_BATCH", default=1024, low=1, what="an integer >= 1", logger=SGLANG_LOG
@@ -422,6 +424,7 @@ SGLANG_SETTINGS = (
     SGLANG,
     SGLANG_ANY_VERSION,
     SGLANG_COSTS,
+    SGLANG_PROFILE,
     SGLANG_DRAFTER,
     SGLANG_MAX_BATCH,
     SGLANG_SKIP_ZERO_STEP_EXTEND,

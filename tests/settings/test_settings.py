@@ -49,6 +49,7 @@ BAD: dict[str, str] = {
     "RANK": "first",
     "AV_CORE_SGLANG": "2",
     "AV_CORE_SGLANG_ANY_VERSION": "y",
+    "AV_CORE_SGLANG_PROFILE": "auto",
     "AV_CORE_SGLANG_DRAFTER": "tree",
     "AV_CORE_SGLANG_MAX_BATCH": "0",
     "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": " true",

@@ -59,7 +59,8 @@ WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 PARALLEL_STATE_MODULE = "vllm.distributed.parallel_state"
 
 #: The methods the plugin wraps for these features, with their signatures in every supported
-#: release (checked before patching, and against the released source by the contract test).
+#: release (checked before patching, and against the released source by the contract test). The
+#: wrappers pass every argument through, so a new optional parameter is accepted.
 SERVING_SIGNATURES: dict[tuple[str, str], str] = {
     (SPECULATOR_MODULE, "DraftModelSpeculator.load_model"): "(self, target_model)",
     (WORKER_MODULE, "Worker.execute_dummy_batch"): "(self)",
@@ -108,8 +109,8 @@ _dummy = _DummyBatch()
 def wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
     """``DraftModelSpeculator.load_model``, then :func:`attach` on the estimator it built."""
 
-    def load_model(self: Any, target_model: Any) -> None:
-        original(self, target_model)
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
         from av_core.vllm import OnlineAcceptanceEstimator
 
         estimator = getattr(self, "acceptance_estimator", None)
@@ -123,10 +124,10 @@ def wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
 def wrap_execute_dummy_batch(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Worker.execute_dummy_batch`` with the dummy-batch flag set (see the module doc)."""
 
-    def execute_dummy_batch(self: Any) -> None:
+    def execute_dummy_batch(self: Any, *args: Any, **kwargs: Any) -> None:
         _dummy.active = True
         try:
-            original(self)
+            original(self, *args, **kwargs)
         finally:
             _dummy.active = False
 
