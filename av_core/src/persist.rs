@@ -54,6 +54,7 @@
 pub mod cost_tables;
 
 pub mod estimator;
+pub mod fixed;
 
 mod frame;
 pub mod planner;

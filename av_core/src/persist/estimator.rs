@@ -4,25 +4,33 @@
 //!
 //! | payload version | payload | written by |
 //! |---|---|---|
-//! | 3 | the [`state_dict`](super::state_dict) tree, [`tree::encode`]d | this build |
+//! | 3 | the state's serde declaration in [postcard]'s wire format: [`EstimatorConfig`], `slope`, `intercepts`, `steps_since_refit`, `num_refits`, then the update's part ([`VllmState`] or [`MapState`], as the configuration's `update` names it) | this build |
 //! | 2 | version 1's fields, then the update, bins, prior widths and the map state, by position | builds with the map update |
 //! | 1 | config, coefficients, fixed-point round, counters, memory of past rounds, by position (before the memory existed: without `memory`, `drift_z` and the memory) | the first builds |
 //!
-//! Version 3 is the state's one declaration (serde) in a self-describing binary, so a field
-//! added to the state or the configuration needs no new layout; each number has one width, so
-//! the length depends on the configuration only (`K`, the update, `bins`, a manual
-//! `refit_interval`), never on the values ([`encoded_len`]). Versions 1 and 2 are read, never
-//! written: every state an earlier release saved loads bit for bit.
+//! Version 3 follows the types' declaration, so a field added to the state or the
+//! configuration needs no new layout. Counters and integer columns are written at a fixed
+//! width ([`fixed`](super::fixed)), so the length depends on the configuration only (`K`, the
+//! update, `bins`, a manual `refit_interval`), never on the values ([`encoded_len`]), and each
+//! state has one encoding: bytes that decode to a state but are not its encoding (an overlong
+//! varint) are refused. Versions 1 and 2 are read, never written: every state an earlier
+//! release saved loads bit for bit.
 //!
 //! Decoding checks magic, version, length and checksum before it reads a field, then validates
 //! the state like any other input
 //! ([`AcceptanceEstimator::from_state`](crate::AcceptanceEstimator::from_state)); arbitrary
 //! bytes give an error, never a panic.
+//!
+//! [postcard]: https://postcard.jamesmunns.com/wire-format
 
-use super::frame::DATA;
-use super::tree::{self, Value};
-use super::{frame, state_dict, unframe, Kind, Reader};
-use crate::error::{Error, ErrorKind, Result};
+use std::borrow::Cow;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::frame::{frame_with, DATA};
+use super::{unframe, Kind, Reader};
+use crate::error::{Error, Result};
 use crate::estimator::{
     HistogramMemory, HistogramStats, MapState, Memory, PositionSums, Reference, RoundStats,
     UpdateState, VllmState, FRACTION_BITS, MAX_BINS, X_FRACTION_BITS,
@@ -36,10 +44,22 @@ pub const FORMAT_VERSION: u32 = 3;
 /// The first version, which this build still reads.
 pub const FORMAT_VERSION_1: u32 = 1;
 
-/// A bound on any estimator state's length, of this build (`K = 64`, `map` with the most
-/// bins: 78 bytes per bin and position, the rest within 32 KiB) or an earlier one: a reader
-/// never needs more bytes.
-pub const MAX_ENCODED_LEN: usize = 78 * EstimatorConfig::MAX_POSITIONS * MAX_BINS + 32 * 1024;
+/// A bound on any estimator state's length, of this build or an earlier one (`K = 64`, `map`
+/// with the most bins: 48 bytes per bin and position, the rest within 32 KiB): a reader never
+/// needs more bytes.
+pub const MAX_ENCODED_LEN: usize = 48 * EstimatorConfig::MAX_POSITIONS * MAX_BINS + 32 * 1024;
+
+/// Version 3's fields before the update's part.
+#[derive(Serialize, Deserialize)]
+struct Head<'a> {
+    config: Cow<'a, EstimatorConfig>,
+    slope: f64,
+    intercepts: Cow<'a, [f64]>,
+    #[serde(with = "super::fixed")]
+    steps_since_refit: u64,
+    #[serde(with = "super::fixed")]
+    num_refits: u64,
+}
 
 /// Encodes `state`. The last four bytes are the CRC-32 of everything before them.
 ///
@@ -57,9 +77,21 @@ pub const MAX_ENCODED_LEN: usize = 78 * EstimatorConfig::MAX_POSITIONS * MAX_BIN
 /// # Ok::<(), av_core::Error>(())
 /// ```
 pub fn encode(state: &EstimatorState) -> Vec<u8> {
-    let mut payload = Vec::new();
-    tree::encode(&state_dict::encode(state), &mut payload);
-    frame(Kind::Estimator, FORMAT_VERSION, &payload)
+    let head = Head {
+        config: Cow::Borrowed(&state.config),
+        slope: state.slope,
+        intercepts: Cow::Borrowed(&state.intercepts),
+        steps_since_refit: state.steps_since_refit,
+        num_refits: state.num_refits,
+    };
+    // About the encoding's length: the update's columns, 48 bytes per map bin.
+    let bins = state.update.as_map().map_or(0, |map| map.round.count.len());
+    let capacity = 256 + 200 * state.intercepts.len() + 48 * bins;
+    frame_with(Kind::Estimator, FORMAT_VERSION, capacity, |out| {
+        // Writing to a vector fails only for a sequence of unknown length, which no field is.
+        let out = postcard::to_extend(&head, out).expect("the state's fields serialize");
+        postcard::to_extend(&state.update, out).expect("the update's part serializes")
+    })
 }
 
 /// The length of every encoded state of an estimator with `config` (it depends on nothing
@@ -101,16 +133,40 @@ pub fn encoded_len(config: &EstimatorConfig) -> Result<usize> {
 /// ```
 pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     let read = unframe(Kind::Estimator, FORMAT_VERSION_1..=FORMAT_VERSION, bytes)?;
-    if read.version == FORMAT_VERSION {
-        let tree: Value = tree::decode(read.payload)?;
-        return state_dict::decode(&tree, DATA, ErrorKind::State);
+    if read.version < FORMAT_VERSION {
+        let mut r = Reader {
+            bytes: read.payload,
+        };
+        let state = decode_by_position(&mut r, read.version)?;
+        r.finish()?;
+        return Ok(state);
     }
-    let mut r = Reader {
-        bytes: read.payload,
+    let (head, rest) = take::<Head<'_>>(read.payload)?;
+    let (update, rest) = match head.config.update {
+        Update::Vllm => take::<VllmState>(rest).map(|(s, rest)| (s.into(), rest))?,
+        Update::Map => take::<MapState>(rest).map(|(s, rest)| (s.into(), rest))?,
     };
-    let state = decode_by_position(&mut r, read.version)?;
-    r.finish()?;
+    Reader { bytes: rest }.finish()?;
+    let state = EstimatorState {
+        config: head.config.into_owned(),
+        slope: head.slope,
+        intercepts: head.intercepts.into_owned(),
+        steps_since_refit: head.steps_since_refit,
+        num_refits: head.num_refits,
+        update,
+    };
+    if encode(&state) != bytes {
+        return Err(Error::state(
+            DATA,
+            "not the state's encoding (a length or tag written in more bytes than it takes)",
+        ));
+    }
     Ok(state)
+}
+
+/// A `T` from the front of `bytes`, and the bytes after it.
+fn take<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, &[u8])> {
+    postcard::take_from_bytes(bytes).map_err(|e| Error::state(DATA, e.to_string()))
 }
 
 /// A payload of version 1 or 2 (module docs).

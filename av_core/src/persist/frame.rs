@@ -71,7 +71,7 @@ impl Kind {
     }
 }
 
-/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) of `bytes`.
+/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) of `bytes`, by [`crc32fast`].
 ///
 /// # Example
 ///
@@ -82,15 +82,7 @@ impl Kind {
 /// assert_eq!(crc32(b""), 0);
 /// ```
 pub fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            let mask = (crc & 1).wrapping_neg();
-            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
-        }
-    }
-    !crc
+    crc32fast::hash(bytes)
 }
 
 /// Wraps `payload` as `magic | version | length | payload | CRC-32` (little-endian; the CRC
@@ -112,11 +104,27 @@ pub fn crc32(bytes: &[u8]) -> u32 {
 /// # Ok::<(), av_core::Error>(())
 /// ```
 pub fn frame(kind: Kind, version: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + FRAME_LEN);
+    frame_with(kind, version, payload.len(), |mut out| {
+        out.extend(payload);
+        out
+    })
+}
+
+/// [`frame`] of the payload `write` appends to the vector it is given (`capacity`: the
+/// payload's expected length), written in place.
+pub(crate) fn frame_with(
+    kind: Kind,
+    version: u32,
+    capacity: usize,
+    write: impl FnOnce(Vec<u8>) -> Vec<u8>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity + FRAME_LEN);
     out.extend(kind.magic());
     out.extend(version.to_le_bytes());
-    out.extend((payload.len() as u64).to_le_bytes());
-    out.extend(payload);
+    out.extend([0; 8]);
+    let mut out = write(out);
+    let length = (out.len() - (FRAME_LEN - 4)) as u64;
+    out[12..20].copy_from_slice(&length.to_le_bytes());
     let checksum = crc32(&out);
     out.extend(checksum.to_le_bytes());
     out

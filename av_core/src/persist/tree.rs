@@ -1,8 +1,7 @@
 //! The value tree every structured state is made of (`state_dict`, a round's statistics, a
 //! refit report), and the serde data format over it: the core's types declare their fields once
 //! (serde derives), [`to_value`] writes them as a tree and [`from_value`] reads them back,
-//! refusing a key no field holds; [`encode`] and [`decode`] turn a tree into bytes and back
-//! (the payload of the estimator's byte format). A binding converts trees to its own values
+//! refusing a key no field holds. A binding converts trees to its own values
 //! and back (Python: `None`, `bool`, `int`, `float`, `str`, `list`, `dict`), one small function
 //! each way, and never decides a key, a version or a check.
 //!
@@ -33,7 +32,6 @@ use serde::de::{self, DeserializeOwned, IntoDeserializer, Unexpected, Visitor};
 use serde::ser::{self, Impossible, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::persist::frame::{Reader, DATA};
 
 /// One value of a tree.
 #[derive(Clone, Debug, PartialEq)]
@@ -638,128 +636,6 @@ impl<'de> de::MapAccess<'de> for Entries<'_> {
         seed.deserialize(At(value))
             .map_err(|e| e.under(format!("[{key:?}]")))
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Bytes: a tree as a self-describing binary.
-
-/// Deeper than any state nests (a `state_dict` is three levels).
-const MAX_DEPTH: usize = 16;
-
-/// Appends `tree` as bytes (little-endian): a tag byte, then `None` 0, `False` 1, `True` 2, an
-/// int 3 (16 bytes), a float 4 (8 bytes), a string 5 (`u64` length, UTF-8), a list 6 (`u64`
-/// count, items), a dict 7 (`u64` count, then each key as a string without its tag, and its
-/// value); an integer beyond `i128` 8 and a value of another type 9 (their texts). Each number
-/// has one width, so a state's length does not depend on its values.
-pub fn encode(tree: &Value, out: &mut Vec<u8>) {
-    fn text(out: &mut Vec<u8>, s: &str) {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
-    }
-    match tree {
-        Value::None => out.push(0),
-        Value::Bool(b) => out.push(1 + u8::from(*b)),
-        Value::Int(v) => {
-            out.push(3);
-            out.extend(v.to_le_bytes());
-        }
-        Value::Float(v) => {
-            out.push(4);
-            out.extend(v.to_le_bytes());
-        }
-        Value::Str(s) => {
-            out.push(5);
-            text(out, s);
-        }
-        Value::List(items) => {
-            out.push(6);
-            out.extend((items.len() as u64).to_le_bytes());
-            items.iter().for_each(|item| encode(item, out));
-        }
-        Value::Dict(entries) => {
-            out.push(7);
-            out.extend((entries.len() as u64).to_le_bytes());
-            for (key, value) in entries {
-                text(out, key);
-                encode(value, out);
-            }
-        }
-        Value::BigInt { text: t, .. } => {
-            out.push(8);
-            text(out, t);
-        }
-        Value::Other { type_name, text: t } => {
-            out.push(9);
-            text(out, type_name);
-            text(out, t);
-        }
-    }
-}
-
-/// The tree [`encode`] wrote, which must fill `bytes` exactly; anything else is an error of
-/// kind `State` naming `data`.
-pub fn decode(bytes: &[u8]) -> Result<Value> {
-    let mut reader = Reader { bytes };
-    let tree = read(&mut reader, 0)?;
-    reader.finish()?;
-    Ok(tree)
-}
-
-fn read(r: &mut Reader<'_>, depth: usize) -> Result<Value> {
-    let broken = |why: String| Error::state(DATA, why);
-    if depth > MAX_DEPTH {
-        return Err(broken(format!(
-            "values nest deeper than {MAX_DEPTH} levels"
-        )));
-    }
-    // A count of items at least `least` bytes long each, refused before any allocation if the
-    // data cannot hold it.
-    let count = |r: &mut Reader<'_>, least: usize| -> Result<usize> {
-        let n = r.u64("a length")?;
-        match usize::try_from(n) {
-            Ok(n) if n <= r.bytes.len() / least => Ok(n),
-            _ => Err(broken(format!("a length of {n} exceeds the data"))),
-        }
-    };
-    let text = |r: &mut Reader<'_>| -> Result<String> {
-        let n = count(r, 1)?;
-        let (head, rest) = r.bytes.split_at(n);
-        r.bytes = rest;
-        String::from_utf8(head.to_vec()).map_err(|_| broken("a string is not UTF-8".into()))
-    };
-    Ok(match r.u8("a tag")? {
-        0 => Value::None,
-        1 => Value::Bool(false),
-        2 => Value::Bool(true),
-        3 => Value::Int(r.i128("an int")?),
-        4 => Value::Float(r.f64("a float")?),
-        5 => Value::Str(text(r)?),
-        6 => {
-            let n = count(r, 1)?;
-            Value::List((0..n).map(|_| read(r, depth + 1)).collect::<Result<_>>()?)
-        }
-        7 => {
-            let n = count(r, 9)?;
-            let mut entries: Vec<(String, Value)> = Vec::with_capacity(n);
-            for _ in 0..n {
-                let key = text(r)?;
-                if entries.iter().any(|(k, _)| *k == key) {
-                    return Err(broken(format!("the key {key:?} appears twice")));
-                }
-                entries.push((key, read(r, depth + 1)?));
-            }
-            Value::Dict(entries)
-        }
-        8 => Value::BigInt {
-            text: text(r)?,
-            float: None,
-        },
-        9 => Value::Other {
-            type_name: text(r)?,
-            text: text(r)?,
-        },
-        tag => return Err(broken(format!("unknown value tag {tag}"))),
-    })
 }
 
 #[cfg(test)]
