@@ -67,17 +67,20 @@ def test_bench_engine_runs_resumes_and_fills_the_readme(
     ]  # fmt: skip
     assert main(argv) == 0
     runs = (out / "runs.jsonl").read_text().splitlines()
-    assert len(runs) == 2 * 2 * 4  # R x repeats x policies (K=2 is the trace run)
+    # R x repeats x policies: K=2 and llama.cpp (defaults) are the trace runs.
+    assert len(runs) == 2 * 2 * 5
     data = json.loads((out / "results.json").read_text())
     rows = {(r["policy"], r["R"]): r for r in data["rows"]}
-    assert len(rows) == 8
+    assert len(rows) == 10
     for row in data["rows"]:
         assert row["repeats"] == 2 and row["threads"] == 1
         assert row["spread"][0] <= row["tokens_per_s"] <= row["spread"][1]
         assert row["tokens_per_s"] > 0 and row["tokens_per_s_cpu"] > 0
     assert rows[("no-spec", 1)]["tokens_per_verification"] == 1.0
-    assert rows[("llama.cpp-p0.75", 2)]["simulated_tokens_per_s"] is None  # not in the simulator
-    assert rows[("AV+D", 2)]["simulated_tokens_per_s"] > 0
+    assert all(row["simulated_tokens_per_s"] > 0 for row in rows.values())
+    assert sorted(p.name for p in (out / "traces").iterdir()) == sorted(
+        f"t1_R{r}_r{i}_{name}.csv.gz" for r in (1, 2) for i in (0, 1) for name in ("K=2", "llama.cpp")
+    )
     assert "| 1 | 2 | AV+D |" in capsys.readouterr().out
     # A second run finds every run done and adds none.
     assert main(argv) == 0

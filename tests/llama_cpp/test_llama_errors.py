@@ -76,7 +76,7 @@ def test_a_context_too_small_names_n_ctx(tiny_pair) -> None:  # type: ignore[no-
 def test_a_llama_cpp_without_an_api_we_call_is_named() -> None:
     import llama_cpp
 
-    for missing in ("llama_memory_seq_rm", "llama_get_logits_ith"):
+    for missing in ("llama_memory_seq_rm", "llama_get_logits"):
         module = types.SimpleNamespace(
             **{name: getattr(llama_cpp, name) for name in REQUIRED_API if name != missing},
             __version__="0.0.1",

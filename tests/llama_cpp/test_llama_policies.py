@@ -47,13 +47,12 @@ def test_confidence_is_the_first_of_ten_candidates() -> None:
 
 def test_stop_below_p_min_and_drop_below_n_min() -> None:
     policy = LlamaCppPolicy(n_max=4, n_min=2, p_min=0.5)
-    confident = [3.0] + [0.0] * 11  # e^3 / (e^3 + 9) = 0.69
-    unsure = [1.0] + [0.0] * 11  # e / (e + 9) = 0.23
-    assert not policy.stop(np.array(confident))
-    assert policy.stop(np.array(unsure))
+    confident = llama_cpp_confidence([3.0] + [0.0] * 11)  # e^3 / (e^3 + 9) = 0.69
+    unsure = llama_cpp_confidence([1.0] + [0.0] * 11)  # e / (e + 9) = 0.23
+    assert not policy.stop(confident)
+    assert policy.stop(unsure)
     # p_min is a strict bound: exactly p_min keeps drafting (cur_p->data[0].p < p_min stops).
-    at = LlamaCppPolicy(p_min=llama_cpp_confidence(confident))
-    assert not at.stop(np.array(confident))
+    assert not LlamaCppPolicy(p_min=confident).stop(confident)
     np.testing.assert_array_equal(policy.drafted(np.array([0, 1, 2, 4])), [0, 0, 2, 4])
 
 
@@ -95,7 +94,9 @@ def test_llama_cpp_drafts_in_the_loop(confidences, policy, expected) -> None:  #
     assert int(step.admitted[0]) == expected
     # A draft stopped by p_min decoded one more drafter pass than it kept (the one whose
     # confidence stopped it), as llama.cpp does.
-    assert len(step.draft_passes) == min(policy.num_positions, _first_below(confidences, policy))
+    assert len(step.shape.draft_passes) == min(
+        policy.num_positions, _first_below(confidences, policy)
+    )
 
 
 def _first_below(confidences: dict[int, float], policy: LlamaCppPolicy) -> int:
@@ -153,11 +154,14 @@ def _timed_step(verify_tokens: int, verify_ms: float, pass_sizes: list[int], pas
     """The fields of a StepRecord that online cost tables read."""
     from types import SimpleNamespace
 
+    from av_core.tools.simulate.run import StepShape
+
     return SimpleNamespace(
-        slots=np.arange(2),
-        admitted=np.array([verify_tokens - 2, 0]),
+        shape=StepShape(
+            tuple(tuple((r, 1) for r in range(n)) for n in pass_sizes),
+            ((0, verify_tokens - 1), (1, 1)),
+        ),
         verify_ms=verify_ms,
-        draft_passes=pass_sizes,
         draft_pass_ms=[pass_ms] * len(pass_sizes),
     )
 
