@@ -79,7 +79,10 @@ def test_bench_engine_runs_resumes_and_fills_the_readme(
     assert rows[("no-spec", 1)]["tokens_per_verification"] == 1.0
     assert all(row["simulated_tokens_per_s"] > 0 for row in rows.values())
     assert sorted(p.name for p in (out / "traces").iterdir()) == sorted(
-        f"t1_R{r}_r{i}_{name}.csv.gz" for r in (1, 2) for i in (0, 1) for name in ("K=2", "llama.cpp")
+        f"t1_R{r}_r{i}_{name}.csv.gz"
+        for r in (1, 2)
+        for i in (0, 1)
+        for name in ("K=2", "llama.cpp")
     )
     assert "| 1 | 2 | AV+D |" in capsys.readouterr().out
     # A second run finds every run done and adds none.
