@@ -78,6 +78,12 @@ def test_bench_engine_runs_resumes_and_fills_the_readme(
         assert row["tokens_per_s"] > 0 and row["tokens_per_s_cpu"] > 0
     assert rows[("no-spec", 1)]["tokens_per_verification"] == 1.0
     assert all(row["simulated_tokens_per_s"] > 0 for row in rows.values())
+    # A policy that does not read verdicts, replayed on its own run's trace (or, no-spec, on
+    # any), makes the run's steps: its prediction is the run's own steps priced.
+    for name in ("K=2", "llama.cpp", "no-spec"):
+        for r in (1, 2):
+            row = rows[(name, r)]
+            assert row["simulated_tokens_per_s"] == pytest.approx(row["priced_tokens_per_s"])
     assert sorted(p.name for p in (out / "traces").iterdir()) == sorted(
         f"t1_R{r}_r{i}_{name}.csv.gz"
         for r in (1, 2)

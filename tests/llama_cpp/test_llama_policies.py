@@ -106,6 +106,37 @@ def _first_below(confidences: dict[int, float], policy: LlamaCppPolicy) -> int:
     return k + 1 if k < policy.num_positions else k
 
 
+class _NoRandom:
+    """A random source that must not be asked: greedy drafts draw nothing."""
+
+    def bernoulli(self, probability: float) -> bool:
+        raise AssertionError("a greedy draft drew a Bernoulli")
+
+    def categorical(self, weights: np.ndarray) -> int:
+        raise AssertionError("a greedy draft drew a token")
+
+
+def test_llama_cpp_drafts_the_drafters_most_likely_token() -> None:
+    """common/speculative.cpp drafts ``cur_p->data[0].id``, the first candidate of the top-10
+    sampler: the drafter's most likely token, whatever the sampler's temperature; the loop
+    verifies it against a one-hot q and records llama.cpp's confidence."""
+    drafter = FakeRuntime(40, 7, n_seq_max=3)
+    engine = SpeculativeEngine(FakeRuntime(40, 1, n_seq_max=3), drafter, SamplingParams(1.3))
+    prefixes = [[1, 2], [3], [4, 5, 6]]
+    blocks = [(r, 0, p) for r, p in enumerate(prefixes)]
+    drafts = engine.draft_pass(blocks, LlamaCppPolicy(p_min=0.0), _NoRandom())
+    for prefix, draft in zip(prefixes, drafts, strict=True):
+        logits = drafter.logits_of(prefix)
+        assert draft is not None and draft.token == int(np.argmax(logits))
+        assert draft.q[draft.token] == 1.0 and draft.q.sum() == 1.0
+        assert draft.confidence == llama_cpp_confidence(logits)
+    # Stopped below p_min: no draft for that request.
+    drafter.clear()
+    highest = max(d.confidence for d in drafts if d is not None)
+    stopped = engine.draft_pass(blocks, LlamaCppPolicy(p_min=highest), _NoRandom())
+    assert [d is None for d in stopped] == [d.confidence < highest for d in drafts if d]
+
+
 def _tables(draft_ms: float) -> CostTables:
     """Drafting all 4 positions costs ``draft_ms`` at any batch; t tokens verify in 10 + t/2 ms."""
     return CostTables(np.full(5, draft_ms), 10.0 + 0.5 * np.arange(21.0))
