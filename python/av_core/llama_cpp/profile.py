@@ -44,7 +44,7 @@ from av_core.tools.simulate.run import PassShape, StepShape
 #: Version of the file :func:`write_engine_costs` writes.
 FORMAT = "av_core.llama_cpp.costs/1"
 #: Drafter catch-up lengths the profile times (tokens fed in one request's pass).
-CATCHUP_TOKENS = (1, 9, 33)
+CATCHUP_TOKENS = (1, 2, 3, 5, 9, 33)
 Points = list[tuple[int, float]]
 
 
