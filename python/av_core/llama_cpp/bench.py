@@ -161,7 +161,7 @@ def run_record(
         "priced_tokens_per_s": result.emitted / max(priced_draft + priced_verify, 1e-9) * 1000.0,
         "accepted": result.accepted,
         "admitted": result.admitted,
-        "target_calls": result.target_calls,
+        "target_calls": len(steps),
         "verifications": result.verifications,
         "drafted": int(sum(int(s.drafted.sum()) for s in steps)),
         "depth0_steps": int(sum(int(s.depths.max(initial=0)) == 0 for s in steps)),

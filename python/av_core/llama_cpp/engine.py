@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -37,6 +37,7 @@ from av_core.llama_cpp.sampling import (
 from av_core.tools.simulate.run import StepShape
 
 IntArray = npt.NDArray[np.int64]
+TOTALS = ("emitted", "admitted", "accepted")
 #: One request's block of a batch: ``(seq_id, first position, tokens)``.
 Block = tuple[int, int, Sequence[int]]
 
@@ -101,43 +102,24 @@ class StepRecord:
 
 @dataclass
 class RunResult:
-    """Every request's generated tokens, every step, the run's wall and CPU seconds (with the
-    prefill's share: decode throughput is ``emitted / (wall_s - prefill_s)``) and the tokens of
-    each request in the target's and the drafter's cache at the end."""
+    """Every request's generated tokens, every step, the run's totals (emitted tokens, admitted
+    and accepted drafts, request-verifications: one per active request per step), its wall and
+    CPU seconds with the prefill's share, and the tokens of each request in the target's and
+    the drafter's cache at the end."""
 
     policy: str
     tokens: list[list[int]]
-    steps: list[StepRecord] = field(default_factory=list)
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-    prefill_s: float = 0.0
-    prefill_cpu_s: float = 0.0
-    target_cached: list[int] = field(default_factory=list)
-    drafter_cached: list[int] = field(default_factory=list)
-
-    def _total(self, name: str) -> int:
-        return int(sum(int(getattr(s, name).sum()) for s in self.steps))
-
-    @property
-    def emitted(self) -> int:
-        return self._total("emitted")
-
-    @property
-    def accepted(self) -> int:
-        return self._total("accepted")
-
-    @property
-    def admitted(self) -> int:
-        return self._total("admitted")
-
-    @property
-    def target_calls(self) -> int:
-        return len(self.steps)
-
-    @property
-    def verifications(self) -> int:
-        """Request-verifications: one per active request per step."""
-        return int(sum(len(s.slots) for s in self.steps))
+    steps: list[StepRecord]
+    emitted: int
+    admitted: int
+    accepted: int
+    verifications: int
+    wall_s: float
+    cpu_s: float
+    prefill_s: float
+    prefill_cpu_s: float
+    target_cached: list[int]
+    drafter_cached: list[int]
 
     @property
     def tokens_per_s(self) -> float:
@@ -275,39 +257,42 @@ class SpeculativeEngine:
         self._check(prompts, max_new_tokens, policy)
         source = source if source is not None else NumpySource(seed)
         seqs = [list(map(int, p)) for p in prompts]
-        n = len(seqs)
         start = [len(s) for s in seqs]
-        result = RunResult(policy.name, [[] for _ in range(n)])
         wall0, cpu0 = time.perf_counter(), time.process_time()
         self._prefill(seqs)
         cached = [[len(s) - 1 for s in seqs], [len(s) - 1 for s in seqs]]  # target, drafter
-        for r in range(n):
+        for r in range(len(seqs)):
             policy.add_request(r)
-        result.prefill_s = time.perf_counter() - wall0
-        result.prefill_cpu_s = time.process_time() - cpu0
-        stops = set(map(int, stop_tokens))
-        done: set[int] = set()
-        while True:
-            active = [
-                r for r in range(n) if r not in done and len(seqs[r]) - start[r] < max_new_tokens
-            ]
-            if not active:
-                break
-            slots = np.array(active, dtype=np.int64)
+        prefill_s, prefill_cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
+        stops, done = set(map(int, stop_tokens)), set()
+        steps: list[StepRecord] = []
+        while active := [
+            r for r, s in enumerate(seqs) if r not in done and len(s) - start[r] < max_new_tokens
+        ]:
             left = np.array([max_new_tokens - len(seqs[r]) + start[r] for r in active])
             before = [len(seqs[r]) for r in active]
-            step = self._step(seqs, cached, slots, left, policy, source)
-            result.steps.append(step)
+            steps.append(self._step(seqs, cached, np.array(active), left, policy, source))
             for r, first in zip(active, before, strict=True):
                 cut = next((j for j in range(first, len(seqs[r])) if seqs[r][j] in stops), None)
                 if cut is not None:
                     del seqs[r][cut + 1 :]
                     done.add(r)
-        result.tokens = [s[b:] for s, b in zip(seqs, start, strict=True)]
-        result.target_cached, result.drafter_cached = cached
-        result.wall_s = time.perf_counter() - wall0
-        result.cpu_s = time.process_time() - cpu0
-        return result
+        totals = [sum(int(getattr(s, k).sum()) for s in steps) for k in TOTALS]
+        return RunResult(
+            policy.name,
+            [s[b:] for s, b in zip(seqs, start, strict=True)],
+            steps,
+            emitted=totals[0],
+            admitted=totals[1],
+            accepted=totals[2],
+            verifications=sum(len(s.slots) for s in steps),
+            wall_s=time.perf_counter() - wall0,
+            cpu_s=time.process_time() - cpu0,
+            prefill_s=prefill_s,
+            prefill_cpu_s=prefill_cpu_s,
+            target_cached=cached[0],
+            drafter_cached=cached[1],
+        )
 
     def draft_pass(
         self, blocks: Sequence[Block], policy: Policy, source: RandomSource
