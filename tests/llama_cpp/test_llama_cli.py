@@ -94,6 +94,12 @@ def test_bench_engine_runs_resumes_and_fills_the_readme(
     # A second run finds every run done and adds none.
     assert main(argv) == 0
     assert (out / "runs.jsonl").read_text().splitlines() == runs
+    # Other settings into the same folder would mix runs: refused, nothing changed.
+    capsys.readouterr()
+    assert main([*argv[:-4], "--max-new-tokens", "16", *argv[-4:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a benchmark of other settings: max_new_tokens 12" in err[0]
+    assert (out / "runs.jsonl").read_text().splitlines() == runs
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{README_START}\nold\n{README_END}\ntail\n")
     assert main(["bench-engine", "--out", str(out), "--update-readme", str(readme)]) == 0
@@ -203,6 +209,9 @@ def test_aggregate_and_table_on_hand_records() -> None:
     table = format_table({"rows": list(rows.values())})
     assert "| 1 | 2 | AV+D | 2.00 | 1.00–3.00 |" in table and table.rstrip().endswith("| 1.000 |")
     assert "| 0.500 |" in table  # AV+D against the best (no-spec) at R = 2
+    # By CPU time, the CPU figures decide (equal here): every ratio is 1.
+    table = format_table({"rows": list(rows.values()), "clock": "cpu"})
+    assert "| 0.500 |" not in table and table.count("| 1.000 |") == 2
 
 
 def test_update_readme_without_markers_changes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]

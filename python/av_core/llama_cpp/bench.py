@@ -78,6 +78,13 @@ class BenchConfig:
         greedy = PolicySpec(policy).check(self.num_positions).greedy
         return GREEDY_TRACE_POLICY if greedy else self.trace_policy
 
+    def settings(self) -> dict[str, Any]:
+        """What makes two runs comparable (a resumed benchmark must keep them): everything but
+        the concurrencies, thread counts, policies and repeats, which it may extend."""
+        keep = ("num_positions", "max_new_tokens", "max_prompt_tokens", "temperature", "seed")
+        models = {"target": Path(self.target).name, "drafter": Path(self.drafter).name}
+        return {**models, **{k: getattr(self, k) for k in keep}, "clock": self.clock}
+
     def run_policies(self) -> tuple[str, ...]:
         """Every policy, the trace runs first."""
         traces = dict.fromkeys(self.trace_of(p) for p in (*self.policies, self.trace_policy))
@@ -276,7 +283,8 @@ def run_bench(
     """Runs (or resumes) the benchmark into ``out`` (``costs_t{threads}.json``, ``runs.jsonl``,
     ``traces/``, ``results.json``) and returns the aggregated rows."""
     out = Path(out)
-    (out / "traces").mkdir(parents=True, exist_ok=True)
+    _check_settings(out / "settings.json", config)
+    (out / "traces").mkdir(exist_ok=True)
     runs_path = out / "runs.jsonl"
     records = _read_runs(runs_path)
     policies = config.run_policies()
@@ -329,6 +337,8 @@ def run_bench(
                     key = (name, requests, threads, repeat)
                     if key in done:
                         continue
+                    if progress is not None:
+                        progress(finished, total, f"t={threads} R={requests} #{repeat} {name}")
                     online = (
                         OnlineCosts(costs.points[requests], config.num_positions, requests)
                         if config.remeasure
@@ -372,6 +382,26 @@ def run_bench(
     rows = aggregate(records)
     write_results(out / "results.json", config, rows)
     return rows
+
+
+def _check_settings(path: Path, config: BenchConfig) -> None:
+    """Records ``config``'s settings in a new output folder; ``ValueError`` naming the folder
+    when it holds a benchmark of other settings (its runs would be mixed with these)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wanted = config.settings()
+    if not path.exists():
+        path.write_text(json.dumps(wanted, indent=1) + "\n", encoding="utf-8")
+        return
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a bench-engine settings file ({error})") from None
+    differ = [f"{k} {found.get(k)!r} (now {v!r})" for k, v in wanted.items() if found.get(k) != v]
+    if differ:
+        raise ValueError(
+            f"--out {path.parent}: holds a benchmark of other settings: {', '.join(differ)}; "
+            "use another --out or remove it"
+        )
 
 
 def _costs(
@@ -471,7 +501,8 @@ README_END = "<!-- engine-bench:end -->"
 
 def format_table(data: dict[str, Any], *, threads: int | None = None) -> str:
     """The README's "Measured on a real runtime" table: per R, each policy's tokens/s (wall;
-    CPU, simulated and priced beside it) and its ratio to the best policy at that R."""
+    CPU, simulated and priced beside it) and its ratio to the best policy at that R by the
+    benchmark's clock (wall, or CPU time)."""
     rows = [row for row in data["rows"] if threads is None or row["threads"] == threads]
     lines = [
         "| threads | R | policy | tok/s (wall) | min–max | tok/s (CPU) | simulated | priced "
@@ -485,8 +516,9 @@ def format_table(data: dict[str, Any], *, threads: int | None = None) -> str:
     def fmt(value: float | None, digits: int = 2) -> str:
         return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
+    measured = "tokens_per_s_cpu" if data.get("clock") == "cpu" else "tokens_per_s"
     for (t, r), group in sorted(by_key.items()):
-        best = max(row["tokens_per_s"] for row in group)
+        best = max(row[measured] for row in group)
         for row in group:
             lines.append(
                 f"| {t} | {r} | {row['policy']} | {fmt(row['tokens_per_s'])} | "
@@ -494,7 +526,7 @@ def format_table(data: dict[str, Any], *, threads: int | None = None) -> str:
                 f"{fmt(row['tokens_per_s_cpu'])} | "
                 f"{fmt(row['simulated_tokens_per_s'])} | {fmt(row['priced_tokens_per_s'])} | "
                 f"{fmt(row['acceptance'], 3)} | {fmt(row['tokens_per_verification'])} | "
-                f"{row['tokens_per_s'] / best:.3f} |"
+                f"{row[measured] / best:.3f} |"
             )
     return "\n".join(lines)
 
@@ -515,10 +547,12 @@ def update_readme(readme: str | Path, results: str | Path) -> bool:
         f"{data['max_new_tokens']} new tokens per request, temperature {data['temperature']}, "
         f"clock {data.get('clock', 'wall')}, measured {data['measured']}; medians over repeats."
     )
-    readme.write_text(
+    partial = readme.with_name(readme.name + ".partial")
+    partial.write_text(
         f"{head}{README_START}\n{caption}\n\n{format_table(data)}\n{README_END}{tail}",
         encoding="utf-8",
     )
+    partial.replace(readme)
     return True
 
 
