@@ -80,9 +80,13 @@ def test_an_uneven_step_costs_each_micro_batch() -> None:
     at3 = (10 + 2 * 3 + 20 + 3 * 4) / 2  # R = 4 holds 4 tokens flat below its first point
     at1 = 10 + 2 * 2  # one sequence: R = 2's curve (no profile below)
     # Drafter: slot 0 catches up on 9 tokens, slot 1 on 1: (2 seqs, 2 tokens), then (1, 8):
-    # a pass over 2 requests, a pass over 1 plus 7 catch-up tokens (catch-up curve at 8 less
-    # at 1: 7/8 of the way from 5 to 9 ms).
+    # a pass over 2 requests, then a pass over 1 request plus what 7 more tokens add (the
+    # catch-up curve at 8 less at 1: 7/8 of the way from 5 to 9 ms).
     draft = 10.0 + 5.0 + (9.0 - 5.0) * 7 / 8
+    # Two requests catching up on 2 tokens each (one micro-batch of 4 tokens): the pass over
+    # 2 plus what the curve adds from 2 tokens to 4.
+    both = StepShape((((0, 2), (1, 2)),), ())
+    assert costs.price(both) == pytest.approx(10.0 + (9.0 - 5.0) * (4 - 2) / 8)
     shape = StepShape((((0, 9), (1, 1)),), ((0, 3), (1, 1), (2, 1)))
     assert costs.price(shape) == pytest.approx(at3 + at1 + draft)
 

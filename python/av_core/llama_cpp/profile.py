@@ -99,8 +99,9 @@ class EngineCosts:
     def price(self, shape: StepShape) -> float:
         """A step's milliseconds from its forward passes, micro-batch by micro-batch: a target
         micro-batch of n sequences and t tokens at the verify curves (linear in n between the
-        profiled concurrencies), a drafter one at the pass over n requests plus its catch-up
-        tokens. With even shapes at a profiled R this is the tables' price."""
+        profiled concurrencies), a drafter one at the pass over n requests plus what its other
+        t - n tokens add on the catch-up curve. With even shapes at a profiled R this is the
+        tables' price."""
         draft = self.measured_cost(max(self.points))
         # The catch-up points as a curve (linear between points, extended past the last).
         catchup = self.points[max(self.points)].get("catchup") or [(1, 0.0)]
@@ -108,7 +109,9 @@ class EngineCosts:
         total = 0.0
         for one_pass in shape.draft_passes:
             for n, t in llama_ubatches(one_pass):
-                extra = float(catch.verify_ms(1 + t - n) - catch.verify_ms(1))
+                # The layers cost by tokens (the catch-up curve: t tokens, one logits row), the
+                # output layer by rows (the pass over n requests: n tokens, n rows).
+                extra = float(catch.verify_ms(t) - catch.verify_ms(n))
                 total += float(draft.draft_pass_ms(n)) + max(extra, 0.0)
         for n, t in llama_ubatches(shape.verify):
             total += self._verify_ms(n, t)
