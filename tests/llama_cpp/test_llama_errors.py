@@ -148,6 +148,10 @@ def test_generate_checks_its_arguments_before_touching_the_caches() -> None:
         engine.generate([[1], [0, 5]], 3, FixedK(1))
     with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] must be a token id \(int\), got 1.5"):
         engine.generate([[1.5]], 3, FixedK(1))  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"stop_tokens\[1\] = 9 is not a token id of the 5-token"):
+        engine.generate([[1]], 3, FixedK(1), stop_tokens=[2, 9])
+    with pytest.raises(TypeError, match=r"stop_tokens\[0\] must be a token id \(int\), got 'x'"):
+        engine.generate([[1]], 3, FixedK(1), stop_tokens=["x"])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="drafts up to 3 positions, more than max_positions = 2"):
         engine.generate([[1]], 3, LlamaCppPolicy(n_max=3))
     assert target.kv[0] == [1, 2]

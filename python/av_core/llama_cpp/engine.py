@@ -8,10 +8,11 @@ of the drafter's distributions; ONE target decode verifies every admitted draft 
 (:meth:`SpeculativeEngine.verify_pass`: variable length per request, exact speculative
 sampling); both KV caches drop what was rejected; the policy observes the verdicts.
 
-KV bookkeeping: the target's cache holds every token of a request but the last emitted one
-(``target_len``), which opens the next verification block; the drafter's cache holds the first
-``drafter_len`` tokens, and the rest are fed at its next drafting pass. After a step only the
-entries that match the emitted sequence are kept (:meth:`SpeculativeEngine.rollback`).
+KV bookkeeping (``cached``: per model, the tokens of each request in its cache): the target's
+cache holds every token of a request but the last emitted one, which opens the next
+verification block; the drafter's holds a prefix, and the rest is fed at its next drafting pass.
+After a step only the entries that match the emitted sequence are kept
+(:meth:`SpeculativeEngine.rollback`).
 """
 
 from __future__ import annotations
@@ -202,18 +203,28 @@ class SpeculativeEngine:
                     f"least {need * runtime.n_seq_max}"
                 )
 
-    def _check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, policy: Policy) -> None:
+    def _check_tokens(self, name: str, tokens: Sequence[object]) -> None:
+        for i, token in enumerate(tokens):
+            if isinstance(token, bool) or not isinstance(token, int | np.integer):
+                raise TypeError(f"{name}[{i}] must be a token id (int), got {token!r}")
+            if not 0 <= token < self.target.n_vocab:
+                raise ValueError(
+                    f"{name}[{i}] = {token} is not a token id of the "
+                    f"{self.target.n_vocab}-token vocabulary"
+                )
+
+    def _check(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        policy: Policy,
+        stop_tokens: Sequence[int],
+    ) -> None:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: every request needs at least one prompt token")
         for r, prompt in enumerate(prompts):
-            for i, token in enumerate(prompt):
-                if isinstance(token, bool) or not isinstance(token, int | np.integer):
-                    raise TypeError(f"prompts[{r}][{i}] must be a token id (int), got {token!r}")
-                if not 0 <= token < self.target.n_vocab:
-                    raise ValueError(
-                        f"prompts[{r}][{i}] = {token} is not a token id of the "
-                        f"{self.target.n_vocab}-token vocabulary"
-                    )
+            self._check_tokens(f"prompts[{r}]", prompt)
+        self._check_tokens("stop_tokens", list(stop_tokens))
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 1:
@@ -254,7 +265,7 @@ class SpeculativeEngine:
     ) -> RunResult:
         """Generates ``max_new_tokens`` tokens for each prompt (token ids, one request each); a
         request that emits one of ``stop_tokens`` ends there (its later tokens are dropped)."""
-        self._check(prompts, max_new_tokens, policy)
+        self._check(prompts, max_new_tokens, policy, stop_tokens)
         source = source if source is not None else NumpySource(seed)
         seqs = [list(map(int, p)) for p in prompts]
         start = [len(s) for s in seqs]
