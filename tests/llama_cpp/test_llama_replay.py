@@ -209,7 +209,13 @@ def test_the_replay_drafts_nothing_where_av_d_would_not() -> None:
     assert replay.tokens == 120 and replay.depth0_steps >= 0.9 * replay.steps
 
 
-def test_a_greedy_replay_needs_the_confidences() -> None:
-    rounds, _ = _rounds([[0.9, 0.9, 0.9]], [3])
+def test_bad_replay_arguments_are_named() -> None:
+    rounds, confidences = _rounds([[0.9, 0.9, 0.9]], [3])
     with pytest.raises(ValueError, match="confidences: a greedy"):
         simulate_run(rounds, LlamaCppPolicy(), lambda s: 1.0, 4, features=np.zeros((1, 3)))
+    with pytest.raises(ValueError, match=r"features must be \[rounds, K\] = \[1, 3\]"):
+        simulate_run(rounds, FixedK(2), lambda s: 1.0, 4, features=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        simulate_run(rounds, FixedK(2), lambda s: 1.0, 0, features=confidences)
+    with pytest.raises(TypeError, match="rounds must be DraftRounds"):
+        simulate_run([], FixedK(2), lambda s: 1.0, 4, features=confidences)  # type: ignore[arg-type]

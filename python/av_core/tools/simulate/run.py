@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from av_core._checks import _check_int
 from av_core.tools.evaluate import DraftRounds
-from av_core.tools.simulate.costs import CostModel, FloatArray, IntArray
+from av_core.tools.simulate.costs import FloatArray, IntArray
 
 #: A forward pass as ``(slot, tokens)`` pairs, in batch order.
 PassShape = tuple[tuple[int, int], ...]
@@ -45,20 +45,6 @@ class StepShape:
 
 #: The milliseconds a step costs, from its shape.
 Pricer = Callable[[StepShape], float]
-
-
-def price_by_totals(cost: CostModel) -> Pricer:
-    """The cost tables' own indexing: each drafter pass at its number of requests, the target
-    pass at its total tokens."""
-
-    def price(shape: StepShape) -> float:
-        drafts = [len(p) for p in shape.draft_passes]
-        verify = sum(t for _, t in shape.verify)
-        return float(np.sum(cost.draft_pass_ms(np.asarray(drafts, dtype=np.float64)))) + float(
-            cost.verify_ms(verify)
-        )
-
-    return price
 
 
 class StepPolicy(Protocol):
@@ -114,11 +100,19 @@ def simulate_run(
     ``features`` and ``confidences``: [rounds, K] columns of the trace
     (:meth:`DraftRounds.column`): each position's ``logit_q_max`` and, for a greedy policy
     (llama.cpp's), the confidence its ``stop`` reads (``top10_confidence``)."""
+    if not isinstance(rounds, DraftRounds):
+        raise TypeError(f"rounds must be DraftRounds, got {type(rounds).__name__}")
     max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
     if policy.greedy and confidences is None:
         raise ValueError(
             "confidences: a greedy (llama.cpp) policy reads each position's confidence"
         )
+    for name, column in (("features", features), ("confidences", confidences)):
+        if column is not None and np.shape(column) != rounds.rows.shape:
+            raise ValueError(
+                f"{name} must be [rounds, K] = {list(rounds.rows.shape)} (DraftRounds.column), "
+                f"got shape {list(np.shape(column))}"
+            )
     ids, first = np.unique(rounds.request_id, return_index=True)
     by_request = [np.flatnonzero(rounds.request_id == r) for r in ids[np.argsort(first)]]
     n = len(by_request)
@@ -181,6 +175,5 @@ __all__ = [
     "RunReplay",
     "StepPolicy",
     "StepShape",
-    "price_by_totals",
     "simulate_run",
 ]
