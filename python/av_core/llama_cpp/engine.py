@@ -44,16 +44,16 @@ Block = tuple[int, int, Sequence[int]]
 
 
 class Runtime(Protocol):
-    """What the loop needs from a model context (:class:`~av_core.llama_cpp.runtime.Context`)."""
+    """What the loop needs from a model context (:class:`~av_core.llama_cpp.runtime.Context`):
+    ``decode(tokens, positions, seq_ids, logits)`` returns the marked entries' logits [n, V];
+    ``remove(seq_id, start)`` drops a sequence's cells from ``start`` on."""
 
     n_vocab: int
     n_seq_max: int
 
     @property
     def seq_capacity(self) -> int: ...
-
     def clear(self) -> None: ...
-
     def decode(
         self,
         tokens: Sequence[int],
@@ -61,7 +61,6 @@ class Runtime(Protocol):
         seq_ids: Sequence[int],
         logits: Sequence[bool],
     ) -> npt.NDArray[np.float32]: ...
-
     def remove(self, seq_id: int, start: int) -> None: ...
 
 

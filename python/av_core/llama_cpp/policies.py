@@ -44,9 +44,8 @@ LLAMA_CPP_P_MIN = 0.0
 def llama_cpp_confidence(logits: npt.ArrayLike) -> float:
     """The probability llama.cpp's draft policy compares with ``p_min``: the most likely token's
     share of a softmax over the drafter's ``LLAMA_CPP_DRAFT_TOP_K`` largest raw logits."""
-    z = np.asarray(logits, dtype=np.float64)
-    k = LLAMA_CPP_DRAFT_TOP_K
-    top = np.partition(z, -k)[-k:] if z.size > k else z
+    z, k = np.asarray(logits), LLAMA_CPP_DRAFT_TOP_K
+    top = (np.partition(z, -k)[-k:] if z.size > k else z).astype(np.float64)  # exact selection
     return float(1.0 / np.exp(top - top.max()).sum())
 
 

@@ -122,7 +122,6 @@ class RandomSource(Protocol):
     """Every random choice of the loop: a Bernoulli draw and a categorical draw."""
 
     def bernoulli(self, probability: float) -> bool: ...
-
     def categorical(self, weights: FloatArray) -> int: ...
 
 
