@@ -139,7 +139,17 @@ fn confidence(rng: &mut Rng, style: u64) -> f64 {
             }
         }
         // Edges.
-        5 => [0.0, -0.0, 1.0, 5e-324, 1e-300, 0.5, 1.0 - 1e-16, 0.999, 1e-17][rng.below(9) as usize],
+        5 => [
+            0.0,
+            -0.0,
+            1.0,
+            5e-324,
+            1e-300,
+            0.5,
+            1.0 - 1e-16,
+            0.999,
+            1e-17,
+        ][rng.below(9) as usize],
         // Repeated values: ties across requests.
         6 => [0.9, 0.9, 0.9, 0.7][rng.below(4) as usize],
         _ => {
@@ -168,7 +178,9 @@ fn matrix(rng: &mut Rng, rows: usize, cols: usize) -> Vec<f64> {
 fn counts(rng: &mut Rng, rows: usize, cols: usize) -> Vec<i64> {
     match rng.below(4) {
         0 | 1 => vec![cols as i64; rows],
-        2 => (0..rows).map(|_| rng.below(cols as u64 + 1) as i64).collect(),
+        2 => (0..rows)
+            .map(|_| rng.below(cols as u64 + 1) as i64)
+            .collect(),
         _ => (0..rows)
             .map(|_| {
                 if rng.below(3) == 0 {
@@ -246,7 +258,9 @@ fn with_depth(rng: &mut Rng, tables: CostTables, cols: usize) -> CostTables {
     match rng.below(4) {
         0 => tables,
         1 => tables.with_drafter(DrafterKind::Parallel, cols).unwrap(),
-        2 => tables.with_drafter(DrafterKind::Autoregressive, cols).unwrap(),
+        2 => tables
+            .with_drafter(DrafterKind::Autoregressive, cols)
+            .unwrap(),
         _ => {
             let mut shape = vec![0.0];
             let mut level = 0.0;
@@ -321,7 +335,10 @@ fn check_stateless(seed: u64) {
     if rng.below(30) == 0 && !stale.is_empty() {
         stale[0] = f64::NAN;
     }
-    let total: usize = sched.iter().map(|&n| n.clamp(0, cols as i64) as usize).sum();
+    let total: usize = sched
+        .iter()
+        .map(|&n| n.clamp(0, cols as i64) as usize)
+        .sum();
     let step = step(&mut rng, rows, total);
     let tokens = step.num_non_draft_tokens + total + rng.below(2) as usize;
     let tables = tables(&mut rng, rows.max(1), tokens, cols);
@@ -346,8 +363,7 @@ fn check_stateless(seed: u64) {
 
             for sized in [None, Some(stale_view)] {
                 let (mut a, mut b) = (vec![-1i32; rows], vec![-1i32; rows]);
-                let ours =
-                    planner::plan_verification(view, sized, &sched, &step, &tables, &mut a);
+                let ours = planner::plan_verification(view, sized, &sched, &step, &tables, &mut a);
                 let theirs =
                     oracle::plan_verification(view, sized, &sched, &ostep, &tables, &mut b);
                 assert_eq!(
@@ -361,8 +377,7 @@ fn check_stateless(seed: u64) {
 
             for mode in [DepthMode::Batch, DepthMode::PerRequest] {
                 let (mut a, mut b) = (vec![-1i32; rows], vec![-1i32; rows]);
-                let ours =
-                    planner::choose_draft_depth(view, &sched, &step, &tables, mode, &mut a);
+                let ours = planner::choose_draft_depth(view, &sched, &step, &tables, mode, &mut a);
                 let theirs = oracle::choose_draft_depth(
                     view,
                     &sched,

@@ -142,8 +142,14 @@ impl StepCosts<'_> {
 #[derive(Default)]
 pub(crate) struct BudgetBuffers {
     pub(crate) indices: Vec<Bucket>,
-    pub(crate) counts: Vec<u32>,
-    pub(crate) sums: Vec<f64>,
+    counts: Vec<u32>,
+    sums: Vec<f64>,
+    pub(crate) search: SearchBuffers,
+}
+
+/// Reusable buffers of [`search`]: the hull's survivals and their sort.
+#[derive(Default)]
+pub(crate) struct SearchBuffers {
     members: Vec<f64>,
     sort: SortBuffers,
 }
@@ -164,10 +170,10 @@ pub(crate) fn best_budget(
         indices,
         counts,
         sums,
-        members,
-        sort,
+        search: search_buffers,
     } = buffers;
     if is_small(survivals, limit) {
+        let SearchBuffers { members, sort } = search_buffers;
         survivals.gather(cols, scheduled, members);
         sort_descending(members, sort);
         return exact_scan(&members[..limit], costs.s, costs.draft_ms, costs.verify);
@@ -175,9 +181,18 @@ pub(crate) fn best_budget(
 
     // Count and sum per bucket.
     let map = bucket_map(survivals);
-    map.indices(survivals, indices);
-    map.histogram_with_sums(survivals, cols, scheduled, indices, counts, sums);
-    search(drafts, &map, costs, buffers)
+    map.count_and_sum(survivals, cols, scheduled, indices, counts, sums);
+    search(
+        drafts,
+        &map,
+        costs,
+        Histogram {
+            counts,
+            sums,
+            indices,
+        },
+        search_buffers,
+    )
 }
 
 /// Whether [`best_budget`] would sort and scan outright (then [`search`] must not be used).
@@ -190,14 +205,23 @@ pub(crate) fn bucket_map(survivals: &Survivals) -> BucketMap {
     BucketMap::new(survivals, COARSENESS)
 }
 
-/// [`best_budget`]'s search once `buffers.indices` holds `map`'s bucket of every slot and
-/// `buffers.counts`/`buffers.sums` the histogram of the scheduled slots (the depth decision
-/// builds it position by position instead of from scratch).
+/// The scheduled slots bucketed by a [`BucketMap`]: count and sum per bucket, and every slot's
+/// bucket (row-major, scheduled or not).
+#[derive(Clone, Copy)]
+pub(crate) struct Histogram<'a> {
+    pub(crate) counts: &'a [u32],
+    pub(crate) sums: &'a [f64],
+    pub(crate) indices: &'a [Bucket],
+}
+
+/// [`best_budget`]'s search over the scheduled slots' histogram under `map` (the depth
+/// decision builds its histograms position by position instead of from scratch).
 pub(crate) fn search(
     drafts: Drafts<'_>,
     map: &BucketMap,
     costs: StepCosts<'_>,
-    buffers: &mut BudgetBuffers,
+    histogram: Histogram<'_>,
+    buffers: &mut SearchBuffers,
 ) -> Budget {
     let Drafts {
         survivals,
@@ -211,13 +235,12 @@ pub(crate) fn search(
         verify_nondecreasing,
     } = costs;
     let limit = costs.limit();
-    let BudgetBuffers {
-        indices,
+    let Histogram {
         counts,
         sums,
-        members,
-        sort,
-    } = buffers;
+        indices,
+    } = histogram;
+    let SearchBuffers { members, sort } = buffers;
 
     // The floor as the pair (ratio, 1): `reaches` compares cross-multiplied pairs.
     let (floor_e, floor_c) = (floor_ratio(counts, sums, costs), 1.0);
@@ -294,9 +317,10 @@ pub(crate) fn search(
     best.finish()
 }
 
-/// The best ratio `E / C` at any bucket boundary within `limit`: attained by some budget (up to
-/// the quotient's rounding, far inside [`BOUND_SLACK`]), so a valid floor for pruning. Plain
-/// quotients and a running maximum (no data-dependent branch), as a bound needs no tie rule.
+/// The best ratio `E / C` at any bucket boundary within `limit`, as a rounded quotient: attained
+/// by some budget (up to the quotient's rounding, far inside [`BOUND_SLACK`]), so a valid floor
+/// for pruning. The maximum is found by [`beats`] (cross-multiplied, no division per bucket):
+/// the same value as the largest rounded quotient.
 pub(crate) fn floor_ratio(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> f64 {
     let StepCosts {
         s,
@@ -305,7 +329,7 @@ pub(crate) fn floor_ratio(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) ->
         ..
     } = costs;
     let limit = costs.limit();
-    let mut best = s / (draft_ms + verify[0]);
+    let (mut best_e, mut best_c) = (s, draft_ms + verify[0]);
     let (mut end, mut prefix) = (0usize, 0.0f64);
     for (&count, &sum) in counts.iter().zip(sums) {
         end += count as usize;
@@ -313,21 +337,27 @@ pub(crate) fn floor_ratio(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) ->
         if end > limit {
             break;
         }
-        best = best.max((s + prefix) / (draft_ms + verify[end]));
+        let (e, c) = (s + prefix, draft_ms + verify[end]);
+        if beats(e, c, best_e, best_c) {
+            (best_e, best_c) = (e, c);
+        }
     }
-    best
+    best_e / best_c
 }
 
-/// Whether some budget `b ≤ limit` could reach the ratio `best_e / best_c`, judged from a
-/// bucket histogram of a superset of the candidates (`counts`, `sums`): at every rank inside a
-/// bucket, `E` is at most the bucket's end value and `C` at least its cheapest cost. `false`
-/// proves no budget over any subset of those survivals does (the depth decision's skip).
-pub(crate) fn may_reach(
-    counts: &[u32],
-    sums: &[f64],
-    costs: StepCosts<'_>,
-    (best_e, best_c): (f64, f64),
-) -> bool {
+/// What a bucket histogram of a depth's slots says about its best ratio over budgets
+/// `0..=limit`, as `(E, C)` pairs: `floor`, the best ratio at a bucket boundary (attained by
+/// some budget), and `ceiling`, a bound no budget exceeds (at every rank inside a bucket, `E`
+/// is at most the bucket's end value and `C` at least its cheapest cost). Both are bounds for
+/// pruning only: their pairs are compared by plain cross-multiplication.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bounds {
+    pub(crate) floor: (f64, f64),
+    pub(crate) ceiling: (f64, f64),
+}
+
+/// [`Bounds`] of the slots counted in `counts` and `sums`, priced with `costs`.
+pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Bounds {
     let StepCosts {
         s,
         draft_ms,
@@ -335,35 +365,45 @@ pub(crate) fn may_reach(
         verify_nondecreasing,
     } = costs;
     let limit = costs.limit();
-    let reaches = |e: f64, c: f64| {
-        let reach = e * best_c * (1.0 + BOUND_SLACK);
-        let need = best_e * c * (1.0 - BOUND_SLACK);
-        reach >= need || !reach.is_finite() || !need.is_finite()
-    };
-    if reaches(s, draft_ms + verify[0]) {
-        return true;
-    }
+    let zero = (s, draft_ms + verify[0]);
+    let (mut floor, mut ceiling) = (zero, zero);
     let (mut start, mut prefix) = (0usize, 0.0f64);
     for (&count, &sum) in counts.iter().zip(sums) {
         if start >= limit {
             break;
         }
+        prefix += sum;
+        let end = start + count as usize;
         if count > 0 {
-            let end = (start + count as usize).min(limit);
-            let costs = &verify[start + 1..=end];
+            let e = s + prefix;
+            let ranks = &verify[start + 1..=end.min(limit)];
             let cheapest = if verify_nondecreasing {
-                costs[0]
+                ranks[0]
             } else {
-                costs.iter().fold(f64::INFINITY, |m, &v| m.min(v))
+                ranks.iter().fold(f64::INFINITY, |m, &v| m.min(v))
             };
-            if reaches(s + prefix + sum, draft_ms + cheapest) {
-                return true;
+            let c = draft_ms + cheapest;
+            if e * ceiling.1 > ceiling.0 * c {
+                ceiling = (e, c);
+            }
+            if end <= limit {
+                let c = draft_ms + verify[end];
+                if e * floor.1 > floor.0 * c {
+                    floor = (e, c);
+                }
             }
         }
-        prefix += sum;
-        start += count as usize;
+        start = end;
     }
-    false
+    Bounds { floor, ceiling }
+}
+
+/// Whether a ratio `e / c` may reach the ratio `bar` (pairs), with [`BOUND_SLACK`] on both
+/// sides: `false` proves it falls short.
+pub(crate) fn may_reach((e, c): (f64, f64), (bar_e, bar_c): (f64, f64)) -> bool {
+    let reach = e * bar_c * (1.0 + BOUND_SLACK);
+    let need = bar_e * c * (1.0 - BOUND_SLACK);
+    reach >= need || !reach.is_finite() || !need.is_finite()
 }
 
 /// The first `b` in `0..=sorted.len()` maximising `E(b) / C(b)` over survivals already sorted

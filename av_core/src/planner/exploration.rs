@@ -100,14 +100,14 @@ impl Exploration {
 
     /// Whether `slot` explores at step `step`: a deterministic draw from (seed, step, slot).
     pub fn explores(self, step: u64, slot: u64) -> bool {
-        fn mix(mut z: u64) -> u64 {
-            // splitmix64's finalizer: a well-mixed 64-bit hash.
-            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        let draw = mix(self.seed ^ mix(step ^ mix(slot)));
+        self.explores_key(step, slot_key(slot))
+    }
+
+    /// [`Self::explores`] for the slot whose [`slot_key`] is `key` (planners keep each slot's
+    /// key, one hash fewer per draw).
+    #[inline]
+    pub(crate) fn explores_key(self, step: u64, key: u64) -> bool {
+        let draw = mix(self.seed ^ mix(step ^ key));
         ((draw >> 11) as f64) * (1.0 / (1u64 << 53) as f64) < self.probability
     }
 
@@ -116,4 +116,19 @@ impl Exploration {
     pub fn is_exploration_step(self, step: u64) -> bool {
         self.explores(step, WHOLE_STEP)
     }
+}
+
+/// splitmix64's finalizer: a well-mixed 64-bit hash.
+#[inline]
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The part of a draw that depends on the slot alone.
+#[inline]
+pub(crate) fn slot_key(slot: u64) -> u64 {
+    mix(slot)
 }

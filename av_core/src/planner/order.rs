@@ -104,14 +104,44 @@ impl Survivals {
         in_range
     }
 
+    /// The survivals `remembered` holds for `slots` (slot-major, `cols` per slot), as whole
+    /// rows in the order of `slots`, with the extremes and count of the scheduled ones: what
+    /// [`Self::compute`] gives for the confidences those survivals were multiplied from.
+    pub(crate) fn gather_rows(
+        &mut self,
+        remembered: &[f64],
+        slots: &[i64],
+        cols: usize,
+        scheduled: &[usize],
+    ) {
+        self.values.resize(slots.len() * cols, 0.0);
+        let rows = (remembered, slots, &mut self.values[..]);
+        // Common depths copy fixed-size rows (moves, not a `memcpy` call per row).
+        match cols {
+            4 => copy_rows::<4>(rows),
+            8 => copy_rows::<8>(rows),
+            16 => copy_rows::<16>(rows),
+            _ => {
+                for (out, &slot) in self.values.chunks_exact_mut(cols.max(1)).zip(slots) {
+                    let start = slot as usize * cols;
+                    out.copy_from_slice(&remembered[start..start + cols]);
+                }
+            }
+        }
+        self.cumulative.clear();
+        self.recount(cols, scheduled);
+    }
+
     /// Re-derives `max`, `min` and `count` for other scheduled counts (the values stay).
     pub(crate) fn recount(&mut self, cols: usize, scheduled: &[usize]) {
         let (mut max, mut min, mut count) = (0.0f64, 1.0f64, 0usize);
         if cols > 0 {
             for (row, &n) in self.values.chunks_exact(cols).zip(scheduled) {
                 if n > 0 {
-                    max = max.max(row[0]);
-                    min = min.min(row[n - 1]);
+                    // Plain comparisons (`maxsd`/`minsd`): survivals are never NaN.
+                    let (head, tail) = (row[0], row[n.min(cols) - 1]);
+                    max = if head > max { head } else { max };
+                    min = if tail < min { tail } else { min };
                 }
                 count += n;
             }
@@ -149,6 +179,15 @@ impl Survivals {
         for (r, &n) in scheduled.iter().enumerate() {
             out.extend_from_slice(self.row(r, cols, n));
         }
+    }
+}
+
+/// Rows of `K` values of `source` (row `slot` at `slot · K`), in the order of `slots`, into
+/// `out`.
+fn copy_rows<const K: usize>((source, slots, out): (&[f64], &[i64], &mut [f64])) {
+    for (out, &slot) in out.chunks_exact_mut(K).zip(slots) {
+        let start = slot as usize * K;
+        out.copy_from_slice(&source[start..start + K]);
     }
 }
 
@@ -291,56 +330,88 @@ impl BucketMap {
         f64::from_bits(self.top - ((bucket as u64) << self.shift))
     }
 
-    /// Bucket indices of every slot, scheduled or not (one vectorizable pass; the scatter that
-    /// follows is cheaper without the index arithmetic in its loop).
+    /// Bucket indices of every slot, scheduled or not: one vector pass (clamp, subtract,
+    /// shift, narrow), on AVX2 where the CPU has it (integer arithmetic and exact clamps: the
+    /// same indices on every level). The scatter that follows is cheaper without the index
+    /// arithmetic in its loop.
     pub(crate) fn indices(&self, survivals: &Survivals, out: &mut Vec<Bucket>) {
-        out.clear();
-        out.extend(survivals.values.iter().map(|&v| self.bucket(v) as Bucket));
+        let values = &survivals.values;
+        // Every entry is written below, so the buffer keeps its old contents.
+        out.resize(values.len(), 0);
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::level() >= crate::simd::Level::Avx2 {
+            // SAFETY: `indices_avx2` only requires AVX2, which `simd::level` reports only after
+            // `is_x86_feature_detected!("avx2")` confirmed it on this CPU.
+            unsafe { x86::indices_avx2(self, values, out) };
+            return;
+        }
+        self.fill_indices(values, out);
     }
 
-    /// Counts per bucket of the scheduled survivals, into `counts` (length [`Self::len`]);
-    /// `indices` is [`Self::indices`]' output.
-    pub(crate) fn histogram(
+    /// The loop of [`Self::indices`], inlined into each target's variant.
+    #[inline(always)]
+    fn fill_indices(&self, values: &[f64], out: &mut [Bucket]) {
+        for (index, &v) in out.iter_mut().zip(values) {
+            *index = self.bucket(v) as Bucket;
+        }
+    }
+
+    /// [`Self::indices`], then the counts per bucket of the scheduled survivals into `counts`
+    /// (length [`Self::len`]).
+    pub(crate) fn count(
         &self,
         survivals: &Survivals,
         cols: usize,
         scheduled: &[usize],
-        indices: &[Bucket],
+        indices: &mut Vec<Bucket>,
         counts: &mut Vec<u32>,
     ) {
+        self.indices(survivals, indices);
         counts.clear();
         counts.resize(self.len(), 0);
+        let counts = &mut counts[..];
+        // SAFETY (each `get_unchecked_mut` below): `indices` was just filled by
+        // `Self::indices` with this map, and `bucket` returns at most `len - 1` for any value
+        // (values are clamped into `[floor, ceiling]`, whose bucket range is `0..len`), so
+        // every index is below `counts.len() == self.len()`.
         if survivals.count == indices.len() {
-            for &b in indices {
-                counts[b as usize] += 1;
+            for &b in indices.iter() {
+                unsafe { *counts.get_unchecked_mut(b as usize) += 1 };
             }
         } else {
             for (row, &n) in indices.chunks_exact(cols).zip(scheduled) {
                 for &b in &row[..n] {
-                    counts[b as usize] += 1;
+                    unsafe { *counts.get_unchecked_mut(b as usize) += 1 };
                 }
             }
         }
     }
 
-    /// Counts and sums per bucket of the scheduled survivals.
-    pub(crate) fn histogram_with_sums(
+    /// [`Self::indices`], then the counts and sums per bucket of the scheduled survivals (sums
+    /// accumulated slot by slot in row-major order).
+    pub(crate) fn count_and_sum(
         &self,
         survivals: &Survivals,
         cols: usize,
         scheduled: &[usize],
-        indices: &[Bucket],
+        indices: &mut Vec<Bucket>,
         counts: &mut Vec<u32>,
         sums: &mut Vec<f64>,
     ) {
+        self.indices(survivals, indices);
         counts.clear();
         counts.resize(self.len(), 0);
         sums.clear();
         sums.resize(self.len(), 0.0);
+        let (counts, sums) = (&mut counts[..], &mut sums[..]);
+        // SAFETY (each `get_unchecked_mut` below): as in `Self::count`, every index is below
+        // `self.len()`, the length of both `counts` and `sums`.
         if survivals.count == indices.len() {
             for (&b, &v) in indices.iter().zip(&survivals.values) {
-                counts[b as usize] += 1;
-                sums[b as usize] += v;
+                unsafe {
+                    *counts.get_unchecked_mut(b as usize) += 1;
+                    *sums.get_unchecked_mut(b as usize) += v;
+                }
             }
         } else {
             let rows = indices
@@ -349,11 +420,24 @@ impl BucketMap {
                 .zip(scheduled);
             for ((row, values), &n) in rows {
                 for (&b, &v) in row[..n].iter().zip(values) {
-                    counts[b as usize] += 1;
-                    sums[b as usize] += v;
+                    unsafe {
+                        *counts.get_unchecked_mut(b as usize) += 1;
+                        *sums.get_unchecked_mut(b as usize) += v;
+                    }
                 }
             }
         }
+    }
+}
+
+/// The bucket-index pass compiled for AVX2 (the same code, wider vectors).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Bucket, BucketMap};
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn indices_avx2(map: &BucketMap, values: &[f64], out: &mut [Bucket]) {
+        map.fill_indices(values, out);
     }
 }
 
@@ -478,9 +562,8 @@ mod tests {
             let s = survivals(&conf, rows, cols, &sched);
             let map = BucketMap::new(&s, coarseness);
             let mut indices = Vec::new();
-            map.indices(&s, &mut indices);
             let mut counts = Vec::new();
-            map.histogram(&s, cols, &sched, &indices, &mut counts);
+            map.count(&s, cols, &sched, &mut indices, &mut counts);
             prop_assert_eq!(counts.iter().map(|&c| c as usize).sum::<usize>(), s.count);
             let mut all = Vec::new();
             s.gather(cols, &sched, &mut all);

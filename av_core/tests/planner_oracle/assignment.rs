@@ -1,4 +1,3 @@
-
 use std::cmp::Ordering;
 
 use super::counting::{count_above, for_each_run, Bucket};

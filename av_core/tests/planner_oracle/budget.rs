@@ -1,4 +1,3 @@
-
 use super::counting::{for_each_run, Bucket};
 use super::order::{sort_descending, BucketMap, SortBuffers, Survivals};
 
@@ -320,4 +319,3 @@ pub(crate) fn exact_scan(sorted: &[f64], s: f64, draft_ms: f64, verify: &[f64]) 
     best.scan(sorted, 1, s, 0.0, draft_ms, verify);
     best.finish()
 }
-

@@ -1,4 +1,3 @@
-
 pub(crate) type Bucket = u16;
 
 #[inline]
@@ -162,4 +161,3 @@ mod sse2 {
         paired as usize + pairs.remainder().iter().filter(|&&v| v > bound).count()
     }
 }
-

@@ -1,4 +1,3 @@
-
 use super::budget::{
     beats, best_budget, bucket_map, floor_ratio, is_small, may_reach, search, Budget,
     BudgetBuffers, Drafts, StepCosts,
@@ -353,4 +352,3 @@ pub(crate) fn per_request_depth(
         predicted_cost_ms: best_c,
     }
 }
-

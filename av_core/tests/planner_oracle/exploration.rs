@@ -1,4 +1,3 @@
-
 use crate::error::{Error, Result};
 
 const WHOLE_STEP: u64 = u64::MAX;

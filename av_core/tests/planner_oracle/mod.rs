@@ -1,4 +1,3 @@
-
 use std::cell::RefCell;
 
 use crate::cost_tables::CostTables;
@@ -498,4 +497,3 @@ fn check_step(
     }
     Ok(limit)
 }
-

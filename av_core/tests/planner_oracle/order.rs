@@ -1,4 +1,3 @@
-
 use super::counting::Bucket;
 use crate::matrix::MatrixView;
 
@@ -365,4 +364,3 @@ pub(crate) fn sort_descending(values: &mut [f64], buffers: &mut SortBuffers) {
         values[j] = v;
     }
 }
-

@@ -1,4 +1,3 @@
-
 use super::{
     depth_with, plan_with, BudgetSource, DepthMode, DepthPlan, Exploration, Scratch, StepTokens,
     VerificationPlan,
