@@ -346,13 +346,12 @@ impl VerificationPlanner {
         let total: usize = scheduled.iter().sum();
         let limit = step.max_draft_budget.map_or(total, |cap| cap.min(total));
         let mut added = false;
+        let draws = self.exploration.draws(self.stamp);
         for (r, (&slot, &to)) in slots.iter().zip(scheduled).enumerate() {
             let from = admitted[r] as usize;
             if to <= from
                 || plan.budget + (to - from) > limit
-                || !self
-                    .exploration
-                    .explores_key(self.stamp, self.slot_keys[slot as usize])
+                || !draws.explores(self.slot_keys[slot as usize])
             {
                 continue;
             }
@@ -507,13 +506,13 @@ impl VerificationPlanner {
                 format!("[{r}] = {slot} is outside 0..{num_slots}"),
             ));
         }
-        let next = self.stamp.wrapping_add(1);
+        let draws = self.exploration.draws(self.stamp.wrapping_add(1));
         for (explores, &slot) in explorers.iter_mut().zip(slots) {
-            *explores = self
-                .exploration
-                .explores_key(next, self.slot_keys[slot as usize]);
+            *explores = draws.explores(self.slot_keys[slot as usize]);
         }
-        Ok(self.exploration.is_exploration_step(next))
+        Ok(self
+            .exploration
+            .is_exploration_step(self.stamp.wrapping_add(1)))
     }
 
     /// Writes the drafted positions' confidences of `slots` (validated by the caller) and the
@@ -626,17 +625,14 @@ impl VerificationPlanner {
             // as deep as the batch already does, which adds no drafter pass; in an exploration
             // step (probability ε, one draw per step) they draft their whole block.
             let whole = self.exploration.is_exploration_step(next);
+            let draws = self.exploration.draws(next);
             for (r, (&slot, &cap)) in slots.iter().zip(max_depths).enumerate() {
                 let reach = if whole {
                     cap as i32
                 } else {
                     (cap as usize).min(plan.max_depth) as i32
                 };
-                if depths[r] < reach
-                    && self
-                        .exploration
-                        .explores_key(next, self.slot_keys[slot as usize])
-                {
+                if depths[r] < reach && draws.explores(self.slot_keys[slot as usize]) {
                     depths[r] = reach;
                 }
             }
