@@ -190,6 +190,7 @@ pub(crate) fn best_budget(
             counts,
             sums,
             indices,
+            floor: None,
         },
         search_buffers,
     )
@@ -212,6 +213,8 @@ pub(crate) struct Histogram<'a> {
     pub(crate) counts: &'a [u32],
     pub(crate) sums: &'a [f64],
     pub(crate) indices: &'a [Bucket],
+    /// [`floor_ratio`] of `counts` and `sums`, when the caller already has it.
+    pub(crate) floor: Option<f64>,
 }
 
 /// [`best_budget`]'s search over the scheduled slots' histogram under `map` (the depth
@@ -239,11 +242,13 @@ pub(crate) fn search(
         counts,
         sums,
         indices,
+        floor,
     } = histogram;
     let SearchBuffers { members, sort } = buffers;
 
     // The floor as the pair (ratio, 1): `reaches` compares cross-multiplied pairs.
-    let (floor_e, floor_c) = (floor_ratio(counts, sums, costs), 1.0);
+    let floor = floor.unwrap_or_else(|| floor_ratio(counts, sums, costs));
+    let (floor_e, floor_c) = (floor, 1.0);
 
     // Buckets that may hold a budget reaching the floor, and their hull. A quick test first:
     // E at the bucket's end over C at its cheapest. Then, for buckets that pass, per rank:
@@ -347,9 +352,9 @@ pub(crate) fn floor_ratio(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) ->
 
 /// What a bucket histogram of a depth's slots says about its best ratio over budgets
 /// `0..=limit`, as `(E, C)` pairs: `floor`, the best ratio at a bucket boundary (attained by
-/// some budget), and `ceiling`, a bound no budget exceeds (at every rank inside a bucket, `E`
-/// is at most the bucket's end value and `C` at least its cheapest cost). Both are bounds for
-/// pruning only: their pairs are compared by plain cross-multiplication.
+/// some budget; its rounded quotient is [`floor_ratio`]'s), and `ceiling`, a bound no budget
+/// exceeds (at every rank inside a bucket, `E` is at most the bucket's end value and `C` at
+/// least its cheapest cost, compared by plain cross-multiplication: a bound for pruning only).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bounds {
     pub(crate) floor: (f64, f64),
@@ -388,7 +393,7 @@ pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Boun
             }
             if end <= limit {
                 let c = draft_ms + verify[end];
-                if e * floor.1 > floor.0 * c {
+                if beats(e, c, floor.0, floor.1) {
                     floor = (e, c);
                 }
             }
@@ -497,7 +502,7 @@ mod tests {
             let sched: Vec<usize> = (0..rows).map(|r| sched_seed[r] % (cols + 1)).collect();
             let view = MatrixView::new("c", &conf, rows, cols).unwrap();
             let mut surv = Survivals::default();
-            prop_assert!(surv.compute(view, &sched, false));
+            prop_assert!(surv.compute(view, &sched));
             let limit = if cap_seed % 3 == 0 { cap_seed % (surv.count + 1) } else { surv.count };
             // Piecewise costs in exact binary fractions: steps, optionally sloped inside,
             // optionally with one dip (not monotone).
@@ -526,6 +531,14 @@ mod tests {
                 verify_nondecreasing: nondecreasing,
             };
             let pruned = best_budget(drafts, costs, &mut BudgetBuffers::default());
+            if !is_small(&surv, limit) {
+                // The depth decision's floor is the search's.
+                let map = bucket_map(&surv);
+                let (mut indices, mut counts, mut sums) = (Vec::new(), Vec::new(), Vec::new());
+                map.count_and_sum(&surv, cols, &sched, &mut indices, &mut counts, &mut sums);
+                let (e, c) = bounds(&counts, &sums, costs).floor;
+                prop_assert_eq!((e / c).to_bits(), floor_ratio(&counts, &sums, costs).to_bits());
+            }
             let mut sorted = Vec::new();
             surv.gather(cols, &sched, &mut sorted);
             sorted.sort_by(|a, b| b.total_cmp(a));

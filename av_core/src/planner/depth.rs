@@ -301,7 +301,7 @@ pub(crate) fn batch_depth(
                 verify_nondecreasing: nondecreasing,
             };
             let found = bounds(hist, hist_sums, costs);
-            if found.floor.0 * target.1 > target.0 * found.floor.1 {
+            if beats(found.floor.0, found.floor.1, target.0, target.1) {
                 target = found.floor;
             }
             shapes.push(Shape {
@@ -351,6 +351,7 @@ pub(crate) fn batch_depth(
                 counts: &full_counts[range.clone()],
                 sums: &full_sums[range],
                 indices,
+                floor: Some(found.floor.0 / found.floor.1),
             };
             let chosen = search(among, &map, costs, histogram, &mut budget_buffers.search);
             offer(&mut best, d, drafts, draft_ms, chosen);

@@ -107,7 +107,7 @@ impl Engine {
         step: &StepTokens,
         tables: &CostTables,
     ) -> Result<usize> {
-        let (limit, draft_ms) = self.prepare(confidences, scheduled_drafts, step, tables, false)?;
+        let (limit, draft_ms) = self.prepare(confidences, scheduled_drafts, step, tables)?;
         let drafts = budget::Drafts {
             survivals: &self.survivals,
             cols: confidences.cols(),
@@ -130,10 +130,10 @@ impl Engine {
             confidences.rows(),
             "scheduled_drafts",
             scheduled_drafts,
-            &mut self.scheduled,
+            (&mut self.scheduled, &mut self.draft_counts),
         )?;
         check_len("admitted", admitted.len(), confidences.rows())?;
-        if !self.survivals.compute(confidences, &self.scheduled, false) {
+        if !self.survivals.compute(confidences, &self.scheduled) {
             return Err(probability_error("confidences", confidences));
         }
         assignment::admit(
@@ -172,9 +172,7 @@ impl Engine {
         }
         check_len("admitted", admitted.len(), rows)?;
         let current = matches!(sizing, Sizing::Current);
-        // With the budget sized elsewhere, `E` is summed over the admitted prefixes afterwards.
-        let (limit, draft_ms) =
-            self.prepare(confidences, scheduled_drafts, step, tables, !current)?;
+        let (limit, draft_ms) = self.prepare(confidences, scheduled_drafts, step, tables)?;
         if let Sizing::Other(other) = sizing {
             fill_survivals(
                 &mut self.budget_survivals,
@@ -207,6 +205,7 @@ impl Engine {
             &mut self.assign_buffers,
             admitted,
         );
+        // With the budget sized elsewhere, `E` is summed over the admitted prefixes.
         let expected_accepted_tokens = if current {
             chosen.expected_tokens
         } else {
@@ -248,7 +247,7 @@ impl Engine {
             num_rows,
             "max_depths",
             max_depths,
-            &mut self.scheduled,
+            (&mut self.scheduled, &mut self.draft_counts),
         )?;
         if depths.len() != num_rows {
             return Err(Error::value(
@@ -282,15 +281,14 @@ impl Engine {
     }
 
     /// Validates a planning call (the scheduled drafts, the tables' depth, the step against the
-    /// tables) and computes the survivals of `confidences` (with their running sums when
-    /// asked); returns the largest admissible budget and the step's drafting cost.
+    /// tables) and computes the survivals of `confidences`; returns the largest admissible
+    /// budget and the step's drafting cost.
     fn prepare<T: Copy + Into<f64>>(
         &mut self,
         confidences: MatrixView<'_, T>,
         scheduled_drafts: &[i64],
         step: &StepTokens,
         tables: &CostTables,
-        running_sums: bool,
     ) -> Result<(usize, f64)> {
         let cols = confidences.cols();
         let total = check_counts(
@@ -298,17 +296,20 @@ impl Engine {
             confidences.rows(),
             "scheduled_drafts",
             scheduled_drafts,
-            &mut self.scheduled,
+            (&mut self.scheduled, &mut self.draft_counts),
         )?;
         check_depth_table(tables, cols)?;
         let limit = check_step(step, confidences.rows(), total, tables)?;
-        if !self
-            .survivals
-            .compute(confidences, &self.scheduled, running_sums)
-        {
+        if !self.survivals.compute(confidences, &self.scheduled) {
             return Err(probability_error("confidences", confidences));
         }
-        let draft_ms = step_draft_ms(tables, &self.scheduled, &mut self.draft_counts)?;
+        // Priced from the counts of each depth `check_counts` took (a depth table covers
+        // exactly these `cols` positions).
+        let draft_ms = if tables.draft_depth_ms().is_some() {
+            tables.draft_cost_of_depth_counts(&mut self.draft_counts)?
+        } else {
+            tables.draft_cost_ms(self.scheduled.len(), 1)?
+        };
         Ok((limit, draft_ms))
     }
 }
@@ -323,7 +324,7 @@ fn fill_survivals<T: Copy + Into<f64>>(
 ) -> Result<()> {
     match rows {
         Rows::Confidences(view) => {
-            if survivals.compute(view, scheduled, false) {
+            if survivals.compute(view, scheduled) {
                 Ok(())
             } else {
                 Err(probability_error(argument, view))
@@ -372,30 +373,15 @@ pub(crate) fn check_depth_table(cost_tables: &CostTables, cols: usize) -> Result
     }
 }
 
-/// The drafting cost of a step with these scheduled drafts: `draft_ms[R]` (vLLM's constant)
-/// without a draft-depth table, the depth-priced cost with one. More requests than the draft
-/// table covers are a value error (callers check the step against the tables first).
-pub(crate) fn step_draft_ms(
-    cost_tables: &CostTables,
-    scheduled: &[usize],
-    counts: &mut Vec<usize>,
-) -> Result<f64> {
-    if cost_tables.draft_depth_ms().is_some() {
-        cost_tables.step_draft_cost_ms(scheduled, counts)
-    } else {
-        cost_tables.draft_cost_ms(scheduled.len(), 1)
-    }
-}
-
 /// Validates per-request counts (`scheduled_drafts`, or `max_depths` for the depth decision:
-/// the caller names them) of `rows` requests against `cols` positions; fills `out`; returns
-/// their sum.
+/// the caller names them) of `rows` requests against `cols` positions; fills `out` with them
+/// and `histogram[n]` with how many are `n`; returns their sum.
 fn check_counts(
     cols: usize,
     rows: usize,
     argument: &'static str,
     counts: &[i64],
-    out: &mut Vec<usize>,
+    (out, histogram): (&mut Vec<usize>, &mut Vec<usize>),
 ) -> Result<usize> {
     if counts.len() != rows {
         return Err(Error::value(
@@ -407,6 +393,8 @@ fn check_counts(
         ));
     }
     out.clear();
+    histogram.clear();
+    histogram.resize(cols + 1, 0);
     let mut total = 0usize;
     for (r, &n) in counts.iter().enumerate() {
         if n < 0 || n as u64 > cols as u64 {
@@ -416,6 +404,7 @@ fn check_counts(
             ));
         }
         out.push(n as usize);
+        histogram[n as usize] += 1;
         total += n as usize;
     }
     Ok(total)

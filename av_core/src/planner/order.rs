@@ -17,9 +17,6 @@ use crate::matrix::MatrixView;
 pub(crate) struct Survivals {
     /// `S[r, k]`, row-major, never `-0.0`.
     pub values: Vec<f64>,
-    /// `Σ_{j ≤ k} S[r, j]`, row-major, when asked for: the expected accepted drafts of a
-    /// prefix (empty otherwise).
-    pub cumulative: Vec<f64>,
     /// Largest scheduled survival (0 when there is none).
     pub max: f64,
     /// Smallest scheduled survival (1 when there is none).
@@ -32,7 +29,6 @@ impl Default for Survivals {
     fn default() -> Self {
         Survivals {
             values: Vec::new(),
-            cumulative: Vec::new(),
             max: 0.0,
             min: 1.0,
             count: 0,
@@ -42,8 +38,7 @@ impl Default for Survivals {
 
 impl Survivals {
     /// `S[r, k] = Π_{j ≤ k} p[r, j]` in f64, multiplied left to right (as vLLM's `cumprod` over
-    /// float64), and with `running_sums` their running sums along each row too (for
-    /// [`Self::prefix_sum`]). Whole rows are computed, a branch-free loop; only the slots
+    /// float64). Whole rows are computed, a branch-free loop; only the slots
     /// `k < scheduled[r]` count. Returns `false` if some confidence is outside `[0, 1]` or NaN
     /// (the caller reports which).
     #[must_use]
@@ -51,18 +46,12 @@ impl Survivals {
         &mut self,
         confidences: MatrixView<'_, T>,
         scheduled: &[usize],
-        running_sums: bool,
     ) -> bool {
         let cols = confidences.cols();
         let len = confidences.rows() * cols;
-        // Every entry of the whole rows is written below, so the buffers keep their old contents
-        // instead of being zeroed each call (`resize` fills only when they grow).
+        // Every entry of the whole rows is written below, so the buffer keeps its old contents
+        // instead of being zeroed each call (`resize` fills only when it grows).
         self.values.resize(len, 0.0);
-        if running_sums && cols > 0 {
-            self.cumulative.resize(len, 0.0);
-        } else {
-            self.cumulative.clear();
-        }
         self.max = 0.0;
         self.min = 1.0;
         self.count = 0;
@@ -74,20 +63,20 @@ impl Survivals {
         // slice cannot change under us: the bindings hand the core their own copy of a
         // caller's buffer, and Rust's `&[T]` promises no writer.)
         let in_range = data.iter().fold(true, |ok, &p| ok & probability(p.into()));
-        let rows = (data, &mut self.values[..], &mut self.cumulative[..]);
+        let rows = (data, &mut self.values[..]);
         // Common depths get a loop the compiler unrolls (independent rows then overlap).
         match cols {
-            1 => fill_rows::<T, 1>(rows, running_sums),
-            2 => fill_rows::<T, 2>(rows, running_sums),
-            3 => fill_rows::<T, 3>(rows, running_sums),
-            4 => fill_rows::<T, 4>(rows, running_sums),
-            5 => fill_rows::<T, 5>(rows, running_sums),
-            6 => fill_rows::<T, 6>(rows, running_sums),
-            7 => fill_rows::<T, 7>(rows, running_sums),
-            8 => fill_rows::<T, 8>(rows, running_sums),
-            10 => fill_rows::<T, 10>(rows, running_sums),
-            12 => fill_rows::<T, 12>(rows, running_sums),
-            16 => fill_rows::<T, 16>(rows, running_sums),
+            1 => fill_rows::<T, 1>(rows),
+            2 => fill_rows::<T, 2>(rows),
+            3 => fill_rows::<T, 3>(rows),
+            4 => fill_rows::<T, 4>(rows),
+            5 => fill_rows::<T, 5>(rows),
+            6 => fill_rows::<T, 6>(rows),
+            7 => fill_rows::<T, 7>(rows),
+            8 => fill_rows::<T, 8>(rows),
+            10 => fill_rows::<T, 10>(rows),
+            12 => fill_rows::<T, 12>(rows),
+            16 => fill_rows::<T, 16>(rows),
             _ => fill_rows_any(cols, rows),
         };
         let values = &self.values[..];
@@ -128,7 +117,6 @@ impl Survivals {
                 }
             }
         }
-        self.cumulative.clear();
         self.recount(cols, scheduled);
     }
 
@@ -149,15 +137,18 @@ impl Survivals {
         (self.max, self.min, self.count) = (max, min, count);
     }
 
-    /// Sum of the survivals of the first `admitted[r]` slots of every row (needs the running
-    /// sums).
+    /// Sum over the rows of each row's running sum of its first `admitted[r]` survivals (each
+    /// row summed left to right from 0, the rows in order).
     pub(crate) fn prefix_sum(&self, cols: usize, admitted: &[i32]) -> f64 {
-        debug_assert_eq!(self.cumulative.len(), self.values.len());
         admitted
             .iter()
             .enumerate()
             .filter(|&(_, &a)| a > 0)
-            .map(|(r, &a)| self.cumulative[r * cols + a as usize - 1])
+            .map(|(r, &a)| {
+                self.values[r * cols..r * cols + a as usize]
+                    .iter()
+                    .fold(0.0f64, |sum, &v| sum + v)
+            })
             .sum()
     }
 
@@ -191,8 +182,8 @@ fn copy_rows<const K: usize>((source, slots, out): (&[f64], &[i64], &mut [f64]))
     }
 }
 
-/// Confidences in, survivals and (when kept) running sums out.
-type Rows<'a, T> = (&'a [T], &'a mut [f64], &'a mut [f64]);
+/// Confidences in, survivals out.
+type Rows<'a, T> = (&'a [T], &'a mut [f64]);
 
 /// Whether a confidence is a probability (NaN is not).
 #[inline(always)]
@@ -200,56 +191,25 @@ fn probability(p: f64) -> bool {
     (0.0..=1.0).contains(&p)
 }
 
-/// Survivals of rows of `K` confidences, and their running sums when asked.
-fn fill_rows<T: Copy + Into<f64>, const K: usize>(
-    (data, values, cumulative): Rows<'_, T>,
-    running_sums: bool,
-) {
-    if !running_sums {
-        for (row, out) in data.chunks_exact(K).zip(values.chunks_exact_mut(K)) {
-            let mut survival = 1.0f64;
-            for k in 0..K {
-                // `+ 0.0` folds a `-0.0` confidence onto `+0.0` (off the multiply chain).
-                survival *= row[k].into() + 0.0;
-                out[k] = survival;
-            }
-        }
-        return;
-    }
-    let rows = data
-        .chunks_exact(K)
-        .zip(values.chunks_exact_mut(K))
-        .zip(cumulative.chunks_exact_mut(K));
-    for ((row, out), sums) in rows {
+/// Survivals of rows of `K` confidences.
+fn fill_rows<T: Copy + Into<f64>, const K: usize>((data, values): Rows<'_, T>) {
+    for (row, out) in data.chunks_exact(K).zip(values.chunks_exact_mut(K)) {
         let mut survival = 1.0f64;
-        let mut sum = 0.0f64;
         for k in 0..K {
+            // `+ 0.0` folds a `-0.0` confidence onto `+0.0` (off the multiply chain).
             survival *= row[k].into() + 0.0;
-            sum += survival;
             out[k] = survival;
-            sums[k] = sum;
         }
     }
 }
 
-/// [`fill_rows`] for any row length (running sums when `cumulative` is not empty).
-fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values, cumulative): Rows<'_, T>) {
-    for (r, (row, out)) in data
-        .chunks_exact(cols)
-        .zip(values.chunks_exact_mut(cols))
-        .enumerate()
-    {
+/// [`fill_rows`] for any row length.
+fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values): Rows<'_, T>) {
+    for (row, out) in data.chunks_exact(cols).zip(values.chunks_exact_mut(cols)) {
         let mut survival = 1.0f64;
         for (value, &p) in out.iter_mut().zip(row) {
             survival *= p.into() + 0.0;
             *value = survival;
-        }
-        if let Some(sums) = cumulative.get_mut(r * cols..(r + 1) * cols) {
-            let mut sum = 0.0f64;
-            for (running, &v) in sums.iter_mut().zip(out.iter()) {
-                sum += v;
-                *running = sum;
-            }
         }
     }
 }
@@ -515,7 +475,7 @@ mod tests {
 
     fn survivals(conf: &[f64], rows: usize, cols: usize, sched: &[usize]) -> Survivals {
         let mut s = Survivals::default();
-        assert!(s.compute(MatrixView::new("c", conf, rows, cols).unwrap(), sched, true));
+        assert!(s.compute(MatrixView::new("c", conf, rows, cols).unwrap(), sched));
         s
     }
 
@@ -532,12 +492,12 @@ mod tests {
             let mut s = Survivals::default();
             let data = [0.5, bad];
             let view = MatrixView::new("c", &data[..], 1, 2).unwrap();
-            assert!(!s.compute(view, &[1], false));
+            assert!(!s.compute(view, &[1]));
         }
     }
 
     #[test]
-    fn running_sums_give_prefix_sums() {
+    fn prefix_sums_add_each_admitted_prefix() {
         let s = survivals(&[0.5, 0.5, 1.0, 0.25, 0.0, 1.0], 2, 3, &[3, 2]);
         assert_eq!(s.prefix_sum(3, &[2, 0]), 0.75);
         assert_eq!(s.prefix_sum(3, &[3, 2]), 1.0 + 0.25);
