@@ -836,14 +836,30 @@ fn store_rows<T: Copy + Into<f64>, const K: usize>(rows: StoreRows<'_, T>, k: us
         scheduled_drafts,
         current,
     } = rows;
+    let data = confidences.data();
     for (r, (&slot, &n)) in slots.iter().zip(scheduled_drafts).enumerate() {
         let (at, n) = (slot as usize * k, n as usize);
         let previous = &mut previous[at..at + k];
         let survivals = &mut survivals[at..at + k];
-        let row = &confidences.row(r)[..k];
+        let row = &data[r * k..r * k + k];
         if let (true, Some(current)) = (n == k, current) {
             // A whole drafted row: its survivals are the plan's.
             let current = &current[r * k..r * k + k];
+            if K > 0 {
+                // Fixed-size rows: no bounds checks, vector moves and conversions.
+                if let (Ok(previous), Ok(survivals), Ok(row), Ok(current)) = (
+                    <&mut [f64; K]>::try_from(&mut *previous),
+                    <&mut [f64; K]>::try_from(&mut *survivals),
+                    <&[T; K]>::try_from(row),
+                    <&[f64; K]>::try_from(current),
+                ) {
+                    for j in 0..K {
+                        previous[j] = row[j].into();
+                    }
+                    *survivals = *current;
+                    continue;
+                }
+            }
             for j in 0..k {
                 previous[j] = row[j].into();
                 survivals[j] = current[j];
