@@ -839,47 +839,84 @@ fn store_rows<T: Copy + Into<f64>, const K: usize>(rows: StoreRows<'_, T>, k: us
     let data = confidences.data();
     for (r, (&slot, &n)) in slots.iter().zip(scheduled_drafts).enumerate() {
         let (at, n) = (slot as usize * k, n as usize);
-        let previous = &mut previous[at..at + k];
-        let survivals = &mut survivals[at..at + k];
-        let row = &data[r * k..r * k + k];
-        if let (true, Some(current)) = (n == k, current) {
-            // A whole drafted row: its survivals are the plan's.
-            let current = &current[r * k..r * k + k];
-            if K > 0 {
-                // Fixed-size rows: no bounds checks, vector moves and conversions.
-                if let (Ok(previous), Ok(survivals), Ok(row), Ok(current)) = (
-                    <&mut [f64; K]>::try_from(&mut *previous),
-                    <&mut [f64; K]>::try_from(&mut *survivals),
-                    <&[T; K]>::try_from(row),
-                    <&[f64; K]>::try_from(current),
-                ) {
-                    for j in 0..K {
-                        previous[j] = row[j].into();
-                    }
-                    *survivals = *current;
-                    continue;
-                }
-            }
-            for j in 0..k {
-                previous[j] = row[j].into();
-                survivals[j] = current[j];
-            }
-            continue;
-        }
-        for (stored, &p) in previous[..n].iter_mut().zip(row) {
-            *stored = p.into();
-        }
-        let from = match current {
-            Some(current) => {
-                survivals[..n].copy_from_slice(&current[r * k..r * k + n]);
-                n
-            }
-            None => 0,
+        let row = Row {
+            previous: &mut previous[at..at + k],
+            survivals: &mut survivals[at..at + k],
+            confidences: &data[r * k..r * k + k],
+            current: current.map(|current| &current[r * k..r * k + k]),
         };
-        let mut survival = if from == 0 { 1.0 } else { survivals[from - 1] };
-        for (value, &p) in survivals[from..].iter_mut().zip(&previous[from..]) {
-            survival *= p + 0.0;
-            *value = survival;
+        if K > 0 {
+            // Fixed-size rows: no bounds checks, an unrolled loop.
+            if let (Ok(previous), Ok(survivals), Ok(confidences)) = (
+                <&mut [f64; K]>::try_from(&mut *row.previous),
+                <&mut [f64; K]>::try_from(&mut *row.survivals),
+                <&[T; K]>::try_from(row.confidences),
+            ) {
+                store_row(previous, survivals, confidences, row.current, n);
+                continue;
+            }
+        }
+        store_row(row.previous, row.survivals, row.confidences, row.current, n);
+    }
+}
+
+/// One slot's row for [`store_row`].
+struct Row<'a, T> {
+    previous: &'a mut [f64],
+    survivals: &'a mut [f64],
+    confidences: &'a [T],
+    current: Option<&'a [f64]>,
+}
+
+/// Stores the first `n` confidences of one row and its survivals: this call's survivals
+/// (`current`, the same products) for the drafted positions when the call planned, the
+/// remembered confidences multiplied on from there past them.
+#[inline(always)]
+fn store_row<T: Copy + Into<f64>>(
+    previous: &mut [f64],
+    survivals: &mut [f64],
+    confidences: &[T],
+    current: Option<&[f64]>,
+    n: usize,
+) {
+    let mut survival = 1.0f64;
+    match current {
+        Some(current) if n >= survivals.len() => {
+            // A whole drafted row: its survivals are the plan's (separate loops vectorize).
+            for (stored, &p) in previous.iter_mut().zip(confidences) {
+                *stored = p.into();
+            }
+            survivals.copy_from_slice(current);
+        }
+        Some(current) => {
+            for (j, ((value, stored), &p)) in survivals
+                .iter_mut()
+                .zip(previous.iter_mut())
+                .zip(confidences)
+                .enumerate()
+            {
+                if j < n {
+                    *stored = p.into();
+                    survival = current[j];
+                } else {
+                    survival *= *stored + 0.0;
+                }
+                *value = survival;
+            }
+        }
+        None => {
+            for (j, ((value, stored), &p)) in survivals
+                .iter_mut()
+                .zip(previous.iter_mut())
+                .zip(confidences)
+                .enumerate()
+            {
+                if j < n {
+                    *stored = p.into();
+                }
+                survival *= *stored + 0.0;
+                *value = survival;
+            }
         }
     }
 }
