@@ -25,11 +25,13 @@ pub(crate) enum Rows<'a, T> {
     /// A caller's matrix, validated while its survivals are computed.
     Confidences(MatrixView<'a, T>),
     /// Survivals the stateful planner already holds (slot-major, `cols` per slot, each in
-    /// `[0, 1]` and never `-0.0`), for the rows `slots` (checked by the planner).
+    /// `[0, 1]` and never `-0.0`), for the rows `slots` (checked by the planner). `generation`
+    /// changes whenever any of them does.
     Remembered {
         survivals: &'a [f64],
         slots: &'a [i64],
         cols: usize,
+        generation: u64,
     },
 }
 
@@ -63,7 +65,12 @@ pub(crate) struct Planned {
 pub(crate) struct Engine {
     scheduled: Vec<usize>,
     survivals: Survivals,
+    /// The budget's survivals, and the depth decision's remembered rows.
     budget_survivals: Survivals,
+    /// Which remembered rows `budget_survivals` holds (the generation of the survivals and the
+    /// slots), when it holds remembered rows: a plan that follows a depth decision over the same
+    /// slots, with nothing remembered in between, reads them without gathering them again.
+    gathered: Option<(u64, Vec<i64>)>,
     budget_buffers: BudgetBuffers,
     assign_buffers: AssignBuffers,
     depth_buffers: DepthBuffers,
@@ -175,7 +182,7 @@ impl Engine {
         let (limit, draft_ms) = self.prepare(confidences, scheduled_drafts, step, tables)?;
         if let Sizing::Other(other) = sizing {
             fill_survivals(
-                &mut self.budget_survivals,
+                (&mut self.budget_survivals, &mut self.gathered),
                 other,
                 &self.scheduled,
                 "budget_confidences",
@@ -259,7 +266,28 @@ impl Engine {
             ));
         }
         check_step(step, num_rows, total, tables)?;
-        fill_survivals(&mut self.survivals, rows, &self.scheduled, "confidences")?;
+        // Remembered rows go where a following plan's budget looks for them.
+        let survivals = match rows {
+            Rows::Confidences(_) => {
+                let mut none = None;
+                fill_survivals(
+                    (&mut self.survivals, &mut none),
+                    rows,
+                    &self.scheduled,
+                    "confidences",
+                )?;
+                &mut self.survivals
+            }
+            Rows::Remembered { .. } => {
+                fill_survivals(
+                    (&mut self.budget_survivals, &mut self.gathered),
+                    rows,
+                    &self.scheduled,
+                    "confidences",
+                )?;
+                &mut self.budget_survivals
+            }
+        };
         let request = depth::DepthRequest {
             cols,
             caps: &self.scheduled,
@@ -268,14 +296,14 @@ impl Engine {
         };
         Ok(match mode {
             DepthMode::Batch => depth::batch_depth(
-                &mut self.survivals,
+                survivals,
                 request,
                 &mut self.depth_buffers,
                 &mut self.budget_buffers,
                 depths,
             ),
             DepthMode::PerRequest => {
-                depth::per_request_depth(&self.survivals, request, &mut self.depth_buffers, depths)
+                depth::per_request_depth(survivals, request, &mut self.depth_buffers, depths)
             }
         })
     }
@@ -315,15 +343,17 @@ impl Engine {
 }
 
 /// Survivals of `rows` into `survivals` for the scheduled counts; an error naming `argument`
-/// if a caller's confidence is not a probability.
+/// if a caller's confidence is not a probability. `gathered` says which remembered rows
+/// `survivals` holds: the same rows of the same generation are not gathered again.
 fn fill_survivals<T: Copy + Into<f64>>(
-    survivals: &mut Survivals,
+    (survivals, gathered): (&mut Survivals, &mut Option<(u64, Vec<i64>)>),
     rows: Rows<'_, T>,
     scheduled: &[usize],
     argument: &'static str,
 ) -> Result<()> {
     match rows {
         Rows::Confidences(view) => {
+            *gathered = None;
             if survivals.compute(view, scheduled) {
                 Ok(())
             } else {
@@ -334,8 +364,20 @@ fn fill_survivals<T: Copy + Into<f64>>(
             survivals: remembered,
             slots,
             cols,
+            generation,
         } => {
-            survivals.gather_rows(remembered, slots, cols, scheduled);
+            match gathered {
+                Some((held, held_slots)) if *held == generation && held_slots[..] == *slots => {
+                    survivals.recount(cols, scheduled);
+                }
+                _ => {
+                    survivals.gather_rows(remembered, slots, cols, scheduled);
+                    let mut held_slots = gathered.take().map(|(_, s)| s).unwrap_or_default();
+                    held_slots.clear();
+                    held_slots.extend_from_slice(slots);
+                    *gathered = Some((generation, held_slots));
+                }
+            }
             Ok(())
         }
     }

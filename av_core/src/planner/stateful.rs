@@ -75,6 +75,8 @@ pub struct VerificationPlanner {
     /// Their survivals (`Π_{j ≤ k} previous[slot, j]`, multiplied as the planner multiplies
     /// confidences), what the budget and the depth decision read.
     survivals: Vec<f64>,
+    /// Changes whenever `survivals` does (the engine keeps gathered rows while it stays).
+    generation: u64,
     /// Each slot's part of its exploration draws.
     slot_keys: Vec<u64>,
     /// `marks[slot] == epoch`: the slot was seen in the current call's `slots`.
@@ -136,6 +138,7 @@ impl VerificationPlanner {
             budget_source,
             previous: vec![1.0; entries],
             survivals: vec![1.0; entries],
+            generation: 0,
             slot_keys: slot_keys(num_slots),
             marks: vec![0; num_slots],
             epoch: 0,
@@ -249,6 +252,7 @@ impl VerificationPlanner {
         let k = self.num_positions;
         self.previous[slot * k..(slot + 1) * k].fill(1.0);
         self.survivals[slot * k..(slot + 1) * k].fill(1.0);
+        self.generation = self.generation.wrapping_add(1);
         Ok(())
     }
 
@@ -306,6 +310,7 @@ impl VerificationPlanner {
             survivals: &self.survivals,
             slots,
             cols: k,
+            generation: self.generation,
         };
         let sizing = match self.budget_source {
             BudgetSource::Previous => Sizing::Other(remembered),
@@ -525,6 +530,7 @@ impl VerificationPlanner {
         scheduled_drafts: &[i64],
         planned: bool,
     ) {
+        self.generation = self.generation.wrapping_add(1);
         let rows = StoreRows {
             previous: &mut self.previous,
             survivals: &mut self.survivals,
@@ -609,6 +615,7 @@ impl VerificationPlanner {
             survivals: &self.survivals,
             slots,
             cols: k,
+            generation: self.generation,
         };
         let mut plan = self.engine.depth(
             remembered,
@@ -771,6 +778,7 @@ impl VerificationPlanner {
                 *value = survival;
             }
         }
+        self.generation = self.generation.wrapping_add(1);
         self.stamp = step_count;
     }
 }
@@ -784,6 +792,7 @@ impl Clone for VerificationPlanner {
             budget_source: self.budget_source,
             previous: self.previous.clone(),
             survivals: self.survivals.clone(),
+            generation: self.generation,
             slot_keys: self.slot_keys.clone(),
             marks: vec![0; self.marks.len()],
             epoch: 0,
