@@ -262,6 +262,9 @@ pub(crate) fn search(
         let need = floor_e * c * (1.0 - BOUND_SLACK);
         reach >= need || !reach.is_finite() || !need.is_finite()
     };
+    // With costs that never fall, once even the largest `E` over a bucket's cheapest cost cannot
+    // reach the floor, neither can it nor any later bucket.
+    let top_e = verify_nondecreasing.then(|| largest_e(s, sums));
     for (b, (&count, &sum)) in counts.iter().zip(sums.iter()).enumerate() {
         if start >= limit {
             break;
@@ -276,6 +279,9 @@ pub(crate) fn search(
                 } else {
                     costs.iter().fold(f64::INFINITY, |m, &v| m.min(v))
                 };
+            if top_e.is_some_and(|top| !reaches(top, c_min)) {
+                break;
+            }
             let candidate = reaches(e_max, c_min) && {
                 let top = map.upper_bound(b).min(survivals.max);
                 costs.iter().enumerate().any(|(t, &v)| {
@@ -336,6 +342,9 @@ pub(crate) fn floor_ratio(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) ->
     let limit = costs.limit();
     let (mut best_e, mut best_c) = (s, draft_ms + verify[0]);
     let (mut end, mut prefix) = (0usize, 0.0f64);
+    // With costs that never fall, once even the largest `E` over the next boundary's cost falls
+    // short of the best ratio by more than the slack, no later boundary beats it.
+    let top_e = costs.verify_nondecreasing.then(|| largest_e(s, sums));
     for (&count, &sum) in counts.iter().zip(sums) {
         end += count as usize;
         prefix += sum;
@@ -345,6 +354,8 @@ pub(crate) fn floor_ratio(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) ->
         let (e, c) = (s + prefix, draft_ms + verify[end]);
         if beats(e, c, best_e, best_c) {
             (best_e, best_c) = (e, c);
+        } else if top_e.is_some_and(|top| !may_reach((top, c), (best_e, best_c))) {
+            break;
         }
     }
     best_e / best_c
@@ -373,6 +384,7 @@ pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Boun
     let zero = (s, draft_ms + verify[0]);
     let (mut floor, mut ceiling) = (zero, zero);
     let (mut start, mut prefix) = (0usize, 0.0f64);
+    let top_e = verify_nondecreasing.then(|| largest_e(s, sums));
     for (&count, &sum) in counts.iter().zip(sums) {
         if start >= limit {
             break;
@@ -390,6 +402,11 @@ pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Boun
             let c = draft_ms + cheapest;
             if e * ceiling.1 > ceiling.0 * c {
                 ceiling = (e, c);
+            } else if top_e
+                .is_some_and(|top| !may_reach((top, c), ceiling) && !may_reach((top, c), floor))
+            {
+                // No later bucket (E at most `top`, costs at least `c`) raises either bound.
+                break;
             }
             if end <= limit {
                 let c = draft_ms + verify[end];
@@ -401,6 +418,21 @@ pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Boun
         start = end;
     }
     Bounds { floor, ceiling }
+}
+
+/// An upper bound on `E` at every budget of a histogram: `s` plus the sum of its bucket sums,
+/// summed in four lanes (another order than the prefix sums, so widened by [`BOUND_SLACK`],
+/// far above the difference).
+fn largest_e(s: f64, sums: &[f64]) -> f64 {
+    let mut lanes = [0.0f64; 4];
+    let mut chunks = sums.chunks_exact(4);
+    for chunk in &mut chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v;
+        }
+    }
+    let rest: f64 = chunks.remainder().iter().sum();
+    (s + (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + rest) * (1.0 + BOUND_SLACK)
 }
 
 /// Whether a ratio `e / c` may reach the ratio `bar` (pairs), with [`BOUND_SLACK`] on both
