@@ -275,22 +275,27 @@ pub(crate) fn batch_depth(
                 hist.fill(0);
                 hist_sums.fill(0.0);
             }
-            let rows = indices
-                .chunks_exact(cols)
-                .zip(survivals.values.chunks_exact(cols))
-                .zip(caps);
-            for ((row_indices, row_values), &cap) in rows {
+            // Column `d - 1`, request by request: slot `r·cols + d - 1`.
+            let values = &survivals.values[..];
+            debug_assert!(indices.len() == caps.len() * cols && values.len() == indices.len());
+            let mut slot = d - 1;
+            for &cap in caps {
                 if cap >= d {
-                    let (b, v) = (row_indices[d - 1], row_values[d - 1]);
-                    // SAFETY: `indices` was just filled by `map.indices`, and `map.bucket`
-                    // returns at most `map.len() - 1 == buckets - 1` for any value (values are
-                    // clamped into the map's range), so `b` is in bounds of `hist` and
-                    // `hist_sums`, both `buckets` long.
+                    // SAFETY: `slot = r·cols + d - 1` for the row `r < caps.len()` of this
+                    // iteration and `1 <= d <= deepest <= cols` (no cap exceeds `cols`), so it
+                    // is below `caps.len()·cols`, the length of `indices` (one bucket per slot
+                    // of every row) and of `values` (whole rows). `indices` was just filled by
+                    // `map.indices`, and `map.bucket` returns at most
+                    // `map.len() - 1 == buckets - 1` for any value (values are clamped into the
+                    // map's range), so `b` is in bounds of `hist` and `hist_sums`, both
+                    // `buckets` long.
                     unsafe {
-                        *hist.get_unchecked_mut(b as usize) += 1;
-                        *hist_sums.get_unchecked_mut(b as usize) += v;
+                        let b = *indices.get_unchecked(slot) as usize;
+                        *hist.get_unchecked_mut(b) += 1;
+                        *hist_sums.get_unchecked_mut(b) += *values.get_unchecked(slot);
                     }
                 }
+                slot += cols;
             }
             let (drafts, draft_ms) = costs_by_depth[d];
             let limit = limit_of(drafts);
