@@ -434,20 +434,30 @@ fn check_counts(
             ),
         ));
     }
+    // One branch-free pass finds whether every count is in range (as unsigned, a negative count
+    // is huge); the first one out of range is looked for only when one is.
+    let largest = counts.iter().fold(0u64, |m, &n| m.max(n as u64));
+    if largest > cols as u64 {
+        let (r, n) = counts
+            .iter()
+            .enumerate()
+            .find(|&(_, &n)| n < 0 || n as u64 > cols as u64)
+            .map_or((0, largest as i64), |(r, &n)| (r, n));
+        return Err(Error::value(
+            argument,
+            format!("[{r}] = {n} is outside 0..={cols} (confidences has {cols} positions)"),
+        ));
+    }
     out.clear();
+    out.extend(counts.iter().map(|&n| n as usize));
     histogram.clear();
     histogram.resize(cols + 1, 0);
     let mut total = 0usize;
-    for (r, &n) in counts.iter().enumerate() {
-        if n < 0 || n as u64 > cols as u64 {
-            return Err(Error::value(
-                argument,
-                format!("[{r}] = {n} is outside 0..={cols} (confidences has {cols} positions)"),
-            ));
+    for &n in out.iter() {
+        if let Some(count) = histogram.get_mut(n) {
+            *count += 1;
         }
-        out.push(n as usize);
-        histogram[n as usize] += 1;
-        total += n as usize;
+        total += n;
     }
     Ok(total)
 }
