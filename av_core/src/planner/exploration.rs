@@ -142,7 +142,13 @@ impl Draws {
     /// Whether the slot whose [`slot_key`] is `key` explores.
     #[inline]
     pub(crate) fn explores(self, key: u64) -> bool {
-        (mix(self.seed ^ mix(self.step ^ key)) >> 11) < self.cut
+        self.draws_below(mix(self.seed ^ mix(self.step ^ key)) >> 11)
+    }
+
+    /// Whether a draw `x` (below 2^53) explores.
+    #[inline]
+    fn draws_below(self, x: u64) -> bool {
+        x < self.cut
     }
 }
 
@@ -195,7 +201,7 @@ mod tests {
             ] {
                 let x = x.min((1 << 53) - 1);
                 let float = (x as f64) * (1.0 / (1u64 << 53) as f64) < p;
-                assert_eq!(x < cut, float, "p = {p}, x = {x}");
+                assert_eq!(draws.draws_below(x), float, "p = {p}, x = {x}");
             }
         }
         let exploration = Exploration::new("p", 0.37, 11).unwrap();
