@@ -4,6 +4,7 @@ same error; large batches release the GIL, small ones keep it."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -95,12 +96,16 @@ def test_a_bad_argument_is_the_same_error_through_every_entry_point(
     assert np.array_equal(planner.previous_confidences(0), [1.0, 1.0])
 
 
-def test_a_large_batch_lets_other_threads_run() -> None:
-    """Batches of at least 65,536 confidences run with the GIL released."""
-    rows, k = 16384, 8
+@pytest.mark.parametrize(("rows", "calls", "releases"), [(16384, 5, True), (64, 500, False)])
+def test_large_batches_release_the_gil_and_small_ones_keep_it(
+    rows: int, calls: int, releases: bool
+) -> None:
+    """Batches of at least 65,536 confidences run with the GIL released; smaller ones hold it.
+    With a switch interval longer than the test, the main thread never hands the GIL over on
+    its own, so a waiting thread runs only while a call has released it."""
+    k = 8
     cost = tables(rows, k)
-    rng = np.random.default_rng(0)
-    current = confidences(rng, rows, k)
+    current = confidences(np.random.default_rng(0), rows, k)
     scheduled = np.full(rows, k)
     ticks = [0]
     stop = threading.Event()
@@ -108,14 +113,15 @@ def test_a_large_batch_lets_other_threads_run() -> None:
     def spin() -> None:
         while not stop.is_set():
             ticks[0] += 1
+            time.sleep(0)  # gives the GIL back at once
 
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
     worker = threading.Thread(target=spin)
-    worker.start()
     try:
-        time.sleep(0.01)
-        during = []
-        for _ in range(20):
-            before = ticks[0]
+        worker.start()
+        before = ticks[0]
+        for _ in range(calls):
             plan_verification(
                 current,
                 scheduled,
@@ -124,8 +130,9 @@ def test_a_large_batch_lets_other_threads_run() -> None:
                 cost_tables=cost,
                 budget_confidences=current,
             )
-            during.append(ticks[0] - before)
+        during = ticks[0] - before
     finally:
         stop.set()
+        sys.setswitchinterval(interval)
         worker.join()
-    assert max(during) > 0
+    assert (during > 0) == releases
