@@ -284,10 +284,14 @@ pub(crate) fn search(
             }
             let candidate = reaches(e_max, c_min) && {
                 let top = map.upper_bound(b).min(survivals.max);
-                costs.iter().enumerate().any(|(t, &v)| {
-                    let e = s + prefix + (t + 1) as f64 * top;
-                    reaches(e.min(e_max), draft_ms + v)
-                })
+                let ranks = RankTest {
+                    base: s + prefix,
+                    top,
+                    e_max,
+                    draft_ms,
+                    floor: (floor_e, floor_c),
+                };
+                ranks.any_reaches(costs)
             };
             if candidate {
                 hull.get_or_insert((b, start, prefix));
@@ -326,6 +330,76 @@ pub(crate) fn search(
         );
     }
     best.finish()
+}
+
+/// The hull's per-rank test of one bucket: whether any rank `t` (1-based) inside it may reach
+/// the floor, with `E ≤ min(base + t·top, e_max)` against its exact cost.
+#[derive(Clone, Copy)]
+struct RankTest {
+    base: f64,
+    top: f64,
+    e_max: f64,
+    draft_ms: f64,
+    floor: (f64, f64),
+}
+
+impl RankTest {
+    /// Over the bucket's costs `verify[start + 1..]`, four ranks at a time (vectors on every
+    /// level, AVX2 where the CPU has it), each rank computed exactly as one at a time would be.
+    fn any_reaches(self, costs: &[f64]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if costs.len() >= 8 && crate::simd::level() >= crate::simd::Level::Avx2 {
+            // SAFETY: `any_reaches_avx2` only requires AVX2, which `simd::level` reports only
+            // after `is_x86_feature_detected!("avx2")` confirmed it on this CPU.
+            return unsafe { self.any_reaches_avx2(costs) };
+        }
+        self.any_reaches_lanes(costs)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn any_reaches_avx2(self, costs: &[f64]) -> bool {
+        self.any_reaches_lanes(costs)
+    }
+
+    #[inline(always)]
+    fn any_reaches_lanes(self, costs: &[f64]) -> bool {
+        let RankTest {
+            base,
+            top,
+            e_max,
+            draft_ms,
+            floor: (floor_e, floor_c),
+        } = self;
+        // `E = base + t·top` with `t` an exact integer in f64, the `min` of finite values, and
+        // the products in the order `reaches` takes them: each rank's bits as the scalar test's.
+        let lane = |t: f64, v: f64| {
+            let e = base + t * top;
+            let e = if e < e_max { e } else { e_max };
+            let reach = e * floor_c * (1.0 + BOUND_SLACK);
+            let need = floor_e * (draft_ms + v) * (1.0 - BOUND_SLACK);
+            reach >= need || !(reach.abs() < f64::INFINITY) || !(need.abs() < f64::INFINITY)
+        };
+        let mut chunks = costs.chunks_exact(4);
+        let mut t = 1.0f64;
+        for chunk in &mut chunks {
+            let hits = [
+                lane(t, chunk[0]),
+                lane(t + 1.0, chunk[1]),
+                lane(t + 2.0, chunk[2]),
+                lane(t + 3.0, chunk[3]),
+            ];
+            if hits[0] | hits[1] | hits[2] | hits[3] {
+                return true;
+            }
+            t += 4.0;
+        }
+        chunks.remainder().iter().any(|&v| {
+            let hit = lane(t, v);
+            t += 1.0;
+            hit
+        })
+    }
 }
 
 /// The best ratio `E / C` at any bucket boundary within `limit`, as a rounded quotient: attained
