@@ -378,7 +378,7 @@ impl RankTest {
             let e = if e < e_max { e } else { e_max };
             let reach = e * floor_c * (1.0 + BOUND_SLACK);
             let need = floor_e * (draft_ms + v) * (1.0 - BOUND_SLACK);
-            reach >= need || !(reach.abs() < f64::INFINITY) || !(need.abs() < f64::INFINITY)
+            reach >= need || !reach.is_finite() || !need.is_finite()
         };
         let mut chunks = costs.chunks_exact(4);
         let mut t = 1.0f64;
