@@ -290,8 +290,13 @@ pub(crate) fn search(
                     e_max,
                     draft_ms,
                     floor: (floor_e, floor_c),
+                    first: 1.0,
                 };
-                ranks.any_reaches(costs)
+                if verify_nondecreasing {
+                    ranks.any_reaches_nondecreasing(costs)
+                } else {
+                    ranks.any_reaches(costs)
+                }
             };
             if candidate {
                 hull.get_or_insert((b, start, prefix));
@@ -341,9 +346,50 @@ struct RankTest {
     e_max: f64,
     draft_ms: f64,
     floor: (f64, f64),
+    /// The rank of the first cost, as f64 (1 for a whole bucket).
+    first: f64,
 }
 
+/// Ranks per block of [`RankTest::any_reaches_nondecreasing`].
+const RANK_BLOCK: usize = 16;
+
 impl RankTest {
+    /// [`Self::any_reaches`] for costs that never fall: a block of ranks whose largest `E` (at
+    /// its last rank) over its cheapest cost (at its first) cannot reach the floor holds no rank
+    /// that can (the test is monotone in `E` and in the cost, rounding included), so it is
+    /// skipped whole; the other blocks are tested rank by rank.
+    fn any_reaches_nondecreasing(self, costs: &[f64]) -> bool {
+        if costs.len() <= 2 * RANK_BLOCK {
+            return self.any_reaches(costs);
+        }
+        for (i, block) in costs.chunks(RANK_BLOCK).enumerate() {
+            let last = (i * RANK_BLOCK + block.len()) as f64;
+            let e = self.base + last * self.top;
+            let e = if e < self.e_max { e } else { self.e_max };
+            if self.reaches(e, block[0]) && self.offset(i * RANK_BLOCK).any_reaches(block) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The test of one rank: `E` (already capped) against the cost `draft_ms + v`.
+    #[inline(always)]
+    fn reaches(self, e: f64, v: f64) -> bool {
+        let (floor_e, floor_c) = self.floor;
+        let reach = e * floor_c * (1.0 + BOUND_SLACK);
+        let need = floor_e * (self.draft_ms + v) * (1.0 - BOUND_SLACK);
+        reach >= need || !reach.is_finite() || !need.is_finite()
+    }
+
+    /// The test of the ranks from `skipped + 1` on, as if they were the first.
+    fn offset(self, skipped: usize) -> Self {
+        RankTest {
+            first: self.first + skipped as f64,
+            ..self
+        }
+    }
+
     /// Over the bucket's costs `verify[start + 1..]`, four ranks at a time (vectors on every
     /// level, AVX2 where the CPU has it), each rank computed exactly as one at a time would be.
     fn any_reaches(self, costs: &[f64]) -> bool {
@@ -370,6 +416,7 @@ impl RankTest {
             e_max,
             draft_ms,
             floor: (floor_e, floor_c),
+            first,
         } = self;
         // `E = base + t·top` with `t` an exact integer in f64, the `min` of finite values, and
         // the products in the order `reaches` takes them: each rank's bits as the scalar test's.
@@ -381,7 +428,7 @@ impl RankTest {
             reach >= need || !reach.is_finite() || !need.is_finite()
         };
         let mut chunks = costs.chunks_exact(4);
-        let mut t = 1.0f64;
+        let mut t = first;
         for chunk in &mut chunks {
             let hits = [
                 lane(t, chunk[0]),
