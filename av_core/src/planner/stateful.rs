@@ -897,23 +897,7 @@ fn store_row<T: Copy + Into<f64>>(
             }
             survivals.copy_from_slice(current);
         }
-        Some(current) => {
-            for (j, ((value, stored), &p)) in survivals
-                .iter_mut()
-                .zip(previous.iter_mut())
-                .zip(confidences)
-                .enumerate()
-            {
-                if j < n {
-                    *stored = p.into();
-                    survival = current[j];
-                } else {
-                    survival *= *stored + 0.0;
-                }
-                *value = survival;
-            }
-        }
-        None => {
+        _ => {
             for (j, ((value, stored), &p)) in survivals
                 .iter_mut()
                 .zip(previous.iter_mut())
@@ -923,7 +907,10 @@ fn store_row<T: Copy + Into<f64>>(
                 if j < n {
                     *stored = p.into();
                 }
-                survival *= *stored + 0.0;
+                survival = match current {
+                    Some(current) if j < n => current[j],
+                    _ => survival * (*stored + 0.0),
+                };
                 *value = survival;
             }
         }
