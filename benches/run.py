@@ -8,7 +8,8 @@ example ``--only "whole step*" --only "VerificationPlanner.plan*"``, and merges 
 saved results: each re-run row replaces the saved row of the same name, the others stay, so the
 table and the figures keep every row. Modules whose ``run`` takes ``only`` time only the matching
 rows; a module without it runs only when a pattern names the module itself (``bench_stress``).
-A full run takes about 25 minutes on the 2-core development machine when it is quiet.
+A full run takes about three minutes on the 2-core development machine (the whole-step rows
+about 25 s of it).
 
 Time the module a user gets: the release profile (``pip install .``; fat LTO, one codegen unit).
 A build without LTO and with 16 codegen units made ``observe`` about 7× slower in one comparison
