@@ -1115,6 +1115,87 @@ avc_status avc_planner_choose_draft_depth(const avc_planner *planner,
                                           size_t depths_len,
                                           struct avc_depth_plan *plan_out);
 
+/**
+ * The drafter feature x = logit(q_max) of each row of float32 logits [num_rows, vocab]
+ * (row-major, num_rows * vocab elements), under the sampler settings the draft is drawn with:
+ * q = softmax(z / T), truncated by top-k, then by top-p on the renormalised top-k
+ * distribution (the smallest prefix, in descending order, holding at least p; never fewer
+ * than one token). Writes x[r] to features (features_len = num_rows), clamped to
+ * +-max_log_odds: the estimator's input (avc_estimator_predict / _observe). The feature reads
+ * the drafter's distribution only, never the token drawn from it.
+ *
+ * Per-row settings, each an array of num_rows entries or NULL with length 0 (the default for
+ * every row): temperature (default 1; finite; <= 0 is greedy and leaves the logits
+ * unscaled), top_k (default none; <= 0 or >= vocab is none; below -1 is an error) and top_p
+ * (default none; in (0, 1], >= 1 is none). Rows that truncate nothing use the fused
+ * kernel the Python API's float32 path uses; truncated rows sort only the head of the row.
+ *
+ * A row holding a NaN or +inf logit, or no finite one, gives NaN (the estimator refuses it);
+ * a row whose truncation keeps one token gives +max_log_odds. num_rows = 0 writes nothing.
+ *
+ * Errors: AVC_ERR_NULL (an array NULL with a non-zero length); AVC_ERR_VALUE naming the
+ * argument (and row) for vocab = 0, a settings array whose length is neither 0 nor num_rows,
+ * features_len != num_rows, a non-finite temperature, top_k below -1, top_p NaN or <= 0,
+ * max_log_odds not finite and positive, features overlapping an input. A rejected call writes
+ * nothing.
+ *
+ * # Safety
+ *
+ * logits must point to num_rows * vocab readable floats; each settings array to its stated
+ * number of readable elements (or be NULL with length 0); features to features_len writable
+ * floats (or NULL with length 0). No array may be written by another thread during the call.
+ */
+avc_status avc_draft_log_odds(const float *logits,
+                              size_t num_rows,
+                              size_t vocab,
+                              const float *temperature,
+                              size_t temperature_len,
+                              const int32_t *top_k,
+                              size_t top_k_len,
+                              const float *top_p,
+                              size_t top_p_len,
+                              float max_log_odds,
+                              float *features,
+                              size_t features_len);
+
+/**
+ * Tables from JSON text in the format avc_cost_tables_to_json and the Python API's
+ * CostTables.to_json write: {"draft_ms": [...], "verify_ms": [...]} and, optionally,
+ * "draft_depth_ms": [...] (any JSON whitespace, keys in any order), validated as
+ * avc_cost_tables_new and avc_cost_tables_with_draft_depth validate. text holds len bytes of
+ * UTF-8 (no terminating NUL needed; a trailing NUL is refused as text after the object). On
+ * success *tables_out is a new handle owned by the caller (free with avc_cost_tables_free); on
+ * failure it is NULL.
+ *
+ * Errors: AVC_ERR_NULL (text NULL with len > 0, tables_out NULL); AVC_ERR_VALUE naming "text"
+ * for bytes that are not UTF-8, "json" for text that is not the format (invalid JSON, a
+ * missing, unknown or duplicate key, trailing text), or the table ("draft_ms", "verify_ms",
+ * "draft_depth_ms") whose values the tables cannot hold.
+ *
+ * # Safety
+ *
+ * text must point to len readable bytes (or be NULL with len = 0); tables_out must be NULL
+ * (an error) or point to a writable avc_cost_tables pointer.
+ */
+avc_status avc_cost_tables_from_json(const char *text, size_t len, avc_cost_tables **tables_out);
+
+/**
+ * Writes the tables as JSON text (avc_cost_tables_from_json's format; every number in the
+ * shortest form that parses back to the same bits, so the round trip is exact), followed by
+ * a terminating NUL. *len_out is set to the size needed, NUL included; if cap is smaller,
+ * returns AVC_ERR_BUFFER_TOO_SMALL and writes nothing to buf (a first call with buf = NULL,
+ * cap = 0 learns the size).
+ *
+ * # Safety
+ *
+ * tables must be NULL or live cost tables; buf must point to cap writable bytes (or be NULL
+ * with cap = 0); len_out must be NULL (an error) or point to a writable size_t.
+ */
+avc_status avc_cost_tables_to_json(const avc_cost_tables *tables,
+                                   char *buf,
+                                   size_t cap,
+                                   size_t *len_out);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -33,22 +33,23 @@ import ast
 import contextlib
 import importlib.util
 import json
+import logging
 import sys
-import textwrap
 import tomllib
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+import sglang_main_reproduction as main
 from test_sglang import geometric_counts, reference_choice, reference_rates
 
 from av_core import CostTables
 from av_core import sglang as av_sglang
-from av_core._engine_interface import signature_text
+from av_core._engine_interface import compare_signatures, signature_text
 from av_core.sglang import (
     CONTROLLER_SIGNATURES,
     PARAMS_MODULE,
@@ -223,9 +224,12 @@ def test_wheel_is_the_expected_release(sources: dict[str, str]) -> None:
 
 def test_released_source_matches_every_relied_on_interface(sources: dict[str, str]) -> None:
     assert contract_problems(sources) == []
-    # av_core's side of the protocol has the same signatures.
+    # av_core's side of the protocol takes every call the released protocol allows.
     for name, text in POLICY_METHODS.items():
-        assert signature_text(getattr(CostAwarePolicy, name)) == text
+        assert compare_signatures(text, signature_text(getattr(CostAwarePolicy, name))).kind in (
+            "same",
+            "additive",
+        )
     assert isinstance(CostAwarePolicy.__dict__["candidate_steps"], property)
 
 
@@ -310,114 +314,17 @@ STANDINS = {
         "        return name\n"
     ),
     "sglang/srt/utils.py": "def log_info_on_rank0(logger, message):\n    logger.info(message)\n",
-    "sglang/srt/speculative/_standins.py": textwrap.dedent(
-        """\
-        # Stand-ins for what EAGLEWorkerV2.__init__ reads besides the adaptive controller.
-        from types import SimpleNamespace
-
-        SPEC = SimpleNamespace(
-            speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4,
-            speculative_algorithm="EAGLE", speculative_adaptive=True,
-            speculative_adaptive_config=None,
-        )
-
-
-        class _Off:
-            def get(self):
-                return False
-
-
-        envs = SimpleNamespace(SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION=_Off())
-        torch = SimpleNamespace(empty=lambda *args, **kwargs: None, int64="int64")
-
-
-        def get_spec():
-            return SPEC
-
-
-        def get_device():
-            return SimpleNamespace(device="cpu")
-
-
-        def get_schedule():
-            return SimpleNamespace(page_size=1)
-
-
-        def get_parallel():
-            return SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True))
-
-
-        def get_plan_stream(device):
-            return None, None
-
-
-        class SpeculativeAlgorithm:
-            @staticmethod
-            def from_string(name):
-                return name
-
-
-        class EagleDraftWorker:
-            def __init__(self, *args):
-                pass
-
-
-        class BaseSpecWorker:
-            def __init__(self):
-                self.built = {}
-        """
-    ),
+    "sglang/srt/speculative/_standins.py": main.STANDINS_SOURCE,
 }
 
-WORKER_HEADER = textwrap.dedent(
-    """\
-    # Stand-in for sglang/srt/speculative/eagle_worker_v2.py: EAGLEWorkerV2's __init__,
-    # on_verify_complete_cpu and activate_step_by_batch below are SGLang's own, read from the
-    # wheel by the test; the runtime-state methods at the end are stand-ins.
-    from __future__ import annotations
-
-    from typing import Optional
-
-    from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController, SpecRuntimeState
-    from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams
-    from sglang.srt.speculative._standins import (
-        BaseSpecWorker, EagleDraftWorker, SpeculativeAlgorithm, envs, get_device, get_parallel,
-        get_plan_stream, get_schedule, get_spec, torch,
-    )
-
-
-    class EAGLEWorkerV2(BaseSpecWorker):
-    """
+#: ``EAGLEWorkerV2``'s own methods taken from the wheel (``forward_batch_generation`` is only
+#: read, by the installer's call-site check); the runtime-state methods are stand-ins.
+WORKER_METHODS = (
+    "__init__",
+    "on_verify_complete_cpu",
+    "activate_step_by_batch",
+    "forward_batch_generation",
 )
-
-WORKER_STANDINS = """
-    def build_adaptive_runtime_state(
-        self, speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=None
-    ):
-        self.built[speculative_num_steps] = cuda_graph_bs
-        return SpecRuntimeState(
-            speculative_num_steps, speculative_num_draft_tokens, None, None, None, None, None, None
-        )
-
-    def apply_runtime_state(self, state):
-        self.speculative_num_steps = state.speculative_num_steps
-        self.speculative_num_draft_tokens = state.speculative_num_draft_tokens
-"""
-
-
-def worker_module(worker_source: str) -> str:
-    cls = classes(worker_source)["EAGLEWorkerV2"]
-    own = methods(cls)
-    body = "\n".join(
-        segment(worker_source, own[name])
-        for name in (
-            "__init__",
-            "on_verify_complete_cpu",
-            "activate_step_by_batch",
-            "forward_batch_generation",  # read by the installer's call-site check, never run
-        )
-    )
-    return WORKER_HEADER + body + WORKER_STANDINS
 
 
 @contextlib.contextmanager
@@ -434,32 +341,13 @@ def sglang_on_cpu(
         **STANDINS,
         PATHS[RUNTIME_STATE_MODULE]: src[RUNTIME_STATE_MODULE],
         PATHS[PARAMS_MODULE]: src[PARAMS_MODULE],
-        PATHS[WORKER_MODULE]: worker_module(src[WORKER_MODULE]),
+        PATHS[WORKER_MODULE]: main.worker_with(src[WORKER_MODULE], WORKER_METHODS),
         # Read (not imported) by the installer: where the scheduler feeds the verify counts.
         "sglang/srt/managers/scheduler_components/__init__.py": "",
         PATHS["processor"]: src["processor"],
     }
-    for relative, text in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    saved = {name: module for name, module in sys.modules.items() if name.startswith("sglang")}
-    for name in saved:
-        del sys.modules[name]
-    sys.path.insert(0, str(root))
-    try:
-        import importlib
-
-        yield {
-            name: importlib.import_module(name)
-            for name in (RUNTIME_STATE_MODULE, PARAMS_MODULE, WORKER_MODULE)
-        }
-    finally:
-        av_sglang.uninstall()
-        sys.path.remove(str(root))
-        for name in [n for n in sys.modules if n.startswith("sglang")]:
-            del sys.modules[name]
-        sys.modules.update(saved)
+    with main.importable(files, root) as modules:
+        yield modules
 
 
 def gpu_like_tables(k: int, max_reqs: int = 512) -> CostTables:
@@ -501,6 +389,86 @@ def rounds_script(seed: int, n: int = 400) -> list[tuple[int, list[float]]]:
         else:
             script.append((int(rng.integers(1, 48)), [0.95, 0.9, 0.9, 0.85, 0.8]))
     return script
+
+
+TIERS = {int(key): entry["candidate_steps"] for key, entry in CONFIG.items()}
+
+
+def expected_steps(
+    price: Callable[[int, list[int]], dict[int, float]],
+    margin: float,
+    interval: int,
+) -> Callable[[int], int]:
+    """The brute-force decision of each batch with hysteresis and probes, on :data:`CONFIG`'s
+    tiers (``price``: the reference rates of a batch's candidates, from the policy's estimator
+    as it stands)."""
+    current: dict[int, int | None] = {1: None, 8: 2, 64: 2}
+    since_probe = [0]
+
+    def decide(batch: int) -> int:
+        tier = tier_of(padded(batch))
+        allowed = TIERS[tier]
+        rates = price(batch, allowed)
+        best = reference_choice(rates)
+        running = current[tier]
+        keep = running is not None and rates[best] <= rates[running] * (1 + margin)
+        choice = running if keep and running is not None else best
+        current[tier] = choice
+        higher = [s for s in allowed if s > choice]
+        if higher:
+            since_probe[0] += 1
+            if since_probe[0] > interval:
+                since_probe[0] = 0
+                return higher[0]
+        return choice
+
+    return decide
+
+
+def drive_rounds(
+    worker: Any,
+    policy: CostAwarePolicy,
+    tables: CostTables,
+    margin: float,
+    interval: int,
+    *,
+    num_steps: bool | None = None,
+) -> list[int]:
+    """SGLang's worker hooks through :func:`rounds_script`'s 400 rounds, each step the worker
+    runs checked against :func:`expected_steps` priced by the reference; the verify reports the
+    steps (``num_steps=True``, SGLang main), ``None`` (``False``) or has no such argument
+    (``None``, 0.5.23). Returns the steps run."""
+    depth = tables.draft_depth_ms
+    assert depth is not None
+
+    def price(batch: int, allowed: list[int]) -> dict[int, float]:
+        return reference_rates(
+            policy.estimator.intercepts,
+            tables.draft_ms,
+            depth,
+            tables.verify_ms,
+            batch,
+            allowed,
+            extend_at_zero=True,  # the installer's default: SGLang runs draft-extend at 0
+        )
+
+    decide = expected_steps(price, margin, interval)
+    rng = np.random.default_rng(11)
+    history = []
+    for t, (batch, p) in enumerate(rounds_script(0)):
+        expected = decide(batch)
+        worker.activate_step_by_batch(batch)  # SGLang's own hook → controller → policy
+        steps = worker.speculative_num_steps
+        assert steps == expected, (t, batch)
+        history.append(steps)
+        counts = geometric_counts(rng, p, steps, batch)
+        if num_steps is None:
+            worker.on_verify_complete_cpu(counts, batch_size=batch)
+        else:
+            worker.on_verify_complete_cpu(
+                counts, batch_size=batch, num_steps=steps if num_steps else None
+            )
+    return history
 
 
 def test_install_passes_on_the_released_modules_and_builds_the_policy(
@@ -557,44 +525,11 @@ def test_sglang_controller_drives_the_policy_through_verify_rounds(
         controller.register(runtime.SpecRuntimeState(2, 3, None, None, None, None, None, None))
         controller.init_states(cuda_graph_bs=GRAPH_BS)
         # Graphs are captured where a tier may run the step, as SGLang's own policy does.
-        tiers = {int(key): entry["candidate_steps"] for key, entry in CONFIG.items()}
         for steps, graph_bs in worker.built.items():
-            assert graph_bs == [b for b in GRAPH_BS if steps in tiers[tier_of(b)]], steps
+            assert graph_bs == [b for b in GRAPH_BS if steps in TIERS[tier_of(b)]], steps
         assert sorted(worker.built) == [0, 1, 3, 5]  # 2 was registered first
 
-        rng = np.random.default_rng(11)
-        current: dict[int, int | None] = {1: None, 8: 2, 64: 2}
-        since_probe = 0
-        history = []
-        for t, (batch, p) in enumerate(rounds_script(0)):
-            tier = tier_of(padded(batch))
-            allowed = tiers[tier]
-            rates = reference_rates(
-                policy.estimator.intercepts,
-                tables.draft_ms,
-                depth,
-                tables.verify_ms,
-                batch,
-                allowed,
-                extend_at_zero=True,  # the installer's default: SGLang runs draft-extend at 0
-            )
-            best = reference_choice(rates)
-            running = current[tier]
-            keep = running is not None and rates[best] <= rates[running] * (1 + margin)
-            choice = running if keep and running is not None else best
-            higher = [s for s in allowed if s > choice]
-            expected = choice
-            if higher:
-                since_probe += 1
-                if since_probe > interval:
-                    expected, since_probe = higher[0], 0
-            worker.activate_step_by_batch(batch)  # SGLang's own hook → controller → policy
-            steps = worker.speculative_num_steps
-            assert steps == expected, (t, batch, rates, running)
-            current[tier] = choice
-            history.append(steps)
-            counts = geometric_counts(rng, p, steps, batch)
-            worker.on_verify_complete_cpu(counts, batch_size=batch)
+        history = drive_rounds(worker, policy, tables, margin, interval)
         assert policy.counters.observed == sum(1 for s in history if s > 0)
         assert policy.counters.unmatched == 0 and policy.counters.inconsistent == 0
         assert 0 in history[200:300]  # poor drafts at high load: no speculation
@@ -615,24 +550,8 @@ def test_sglang_own_policy_on_the_same_rounds_is_reproduced(
     with sglang_on_cpu(sources, tmp_path / "pkg") as modules:
         runtime, params = modules[RUNTIME_STATE_MODULE], modules[PARAMS_MODULE]
 
-        class Worker:
-            speculative_num_steps = 2
-
-            def build_adaptive_runtime_state(
-                self,
-                speculative_num_steps: int,
-                speculative_num_draft_tokens: int,
-                cuda_graph_bs: Any = None,
-            ) -> Any:
-                return runtime.SpecRuntimeState(
-                    speculative_num_steps, speculative_num_draft_tokens, *[None] * 6
-                )
-
-            def apply_runtime_state(self, state: Any) -> None:
-                self.speculative_num_steps = state.speculative_num_steps
-
         def drive(policy: Any) -> tuple[list[int], float]:
-            worker = Worker()
+            worker = main.standin_worker(runtime)
             controller = runtime.AdaptiveController(worker, policy)
             controller.register(runtime.SpecRuntimeState(2, 3, *[None] * 6))
             controller.init_states(cuda_graph_bs=GRAPH_BS)
@@ -696,7 +615,7 @@ def test_sglang_own_policy_on_the_same_rounds_is_reproduced(
             "    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None: ...",
             "    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None: ...\n\n"
             "    def reset(self) -> None: ...",
-            "has members",
+            "AdaptiveSpecPolicy.reset.*does not implement it",
         ),
         (
             RUNTIME_STATE_MODULE,
@@ -757,11 +676,23 @@ def test_install_refuses_and_patches_nothing_on_a_changed_sglang(
         assert av_sglang.installed() == []
 
 
-def test_install_refuses_another_version_unless_waived(
-    sources: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_newer_version_installs_on_matching_interfaces_an_older_one_only_when_waived(
+    sources: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with sglang_on_cpu(sources, tmp_path, version="0.5.24") as modules:
-        with pytest.raises(SglangCompatibilityError, match="version 0.5.24"):
+    """Before, any version but 0.5.23 was refused, so the day SGLang shipped a release av_core
+    stopped installing whatever the release changed."""
+    with sglang_on_cpu(sources, tmp_path / "new", version="0.5.24") as modules:
+        with caplog.at_level(logging.INFO, logger="sglang.av_core"):
+            assert av_sglang.install(cost_tables=gpu_like_tables(7))
+        assert modules[WORKER_MODULE].AdaptiveSpeculativeParams is not (
+            modules[PARAMS_MODULE].AdaptiveSpeculativeParams
+        )
+        assert any("0.5.24 is not one of the releases" in r.getMessage() for r in caplog.records)
+    with sglang_on_cpu(sources, tmp_path / "old", version="0.5.22") as modules:
+        with pytest.raises(SglangCompatibilityError, match="version 0.5.22 is older"):
             av_sglang.install(cost_tables=gpu_like_tables(7))
         assert av_sglang.installed() == []
         monkeypatch.setenv(av_sglang.ENV_ANY_VERSION, "1")

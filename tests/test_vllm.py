@@ -836,12 +836,25 @@ def test_plugin_refuses_a_changed_constant_or_a_missing_helper(
     assert vllm_plugin.installed() == []
 
 
-def test_plugin_version_check_and_its_override(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plugin_version_check_and_its_override(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A newer vLLM installs when every interface check passes (before, any version but the
+    checked releases was refused, so av_core stopped installing the day vLLM shipped); an
+    older one only with the override."""
     modules = build_fake_vllm(version="0.34.0")
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setenv("AV_CORE_VLLM", "1")
-    with pytest.raises(vllm_plugin.VllmCompatibilityError, match="0.34.0"):
+    try:
+        with caplog.at_level(logging.INFO, logger="vllm.av_core"):
+            vllm_plugin.register()
+        assert len(vllm_plugin.installed()) == 6
+        assert any("0.34.0 is not a release" in r.getMessage() for r in caplog.records)
+    finally:
+        vllm_plugin.uninstall()
+    vars(modules["vllm.version"]).update(__version__="0.31.2")
+    with pytest.raises(vllm_plugin.VllmCompatibilityError, match="0.31.2 is older"):
         vllm_plugin.register()
     assert vllm_plugin.installed() == []
     monkeypatch.setenv("AV_CORE_VLLM_ANY_VERSION", "1")

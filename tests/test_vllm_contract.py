@@ -674,12 +674,12 @@ class _StubModule(types.ModuleType):
         return _Anything
 
 
-@pytest.fixture
-def real_vllm_modules(
-    vllm_sources: dict[str, str], wheel: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict[str, types.ModuleType]]:
-    """vLLM's two real modules, executed with stub dependencies, registered under their names;
-    plus a module holding speculator.py's own `from ... import OnlineAcceptanceEstimator`."""
+def load_vllm(
+    vllm_sources: Mapping[str, str], wheel: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, types.ModuleType]:
+    """vLLM's two modules from ``vllm_sources`` (the release's, or modified ones), executed
+    with stub dependencies and registered under their names (undone by ``monkeypatch``); plus a
+    module holding speculator.py's own `from ... import OnlineAcceptanceEstimator`."""
     triton = pytest.importorskip("triton")
     import triton.language as tl
 
@@ -715,11 +715,12 @@ def real_vllm_modules(
         register(stub, _StubModule(stub))
     modules = {}
     for name, source in vllm_sources.items():
-        # triton.jit reads its kernels' source back through linecache.
+        # triton.jit and the plugin's checks read the source back through linecache.
         filename = f"{wheel}/{PATHS[name]}"
         lines = source.splitlines(keepends=True)
         monkeypatch.setitem(linecache.cache, filename, (len(source), None, lines, filename))
         module = register(name, types.ModuleType(name))
+        module.__file__ = filename
         exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102
         modules[name] = module
     # speculator.py's import statement of the estimator, executed on its own.
@@ -734,7 +735,15 @@ def real_vllm_modules(
     modules[speculator_name] = speculator_module
     monkeypatch.setenv("AV_CORE_VLLM", "1")
     monkeypatch.delenv("AV_CORE_VLLM_ANY_VERSION", raising=False)
-    yield modules
+    return modules
+
+
+@pytest.fixture
+def real_vllm_modules(
+    vllm_sources: dict[str, str], wheel: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, types.ModuleType]]:
+    """vLLM's two real modules (:func:`load_vllm`), the plugin uninstalled afterwards."""
+    yield load_vllm(vllm_sources, wheel, monkeypatch)
     vllm_plugin.uninstall()
 
 

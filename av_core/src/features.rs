@@ -28,6 +28,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::error::{Error, Result};
 use crate::simd;
 
+pub mod sampling;
+
 /// Columns per block: 8 KiB of float32, well inside the L1 data cache.
 pub const BLOCK: usize = 2048;
 /// Lanes of the inner loops: four SSE2 vectors, two AVX2 vectors or one AVX-512 vector, wide

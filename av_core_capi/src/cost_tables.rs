@@ -38,7 +38,7 @@ pub struct AvcCostPoint {
 }
 
 /// Boxes and registers `tables` as a new handle.
-fn publish_tables(tables: CostTables) -> *mut AvcCostTables {
+pub(crate) fn publish_tables(tables: CostTables) -> *mut AvcCostTables {
     publish(AvcCostTables {
         tag: AtomicU64::new(AvcCostTables::MAGIC),
         tables,

@@ -59,6 +59,12 @@ pub mod planner;
 #[cfg(feature = "capi")]
 mod persist;
 
+#[cfg(feature = "capi")]
+pub mod features;
+
+#[cfg(feature = "capi")]
+pub mod cost_tables_json;
+
 /// The core types a handle wraps must be shareable the way docs/design.md ("Determinism and
 /// concurrency") says: the estimator and the cost tables are used from many threads at once, and the planner moves
 /// between threads (its handle serializes calls with a mutex, so it needs `Send` only).

@@ -16,20 +16,9 @@ use av_core::MatrixView;
 use av_core_capi::cost_tables::*;
 use av_core_capi::planner::*;
 use av_core_capi::status::*;
-use common::last_error;
+use common::{last_error, rejected};
 
 const K: usize = 3;
-
-/// Asserts a rejected call's status and that its message starts with `prefix`.
-#[track_caller]
-fn rejected(status: AvcStatus, expected: AvcStatus, prefix: &str) {
-    let message = last_error();
-    assert_eq!(status, expected, "{message}");
-    assert!(
-        message.starts_with(prefix),
-        "message {message:?} does not start with {prefix:?}"
-    );
-}
 
 /// A cost-tables handle, freed on drop.
 struct Tables(*mut AvcCostTables);

@@ -5,7 +5,7 @@
  * error messages, and "a rejected call changes nothing". Plus one law through the ABI:
  * concurrent observers give the serial bytes; and the drafting-depth decision against
  * hand-computed cases (hopeless drafts with expensive drafting: depth 0; confident drafts with
- * free drafting: full depth).
+ * free drafting: full depth); and the feature and JSON cost tables against hand-computed values.
  *
  * scripts/check_capi.sh compiles it against the static library and runs it under
  * valgrind --error-exitcode=1 --leak-check=full, so leaks and invalid accesses fail too.
@@ -1104,6 +1104,81 @@ static void test_environment(void) {
     OK(avc_check_environment());
 }
 
+/* The entry points a C engine needs besides the estimator and the planner: the feature from
+ * raw logits under the sampler's settings, and cost tables as JSON text. */
+static void test_engine_entry_points(void) {
+    /* q = (0.4, 0.3, 0.2, 0.1): no truncation gives ln(0.4 / 0.6), top-p 0.5 ln(0.4 / 0.3). */
+    const float logits[2 * 4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f),
+                                 logf(0.2f), logf(0.4f), logf(0.1f), logf(0.3f)};
+    const float temperature[2] = {1.0f, 1.0f};
+    const int32_t top_k[2] = {0, 2};
+    const float top_p[2] = {0.5f, 1.0f};
+    float x[2] = {0.0f, 0.0f};
+    OK(avc_draft_log_odds(logits, 2, 4, NULL, 0, NULL, 0, NULL, 0, 40.0f, x, 2));
+    CHECK(fabsf(x[0] - logf(0.4f / 0.6f)) < 1e-5f && fabsf(x[1] - x[0]) < 1e-5f, "%g %g",
+          (double)x[0], (double)x[1]);
+    OK(avc_draft_log_odds(logits, 2, 4, temperature, 2, top_k, 2, top_p, 2, 40.0f, x, 2));
+    CHECK(fabsf(x[0] - logf(4.0f / 3.0f)) < 1e-5f && fabsf(x[1] - x[0]) < 1e-5f, "%g %g",
+          (double)x[0], (double)x[1]);
+
+    float untouched[2] = {9.0f, 9.0f};
+    const float bad_temperature[2] = {1.0f, NAN};
+    const int32_t bad_top_k[2] = {0, -2};
+    const float bad_top_p[2] = {0.0f, 1.0f};
+    EXPECT(avc_draft_log_odds(logits, 2, 4, bad_temperature, 2, NULL, 0, NULL, 0, 40.0f,
+                              untouched, 2),
+           AVC_ERR_VALUE, "avc_draft_log_odds: temperature: [1] = NaN must be finite");
+    EXPECT(avc_draft_log_odds(logits, 2, 4, NULL, 0, bad_top_k, 2, NULL, 0, 40.0f, untouched,
+                              2),
+           AVC_ERR_VALUE, "top_k: [1] = -2");
+    EXPECT(avc_draft_log_odds(logits, 2, 4, NULL, 0, NULL, 0, bad_top_p, 2, 40.0f, untouched,
+                              2),
+           AVC_ERR_VALUE, "top_p: [0] = 0");
+    EXPECT(avc_draft_log_odds(logits, 2, 4, temperature, 1, NULL, 0, NULL, 0, 40.0f, untouched,
+                              2),
+           AVC_ERR_VALUE, "temperature: must have one entry per row (2) or none, got 1");
+    EXPECT(avc_draft_log_odds(logits, 2, 4, NULL, 0, NULL, 0, NULL, 0, 40.0f, untouched, 3),
+           AVC_ERR_VALUE, "features_len: must equal num_rows = 2, got 3");
+    EXPECT(avc_draft_log_odds(logits, 2, 0, NULL, 0, NULL, 0, NULL, 0, 40.0f, untouched, 2),
+           AVC_ERR_VALUE, "vocab: must be at least 1");
+    EXPECT(avc_draft_log_odds(NULL, 2, 4, NULL, 0, NULL, 0, NULL, 0, 40.0f, untouched, 2),
+           AVC_ERR_NULL, "logits: is NULL");
+    EXPECT(avc_draft_log_odds(logits, 2, 4, NULL, 0, NULL, 0, NULL, 0, -1.0f, untouched, 2),
+           AVC_ERR_VALUE, "max_log_odds");
+    CHECK(untouched[0] == 9.0f && untouched[1] == 9.0f, "a rejected call wrote its output");
+
+    const char json[] = "{\"draft_ms\": [0.0, 34.0, 47.0], \"verify_ms\": [1.0, 36.0, 60.0]}";
+    avc_cost_tables *tables = NULL;
+    OK(avc_cost_tables_from_json(json, strlen(json), &tables));
+    size_t len = 0;
+    EXPECT(avc_cost_tables_to_json(tables, NULL, 0, &len), AVC_ERR_BUFFER_TOO_SMALL, "buf");
+    CHECK(len == strlen(json) + 1, "to_json needs %zu bytes, expected %zu", len,
+          strlen(json) + 1);
+    char *text = malloc(len);
+    if (text == NULL) {
+        abort();
+    }
+    memset(text, 'x', len);
+    EXPECT(avc_cost_tables_to_json(tables, text, len - 1, &len), AVC_ERR_BUFFER_TOO_SMALL,
+           "the text needs");
+    CHECK(text[0] == 'x', "a refused to_json wrote its buffer");
+    OK(avc_cost_tables_to_json(tables, text, len, &len));
+    CHECK(strcmp(text, json) == 0, "round trip: %s", text);
+    free(text);
+    OK(avc_cost_tables_free(tables));
+
+    avc_cost_tables *refused = (avc_cost_tables *)&len;
+    EXPECT(avc_cost_tables_from_json("{\"draft_ms\": [0]}", 17, &refused), AVC_ERR_VALUE,
+           "avc_cost_tables_from_json: json: ");
+    CHECK(refused == NULL, "a failed from_json left a handle");
+    EXPECT(avc_cost_tables_from_json("{\"draft_ms\": [0], \"verify_ms\": [-1]}", 36, &refused),
+           AVC_ERR_VALUE, "verify_ms: ");
+    EXPECT(avc_cost_tables_from_json("not json", 8, &refused), AVC_ERR_VALUE, "json: ");
+    EXPECT(avc_cost_tables_from_json(NULL, 4, &refused), AVC_ERR_NULL, "text: is NULL");
+    EXPECT(avc_cost_tables_from_json(json, strlen(json), NULL), AVC_ERR_NULL, "tables_out");
+    CHECK(refused == NULL, "a failed from_json left a handle");
+}
+
 int main(void) {
     test_estimator_arguments();
     test_map_update();
@@ -1118,6 +1193,7 @@ int main(void) {
     test_thread_local_errors();
     test_concurrent_observe();
     test_environment();
+    test_engine_entry_points();
     printf("error_paths: %d checks, %d failures\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }

@@ -2,7 +2,7 @@
 
 use std::ffi::CStr;
 
-use av_core_capi::status::avc_last_error;
+use av_core_capi::status::{avc_last_error, AvcStatus};
 
 /// This thread's last error message, copied.
 pub fn last_error() -> String {
@@ -11,4 +11,16 @@ pub fn last_error() -> String {
     unsafe { CStr::from_ptr(avc_last_error()) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// Asserts a rejected call's status and that its message starts with `prefix`.
+#[track_caller]
+#[allow(dead_code)] // each test file compiles this module on its own; not all of them use it
+pub fn rejected(status: AvcStatus, expected: AvcStatus, prefix: &str) {
+    let message = last_error();
+    assert_eq!(status, expected, "{message}");
+    assert!(
+        message.starts_with(prefix),
+        "message {message:?} does not start with {prefix:?}"
+    );
 }

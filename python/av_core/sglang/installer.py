@@ -2,109 +2,76 @@
 
 With ``AV_CORE_SGLANG=1`` the ``sglang.srt.plugins`` entry point (:func:`register`, which SGLang
 calls in every scheduler process before building its workers) runs :func:`install`: it checks
-SGLang's version and every signature and call site the policy relies on (:func:`check_interface`)
-and, on any difference, raises :class:`SglangCompatibilityError` listing them and patches nothing
-(SGLang logs the error and keeps its own policy). Compatible, it rebinds
-``AdaptiveSpeculativeParams`` in ``eagle_worker_v2`` (the only name ``EAGLEWorkerV2.__init__``
-constructs its policy through) to a factory that builds a :class:`CostAwarePolicy` with the
-candidate steps of SGLang's own adaptive config (per batch-size tier, so the same runtime states
-and CUDA graphs are built) and the cost tables of ``AV_CORE_SGLANG_COSTS`` (a
-``CostTables.to_json`` file or an ``av-core profile`` cost file). ``docs/sglang.md`` has the
-details. Nothing here imports SGLang until :func:`install` runs.
+SGLang's version and every signature and call site the policy relies on
+(:func:`interface_report`) and, on any change that matters, raises
+:class:`SglangCompatibilityError` listing them and patches nothing (SGLang logs the error and
+keeps its own policy). A change is *additive* when every call the known interface allows keeps
+its meaning (a new optional parameter such as main's ``num_steps=None``, a new protocol method
+av_core's policy implements such as ``on_state_activated``, a newer version): accepted and
+logged; anything else (removed, renamed, moved or newly required parameters, another default, a
+protocol member av_core's policy lacks, a construction site building another policy) is
+refused by name. SGLang 0.5.23 and main (:data:`MAIN_REVISION`) are the revisions known.
+
+Compatible, it rebinds SGLang's policy classes where SGLang builds them from
+(``AdaptiveSpeculativeParams`` in ``eagle_worker_v2``; main's ``ThroughputAwarePolicy`` in its
+module, imported when built) to factories that build av_core's policy with the candidate steps
+of SGLang's own adaptive config (per batch-size tier, so the same runtime states and CUDA graphs
+are built) and the cost tables of ``AV_CORE_SGLANG_COSTS`` (a ``CostTables.to_json`` file or an
+``av-core profile`` cost file), or, without tables on SGLang main (or with
+``AV_CORE_SGLANG_PROFILE=1``), :class:`~av_core.sglang.policy.ProfilingCostAwarePolicy`, priced
+from SGLang's start-up profiling. ``docs/sglang.md`` has the details. Nothing here imports
+SGLang until :func:`install` runs.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import inspect
+import json
 import logging
-import os
-import textwrap
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from av_core import _native
-from av_core._engine_interface import engine_version, resolve, signature_text
-from av_core._env import env_flag
+from av_core import _settings as settings
+from av_core._engine_interface import (
+    engine_version,
+    resolve,
+)
 from av_core._native import CostTables
-from av_core.sglang.policy import CostAwarePolicy, config_candidate_steps, load_cost_tables
+from av_core._settings import SGLANG_OFF as SGLANG_OFF
+from av_core._settings import SGLANG_ON as SGLANG_ON
+from av_core.sglang.interface import (
+    ENV_COSTS,
+    ENV_ENABLE,
+    ENV_SKIP_ZERO_STEP_EXTEND,
+    PARAMS_MODULE,
+    POLICY_CLASSES,
+    RUNTIME_STATE_MODULE,
+    THROUGHPUT_MODULE,
+    WORKER_MODULE,
+    SglangCompatibilityError,
+    interface_report,
+    policy_constructions,
+)
+from av_core.sglang.policy import (
+    CostAwarePolicy,
+    config_candidate_steps,
+    load_cost_tables,
+)
+from av_core.sglang.profiling import ProfilingCostAwarePolicy
 
 logger = logging.getLogger("sglang.av_core")
-
-ENV_ENABLE = "AV_CORE_SGLANG"
-ENV_COSTS = "AV_CORE_SGLANG_COSTS"
-ENV_DRAFTER = "AV_CORE_SGLANG_DRAFTER"
-ENV_MAX_BATCH = "AV_CORE_SGLANG_MAX_BATCH"
-ENV_ANY_VERSION = "AV_CORE_SGLANG_ANY_VERSION"
-#: SGLang's own switch: at 0 steps it still runs the drafter's extend pass unless this is set.
-ENV_SKIP_ZERO_STEP_EXTEND = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
-SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
-RUNTIME_STATE_MODULE = "sglang.srt.speculative.adaptive_runtime_state"
-PARAMS_MODULE = "sglang.srt.speculative.adaptive_spec_params"
-WORKER_MODULE = "sglang.srt.speculative.eagle_worker_v2"
-#: Where the scheduler feeds each verify's accepted counts to the worker (read, not imported).
-PROCESSOR_MODULE = "sglang.srt.managers.scheduler_components.batch_result_processor"
-
-#: ``AdaptiveSpecPolicy``'s methods, as :func:`~av_core._engine_interface.signature_text` writes
-#: them; :class:`CostAwarePolicy` has the same.
-POLICY_METHODS: dict[str, str] = {
-    "set_cuda_graph_bs": "(self, cuda_graph_bs)",
-    "get_steps_for_batch": "(self, batch_size)",
-    "on_verify_complete": "(self, num_correct_drafts_per_req, batch_size)",
-    "cuda_graph_bs_for_step": "(self, step)",
-}
-POLICY_PROPERTIES = ("candidate_steps",)
-
-#: The SGLang definitions the policy and the installer rely on: (module, dotted) → signature.
-CONTROLLER_SIGNATURES: dict[tuple[str, str], str] = {
-    (RUNTIME_STATE_MODULE, "AdaptiveController.__init__"): "(self, worker, policy)",
-    (RUNTIME_STATE_MODULE, "AdaptiveController.init_states"): "(self, cuda_graph_bs=None)",
-    (RUNTIME_STATE_MODULE, "AdaptiveController.activate_step_by_batch"): "(self, batch_size)",
-    (RUNTIME_STATE_MODULE, "AdaptiveController.on_verify_complete"): (
-        "(self, num_correct_drafts_per_req, batch_size)"
-    ),
-    (PARAMS_MODULE, "AdaptiveSpeculativeParams.__init__"): "(self, initial_steps, cfg_path=None)",
-    (WORKER_MODULE, "EAGLEWorkerV2.on_verify_complete_cpu"): (
-        "(self, num_correct_drafts_per_req, batch_size=0)"
-    ),
-    (WORKER_MODULE, "EAGLEWorkerV2.activate_step_by_batch"): "(self, batch_size)",
-}
-
-
-#: The calls the policy's two inputs travel through, each ``(module, function or None for the
-#: whole module, callee, keywords every such call must pass)``: before each decode batch the worker
-#: asks the controller (hence the policy) for its steps, and after each verify the scheduler hands
-#: the accepted counts with the batch size to the worker, which hands them to the controller. A
-#: release that drops one of them would leave the policy deciding on nothing, or learning nothing.
-CALL_SITES: tuple[tuple[str, str | None, str, tuple[str, ...]], ...] = (
-    (WORKER_MODULE, "EAGLEWorkerV2.forward_batch_generation", "self.activate_step_by_batch", ()),
-    (
-        WORKER_MODULE,
-        "EAGLEWorkerV2.activate_step_by_batch",
-        "self.adaptive_controller.activate_step_by_batch",
-        (),
-    ),
-    (
-        WORKER_MODULE,
-        "EAGLEWorkerV2.on_verify_complete_cpu",
-        "self.adaptive_controller.on_verify_complete",
-        ("batch_size",),
-    ),
-    (PROCESSOR_MODULE, None, "on_verify_complete_cpu", ("batch_size",)),
-)
-
-
-class SglangCompatibilityError(RuntimeError):
-    """SGLang's interfaces differ from those the policy relies on; nothing was patched."""
 
 
 @dataclass(frozen=True)
 class _Replacement:
     owner: ModuleType
+    owner_name: str
     attribute: str
     original: Any
     replacement: Any
@@ -113,343 +80,247 @@ class _Replacement:
 _installed: list[_Replacement] = []
 
 
-def construction_sites(source: str) -> list[ast.Call]:
-    """``AdaptiveController(self, AdaptiveSpeculativeParams(initial_steps=..., cfg_path=...))``
-    calls in ``source`` (the inner call of each)."""
-    found = []
-    for node in ast.walk(ast.parse(textwrap.dedent(source))):
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "AdaptiveController"
-            and len(node.args) == 2
-            and not node.keywords
-        ):
-            continue
-        inner = node.args[1]
-        if (
-            isinstance(inner, ast.Call)
-            and isinstance(inner.func, ast.Name)
-            and inner.func.id == "AdaptiveSpeculativeParams"
-            and not inner.args
-            and sorted(k.arg or "" for k in inner.keywords) == ["cfg_path", "initial_steps"]
-        ):
-            found.append(inner)
-    return found
-
-
-def policy_calls(source: str) -> dict[str, int]:
-    """How often ``source`` (SGLang's ``AdaptiveController``) touches each member of its policy
-    (``self.params.<name>``)."""
-    counts: dict[str, int] = {}
-    for node in ast.walk(ast.parse(textwrap.dedent(source))):
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Attribute)
-            and node.value.attr == "params"
-            and isinstance(node.value.value, ast.Name)
-            and node.value.value.id == "self"
-        ):
-            counts[node.attr] = counts.get(node.attr, 0) + 1
-    return counts
-
-
-def calls_to(source: str, callee: str) -> list[ast.Call]:
-    """The calls in ``source`` whose function is ``callee`` (``self.a.b``), or, for a bare name,
-    any attribute of that name (``x.y.callee``)."""
-    found = []
-    for node in ast.walk(ast.parse(textwrap.dedent(source))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
-            text = ast.unparse(node.func)
-            if text == callee or ("." not in callee and text.endswith("." + callee)):
-                found.append(node)
-    return found
-
-
-def module_source(name: str) -> str | None:
-    """The source text of module ``name`` without importing it (its parent packages are); None
-    when it cannot be found or read."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    origin = getattr(spec, "origin", None)
-    if spec is None or not origin or not origin.endswith(".py"):
-        return None
-    try:
-        with open(origin, encoding="utf-8") as file:
-            return file.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _call_site_problems(
-    modules: Mapping[str, ModuleType], sources: Mapping[str, str | None]
-) -> list[str]:
-    problems = []
-    for module_name, dotted, callee, keywords in CALL_SITES:
-        where = f"{module_name}.{dotted}" if dotted else module_name
-        try:
-            if dotted is None:
-                text = sources.get(module_name)
-                if text is None:
-                    raise OSError("source not found")
-            else:
-                text = inspect.getsource(resolve(modules[module_name], dotted))
-            calls = calls_to(text, callee)
-        except (AttributeError, KeyError, OSError, TypeError, SyntaxError) as error:
-            problems.append(f"{where}: source not readable ({error})")
-            continue
-        if not calls:
-            problems.append(f"{where} no longer calls {callee}(...)")
-            continue
-        for call in calls:
-            passed = {k.arg for k in call.keywords}
-            missing = [k for k in keywords if k not in passed]
-            if missing:
-                problems.append(f"{where}: {ast.unparse(call)} does not pass {', '.join(missing)}=")
-    return problems
-
-
-def check_interface(
-    modules: Mapping[str, ModuleType],
-    version: str | None,
-    sources: Mapping[str, str | None] | None = None,
-) -> list[str]:
-    """Every difference between the live SGLang modules and what the policy and the installer
-    rely on (empty when compatible). ``version=None`` skips the version check. ``sources``: the
-    text of modules read rather than imported (:data:`PROCESSOR_MODULE`; default: found with
-    :func:`module_source`)."""
-    if sources is None:
-        sources = {PROCESSOR_MODULE: module_source(PROCESSOR_MODULE)}
-    problems: list[str] = []
-    if version is not None and version not in SUPPORTED_SGLANG_VERSIONS:
-        problems.append(
-            f"SGLang version {version} is not one av_core's policy was written against "
-            f"({', '.join(SUPPORTED_SGLANG_VERSIONS)}); set {ENV_ANY_VERSION}=1 to try it "
-            "anyway (the interface checks still apply)"
-        )
-    missing = [name for name in (RUNTIME_STATE_MODULE, PARAMS_MODULE, WORKER_MODULE)]
-    missing = [name for name in missing if name not in modules]
-    if missing:
-        return [*problems, *(f"{name}: not imported" for name in missing)]
-    runtime, params, worker = (
-        modules[RUNTIME_STATE_MODULE],
-        modules[PARAMS_MODULE],
-        modules[WORKER_MODULE],
-    )
-    protocol = getattr(runtime, "AdaptiveSpecPolicy", None)
-    if protocol is None:
-        problems.append(f"{RUNTIME_STATE_MODULE}.AdaptiveSpecPolicy: not found")
-    else:
-        members = {name for name in vars(protocol) if not name.startswith("_")}
-        expected = set(POLICY_METHODS) | set(POLICY_PROPERTIES)
-        if members != expected:
-            problems.append(
-                f"{RUNTIME_STATE_MODULE}.AdaptiveSpecPolicy has members {sorted(members)}, "
-                f"expected {sorted(expected)}"
-            )
-        for name, text in POLICY_METHODS.items():
-            where = f"{RUNTIME_STATE_MODULE}.AdaptiveSpecPolicy.{name}"
-            try:
-                found = signature_text(resolve(runtime, f"AdaptiveSpecPolicy.{name}"))
-            except (AttributeError, TypeError, ValueError) as error:
-                problems.append(f"{where}: not found or not inspectable ({error})")
-                continue
-            if found != text:
-                problems.append(f"{where}{found} differs from the expected {text}")
-        for name in POLICY_PROPERTIES:
-            if not isinstance(inspect.getattr_static(protocol, name, None), property):
-                problems.append(f"{RUNTIME_STATE_MODULE}.AdaptiveSpecPolicy.{name}: not a property")
-    for (module_name, dotted), text in CONTROLLER_SIGNATURES.items():
-        where = f"{module_name}.{dotted}"
-        try:
-            found = signature_text(resolve(modules[module_name], dotted))
-        except (AttributeError, TypeError, ValueError) as error:
-            problems.append(f"{where}: not found or not inspectable ({error})")
-            continue
-        if found != text:
-            problems.append(f"{where}{found} differs from the expected {text}")
-    for name, text in POLICY_METHODS.items():  # av_core's side of the protocol
-        found = signature_text(getattr(CostAwarePolicy, name))
-        if found != text:
-            problems.append(f"av_core.sglang.CostAwarePolicy.{name}{found} is not {text}")
-    controller = getattr(runtime, "AdaptiveController", None)
-    try:
-        calls = policy_calls(inspect.getsource(controller))  # type: ignore[arg-type]
-    except (OSError, TypeError, SyntaxError) as error:
-        problems.append(f"{RUNTIME_STATE_MODULE}.AdaptiveController: source not readable ({error})")
-    else:
-        unknown = sorted(set(calls) - set(POLICY_METHODS) - set(POLICY_PROPERTIES))
-        if unknown:
-            problems.append(
-                f"{RUNTIME_STATE_MODULE}.AdaptiveController uses policy members av_core's "
-                f"policy does not implement: {unknown}"
-            )
-        for name in ("get_steps_for_batch", "on_verify_complete"):
-            if name not in calls:
-                problems.append(
-                    f"{RUNTIME_STATE_MODULE}.AdaptiveController no longer calls the policy's {name}"
-                )
-    if not isinstance(getattr(params, "DEFAULT_ADAPTIVE_CONFIG", None), Mapping):
-        problems.append(f"{PARAMS_MODULE}.DEFAULT_ADAPTIVE_CONFIG: not found")
-    bound = getattr(worker, "AdaptiveSpeculativeParams", None)
-    original = getattr(params, "AdaptiveSpeculativeParams", None)
-    if bound is None or bound is not original:
-        problems.append(
-            f"{WORKER_MODULE}.AdaptiveSpeculativeParams is not "
-            f"{PARAMS_MODULE}.AdaptiveSpeculativeParams"
-        )
-    try:
-        init = resolve(worker, "EAGLEWorkerV2.__init__")
-        sites = construction_sites(inspect.getsource(init))
-    except (AttributeError, OSError, TypeError, SyntaxError) as error:
-        problems.append(f"{WORKER_MODULE}.EAGLEWorkerV2.__init__: source not readable ({error})")
-    else:
-        if len(sites) != 1:
-            problems.append(
-                f"{WORKER_MODULE}.EAGLEWorkerV2.__init__: expected one AdaptiveController(self, "
-                f"AdaptiveSpeculativeParams(initial_steps=..., cfg_path=...)), found {len(sites)}"
-            )
-    problems += _call_site_problems(modules, sources)
-    return problems
-
-
 def _drafter_kind() -> Literal["autoregressive", "parallel"]:
-    value = os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
-    if value == "autoregressive":
-        return "autoregressive"
-    if value == "parallel":
-        return "parallel"
-    raise ValueError(f"{ENV_DRAFTER}={value!r}: expected autoregressive or parallel")
-
-
-#: How SGLang 0.5.23 reads its own boolean variables (``sglang.srt.environ.EnvBool``: lower-cased,
-#: not stripped); anything else SGLang warns about and takes as its default, off.
-SGLANG_ON = ("true", "1", "yes", "y")
-SGLANG_OFF = ("false", "0", "no", "n")
+    return "parallel" if settings.SGLANG_DRAFTER.require() == "parallel" else "autoregressive"
 
 
 def _sglang_flag(name: str) -> bool:
-    """SGLang's boolean variable ``name`` as SGLang reads it (unset: off), so that the policy
-    charges what SGLang runs; a value SGLang itself would not take is a ``ValueError`` naming it
-    (SGLang would only warn and treat it as off)."""
-    text = os.environ.get(name)
-    if text is None or text.lower() in SGLANG_OFF:
-        return False
-    if text.lower() in SGLANG_ON:
-        return True
-    raise ValueError(
-        f"{name}={text!r}: SGLang reads true, 1, yes or y as on and false, 0, no or n as off "
-        "(anything else it takes as off, with a warning)"
-    )
+    """SGLang's boolean variable ``name`` as SGLang reads it (unset: off; ``SGLANG_ON``,
+    ``SGLANG_OFF``), so that the policy charges what SGLang runs; a value SGLang itself would
+    not take is a ``SettingError`` naming it (SGLang would only warn and treat it as off)."""
+    value: bool = settings.named(name).require()
+    return value
 
 
 def _max_batch() -> int:
-    value = os.environ.get(ENV_MAX_BATCH, "1024")
-    try:
-        batch = int(value)
-    except ValueError:
-        batch = 0
-    if batch < 1:
-        raise ValueError(f"{ENV_MAX_BATCH}={value!r}: expected an integer >= 1")
-    return batch
+    value: int = settings.SGLANG_MAX_BATCH.require()
+    return value
 
 
-def _policy_factory(
+#: SGLang main's throughput-aware ``profile_run_*`` settings → the profiling policy's keywords.
+PROFILE_SETTINGS = {
+    "profile_run_batch_sizes": "profile_batch_sizes",
+    "max_profile_run_batch_size": "max_profile_batch_size",
+    "profile_run_n_warmup": "profile_warmup",
+    "profile_run_n_measure": "profile_measure",
+    "profile_run_seq_len": "profile_seq_len",
+}
+
+
+def _policy_factories(
     cost_tables: CostTables | None,
-    default_config: Mapping[str, Any],
+    profile: bool,
     options: Mapping[str, Any],
-) -> Callable[..., CostAwarePolicy]:
+    modules: Mapping[str, ModuleType],
+) -> dict[str, Callable[..., CostAwarePolicy]]:
+    """Stand-ins for SGLang's policy classes (same arguments) that build av_core's policy."""
     drafter = _drafter_kind()
     max_batch = _max_batch()
     skip_extend = _sglang_flag(ENV_SKIP_ZERO_STEP_EXTEND)
-    costs_path = os.environ.get(ENV_COSTS)
+    costs_path = settings.SGLANG_COSTS.require()
+    runtime = modules[RUNTIME_STATE_MODULE]
+    ema_default = modules[PARAMS_MODULE].DEFAULT_ADAPTIVE_CONFIG
+    throughput = modules.get(THROUGHPUT_MODULE)
+    types = (
+        {"plan_type": runtime.SpecProfilePlan, "point_type": runtime.SpecProfilePoint}
+        if profile
+        else {}
+    )
+
+    def build(
+        strategy: str, initial_steps: int, config: Mapping[str, Any], settings: Mapping[str, Any]
+    ) -> CostAwarePolicy:
+        tiers = config_candidate_steps(None, config)
+        k = max(s for steps in tiers.values() for s in steps)
+        tables = cost_tables
+        if tables is None and costs_path:
+            tables = load_cost_tables(costs_path, k, drafter=drafter, max_batch=max_batch)
+        keywords: dict[str, Any] = {
+            "drafter": drafter,
+            "draft_extend_at_zero": not skip_extend,
+            **settings,
+            **options,
+        }
+        if profile:
+            policy: CostAwarePolicy = ProfilingCostAwarePolicy(
+                tables, tiers, initial_steps=initial_steps, **types, **keywords
+            )
+        else:
+            policy = CostAwarePolicy(tables, tiers, initial_steps=initial_steps, **keywords)
+        logger.info(
+            "av_core: SGLang's adaptive speculation (%s config) runs av_core's cost-aware policy "
+            "(candidate steps %s, K = %d, costs from %s)",
+            strategy,
+            tiers,
+            k,
+            "SGLang's start-up profiling"
+            if profile and tables is None
+            else "cost tables" + (" and SGLang's start-up profiling" if profile else ""),
+        )
+        return policy
 
     def AdaptiveSpeculativeParams(  # noqa: N802 - stands in for SGLang's class
         initial_steps: int, cfg_path: str | None = None
     ) -> CostAwarePolicy:
-        tiers = config_candidate_steps(cfg_path, default_config)
-        k = max(s for steps in tiers.values() for s in steps)
-        tables = cost_tables
-        if tables is None:
-            assert costs_path is not None
-            tables = load_cost_tables(costs_path, k, drafter=drafter, max_batch=max_batch)
-        settings: dict[str, Any] = {
-            "drafter": drafter,
-            "draft_extend_at_zero": not skip_extend,
-            **options,
-        }
-        policy = CostAwarePolicy(tables, tiers, initial_steps=initial_steps, **settings)
-        logger.info(
-            "av_core: SGLang's adaptive speculation runs av_core's cost-aware policy "
-            "(candidate steps %s, K = %d)",
-            tiers,
-            k,
-        )
-        return policy
+        config = _read_config(cfg_path, ema_default)
+        return build("ema", initial_steps, config, {})
 
-    return AdaptiveSpeculativeParams
+    factories: dict[str, Callable[..., CostAwarePolicy]] = {
+        "AdaptiveSpeculativeParams": AdaptiveSpeculativeParams
+    }
+    if throughput is not None:
+        ta_default = getattr(throughput, "DEFAULT_THROUGHPUT_AWARE_CONFIG", None)
+
+        def ThroughputAwarePolicy(  # noqa: N802 - stands in for SGLang's class
+            initial_steps: int, config_path: str | None = None
+        ) -> CostAwarePolicy:
+            config = _read_config(config_path, ta_default)
+            settings = {
+                ours: config[theirs]
+                for theirs, ours in PROFILE_SETTINGS.items()
+                if profile and config.get(theirs) is not None
+            }
+            return build("throughput_aware", initial_steps, config, settings)
+
+        factories["ThroughputAwarePolicy"] = ThroughputAwarePolicy
+    return factories
 
 
-def install(cost_tables: CostTables | None = None, **options: Any) -> list[str]:
-    """Checks SGLang and makes ``EAGLEWorkerV2`` build a :class:`CostAwarePolicy` where it builds
-    ``AdaptiveSpeculativeParams`` (module doc). ``cost_tables`` (else the file named by
-    ``AV_CORE_SGLANG_COSTS``) and ``options`` (keywords of :class:`CostAwarePolicy`) configure
-    the policy. Returns what was replaced; idempotent. Raises :class:`SglangCompatibilityError`
-    (every difference) or :class:`ValueError` (no cost tables, or a value of one of its
-    environment variables or of ``AV_CORE_SIMD`` that it does not take, named) and patches
-    nothing."""
+def _read_config(path: str | None, default: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """SGLang's adaptive config file, or its default (``ValueError`` naming the file)."""
+    if path is None:
+        if not isinstance(default, Mapping):
+            raise ValueError("no adaptive config given and SGLang has no default for it")
+        return default
+    config = json.loads(Path(path).read_text())
+    if not isinstance(config, Mapping):
+        raise ValueError(f"adaptive config {path}: expected a JSON object")
+    return config
+
+
+def _import_optional(name: str) -> ModuleType | None:
+    """Module ``name``, or None when it is absent or cannot be imported here (then SGLang cannot
+    use it either)."""
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+        return importlib.import_module(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def _bindings(
+    modules: Mapping[str, ModuleType], *, lazy: bool
+) -> list[tuple[str, ModuleType, str, Any]]:
+    """Where SGLang builds its policies from: every loaded ``sglang`` module that imported a
+    policy class by name (``eagle_worker_v2``'s ``from ... import AdaptiveSpeculativeParams``),
+    and the defining module where the class is imported when it is built
+    (``ThroughputAwarePolicy`` inside ``EAGLEWorkerV2.__init__``; both with ``lazy``, for
+    ``AdaptiveController.from_config``)."""
+    found = []
+    for name, (home_name, _) in POLICY_CLASSES.items():
+        home = modules.get(home_name)
+        original = getattr(home, name, None) if home is not None else None
+        if original is None:
+            continue
+        patch_home = lazy or name == "ThroughputAwarePolicy"
+        for module_name, module in sorted(sys.modules.items()):
+            namespace = getattr(module, "__dict__", None)
+            in_sglang = module_name == "sglang" or module_name.startswith("sglang.")
+            if module_name == home_name and not patch_home:
+                continue
+            if in_sglang and isinstance(namespace, dict) and namespace.get(name) is original:
+                found.append((module_name, module, name, original))
+    return found
+
+
+def install(
+    cost_tables: CostTables | None = None, *, profile: bool | None = None, **options: Any
+) -> list[str]:
+    """Checks SGLang and makes it build a :class:`CostAwarePolicy` wherever it builds one of its
+    own policies (``AdaptiveSpeculativeParams``, and SGLang main's ``ThroughputAwarePolicy``):
+    module doc. ``cost_tables`` (else the file named by ``AV_CORE_SGLANG_COSTS``) and ``options``
+    (keywords of the policy) configure it. ``profile`` (default: ``AV_CORE_SGLANG_PROFILE``, or
+    on when there are no cost tables): price steps from SGLang main's start-up profiling with
+    :class:`ProfilingCostAwarePolicy`. Returns what was replaced; idempotent. Raises
+    :class:`SglangCompatibilityError` (every difference) or :class:`ValueError` (no cost tables
+    and no profiling, or a value of one of its environment variables or of ``AV_CORE_SIMD``
+    that it does not take, named) and patches nothing; additive changes it takes as they are
+    are logged."""
     if _installed:
-        return [f"{WORKER_MODULE}.{entry.attribute}" for entry in _installed]
+        return installed()
     if cost_tables is not None and not isinstance(cost_tables, CostTables):
         raise TypeError(f"cost_tables must be av_core.CostTables, got {type(cost_tables)!r}")
-    accepted = set(inspect.signature(CostAwarePolicy).parameters) - {
+    if profile is not None and not isinstance(profile, bool):
+        raise TypeError(f"profile must be a bool or None, got {profile!r}")
+    # Every setting is read before anything is patched: a bad value fails here, naming it
+    # (docs/settings.md).
+    settings.check(settings.SGLANG_SETTINGS)
+    costs_given = cost_tables is not None or settings.SGLANG_COSTS.is_set()
+    wanted = (
+        profile if profile is not None else (settings.SGLANG_PROFILE.require() or not costs_given)
+    )
+    policy: type = ProfilingCostAwarePolicy if wanted else CostAwarePolicy
+    accepted = set(inspect.signature(policy).parameters) - {
         "cost_tables",
         "candidate_steps",
         "initial_steps",
+        "options",
+        "plan_type",
+        "point_type",
     }
+    if wanted:
+        accepted |= set(inspect.signature(CostAwarePolicy).parameters) - {
+            "cost_tables",
+            "candidate_steps",
+            "initial_steps",
+        }
     unknown = sorted(set(options) - accepted)
     if unknown:
         raise TypeError(
-            f"install: {unknown} are not CostAwarePolicy options ({sorted(accepted)}); "
+            f"install: {unknown} are not {policy.__name__} options ({sorted(accepted)}); "
             "nothing was patched"
         )
-    if cost_tables is None and not os.environ.get(ENV_COSTS):
-        raise ValueError(
-            f"av_core's SGLang policy needs cost tables: pass install(cost_tables=...) or set "
-            f"{ENV_COSTS} to a CostTables JSON or an av-core profile file; nothing was patched"
-        )
-    # Every setting is read before anything is patched: a bad value fails here, naming it.
-    _native.check_environment()
-    _drafter_kind()
-    _max_batch()
-    _sglang_flag(ENV_SKIP_ZERO_STEP_EXTEND)
-    any_version = env_flag(ENV_ANY_VERSION)
+    if not costs_given:
+        runtime = _import_optional(RUNTIME_STATE_MODULE)
+        if runtime is None or getattr(runtime, "AdaptiveProfilingPolicy", None) is None:
+            raise ValueError(
+                f"av_core's SGLang policy needs cost tables: pass install(cost_tables=...) or "
+                f"set {ENV_COSTS} to a CostTables JSON or an av-core profile file (this SGLang "
+                "has no start-up profiling to price steps from); nothing was patched"
+            )
+    any_version = settings.SGLANG_ANY_VERSION.require()
     version = engine_version("sglang")
     modules = {
         name: importlib.import_module(name)
         for name in (RUNTIME_STATE_MODULE, PARAMS_MODULE, WORKER_MODULE)
     }
-    problems = check_interface(modules, None if any_version else version)
-    if problems:
+    throughput = _import_optional(THROUGHPUT_MODULE)
+    if throughput is not None:
+        modules[THROUGHPUT_MODULE] = throughput
+    report = interface_report(modules, None if any_version else version, profile=wanted)
+    if report.problems:
         raise SglangCompatibilityError(
             f"av_core's SGLang policy ({ENV_ENABLE}=1) cannot run on this SGLang ({version}); "
-            "nothing was patched. Differences:\n  - " + "\n  - ".join(problems)
+            "nothing was patched. Differences:\n  - " + "\n  - ".join(report.problems)
         )
-    worker, attribute = modules[WORKER_MODULE], "AdaptiveSpeculativeParams"
-    original = getattr(worker, attribute)
-    factory = _policy_factory(
-        cost_tables, modules[PARAMS_MODULE].DEFAULT_ADAPTIVE_CONFIG, dict(options)
-    )
-    setattr(worker, attribute, factory)
-    _installed.append(_Replacement(worker, attribute, original, factory))
-    logger.info(
-        "av_core: %s.AdaptiveSpeculativeParams -> av_core.sglang.CostAwarePolicy (SGLang %s)",
-        WORKER_MODULE,
-        version,
-    )
-    return [f"{WORKER_MODULE}.AdaptiveSpeculativeParams"]
+    factories = _policy_factories(cost_tables, wanted, dict(options), modules)
+    init = inspect.getsource(resolve(modules[WORKER_MODULE], "EAGLEWorkerV2.__init__"))
+    lazy = any(name == "AdaptiveController.from_config" for name, _ in policy_constructions(init))
+    for module_name, owner, attribute, original in _bindings(modules, lazy=lazy):
+        replacement = factories[attribute]
+        setattr(owner, attribute, replacement)
+        _installed.append(_Replacement(owner, module_name, attribute, original, replacement))
+        logger.info(
+            "av_core: %s.%s -> av_core.sglang.%s (SGLang %s)",
+            module_name,
+            attribute,
+            policy.__name__,
+            version,
+        )
+    for change in report.accepted:
+        logger.info("av_core: accepted an additive change of SGLang: %s", change)
+    return installed()
 
 
 def uninstall() -> None:
@@ -457,17 +328,17 @@ def uninstall() -> None:
     while _installed:
         entry = _installed.pop()
         setattr(entry.owner, entry.attribute, entry.original)
-        logger.info("av_core: restored %s.%s", WORKER_MODULE, entry.attribute)
+        logger.info("av_core: restored %s.%s", entry.owner_name, entry.attribute)
 
 
 def installed() -> list[str]:
-    """The replacements in effect."""
-    return [f"{WORKER_MODULE}.{entry.attribute}" for entry in _installed]
+    """The replacements in effect (``module.attribute``)."""
+    return [f"{entry.owner_name}.{entry.attribute}" for entry in _installed]
 
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: :func:`install` when ``AV_CORE_SGLANG=1``."""
-    if not env_flag(ENV_ENABLE):
+    if not settings.SGLANG.require():
         logger.debug("av_core: %s is not set, SGLang keeps its own adaptive policy", ENV_ENABLE)
         return
     install()

@@ -30,6 +30,15 @@ the one with the most expected tokens per millisecond:
   statistics are fixed-point; probes are counted, not drawn), so every tensor-parallel rank that
   sees the same verdicts makes the same choice without a collective, as SGLang's adaptive mode
   requires.
+- **What ran, not what was chosen**: SGLang main reports every runtime state it activates
+  (``on_state_activated``) and may pass the steps a verified batch ran (``num_steps``); under
+  DP attention (sgl-project/sglang#35898) a batch runs the minimum of the ranks' choices. The
+  verdicts are learnt with the steps that ran (positions never drafted are not rejections), and a
+  probe the minimum cancelled is retried at the next decision until it runs, so ranks that all
+  sit at 0 still probe together.
+
+:class:`ProfilingCostAwarePolicy` takes ``C(s)`` from SGLang main's start-up profiling
+(``AdaptiveProfilingPolicy``: whole decode steps timed on SGLang's own runtime states).
 
 It is lossless: the step count is chosen before drafting, from past verdicts only.
 """
@@ -59,6 +68,10 @@ class _Launch:
     steps: int
     probe: bool
     features: npt.NDArray[np.float32] | None = None
+    #: The steps the batch ran, once known: SGLang main's ``on_state_activated`` (the state the
+    #: controller activated for it) or ``num_steps``; they differ from ``steps`` where the
+    #: controller runs something else (under DP attention, the minimum over ranks).
+    ran: int | None = None
 
 
 @dataclass
@@ -73,6 +86,8 @@ class _Counters:
     inconsistent: int = 0
     without_features: int = 0
     beyond_tables: int = 0  # decisions for a batch the cost tables do not cover (extrapolated)
+    overridden: int = 0  # batches that ran other steps than the policy chose (e.g. DP minimum)
+    unpriced: int = 0  # decisions with no cost for any candidate (no tables, no profile yet)
     by_step: dict[int, int] = field(default_factory=dict)
 
 
@@ -110,9 +125,12 @@ class CostAwarePolicy:
     positions (default: a new one with ``refit_interval`` and ``memory``).
     """
 
+    #: Whether the policy needs cost tables (the profiling policy can price from SGLang's own).
+    _needs_tables = True
+
     def __init__(
         self,
-        cost_tables: CostTables,
+        cost_tables: CostTables | None,
         candidate_steps: Sequence[int] | Mapping[int, Sequence[int]],
         *,
         initial_steps: int | None = None,
@@ -126,7 +144,12 @@ class CostAwarePolicy:
         memory: float | None = None,
         feature_rows: int = 256,
     ) -> None:
-        if not isinstance(cost_tables, CostTables):
+        if cost_tables is None and self._needs_tables:
+            raise TypeError(
+                "cost_tables must be av_core.CostTables (only ProfilingCostAwarePolicy, which "
+                "prices steps from SGLang's own profiling, runs without), got None"
+            )
+        if cost_tables is not None and not isinstance(cost_tables, CostTables):
             raise TypeError(f"cost_tables must be av_core.CostTables, got {type(cost_tables)!r}")
         if isinstance(candidate_steps, Mapping):
             if not candidate_steps:
@@ -144,7 +167,9 @@ class CostAwarePolicy:
         k = union[-1]
         if drafter not in ("autoregressive", "parallel"):
             raise ValueError(f"drafter must be 'autoregressive' or 'parallel', got {drafter!r}")
-        if cost_tables.max_draft_depth is None:
+        if cost_tables is None:
+            pass
+        elif cost_tables.max_draft_depth is None:
             cost_tables = cost_tables.with_draft_depth(drafter, max_depth=k)
         elif cost_tables.max_draft_depth != k:
             raise ValueError(
@@ -194,6 +219,8 @@ class CostAwarePolicy:
             key: initial_steps if initial_steps in steps else None for key, steps in tiers.items()
         }
         self._since_probe = 0
+        self._probe_due = False
+        self._active: int | None = None
         self._pending: deque[_Launch] = deque(maxlen=8)
         self._feature_rows: deque[npt.NDArray[np.float32]] = deque(maxlen=feature_rows)
         self._survival_key: tuple[int, int] | None = None
@@ -217,17 +244,27 @@ class CostAwarePolicy:
         batch = _batch_size(batch_size)
         key = self._route(batch)
         allowed = self._tiers[key]
+        if self._pending:
+            self._settle(self._pending[-1])
         if batch == 0:
             current = self._current[key]
             return current if current is not None else allowed[0]
         rates = self._rates(batch, allowed)
-        tables = self._tables
-        if batch > tables.max_num_reqs or batch * (allowed[-1] + 1) >= tables.verify_ms.shape[0]:
+        if self._beyond(batch, allowed):
             self.counters.beyond_tables += 1
-        best = max(allowed, key=lambda s: (rates[s], -s))
         current = self._current[key]
+        if not rates:  # nothing to price with yet: stay where SGLang started
+            self.counters.unpriced += 1
+            best = current if current is not None else allowed[len(allowed) // 2]
+        else:
+            best = max(rates, key=lambda s: (rates[s], -s))
         choice = best
-        if current is not None and rates[best] <= rates[current] * (1.0 + self._hysteresis):
+        if (
+            current is not None
+            and current in rates
+            and best in rates
+            and rates[best] <= rates[current] * (1.0 + self._hysteresis)
+        ):
             choice = current
         if current is not None and choice != current:
             self.counters.switches += 1
@@ -236,9 +273,10 @@ class CostAwarePolicy:
         higher = [s for s in allowed if s > choice]
         if self._probe_interval is not None and higher:
             self._since_probe += 1
-            if self._since_probe > self._probe_interval:
+            if self._probe_due or self._since_probe > self._probe_interval:
                 run, probe = higher[0], True
                 self._since_probe = 0
+                self._probe_due = False
                 self.counters.probes += 1
         self.counters.decisions += 1
         self.counters.by_step[run] = self.counters.by_step.get(run, 0) + 1
@@ -246,12 +284,19 @@ class CostAwarePolicy:
         return run
 
     def on_verify_complete(
-        self, num_correct_drafts_per_req: list[int], batch_size: int
+        self,
+        num_correct_drafts_per_req: list[int],
+        batch_size: int,
+        num_steps: int | None = None,
     ) -> int | None:
-        """Learns from a verify's accepted draft counts. Returns ``None``: the next
+        """Learns from a verify's accepted draft counts; ``num_steps`` (SGLang main) is the
+        steps that batch ran, else they are the state activated for it (``on_state_activated``)
+        or, with neither, the steps chosen. Returns ``None``: the next
         ``get_steps_for_batch`` decides (switching here would change the steps of a batch
         already in flight under overlap scheduling)."""
         batch = _batch_size(batch_size)
+        if num_steps is not None:
+            num_steps = _steps_value(num_steps, "num_steps")
         counts = np.asarray(list(num_correct_drafts_per_req), dtype=np.int64).reshape(-1)
         launch = None
         while self._pending:
@@ -262,9 +307,12 @@ class CostAwarePolicy:
         if launch is None or counts.shape[0] != batch:
             self.counters.unmatched += 1
             return None
-        if launch.steps == 0 or batch == 0:
+        self._settle(launch)
+        steps = launch.ran if num_steps is None else num_steps
+        assert steps is not None
+        if steps == 0 or batch == 0:
             return None
-        if np.any(counts < 0) or np.any(counts > launch.steps):
+        if np.any(counts < 0) or np.any(counts > steps):
             self.counters.inconsistent += 1
             return None
         if self._drafter_features:
@@ -274,12 +322,31 @@ class CostAwarePolicy:
             features = launch.features
         else:
             features = np.zeros((batch, self._k), dtype=np.float32)
-        admitted = np.full(batch, launch.steps, dtype=np.int32)
+        admitted = np.full(batch, steps, dtype=np.int32)
         self._estimator.observe(features, admitted, counts.astype(np.int32))
-        if launch.probe:
+        if launch.probe and steps >= launch.steps:
             self._estimator.refit()
         self.counters.observed += 1
         return None
+
+    def on_state_activated(self, steps: int) -> None:
+        """SGLang main's controller reports every runtime state it activates (its
+        ``_activate``: at start-up, while profiling, and for a batch whose steps differ from the
+        running state's). The batch launched last runs the state active when the next decision
+        is asked for, which is how a step count the controller overrides (under DP attention,
+        the minimum over ranks) reaches the verdicts' bookkeeping."""
+        self._active = _steps_value(steps, "steps")
+
+    def _settle(self, launch: _Launch) -> None:
+        """Fixes the steps ``launch`` ran (module doc); a probe that did not run is retried at
+        the next decision (under DP attention it runs once every rank probes)."""
+        if launch.ran is not None:
+            return
+        launch.ran = launch.steps if self._active is None else self._active
+        if launch.ran != launch.steps:
+            self.counters.overridden += 1
+            if launch.probe and launch.ran < launch.steps:
+                self._probe_due = True
 
     def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
         """The captured batch sizes whose tier may run ``step`` (``None``: graphs disabled)."""
@@ -319,7 +386,7 @@ class CostAwarePolicy:
         return self._estimator
 
     @property
-    def cost_tables(self) -> CostTables:
+    def cost_tables(self) -> CostTables | None:
         return self._tables
 
     @property
@@ -369,6 +436,7 @@ class CostAwarePolicy:
         if depth <= 0:
             return 0.0
         tables = self._tables
+        assert tables is not None
         last = tables.max_num_reqs
         if batch <= last:
             return float(tables.draft_cost_ms(batch, depth))
@@ -379,6 +447,7 @@ class CostAwarePolicy:
     def _verify_ms(self, tokens: int) -> float:
         """Verifying ``tokens`` tokens; past the table's end extended along its last segment
         (a batch larger than the tables cover must not look free to speculate on)."""
+        assert self._tables is not None
         verify = self._tables.verify_ms
         last = int(verify.shape[0]) - 1
         if tokens <= last:
@@ -387,16 +456,31 @@ class CostAwarePolicy:
         return float(verify[last]) + (tokens - last) * slope
 
     def _rates(self, batch: int, allowed: Sequence[int]) -> dict[int, float]:
+        """``E(s)/C(s)`` of each candidate that has a cost."""
         survival = self.survivals()
-        rates = {}
+        return {
+            s: batch * (1.0 + float(survival[:s].sum())) / ms
+            for s, ms in self._step_costs(batch, allowed).items()
+        }
+
+    def _step_costs(self, batch: int, allowed: Sequence[int]) -> dict[int, float]:
+        """``C(s)`` in ms of each candidate: drafting and verifying from the cost tables."""
+        if self._tables is None:
+            return {}
+        costs = {}
         for s in allowed:
-            tokens = batch * (1.0 + float(survival[:s].sum()))
             draft = self._draft_ms(batch, s)
             if s == 0 and self._draft_extend_at_zero:
                 draft = self._draft_ms(batch, 1)
-            ms = draft + self._verify_ms(batch * (s + 1))
-            rates[s] = tokens / ms
-        return rates
+            costs[s] = draft + self._verify_ms(batch * (s + 1))
+        return costs
+
+    def _beyond(self, batch: int, allowed: Sequence[int]) -> bool:
+        """Whether pricing ``batch`` extrapolates past what the costs cover."""
+        tables = self._tables
+        return tables is not None and (
+            batch > tables.max_num_reqs or batch * (allowed[-1] + 1) >= tables.verify_ms.shape[0]
+        )
 
     def _tier_key(self, batch: int) -> int:
         key = self._keys[0]
@@ -405,13 +489,24 @@ class CostAwarePolicy:
                 key = candidate
         return key
 
-    def _route(self, batch: int) -> int:
-        padded = batch
+    def _padded(self, batch: int) -> int:
+        """The CUDA-graph batch size SGLang pads ``batch`` to (itself past the largest)."""
         if self._graph_bs is not None:
             larger = [b for b in self._graph_bs if b >= batch]
             if larger:
-                padded = larger[0]
-        return self._tier_key(padded)
+                return larger[0]
+        return batch
+
+    def _route(self, batch: int) -> int:
+        return self._tier_key(self._padded(batch))
+
+
+def _steps_value(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
 
 
 def _batch_size(value: object) -> int:

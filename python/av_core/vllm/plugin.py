@@ -13,11 +13,17 @@ place and before any of them is used:
   the budget with :func:`av_core.vllm.batch_draft_budget`.
 
 Each replacement is logged (logger ``vllm.av_core``, so it shows in vLLM's own log). Before
-touching anything it checks vLLM's version and every signature and constant the replacements
-mirror; on any difference it raises :class:`VllmCompatibilityError` listing them and patches
-nothing: silently serving with a half-patched or mismatched vLLM would be worse than not starting.
-``AV_CORE_VLLM_ANY_VERSION=1`` waives the version check only (for a point release or a source
-build whose interfaces still match); the signature checks always run.
+touching anything it checks vLLM's version, every signature and constant the replacements
+mirror, what vLLM's own bodies of the replaced functions do (:data:`REPLACED_BODIES`: a
+broadcast from rank 0, a new attribute or helper, another ``_batch_budget`` layout would be
+dropped by the replacement) and whether a subclass overrides what it patches (the patch would
+never run for it; a guard keeps refusing such a subclass defined later). An *additive* change (a
+new optional parameter that the replacement takes too, a newer vLLM) is accepted and logged; on
+any other difference it raises :class:`VllmCompatibilityError` listing them and patches nothing:
+silently serving with a half-patched or mismatched vLLM would be worse than not starting.
+``AV_CORE_VLLM_ANY_VERSION=1`` waives the check that refuses versions older than 0.32 only; the
+interface checks always run. A verify cost table by batch size and K (vllm#52559) is refused by
+name where av_core would read it.
 
 ``AV_CORE_STATE_DIR`` (warm restarts) and ``AV_CORE_SHARE_STATS=dp`` (pooled statistics across
 data-parallel ranks) wrap ``DraftModelSpeculator.load_model`` (and, for sharing,
@@ -26,36 +32,31 @@ checked with the rest, before anything is patched. ``AV_CORE_VLLM_EXACT=1`` give
 vLLM's unbounded refit; metrics (``AV_CORE_METRICS_PORT``, ``PROMETHEUS_MULTIPROC_DIR``) start
 with the first estimator, plugin or not.
 
-Drafting-depth control (:mod:`av_core.vllm.depth`) is off unless ``AV_CORE_VLLM_DEPTH`` is set
-to ``batch`` (or ``1``) or ``per_request``; ``AV_CORE_VLLM_DRAFTER`` (``autoregressive``, the
-default, or ``parallel``) gives the shape of the drafter's cost by depth. Then
-:func:`install_depth_control` wraps ``propose`` of vLLM's autoregressive speculators (EAGLE/MTP
-``TargetDependentARSpeculator``, ``StandaloneARSpeculator``, ``MultiModuleMTPSpeculator``): before
-drafting, a :class:`~av_core.vllm.depth.DraftDepthHook` catches up on the confidences vLLM's
-``AdaptiveVerificationManager`` has copied to the host (two proposals back; so vLLM's adaptive
-verification must be on), chooses the depth from them and the manager's profiled cost tables,
-passes it as ``num_speculative_tokens`` and marks undrafted positions ``-1``. The manager's
-``record_confidences`` and ``add_request`` are wrapped to tell the hook which depths each
-proposal drafted and when a new request takes a slot.
+Drafting-depth control (:mod:`av_core.vllm.depth_control`) is off unless ``AV_CORE_VLLM_DEPTH`` is
+set to ``batch`` (or ``1``) or ``per_request``; :func:`register` then installs it too.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
-from av_core import _native
-from av_core._engine_interface import engine_version, resolve, signature_text
-from av_core._env import env_flag
+from av_core import _settings as settings
+from av_core._engine_interface import (
+    InterfaceReport,
+    check_signature,
+    engine_version,
+    older_than,
+    resolve,
+    signature_text,
+)
 from av_core.vllm import serving as vllm_serving
 from av_core.vllm.constants import (
     DAMPING_OBSERVATIONS,
@@ -67,6 +68,26 @@ from av_core.vllm.constants import (
     MAX_LOG_ODDS,
     REFIT_INTERVAL,
 )
+from av_core.vllm.depth_control import (
+    DEPTH_MANAGER_SIGNATURES,
+    DEPTH_SPECULATORS,
+    ENV_DEPTH,
+    ENV_DRAFTER,
+    _DepthState,
+    install_depth_control,
+)
+from av_core.vllm.depth_control import DEPTH_READS as DEPTH_READS
+from av_core.vllm.depth_control import _depth_hook as _depth_hook
+from av_core.vllm.interface import (
+    BUDGET_MODULE,
+    ESTIMATOR_MODULE,
+    VllmCompatibilityError,
+    body_problems,
+    calls_super,
+    check_one_dimensional,
+    override_problems,
+)
+from av_core.vllm.interface import REPLACED_BODIES as REPLACED_BODIES
 from av_core.vllm.update import choose_update
 
 __all__ = [
@@ -96,15 +117,11 @@ __all__ = [
 
 logger = logging.getLogger("vllm.av_core")
 
-ENV_ENABLE = "AV_CORE_VLLM"
-ENV_ANY_VERSION = "AV_CORE_VLLM_ANY_VERSION"
-ENV_DEPTH = "AV_CORE_VLLM_DEPTH"
-ENV_DRAFTER = "AV_CORE_VLLM_DRAFTER"
+ENV_ENABLE = settings.VLLM.name
+ENV_ANY_VERSION = settings.VLLM_ANY_VERSION.name
 #: The releases whose interfaces the contract tests check: every 0.32 point release (0.32.x) and
 #: 0.33.0 (their estimator files are identical; the manager differs in what av_core leaves alone).
 SUPPORTED_VLLM_VERSIONS = ("0.32.x", "0.33.0")
-ESTIMATOR_MODULE = "vllm.v1.worker.gpu.spec_decode.acceptance_estimator"
-BUDGET_MODULE = "vllm.v1.worker.gpu.spec_decode.adaptive_verification"
 
 #: Every signature the replacements mirror, as ``signature_text`` writes it (names, order,
 #: kinds and defaults; annotations ignored). tests/test_vllm_contract.py checks this table
@@ -130,27 +147,6 @@ EXPECTED_SIGNATURES: dict[tuple[str, str], str] = {
     ),
 }
 
-#: The speculators whose ``propose`` depth control wraps: (module, class). Each ``propose`` takes
-#: ``input_batch`` first and a ``num_speculative_tokens=None`` keyword (checked before patching,
-#: and against the released source by tests/test_vllm_contract.py).
-DEPTH_SPECULATORS = (
-    (
-        "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator",
-        "TargetDependentARSpeculator",
-    ),
-    ("vllm.v1.worker.gpu.spec_decode.standalone_ar.speculator", "StandaloneARSpeculator"),
-    ("vllm.v1.worker.gpu.spec_decode.multi_module_mtp.speculator", "MultiModuleMTPSpeculator"),
-)
-
-#: Attributes of ``AdaptiveVerificationManager`` that depth control reads (set in its
-#: ``__init__`` and profiling in vLLM 0.33.0).
-DEPTH_READS = ("cost_tables", "_stale_confidences", "_stale_idx")
-
-#: ``AdaptiveVerificationManager`` methods depth control wraps, with their 0.33.0 signatures.
-DEPTH_MANAGER_SIGNATURES = {
-    "AdaptiveVerificationManager.record_confidences": "(self, confidence_probs, input_batch)",
-    "AdaptiveVerificationManager.add_request": "(self, req_idx)",
-}
 
 #: Constants whose values the drop-ins reproduce: vLLM's must equal the core's vLLM preset
 #: (``av_core._native.VLLM_ESTIMATOR``, read through ``av_core.vllm.constants``).
@@ -180,10 +176,6 @@ GET_NUM_TOKENS_READS = (
 )
 
 
-class VllmCompatibilityError(RuntimeError):
-    """vLLM's interfaces differ from those av_core's drop-ins mirror; nothing was patched."""
-
-
 @dataclass(frozen=True)
 class Replacement:
     """One attribute swapped by :func:`install`."""
@@ -195,28 +187,85 @@ class Replacement:
     replacement: Any
 
     def describe(self) -> str:
-        new = f"{self.replacement.__module__}.{self.replacement.__qualname__}"
+        function = getattr(self.replacement, "__func__", self.replacement)
+        new = f"{function.__module__}.{function.__qualname__}"
         return f"{self.owner_name}.{self.attribute} -> {new}"
 
 
 _installed: list[Replacement] = []
 
+#: ``Replacement.original`` of an attribute the class did not define itself (restored by
+#: deleting it).
+_ABSENT: Any = object()
+
+#: The attributes av_core patches on each class whose later subclasses it guards.
+_guarded: dict[type, set[str]] = {}
+
+
+def _subclass_guard(owner: type, owner_name: str, attributes: list[str]) -> list[Replacement]:
+    """While installed, a subclass of ``owner`` defined later that overrides one of
+    ``attributes`` without calling ``super()`` (the patch would never run for it) raises
+    :class:`VllmCompatibilityError` naming it, at its definition (vLLM then fails to start,
+    as on a refused install). Returns the ``__init_subclass__`` replacement to install, if the
+    class has none from av_core yet."""
+    fresh = owner not in _guarded
+    _guarded.setdefault(owner, set()).update(attributes)
+    if not fresh:
+        return []
+
+    base: Any = owner
+
+    def __init_subclass__(cls: Any, /, **kwargs: Any) -> None:  # noqa: N807
+        super(base, cls).__init_subclass__(**kwargs)
+        for attribute in sorted(_guarded.get(owner, ())):
+            if attribute in vars(cls) and not calls_super(vars(cls)[attribute], attribute):
+                raise VllmCompatibilityError(
+                    f"{cls.__module__}.{cls.__qualname__} overrides {attribute}: av_core's "
+                    f"replacement of {owner_name}.{attribute} ({ENV_ENABLE}=1) would never run "
+                    "for it"
+                )
+
+    original = vars(owner).get("__init_subclass__", _ABSENT)
+    return [
+        Replacement(
+            owner, owner_name, "__init_subclass__", original, classmethod(__init_subclass__)
+        )
+    ]
+
 
 def _signature_problems(
-    modules: Mapping[str, ModuleType], expected: Mapping[tuple[str, str], str]
+    modules: Mapping[str, ModuleType],
+    expected: Mapping[tuple[str, str], str],
+    report: InterfaceReport | None = None,
+    replacements: Mapping[tuple[str, str], str] | None = None,
 ) -> list[str]:
-    """Every live signature that differs from ``expected`` (``(module, dotted) -> text``)."""
-    problems: list[str] = []
+    """Every live signature that differs from ``expected`` (``(module, dotted) -> text``) in a
+    way that matters: an additive change (a new optional parameter) is accepted, and noted in
+    ``report``, unless the definition is one av_core replaces (``replacements``: its
+    replacement's signature) and the replacement does not take it."""
+    found_report = InterfaceReport([], [])
     for (module_name, dotted), text in expected.items():
-        where = f"{module_name}.{dotted}"
-        try:
-            found = signature_text(resolve(modules[module_name], dotted))
-        except (AttributeError, KeyError, TypeError, ValueError) as error:
-            problems.append(f"{where}: not found or not inspectable ({error})")
-            continue
-        if found != text:
-            problems.append(f"{where}{found} differs from the expected {where}{text}")
-    return problems
+        taken_by = (replacements or {}).get((module_name, dotted))
+        check_signature(found_report, modules, module_name, dotted, text, taken_by=taken_by)
+    if report is not None:
+        report.accepted.extend(found_report.accepted)
+    return found_report.problems
+
+
+def _replacement_signatures() -> dict[tuple[str, str], str]:
+    """The signatures of av_core's replacements of :data:`EXPECTED_SIGNATURES`."""
+    from av_core import vllm as drop_ins
+
+    estimator = drop_ins.OnlineAcceptanceEstimator
+    ours: dict[str, Callable[..., Any]] = {
+        "OnlineAcceptanceEstimator.__init__": estimator.__init__,
+        "OnlineAcceptanceEstimator.step": estimator.step,
+        "OnlineAcceptanceEstimator.predict": estimator.predict,
+        "build_cost_tables_from_curves": drop_ins.build_cost_tables_from_curves,
+        "_assign_draft_token_budget": drop_ins.assign_draft_token_budget,
+        "AdaptiveVerificationManager.get_num_tokens": _get_num_tokens,
+    }
+    return {key: signature_text(ours[key[1]]) for key in EXPECTED_SIGNATURES}
 
 
 def version_supported(version: str) -> bool:
@@ -233,32 +282,51 @@ def version_supported(version: str) -> bool:
     return False
 
 
-def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> list[str]:
-    """Every difference between the live vLLM modules and what the drop-ins mirror (empty when
-    compatible). ``version=None`` skips the version check."""
-    problems: list[str] = []
+def interface_report(modules: Mapping[str, ModuleType], version: str | None) -> InterfaceReport:
+    """Every difference between the live vLLM modules and what the drop-ins mirror, split into
+    refusals and accepted additive changes. ``version=None`` skips the version check."""
+    report = InterfaceReport([], [])
     if version is not None and not version_supported(version):
-        problems.append(
-            f"vLLM version {version} is not one av_core's plugin was written against "
-            f"({', '.join(SUPPORTED_VLLM_VERSIONS)}); set {ENV_ANY_VERSION}=1 to try it anyway "
-            "(the signature checks still apply)"
-        )
-    problems += _signature_problems(modules, EXPECTED_SIGNATURES)
+        if older_than(version, "0.32.0"):
+            report.problems.append(
+                f"vLLM version {version} is older than those av_core's plugin was written "
+                f"against ({', '.join(SUPPORTED_VLLM_VERSIONS)}); set {ENV_ANY_VERSION}=1 to "
+                "try it anyway (the interface checks still apply)"
+            )
+        else:
+            report.accepted.append(
+                f"vLLM {version} is not a release the contract tests read "
+                f"({', '.join(SUPPORTED_VLLM_VERSIONS)}): installed because every interface "
+                "check passes"
+            )
+    report.problems.extend(
+        _signature_problems(modules, EXPECTED_SIGNATURES, report, _replacement_signatures())
+    )
     for (module_name, dotted), expected_value in EXPECTED_CONSTANTS.items():
         where = f"{module_name}.{dotted}"
         try:
             value = resolve(modules[module_name], dotted)
         except (AttributeError, KeyError) as error:
-            problems.append(f"{where}: not found ({error})")
+            report.problems.append(f"{where}: not found ({error})")
             continue
         if value != expected_value:
-            problems.append(f"{where} = {value!r}, expected {expected_value!r}")
+            report.problems.append(f"{where} = {value!r}, expected {expected_value!r}")
     budget_module = modules.get(BUDGET_MODULE)
     if budget_module is not None and not hasattr(
         budget_module, "_assign_draft_token_budget_compiled"
     ):
-        problems.append(f"{BUDGET_MODULE}._assign_draft_token_budget_compiled: not found")
-    return problems
+        report.problems.append(f"{BUDGET_MODULE}._assign_draft_token_budget_compiled: not found")
+    report.problems.extend(body_problems(modules, report))
+    manager = getattr(budget_module, "AdaptiveVerificationManager", None)
+    if isinstance(manager, type):
+        targets = [(manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", "get_num_tokens")]
+        report.problems.extend(override_problems(targets, report))
+    return report
+
+
+def check_interface(modules: Mapping[str, ModuleType], version: str | None) -> list[str]:
+    """The refusals of :func:`interface_report` (empty when compatible)."""
+    return interface_report(modules, version).problems
 
 
 def _get_num_tokens(
@@ -271,6 +339,7 @@ def _get_num_tokens(
 
     if self.cost_tables is None:
         raise RuntimeError("adaptive verification has no cost tables yet (profiling did not run)")
+    check_one_dimensional(self.cost_tables, type(self).__name__)
     req_states = self.req_states
     plan = batch_draft_budget(
         num_tokens_per_req,
@@ -367,6 +436,9 @@ def _plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
             inspect.getattr_static(manager, "get_num_tokens"),
             _get_num_tokens,
         ),
+        *_subclass_guard(
+            manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", ["get_num_tokens"]
+        ),
     ]
     # Modules that bound a name with `from ... import` before now keep the original unless
     # rebound too (vLLM's speculator.py imports the estimator class that way).
@@ -384,223 +456,37 @@ def _plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
     return plan
 
 
-class _DepthState:
-    """The process's depth hook and the vLLM manager it reads (one model runner per process)."""
-
-    hook: Any = None
-    manager: Any = None
-    tables_source: Any = None
-    # The requests and depths of the `propose` that ran last, noted at the next
-    # `record_confidences` (the call that starts copying that proposal's confidences).
-    last: tuple[Any, Any] | None = None
-
-
-def _record_manager(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps ``AdaptiveVerificationManager.__init__`` to remember the instance."""
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        _DepthState.manager = self
-
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    return __init__
-
-
-def _record_confidences(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps ``AdaptiveVerificationManager.record_confidences``: the proposal that just ran is
-    the one whose confidences this call starts copying to the host."""
-
-    def record_confidences(self: Any, confidence_probs: Any, input_batch: Any) -> None:
-        original(self, confidence_probs, input_batch)
-        hook, last = _DepthState.hook, _DepthState.last
-        if hook is not None and last is not None:
-            hook.proposed(*last)
-        _DepthState.last = None
-
-    record_confidences.__wrapped__ = original  # type: ignore[attr-defined]
-    return record_confidences
-
-
-def _add_request(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps ``AdaptiveVerificationManager.add_request``: a new request in a slot starts at 1.0
-    in the hook too."""
-
-    def add_request(self: Any, req_idx: int) -> None:
-        original(self, req_idx)
-        if _DepthState.hook is not None:
-            _DepthState.hook.add_request(int(req_idx))
-
-    add_request.__wrapped__ = original  # type: ignore[attr-defined]
-    return add_request
-
-
-def _depth_hook(manager: Any, num_speculative_steps: int) -> Any:
-    """The hook, built on first use from vLLM's profiled tables (rebuilt if they change)."""
-    from av_core import CostTables
-    from av_core.vllm.depth import DraftDepthHook
-
-    tables = manager.cost_tables
-    if _DepthState.hook is None or _DepthState.tables_source is not tables:
-        draft_ms, verify_ms = (np.asarray(t, dtype=np.float64) for t in tables)
-        costs = CostTables(draft_ms, verify_ms).with_draft_depth(
-            _drafter_kind(), max_depth=num_speculative_steps
-        )
-        _DepthState.hook = DraftDepthHook(
-            costs,
-            manager._stale_confidences[0].np.shape[0],
-            num_speculative_steps,
-            mode="per_request" if _depth_mode() == "per_request" else "batch",
-        )
-        _DepthState.tables_source = tables
-    return _DepthState.hook
-
-
-def _depth_propose(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps a speculator's ``propose``: choose the depth first, draft that deep, mask the rest."""
-
-    def propose(self: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        manager = _DepthState.manager
-        k = self.num_speculative_steps
-        given = kwargs.get("num_speculative_tokens")
-        limit = k if given is None else int(given)
-        slots = np.asarray(input_batch.idx_mapping_np[: input_batch.num_reqs], dtype=np.int64)
-        if (
-            manager is None
-            or getattr(manager, "cost_tables", None) is None
-            or kwargs.get("dummy_run")
-            or limit == 0
-        ):
-            if not kwargs.get("dummy_run"):
-                _DepthState.last = (slots, np.full(slots.size, min(limit, k)))
-            return original(self, input_batch, *args, **kwargs)
-        hook = _depth_hook(manager, k)
-        hook.catch_up(manager._stale_confidences[manager._stale_idx].np)
-        depth = hook.num_speculative_tokens(
-            slots,
-            limit=limit,
-            num_non_draft_tokens=len(slots),
-            num_sampling_requests=len(slots),
-        )
-        kwargs["num_speculative_tokens"] = depth
-        draft_tokens = original(self, input_batch, *args, **kwargs)
-        if depth < limit:
-            draft_tokens[:, depth:] = -1
-        hook.mask(draft_tokens)
-        _DepthState.last = (slots, hook.last_depths)
-        return draft_tokens
-
-    propose.__wrapped__ = original  # type: ignore[attr-defined]
-    return propose
-
-
-def _depth_mode() -> str:
-    """``batch`` or ``per_request`` from ``AV_CORE_VLLM_DEPTH`` (``1``/``true``/``yes`` mean
-    batch; empty, ``0``, ``false``, ``no`` and ``off`` mean off)."""
-    value = os.environ.get(ENV_DEPTH, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return "off"
-    return "batch" if value in ("1", "true", "yes") else value
-
-
-def _drafter_kind() -> str:
-    return os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
-
-
-def _depth_problems(modules: Mapping[str, ModuleType]) -> list[str]:
-    problems = []
-    for module_name, class_name in DEPTH_SPECULATORS:
-        where = f"{module_name}.{class_name}.propose"
-        try:
-            text = signature_text(resolve(modules[module_name], f"{class_name}.propose"))
-        except (AttributeError, KeyError, TypeError, ValueError) as error:
-            problems.append(f"{where}: not found or not inspectable ({error})")
-            continue
-        if not text.startswith("(self, input_batch,") or "num_speculative_tokens=None" not in text:
-            expected = "(self, input_batch, ..., num_speculative_tokens=None)"
-            problems.append(f"{where}{text}: expected {expected}")
-    problems += _signature_problems(
-        modules,
-        {(BUDGET_MODULE, dotted): text for dotted, text in DEPTH_MANAGER_SIGNATURES.items()},
-    )
-    if _drafter_kind() not in ("autoregressive", "parallel"):
-        problems.append(f"{ENV_DRAFTER}={_drafter_kind()!r}: expected autoregressive or parallel")
-    if _depth_mode() not in ("batch", "per_request", "off"):
-        problems.append(f"{ENV_DEPTH}={_depth_mode()!r}: expected batch (or 1) or per_request")
-    return problems
-
-
-def install_depth_control() -> list[Replacement]:
-    """Checks the speculators and wraps their ``propose`` with drafting-depth control (module
-    doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference.
-    Idempotent."""
-    done = [entry for entry in _installed if entry.attribute == "propose"]
-    if done:
-        return done
-    names = [module for module, _ in DEPTH_SPECULATORS] + [BUDGET_MODULE]
-    modules = {name: importlib.import_module(name) for name in names}
-    problems = _depth_problems(modules)
-    if problems:
-        raise VllmCompatibilityError(
-            f"av_core's drafting-depth control ({ENV_DEPTH}) cannot run on this vLLM; nothing "
-            "was patched. Differences:\n  - " + "\n  - ".join(problems)
-        )
-    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
-    owner_name = f"{BUDGET_MODULE}.AdaptiveVerificationManager"
-    plan = [
-        Replacement(
-            manager,
-            owner_name,
-            attribute,
-            inspect.getattr_static(manager, attribute),
-            wrap(inspect.getattr_static(manager, attribute)),
-        )
-        for attribute, wrap in (
-            ("__init__", _record_manager),
-            ("record_confidences", _record_confidences),
-            ("add_request", _add_request),
-        )
-    ]
-    for module_name, class_name in DEPTH_SPECULATORS:
-        owner = getattr(modules[module_name], class_name)
-        original = inspect.getattr_static(owner, "propose")
-        plan.append(
-            Replacement(
-                owner, f"{module_name}.{class_name}", "propose", original, _depth_propose(original)
-            )
-        )
-    for entry in plan:
-        setattr(entry.owner, entry.attribute, entry.replacement)
-        _installed.append(entry)
-        logger.info("av_core: depth control wraps %s.%s", entry.owner_name, entry.attribute)
-    return [entry for entry in plan if entry.attribute == "propose"]
-
-
 def install() -> list[Replacement]:
     """Check vLLM and swap in av_core's drop-ins (see the module doc); idempotent.
 
     Raises :class:`VllmCompatibilityError`, with every difference found, and patches nothing if
-    vLLM's interfaces differ from those mirrored; ``ValueError`` naming the variable, and patches
-    nothing, for a value of ``AV_CORE_VLLM_ANY_VERSION``, ``AV_CORE_VLLM_EXACT`` or
-    ``AV_CORE_VLLM_ESTIMATOR`` it does not know (or ``exact`` with ``map``), or of
-    ``AV_CORE_SIMD``.
+    vLLM's interfaces differ from those mirrored; ``SettingError`` (a ``ValueError``) naming
+    every variable, and patches nothing, for a value of a variable it or its drop-ins read
+    (``av_core._settings.VLLM_SETTINGS``, ``AV_CORE_SIMD`` included) that it does not take, or
+    ``exact`` with ``map``.
     """
     if _installed:
-        return list(_installed)
-    _native.check_environment()  # AV_CORE_SIMD: a bad value fails here, naming it
-    any_version = env_flag(ENV_ANY_VERSION)
+        return installed()
+    # Every variable the plugin and its drop-ins read (AV_CORE_SIMD included), checked before
+    # anything is patched: a value one does not take fails here, naming it (docs/settings.md).
+    settings.check(settings.VLLM_SETTINGS)
+    any_version = settings.VLLM_ANY_VERSION.require()
     # What every drop-in estimator will be built with: a bad value fails here, naming the
     # variable, before anything is patched (not later, inside vLLM's model runner).
-    update, exact = choose_update(None, None)
+    update, exact = choose_update(None, None, strict=True)
     version = engine_version("vllm")
     modules = {name: importlib.import_module(name) for name in (ESTIMATOR_MODULE, BUDGET_MODULE)}
-    problems = check_interface(modules, None if any_version else version)
+    report = interface_report(modules, None if any_version else version)
+    problems = report.problems
     serving = vllm_serving.wanted()
     if serving:
         serving_modules = {name: _import(name) for name in vllm_serving.modules_needed()}
         missing = [name for name, module in serving_modules.items() if module is None]
         problems += [f"{name}: cannot be imported" for name in missing]
         present = {name: m for name, m in serving_modules.items() if m is not None}
-        problems += vllm_serving.problems(present, _signature_problems)
+        problems += vllm_serving.problems(
+            present, lambda mods, expected: _signature_problems(mods, expected, report)
+        )
     if problems:
         raise VllmCompatibilityError(
             f"av_core's vLLM plugin ({ENV_ENABLE}=1) cannot run on this vLLM ({version}); "
@@ -613,12 +499,14 @@ def install() -> list[Replacement]:
         setattr(entry.owner, entry.attribute, entry.replacement)
         _installed.append(entry)
         logger.info("av_core: replaced %s", entry.describe())
+    for change in report.accepted:
+        logger.info("av_core: accepted an additive change of vLLM: %s", change)
     logger.info("av_core: vLLM %s runs adaptive verification on av_core", version)
     if exact:
         logger.info("av_core: %s=1: estimators refit with vLLM's unbounded update", ENV_EXACT)
     if update == "map":
         logger.info("av_core: %s=map: estimators refit with av_core's own update", ENV_ESTIMATOR)
-    return list(_installed)
+    return installed()
 
 
 def uninstall() -> None:
@@ -628,23 +516,27 @@ def uninstall() -> None:
     _DepthState.last = None
     while _installed:
         entry = _installed.pop()
-        setattr(entry.owner, entry.attribute, entry.original)
+        if entry.original is _ABSENT:
+            delattr(entry.owner, entry.attribute)
+        else:
+            setattr(entry.owner, entry.attribute, entry.original)
         logger.info("av_core: restored %s.%s", entry.owner_name, entry.attribute)
+    _guarded.clear()
 
 
 def installed() -> list[Replacement]:
-    """The replacements in effect."""
-    return list(_installed)
+    """The replacements in effect (without the guards against later overriding subclasses)."""
+    return [entry for entry in _installed if entry.attribute != "__init_subclass__"]
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: :func:`install` when ``AV_CORE_VLLM=1``, and
     :func:`install_depth_control` when ``AV_CORE_VLLM_DEPTH`` is set (off by default)."""
-    if env_flag(ENV_ENABLE):
+    if settings.VLLM.require():
         install()
     else:
         logger.debug("av_core: %s is not set, vLLM keeps its own adaptive verification", ENV_ENABLE)
-        ignored = [name for name in (ENV_ESTIMATOR, ENV_EXACT) if os.environ.get(name, "").strip()]
+        ignored = [s.name for s in (settings.VLLM_ESTIMATOR, settings.VLLM_EXACT) if s.is_set()]
         if ignored:
             logger.warning(
                 "av_core: %s set without %s=1: vLLM keeps its own estimator, so %s has no effect",
@@ -652,5 +544,5 @@ def register() -> None:
                 ENV_ENABLE,
                 "it" if len(ignored) == 1 else "they",
             )
-    if _depth_mode() != "off":
+    if settings.VLLM_DEPTH.require() != "off":
         install_depth_control()

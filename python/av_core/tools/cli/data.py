@@ -32,6 +32,7 @@ from av_core.tools.cli.common import (
     reading,
     shipped_names,
 )
+from av_core.tools.cli.engine import add_engine_option, collect_llama, profile_llama
 from av_core.tools.profile import DEFAULT_TOKENS
 from av_core.tools.progress import progress_enabled
 from av_core.tools.trace import SHIPPED_TRACES
@@ -86,7 +87,7 @@ def _traces(args: argparse.Namespace) -> int:
             trace.num_positions,
         )
     for file in SHIPPED_TRACES:
-        table.notes.append(f"{file}: {PROVENANCE.get(file, 'see docs/collect.md')}.")
+        table.notes.append(f"{file}: {PROVENANCE.get(file, 'collected by av-core collect')}.")
     table.notes.append(COMMON_PROVENANCE)
     _emit_tables(
         console, _style(args), [], [table], {"command": "traces", "tables": [table.to_dict()]}
@@ -96,6 +97,8 @@ def _traces(args: argparse.Namespace) -> int:
 
 def _profile(args: argparse.Namespace) -> int:
     """Measures forward times of a target (and a drafter) into a cost file."""
+    if args.engine == "llama.cpp":
+        return profile_llama(args)
     console = _console(args)
     _probe_output("--output", args.output)
     _require(_model_modules(args.target, args.drafter), "collect", "profile")
@@ -186,6 +189,8 @@ def _collect(args: argparse.Namespace) -> int:
     if not args.output.name.endswith((".csv", ".csv.gz")):
         raise CommandError(f"--output must be a .csv or .csv.gz file, got {str(args.output)!r}")
     _probe_output("--output", args.output)
+    if args.engine == "llama.cpp":
+        return collect_llama(args)
     _require(_model_modules(args.target, args.drafter), "collect", "collect")
     from av_core.tools.collect import CollectConfig, collect, completed_prompt_ids, read_prompts
 
@@ -241,7 +246,9 @@ def _add_models(parser: argparse.ArgumentParser, *, drafter_required: bool) -> N
 
 def _add_torch_options(parser: argparse.ArgumentParser) -> None:
     """``--device`` and ``--threads``: where and on how many CPU threads torch runs the models."""
-    parser.add_argument("--device", type=types.device, default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument(
+        "--device", type=types.device, default="cpu", help="cpu, cuda[:N], mps or xpu[:N]"
+    )
     parser.add_argument(
         "--threads",
         type=types.positive_int,
@@ -295,6 +302,16 @@ def add_profile(add: AddCommand) -> argparse.ArgumentParser:
     profile.add_argument(
         "--repeats", type=types.positive_int, default=5, help="timed runs per size (median)"
     )
+    add_engine_option(profile)
+    profile.add_argument(
+        "--concurrency",
+        type=types.int_list(),
+        default="1,2,4,8",
+        help="with --engine llama.cpp: the R values to profile the loop at",
+    )
+    profile.add_argument(
+        "--k", type=types.bounded_int(1, 16), default=4, help="with --engine llama.cpp: K"
+    )
     _add_torch_options(profile)
     profile.set_defaults(handler=_profile)
     return profile
@@ -315,7 +332,8 @@ def add_collect(add: AddCommand) -> argparse.ArgumentParser:
         "--prompts",
         required=True,
         type=types.readable_file,
-        help="JSONL prompts file (docs/collect.md)",
+        help='JSONL prompts file, one object a line: {"prompt_id": ..., "workload": ..., '
+        '"prompt": ...} ("chat": false skips the chat template)',
     )
     collect.add_argument(
         "--output",
@@ -338,6 +356,7 @@ def add_collect(add: AddCommand) -> argparse.ArgumentParser:
         "--max-new-tokens", type=types.positive_int, default=128, help="tokens per prompt"
     )
     collect.add_argument("--seed", type=types.seed, default=0, help="sampling seed")
+    add_engine_option(collect)
     _add_torch_options(collect)
     collect.add_argument(
         "--max-prompts",

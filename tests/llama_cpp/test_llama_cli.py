@@ -1,0 +1,202 @@
+"""``av-core profile --engine llama.cpp``, ``av-core bench-engine`` and ``av-core collect
+--engine llama.cpp`` on the tiny GGUF pair: what they write, resuming, and their one-line
+errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from llama_fakes import tiny_models
+
+from av_core.llama_cpp.bench import README_END, README_START, aggregate, format_table, update_readme
+from av_core.llama_cpp.profile import EngineCosts
+from av_core.tools.cli import main
+from av_core.tools.trace import read_trace
+
+PROMPTS = [
+    {
+        "prompt_id": f"p{i}",
+        "workload": "code" if i % 2 else "prose",
+        "prompt": f"def f{i}(x): return x + {i}",
+        "chat": False,
+    }
+    for i in range(6)
+]
+
+
+@pytest.fixture
+def prompts_file(tmp_path):  # type: ignore[no-untyped-def]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_pair() -> tuple[str, str]:
+    return tiny_models()
+
+
+def _models(pair: tuple[str, str]) -> list[str]:
+    return ["--target", pair[0], "--drafter", pair[1]]
+
+
+def test_profile_writes_the_loops_cost_tables(tmp_path, tiny_pair, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "costs.json"
+    argv = ["profile", "--engine", "llama.cpp", *_models(tiny_pair), "--concurrency", "1,3"]
+    assert main([*argv, "--k", "3", "--context", "24", "--repeats", "1", "--output", str(out)]) == 0
+    costs = EngineCosts.load(out)
+    assert sorted(costs.points) == [1, 3] and costs.num_positions == 3
+    # Verification shapes: R requests x (1 + a) tokens for a = 0..K; drafter passes 1..R.
+    assert [t for t, _ in costs.points[3]["verify"]] == [3, 6, 9, 12]
+    assert [n for n, _ in costs.points[3]["draft"]] == [1, 2, 3]
+    assert [d for d, _ in costs.points[3]["draft_depth"]] == [0, 1, 2, 3]
+    tables = costs.tables(3)
+    assert tables.max_draft_depth == 3 and len(tables.verify_ms) == 3 * 4 + 1
+    assert "R=3: verify 3 tok" in capsys.readouterr().out
+
+
+def test_bench_engine_runs_resumes_and_fills_the_readme(
+    tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "bench"
+    argv = [
+        "bench-engine", *_models(tiny_pair), "--prompts", str(prompts_file), "--out", str(out),
+        "--concurrency", "1,2", "--threads", "1", "--repeats", "2", "--max-new-tokens", "12",
+        "--policies", "no-spec,K=2,llama.cpp-p0.75,AV+D", "--k", "2", "--profile-repeats", "1",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    runs = (out / "runs.jsonl").read_text().splitlines()
+    assert len(runs) == 2 * 2 * 4  # R x repeats x policies (K=2 is the trace run)
+    data = json.loads((out / "results.json").read_text())
+    rows = {(r["policy"], r["R"]): r for r in data["rows"]}
+    assert len(rows) == 8
+    for row in data["rows"]:
+        assert row["repeats"] == 2 and row["threads"] == 1
+        assert row["spread"][0] <= row["tokens_per_s"] <= row["spread"][1]
+        assert row["tokens_per_s"] > 0 and row["tokens_per_s_cpu"] > 0
+    assert rows[("no-spec", 1)]["tokens_per_verification"] == 1.0
+    assert rows[("llama.cpp-p0.75", 2)]["simulated_tokens_per_s"] is None  # not in the simulator
+    assert rows[("AV+D", 2)]["simulated_tokens_per_s"] > 0
+    assert "| 1 | 2 | AV+D |" in capsys.readouterr().out
+    # A second run finds every run done and adds none.
+    assert main(argv) == 0
+    assert (out / "runs.jsonl").read_text().splitlines() == runs
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{README_START}\nold\n{README_END}\ntail\n")
+    assert main(["bench-engine", "--out", str(out), "--update-readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert (
+        "old" not in text
+        and "| 1 | 1 | no-spec |" in text
+        and text.endswith(f"{README_END}\ntail\n")
+    )
+
+
+def test_collect_writes_a_full_verification_trace_and_resumes(
+    tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "trace.csv.gz"
+    argv = ["collect", "--engine", "llama.cpp", *_models(tiny_pair), "--prompts", str(prompts_file)]
+    argv += ["--output", str(out), "--max-new-tokens", "16", "--k", "3", "--max-prompts", "4"]
+    assert main(argv) == 0
+    trace = read_trace(out)
+    assert sorted(set(trace.prompt_id.tolist())) == ["p0", "p1", "p2", "p3"]
+    assert trace.admitted.all() and trace.num_positions == 3
+    assert "4 prompts collected, 0 already present" in capsys.readouterr().out
+    assert main([*argv[:-2], "--max-prompts", "6"]) == 0
+    assert "2 prompts collected, 4 already present" in capsys.readouterr().out
+    assert len(read_trace(out)) > len(trace)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["bench-engine", "--target", "{t}", "--drafter", "{missing}"],
+            "no such model directory or .gguf file",
+        ),
+        (
+            ["bench-engine", "--target", "{t}", "--drafter", "{d}", "--policies", "K=2,fast"],
+            "unknown policy 'fast'",
+        ),
+        (["bench-engine", "--target", "{t}"], "--target and --drafter are required"),
+        (
+            ["profile", "--engine", "llama.cpp", "--target", "{t}", "--output", "{out}"],
+            "--drafter is required with --engine llama.cpp",
+        ),
+        (
+            [
+                "profile",
+                "--engine",
+                "llama.cpp",
+                "--target",
+                "{dir}",
+                "--drafter",
+                "{d}",
+                "--output",
+                "{out}",
+            ],
+            "reads a .gguf file, not a directory",
+        ),
+        (
+            [
+                "collect",
+                "--engine",
+                "llama.cpp",
+                "--target",
+                "{t}",
+                "--drafter",
+                "{text}",
+                "--prompts",
+                "{prompts}",
+                "--output",
+                "{csv}",
+            ],
+            "not a GGUF file",
+        ),
+        (["bench-engine", "--out", "{dir}", "--update-readme", "{text}"], "results.json"),
+    ],
+)
+def test_errors_are_one_line_with_exit_2(
+    argv, message, tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    text = tmp_path / "model.gguf"
+    text.write_text("hello")
+    values = {
+        "t": tiny_pair[0], "d": tiny_pair[1], "missing": str(tmp_path / "absent.gguf"),
+        "out": str(tmp_path / "c.json"), "dir": str(tmp_path), "text": str(text),
+        "prompts": str(prompts_file), "csv": str(tmp_path / "t.csv"),
+    }  # fmt: skip
+    assert main([a.format(**values) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"av-core {argv[0]}: error: ")
+    assert message.format(**values) in err[0]
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "t.csv").exists()
+
+
+def test_aggregate_and_table_on_hand_records() -> None:
+    base = {"R": 2, "threads": 1, "accepted": 3, "admitted": 4, "tokens": 10, "target_calls": 5,
+            "verifications": 10, "depth0_steps": 1, "host_ms_per_step": 0.1,
+            "tokens_per_s_cpu": 1.0,
+            "priced_tokens_per_s": 2.0, "simulated_tokens_per_s": None}  # fmt: skip
+    records = [
+        {**base, "policy": "AV+D", "repeat": i, "tokens_per_s": v}
+        for i, v in enumerate([3.0, 1.0, 2.0])
+    ] + [{**base, "policy": "no-spec", "repeat": 0, "tokens_per_s": 4.0}]
+    rows = {r["policy"]: r for r in aggregate(records)}
+    assert rows["AV+D"]["tokens_per_s"] == 2.0 and rows["AV+D"]["spread"] == [1.0, 3.0]
+    assert rows["AV+D"]["acceptance"] == 0.75 and rows["AV+D"]["repeats"] == 3
+    assert rows["AV+D"]["tokens_per_target_call"] == 2.0
+    table = format_table({"rows": list(rows.values())})
+    assert "| 1 | 2 | AV+D | 2.00 | 1.00–3.00 |" in table and table.rstrip().endswith("| 1.000 |")
+    assert "| 0.500 |" in table  # AV+D against the best (no-spec) at R = 2
+
+
+def test_update_readme_without_markers_changes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"rows": []}))
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers\n")
+    assert update_readme(readme, results) is False
+    assert readme.read_text() == "no markers\n"
