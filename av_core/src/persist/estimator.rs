@@ -28,12 +28,12 @@ use std::borrow::Cow;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::frame::{frame_with, DATA};
+use super::frame::{broken, frame_with};
 use super::{unframe, Kind, Reader};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::estimator::{
-    HistogramMemory, HistogramStats, MapState, Memory, PositionSums, Reference, RoundStats,
-    UpdateState, VllmState, FRACTION_BITS, MAX_BINS, X_FRACTION_BITS,
+    HistogramMemory, HistogramStats, MapState, Memory, Reference, RoundStats, UpdateState,
+    VllmState, FRACTION_BITS, MAX_BINS, X_FRACTION_BITS,
 };
 use crate::{AcceptanceEstimator, EstimatorConfig, EstimatorState, Update};
 
@@ -84,10 +84,9 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
         steps_since_refit: state.steps_since_refit,
         num_refits: state.num_refits,
     };
-    // About the encoding's length: the update's columns, 48 bytes per map bin.
+    // Room for the update's columns (48 bytes per map bin), which dominate the length.
     let bins = state.update.as_map().map_or(0, |map| map.round.count.len());
-    let capacity = 256 + 200 * state.intercepts.len() + 48 * bins;
-    frame_with(Kind::Estimator, FORMAT_VERSION, capacity, |out| {
+    frame_with(Kind::Estimator, FORMAT_VERSION, 1024 + 48 * bins, |out| {
         // Writing to a vector fails only for a sequence of unknown length, which no field is.
         let out = postcard::to_extend(&head, out).expect("the state's fields serialize");
         postcard::to_extend(&state.update, out).expect("the update's part serializes")
@@ -133,50 +132,50 @@ pub fn encoded_len(config: &EstimatorConfig) -> Result<usize> {
 /// ```
 pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     let read = unframe(Kind::Estimator, FORMAT_VERSION_1..=FORMAT_VERSION, bytes)?;
-    if read.version < FORMAT_VERSION {
-        let mut r = Reader {
-            bytes: read.payload,
-        };
-        let state = decode_by_position(&mut r, read.version)?;
-        r.finish()?;
-        return Ok(state);
-    }
-    let (head, rest) = take::<Head<'_>>(read.payload)?;
-    let (update, rest) = match head.config.update {
-        Update::Vllm => take::<VllmState>(rest).map(|(s, rest)| (s.into(), rest))?,
-        Update::Map => take::<MapState>(rest).map(|(s, rest)| (s.into(), rest))?,
+    let mut r = Reader {
+        bytes: read.payload,
     };
-    Reader { bytes: rest }.finish()?;
-    let state = EstimatorState {
-        config: head.config.into_owned(),
-        slope: head.slope,
-        intercepts: head.intercepts.into_owned(),
-        steps_since_refit: head.steps_since_refit,
-        num_refits: head.num_refits,
-        update,
+    let state = match read.version {
+        FORMAT_VERSION => decode_declared(&mut r)?,
+        version => decode_by_position(&mut r, version)?,
     };
-    if encode(&state) != bytes {
-        return Err(Error::state(
-            DATA,
-            "not the state's encoding (a length or tag written in more bytes than it takes)",
+    r.finish()?;
+    if read.version == FORMAT_VERSION && encode(&state) != bytes {
+        return Err(broken(
+            "not the state's own encoding (a length or tag in too many bytes)",
         ));
     }
     Ok(state)
 }
 
-/// A `T` from the front of `bytes`, and the bytes after it.
-fn take<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, &[u8])> {
-    postcard::take_from_bytes(bytes).map_err(|e| Error::state(DATA, e.to_string()))
+/// A payload of version 3 (module docs).
+fn decode_declared(r: &mut Reader<'_>) -> Result<EstimatorState> {
+    let head: Head<'_> = take(r)?;
+    Ok(EstimatorState {
+        update: match head.config.update {
+            Update::Vllm => UpdateState::Vllm(take(r)?),
+            Update::Map => UpdateState::Map(take(r)?),
+        },
+        config: head.config.into_owned(),
+        slope: head.slope,
+        intercepts: head.intercepts.into_owned(),
+        steps_since_refit: head.steps_since_refit,
+        num_refits: head.num_refits,
+    })
+}
+
+/// A `T` from the front of what `r` has left.
+fn take<T: DeserializeOwned>(r: &mut Reader<'_>) -> Result<T> {
+    let (value, rest) = postcard::take_from_bytes(r.bytes).map_err(|e| broken(e.to_string()))?;
+    r.bytes = rest;
+    Ok(value)
 }
 
 /// A payload of version 1 or 2 (module docs).
 fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState> {
     let k = r.u64("num_positions")?;
     if k == 0 || k > EstimatorConfig::MAX_POSITIONS as u64 {
-        return Err(Error::state(
-            DATA,
-            format!("num_positions {k} out of range"),
-        ));
+        return Err(broken(format!("num_positions {k} out of range")));
     }
     let k = k as usize;
     // Version 1 written before the memory of past rounds existed is shorter than the later
@@ -186,7 +185,7 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
     let mut c = EstimatorConfig::version_1(k);
     // 0 is a manual estimator (`None`), a value no interval can have.
     c.refit_interval = Some(r.u64("refit_interval")?).filter(|&v| v != 0);
-    let mut settings = [
+    let settings = [
         &mut c.damping,
         &mut c.l2,
         &mut c.init_slope,
@@ -198,9 +197,11 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
         &mut c.memory,
         &mut c.drift_z,
     ];
-    let held = if before_memory { 8 } else { 10 };
-    for setting in settings.iter_mut().take(held) {
-        **setting = r.f64("config")?;
+    for setting in settings
+        .into_iter()
+        .take(if before_memory { 8 } else { 10 })
+    {
+        *setting = r.f64("config")?;
     }
     if before_memory {
         c.memory = 0.0; // memoryless, as it was
@@ -210,22 +211,11 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
     check_bits(r.u32("fraction_bits")?, FRACTION_BITS)?;
     let mut round = RoundStats::new(k);
     for p in &mut round.positions {
-        let mut sums = [0i128; 5];
-        for sum in &mut sums {
-            *sum = r.i128("round_stats")?;
-        }
-        let [a, b, c, g0, g1] = sums;
-        *p = PositionSums {
-            a,
-            b,
-            c,
-            g0,
-            g1,
-            n: r.u64("round_stats")?,
-        };
+        let [a, b, c, g0, g1] = [(); 5].map(|()| r.i128("round_stats"));
+        let n = r.u64("round_stats")?;
+        (p.a, p.b, p.c, p.g0, p.g1, p.n) = (a?, b?, c?, g0?, g1?, n);
     }
-    let steps_since_refit = r.u64("steps_since_refit")?;
-    let num_refits = r.u64("num_refits")?;
+    let (steps_since_refit, num_refits) = (r.u64("steps_since_refit")?, r.u64("num_refits")?);
     let mut memory = Memory::new(k);
     if !before_memory {
         memory.resets = r.u64("memory")?;
@@ -235,18 +225,18 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
         memory.rhs = floats(r, k + 1, "memory")?;
         memory.counts = floats(r, k, "memory")?;
     }
-    let mut update: UpdateState = VllmState { round, memory }.into();
+    let mut update = UpdateState::Vllm(VllmState { round, memory });
     if version == 2 {
         // Format 2 numbers the updates: 0 map, 1 vllm.
-        let code = r.u32("update")?;
-        let name = ["map", "vllm"]
-            .get(code as usize)
-            .copied()
-            .unwrap_or_default();
-        c.update = name.parse::<Update>().map_err(|_| {
-            let message = format!("update code {code} is not 0 (map) or 1 (vllm)");
-            Error::state(DATA, message)
-        })?;
+        c.update = match r.u32("update")? {
+            0 => Update::Map,
+            1 => Update::Vllm,
+            code => {
+                return Err(broken(format!(
+                    "update code {code} is not 0 (map) or 1 (vllm)"
+                )))
+            }
+        };
         c.bins = usize::try_from(r.u64("bins")?).unwrap_or(usize::MAX);
         c.prior_slope_sd = r.f64("prior_slope_sd")?;
         c.prior_level_sd = r.f64("prior_level_sd")?;
@@ -254,13 +244,8 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
         c.prior_spread_sd = r.f64("prior_spread_sd")?;
         match r.u8("map")? {
             0 => {}
-            1 => update = decode_map(r, k, c.bins)?.into(),
-            other => {
-                return Err(Error::state(
-                    DATA,
-                    format!("map flag {other} is not 0 or 1"),
-                ))
-            }
+            1 => update = UpdateState::Map(decode_map(r, k, c.bins)?),
+            other => return Err(broken(format!("map flag {other} is not 0 or 1"))),
         }
     }
     Ok(EstimatorState {
@@ -277,36 +262,31 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
 fn decode_map(r: &mut Reader<'_>, k: usize, bins: usize) -> Result<MapState> {
     let reference = r.f64s("reference")?;
     let Some((&slope, intercepts)) = reference.split_first() else {
-        return Err(Error::state(DATA, "the reference coefficients are empty"));
+        return Err(broken("the reference coefficients are empty"));
     };
     check_bits(r.u32("x fraction bits")?, X_FRACTION_BITS)?;
-    let (count, accepted) = (r.u64s("round_stats")?, r.u64s("round_stats")?);
-    let x_sum = r.u64s("round_stats")?;
+    let [count, accepted, x_sum] = [(); 3].map(|()| r.u64s("round_stats"));
     let round = HistogramStats {
         num_positions: k,
         bins,
-        count,
-        accepted,
-        x_sum,
+        count: count?,
+        accepted: accepted?,
+        x_sum: x_sum?,
     };
-    let memory = HistogramMemory {
-        count: r.f64s("memory")?,
-        accepted: r.f64s("memory")?,
-        x_sum: r.f64s("memory")?,
-        resets: 0,
-    };
+    let [count, accepted, x_sum] = [(); 3].map(|()| r.f64s("memory"));
     let fitted_labels = r.u64("fitted_labels")?;
+    let memory = HistogramMemory {
+        count: count?,
+        accepted: accepted?,
+        x_sum: x_sum?,
+        resets: r.u64("memory")?,
+    };
+    let intercepts = intercepts.to_vec();
     Ok(MapState {
         round,
-        reference: Reference {
-            slope,
-            intercepts: intercepts.to_vec(),
-        },
+        reference: Reference { slope, intercepts },
         fitted_labels,
-        memory: HistogramMemory {
-            resets: r.u64("memory")?,
-            ..memory
-        },
+        memory,
     })
 }
 
@@ -317,11 +297,12 @@ fn floats(r: &mut Reader<'_>, n: usize, what: &str) -> Result<Vec<f64>> {
 
 /// Refuses fixed-point statistics of another precision than this build's.
 fn check_bits(bits: u32, ours: u32) -> Result<()> {
-    if bits == ours {
-        return Ok(());
+    match bits == ours {
+        true => Ok(()),
+        false => Err(broken(format!(
+            "statistics use {bits} fraction bits, this build uses {ours}"
+        ))),
     }
-    let message = format!("statistics use {bits} fraction bits, this build uses {ours}");
-    Err(Error::state(DATA, message))
 }
 
 #[cfg(test)]
