@@ -639,24 +639,48 @@ def test_depth_control_takes_a_new_optional_argument_of_what_it_wraps(
         vllm_plugin.uninstall()
 
 
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (
+            "        for step in range(num_speculative_tokens or 1):\n"
+            "            if not self.confidence_stop.should_continue():\n"
+            "                break\n",
+            "should_continue",
+        ),
+        # The branch's shape: propose begins the round, the decode loop stops it.
+        (
+            "        stop = self.confidence_stop\n"
+            "        stop.begin_round(input_batch.idx_mapping_np)\n"
+            "        self._multi_step_decode(input_batch, confidence_stop=stop)\n",
+            "begin_round",
+        ),
+        (
+            "        self._multi_step_decode(input_batch, confidence_stop=self.confidence_stop)\n",
+            "self.confidence_stop",
+        ),
+    ],
+)
 def test_depth_control_refuses_a_speculator_that_stops_drafting_on_its_own(
     fake_vllm: dict[str, types.ModuleType],  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
+    body: str,
+    named: str,
 ) -> None:
-    """A DraftConfidenceStop inside ``propose`` drafts fewer positions than the depth av_core
-    chose; before, the hook recorded confidences for positions never drafted."""
+    """A DraftConfidenceStop drafts fewer positions than the depth av_core chose; before, the
+    hook recorded confidences for positions never drafted, and a stop handed on to a helper
+    went unseen."""
     module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[0]
     source = (
         "class Stopping:\n"
         "    def propose(self, input_batch, *, dummy_run=False, num_speculative_tokens=None):\n"
-        "        for step in range(num_speculative_tokens or 1):\n"
-        "            if not self.confidence_stop.should_continue():\n"
-        "                break\n"
+        + body
     )
     stopping = define(source, "av_core_test_stopping", monkeypatch)
     setattr(fake_vllm[module_name], class_name, stopping.Stopping)
-    with pytest.raises(VllmCompatibilityError, match="stops drafting early on its own"):
+    with pytest.raises(VllmCompatibilityError, match="stops drafting early on its own") as error:
         vllm_plugin.install_depth_control()
+    assert named in str(error.value)
     assert vllm_plugin.installed() == []
 
 

@@ -9,8 +9,11 @@ passes it as ``num_speculative_tokens`` and marks undrafted positions ``-1``. Th
 ``record_confidences`` and ``add_request`` are wrapped to tell the hook which depths each
 proposal drafted and when a new request takes a slot. ``AV_CORE_VLLM_DRAFTER``
 (``autoregressive``, the default, or ``parallel``) gives the shape of the drafter's cost by
-depth. Everything it wraps is checked first (a changed signature, an overriding subclass, a
-speculator that stops drafting on its own: refused by name, nothing patched)."""
+depth; tables whose verify costs go by batch size and K price each decision with its batch
+size's row. Everything it wraps is checked first (a changed signature, a speculator that stops
+drafting on its own: refused by name, nothing patched); a subclass with its own definition of a
+wrapped method gets the same wrapper when that definition keeps the contract, else is refused
+by name when built (:mod:`av_core.vllm.patching`)."""
 
 from __future__ import annotations
 

@@ -381,12 +381,24 @@ def cost_table_layout(cost_tables: Any, owner: str) -> Literal["tokens", "shape"
 
 
 #: What an early-stopping drafter calls inside ``propose`` (vLLM's ``DraftConfidenceStop``, on a
-#: branch: the round ends once no chain's top-1 probability reaches a threshold).
-CONFIDENCE_STOP_CALLS = frozenset({"should_continue", "begin_round", "num_verifiable_drafts"})
+#: branch, vllm-project/vllm 41f9ab88bf8c4dd4f2d22f31d625006a9619b612: ``propose`` begins the
+#: round, or drafts it whole, and hands the stop to the decode loop, which ends the round once
+#: no chain's top-1 probability reaches a threshold).
+CONFIDENCE_STOP_CALLS = frozenset(
+    {"should_continue", "begin_round", "full_round", "num_verifiable_drafts"}
+)
+
+#: The speculator's attribute holding that stop.
+CONFIDENCE_STOP_ATTRIBUTE = "confidence_stop"
 
 
 def confidence_stops(propose: Any) -> list[str]:
+    """The signs in ``propose``'s own source that it stops drafting on its own: the stop's
+    calls, and ``self.confidence_stop`` (passed on to a helper that stops)."""
     tree = parsed(propose)
     if tree is None:
         return []
-    return sorted(callee_names(tree) & CONFIDENCE_STOP_CALLS)
+    found = callee_names(tree) & CONFIDENCE_STOP_CALLS
+    if CONFIDENCE_STOP_ATTRIBUTE in self_attributes(tree):
+        found.add(f"self.{CONFIDENCE_STOP_ATTRIBUTE}")
+    return sorted(found)

@@ -16,14 +16,20 @@ Each replacement is logged (logger ``vllm.av_core``, so it shows in vLLM's own l
 touching anything it checks vLLM's version, every signature and constant the replacements
 mirror, what vLLM's own bodies of the replaced functions do (:data:`REPLACED_BODIES`: a
 broadcast from rank 0, a new attribute or helper, another ``_batch_budget`` layout would be
-dropped by the replacement) and whether a subclass overrides what it patches (the patch would
-never run for it; a guard keeps refusing such a subclass defined later). An *additive* change (a
-new optional parameter that the replacement takes too, a newer vLLM) is accepted and logged; on
-any other difference it raises :class:`VllmCompatibilityError` listing them and patches nothing:
-silently serving with a half-patched or mismatched vLLM would be worse than not starting.
-``AV_CORE_VLLM_ANY_VERSION=1`` waives the check that refuses versions older than 0.32 only; the
-interface checks always run. A verify cost table by batch size and K (vllm#52559) is refused by
-name where av_core would read it.
+dropped by the replacement) and how vLLM and its subclasses read ``_batch_budget``. An
+*additive* change (a new optional parameter that the replacement takes too, a newer vLLM) is
+accepted and logged; on any other difference it raises :class:`VllmCompatibilityError` listing
+them and patches nothing: silently serving with a half-patched or mismatched vLLM would be worse
+than not starting. ``AV_CORE_VLLM_ANY_VERSION=1`` waives the check that refuses versions older
+than 0.32 only; the interface checks always run.
+
+A subclass that defines ``get_num_tokens`` itself (where the base's patch never runs) is patched
+the same way when its own definition keeps the contract (:func:`_get_num_tokens_contract`: the
+signature and what the body does), and otherwise refused by name when a server builds one
+(vllm#52559's ``DFlashAdaptiveKManager``: one K for the batch and the graph hints vLLM's model
+runner reads); :mod:`av_core.vllm.patching` has the rules. Cost tables whose verify table is
+by batch size and K (the same pull request's profile) price each step with its own batch
+size's row (:class:`av_core.vllm.budget.ShapeCostTables`).
 
 ``AV_CORE_STATE_DIR`` (warm restarts) and ``AV_CORE_SHARE_STATS=dp`` (pooled statistics across
 data-parallel ranks) wrap ``DraftModelSpeculator.load_model`` (and, for sharing,
