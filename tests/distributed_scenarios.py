@@ -4,8 +4,9 @@ Each scenario is a deterministic stream of verdicts made from a seed; a rank tak
 every step (its requests), in its own order. The parent process feeds one estimator everything
 and compares bits.
 
-    python distributed_scenarios.py dp RANK WORLD PORT OUT   # gloo on 127.0.0.1, pooled
-    python distributed_scenarios.py tp RANK WORLD - OUT      # no torch.distributed at all
+    python distributed_scenarios.py dp RANK WORLD PORT OUT        # gloo on 127.0.0.1, pooled
+    python distributed_scenarios.py mismatch RANK WORLD PORT OUT  # ranks whose rounds differ
+    python distributed_scenarios.py tp RANK WORLD - OUT           # no torch.distributed at all
 """
 
 from __future__ import annotations
@@ -154,16 +155,60 @@ def run_drop_in(rank: int, group: Any, update: str = "vllm") -> list[list[str]]:
     )
 
 
-def run_mismatch(rank: int, group: Any) -> str:
-    """Rank 3 has one more position: every rank must refuse, none may hang."""
+#: Estimators whose rounds have another layout on the last rank than on the others: every rank
+#: must refuse (a ValueError on each, nothing added), none may hang or abort.
+MISMATCHES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "positions": ({}, {"num_positions": NATIVE_K + 1}),
+    "bins": ({"bins": 64}, {"bins": 32}),
+    "update": ({"update": "map"}, {"update": "vllm"}),
+}
+
+
+def run_mismatch(rank: int, world: int, group: Any) -> dict[str, str]:
+    """Each entry of :data:`MISMATCHES` in turn, on the same group: the error text per case (or
+    ``no error``), and ``added`` when the refusal changed this rank's round."""
     from av_core.distributed import pool_round
 
-    est = AcceptanceEstimator(NATIVE_K + (1 if rank == 3 else 0), refit_interval=1 << 40)
-    try:
-        pool_round(est, group)
-    except ValueError as error:
-        return f"ValueError: {error}"
-    return "no error"
+    out = {}
+    x = np.array([[1.0, -2.0, 0.5, 3.0]], np.float32)
+    for case, (common, last) in MISMATCHES.items():
+        options = {"num_positions": NATIVE_K, "refit_interval": 1 << 40, **common}
+        if rank == world - 1:
+            options.update(last)
+        est = AcceptanceEstimator(**options)
+        k = est.num_positions
+        est.observe(x[:, :k], [k], [1])
+        before = est.state_dict()
+        try:
+            pool_round(est, group)
+        except ValueError as error:
+            out[case] = f"ValueError: {error}"
+        else:
+            out[case] = "no error"
+        if est.state_dict() != before:
+            out[case] += " (added)"
+    return out
+
+
+def join_gloo(rank: int, world: int, port: str) -> Any:
+    """This rank joins a gloo group of ``world`` processes on 127.0.0.1: the whole group."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
+    return dist.group.WORLD
+
+
+def _leave(group: Any) -> None:
+    import torch.distributed as dist
+
+    dist.barrier(group)
+    dist.destroy_process_group()
 
 
 def main(argv: list[str]) -> None:
@@ -171,23 +216,16 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     result: dict[str, Any] = {"rank": rank}
     if mode == "dp":
-        import torch.distributed as dist
-
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=60),
-        )
-        group = dist.group.WORLD
+        group = join_gloo(rank, world, port)
         result["native"] = run_native(rank, group)
         result["native_vllm"] = run_native(rank, group, "vllm")
         result["drop_in"] = run_drop_in(rank, group)
         result["drop_in_map"] = run_drop_in(rank, group, "map")
-        result["mismatch"] = run_mismatch(rank, group)
-        dist.barrier()
-        dist.destroy_process_group()
+        _leave(group)
+    elif mode == "mismatch":
+        group = join_gloo(rank, world, port)
+        result["mismatch"] = run_mismatch(rank, world, group)
+        _leave(group)
     elif mode == "tp":
         for key, update in (("drop_in", "vllm"), ("drop_in_map", "map")):
             rng = np.random.default_rng(300 + rank)

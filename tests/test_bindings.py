@@ -19,7 +19,16 @@ import numpy as np
 import pytest
 
 import av_core
-from av_core import AcceptanceEstimator, CostTables, StateError, VerificationPlanner, _native
+from av_core import (
+    AcceptanceEstimator,
+    CostTables,
+    Error,
+    InvalidTypeError,
+    InvalidValueError,
+    StateError,
+    VerificationPlanner,
+    _native,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,18 +98,23 @@ def test_every_dtype_combination_reaches_the_core_as_the_same_numbers(
 @pytest.mark.parametrize(
     ("call", "error", "argument"),
     [
-        (lambda e: e.predict(np.zeros((2, 3), np.float32)), ValueError, "features"),
-        (lambda e: e.predict(np.zeros((2, 4), np.float16)), TypeError, "features"),
-        (lambda e: e.predict(np.zeros((2, 4), np.int64)), TypeError, "features"),
-        (lambda e: e.predict([["a", "b", "c", "d"]]), TypeError, "features"),
-        (lambda e: e.observe(np.zeros((1, 4)), [5], [0]), ValueError, "num_admitted"),
-        (lambda e: e.observe(np.zeros((1, 4)), [1.0], [0]), TypeError, "num_admitted"),
-        (lambda e: e.observe(np.zeros((1, 4)), [2], [-1]), ValueError, "num_accepted"),
-        (lambda e: e.observe(np.zeros((1, 4)), [2], [1], [[2.0] * 4]), ValueError, "predictions"),
-        # Corrupt state has its own ValueError subclass (the core's error kind, not its text).
+        (lambda e: e.predict(np.zeros((2, 3), np.float32)), InvalidValueError, "features"),
+        (lambda e: e.predict(np.zeros((2, 4), np.float16)), InvalidTypeError, "features"),
+        (lambda e: e.predict(np.zeros((2, 4), np.int64)), InvalidTypeError, "features"),
+        (lambda e: e.predict([["a", "b", "c", "d"]]), InvalidTypeError, "features"),
+        (lambda e: e.observe(np.zeros((1, 4)), [5], [0]), InvalidValueError, "num_admitted"),
+        (lambda e: e.observe(np.zeros((1, 4)), [1.0], [0]), InvalidTypeError, "num_admitted"),
+        (lambda e: e.observe(np.zeros((1, 4)), [2], [-1]), InvalidValueError, "num_accepted"),
+        (
+            lambda e: e.observe(np.zeros((1, 4)), [2], [1], [[2.0] * 4]),
+            InvalidValueError,
+            "predictions",
+        ),
+        # Each error kind has its own class, under av_core.Error and the builtin ValueError or
+        # TypeError (the core's error kind, not its text); corrupt state has StateError.
         (lambda e: AcceptanceEstimator.from_bytes(b"junk"), StateError, "data"),
-        (lambda e: AcceptanceEstimator(0), ValueError, "num_positions"),
-        (lambda e: AcceptanceEstimator(4, memory=1.5), ValueError, "memory"),
+        (lambda e: AcceptanceEstimator(0), InvalidValueError, "num_positions"),
+        (lambda e: AcceptanceEstimator(4, memory=1.5), InvalidValueError, "memory"),
     ],
 )
 def test_core_errors_map_to_python_exceptions_naming_the_argument(
@@ -111,6 +125,7 @@ def test_core_errors_map_to_python_exceptions_naming_the_argument(
     with pytest.raises(error) as raised:
         call(est)
     assert type(raised.value) is error  # not a subclass: in particular never PanicException
+    assert isinstance(raised.value, Error) and isinstance(raised.value, ValueError | TypeError)
     assert str(raised.value).startswith(argument), str(raised.value)
     assert est.to_bytes() == before
 
@@ -148,11 +163,12 @@ def test_pickle_and_copy_go_through_the_bindings_state_conversion() -> None:
 def test_each_error_kind_has_its_value_error_subclass(tmp_path: Path) -> None:
     """The core's error kinds map to exception classes, never through the message: corrupt state
     is a StateError, a missing or mismatched draft-depth table a DepthTableError, an argument
-    too large to copy an OutOfMemoryError; all are ValueErrors naming the argument."""
+    too large to copy an OutOfMemoryError; all are InvalidValueErrors (so ValueErrors and
+    av_core.Errors) naming the argument."""
     from av_core import DepthTableError, OutOfMemoryError, choose_draft_depth
 
     for cls in (StateError, DepthTableError, OutOfMemoryError, av_core.BufferChangedError):
-        assert issubclass(cls, ValueError) and cls.__module__ == "av_core._native"
+        assert issubclass(cls, InvalidValueError) and cls.__module__ == "av_core._native"
     cases: list[tuple[Any, type[Exception], str]] = [
         (lambda: VerificationPlanner.from_bytes(b"junk"), StateError, "data"),
         (lambda: CostTables.from_json('{"draft_ms": [0]} trailing'), StateError, "json"),
@@ -187,13 +203,13 @@ def test_each_error_kind_has_its_value_error_subclass(tmp_path: Path) -> None:
     bad = tmp_path / "bad.avp"
     bad.write_bytes(planner.to_bytes()[:-1])
     cases.append((lambda: VerificationPlanner.load(bad), StateError, "path"))
-    # The same call with a value error of the plain kind is a plain ValueError.
+    # The same call with a value error of the plain kind is a plain InvalidValueError.
     cases.append(
         (
             lambda: choose_draft_depth(
                 conf, [3, 9], cost_tables=shallow.with_draft_depth("parallel", max_depth=3), **step
             ),
-            ValueError,
+            InvalidValueError,
             "max_depths",
         )
     )

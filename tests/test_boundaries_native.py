@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 from av_core import (
     AcceptanceEstimator,
     CostTables,
+    Error,
     VerificationPlanner,
     _native,
     assign_draft_budget,
@@ -137,11 +138,13 @@ def normalize(value: Any) -> Any:
 
 
 def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
-    """("ok", result) or ("error", type, message); anything but ValueError/TypeError fails."""
+    """("ok", result) or ("error", type, message); anything but ValueError/TypeError fails, and
+    so does one that is not also an av_core.Error."""
     try:
         return ("ok", normalize(call()))
     except (ValueError, TypeError) as error:
         assert str(error), "an error must say what went wrong"
+        assert isinstance(error, Error), f"{type(error).__name__} is no av_core.Error: {error}"
         return ("error", type(error).__name__, str(error))
 
 
@@ -331,7 +334,7 @@ def test_feature_kernels_give_the_contiguous_answer_on_every_layout(
         if moved[name].flags.c_contiguous and moved[name].flags.aligned:
             assert got[i] == expected[i], chosen
         else:
-            assert got[i][:2] == ("error", "ValueError") and "logits" in got[i][2], got[i]
+            assert got[i][:2] == ("error", "InvalidValueError") and "logits" in got[i][2], got[i]
 
 
 def test_the_example_of_the_issue_is_no_longer_transposed() -> None:
@@ -376,7 +379,8 @@ def only_value_or_type_errors(call: Callable[[], Any]) -> Any:
     pyo3's PanicException, a BaseException) fails the test."""
     try:
         return call()
-    except (ValueError, TypeError):
+    except (ValueError, TypeError) as error:
+        assert isinstance(error, Error), f"{type(error).__name__} is no av_core.Error: {error}"
         return None
     except BaseException as error:  # noqa: B036 - exactly what must never escape
         pytest.fail(f"{type(error).__module__}.{type(error).__name__} escaped: {error}")
@@ -961,6 +965,7 @@ def test_any_integer_to_any_parameter_is_a_result_or_a_value_or_type_error(
         call(value)
     except (ValueError, TypeError) as error:
         assert argument in str(error) or "cost_tables" in str(error) or "max" in str(error), error
+        assert isinstance(error, Error), f"{type(error).__name__} is no av_core.Error: {error}"
     except BaseException as error:  # noqa: B036 - exactly what must never escape
         pytest.fail(f"{type(error).__name__} escaped for {argument}={value!r}: {error}")
 

@@ -3,8 +3,9 @@
 - 4 ranks on 127.0.0.1 (torch.distributed, gloo), each fed a different share of the same verdicts
   in a different order, one of them fed nothing: after every pooled refit every rank's
   coefficients are bit-identical to one estimator fed all verdicts, for the native estimator
-  (``pool_round`` + ``refit``) and for the vLLM drop-in (``process_group=``); a rank whose layout
-  differs makes every rank raise instead of hanging.
+  (``pool_round`` + ``refit``) and for the vLLM drop-in (``process_group=``).
+- 3 ranks, the last one's round laid out differently (positions, histogram bins, update): every
+  rank raises a ValueError naming the difference, instead of hanging or aborting.
 - The tensor-parallel promise, without any collective: 2 processes (torch.distributed never
   initialized) fed the same verdicts in different orders agree bit for bit.
 - The limb encoding of the 128-bit statistics, against Python integer sums.
@@ -50,7 +51,7 @@ def free_port() -> int:
 
 
 def run_ranks(mode: str, world: int, tmp_path: Path) -> list[dict[str, Any]]:
-    port = str(free_port()) if mode == "dp" else "-"
+    port = "-" if mode == "tp" else str(free_port())
     env = child_env(HERE, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     for name in ("AV_CORE_METRICS_PORT", "PROMETHEUS_MULTIPROC_DIR", "AV_CORE_VLLM_EXACT"):
         env.pop(name, None)
@@ -75,14 +76,22 @@ def run_ranks(mode: str, world: int, tmp_path: Path) -> list[dict[str, Any]]:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank][-3000:]}"
+    failed = [rank for rank, proc in enumerate(procs) if proc.returncode != 0]
+    assert not failed, "\n".join(
+        f"rank {rank} exited with {procs[rank].returncode} (-6: SIGABRT):\n{logs[rank][-2000:]}"
+        for rank in failed
+    )
     return [json.loads(path.read_text()) for path in outputs]
 
 
 @pytest.fixture(scope="module")
 def dp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return run_ranks("dp", 4, tmp_path_factory.mktemp("dp"))
+
+
+@pytest.fixture(scope="module")
+def mismatch_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_ranks("mismatch", 3, tmp_path_factory.mktemp("mismatch"))
 
 
 @pytest.mark.parametrize(("key", "update"), [("native", "map"), ("native_vllm", "vllm")])
@@ -134,12 +143,27 @@ def test_four_gloo_ranks_of_the_drop_in_on_the_map_update_end_rounds_on_the_same
     assert len({tuple(expected[i]) for i in ends}) == len(ends)
 
 
+@pytest.mark.parametrize(
+    ("case", "named"),
+    [
+        ("positions", f"positions {scenarios.NATIVE_K}..{scenarios.NATIVE_K + 1}"),
+        ("bins", "histogram bins 32..64"),
+        ("update", "histogram bins 0..64"),
+    ],
+)
 def test_a_rank_with_another_layout_makes_every_rank_refuse(
-    dp_results: list[dict[str, Any]],
+    mismatch_results: list[dict[str, Any]], case: str, named: str
 ) -> None:
-    for result in dp_results:
-        assert result["mismatch"].startswith("ValueError: estimator:"), result
-        assert "disagree" in result["mismatch"]
+    """Three gloo ranks, the last one's round laid out differently (another K, other histogram
+    bins, the other update): each rank raises the same ValueError naming what differs, and none
+    adds anything to its round. Without the check, tensors of different sizes meet in one
+    all-reduce and gloo aborts the process."""
+    assert len(mismatch_results) == 3
+    for result in mismatch_results:
+        message = result["mismatch"][case]
+        assert message.startswith("ValueError: estimator: the ranks of the group disagree"), message
+        assert named in message, message
+        assert "(added)" not in message
 
 
 def test_tensor_parallel_ranks_agree_bit_for_bit_without_a_collective(tmp_path: Path) -> None:

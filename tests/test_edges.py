@@ -277,29 +277,6 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
 # The vLLM drop-in's environment (fake vLLM module trees with vLLM 0.33.0's interfaces)
 
 
-@pytest.mark.parametrize(
-    ("value", "on"),
-    [("1", True), (" TRUE ", True), ("yes", True), ("On", True), ("", False), ("0", False)]
-    + [("false", False), ("NO", False), ("off\n", False), (" ", False)],
-)
-def test_env_flag_spellings(monkeypatch: pytest.MonkeyPatch, value: str, on: bool) -> None:
-    from av_core._env import env_flag
-
-    monkeypatch.setenv("AV_CORE_TEST_FLAG", value)
-    assert env_flag("AV_CORE_TEST_FLAG") is on
-
-
-@pytest.mark.parametrize("value", ["2", "enable", "y", "exact", "-1", "0.5", "1 1"])
-def test_env_flag_refuses_other_values_naming_the_variable(
-    monkeypatch: pytest.MonkeyPatch, value: str
-) -> None:
-    from av_core._env import env_flag
-
-    monkeypatch.setenv("AV_CORE_TEST_FLAG", value)
-    with pytest.raises(ValueError, match=rf"AV_CORE_TEST_FLAG={value!r}"):
-        env_flag("AV_CORE_TEST_FLAG")
-
-
 @pytest.fixture
 def fake_vllm(clean_env: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     pytest.importorskip("torch")
@@ -380,9 +357,33 @@ def test_the_drop_in_reads_exact_in_every_spelling(
 
     clean_env.setenv("AV_CORE_VLLM_EXACT", value)
     assert OnlineAcceptanceEstimator(8, 4, torch.device("cpu")).exact is exact
+
+
+def test_a_drop_in_built_without_the_plugin_warns_of_a_bad_value_and_serves(
+    clean_env: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Built inside a running server (no plugin checked the environment first), the drop-in
+    never raises for an environment value: one warning naming it, and the default
+    (docs/settings.md); the plugin refuses the same values before patching (above)."""
+    import logging
+
+    torch = pytest.importorskip("torch")
+    from av_core.vllm import OnlineAcceptanceEstimator
+
     clean_env.setenv("AV_CORE_VLLM_EXACT", "exact")
-    with pytest.raises(ValueError, match="AV_CORE_VLLM_EXACT='exact'"):
-        OnlineAcceptanceEstimator(8, 4, torch.device("cpu"))
+    clean_env.setenv("AV_CORE_VLLM_ESTIMATOR", "mapp")
+    with caplog.at_level(logging.WARNING, logger="vllm.av_core"):
+        estimator = OnlineAcceptanceEstimator(8, 4, torch.device("cpu"))
+    assert estimator.exact is False and estimator.update == "vllm"
+    assert "AV_CORE_VLLM_EXACT='exact'" in caplog.text and "using off" in caplog.text
+    assert "AV_CORE_VLLM_ESTIMATOR='mapp'" in caplog.text and "using vllm" in caplog.text
+    # Both from the environment and contradictory: map wins, exact dropped, with a warning.
+    clean_env.setenv("AV_CORE_VLLM_EXACT", "1")
+    clean_env.setenv("AV_CORE_VLLM_ESTIMATOR", "map")
+    with caplog.at_level(logging.WARNING, logger="vllm.av_core"):
+        estimator = OnlineAcceptanceEstimator(8, 4, torch.device("cpu"))
+    assert estimator.update == "map" and estimator.exact is False
+    assert "applies to update='vllm' only" in caplog.text
 
 
 def test_the_map_opt_in_without_the_plugin_is_a_warning(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -224,8 +225,10 @@ def test_simulate_and_demo_commands(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "AV/best" in out and "measured:" in out
     demo_out = tmp_path / "demo"
     assert main(["demo", "--trace", str(trace_path), "--out", str(demo_out), "--steps", "30"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-3].startswith("estimator:") and "autoregressive" in lines[-1]
+    out = capsys.readouterr().out
+    # The summary: three paragraphs, their continuation lines indented.
+    summary = re.split(r"\n(?! )", out[out.rindex("\nestimator:") + 1 :].strip())
+    assert len(summary) == 3 and "autoregressive" in summary[-1], summary
     assert (demo_out / "evaluate.txt").is_file()
 
 

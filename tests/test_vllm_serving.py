@@ -30,6 +30,7 @@ torch = pytest.importorskip("torch")
 
 import vllm_serving_fakes as fakes  # noqa: E402
 
+from av_core import SettingError  # noqa: E402
 from av_core.vllm import OnlineAcceptanceEstimator  # noqa: E402
 from av_core.vllm import plugin as vllm_plugin  # noqa: E402
 from av_core.vllm.state import StateKey, WarmStart  # noqa: E402
@@ -101,7 +102,7 @@ def test_bad_share_mode_or_changed_signature_patches_nothing(
     fake: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AV_CORE_SHARE_STATS", "tp")
-    with pytest.raises(vllm_plugin.VllmCompatibilityError, match="AV_CORE_SHARE_STATS='tp'"):
+    with pytest.raises(SettingError, match="AV_CORE_SHARE_STATS='tp'"):
         vllm_plugin.register()
     assert vllm_plugin.installed() == []
     monkeypatch.setenv("AV_CORE_SHARE_STATS", "dp")

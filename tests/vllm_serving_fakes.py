@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import sys
 import types
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -168,16 +167,11 @@ def main(argv: list[str]) -> None:
     import os
 
     import torch.distributed as dist
+    from distributed_scenarios import join_gloo
 
     rank, world, port, state_dir, out = int(argv[1]), int(argv[2]), argv[3], argv[4], argv[5]
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, world, port)
     os.environ.update(AV_CORE_VLLM="1", AV_CORE_SHARE_STATS="dp", AV_CORE_STATE_SAVE_EVERY="1")
     if state_dir != "-":
         os.environ["AV_CORE_STATE_DIR"] = state_dir

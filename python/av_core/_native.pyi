@@ -9,6 +9,8 @@
 # - Integers: a bool is not an int (TypeError); a value outside the argument's range is a
 #   ValueError naming the argument and the value, never OverflowError. Floats likewise (an int
 #   beyond float range is a ValueError).
+# - Errors: every ValueError and TypeError the module raises for an argument is an
+#   InvalidValueError / InvalidTypeError (or a subclass), so also an av_core Error.
 # - save() is atomic for any number of concurrent savers (threads or processes), killed at any
 #   moment: the path holds the old file or one complete new one. load() refuses anything but a
 #   regular file (a FIFO, a directory, a device) and anything longer than a saved state can be.
@@ -48,7 +50,10 @@ __all__ = [
     "CostTables",
     "DepthPlan",
     "DepthTableError",
+    "Error",
     "EstimatorConfig",
+    "InvalidTypeError",
+    "InvalidValueError",
     "OutOfMemoryError",
     "StateError",
     "VerificationPlan",
@@ -87,22 +92,41 @@ planner's cost denominator positive."""
 DEFAULT_EXPLORATION: Final[float]
 """The default ``exploration`` of :class:`VerificationPlanner` (0.01)."""
 
-class StateError(ValueError):
+class Error(Exception):
+    """The root of every exception av_core defines: a bad argument (InvalidValueError, a
+    ValueError; InvalidTypeError, a TypeError), saved state it cannot read (StateError),
+    missing depth tables (DepthTableError), a buffer changed during a call
+    (BufferChangedError), no memory for a copy (OutOfMemoryError), a bad environment value
+    (SettingError) and an engine av_core cannot patch. `except av_core.Error` catches them
+    all."""
+
+class InvalidValueError(Error, ValueError):
+    """An argument of the right type with a wrong value (out of range, non-finite, a wrong
+    shape, inconsistent lengths), named in the message. An av_core.Error and a ValueError."""
+
+class InvalidTypeError(Error, TypeError):
+    """An argument of a type the call does not take (an array dtype, a str for a number),
+    named in the message. An av_core.Error and a TypeError."""
+
+class StateError(InvalidValueError):
     """Saved state (bytes, a file or JSON text) that is corrupt, truncated, of another kind, of a
     format version this build does not read, or that decodes to a state no planner or estimator
-    could hold. A ValueError."""
+    could hold. An InvalidValueError (so an av_core.Error and a ValueError)."""
 
-class DepthTableError(ValueError):
+class DepthTableError(InvalidValueError):
     """The call prices drafting by depth and the cost tables have no draft-depth table, or one
-    that does not cover the positions planned. A ValueError."""
+    that does not cover the positions planned. An InvalidValueError (so an av_core.Error and a
+    ValueError)."""
 
-class BufferChangedError(ValueError):
+class BufferChangedError(InvalidValueError):
     """An input held a bad value that was gone when read again: another thread wrote the buffer
-    during the call, which did nothing. A ValueError."""
+    during the call, which did nothing. An InvalidValueError (so an av_core.Error and a
+    ValueError)."""
 
-class OutOfMemoryError(ValueError):
+class OutOfMemoryError(InvalidValueError):
     """There was no memory for a copy the call needs (an array far larger than memory, such as
-    a huge numpy.broadcast_to view). A ValueError, naming the argument."""
+    a huge numpy.broadcast_to view). An InvalidValueError (so an av_core.Error and a
+    ValueError), naming the argument."""
 
 class _ConfigFields:
     """The configuration fields an estimator and its frozen config both show (one list in the

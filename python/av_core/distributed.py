@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from av_core._native import AcceptanceEstimator
+from av_core._native import AcceptanceEstimator, InvalidTypeError, InvalidValueError
 
 __all__ = [
     "HISTOGRAM_COLUMNS",
@@ -81,7 +81,7 @@ def round_limbs(round_stats: Mapping[str, Any]) -> npt.NDArray[np.int64]:
     columns = [[int(v) for v in round_stats[name]] for name in names]
     k = len(columns[0])
     if any(len(column) != k for column in columns):
-        raise ValueError("round_stats columns must all have one entry per position (or bin)")
+        raise InvalidValueError("round_stats columns must all have one entry per position (or bin)")
     out = np.empty((len(names), k, NUM_LIMBS), dtype=np.int64)
     for row, column in enumerate(columns):
         for position, value in enumerate(column):
@@ -99,7 +99,7 @@ def limbs_to_round(
     non-negative). ``columns``: the round's columns (:func:`round_columns`)."""
     array = np.asarray(limbs, dtype=np.int64)
     if array.ndim != 3 or array.shape[0] != len(columns) or array.shape[2] != NUM_LIMBS:
-        raise ValueError(
+        raise InvalidValueError(
             f"limbs must have shape [{len(columns)}, K, {NUM_LIMBS}], got {array.shape}"
         )
     out: dict[str, Any] = {"fraction_bits": int(fraction_bits)}
@@ -134,13 +134,14 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
     (as in ``state_dict()["round_stats"]``).
 
     A collective: every rank of ``group`` calls it at the same point (see the module doc). First
-    the ranks check that they agree on the number of positions and the fixed-point format (a
-    rank that differs makes every rank raise ``ValueError``, and nothing is added anywhere);
+    the ranks check that they agree on the round's layout: positions, fixed-point format,
+    histogram bins and so the size of what is summed (a rank that differs makes every rank raise
+    ``ValueError`` naming the difference, and nothing is added anywhere);
     then one all-reduce of exact integers. Observations another thread adds during the call
     stay in this rank's round only.
     """
     if not isinstance(estimator, AcceptanceEstimator):
-        raise TypeError(
+        raise InvalidTypeError(
             f"estimator must be an av_core.AcceptanceEstimator, got {type(estimator).__name__} "
             "(av_core.vllm.OnlineAcceptanceEstimator pools itself: pass process_group=)"
         )
@@ -159,25 +160,27 @@ def pool_round(estimator: AcceptanceEstimator, group: Any = None) -> dict[str, A
     columns = round_columns(local)
     bits, k = int(local["fraction_bits"]), estimator.num_positions
     bins = int(local.get("bins", 0))  # 0: the vllm update's moments
-    layout = [k, bits, bins]
-    header = torch.tensor([v for value in layout for v in (value, -value)], dtype=torch.int64)
-    header = _reduce(header, group, dist.ReduceOp.MAX)
-    most_k, least_k, most_bits, least_bits, most_bins, least_bins = (int(v) for v in header)
-    if (most_k, -least_k, most_bits, -least_bits, most_bins, -least_bins) != (
-        k,
-        k,
-        bits,
-        bits,
-        bins,
-        bins,
-    ):
-        raise ValueError(
-            f"estimator: the ranks of the group disagree on the round's layout (positions "
-            f"{-least_k}..{most_k}, fraction bits {-least_bits}..{most_bits}, histogram bins "
-            f"{-least_bins}..{most_bins}; this rank has {k} positions, {bits} fraction bits "
-            f"and {bins} bins, 0 for the vllm update)"
+    limbs = round_limbs(local)
+    # Everything that shapes the all-reduce below, compared as a whole: tensors of different
+    # sizes in one gloo all-reduce abort the process instead of raising.
+    layout = {
+        "positions": k,
+        "fraction bits": bits,
+        "histogram bins": bins,
+        "columns": limbs.shape[0],
+        "entries": limbs.shape[1],
+    }
+    header = torch.tensor([v for value in layout.values() for v in (value, -value)])
+    header = _reduce(header.to(torch.int64), group, dist.ReduceOp.MAX).tolist()
+    ranges = {name: (-header[2 * i + 1], header[2 * i]) for i, name in enumerate(layout)}
+    if any(low != high for low, high in ranges.values()):
+        spans = ", ".join(f"{name} {low}..{high}" for name, (low, high) in ranges.items())
+        mine = ", ".join(f"{value} {name}" for name, value in layout.items())
+        raise InvalidValueError(
+            f"estimator: the ranks of the group disagree on the round's layout ({spans}; this "
+            f"rank has {mine}; histogram bins are 0 for the vllm update)"
         )
-    summed = _reduce(torch.from_numpy(round_limbs(local)), group, dist.ReduceOp.SUM)
+    summed = _reduce(torch.from_numpy(limbs), group, dist.ReduceOp.SUM)
     pooled = limbs_to_round(summed.numpy(), bits, columns)
     others: dict[str, Any] = {"fraction_bits": bits}
     if "bins" in local:

@@ -32,6 +32,7 @@ import numbers
 
 import torch
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.features.checks import _LIMITED_INTEGER_DTYPES, _dense
 
 __all__ = ["assign_draft_budget_torch", "survivals_torch"]
@@ -39,21 +40,25 @@ __all__ = ["assign_draft_budget_torch", "survivals_torch"]
 
 def _check_integers(value: object, name: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name}: expected an integer tensor, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name}: expected an integer tensor, got {type(value).__name__}")
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{name}: expected integers, got {value.dtype}")
+        raise InvalidTypeError(f"{name}: expected integers, got {value.dtype}")
     if value.dtype in _LIMITED_INTEGER_DTYPES:
-        raise TypeError(f"{name}: expected int8..int64 or uint8, got {value.dtype}")
+        raise InvalidTypeError(f"{name}: expected int8..int64 or uint8, got {value.dtype}")
     return _dense(value.detach(), name)
 
 
 def _check_confidences(confidences: object) -> torch.Tensor:
     if not isinstance(confidences, torch.Tensor):
-        raise TypeError(f"confidences: expected a torch.Tensor, got {type(confidences).__name__}")
+        raise InvalidTypeError(
+            f"confidences: expected a torch.Tensor, got {type(confidences).__name__}"
+        )
     if confidences.dim() != 2:
-        raise ValueError(f"confidences: expected [R, K], got shape {tuple(confidences.shape)}")
+        raise InvalidValueError(
+            f"confidences: expected [R, K], got shape {tuple(confidences.shape)}"
+        )
     if not confidences.is_floating_point():
-        raise TypeError(f"confidences: expected a float tensor, got {confidences.dtype}")
+        raise InvalidTypeError(f"confidences: expected a float tensor, got {confidences.dtype}")
     p = _dense(confidences.detach(), "confidences")
     if p.device.type == "cpu":
         # A private float64 copy: what is checked is what is used, whatever another thread
@@ -63,7 +68,7 @@ def _check_confidences(confidences: object) -> torch.Tensor:
         bad = torch.nonzero(~((p >= 0.0) & (p <= 1.0)))
         if bad.numel():
             r, k = (int(i) for i in bad[0])
-            raise ValueError(
+            raise InvalidValueError(
                 f"confidences: [{r}, {k}] = {float(p[r, k])!r} is not a probability in [0, 1]"
             )
     return p
@@ -85,22 +90,22 @@ def _check_budget(budget: object, slots: int, device: torch.device) -> int | tor
     """A Python budget capped at the number of slots (more admits the same), or a 0-d integer
     tensor on ``device`` (checked on the host only)."""
     if isinstance(budget, bool):
-        raise TypeError("budget: expected an int or a 0-d integer tensor, got bool")
+        raise InvalidTypeError("budget: expected an int or a 0-d integer tensor, got bool")
     if isinstance(budget, numbers.Integral):
         if budget < 0:
-            raise ValueError(f"budget: must be non-negative, got {budget}")
+            raise InvalidValueError(f"budget: must be non-negative, got {budget}")
         return min(int(budget), slots)
     if not isinstance(budget, torch.Tensor):
-        raise TypeError(
+        raise InvalidTypeError(
             f"budget: expected an int or a 0-d integer tensor, got {type(budget).__name__}"
         )
     tensor = _check_integers(budget, "budget")
     if tensor.dim() != 0:
-        raise ValueError(f"budget: expected a 0-d tensor, got shape {tuple(tensor.shape)}")
+        raise InvalidValueError(f"budget: expected a 0-d tensor, got shape {tuple(tensor.shape)}")
     if tensor.device.type == "cpu":
         value = int(tensor)  # read once: the value checked is the value used
         if value < 0:
-            raise ValueError(f"budget: must be non-negative, got {value}")
+            raise InvalidValueError(f"budget: must be non-negative, got {value}")
         return min(value, slots)
     return tensor.to(device)
 
@@ -123,7 +128,7 @@ def assign_draft_budget_torch(
     if scheduled.device.type == "cpu":
         scheduled = scheduled.clone()  # checked, then used: a private copy
     if scheduled.dim() != 1 or scheduled.shape[0] != p.shape[0]:
-        raise ValueError(
+        raise InvalidValueError(
             f"scheduled_drafts: expected shape [{p.shape[0]}], got {tuple(scheduled.shape)}"
         )
     num_requests, num_positions = p.shape
@@ -131,7 +136,7 @@ def assign_draft_budget_torch(
         bad = torch.nonzero((scheduled < 0) | (scheduled > num_positions))
         if bad.numel():
             r = int(bad[0, 0])
-            raise ValueError(
+            raise InvalidValueError(
                 f"scheduled_drafts: [{r}] = {int(scheduled[r])} is outside 0..={num_positions} "
                 f"(confidences has {num_positions} positions)"
             )

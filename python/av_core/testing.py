@@ -45,7 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core._checks import _check_int
-from av_core._native import CostTables, VerificationPlanner, plan_verification
+from av_core._native import CostTables, InvalidValueError, VerificationPlanner, plan_verification
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -97,7 +97,7 @@ def _check_dimensions(vocab_size: object, num_positions: object, num_requests: o
     exponent = (int(num_positions) + 1) * int(num_requests)
     base = max(int(vocab_size), 2)
     if exponent > MAX_LAW_ENTRIES.bit_length() - 1 or base**exponent > MAX_LAW_ENTRIES:
-        raise ValueError(
+        raise InvalidValueError(
             f"vocab_size ** ((num_positions + 1) * num_requests) = {vocab_size} ** {exponent} "
             f"outcomes exceed MAX_LAW_ENTRIES = {MAX_LAW_ENTRIES}: keep V, K and R tiny"
         )
@@ -159,7 +159,7 @@ class SpecTables:
         """Raises ``ValueError`` unless every table is a distribution over the vocabulary (and
         the law of its outcomes small enough to enumerate, :data:`MAX_LAW_ENTRIES`)."""
         if len(self.target) != len(self.drafter) or not self.target:
-            raise ValueError("tables: need one target and one drafter table per request")
+            raise InvalidValueError("tables: need one target and one drafter table per request")
         _check_dimensions(self.vocab_size, self.num_positions, len(self.target))
         for name, tables, max_len in (
             ("target", self.target, self.num_positions),
@@ -170,22 +170,22 @@ class SpecTables:
                     for prefix in itertools.product(range(self.vocab_size), repeat=length):
                         dist = table.get(prefix)
                         if dist is None:
-                            raise ValueError(f"{name}[{r}] lacks prefix {prefix}")
+                            raise InvalidValueError(f"{name}[{r}] lacks prefix {prefix}")
                         if not isinstance(dist, np.ndarray) or dist.dtype.kind != "f":
-                            raise ValueError(f"{name}[{r}][{prefix}] is not a float array")
+                            raise InvalidValueError(f"{name}[{r}][{prefix}] is not a float array")
                         ok = dist.shape == (self.vocab_size,) and np.all(dist >= 0)
                         if not ok or abs(float(dist.sum()) - 1.0) > 1e-12:
-                            raise ValueError(f"{name}[{r}][{prefix}] is not a distribution")
+                            raise InvalidValueError(f"{name}[{r}][{prefix}] is not a distribution")
 
 
 def _distribution(weights: Sequence[float] | FloatArray) -> FloatArray:
     try:
         w: FloatArray = np.asarray(weights, dtype=np.float64)
     except (ValueError, TypeError, OverflowError) as error:
-        raise ValueError(f"a table function must return weights, got {weights!r}") from error
+        raise InvalidValueError(f"a table function must return weights, got {weights!r}") from error
     total = float(w.sum()) if w.ndim == 1 else math.nan
     if not (np.all(np.isfinite(w)) and np.all(w >= 0) and total > 0):
-        raise ValueError(
+        raise InvalidValueError(
             f"a table function must return finite, non-negative weights with a positive sum "
             f"as a 1-D sequence, got {weights!r}"
         )
@@ -482,7 +482,7 @@ def emitted_distribution(
             int(a) for a in rule(DraftOutcome(drafts, probs, confidences.reshape(-1, k)))
         )
         if len(admitted) != len(requests) or not all(0 <= a <= k for a in admitted):
-            raise ValueError(f"rule returned {admitted} for {len(requests)} requests, K={k}")
+            raise InvalidValueError(f"rule returned {admitted} for {len(requests)} requests, K={k}")
         groups.setdefault(admitted, []).append((combo, weight))
 
     def law_of(r: int, admitted: int, index: int) -> FloatArray:
@@ -546,13 +546,13 @@ def position_marginal(
 ) -> FloatArray:
     """The law of one request's token at one position, from a joint law."""
     if not law:
-        raise ValueError("law must not be empty")
+        raise InvalidValueError("law must not be empty")
     first = next(iter(law))
     if isinstance(request, bool) or not isinstance(request, int) or not 0 <= request < len(first):
-        raise ValueError(f"request must be an int in [0, {len(first)}), got {request!r}")
+        raise InvalidValueError(f"request must be an int in [0, {len(first)}), got {request!r}")
     length = len(first[request])
     if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < length:
-        raise ValueError(f"position must be an int in [0, {length}), got {position!r}")
+        raise InvalidValueError(f"position must be an int in [0, {length}), got {position!r}")
     size = 1 + max(seqs[request][position] for seqs in law)
     out = np.zeros(size)
     for seqs, p in law.items():
@@ -679,7 +679,7 @@ def confidence_matrices(
         ("denominator", denominator),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            raise InvalidValueError(f"{name} must be an int >= 1, got {value!r}")
     return st.lists(
         st.integers(0, denominator),
         min_size=num_requests * num_positions,

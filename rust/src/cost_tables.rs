@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyType};
 use std::path::PathBuf;
 
-use crate::convert::{as_ndarray, int_vector, to_py_err, type_error, value_error, Int};
+use crate::convert::{as_ndarray, int_vector, to_py_err, type_error, value_error, Int, Text};
 use crate::persist;
 use crate::planner::non_negative;
 
@@ -288,8 +288,8 @@ impl PyCostTables {
     /// Tables from `to_json()` output; text that is not that format raises StateError (a
     /// ValueError) naming json.
     #[classmethod]
-    fn from_json(_cls: &Bound<'_, PyType>, text: &str) -> PyResult<Self> {
-        let inner = CostTables::from_json(text).map_err(to_py_err)?;
+    fn from_json(_cls: &Bound<'_, PyType>, text: Text) -> PyResult<Self> {
+        let inner = CostTables::from_json(text.value("text")?).map_err(to_py_err)?;
         Ok(PyCostTables { inner })
     }
 
@@ -394,4 +394,25 @@ fn depth_curve(
 /// A drafter kind given in place of `draft_depth_ms` (the error names that argument).
 fn drafter_kind(name: &str) -> PyResult<DrafterKind> {
     DrafterKind::parse("draft_depth_ms", name).map_err(to_py_err)
+}
+
+/// A `cost_tables` argument: the tables, or `InvalidTypeError` naming the argument and what was
+/// passed (pyo3's own check would raise a bare `TypeError`, outside `av_core.Error`). Used as
+/// `#[pyo3(from_py_with = crate::cost_tables::bound_argument)]`.
+pub fn bound_argument<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyCostTables>> {
+    match obj.cast::<PyCostTables>() {
+        Ok(tables) => Ok(tables.clone()),
+        Err(_) => Err(type_error(
+            "cost_tables",
+            format!(
+                "must be an av_core.CostTables, got {}",
+                obj.get_type().name()?
+            ),
+        )),
+    }
+}
+
+/// [`bound_argument`], borrowed.
+pub fn argument<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyRef<'py, PyCostTables>> {
+    Ok(bound_argument(obj)?.borrow())
 }

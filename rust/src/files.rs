@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::PyOSError;
 use pyo3::{PyErr, PyResult};
 
 /// Writes `bytes` to `path` atomically (module docs).
@@ -38,7 +38,7 @@ fn io_error(error: std::io::Error, context: String) -> PyErr {
         ErrorKind::NotFound => PyFileNotFoundError::new_err(message),
         ErrorKind::PermissionDenied => PyPermissionError::new_err(message),
         ErrorKind::AlreadyExists => PyFileExistsError::new_err(message),
-        ErrorKind::InvalidInput => PyValueError::new_err(message),
+        ErrorKind::InvalidInput => crate::error::py_err(av_core::ErrorKind::Value, message),
         _ => PyOSError::new_err(message),
     }
 }
@@ -46,10 +46,10 @@ fn io_error(error: std::io::Error, context: String) -> PyErr {
 /// Reads the regular file at `path`, refusing anything longer than `limit` bytes.
 pub fn read_file(path: &Path, limit: u64) -> PyResult<Vec<u8>> {
     let not_regular = |what: &str| {
-        PyValueError::new_err(format!(
-            "path: {} is {what}, not a regular file",
-            path.display()
-        ))
+        crate::error::py_err(
+            av_core::ErrorKind::Value,
+            format!("path: {} is {what}, not a regular file", path.display()),
+        )
     };
     let os_error = |e: std::io::Error| io_error(e, format!("path: cannot read {}", path.display()));
     let mut file = open_for_reading(path).map_err(os_error)?;
@@ -61,10 +61,13 @@ pub fn read_file(path: &Path, limit: u64) -> PyResult<Vec<u8>> {
         return Err(not_regular("a special file (FIFO, socket or device)"));
     }
     let too_long = |length: u64| {
-        PyValueError::new_err(format!(
-            "path: {} has {length} bytes, more than any saved state ({limit})",
-            path.display()
-        ))
+        crate::error::py_err(
+            av_core::ErrorKind::Value,
+            format!(
+                "path: {} has {length} bytes, more than any saved state ({limit})",
+                path.display()
+            ),
+        )
     };
     if metadata.len() > limit {
         return Err(too_long(metadata.len()));

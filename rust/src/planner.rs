@@ -11,7 +11,7 @@ use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::convert::{float_matrix, int_vector, to_py_err, FloatMatrix, FloatView, Int};
+use crate::convert::{float_matrix, int_vector, to_py_err, FloatMatrix, FloatView, Int, Text};
 use crate::cost_tables::PyCostTables;
 
 mod stateful;
@@ -128,7 +128,7 @@ impl PyDepthPlan {
 /// fixed before it (the previous step's): mode "batch" (one depth, capped per request) or
 /// "per_request". The cost tables need a draft-depth table.
 #[pyfunction]
-#[pyo3(signature = (confidences, max_depths, *, num_non_draft_tokens, num_sampling_requests, cost_tables, max_draft_budget = None, mode = "batch"))]
+#[pyo3(signature = (confidences, max_depths, *, num_non_draft_tokens, num_sampling_requests, cost_tables, max_draft_budget = None, mode = Text::new("batch")), text_signature = "(confidences, max_depths, *, num_non_draft_tokens, num_sampling_requests, cost_tables, max_draft_budget=None, mode=\"batch\")")]
 #[allow(clippy::too_many_arguments)]
 fn choose_draft_depth(
     py: Python<'_>,
@@ -136,11 +136,11 @@ fn choose_draft_depth(
     max_depths: &Bound<'_, PyAny>,
     num_non_draft_tokens: Int,
     num_sampling_requests: Int,
-    cost_tables: PyRef<'_, PyCostTables>,
+    #[pyo3(from_py_with = crate::cost_tables::argument)] cost_tables: PyRef<'_, PyCostTables>,
     max_draft_budget: Option<Int>,
-    mode: &str,
+    mode: Text,
 ) -> PyResult<PyDepthPlan> {
-    let mode = depth_mode(mode)?;
+    let mode = depth_mode(mode.value("mode")?)?;
     let step = step_tokens(
         num_non_draft_tokens,
         num_sampling_requests,
@@ -238,7 +238,7 @@ fn choose_draft_budget(
     scheduled_drafts: &Bound<'_, PyAny>,
     num_non_draft_tokens: Int,
     num_sampling_requests: Int,
-    cost_tables: PyRef<'_, PyCostTables>,
+    #[pyo3(from_py_with = crate::cost_tables::argument)] cost_tables: PyRef<'_, PyCostTables>,
     max_draft_budget: Option<Int>,
 ) -> PyResult<usize> {
     let step = step_tokens(
@@ -331,7 +331,7 @@ fn plan_verification(
     scheduled_drafts: &Bound<'_, PyAny>,
     num_non_draft_tokens: Int,
     num_sampling_requests: Int,
-    cost_tables: PyRef<'_, PyCostTables>,
+    #[pyo3(from_py_with = crate::cost_tables::argument)] cost_tables: PyRef<'_, PyCostTables>,
     max_draft_budget: Option<Int>,
     budget_confidences: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyVerificationPlan> {

@@ -216,9 +216,10 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
         }
         Value::Map(map) => map_to_py(py, map)?.into_any(),
         Value::Other { type_name, text } => {
-            return Err(PyTypeError::new_err(format!(
-                "a {type_name} ({text}) has no Python value in a tree"
-            )))
+            return Err(crate::error::py_err(
+                av_core::ErrorKind::Type,
+                format!("a {type_name} ({text}) has no Python value in a tree"),
+            ))
         }
     })
 }

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -46,7 +47,6 @@ from test_sglang_contract import (
 from av_core import AcceptanceEstimator, CostTables
 from av_core import sglang as av_sglang
 from av_core._engine_interface import engine_version
-from av_core._env import env_text
 from av_core.sglang import (
     CostAwarePolicy,
     ProfilingCostAwarePolicy,
@@ -61,7 +61,7 @@ def files(request: pytest.FixtureRequest) -> dict[str, str]:
     """The reproduction's files, or a real checkout's (``AV_CORE_SGLANG_MAIN_SRC``)."""
     if request.param == "reproduction":
         return dict(main.FILES)
-    checkout = env_text(main.ENV_MAIN_SRC)
+    checkout = os.environ.get(main.ENV_MAIN_SRC, "").strip() or None
     if checkout is None:
         pytest.skip(f"{main.ENV_MAIN_SRC} names no SGLang checkout")
     return main.checkout_files(checkout)

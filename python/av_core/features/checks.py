@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from av_core import _native
+from av_core._native import InvalidTypeError, InvalidValueError
 
 #: The core's log-odds clamp (vLLM's `_MAX_LOG_ODDS`, the estimator's default ``max_log_odds``):
 #: |x| beyond 40 means q_max within e**-40 of 0 or 1, which no drafter resolves and no acceptance
@@ -43,7 +44,9 @@ def _dense(value: torch.Tensor, name: str) -> torch.Tensor:
     when a bit is set.
     """
     if value.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
+        raise InvalidTypeError(
+            f"{name} must be a dense (strided) tensor, got layout {value.layout}"
+        )
     if value.is_neg() or value.is_conj():
         value = value.resolve_conj().resolve_neg()
     return value
@@ -51,33 +54,43 @@ def _dense(value: torch.Tensor, name: str) -> torch.Tensor:
 
 def _check_logits(logits: object, name: str = "logits") -> torch.Tensor:
     if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
+        raise InvalidTypeError(f"{name} must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in _LOGIT_DTYPES:
-        raise TypeError(f"{name} must be float32, bfloat16 or float16, got dtype {logits.dtype}")
+        raise InvalidTypeError(
+            f"{name} must be float32, bfloat16 or float16, got dtype {logits.dtype}"
+        )
     if logits.dim() != 2:
-        raise ValueError(f"{name} must have shape [N, V], got shape {tuple(logits.shape)}")
+        raise InvalidValueError(f"{name} must have shape [N, V], got shape {tuple(logits.shape)}")
     if logits.shape[1] == 0:
-        raise ValueError(f"{name} must have at least one vocabulary column, got shape [N, 0]")
+        raise InvalidValueError(
+            f"{name} must have at least one vocabulary column, got shape [N, 0]"
+        )
     return _dense(logits.detach(), name)
 
 
 def _check_device(device: object) -> torch.device:
     if not isinstance(device, str | torch.device):
-        raise TypeError(f"device must be a str or a torch.device, got {type(device).__name__}")
+        raise InvalidTypeError(
+            f"device must be a str or a torch.device, got {type(device).__name__}"
+        )
     try:
         return torch.device(device)
     except (RuntimeError, ValueError) as error:
-        raise ValueError(f"device must name a torch device, got {device!r} ({error})") from None
+        raise InvalidValueError(
+            f"device must name a torch device, got {device!r} ({error})"
+        ) from None
 
 
 def _check_integer_tensor(value: object, name: str) -> torch.Tensor:
     """An integer tensor argument (int8..int64 or uint8), dense, negation resolved."""
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be an integer torch.Tensor, got {type(value).__name__}")
+        raise InvalidTypeError(
+            f"{name} must be an integer torch.Tensor, got {type(value).__name__}"
+        )
     if value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex():
-        raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
+        raise InvalidTypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
     if value.dtype in _LIMITED_INTEGER_DTYPES:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{name} must be int8, int16, int32, int64 or uint8, got dtype {value.dtype} "
             "(which torch supports only in part)"
         )
@@ -91,16 +104,16 @@ _MAX_LOG_ODDS_RANGE = (_FLOAT32_TINY, _FLOAT32_MAX)
 
 def _check_max_log_odds(max_log_odds: float) -> float:
     if isinstance(max_log_odds, bool) or not isinstance(max_log_odds, numbers.Real):
-        raise TypeError(f"max_log_odds must be a number, got {type(max_log_odds).__name__}")
+        raise InvalidTypeError(f"max_log_odds must be a number, got {type(max_log_odds).__name__}")
     try:
         value = float(max_log_odds)
     except OverflowError:
         value = math.inf
     low, high = _MAX_LOG_ODDS_RANGE
     if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"max_log_odds must be finite and positive, got {max_log_odds!r}")
+        raise InvalidValueError(f"max_log_odds must be finite and positive, got {max_log_odds!r}")
     if not low <= value <= high:
-        raise ValueError(
+        raise InvalidValueError(
             f"max_log_odds must lie in float32's normal range [{low:.4g}, {high:.4g}] (the "
             f"features are float32), got {max_log_odds!r}"
         )
@@ -110,18 +123,20 @@ def _check_max_log_odds(max_log_odds: float) -> float:
 def _per_row(value: object, n: int, name: str, device: torch.device) -> torch.Tensor:
     """A per-row tensor argument as a 1-D tensor of length n on device (a 0-d one is broadcast)."""
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a number or a torch.Tensor, got {type(value).__name__}")
+        raise InvalidTypeError(
+            f"{name} must be a number or a torch.Tensor, got {type(value).__name__}"
+        )
     if value.dtype == torch.bool or value.is_complex():
-        raise TypeError(f"{name} must be a real-valued tensor, got dtype {value.dtype}")
+        raise InvalidTypeError(f"{name} must be a real-valued tensor, got dtype {value.dtype}")
     if value.dtype in _LIMITED_INTEGER_DTYPES:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{name} must not have dtype {value.dtype} (torch supports it only in part)"
         )
     value = _dense(value.detach(), name)
     if value.dim() == 0:
         return value.to(device).expand(n)
     if value.dim() != 1 or value.shape[0] != n:
-        raise ValueError(
+        raise InvalidValueError(
             f"{name} must be a scalar or have shape [{n}] (one per row), got shape "
             f"{tuple(value.shape)}"
         )
@@ -140,7 +155,7 @@ def _real(value: numbers.Real, name: str) -> float:
     try:
         return float(value)
     except OverflowError:
-        raise ValueError(f"{name} must be finite, got {value!r}") from None
+        raise InvalidValueError(f"{name} must be finite, got {value!r}") from None
 
 
 def _check_temperature(
@@ -152,11 +167,11 @@ def _check_temperature(
     if temperature is None:
         return 1.0
     if isinstance(temperature, bool):
-        raise TypeError("temperature must be a number or a torch.Tensor, got bool")
+        raise InvalidTypeError("temperature must be a number or a torch.Tensor, got bool")
     if isinstance(temperature, numbers.Real):
         value = _real(temperature, "temperature")
         if not math.isfinite(value):
-            raise ValueError(f"temperature must be finite, got {temperature!r}")
+            raise InvalidValueError(f"temperature must be finite, got {temperature!r}")
         return value if value > 0.0 else 1.0
     return _per_row(temperature, n, "temperature", device)
 
@@ -185,13 +200,15 @@ def _check_row_valid(row_valid: object, n: int, device: torch.device) -> torch.T
     if row_valid is None:
         return None
     if not isinstance(row_valid, torch.Tensor):
-        raise TypeError(
+        raise InvalidTypeError(
             f"row_valid must be a bool torch.Tensor or None, got {type(row_valid).__name__}"
         )
     if row_valid.dtype != torch.bool:
-        raise TypeError(f"row_valid must have dtype torch.bool, got {row_valid.dtype}")
+        raise InvalidTypeError(f"row_valid must have dtype torch.bool, got {row_valid.dtype}")
     if row_valid.shape != (n,):
-        raise ValueError(f"row_valid must have shape [{n}], got shape {tuple(row_valid.shape)}")
+        raise InvalidValueError(
+            f"row_valid must have shape [{n}], got shape {tuple(row_valid.shape)}"
+        )
     # Contiguous: the Triton kernels and the Rust kernel index it as a flat array.
     return _dense(row_valid.detach(), "row_valid").to(device).contiguous()
 
@@ -199,13 +216,13 @@ def _check_row_valid(row_valid: object, n: int, device: torch.device) -> torch.T
 def _check_tokens(tokens: object, n: int, vocab: int, device: torch.device) -> torch.Tensor:
     tokens = _check_integer_tensor(tokens, "tokens")
     if tokens.shape != (n,):
-        raise ValueError(f"tokens must have shape [{n}], got shape {tuple(tokens.shape)}")
+        raise InvalidValueError(f"tokens must have shape [{n}], got shape {tuple(tokens.shape)}")
     tokens = _snapshot(tokens)
     if n:
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
-            raise ValueError(f"tokens must lie in [0, {vocab}), got {bad}")
+            raise InvalidValueError(f"tokens must lie in [0, {vocab}), got {bad}")
     return tokens.to(device=device, dtype=torch.int64)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.features.checks import (
     MAX_LOG_ODDS,
     _check_device,
@@ -52,14 +53,14 @@ class FeatureExtractor:
             ("num_speculative_steps", num_speculative_steps),
         ):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+                raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__}")
             if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+                raise InvalidValueError(f"{name} must be >= 1, got {value}")
         # Checked before anything is allocated: the slots (and a host copy) would otherwise ask
         # for whatever the product is, and fail only after trying.
         entries = (int(max_num_reqs) + 1) * int(num_speculative_steps)
         if entries > MAX_FEATURE_ENTRIES:
-            raise ValueError(
+            raise InvalidValueError(
                 f"max_num_reqs x num_speculative_steps must stay within {MAX_FEATURE_ENTRIES} "
                 f"feature slots (MAX_FEATURE_ENTRIES), got {max_num_reqs} x "
                 f"{num_speculative_steps}"
@@ -76,7 +77,7 @@ class FeatureExtractor:
                 device=self.device,
             )
         except (RuntimeError, AssertionError) as error:  # an absent or exhausted device
-            raise ValueError(
+            raise InvalidValueError(
                 f"device: cannot hold the features on {self.device} ({error})"
             ) from None
         self.features = self._slots[: self.max_num_reqs]
@@ -93,7 +94,7 @@ class FeatureExtractor:
         """(slot per row with padding sent to the spare row, validity per row)."""
         idx_mapping = _check_integer_tensor(idx_mapping, "idx_mapping")
         if idx_mapping.shape != (n,):
-            raise ValueError(
+            raise InvalidValueError(
                 f"idx_mapping must have shape [{n}] (one per logits row), got "
                 f"{tuple(idx_mapping.shape)}"
             )
@@ -102,7 +103,7 @@ class FeatureExtractor:
             low, high = int(idx_mapping.min()), int(idx_mapping.max())
             if low < -1 or high >= self.max_num_reqs:
                 bad = low if low < -1 else high
-                raise ValueError(
+                raise InvalidValueError(
                     f"idx_mapping entries must lie in [-1, {self.max_num_reqs}), got {bad}"
                 )
         idx = idx_mapping.to(device=self.device, dtype=torch.int64)
@@ -114,7 +115,7 @@ class FeatureExtractor:
         if value is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
             return value
         if value.shape != (self.max_num_reqs,):
-            raise ValueError(
+            raise InvalidValueError(
                 f"{name} must be a scalar or have shape [{self.max_num_reqs}] (one per request "
                 f"slot), got {tuple(value.shape)}"
             )
@@ -125,14 +126,14 @@ class FeatureExtractor:
     def _step_index(self, draft_step: object, n: int) -> torch.Tensor:
         k = self.num_speculative_steps
         if isinstance(draft_step, bool):
-            raise TypeError("draft_step must be an int or an integer torch.Tensor, got bool")
+            raise InvalidTypeError("draft_step must be an int or an integer torch.Tensor, got bool")
         if isinstance(draft_step, numbers.Integral):
             draft_step = int(draft_step)
             if not 0 <= draft_step < k:
-                raise ValueError(f"draft_step must lie in [0, {k}), got {draft_step}")
+                raise InvalidValueError(f"draft_step must lie in [0, {k}), got {draft_step}")
             return torch.full((n,), draft_step, dtype=torch.int64, device=self.device)
         if not isinstance(draft_step, torch.Tensor):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"draft_step must be an int or an integer torch.Tensor, got "
                 f"{type(draft_step).__name__}"
             )
@@ -140,7 +141,7 @@ class FeatureExtractor:
         if draft_step.device.type == "cpu" and draft_step.numel():
             low, high = int(draft_step.min()), int(draft_step.max())
             if low < 0 or high >= k:
-                raise ValueError(
+                raise InvalidValueError(
                     f"draft_step entries must lie in [0, {k}), got {low if low < 0 else high}"
                 )
         return _per_row(draft_step, n, "draft_step", self.device).to(torch.int64)
@@ -207,7 +208,9 @@ class FeatureExtractor:
 
 def _length(value: object, name: str) -> int:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be an integer torch.Tensor, got {type(value).__name__}")
+        raise InvalidTypeError(
+            f"{name} must be an integer torch.Tensor, got {type(value).__name__}"
+        )
     if value.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+        raise InvalidValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
     return int(value.shape[0])

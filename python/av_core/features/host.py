@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.features.checks import _dense
 
 
@@ -22,7 +23,7 @@ def to_host(features: torch.Tensor, out: torch.Tensor | None = None) -> np.ndarr
     overwritten by the next call that reuses the buffer.
     """
     if not isinstance(features, torch.Tensor):
-        raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
+        raise InvalidTypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
     features = _dense(features.detach(), "features")
     if features.device.type == "cpu":
         return _numpy_view(features, "features")
@@ -46,26 +47,28 @@ def to_host(features: torch.Tensor, out: torch.Tensor | None = None) -> np.ndarr
 
 def _check_host_buffer(out: object, features: torch.Tensor) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+        raise InvalidTypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
     if out.device.type != "cpu":
-        raise ValueError(f"out must be a host (CPU) tensor, got device {out.device}")
+        raise InvalidValueError(f"out must be a host (CPU) tensor, got device {out.device}")
     if out.dtype != features.dtype:
-        raise TypeError(f"out must have dtype {features.dtype}, got {out.dtype}")
+        raise InvalidTypeError(f"out must have dtype {features.dtype}, got {out.dtype}")
     if not out.is_contiguous():
-        raise ValueError("out must be contiguous")
+        raise InvalidValueError("out must be contiguous")
     if out.is_neg() or out.is_conj() or out.layout != torch.strided:
-        raise ValueError("out must be a plain dense tensor, not a negated or conjugated view")
+        raise InvalidValueError(
+            "out must be a plain dense tensor, not a negated or conjugated view"
+        )
     if features.dim() == 0:
         if out.dim() != 0:
-            raise ValueError(f"out must have shape [], got {tuple(out.shape)}")
+            raise InvalidValueError(f"out must have shape [], got {tuple(out.shape)}")
         return out
     if out.dim() != features.dim() or out.shape[1:] != features.shape[1:]:
         trailing = "".join(f", {size}" for size in features.shape[1:])
-        raise ValueError(
+        raise InvalidValueError(
             f"out must have shape [>= {features.shape[0]}{trailing}], got {tuple(out.shape)}"
         )
     if out.shape[0] < features.shape[0]:
-        raise ValueError(
+        raise InvalidValueError(
             f"out must have at least {features.shape[0]} rows, got shape {tuple(out.shape)}"
         )
     return out[: features.shape[0]]
@@ -75,7 +78,7 @@ def _numpy_view(tensor: torch.Tensor, name: str) -> np.ndarray:
     try:
         return tensor.resolve_conj().resolve_neg().numpy()
     except TypeError as error:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{name} has dtype {tensor.dtype}, which numpy cannot hold; convert it first"
         ) from error
 
@@ -90,6 +93,6 @@ def as_numpy(x: Any, argument_name: str) -> np.ndarray:
         return x
     if isinstance(x, torch.Tensor):
         return to_host(x) if x.device.type != "cpu" else _numpy_view(x.detach(), argument_name)
-    raise TypeError(
+    raise InvalidTypeError(
         f"{argument_name} must be a numpy array or a torch tensor, got {type(x).__name__}"
     )

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.features.checks import (
     MAX_LOG_ODDS,
     _check_logits,
@@ -83,12 +84,14 @@ def combine_partials(
     """
     max_log_odds = _check_max_log_odds(max_log_odds)
     if isinstance(partials, PartialStats) or not isinstance(partials, Sequence):
-        raise TypeError("partials must be a sequence of PartialStats, one per shard")
+        raise InvalidTypeError("partials must be a sequence of PartialStats, one per shard")
     if len(partials) == 0:
-        raise ValueError("partials must hold at least one shard, got 0")
+        raise InvalidValueError("partials must hold at least one shard, got 0")
     for i, part in enumerate(partials):
         if not isinstance(part, PartialStats):
-            raise TypeError(f"partials[{i}] must be a PartialStats, got {type(part).__name__}")
+            raise InvalidTypeError(
+                f"partials[{i}] must be a PartialStats, got {type(part).__name__}"
+            )
     fields: dict[str, list[torch.Tensor]] = {"max": [], "complement": []}
     n = device = None
     for i, part in enumerate(partials):
@@ -96,17 +99,19 @@ def combine_partials(
             value = getattr(part, field)
             where = f"partials[{i}].{field}"
             if not isinstance(value, torch.Tensor):
-                raise TypeError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
+                raise InvalidTypeError(
+                    f"{where} must be a torch.Tensor, got {type(value).__name__}"
+                )
             if not value.dtype.is_floating_point:
-                raise TypeError(f"{where} must be a float tensor, got dtype {value.dtype}")
+                raise InvalidTypeError(f"{where} must be a float tensor, got dtype {value.dtype}")
             if value.dim() != 1:
-                raise ValueError(f"{where} must be 1-D, got shape {tuple(value.shape)}")
+                raise InvalidValueError(f"{where} must be 1-D, got shape {tuple(value.shape)}")
             if n is None:
                 n, device = value.shape[0], value.device
             if value.shape[0] != n:
-                raise ValueError(f"{where} must have shape [{n}], got {tuple(value.shape)}")
+                raise InvalidValueError(f"{where} must have shape [{n}], got {tuple(value.shape)}")
             if value.device != device:
-                raise ValueError(f"{where} must be on {device}, got {value.device}")
+                raise InvalidValueError(f"{where} must be on {device}, got {value.device}")
             values.append(_dense(value.detach(), where).to(torch.float32))
     assert n is not None
     with torch.no_grad():

@@ -8,6 +8,7 @@ import numbers
 
 import torch
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.features.checks import (
     _check_integer_tensor,
     _first_bad_row,
@@ -36,11 +37,11 @@ def _truncation_args(
     k_rows = p_rows = None
     if top_k is not None:
         if isinstance(top_k, bool):
-            raise TypeError("top_k must be an int or an integer torch.Tensor, got bool")
+            raise InvalidTypeError("top_k must be an int or an integer torch.Tensor, got bool")
         if isinstance(top_k, numbers.Integral):
             top_k = int(top_k)
             if top_k < -1:
-                raise ValueError(f"top_k must be >= 1, or 0 or -1 for no top-k, got {top_k}")
+                raise InvalidValueError(f"top_k must be >= 1, or 0 or -1 for no top-k, got {top_k}")
             # Anything above the vocabulary is no top-k: the same row, and it fits int64.
             k_rows = torch.full((n,), min(top_k, vocab), dtype=torch.int64, device=device)
         else:
@@ -50,25 +51,25 @@ def _truncation_args(
             if k_rows.device.type == "cpu":
                 row = _first_bad_row(k_rows < -1, valid)
                 if row is not None:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"top_k[{row}] must be >= 1, or 0 or -1 for no top-k, got "
                         f"{int(k_rows[row])}"
                     )
         k_rows = torch.where((k_rows <= 0) | (k_rows > vocab), vocab, k_rows)
     if top_p is not None:
         if isinstance(top_p, bool):
-            raise TypeError("top_p must be a float or a torch.Tensor, got bool")
+            raise InvalidTypeError("top_p must be a float or a torch.Tensor, got bool")
         if isinstance(top_p, numbers.Real):
             value = _real(top_p, "top_p")
             if not 0.0 < value <= 1.0:
-                raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
+                raise InvalidValueError(f"top_p must lie in (0, 1], got {top_p!r}")
             p_rows = torch.full((n,), value, dtype=torch.float64, device=device)
         else:
             p_rows = _snapshot(_per_row(top_p, n, "top_p", device).to(torch.float64))
             if p_rows.device.type == "cpu":
                 row = _first_bad_row(~(p_rows > 0.0), valid)
                 if row is not None:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"top_p[{row}] must lie in (0, 1] (>= 1 is no top-p), got "
                         f"{float(p_rows[row])!r}"
                     )

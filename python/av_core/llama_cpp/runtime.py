@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from av_core import _settings as settings
+
 #: The functions of llama-cpp-python's low-level API the integration calls.
 REQUIRED_API = (
     "llama_backend_init",
@@ -69,7 +71,7 @@ _STATE: dict[str, Any] = {}
 def llama_api(module: ModuleType | None = None) -> ModuleType:
     """llama-cpp-python's low-level module, checked to have every function and context field
     the loop uses (``ValueError`` naming the first missing one); the backend is initialised
-    and llama.cpp's log output silenced once (``AV_CORE_LLAMA_LOG=1`` keeps it)."""
+    and llama.cpp's log output silenced once (``AV_CORE_LLAMA_LOG`` on keeps it)."""
     if module is None:
         try:
             import llama_cpp
@@ -96,7 +98,7 @@ def llama_api(module: ModuleType | None = None) -> ModuleType:
             )
     if _STATE.get("module") is not api:
         api.llama_backend_init()
-        if os.environ.get("AV_CORE_LLAMA_LOG", "") != "1":
+        if not settings.LLAMA_LOG.get():
             callback = api.llama_log_callback(lambda level, text, data: None)
             _STATE["log_callback"] = callback  # kept alive: llama.cpp holds the pointer
             api.llama_log_set(callback, ctypes.c_void_p(0))

@@ -30,7 +30,6 @@ import importlib.util
 import inspect
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,20 +37,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from av_core import _native
+from av_core import _settings as settings
 from av_core._engine_interface import (
     engine_version,
     resolve,
 )
-from av_core._env import env_flag
 from av_core._native import CostTables
+from av_core._settings import SGLANG_OFF as SGLANG_OFF
+from av_core._settings import SGLANG_ON as SGLANG_ON
 from av_core.sglang.interface import (
-    ENV_ANY_VERSION,
     ENV_COSTS,
-    ENV_DRAFTER,
     ENV_ENABLE,
-    ENV_MAX_BATCH,
-    ENV_PROFILE,
     ENV_SKIP_ZERO_STEP_EXTEND,
     PARAMS_MODULE,
     POLICY_CLASSES,
@@ -85,44 +81,20 @@ _installed: list[_Replacement] = []
 
 
 def _drafter_kind() -> Literal["autoregressive", "parallel"]:
-    value = os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
-    if value == "autoregressive":
-        return "autoregressive"
-    if value == "parallel":
-        return "parallel"
-    raise ValueError(f"{ENV_DRAFTER}={value!r}: expected autoregressive or parallel")
-
-
-#: How SGLang 0.5.23 reads its own boolean variables (``sglang.srt.environ.EnvBool``: lower-cased,
-#: not stripped); anything else SGLang warns about and takes as its default, off.
-SGLANG_ON = ("true", "1", "yes", "y")
-SGLANG_OFF = ("false", "0", "no", "n")
+    return "parallel" if settings.SGLANG_DRAFTER.require() == "parallel" else "autoregressive"
 
 
 def _sglang_flag(name: str) -> bool:
-    """SGLang's boolean variable ``name`` as SGLang reads it (unset: off), so that the policy
-    charges what SGLang runs; a value SGLang itself would not take is a ``ValueError`` naming it
-    (SGLang would only warn and treat it as off)."""
-    text = os.environ.get(name)
-    if text is None or text.lower() in SGLANG_OFF:
-        return False
-    if text.lower() in SGLANG_ON:
-        return True
-    raise ValueError(
-        f"{name}={text!r}: SGLang reads true, 1, yes or y as on and false, 0, no or n as off "
-        "(anything else it takes as off, with a warning)"
-    )
+    """SGLang's boolean variable ``name`` as SGLang reads it (unset: off; ``SGLANG_ON``,
+    ``SGLANG_OFF``), so that the policy charges what SGLang runs; a value SGLang itself would
+    not take is a ``SettingError`` naming it (SGLang would only warn and treat it as off)."""
+    value: bool = settings.named(name).require()
+    return value
 
 
 def _max_batch() -> int:
-    value = os.environ.get(ENV_MAX_BATCH, "1024")
-    try:
-        batch = int(value)
-    except ValueError:
-        batch = 0
-    if batch < 1:
-        raise ValueError(f"{ENV_MAX_BATCH}={value!r}: expected an integer >= 1")
-    return batch
+    value: int = settings.SGLANG_MAX_BATCH.require()
+    return value
 
 
 #: SGLang main's throughput-aware ``profile_run_*`` settings → the profiling policy's keywords.
@@ -145,7 +117,7 @@ def _policy_factories(
     drafter = _drafter_kind()
     max_batch = _max_batch()
     skip_extend = _sglang_flag(ENV_SKIP_ZERO_STEP_EXTEND)
-    costs_path = os.environ.get(ENV_COSTS)
+    costs_path = settings.SGLANG_COSTS.require()
     runtime = modules[RUNTIME_STATE_MODULE]
     ema_default = modules[PARAMS_MODULE].DEFAULT_ADAPTIVE_CONFIG
     throughput = modules.get(THROUGHPUT_MODULE)
@@ -281,8 +253,13 @@ def install(
         raise TypeError(f"cost_tables must be av_core.CostTables, got {type(cost_tables)!r}")
     if profile is not None and not isinstance(profile, bool):
         raise TypeError(f"profile must be a bool or None, got {profile!r}")
-    costs_given = cost_tables is not None or bool(os.environ.get(ENV_COSTS))
-    wanted = profile if profile is not None else (env_flag(ENV_PROFILE) or not costs_given)
+    # Every setting is read before anything is patched: a bad value fails here, naming it
+    # (docs/settings.md).
+    settings.check(settings.SGLANG_SETTINGS)
+    costs_given = cost_tables is not None or settings.SGLANG_COSTS.is_set()
+    wanted = (
+        profile if profile is not None else (settings.SGLANG_PROFILE.require() or not costs_given)
+    )
     policy: type = ProfilingCostAwarePolicy if wanted else CostAwarePolicy
     accepted = set(inspect.signature(policy).parameters) - {
         "cost_tables",
@@ -312,12 +289,7 @@ def install(
                 f"set {ENV_COSTS} to a CostTables JSON or an av-core profile file (this SGLang "
                 "has no start-up profiling to price steps from); nothing was patched"
             )
-    # Every setting is read before anything is patched: a bad value fails here, naming it.
-    _native.check_environment()
-    _drafter_kind()
-    _max_batch()
-    _sglang_flag(ENV_SKIP_ZERO_STEP_EXTEND)
-    any_version = env_flag(ENV_ANY_VERSION)
+    any_version = settings.SGLANG_ANY_VERSION.require()
     version = engine_version("sglang")
     modules = {
         name: importlib.import_module(name)
@@ -366,7 +338,7 @@ def installed() -> list[str]:
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: :func:`install` when ``AV_CORE_SGLANG=1``."""
-    if not env_flag(ENV_ENABLE):
+    if not settings.SGLANG.require():
         logger.debug("av_core: %s is not set, SGLang keeps its own adaptive policy", ENV_ENABLE)
         return
     install()

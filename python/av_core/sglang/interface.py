@@ -16,6 +16,7 @@ import textwrap
 from collections.abc import Mapping
 from types import ModuleType
 
+from av_core import _settings as settings
 from av_core._engine_interface import (
     InterfaceReport,
     check_signature,
@@ -25,30 +26,31 @@ from av_core._engine_interface import (
     resolve,
     signature_text,
 )
+from av_core._native import Error
 from av_core.sglang.policy import CostAwarePolicy
 from av_core.sglang.profiling import ProfilePlan, ProfilePoint, ProfilingCostAwarePolicy
 
-ENV_ENABLE = "AV_CORE_SGLANG"
+ENV_ENABLE = settings.SGLANG.name
 
 
-ENV_COSTS = "AV_CORE_SGLANG_COSTS"
+ENV_COSTS = settings.SGLANG_COSTS.name
 
 
-ENV_DRAFTER = "AV_CORE_SGLANG_DRAFTER"
+ENV_DRAFTER = settings.SGLANG_DRAFTER.name
 
 
-ENV_MAX_BATCH = "AV_CORE_SGLANG_MAX_BATCH"
+ENV_MAX_BATCH = settings.SGLANG_MAX_BATCH.name
 
 
-ENV_ANY_VERSION = "AV_CORE_SGLANG_ANY_VERSION"
+ENV_ANY_VERSION = settings.SGLANG_ANY_VERSION.name
 
 
 #: Price steps from SGLang's own start-up profiling (SGLang main); on by itself without tables.
-ENV_PROFILE = "AV_CORE_SGLANG_PROFILE"
+ENV_PROFILE = settings.SGLANG_PROFILE.name
 
 
 #: SGLang's own switch: at 0 steps it still runs the drafter's extend pass unless this is set.
-ENV_SKIP_ZERO_STEP_EXTEND = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+ENV_SKIP_ZERO_STEP_EXTEND = settings.SGLANG_SKIP_ZERO_STEP_EXTEND.name
 
 
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
@@ -194,7 +196,7 @@ PROFILING_CALL_SITE = (
 )
 
 
-class SglangCompatibilityError(RuntimeError):
+class SglangCompatibilityError(Error, RuntimeError):
     """SGLang's interfaces differ from those the policy relies on; nothing was patched."""
 
 

@@ -29,6 +29,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from av_core._native import InvalidValueError
+
 #: Upper bound of a count option (an int32 everywhere downstream).
 MAX_COUNT = 2**31 - 1
 #: Largest seed: numpy's and torch's generators both take any value below 2**63.
@@ -41,7 +43,7 @@ _DIGITS = re.compile(r"\d+")
 def _int(text: str, what: str) -> int:
     stripped = text.strip()
     if not _INT.fullmatch(stripped):
-        raise ValueError(f"{what} must be an integer, got {text!r}")
+        raise InvalidValueError(f"{what} must be an integer, got {text!r}")
     return int(stripped)
 
 
@@ -55,29 +57,33 @@ def parse_int_list(
     if not text.strip():
         if allow_empty:
             return []
-        raise ValueError("expected a comma-separated list of integers or LOW-HIGH ranges, got ''")
+        raise InvalidValueError(
+            "expected a comma-separated list of integers or LOW-HIGH ranges, got ''"
+        )
     values: list[int] = []
     for item in text.split(","):
         item = item.strip()
         if not item:
-            raise ValueError(f"empty item in {text!r} (write 1,2,4 or 1-512)")
+            raise InvalidValueError(f"empty item in {text!r} (write 1,2,4 or 1-512)")
         dash = item.find("-", 1)
         if dash > 0:
             first, second = item[:dash], item[dash + 1 :]
             if not (_DIGITS.fullmatch(first.strip()) and _DIGITS.fullmatch(second.strip())):
-                raise ValueError(f"range {item!r} must be LOW-HIGH with two integers >= 1")
+                raise InvalidValueError(f"range {item!r} must be LOW-HIGH with two integers >= 1")
             start, stop = int(first), int(second)
             if start > stop:
-                raise ValueError(
+                raise InvalidValueError(
                     f"range {item!r} decreases: write LOW-HIGH with LOW <= HIGH, e.g. "
                     f"{stop}-{start}"
                 )
             if start < 1:
-                raise ValueError(f"range {item!r} must start at 1 or more (it doubles from LOW)")
+                raise InvalidValueError(
+                    f"range {item!r} must start at 1 or more (it doubles from LOW)"
+                )
             ratio = stop // start
             if stop % start or ratio & (ratio - 1):
                 below = start * 2 ** int(math.log2(stop / start))
-                raise ValueError(
+                raise InvalidValueError(
                     f"range {item!r} doubles from {start} and does not reach {stop}: HIGH must be "
                     f"LOW times a power of two (e.g. {start}-{below}), or list the values"
                 )
@@ -89,16 +95,16 @@ def parse_int_list(
             try:
                 values.append(_int(item, "each item"))
             except ValueError:
-                raise ValueError(
+                raise InvalidValueError(
                     f"item {item!r} is neither an integer nor a LOW-HIGH range"
                 ) from None
     for value in values:
         if not low <= value <= high:
             bounds = f">= {low}" if high >= MAX_COUNT else f"in [{low}, {high}]"
-            raise ValueError(f"values must be {bounds}, got {value} in {text!r}")
+            raise InvalidValueError(f"values must be {bounds}, got {value} in {text!r}")
     for before, after in zip(values, values[1:], strict=False):
         if after <= before:
-            raise ValueError(
+            raise InvalidValueError(
                 f"values must increase (each listed once), got {after} after {before} in {text!r}"
             )
     return values

@@ -25,6 +25,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from av_core._native import InvalidTypeError, InvalidValueError
+
 FloatArray = npt.NDArray[np.float64]
 BinStrategy = Literal["uniform", "quantile"]
 
@@ -85,13 +87,13 @@ def _host_array(value: Any, name: str) -> npt.NDArray[Any]:
                 tensor = tensor.float()  # exact: every bfloat16 is a float32
             return np.array(tensor.numpy())
         except (RuntimeError, TypeError, ValueError) as error:
-            raise TypeError(f"{name} is a tensor numpy cannot hold: {error}") from None
+            raise InvalidTypeError(f"{name} is a tensor numpy cannot hold: {error}") from None
     try:
         return np.array(value)
     except (ValueError, TypeError, OverflowError) as error:
-        raise ValueError(f"{name} must be a 1-D array: {error}") from None
+        raise InvalidValueError(f"{name} must be a 1-D array: {error}") from None
     except RuntimeError as error:  # another library's array refusing numpy
-        raise TypeError(f"{name} cannot be read as a numpy array: {error}") from None
+        raise InvalidTypeError(f"{name} cannot be read as a numpy array: {error}") from None
 
 
 def _vector(value: npt.ArrayLike, name: str) -> npt.NDArray[Any]:
@@ -106,13 +108,13 @@ def _vector(value: npt.ArrayLike, name: str) -> npt.NDArray[Any]:
         if array.dtype.kind in "mM" or not (
             np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)
         ):
-            raise TypeError(f"{name} must be numeric, got dtype {array.dtype}")
+            raise InvalidTypeError(f"{name} must be numeric, got dtype {array.dtype}")
         if np.issubdtype(array.dtype, np.complexfloating):
-            raise TypeError(f"{name} must be real, got dtype {array.dtype}")
+            raise InvalidTypeError(f"{name} must be real, got dtype {array.dtype}")
     if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+        raise InvalidValueError(f"{name} must be 1-D, got shape {array.shape}")
     if array.shape[0] == 0:
-        raise ValueError(f"{name} must not be empty, got shape {array.shape}")
+        raise InvalidValueError(f"{name} must not be empty, got shape {array.shape}")
     return array
 
 
@@ -129,7 +131,7 @@ def _labels(y_true: npt.ArrayLike) -> npt.NDArray[np.bool_]:
     array = _vector(y_true, "y_true")
     bad = np.flatnonzero((array != 0) & (array != 1))
     if bad.size:
-        raise ValueError(
+        raise InvalidValueError(
             f"y_true must hold only 0 and 1, got {_item(array[bad[0]])!r} at index {int(bad[0])}"
         )
     return np.asarray(array == 1, dtype=np.bool_)
@@ -140,13 +142,15 @@ def _scores(y_score: npt.ArrayLike, name: str, length: int) -> npt.NDArray[Any]:
     ``2**53`` and ``2**53 + 1``), floating and boolean ones become float64 (exactly)."""
     array = _vector(y_score, name)
     if array.shape[0] != length:
-        raise ValueError(f"{name} has {array.shape[0]} entries, y_true has {length}")
+        raise InvalidValueError(f"{name} has {array.shape[0]} entries, y_true has {length}")
     if _is_integer(array):
         return array
     array = array.astype(np.float64)
     bad = np.flatnonzero(~np.isfinite(array))
     if bad.size:
-        raise ValueError(f"{name} must be finite, got {array[bad[0]]} at index {int(bad[0])}")
+        raise InvalidValueError(
+            f"{name} must be finite, got {array[bad[0]]} at index {int(bad[0])}"
+        )
     return array
 
 
@@ -154,7 +158,7 @@ def _probabilities(y_prob: npt.ArrayLike, length: int) -> FloatArray:
     array = _scores(y_prob, "y_prob", length)
     bad = np.flatnonzero((array < 0) | (array > 1))
     if bad.size:
-        raise ValueError(
+        raise InvalidValueError(
             f"y_prob must lie in [0, 1], got {_item(array[bad[0]])} at index {int(bad[0])}"
         )
     return np.asarray(array, dtype=np.float64)
@@ -162,13 +166,13 @@ def _probabilities(y_prob: npt.ArrayLike, length: int) -> FloatArray:
 
 def _check_bins(n_bins: object, strategy: object) -> int:
     if isinstance(n_bins, bool) or not isinstance(n_bins, int | np.integer):
-        raise TypeError(f"n_bins must be an int, got {n_bins!r}")
+        raise InvalidTypeError(f"n_bins must be an int, got {n_bins!r}")
     if n_bins < 1:
-        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+        raise InvalidValueError(f"n_bins must be >= 1, got {n_bins}")
     if n_bins > MAX_BINS:
-        raise ValueError(f"n_bins must be <= {MAX_BINS} (MAX_BINS), got {n_bins}")
+        raise InvalidValueError(f"n_bins must be <= {MAX_BINS} (MAX_BINS), got {n_bins}")
     if not isinstance(strategy, str) or strategy not in ("uniform", "quantile"):
-        raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+        raise InvalidValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
     return int(n_bins)
 
 
@@ -185,7 +189,7 @@ def roc_auc(y_true: npt.ArrayLike, y_score: npt.ArrayLike) -> float:
     num_positive = int(labels.sum())
     num_negative = labels.shape[0] - num_positive
     if num_positive == 0 or num_negative == 0:
-        raise ValueError(
+        raise InvalidValueError(
             f"roc_auc needs both classes in y_true, got {num_positive} positives and "
             f"{num_negative} negatives"
         )
@@ -212,9 +216,9 @@ def log_loss(y_true: npt.ArrayLike, y_prob: npt.ArrayLike, eps: float = LOG_LOSS
     labels = _labels(y_true)
     probs = _probabilities(y_prob, labels.shape[0])
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
+        raise InvalidTypeError(f"eps must be a number, got {type(eps).__name__}")
     if not 0.0 < eps < 0.5:  # compared as given: float(10**400) would overflow
-        raise ValueError(f"eps must lie in (0, 0.5), got {eps}")
+        raise InvalidValueError(f"eps must lie in (0, 0.5), got {eps}")
     eps = float(eps)
     clipped = np.clip(probs, eps, 1.0 - eps)
     losses = np.where(labels, -np.log(clipped), -np.log1p(-clipped))
@@ -351,14 +355,16 @@ class CalibrationReport:
         probs = _probabilities(y_prob, labels.shape[0])
         position_array = _vector(positions, "positions")
         if position_array.shape[0] != labels.shape[0]:
-            raise ValueError(
+            raise InvalidValueError(
                 f"positions has {position_array.shape[0]} entries, y_true has {labels.shape[0]}"
             )
         if not _is_integer(position_array):
-            raise TypeError(f"positions must hold integers, got dtype {position_array.dtype}")
+            raise InvalidTypeError(
+                f"positions must hold integers, got dtype {position_array.dtype}"
+            )
         bad = np.flatnonzero(position_array < 0)
         if bad.size:
-            raise ValueError(
+            raise InvalidValueError(
                 f"positions must be >= 0, got {position_array[bad[0]]} at index {int(bad[0])}"
             )
         n_bins = _check_bins(n_bins, strategy)
@@ -368,7 +374,7 @@ class CalibrationReport:
         starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
         slices = starts.shape[0] + 2  # every position, overall and positions >= 1
         if slices * (n_bins + 1) > MAX_REPORT_CELLS:
-            raise ValueError(
+            raise InvalidValueError(
                 f"positions has {starts.shape[0]} distinct values: with n_bins = {n_bins} that is "
                 f"more than MAX_REPORT_CELLS = {MAX_REPORT_CELLS} bins to compute"
             )

@@ -25,6 +25,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from av_core._native import InvalidValueError
+
 __all__ = [
     "SGLANG_DEFAULT_INITIAL_STEPS",
     "SGLANG_DEFAULT_TIERS",
@@ -67,7 +69,7 @@ class _TierState:
         self.tier = tier
         self.candidates = sorted(set(tier.candidate_steps))
         if not self.candidates or any(s < 0 for s in self.candidates):
-            raise ValueError(
+            raise InvalidValueError(
                 f"candidate_steps must be non-negative integers, got {tier.candidate_steps!r}"
             )
         if initial_steps in self.candidates:
@@ -135,9 +137,9 @@ class EmaTierPolicy:
     ) -> None:
         tiers = dict(SGLANG_DEFAULT_TIERS if tiers is None else tiers)
         if not tiers or any(key < 0 for key in tiers):
-            raise ValueError(f"tiers must map batch sizes >= 0 to tiers, got {tiers!r}")
+            raise InvalidValueError(f"tiers must map batch sizes >= 0 to tiers, got {tiers!r}")
         if max_steps is not None and max_steps < 0:
-            raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+            raise InvalidValueError(f"max_steps must be >= 0, got {max_steps}")
         self._keys = sorted(tiers)
         self._states: dict[int, _TierState] = {}
         for key in self._keys:
@@ -191,7 +193,7 @@ def trt_draft_length(schedule: Mapping[int, int], batch_size: int) -> int:
     """The draft length of the smallest batch-size threshold at or above ``batch_size``; 0
     (no speculation) above every threshold."""
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise InvalidValueError(f"batch_size must be >= 1, got {batch_size}")
     for threshold in sorted(schedule):
         if batch_size <= threshold:
             return int(schedule[threshold])
@@ -202,24 +204,30 @@ def parse_trt_schedule(text: str) -> dict[int, int]:
     """``"4:4,8:2,32:1"`` → ``{4: 4, 8: 2, 32: 1}`` (batch-size threshold : draft length)."""
     schedule: dict[int, int] = {}
     if not text.strip():
-        raise ValueError(f"trt schedule must hold at least one BATCH:LENGTH pair, got {text!r}")
+        raise InvalidValueError(
+            f"trt schedule must hold at least one BATCH:LENGTH pair, got {text!r}"
+        )
     for part in (p.strip() for p in text.split(",")):
         if not part:
-            raise ValueError(f"trt schedule has an empty item in {text!r} (write 4:4,8:2,32:1)")
+            raise InvalidValueError(
+                f"trt schedule has an empty item in {text!r} (write 4:4,8:2,32:1)"
+            )
         threshold, sep, length = part.partition(":")
         try:
             key, value = int(threshold), int(length)
         except ValueError:
             key = value = -1
         if not sep or key < 1 or value < 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"trt schedule must be BATCH:LENGTH pairs (batch >= 1, length >= 0), got {text!r}"
             )
         if key in schedule:
-            raise ValueError(
+            raise InvalidValueError(
                 f"trt schedule lists the batch size {key} twice in {text!r} (each threshold once)"
             )
         schedule[key] = value
     if not schedule:
-        raise ValueError(f"trt schedule must hold at least one BATCH:LENGTH pair, got {text!r}")
+        raise InvalidValueError(
+            f"trt schedule must hold at least one BATCH:LENGTH pair, got {text!r}"
+        )
     return schedule

@@ -33,29 +33,65 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_reliability(evaluation: Evaluation, path: Path, names: Sequence[str] = ()) -> Path:
-    """Reliability diagram: mean prediction against observed acceptance per bin."""
+#: Bins of the reliability diagram holding fewer drafts than this are not drawn: a bin of one
+#: draft is a point at 0 or 1 that says nothing about calibration. The bar chart under the
+#: diagram shows every bin's count, so where the drafts sit is still visible.
+MIN_BIN_DRAFTS = 20
+
+
+def reliability_figure(evaluation: Evaluation, names: Sequence[str] = ()) -> Any:
+    """The figure :func:`plot_reliability` writes (the caller closes it): mean prediction
+    against observed acceptance per bin, bins of at least :data:`MIN_BIN_DRAFTS` drafts, and
+    under it the number of drafts in every bin, per feature."""
     plt = _pyplot()
     chosen = list(names) or [n for n in (ONLINE, RAW) if n in evaluation.scores]
-    fig, ax = plt.subplots(figsize=(5.5, 5.0))
+    fig, (ax, counts_ax) = plt.subplots(
+        2, 1, figsize=(5.5, 6.4), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
     ax.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="perfect")
-    for name in chosen:
+    width = 1.0 / max(len(chosen), 1)
+    for index, name in enumerate(chosen):
         curve = reliability_curve(evaluation.labels, evaluation.scores[name])
-        occupied = curve.counts > 0
+        drawn = curve.counts >= MIN_BIN_DRAFTS
         ece = evaluation.feature(name).report.overall.ece
-        ax.plot(
-            curve.mean_predicted[occupied],
-            curve.observed_rate[occupied],
+        (line,) = ax.plot(
+            curve.mean_predicted[drawn],
+            curve.observed_rate[drawn],
             marker="o",
             label=f"{name} (ECE {ece:.4f})",
         )
-    ax.set_xlabel("predicted acceptance probability")
+        left = curve.bin_edges[:-1]
+        bin_width = np.diff(curve.bin_edges)
+        counts_ax.bar(
+            left + bin_width * width * index,
+            curve.counts,
+            width=bin_width * width,
+            align="edge",
+            color=line.get_color(),
+            label=name,
+        )
     ax.set_ylabel("observed acceptance rate")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    ax.set_title(f"Reliability, {evaluation.num_labeled} labeled drafts (prequential)")
+    ax.set_title(
+        f"Reliability, {evaluation.num_labeled} labeled drafts (prequential)\n"
+        f"bins of >= {MIN_BIN_DRAFTS} drafts drawn; every bin's drafts below",
+        fontsize=10,
+    )
     ax.legend(loc="upper left", fontsize=8)
+    counts_ax.set_yscale("log")
+    counts_ax.set_ylabel("drafts per bin")
+    counts_ax.set_xlabel("predicted acceptance probability")
+    counts_ax.axhline(MIN_BIN_DRAFTS, color="0.5", linewidth=0.8, linestyle=":")
+    counts_ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot_reliability(evaluation: Evaluation, path: Path, names: Sequence[str] = ()) -> Path:
+    """Reliability diagram (:func:`reliability_figure`) written to ``path``."""
+    plt = _pyplot()
+    fig = reliability_figure(evaluation, names)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -118,7 +154,9 @@ def plot_trajectory(evaluation: Evaluation, path: Path) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.5, 5.5), sharex=True)
     top.plot(t.rounds, t.slope, marker=".", color="black")
     top.set_ylabel("slope")
-    top.set_title(f"Online coefficients, refit every {evaluation.refit_interval} observes")
+    top.set_title(
+        f"Online coefficients after each refit (rounds of {evaluation.refit_interval} observes)"
+    )
     for k in range(t.intercepts.shape[1] if t.intercepts.ndim == 2 else 0):
         bottom.plot(t.rounds, t.intercepts[:, k], marker=".", label=f"intercept k={k}")
     bottom.set_xlabel("drafting rounds observed")
@@ -130,19 +168,32 @@ def plot_trajectory(evaluation: Evaluation, path: Path) -> Path:
     return path
 
 
-#: Colour, marker, line style, width and label of each adaptive policy: AV+D and AV+Dr often
-#: coincide, so they differ in every attribute (the thinner, dashed one is drawn on top).
+#: Colour, marker, line style, width, marker size and label of each adaptive policy. AV, AV+D
+#: and AV+Dr often coincide, so each is drawn narrower than the one under it (AV+D widest, at
+#: the bottom; AV+Dr thinnest, dotted, on top), and every one stays visible where they meet.
 _ADAPTIVE_STYLES = {
-    "AV": ("crimson", "o", "-", 2.4, "adaptive verification (AV)"),
-    "AV+D": ("darkorange", "s", "-", 3.2, "AV + drafting depth, batch (AV+D)"),
-    "AV+Dr": ("black", "^", ":", 1.6, "AV + drafting depth, per request (AV+Dr)"),
+    "AV+D": ("darkorange", "s", "-", 5.0, 10.0, "AV + drafting depth, batch (AV+D)"),
+    "AV": ("crimson", "o", "-", 2.2, 6.0, "adaptive verification (AV)"),
+    "AV+Dr": ("black", "^", ":", 1.2, 4.0, "AV + drafting depth, per request (AV+Dr)"),
 }
 _PEER_STYLES = {
-    "SGL-EMA": ("tab:purple", "v"),
-    "TRT": ("tab:brown", "<"),
-    "vLLM-AV": ("tab:pink", ">"),
-    "oracle": ("0.3", "*"),
+    "SGL-EMA": ("#7B3294", "v"),
+    "TRT": ("#66A61E", "<"),
+    "vLLM-AV": ("#E7298A", ">"),
+    "oracle": ("0.55", "*"),
 }
+#: Colour and marker of fixed K = 0, 1, 2, ...: navy, sky blue, bluish green, reddish purple,
+#: brown, then greys. Every two colours of the panel, adaptive and peer policies included, are
+#: at least 35 apart in CIELAB (ΔE 1976), so no two curves are told apart by the marker only.
+_FIXED_STYLES = (
+    ("#1F3B73", "o"),
+    ("#56B4E9", "s"),
+    ("#009E73", "D"),
+    ("#CC79A7", "^"),
+    ("#8C510A", "v"),
+    ("0.7", "P"),
+    ("0.85", "X"),
+)
 
 
 def _policy_names(simulation: Simulation) -> list[str]:
@@ -150,9 +201,10 @@ def _policy_names(simulation: Simulation) -> list[str]:
     return [r.policy for r in first]
 
 
-def _draw_policy(ax: Any, plt: Any, name: str, index: int, count: int, x: Any, y: Any) -> None:
+def _draw_policy(ax: Any, name: str, fixed: int, x: Any, y: Any) -> None:
+    """One policy's curve; ``fixed``: the index of a fixed-K policy among them."""
     if name in _ADAPTIVE_STYLES:
-        color, marker, style, width, label = _ADAPTIVE_STYLES[name]
+        color, marker, style, width, size, label = _ADAPTIVE_STYLES[name]
         ax.plot(
             x,
             y,
@@ -160,7 +212,7 @@ def _draw_policy(ax: Any, plt: Any, name: str, index: int, count: int, x: Any, y
             marker=marker,
             color=color,
             linewidth=width,
-            markersize=4 + width,
+            markersize=size,
             markerfacecolor="none" if name == "AV+Dr" else color,
             label=label,
             zorder=5 + list(_ADAPTIVE_STYLES).index(name),
@@ -169,8 +221,18 @@ def _draw_policy(ax: Any, plt: Any, name: str, index: int, count: int, x: Any, y
         color, marker = _PEER_STYLES[name.split(" ")[0]]
         ax.plot(x, y, "-.", marker=marker, color=color, linewidth=1.2, label=name, zorder=3)
     else:
-        color = plt.cm.viridis(index / max(count - 1, 1))
-        ax.plot(x, y, "--", marker=".", color=color, linewidth=1.0, label=name, zorder=2)
+        color, marker = _FIXED_STYLES[min(fixed, len(_FIXED_STYLES) - 1)]
+        ax.plot(
+            x,
+            y,
+            "--",
+            marker=marker,
+            markersize=3.5,
+            color=color,
+            linewidth=1.1,
+            label=name,
+            zorder=2,
+        )
 
 
 def _log_axis_ticks(axis: Any, values: Any) -> None:
@@ -196,6 +258,93 @@ _LABEL_ZORDER = 20
 _LEGEND_COLUMNS = 5
 
 
+#: Where a concurrency label may sit around its point, in points (x, y) with its alignment,
+#: tried in this order and then twice and three times as far: above, right, below, left, then
+#: the diagonals.
+_LABEL_SPOTS = (
+    ((0, 5), "center", "bottom"),
+    ((6, 0), "left", "center"),
+    ((0, -5), "center", "top"),
+    ((-6, 0), "right", "center"),
+    ((5, 4), "left", "bottom"),
+    ((-5, 4), "right", "bottom"),
+    ((5, -4), "left", "top"),
+    ((-5, -4), "right", "top"),
+)
+
+
+def _line_pixels(ax: Any, renderer: Any) -> tuple[Any, Any]:
+    """Every curve of ``ax`` in display space: points along its segments (one a pixel, padded
+    by half its width) and the boxes of its markers, as ``(points [n, 3], boxes [m, 4])``, the
+    points' third column their padding."""
+    scale = renderer.points_to_pixels(1.0)
+    points, boxes = [np.empty((0, 3))], [np.empty((0, 4))]
+    for line in ax.get_lines():
+        xy = line.get_transform().transform(line.get_xydata())
+        if line.get_linestyle() not in ("None", " ", "") and len(xy) > 1:
+            for start, end in zip(xy[:-1], xy[1:], strict=True):
+                steps = int(np.abs(end - start).max()) + 2
+                t = np.linspace(0.0, 1.0, steps)[:, None]
+                along = start + (end - start) * t
+                pad = np.full((steps, 1), line.get_linewidth() * scale / 2)
+                points.append(np.hstack([along, pad]))
+        if line.get_marker() not in ("None", None, "", " "):
+            half = line.get_markersize() * scale / 2
+            boxes.append(np.hstack([xy - half, xy + half]))
+    return np.vstack(points), np.vstack(boxes)
+
+
+def _clear(box: Any, points: Any, boxes: Any, taken: list[Any], frame: Any) -> bool:
+    """Whether the display box ``box`` lies inside ``frame`` and meets no curve, marker or
+    label already placed."""
+    if box.x0 < frame.x0 or box.x1 > frame.x1 or box.y0 < frame.y0 or box.y1 > frame.y1:
+        return False
+    x, y, pad = points[:, 0], points[:, 1], points[:, 2]
+    if np.any((x > box.x0 - pad) & (x < box.x1 + pad) & (y > box.y0 - pad) & (y < box.y1 + pad)):
+        return False
+    if np.any(
+        (boxes[:, 2] > box.x0)
+        & (boxes[:, 0] < box.x1)
+        & (boxes[:, 3] > box.y0)
+        & (boxes[:, 1] < box.y1)
+    ):
+        return False
+    return not any(box.overlaps(other) for other in taken)
+
+
+def _label_points(fig: Any, ax: Any, labels: Sequence[tuple[str, tuple[float, float]]]) -> None:
+    """Each ``(text, (x, y))`` written beside its data point, at the first spot of
+    :data:`_LABEL_SPOTS` where it meets no curve, marker or other label (the figure is drawn
+    once to know where everything is; the last spot tried is kept if none is clear)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    points, boxes = _line_pixels(ax, renderer)
+    frame = ax.get_window_extent(renderer)
+    taken: list[Any] = []
+    for text, xy in labels:
+        label = ax.annotate(
+            text,
+            xy,
+            xytext=(0, 0),
+            textcoords="offset points",
+            fontsize=7,
+            color="crimson",
+            zorder=_LABEL_ZORDER,
+        )
+        for scale in (1, 2, 3):
+            for (dx, dy), ha, va in _LABEL_SPOTS:
+                label.set_position((dx * scale, dy * scale))
+                label.set_horizontalalignment(ha)
+                label.set_verticalalignment(va)
+                box = label.get_window_extent(renderer)
+                if _clear(box, points, boxes, taken, frame):
+                    break
+            else:
+                continue
+            break
+        taken.append(label.get_window_extent(renderer))
+
+
 def pareto_figure(simulation: Simulation) -> Any:
     """The figure :func:`plot_pareto` writes (the caller closes it): two panels sharing one
     legend below them, outside both axes, so that no entry covers a curve."""
@@ -205,31 +354,30 @@ def pareto_figure(simulation: Simulation) -> Any:
     names = _policy_names(simulation)
     best = np.array([simulation.best_fixed(c).throughput for c in concurrency])
     relative_values: list[tuple[str, Any]] = []
-    for index, name in enumerate(names):
+    fixed = [n for n in names if n not in _ADAPTIVE_STYLES and n.split(" ")[0] not in _PEER_STYLES]
+    for name in names:
         row = [simulation.result(c, name) for c in concurrency]
         x = np.array([r.per_request for r in row])
         y = np.array([r.throughput for r in row])
-        _draw_policy(left, plt, name, index, len(names), x, y)
-        if name == "AV":
-            for c, xi, yi in zip(concurrency, x, y, strict=True):
-                left.annotate(
-                    str(c),
-                    (xi, yi),
-                    fontsize=7,
-                    xytext=(0, -11),
-                    textcoords="offset points",
-                    ha="center",
-                    color="crimson",
-                    zorder=_LABEL_ZORDER,
-                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
-                )
+        index = fixed.index(name) if name in fixed else 0
+        _draw_policy(left, name, index, x, y)
         ratio = y / best
         relative_values.append((name, ratio))
-        _draw_policy(right, plt, name, index, len(names), concurrency, ratio)
-    every_x = np.array([simulation.result(c, n).per_request for c in concurrency for n in names])
+        _draw_policy(right, name, index, concurrency, ratio)
+    points = np.array(
+        [
+            [
+                (simulation.result(c, n).per_request, simulation.result(c, n).throughput)
+                for n in names
+            ]
+            for c in concurrency
+        ]
+    )
     left.set_xscale("log")
     left.set_yscale("log")
-    _log_axis_ticks(left.xaxis, every_x)
+    _log_axis_ticks(left.xaxis, points[:, :, 0])
+    _log_axis_ticks(left.yaxis, points[:, :, 1])
+    left.margins(x=0.08, y=0.08)
     left.set_xlabel("tokens per ms per request (interactivity)")
     left.set_ylabel("output tokens per ms (throughput)")
     left.set_title(f"Throughput vs interactivity, {simulation.drafter} drafter (labels: R)")
@@ -257,6 +405,11 @@ def pareto_figure(simulation: Simulation) -> Any:
         frameon=False,
     )
     fig.tight_layout(rect=(0.0, 0.035 * rows + 0.01, 1.0, 1.0))
+    if "AV" in names:
+        av = names.index("AV")
+        _label_points(
+            fig, left, [(str(c), tuple(points[i, av])) for i, c in enumerate(concurrency)]
+        )
     return fig
 
 
@@ -272,13 +425,23 @@ def plot_pareto(simulation: Simulation, path: Path) -> Path:
     return path
 
 
+#: The files :func:`evaluation_plots` writes: reliability, per-position AUC, coefficients.
+EVALUATION_PLOTS = ("reliability.png", "position_auc.png", "coefficients.png")
+
+
+def simulation_plot_names(suffix: str = "") -> tuple[str, ...]:
+    """The files :func:`simulation_plots` writes with ``suffix``."""
+    return (f"pareto{suffix}.png",)
+
+
 def evaluation_plots(evaluation: Evaluation, out: Path) -> list[Path]:
-    """The three plots of ``av-core evaluate`` in ``out``."""
+    """The three plots of ``av-core evaluate`` in ``out`` (:data:`EVALUATION_PLOTS`)."""
     out.mkdir(parents=True, exist_ok=True)
+    reliability, auc, coefficients = (out / name for name in EVALUATION_PLOTS)
     return [
-        plot_reliability(evaluation, out / "reliability.png"),
-        plot_position_auc(evaluation, out / "position_auc.png"),
-        plot_trajectory(evaluation, out / "coefficients.png"),
+        plot_reliability(evaluation, reliability),
+        plot_position_auc(evaluation, auc),
+        plot_trajectory(evaluation, coefficients),
     ]
 
 
@@ -286,10 +449,13 @@ def simulation_plots(simulation: Simulation, out: Path, suffix: str = "") -> lis
     """The plot of ``av-core simulate`` in ``out``: the Pareto panel and the
     relative-throughput panel."""
     out.mkdir(parents=True, exist_ok=True)
-    return [plot_pareto(simulation, out / f"pareto{suffix}.png")]
+    (pareto,) = simulation_plot_names(suffix)
+    return [plot_pareto(simulation, out / pareto)]
 
 
 __all__ = [
+    "EVALUATION_PLOTS",
+    "MIN_BIN_DRAFTS",
     "evaluation_plots",
     "pareto_figure",
     "plot_pareto",
@@ -297,5 +463,7 @@ __all__ = [
     "plot_reliability",
     "plot_trajectory",
     "plots_available",
+    "reliability_figure",
+    "simulation_plot_names",
     "simulation_plots",
 ]

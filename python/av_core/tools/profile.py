@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from av_core._native import InvalidValueError
+
 DEFAULT_TOKENS = (1, 2, 3, 4, 5, 8, 16, 32, 64, 128, 256)
 
 
@@ -41,10 +43,10 @@ def measure_forward_samples(
     ``progress(done, total, status)`` is called after each token count.
     """
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise InvalidValueError(f"repeats must be >= 1, got {repeats}")
     for t in tokens:
         if t < 1:
-            raise ValueError(f"token counts must be >= 1, got {t}")
+            raise InvalidValueError(f"token counts must be >= 1, got {t}")
     samples: list[tuple[int, list[float]]] = []
     for index, t in enumerate(tokens):
         for _ in range(warmup):

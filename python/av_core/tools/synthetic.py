@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from av_core._native import DEFAULT_EXPLORATION
+from av_core._native import DEFAULT_EXPLORATION, InvalidValueError
 
 if TYPE_CHECKING:
     from av_core._native import AcceptanceEstimator
@@ -143,7 +143,7 @@ class TrimmingServing:
         self.est = AcceptanceEstimator(k, **estimator)  # type: ignore[arg-type]
         interval = self.est.refit_interval
         if interval is None:
-            raise ValueError("estimator: a round needs a refit_interval, got None (manual)")
+            raise InvalidValueError("estimator: a round needs a refit_interval, got None (manual)")
         self.interval = interval
         self.planner = VerificationPlanner(tables, k, num_slots=r, exploration=exploration)
         self.rng = np.random.default_rng(seed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from av_core import _settings as settings
 from av_core._native import VLLM_ESTIMATOR
 
 #: The newest vLLM release whose interfaces this module mirrors (every release the plugin
@@ -22,7 +23,7 @@ L2 = VLLM_ESTIMATOR["l2"]
 
 #: ``AV_CORE_VLLM_EXACT=1``: refit with vLLM's unbounded update (no step or range limits), the
 #: default of the ``exact`` keyword (docs/vllm.md, "Deviations from vLLM").
-ENV_EXACT = "AV_CORE_VLLM_EXACT"
+ENV_EXACT = settings.VLLM_EXACT.name
 #: ``AV_CORE_VLLM_ESTIMATOR=map``: refit with av_core's own update (docs/estimator.md) instead of
 #: vLLM's, the default of the ``update`` keyword (docs/vllm.md, "av_core's update").
-ENV_ESTIMATOR = "AV_CORE_VLLM_ESTIMATOR"
+ENV_ESTIMATOR = settings.VLLM_ESTIMATOR.name

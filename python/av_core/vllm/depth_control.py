@@ -20,13 +20,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import os
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from av_core import _settings as settings
 from av_core._engine_interface import (
     InterfaceReport,
     parse_signature,
@@ -48,10 +48,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.av_core")
 
-ENV_DEPTH = "AV_CORE_VLLM_DEPTH"
+ENV_DEPTH = settings.VLLM_DEPTH.name
 
 
-ENV_DRAFTER = "AV_CORE_VLLM_DRAFTER"
+ENV_DRAFTER = settings.VLLM_DRAFTER.name
 
 
 #: The speculators whose ``propose`` depth control wraps: (module, class). Each ``propose`` takes
@@ -196,16 +196,13 @@ def _depth_propose(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _depth_mode() -> str:
-    """``batch`` or ``per_request`` from ``AV_CORE_VLLM_DEPTH`` (``1``/``true``/``yes`` mean
-    batch; empty, ``0``, ``false``, ``no`` and ``off`` mean off)."""
-    value = os.environ.get(ENV_DEPTH, "").strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return "off"
-    return "batch" if value in ("1", "true", "yes") else value
+    """``off``, ``batch`` or ``per_request`` from ``AV_CORE_VLLM_DEPTH`` (a switch's on
+    spellings mean batch, its off spellings off; checked by :func:`install_depth_control`)."""
+    return settings.VLLM_DEPTH.get()
 
 
 def _drafter_kind() -> str:
-    return os.environ.get(ENV_DRAFTER, "autoregressive").strip().lower()
+    return settings.VLLM_DRAFTER.get()
 
 
 def _propose_contract(method: Any, where: str) -> list[str]:
@@ -302,17 +299,14 @@ def _depth_problems(
         {(BUDGET_MODULE, dotted): text for dotted, text in DEPTH_MANAGER_SIGNATURES.items()},
         report,
     )
-    if _drafter_kind() not in ("autoregressive", "parallel"):
-        problems.append(f"{ENV_DRAFTER}={_drafter_kind()!r}: expected autoregressive or parallel")
-    if _depth_mode() not in ("batch", "per_request", "off"):
-        problems.append(f"{ENV_DEPTH}={_depth_mode()!r}: expected batch (or 1) or per_request")
     return problems
 
 
 def install_depth_control() -> list[Replacement]:
     """Checks the speculators and wraps their ``propose`` with drafting-depth control (module
-    doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference.
-    Idempotent."""
+    doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference, and
+    ``SettingError`` for a value of ``AV_CORE_VLLM_DEPTH`` or ``AV_CORE_VLLM_DRAFTER`` it does
+    not take. Idempotent."""
     from av_core.vllm.patching import (
         Replacement,
         apply,
@@ -324,6 +318,7 @@ def install_depth_control() -> list[Replacement]:
     done = [entry for entry in installed() if entry.attribute == "propose"]
     if done:
         return done
+    settings.check((settings.VLLM_DEPTH, settings.VLLM_DRAFTER, settings.SIMD))
     names = [module for module, _ in DEPTH_SPECULATORS] + [BUDGET_MODULE]
     modules = {name: importlib.import_module(name) for name in names}
     problems = _depth_problems(modules)

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from av_core._engine_interface import InterfaceReport, overriding_subclasses, resolve
+from av_core._native import Error
 
 ESTIMATOR_MODULE = "vllm.v1.worker.gpu.spec_decode.acceptance_estimator"
 
@@ -139,8 +140,9 @@ BATCH_BUDGET_ARITY = 3
 SUBCLASS_MODULES = ("vllm.v1.worker.gpu.spec_decode.dflash.adaptive_k",)
 
 
-class VllmCompatibilityError(RuntimeError):
-    """vLLM's interfaces differ from those av_core's drop-ins mirror; nothing was patched."""
+class VllmCompatibilityError(Error, RuntimeError):
+    """vLLM's interfaces differ from those av_core's drop-ins mirror; nothing was patched. An
+    ``av_core.Error`` and a ``RuntimeError``."""
 
 
 def callee_names(function: ast.AST) -> set[str]:

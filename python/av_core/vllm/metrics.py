@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from av_core import _settings as settings
+
 from .metrics_env import (
     _ECE_BINS,
     BUDGET_BUCKETS,
@@ -57,7 +59,6 @@ from .metrics_env import (
     MAX_WINDOW,
     METRIC_NAMES,
     MIN_INTERVAL_S,
-    _env_number,
     _port,
     _rank,
     enabled,
@@ -354,17 +355,8 @@ class ProcessMetrics:
     def __init__(self, rank: int, port_offset: int) -> None:
         self.rank = rank
         self.label = str(rank)
-        self.window = int(
-            _env_number(ENV_WINDOW, DEFAULT_WINDOW, integer=True, low=1, high=MAX_WINDOW)
-        )
-        self.interval = _env_number(
-            ENV_INTERVAL,
-            DEFAULT_INTERVAL_S,
-            integer=False,
-            low=MIN_INTERVAL_S,
-            high=MAX_INTERVAL_S,
-            clamp=True,
-        )
+        self.window = int(settings.METRICS_WINDOW.get())
+        self.interval = settings.METRICS_INTERVAL.get()
         self.exporter = _Exporter()
         self.events: deque[tuple[Any, ...]] = deque()
         self.state_lock = threading.Lock()
@@ -386,11 +378,9 @@ class ProcessMetrics:
         self._ring_fill = 0
         self._fold_lock = threading.Lock()
         self._stop = threading.Event()
-        text = os.environ.get(ENV_PORT, "").strip()
-        port = _port(text, port_offset) if text else None
+        port = _port(port_offset)
         if port is not None:
-            host = os.environ.get(ENV_HOST, "").strip() or "127.0.0.1"
-            self.exporter.serve(port, host)
+            self.exporter.serve(port, settings.METRICS_HOST.get() or "127.0.0.1")
         self._thread = threading.Thread(target=self._run, name="av_core-metrics", daemon=True)
         self._thread.start()
 
@@ -611,8 +601,8 @@ def process_metrics(device_index: int | None = None) -> ProcessMetrics | None:
         return None
     with _process_lock:
         if _process is None:
-            directory = os.environ.get(ENV_MULTIPROC, "").strip()
-            if directory and not os.path.isdir(directory):
+            directory = settings.PROMETHEUS_MULTIPROC_DIR.get()
+            if directory is not None and not os.path.isdir(directory):
                 # prometheus_client would fail on every value written (its files go there).
                 logger.warning(
                     "av_core: %s=%r is not a directory; av_core metrics are off",
@@ -623,10 +613,8 @@ def process_metrics(device_index: int | None = None) -> ProcessMetrics | None:
             rank = _rank()
             offset = device_index
             if offset is None:
-                try:
-                    offset = int(os.environ["LOCAL_RANK"])
-                except (KeyError, ValueError):
-                    offset = rank
+                local: int | None = settings.LOCAL_RANK.get()
+                offset = rank if local is None else local
             _process = ProcessMetrics(rank, offset)
             atexit.register(_fold_at_exit)
     return _process

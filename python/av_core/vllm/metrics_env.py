@@ -1,33 +1,37 @@
-"""The metrics' settings: the environment variables that turn them on and shape them, their
-defaults and bounds, and the rank and port a worker reports under. An environment value can
-never stop the server: a bad one is a warning and the default.
+"""The metrics' settings: the environment variables that turn them on and shape them (declared
+with their defaults and bounds in :mod:`av_core._settings`), and the rank and port a worker
+reports under. Metrics start inside a running server, so they read the variables leniently
+(docs/settings.md): a bad value is a warning and the default, never an exception.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
+
+from av_core import _settings as settings
 
 logger = logging.getLogger("vllm.av_core")
 
-ENV_ENABLE = "AV_CORE_METRICS"
-ENV_PORT = "AV_CORE_METRICS_PORT"
-ENV_HOST = "AV_CORE_METRICS_HOST"
-ENV_WINDOW = "AV_CORE_METRICS_WINDOW"
-ENV_INTERVAL = "AV_CORE_METRICS_INTERVAL"
-ENV_MULTIPROC = "PROMETHEUS_MULTIPROC_DIR"
+ENV_ENABLE = settings.METRICS.name
+ENV_PORT = settings.METRICS_PORT.name
+ENV_HOST = settings.METRICS_HOST.name
+ENV_WINDOW = settings.METRICS_WINDOW.name
+ENV_INTERVAL = settings.METRICS_INTERVAL.name
+ENV_MULTIPROC = settings.PROMETHEUS_MULTIPROC_DIR.name
 
 #: Labeled drafts the rolling log-loss and ECE are computed over.
-DEFAULT_WINDOW = 10_000
+DEFAULT_WINDOW = settings.METRICS_DEFAULT_WINDOW
 #: The largest ``AV_CORE_METRICS_WINDOW``: the window is allocated up front (9 bytes a draft),
 #: so a size typed by mistake must not take the server's memory.
-MAX_WINDOW = 1_000_000
+MAX_WINDOW = settings.METRICS_MAX_WINDOW
 #: Seconds between folds of the recorded values into the Prometheus values.
-DEFAULT_INTERVAL_S = 1.0
+DEFAULT_INTERVAL_S = settings.METRICS_DEFAULT_INTERVAL_S
 #: ``AV_CORE_METRICS_INTERVAL`` is kept within these bounds (seconds): below, the fold thread
 #: would spin; above, the thread's wait cannot be represented (and nothing would be exported).
-MIN_INTERVAL_S, MAX_INTERVAL_S = 0.01, 86_400.0
+MIN_INTERVAL_S, MAX_INTERVAL_S = (
+    settings.METRICS_MIN_INTERVAL_S,
+    settings.METRICS_MAX_INTERVAL_S,
+)
 #: Upper bounds of the draft-budget histogram (drafts admitted per step).
 BUDGET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 #: Upper bounds of the predicted-step-cost histogram, milliseconds.
@@ -59,50 +63,18 @@ METRIC_NAMES = (
 )
 
 
-def _env_true(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    return value not in ("0", "false", "no", "off")
-
-
 def enabled() -> bool:
     """Whether metrics are on in this process (see the module doc)."""
-    if not _env_true(ENV_ENABLE, True):
+    if not settings.METRICS.get():
         return False
-    return bool(os.environ.get(ENV_PORT, "").strip() or os.environ.get(ENV_MULTIPROC, "").strip())
+    return settings.METRICS_PORT.is_set() or settings.PROMETHEUS_MULTIPROC_DIR.is_set()
 
 
-def _env_number(
-    name: str, default: float, *, integer: bool, low: float, high: float, clamp: bool = False
-) -> float:
-    """A positive number from the environment within ``[low, high]``: outside, a warning and
-    the default (or, with ``clamp``, the nearest bound); never an exception."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        logger.warning("av_core: %s=%r is not a number; using %s", name, text, default)
-        return default
-    if not value > 0 or not math.isfinite(value):
-        logger.warning("av_core: %s=%r must be positive; using %s", name, text, default)
-        return default
-    if low <= value <= high:
-        return value
-    used = (low if value < low else high) if clamp else default
-    logger.warning("av_core: %s=%r must lie in [%s, %s]; using %s", name, text, low, high, used)
-    return used
-
-
-def _port(text: str, offset: int) -> int | None:
-    """The server's port, ``AV_CORE_METRICS_PORT + offset``; None (with a warning) when that
-    is not a TCP port."""
-    try:
-        base = int(text)
-    except ValueError:
-        logger.warning("av_core: %s=%r is not a port number; no metrics server", ENV_PORT, text)
+def _port(offset: int) -> int | None:
+    """The server's port, ``AV_CORE_METRICS_PORT + offset``; None when the variable is unset or
+    not a port (a warning), or the sum is not a TCP port (a warning)."""
+    base: int | None = settings.METRICS_PORT.get()
+    if base is None:
         return None
     port = base + offset
     if not 0 < port <= 65535:
@@ -110,7 +82,7 @@ def _port(text: str, offset: int) -> int | None:
             "av_core: %s=%r plus this worker's offset %d is %d, not a TCP port (1..65535); no "
             "metrics server",
             ENV_PORT,
-            text,
+            settings.METRICS_PORT.text(),
             offset,
             port,
         )
@@ -126,7 +98,5 @@ def _rank() -> int:
             return int(dist.get_rank())
     except ImportError:  # pragma: no cover - torch is there whenever the drop-ins are
         pass
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
+    rank: int | None = settings.RANK.get()
+    return 0 if rank is None else rank

@@ -48,13 +48,12 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from av_core import _native
+from av_core import _settings as settings
 from av_core._engine_interface import (
     InterfaceReport,
     check_signature,
@@ -64,7 +63,6 @@ from av_core._engine_interface import (
     resolve,
     signature_text,
 )
-from av_core._env import env_flag
 from av_core.vllm import serving as vllm_serving
 from av_core.vllm.constants import (
     DAMPING_OBSERVATIONS,
@@ -81,7 +79,6 @@ from av_core.vllm.depth_control import (
     DEPTH_SPECULATORS,
     ENV_DEPTH,
     ENV_DRAFTER,
-    _depth_mode,
     _DepthState,
     install_depth_control,
 )
@@ -135,8 +132,8 @@ __all__ = [
 
 logger = logging.getLogger("vllm.av_core")
 
-ENV_ENABLE = "AV_CORE_VLLM"
-ENV_ANY_VERSION = "AV_CORE_VLLM_ANY_VERSION"
+ENV_ENABLE = settings.VLLM.name
+ENV_ANY_VERSION = settings.VLLM_ANY_VERSION.name
 #: The releases whose interfaces the contract tests check: every 0.32 point release (0.32.x) and
 #: 0.33.0 (their estimator files are identical; the manager differs in what av_core leaves alone).
 SUPPORTED_VLLM_VERSIONS = ("0.32.x", "0.33.0")
@@ -449,18 +446,20 @@ def install() -> list[Replacement]:
     """Check vLLM and swap in av_core's drop-ins (see the module doc); idempotent.
 
     Raises :class:`VllmCompatibilityError`, with every difference found, and patches nothing if
-    vLLM's interfaces differ from those mirrored; ``ValueError`` naming the variable, and patches
-    nothing, for a value of ``AV_CORE_VLLM_ANY_VERSION``, ``AV_CORE_VLLM_EXACT`` or
-    ``AV_CORE_VLLM_ESTIMATOR`` it does not know (or ``exact`` with ``map``), or of
-    ``AV_CORE_SIMD``.
+    vLLM's interfaces differ from those mirrored; ``SettingError`` (a ``ValueError``) naming
+    every variable, and patches nothing, for a value of a variable it or its drop-ins read
+    (``av_core._settings.VLLM_SETTINGS``, ``AV_CORE_SIMD`` included) that it does not take, or
+    ``exact`` with ``map``.
     """
     if any(entry.attribute == "OnlineAcceptanceEstimator" for entry in installed()):
         return installed()
-    _native.check_environment()  # AV_CORE_SIMD: a bad value fails here, naming it
-    any_version = env_flag(ENV_ANY_VERSION)
+    # Every variable the plugin and its drop-ins read (AV_CORE_SIMD included), checked before
+    # anything is patched: a value one does not take fails here, naming it (docs/settings.md).
+    settings.check(settings.VLLM_SETTINGS)
+    any_version = settings.VLLM_ANY_VERSION.require()
     # What every drop-in estimator will be built with: a bad value fails here, naming the
     # variable, before anything is patched (not later, inside vLLM's model runner).
-    update, exact = choose_update(None, None)
+    update, exact = choose_update(None, None, strict=True)
     version = engine_version("vllm")
     modules = {name: importlib.import_module(name) for name in (ESTIMATOR_MODULE, BUDGET_MODULE)}
     report = interface_report(modules, None if any_version else version)
@@ -505,11 +504,11 @@ def uninstall() -> None:
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: :func:`install` when ``AV_CORE_VLLM=1``, and
     :func:`install_depth_control` when ``AV_CORE_VLLM_DEPTH`` is set (off by default)."""
-    if env_flag(ENV_ENABLE):
+    if settings.VLLM.require():
         install()
     else:
         logger.debug("av_core: %s is not set, vLLM keeps its own adaptive verification", ENV_ENABLE)
-        ignored = [name for name in (ENV_ESTIMATOR, ENV_EXACT) if os.environ.get(name, "").strip()]
+        ignored = [s.name for s in (settings.VLLM_ESTIMATOR, settings.VLLM_EXACT) if s.is_set()]
         if ignored:
             logger.warning(
                 "av_core: %s set without %s=1: vLLM keeps its own estimator, so %s has no effect",
@@ -517,5 +516,5 @@ def register() -> None:
                 ENV_ENABLE,
                 "it" if len(ignored) == 1 else "they",
             )
-    if _depth_mode() != "off":
+    if settings.VLLM_DEPTH.require() != "off":
         install_depth_control()

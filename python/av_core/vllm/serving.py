@@ -32,11 +32,12 @@ The assumptions about vLLM's control flow are checked against each supported rel
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
+
+from av_core import _settings as settings
 
 __all__ = [
     "ENV_SHARE",
@@ -52,7 +53,7 @@ __all__ = [
 
 logger = logging.getLogger("vllm.av_core")
 
-ENV_SHARE = "AV_CORE_SHARE_STATS"
+ENV_SHARE = settings.SHARE_STATS.name
 SPECULATOR_MODULE = "vllm.v1.worker.gpu.spec_decode.speculator"
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"
 PARALLEL_STATE_MODULE = "vllm.distributed.parallel_state"
@@ -67,17 +68,14 @@ SERVING_SIGNATURES: dict[tuple[str, str], str] = {
 
 
 def share_mode() -> str:
-    """``dp`` or ``off`` from ``AV_CORE_SHARE_STATS`` (anything else is returned as given, and
-    refused by the plugin)."""
-    value = os.environ.get(ENV_SHARE, "").strip().lower()
-    return "off" if value in ("", "0", "off", "false", "no", "none") else value
+    """``dp`` or ``off`` from ``AV_CORE_SHARE_STATS`` (checked by the plugin before it
+    patches)."""
+    return settings.SHARE_STATS.get()
 
 
 def wanted() -> bool:
     """Whether either feature is asked for."""
-    from av_core.vllm.state import ENV_STATE_DIR
-
-    return bool(os.environ.get(ENV_STATE_DIR, "").strip()) or share_mode() != "off"
+    return settings.STATE_DIR.is_set() or share_mode() != "off"
 
 
 def modules_needed() -> list[str]:
@@ -90,9 +88,6 @@ def modules_needed() -> list[str]:
 def problems(modules: Mapping[str, ModuleType], signature_problems: Any) -> list[str]:
     """What differs from the interfaces these features rely on."""
     found: list[str] = []
-    if share_mode() not in ("off", "dp"):
-        found.append(f"{ENV_SHARE}={share_mode()!r}: expected dp (or unset)")
-        return found
     expected = {key: text for key, text in SERVING_SIGNATURES.items() if key[0] in modules}
     found += signature_problems(modules, expected)
     if PARALLEL_STATE_MODULE in modules and not callable(
@@ -193,8 +188,8 @@ def attach(speculator: Any, estimator: Any) -> None:
                 "av_core: refits pool the round over vLLM's data-parallel group (%d ranks)",
                 group.world_size,
             )
-    directory = os.environ.get(ENV_STATE_DIR, "").strip()
-    if not directory:
+    directory = settings.STATE_DIR.get()
+    if directory is None:
         return
     try:
         key = state_key(speculator)

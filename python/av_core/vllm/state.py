@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from av_core import _settings as settings
+
 __all__ = [
     "DEFAULT_SAVE_EVERY",
     "ENV_SAVE_EVERY",
@@ -50,10 +52,10 @@ __all__ = [
 
 logger = logging.getLogger("vllm.av_core")
 
-ENV_STATE_DIR = "AV_CORE_STATE_DIR"
-ENV_SAVE_EVERY = "AV_CORE_STATE_SAVE_EVERY"
+ENV_STATE_DIR = settings.STATE_DIR.name
+ENV_SAVE_EVERY = settings.STATE_SAVE_EVERY.name
 #: Refits between saves.
-DEFAULT_SAVE_EVERY = 10
+DEFAULT_SAVE_EVERY = settings.DEFAULT_SAVE_EVERY
 FORMAT = "av_core.vllm.warm_state"
 FORMAT_VERSION = 1
 #: The longest state file read: far above any saved state (K <= 64 positions: a few hundred
@@ -118,21 +120,7 @@ def _payload_digest(payload: dict[str, Any]) -> str:
 
 
 def _save_every_from_env() -> int:
-    text = os.environ.get(ENV_SAVE_EVERY, "").strip()
-    if not text:
-        return DEFAULT_SAVE_EVERY
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        logger.warning(
-            "av_core: %s=%r is not a positive integer; saving every %d refits",
-            ENV_SAVE_EVERY,
-            text,
-            DEFAULT_SAVE_EVERY,
-        )
-        return DEFAULT_SAVE_EVERY
+    value: int = settings.STATE_SAVE_EVERY.get()
     return value
 
 

@@ -9,36 +9,47 @@ and fits after the 1st, 2nd, 4th, ... step of every round as well as at its end.
 
 from __future__ import annotations
 
-import os
+import logging
 from typing import Any
 
-from av_core._env import env_flag
+from av_core import _settings as settings
 from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR
 from av_core.vllm.constants import ENV_ESTIMATOR, ENV_EXACT
+
+logger = logging.getLogger("vllm.av_core")
 
 #: The updates the drop-in accepts.
 UPDATES = ("vllm", "map")
 
 
-def choose_update(update: str | None, exact: bool | None) -> tuple[str, bool]:
+def choose_update(
+    update: str | None, exact: bool | None, *, strict: bool = False
+) -> tuple[str, bool]:
     """``(update, exact)`` from the keywords, unset ones from ``AV_CORE_VLLM_ESTIMATOR`` and
-    ``AV_CORE_VLLM_EXACT``; ``ValueError`` for an unknown update, a value of
-    ``AV_CORE_VLLM_EXACT`` that is neither on nor off, or ``exact`` with ``"map"``."""
+    ``AV_CORE_VLLM_EXACT``. ``ValueError`` for an unknown ``update`` or ``exact`` with
+    ``"map"`` given as keywords. The variables follow av_core's settings policy
+    (docs/settings.md): with ``strict`` (the plugin, before it patches) a value they do not
+    take, or ``exact`` with ``map`` both from the environment, is a ``SettingError``; without (a
+    drop-in being built) it is a warning: the default, and ``exact`` dropped under ``map``."""
+    exact_from_env, update_from_env = exact is None, update is None
     if exact is None:
-        exact = env_flag(ENV_EXACT)
+        exact = settings.VLLM_EXACT.require() if strict else settings.VLLM_EXACT.get()
     if update is None:
-        text = os.environ.get(ENV_ESTIMATOR, "")
-        update = text.strip().lower() or "vllm"
-        if update not in UPDATES:
-            raise ValueError(f"{ENV_ESTIMATOR}={text!r}: expected 'vllm' (the default) or 'map'")
+        update = settings.VLLM_ESTIMATOR.require() if strict else settings.VLLM_ESTIMATOR.get()
     if update not in UPDATES:
         raise ValueError(f"update must be 'vllm' or 'map' (or set {ENV_ESTIMATOR}), got {update!r}")
     if update == "map" and exact:
-        raise ValueError(
+        message = (
             f"exact (vLLM's unbounded refit) applies to update='vllm' only; {ENV_EXACT} or "
             "exact=True cannot be combined with update='map' (or set by "
-            f"{ENV_ESTIMATOR}={os.environ.get(ENV_ESTIMATOR, '')!r})"
+            f"{ENV_ESTIMATOR}={settings.VLLM_ESTIMATOR.text() or ''!r})"
         )
+        if not (exact_from_env and update_from_env):
+            raise ValueError(message)
+        if strict:
+            raise settings.SettingError(message)
+        logger.warning("av_core: %s; the estimators refit with map", message)
+        exact = False
     return update, bool(exact)
 
 

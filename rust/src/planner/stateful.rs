@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyType};
 use std::path::PathBuf;
 
 use super::{depth_mode, non_negative, step_tokens, PyDepthPlan, PyVerificationPlan};
-use crate::convert::{float_matrix, int_vector, to_py_err, Float, FloatView, Int};
+use crate::convert::{float_matrix, int_vector, to_py_err, Float, FloatView, Int, Text};
 use crate::cost_tables::PyCostTables;
 use crate::persist;
 
@@ -56,19 +56,23 @@ impl PyVerificationPlanner {
         num_positions,
         *,
         num_slots = None,
-        budget_source = "previous",
+        budget_source = Text::new("previous"),
         exploration = Float::new(VerificationPlanner::DEFAULT_EXPLORATION),
         exploration_seed = Int::new(0),
     ), text_signature = "(cost_tables, num_positions, *, num_slots=None, budget_source=\"previous\", exploration=0.01, exploration_seed=0)")]
     fn new(
-        cost_tables: Bound<'_, PyCostTables>,
+        #[pyo3(from_py_with = crate::cost_tables::bound_argument)] cost_tables: Bound<
+            '_,
+            PyCostTables,
+        >,
         num_positions: Int,
         num_slots: Option<Int>,
-        budget_source: &str,
+        budget_source: Text,
         exploration: Float,
         exploration_seed: Int,
     ) -> PyResult<Self> {
-        let source = BudgetSource::parse(budget_source).map_err(to_py_err)?;
+        let source =
+            BudgetSource::parse(budget_source.value("budget_source")?).map_err(to_py_err)?;
         let tables = cost_tables.get().inner.clone();
         let num_slots = match num_slots {
             Some(n) => non_negative("num_slots", &n)?,
@@ -198,7 +202,7 @@ impl PyVerificationPlanner {
     /// confidences remembered for its slot. Requests the next `plan` explores draft as deep as
     /// the batch does, and their whole `max_depths[r]` in an exploration step (probability
     /// `exploration`). Changes no state. The cost tables need a draft-depth table.
-    #[pyo3(signature = (slots, max_depths, *, num_non_draft_tokens, num_sampling_requests, max_draft_budget = None, mode = "batch"))]
+    #[pyo3(signature = (slots, max_depths, *, num_non_draft_tokens, num_sampling_requests, max_draft_budget = None, mode = Text::new("batch")), text_signature = "($self, slots, max_depths, *, num_non_draft_tokens, num_sampling_requests, max_draft_budget=None, mode=\"batch\")")]
     #[allow(clippy::too_many_arguments)]
     fn choose_draft_depth(
         &self,
@@ -208,9 +212,9 @@ impl PyVerificationPlanner {
         num_non_draft_tokens: Int,
         num_sampling_requests: Int,
         max_draft_budget: Option<Int>,
-        mode: &str,
+        mode: Text,
     ) -> PyResult<PyDepthPlan> {
-        let mode = depth_mode(mode)?;
+        let mode = depth_mode(mode.value("mode")?)?;
         let step = step_tokens(
             num_non_draft_tokens,
             num_sampling_requests,

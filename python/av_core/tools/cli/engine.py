@@ -32,8 +32,7 @@ def add_engine_option(parser: argparse.ArgumentParser) -> None:
         "--engine",
         choices=ENGINES,
         default="transformers",
-        help="transformers (torch) or llama.cpp (GGUF files, needs av_core[llama]; "
-        "docs/llama-cpp.md)",
+        help="transformers (torch) or llama.cpp (GGUF files, needs av_core[llama])",
     )
 
 
@@ -205,8 +204,7 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
         description="Runs the speculative loop in llama.cpp (GGUF target and drafter, needs "
         "av_core[llama]) for every policy, concurrency and thread count, profiles the step "
         "costs first, and writes runs.jsonl (resumable), costs_t*.json and results.json to "
-        "--out, with the simulator's prediction beside each measured figure "
-        "(docs/llama-cpp.md).",
+        "--out, with the simulator's prediction beside each measured figure.",
     )
     for option in ("--target", "--drafter"):
         bench.add_argument(

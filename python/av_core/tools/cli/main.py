@@ -13,11 +13,11 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from av_core import __version__, _native
+from av_core import __version__
+from av_core import _settings as settings
 from av_core.tools import argtypes as types
 from av_core.tools.cli.analysis import add_demo, add_evaluate, add_simulate, depth_modes
 from av_core.tools.cli.common import (
-    DEBUG_VARIABLE,
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Adaptive verification for speculative decoding: estimator and planner. "
         "Every command checks its options before it starts; errors are one line (exit 2).",
         formatter_class=_Formatter,
-        epilog=f"{PROG} COMMAND --help describes a command's options; docs/cli.md describes all.",
+        epilog=f"{PROG} COMMAND --help describes a command: what it reads and writes, and "
+        "each option with its default.",
     )
     parser.add_argument("--version", action="version", version=f"av_core {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help=argparse.SUPPRESS)
@@ -64,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_engine,
     ):
         _name_metavars(adds(add))
+    for sub in commands.choices.values():
+        if isinstance(sub, _Parser):
+            sub.commands = commands.choices
     return parser
 
 
@@ -108,7 +112,8 @@ def _command_parser(
 
 
 def _debug_requested(argv: Sequence[str]) -> bool:
-    if os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):
+    """``--debug`` before any ``--``, or ``AV_CORE_DEBUG`` on (read once it was checked)."""
+    if settings.DEBUG.get():
         return True
     return "--debug" in argv[: argv.index("--")] if "--" in argv else "--debug" in argv
 
@@ -186,19 +191,19 @@ def _main(argv: Sequence[str] | None) -> int:
             )
     except SystemExit as stop:  # argparse printed the one-line error, or --help / --version
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
-    debug = _debug_requested(arguments) or bool(args.debug)
     if args.command is None:
         with contextlib.suppress(OSError, ValueError):
             sys.stderr.write(parser.format_help())
             sys.stderr.write(f"{PROG}: error: a command is required\n")
         return EXIT_USAGE
     command = f"{PROG} {args.command}"
-    try:  # AV_CORE_SIMD, read by the core: a value it does not take is a usage error
-        _native.check_environment()
+    try:  # AV_CORE_DEBUG, and AV_CORE_SIMD read by the core: a bad value is a usage error
+        settings.check(settings.CLI_SETTINGS)
     except ValueError as error:
         with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(f"{command}: error: {error}\n")
+            sys.stderr.write(f"{command}: error: {one_line(str(error))}\n")
         return EXIT_USAGE
+    debug = _debug_requested(arguments) or bool(args.debug)
     if sys.stdout is None:  # started with stdout closed (`av-core evaluate >&-`)
         with contextlib.suppress(OSError, AttributeError):
             sys.stderr.write(f"{command}: error: standard output is closed: nowhere to write\n")

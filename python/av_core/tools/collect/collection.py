@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from av_core._native import InvalidValueError
 from av_core.tools.collect.decoding import CollectConfig, speculative_decode
 from av_core.tools.collect.models import CausalLM, HuggingFaceCausalLM
 from av_core.tools.collect.prompts import Prompt, read_prompts
@@ -89,7 +90,7 @@ def completed_prompt_ids(output: str | Path) -> set[str]:
         return set()
     trace = read_trace(path)
     if trace.prompt_id is None:
-        raise ValueError(f"{path}: cannot resume, the trace has no 'prompt_id' column")
+        raise InvalidValueError(f"{path}: cannot resume, the trace has no 'prompt_id' column")
     return {str(value) for value in np.unique(trace.prompt_id)}
 
 
@@ -169,13 +170,13 @@ def collect(
     """
     output = Path(output)
     if not output.name.endswith((".csv", ".csv.gz")):
-        raise ValueError(f"output must be a .csv or .csv.gz file, got {str(output)!r}")
+        raise InvalidValueError(f"output must be a .csv or .csv.gz file, got {str(output)!r}")
     prompts = read_prompts(prompts_path)
     completed_prompt_ids(output)  # fail on a malformed output before spending minutes loading
     target_model, tokenizer = HuggingFaceCausalLM.load(target_path, device)
     drafter_model, drafter_tokenizer = HuggingFaceCausalLM.load(drafter_path, device)
     if tokenizer.get_vocab() != drafter_tokenizer.get_vocab():
-        raise ValueError(
+        raise InvalidValueError(
             f"target {str(target_path)!r} and drafter {str(drafter_path)!r} do not share a "
             "tokenizer"
         )

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from av_core._native import InvalidValueError
 from av_core.tools.collect.models import CausalLM
 from av_core.tools.collect.sampling import (
     draft_feature_columns,
@@ -34,13 +35,13 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         if self.num_drafts < 1:
-            raise ValueError(f"num_drafts must be >= 1, got {self.num_drafts}")
+            raise InvalidValueError(f"num_drafts must be >= 1, got {self.num_drafts}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+            raise InvalidValueError(f"temperature must be finite and >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+            raise InvalidValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise InvalidValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
 @dataclass
@@ -72,7 +73,7 @@ def speculative_decode(
     import torch
 
     if not prompt_ids:
-        raise ValueError("prompt_ids must not be empty, got []")
+        raise InvalidValueError("prompt_ids must not be empty, got []")
     stops = set(stop_ids)
     k_max = config.num_drafts
     sequence = list(prompt_ids)
@@ -96,7 +97,7 @@ def speculative_decode(
             sequence[target.cache_length(target_cache) :] + drafts, target_cache, k_max + 1
         )
         if target_logits.shape[-1] != q_rows[0].shape[-1]:
-            raise ValueError(
+            raise InvalidValueError(
                 f"target and drafter vocabularies differ: {target_logits.shape[-1]} vs "
                 f"{q_rows[0].shape[-1]} logits"
             )

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from av_core._native import InvalidValueError
+
 if TYPE_CHECKING:
     import torch
 
@@ -58,7 +60,9 @@ class HuggingFaceCausalLM:
         elif path.is_dir():
             location, extra = str(path), {}
         else:
-            raise ValueError(f"path must be a model directory or a .gguf file, got {str(path)!r}")
+            raise InvalidValueError(
+                f"path must be a model directory or a .gguf file, got {str(path)!r}"
+            )
         tokenizer = transformers.AutoTokenizer.from_pretrained(location, **extra)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             location, dtype=getattr(torch, dtype), **extra

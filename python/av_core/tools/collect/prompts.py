@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from av_core._native import InvalidValueError
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -33,7 +35,7 @@ def read_prompts(path: str | Path) -> list[Prompt]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path}: line {line_number}: not UTF-8 text ({error.reason})"
                 ) from None
             if not line.strip():
@@ -41,24 +43,26 @@ def read_prompts(path: str | Path) -> list[Prompt]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}: line {line_number}: invalid JSON ({error})") from None
+                raise InvalidValueError(
+                    f"{path}: line {line_number}: invalid JSON ({error})"
+                ) from None
             except RecursionError:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path}: line {line_number}: invalid JSON (nested too deeply)"
                 ) from None
             if not isinstance(record, dict):
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path}: line {line_number}: expected a JSON object with 'prompt_id', "
                     f"'workload' and 'prompt', got a JSON {type(record).__name__}"
                 )
             for key in ("prompt_id", "workload", "prompt"):
                 if not isinstance(record.get(key), str) or not record[key]:
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"{path}: line {line_number}: field {key!r} must be a non-empty string, "
                         f"got {record.get(key)!r}"
                     )
             if record["prompt_id"] in seen:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path}: line {line_number}: prompt_id {record['prompt_id']!r} repeats"
                 )
             seen.add(record["prompt_id"])
@@ -71,7 +75,7 @@ def read_prompts(path: str | Path) -> list[Prompt]:
                 )
             )
     if not prompts:
-        raise ValueError(f"{path}: no prompts found")
+        raise InvalidValueError(f"{path}: no prompts found")
     return prompts
 
 

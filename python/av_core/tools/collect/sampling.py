@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from av_core import _native
+from av_core._native import InvalidValueError
 from av_core.tools.trace import UNLABELED
 
 if TYPE_CHECKING:
@@ -34,9 +35,9 @@ def sampling_distribution(logits: torch.Tensor, temperature: float, top_p: float
     import torch
 
     if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+        raise InvalidValueError(f"top_p must lie in (0, 1], got {top_p}")
     if not math.isfinite(temperature):
-        raise ValueError(f"temperature must be finite, got {temperature}")
+        raise InvalidValueError(f"temperature must be finite, got {temperature}")
     z = logits.to(torch.float64)
     if temperature <= 0.0:
         greedy = torch.zeros_like(z)
@@ -60,7 +61,9 @@ def acceptance_probability(p_token: torch.Tensor, q_token: torch.Tensor) -> torc
     import torch
 
     if bool((q_token <= 0).any()):
-        raise ValueError(f"q_token must be > 0 (drafted tokens have q > 0), got {q_token.tolist()}")
+        raise InvalidValueError(
+            f"q_token must be > 0 (drafted tokens have q > 0), got {q_token.tolist()}"
+        )
     return torch.clamp(p_token / q_token, max=1.0)
 
 
@@ -117,9 +120,9 @@ def verify_drafts(
 
     num_drafts = len(drafts)
     if q.ndim != 2 or q.shape[0] != num_drafts:
-        raise ValueError(f"q must have shape [{num_drafts}, V], got {tuple(q.shape)}")
+        raise InvalidValueError(f"q must have shape [{num_drafts}, V], got {tuple(q.shape)}")
     if p.ndim != 2 or p.shape[0] != num_drafts + 1 or p.shape[1] != q.shape[1]:
-        raise ValueError(
+        raise InvalidValueError(
             f"p must have shape [{num_drafts + 1}, {q.shape[1]}], got {tuple(p.shape)}"
         )
     index = torch.as_tensor(list(drafts), dtype=torch.long).reshape(-1, 1)
@@ -140,7 +143,7 @@ def verify_drafts(
 def draft_labels(num_accepted: int, num_admitted: int) -> list[int]:
     """Labels of K positions: 1 for k < A, 0 for k = A < admitted, unlabeled (-1) otherwise."""
     if not 0 <= num_accepted <= num_admitted:
-        raise ValueError(
+        raise InvalidValueError(
             f"num_accepted must lie in [0, num_admitted={num_admitted}], got {num_accepted}"
         )
     return [

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from av_core._native import InvalidValueError
 from av_core.tools.evaluate.fits import WorkloadFit, fit_batch
 from av_core.tools.evaluate.online import (
     DEFAULT_REFIT_INTERVAL,
@@ -80,13 +81,13 @@ def evaluate_trace(
     ``progress(done, total, status)`` is called after each feature's replay and after the
     per-workload fits."""
     if groups_per_workload < 1:
-        raise ValueError(f"groups_per_workload must be >= 1, got {groups_per_workload}")
+        raise InvalidValueError(f"groups_per_workload must be >= 1, got {groups_per_workload}")
     if batch_rounds < 1:
-        raise ValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
+        raise InvalidValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
     rounds = DraftRounds.from_trace(trace)
     labeled = rounds.labels >= 0
     if not labeled.any():
-        raise ValueError("trace has no labeled drafts")
+        raise InvalidValueError("trace has no labeled drafts")
     positions = np.broadcast_to(np.arange(rounds.num_positions), rounds.rows.shape)[labeled]
     labels = rounds.labels[labeled]
     x = rounds.column(trace.logit_q_max)

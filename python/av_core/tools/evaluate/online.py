@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from av_core import AcceptanceEstimator, _native
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.tools.evaluate.rounds import DraftRounds, FloatArray, IntArray
 
 #: Default refit interval of the replay, in observe calls. The shipped trace was collected one
@@ -63,11 +64,13 @@ def replay_online(
     av_core's update, docs/estimator.md; ``"vllm"``: vLLM's damped Newton step).
     """
     if isinstance(batch_rounds, bool) or not isinstance(batch_rounds, int | np.integer):
-        raise TypeError(f"batch_rounds must be an int, got {type(batch_rounds).__name__}")
+        raise InvalidTypeError(f"batch_rounds must be an int, got {type(batch_rounds).__name__}")
     if batch_rounds < 1:
-        raise ValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
+        raise InvalidValueError(f"batch_rounds must be >= 1, got {batch_rounds}")
     if features.shape != rounds.rows.shape:
-        raise ValueError(f"features must have shape {rounds.rows.shape}, got {features.shape}")
+        raise InvalidValueError(
+            f"features must have shape {rounds.rows.shape}, got {features.shape}"
+        )
     options: dict[str, Any] = {"refit_interval": refit_interval}
     if memory is not None:
         options["memory"] = memory

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.tools.trace import UNLABELED, DraftTrace
 
 FloatArray = npt.NDArray[np.float64]
@@ -64,14 +65,14 @@ class DraftRounds:
         :data:`MAX_ROUND_ENTRIES` before it is allocated (K is the deepest position + 1, so one
         stray position could otherwise ask for terabytes)."""
         if not isinstance(trace, DraftTrace):
-            raise TypeError(f"trace must be a DraftTrace, got {type(trace).__name__}")
+            raise InvalidTypeError(f"trace must be a DraftTrace, got {type(trace).__name__}")
         if len(trace) == 0:
-            raise ValueError("trace must not be empty")
+            raise InvalidValueError("trace must not be empty")
         num_positions = trace.num_positions
         keys = np.stack([trace.request_id, trace.step], axis=1)
         unique, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
         if unique.shape[0] * num_positions > MAX_ROUND_ENTRIES:
-            raise ValueError(
+            raise InvalidValueError(
                 f"trace: {unique.shape[0]} rounds x {num_positions} positions (the deepest "
                 f"position + 1) exceed MAX_ROUND_ENTRIES = {MAX_ROUND_ENTRIES}"
             )

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import CostTables
-from av_core._native import VERIFY_COST_FLOOR_MS
+from av_core._native import VERIFY_COST_FLOOR_MS, InvalidTypeError, InvalidValueError
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -57,12 +57,12 @@ class GpuLikeCost:
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{name} must be a number, got {value!r}")
+                raise InvalidTypeError(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0 or (low_open and value == 0):
                 bound = "> 0" if low_open else ">= 0"
-                raise ValueError(f"{name} must be finite and {bound}, got {value!r}")
+                raise InvalidValueError(f"{name} must be finite and {bound}, got {value!r}")
             if name.endswith("_ms") and value > MAX_COST_MS:
-                raise ValueError(f"{name} must be at most {MAX_COST_MS:g} ms, got {value!r}")
+                raise InvalidValueError(f"{name} must be at most {MAX_COST_MS:g} ms, got {value!r}")
 
     def verify_ms(self, tokens: npt.ArrayLike) -> FloatArray:
         t = np.asarray(tokens, dtype=np.float64)
@@ -107,24 +107,26 @@ class MeasuredCost:
         try:
             text = Path(path).read_bytes().decode("utf-8")
         except UnicodeDecodeError as error:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{path}: not a cost file (not UTF-8 text at byte {error.start})"
             ) from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
             ) from None
         except RecursionError:
-            raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
+            raise InvalidValueError(f"{path}: not valid JSON (nested too deeply)") from None
         if not isinstance(data, dict):
-            raise ValueError(
+            raise InvalidValueError(
                 f"{path}: a cost file is a JSON object with a 'verify' list of [tokens, ms] "
                 f"points, got a JSON {type(data).__name__}"
             )
         if "verify" not in data:
-            raise ValueError(f"{path}: a cost file needs a 'verify' list of [tokens, ms] points")
+            raise InvalidValueError(
+                f"{path}: a cost file needs a 'verify' list of [tokens, ms] points"
+            )
 
         def points(name: str) -> FloatArray:
             value = data[name]
@@ -133,32 +135,34 @@ class MeasuredCost:
                 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in point)
                 for point in value
             ):
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path}: {name!r} must be a list of [tokens, ms] pairs of numbers"
                 )
             try:
                 array = np.asarray(value, dtype=np.float64)
             except (ValueError, OverflowError):
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path}: {name!r} must be a list of [tokens, ms] pairs of numbers"
                 ) from None
             if array.ndim != 2 or array.shape[1] != 2 or array.shape[0] < 1:
-                raise ValueError(f"{path}: {name!r} must be a list of [tokens, ms] pairs")
+                raise InvalidValueError(f"{path}: {name!r} must be a list of [tokens, ms] pairs")
             if not np.all(np.isfinite(array)) or np.any(array[:, 1] < 0):
-                raise ValueError(f"{path}: {name!r} must hold finite, non-negative times")
+                raise InvalidValueError(f"{path}: {name!r} must hold finite, non-negative times")
             if np.any(array[:, 1] > MAX_COST_MS):
-                raise ValueError(
+                raise InvalidValueError(
                     f"{path}: {name!r} must hold times of at most {MAX_COST_MS:g} ms, got "
                     f"{float(array[:, 1].max())!r}"
                 )
             if np.any(array[:, 0] < 0):
-                raise ValueError(f"{path}: {name!r} must hold non-negative token counts")
+                raise InvalidValueError(f"{path}: {name!r} must hold non-negative token counts")
             order = np.argsort(array[:, 0], kind="stable")
             return np.asarray(array[order])
 
         verify = points("verify")
         if np.any(verify[:, 1] <= 0):
-            raise ValueError(f"{path}: 'verify' times must be > 0 ms (a forward pass takes time)")
+            raise InvalidValueError(
+                f"{path}: 'verify' times must be > 0 ms (a forward pass takes time)"
+            )
         draft = points("draft") if data.get("draft") else None
         return MeasuredCost(verify, draft, str(path))
 

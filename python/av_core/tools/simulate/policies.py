@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from av_core import AcceptanceEstimator, VerificationPlanner
 from av_core._checks import _check_int
-from av_core._native import ESTIMATOR_DEFAULTS
+from av_core._native import ESTIMATOR_DEFAULTS, InvalidValueError
 from av_core.tools.evaluate import DraftRounds
 from av_core.tools.peers import TRT_DEFAULT_SCHEDULE, EmaTierPolicy, trt_draft_length
 from av_core.tools.simulate.costs import (
@@ -42,7 +42,7 @@ MAX_STREAM_ENTRIES = 1 << 28
 
 def _check_stream_size(num_requests: int, num_steps: int) -> None:
     if num_requests * num_steps > MAX_STREAM_ENTRIES:
-        raise ValueError(
+        raise InvalidValueError(
             f"{num_steps} steps x {num_requests} requests exceed MAX_STREAM_ENTRIES = "
             f"{MAX_STREAM_ENTRIES} simulated slots"
         )

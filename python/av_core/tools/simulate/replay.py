@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from av_core._checks import _check_int
-from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR
+from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR, InvalidTypeError, InvalidValueError
 from av_core.tools.argtypes import parse_int_list
 from av_core.tools.evaluate import DraftRounds
 from av_core.tools.simulate.costs import CostModel, DrafterKind, GpuLikeCost, PassTokens
@@ -68,23 +68,25 @@ def simulate_trace(
     warmup_steps = _check_int(warmup_steps, "warmup_steps", 0)
     seed = _check_int(seed, "seed", 0)
     if isinstance(concurrency, str) or not isinstance(concurrency, Sequence):
-        raise TypeError(f"concurrency must be a sequence of ints, got {type(concurrency).__name__}")
+        raise InvalidTypeError(
+            f"concurrency must be a sequence of ints, got {type(concurrency).__name__}"
+        )
     concurrency = list(concurrency)
     if not concurrency:
-        raise ValueError("concurrency must not be empty, got []")
+        raise InvalidValueError("concurrency must not be empty, got []")
     for r in concurrency:
         _check_int(r, "concurrency", 1)
         _check_stream_size(r, warmup_steps + steps)
     cost = cost if cost is not None else GpuLikeCost()
     if len(trace) == 0:
-        raise ValueError("trace has no rows")
+        raise InvalidValueError("trace has no rows")
     if not bool(trace.admitted.any()):
-        raise ValueError(
+        raise InvalidValueError(
             "trace has no admitted draft (admitted = 0 in every row): nothing was verified, so "
             "there are no verdicts to replay"
         )
     if not bool(trace.labeled.any()):
-        raise ValueError(
+        raise InvalidValueError(
             "trace has no labeled drafts (no verdicts): the simulator replays the target's verdicts"
         )
     rounds = DraftRounds.from_trace(trace)
@@ -196,4 +198,4 @@ def parse_concurrency(text: str) -> list[int]:
     try:
         return parse_int_list(text, low=1)
     except ValueError as error:
-        raise ValueError(f"concurrency: {error}") from None
+        raise InvalidValueError(f"concurrency: {error}") from None

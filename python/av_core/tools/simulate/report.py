@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from av_core._native import InvalidValueError
 from av_core.tools.simulate.costs import DrafterKind
 from av_core.tools.simulate.oracle import ORACLE
 from av_core.tools.simulate.policies import PEER_POLICIES, PolicyResult
@@ -226,7 +227,7 @@ class PeerRow:
 def peer_rows(simulation: Simulation) -> list[PeerRow]:
     """The comparison of ``format_peers``, per concurrency (needs ``peers=True``)."""
     if not simulation.has_peers:
-        raise ValueError("simulation has no peers' policies: run simulate_trace(peers=True)")
+        raise InvalidValueError("simulation has no peers' policies: run simulate_trace(peers=True)")
     av_core = _av_core(simulation)
     rows = []
     for concurrency in simulation.results:

@@ -21,6 +21,7 @@ from typing import IO, Any, Literal, TypeVar, cast
 import numpy as np
 import numpy.typing as npt
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.tools.trace.schema import (
     _BY_NAME,
     _INT_RANGE,
@@ -91,7 +92,9 @@ def _open_text(path: Path, mode: Literal["r", "w", "a"]) -> IO[str]:
 def _check_regular_file(path: Path) -> None:
     """A trace is read from a regular file only: a FIFO or a device would block or never end."""
     if not stat.S_ISREG(path.stat().st_mode):  # a missing file raises FileNotFoundError
-        raise ValueError(f"{path}: not a regular file (a directory, FIFO or device is not a trace)")
+        raise InvalidValueError(
+            f"{path}: not a regular file (a directory, FIFO or device is not a trace)"
+        )
 
 
 def _check_writable_path(path: Path) -> None:
@@ -102,7 +105,9 @@ def _check_writable_path(path: Path) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISREG(mode):
-        raise ValueError(f"{path}: not a regular file (a directory, FIFO or device is not a trace)")
+        raise InvalidValueError(
+            f"{path}: not a regular file (a directory, FIFO or device is not a trace)"
+        )
 
 
 def _plain_number(text: str) -> bool:
@@ -149,15 +154,15 @@ def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
             return UNLABELED
         if kind == "float" and not required:
             return math.nan
-        raise ValueError("is empty")
+        raise InvalidValueError("is empty")
     if kind == "int":
         number = _parse_plain(text, int, "an integer")
         if not _INT64_MIN <= number <= _INT64_MAX:
-            raise ValueError(f"must fit in int64, got {_shown(text)}")
+            raise InvalidValueError(f"must fit in int64, got {_shown(text)}")
         return number
     if kind == "label":
         if text not in ("0", "1"):
-            raise ValueError(f"expected 1, 0 or empty, got {_shown(text)}")
+            raise InvalidValueError(f"expected 1, 0 or empty, got {_shown(text)}")
         return int(text)
     if kind == "bool":
         lowered = text.lower()
@@ -165,10 +170,10 @@ def _parse_cell(kind: ColumnKind, required: bool, text: str) -> Any:
             return True
         if lowered in ("0", "false"):
             return False
-        raise ValueError(f"expected 0 or 1, got {_shown(text)}")
+        raise InvalidValueError(f"expected 0 or 1, got {_shown(text)}")
     real = _parse_plain(text, float, "a number")
     if math.isnan(real) and required:
-        raise ValueError(f"expected a number, got {_shown(text)}")
+        raise InvalidValueError(f"expected a number, got {_shown(text)}")
     return real
 
 
@@ -177,24 +182,26 @@ def _parse_plain(text: str, parse: Callable[[str], _Number], expected: str) -> _
     saying what was ``expected``."""
     try:
         if not _plain_number(text):
-            raise ValueError(text)
+            raise InvalidValueError(text)
         return parse(text)
     except ValueError:
-        raise ValueError(f"expected {expected}, got {_shown(text)}") from None
+        raise InvalidValueError(f"expected {expected}, got {_shown(text)}") from None
 
 
 def _header_columns(header: Sequence[str], where: str) -> list[Column]:
     columns: list[Column] = []
     for name in header:
         if name not in _BY_NAME:
-            raise ValueError(f"{where}: column {_shown(name)} is not part of the trace schema")
+            raise InvalidValueError(
+                f"{where}: column {_shown(name)} is not part of the trace schema"
+            )
         columns.append(_BY_NAME[name])
     duplicated = sorted({name for name in header if list(header).count(name) > 1})
     if duplicated:
-        raise ValueError(f"{where}: column {duplicated[0]!r} appears more than once")
+        raise InvalidValueError(f"{where}: column {duplicated[0]!r} appears more than once")
     missing = [name for name in REQUIRED_COLUMNS if name not in header]
     if missing:
-        raise ValueError(f"{where}: required column {missing[0]!r} is missing")
+        raise InvalidValueError(f"{where}: required column {missing[0]!r} is missing")
     return columns
 
 
@@ -216,7 +223,7 @@ def _from_columns(where: str, values: Mapping[str, list[Any]]) -> DraftTrace:
     try:
         return DraftTrace(**arrays)
     except ValueError as error:
-        raise ValueError(f"{where}: {error}") from None
+        raise InvalidValueError(f"{where}: {error}") from None
 
 
 def _read_csv(path: Path) -> DraftTrace:
@@ -228,7 +235,7 @@ def _read_csv(path: Path) -> DraftTrace:
             try:
                 header = next(reader)
             except StopIteration:
-                raise ValueError(f"{where}: empty file, expected a header row") from None
+                raise InvalidValueError(f"{where}: empty file, expected a header row") from None
             line = reader.line_num
             columns = _header_columns([name.strip() for name in header], where)
             values: dict[str, list[Any]] = {c.name: [] for c in columns}
@@ -237,7 +244,7 @@ def _read_csv(path: Path) -> DraftTrace:
                 if not row:
                     continue
                 if len(row) != len(columns):
-                    raise ValueError(
+                    raise InvalidValueError(
                         f"{where}: row {row_index + 1} (line {line}): expected "
                         f"{len(columns)} fields, got {len(row)}"
                     )
@@ -245,14 +252,14 @@ def _read_csv(path: Path) -> DraftTrace:
                     try:
                         values[column.name].append(_parse_cell(column.kind, column.required, text))
                     except ValueError as error:
-                        raise ValueError(
+                        raise InvalidValueError(
                             f"{where}: row {row_index + 1} (line {line}), "
                             f"column {column.name!r}: {error}"
                         ) from None
     except UnicodeDecodeError:
-        raise ValueError(f"{where}: {_undecodable_line(path)}") from None
+        raise InvalidValueError(f"{where}: {_undecodable_line(path)}") from None
     except _DECODE_ERRORS as error:
-        raise ValueError(f"{where}: line {line + 1}: {_decode_problem(error)}") from None
+        raise InvalidValueError(f"{where}: line {line + 1}: {_decode_problem(error)}") from None
     return _from_columns(where, values)
 
 
@@ -302,7 +309,7 @@ def _read_parquet(path: Path) -> DraftTrace:
             try:
                 parsed.append(_parse_parquet_cell(column, cell))
             except ValueError as error:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{where}: row {row_index + 1}, column {column.name!r}: {error}"
                 ) from None
         values[column.name] = parsed
@@ -315,28 +322,28 @@ def _parse_parquet_cell(column: Column, cell: Any) -> Any:
             return UNLABELED
         if column.kind == "float" and not column.required:
             return math.nan
-        raise ValueError("is null")
+        raise InvalidValueError("is null")
     kind = column.kind
     if kind == "str":
         if not isinstance(cell, str):
-            raise ValueError(f"expected a string, got {_shown(cell)}")
+            raise InvalidValueError(f"expected a string, got {_shown(cell)}")
         return cell
     if kind == "float":
         if isinstance(cell, bool) or not isinstance(cell, int | float):
-            raise ValueError(f"expected a number, got {_shown(cell)}")
+            raise InvalidValueError(f"expected a number, got {_shown(cell)}")
         if column.required and math.isnan(cell):
-            raise ValueError(f"expected a number, got {_shown(cell)}")
+            raise InvalidValueError(f"expected a number, got {_shown(cell)}")
         return float(cell)
     if kind == "bool":
         if isinstance(cell, bool) or (isinstance(cell, int) and cell in (0, 1)):
             return bool(cell)
-        raise ValueError(f"expected a boolean, got {_shown(cell)}")
+        raise InvalidValueError(f"expected a boolean, got {_shown(cell)}")
     if isinstance(cell, bool) or not isinstance(cell, int):
-        raise ValueError(f"expected an integer, got {_shown(cell)}")
+        raise InvalidValueError(f"expected an integer, got {_shown(cell)}")
     if kind == "label" and cell not in (0, 1):
-        raise ValueError(f"expected 1, 0 or null, got {_shown(cell)}")
+        raise InvalidValueError(f"expected 1, 0 or null, got {_shown(cell)}")
     if not _INT64_MIN <= cell <= _INT64_MAX:
-        raise ValueError(f"must fit in int64, got {cell}")
+        raise InvalidValueError(f"must fit in int64, got {cell}")
     return cell
 
 
@@ -361,7 +368,7 @@ def _write_parquet(trace: DraftTrace, path: Path) -> None:
 
 def _trace_path(path: object) -> Path:
     if not isinstance(path, str | PathLike):
-        raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
+        raise InvalidTypeError(f"path must be a str or a path, got {type(path).__name__}")
     return Path(path)
 
 
@@ -371,12 +378,12 @@ def _format_of(path: Path) -> Literal["csv", "parquet"]:
         return "csv"
     if name.endswith((".parquet", ".pq")):
         return "parquet"
-    raise ValueError(f"path must end in .csv, .csv.gz or .parquet, got {str(path)!r}")
+    raise InvalidValueError(f"path must end in .csv, .csv.gz or .parquet, got {str(path)!r}")
 
 
 def _check_trace(trace: object) -> DraftTrace:
     if not isinstance(trace, DraftTrace):
-        raise TypeError(f"trace must be a DraftTrace, got {type(trace).__name__}")
+        raise InvalidTypeError(f"trace must be a DraftTrace, got {type(trace).__name__}")
     return trace
 
 
@@ -422,7 +429,9 @@ def append_trace(trace: DraftTrace, path: str | Path) -> None:
     trace = _check_trace(trace)
     path = _trace_path(path)
     if _format_of(path) != "csv":
-        raise ValueError(f"path must be a .csv or .csv.gz file to append to, got {str(path)!r}")
+        raise InvalidValueError(
+            f"path must be a .csv or .csv.gz file to append to, got {str(path)!r}"
+        )
     exists = path.exists()
     if exists:
         _check_regular_file(path)
@@ -432,11 +441,11 @@ def append_trace(trace: DraftTrace, path: str | Path) -> None:
             with _open_text(path, "r") as handle:
                 header = next(csv.reader(handle), [])
         except UnicodeDecodeError:
-            raise ValueError(f"{path}: {_undecodable_line(path)}") from None
+            raise InvalidValueError(f"{path}: {_undecodable_line(path)}") from None
         except _DECODE_ERRORS as error:
-            raise ValueError(f"{path}: line 1: {_decode_problem(error)}") from None
+            raise InvalidValueError(f"{path}: line 1: {_decode_problem(error)}") from None
         if tuple(name.strip() for name in header) != trace.columns:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{path}: existing columns {tuple(header)} differ from the trace's {trace.columns}"
             )
     buffer = io.StringIO()
@@ -450,7 +459,9 @@ def load_shipped_trace(name: str = SHIPPED_TRACE) -> DraftTrace:
     """A real trace shipped in ``av_core/data`` (one of :data:`SHIPPED_TRACES`; provenance in
     ``docs/collect.md``)."""
     if name not in SHIPPED_TRACES:
-        raise ValueError(f"name: {name!r} is not a shipped trace ({', '.join(SHIPPED_TRACES)})")
+        raise InvalidValueError(
+            f"name: {name!r} is not a shipped trace ({', '.join(SHIPPED_TRACES)})"
+        )
     resource = resources.files("av_core").joinpath("data", name)
     with resources.as_file(resource) as path:
         return read_trace(path)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.tools.metrics import _host_array
 
 ColumnKind = Literal["int", "float", "str", "bool", "label"]
@@ -90,16 +91,18 @@ class DraftTrace:
             value = getattr(self, column.name)
             if value is None:
                 if column.required:
-                    raise ValueError(f"column {column.name!r} is required, got None")
+                    raise InvalidValueError(f"column {column.name!r} is required, got None")
                 continue
             array = _as_array(column, value)
             if array.ndim != 1:
-                raise ValueError(f"column {column.name!r} must be 1-D, got shape {array.shape}")
+                raise InvalidValueError(
+                    f"column {column.name!r} must be 1-D, got shape {array.shape}"
+                )
             array = _coerce(column, array)
             if length is None:
                 length = array.shape[0]
             elif array.shape[0] != length:
-                raise ValueError(
+                raise InvalidValueError(
                     f"column {column.name!r} has {array.shape[0]} rows, expected {length}"
                 )
             object.__setattr__(self, column.name, array)
@@ -128,21 +131,25 @@ class DraftTrace:
         ``mask`` (integer indices in ``[-len(self), len(self))``)."""
         index = _host_array(mask, "mask")
         if index.ndim != 1:
-            raise ValueError(f"mask must be 1-D, got shape {index.shape}")
+            raise InvalidValueError(f"mask must be 1-D, got shape {index.shape}")
         if index.dtype == np.bool_:
             if index.shape[0] != len(self):
-                raise ValueError(f"mask has {index.shape[0]} entries, the trace {len(self)} rows")
+                raise InvalidValueError(
+                    f"mask has {index.shape[0]} entries, the trace {len(self)} rows"
+                )
         elif index.size == 0:
             index = index.astype(np.int64)
         elif index.dtype.kind in "mM" or not np.issubdtype(index.dtype, np.integer):
-            raise TypeError(f"mask must be a boolean mask or integer indices, got {index.dtype}")
+            raise InvalidTypeError(
+                f"mask must be a boolean mask or integer indices, got {index.dtype}"
+            )
         else:
             # Compared as given: a cast to int64 first would wrap a uint64 index.
             low, high = index.min(), index.max()
             too_low = not np.issubdtype(index.dtype, np.unsignedinteger) and low < -len(self)
             if too_low or high >= len(self):
                 bad = low if too_low else high
-                raise ValueError(
+                raise InvalidValueError(
                     f"mask indices must lie in [{-len(self)}, {len(self)}), got {int(bad)}"
                 )
         return DraftTrace(**{name: getattr(self, name)[index] for name in self.columns})
@@ -155,16 +162,20 @@ class DraftTrace:
     def concatenate(traces: Sequence[DraftTrace]) -> DraftTrace:
         """Rows of every trace in order; all must have the same columns."""
         if isinstance(traces, DraftTrace) or not isinstance(traces, Sequence):
-            raise TypeError(f"traces must be a sequence of DraftTrace, got {type(traces).__name__}")
+            raise InvalidTypeError(
+                f"traces must be a sequence of DraftTrace, got {type(traces).__name__}"
+            )
         if not traces:
-            raise ValueError("traces must not be empty, got []")
+            raise InvalidValueError("traces must not be empty, got []")
         for index, trace in enumerate(traces):
             if not isinstance(trace, DraftTrace):
-                raise TypeError(f"traces[{index}] must be a DraftTrace, got {type(trace).__name__}")
+                raise InvalidTypeError(
+                    f"traces[{index}] must be a DraftTrace, got {type(trace).__name__}"
+                )
         names = traces[0].columns
         for index, trace in enumerate(traces):
             if trace.columns != names:
-                raise ValueError(
+                raise InvalidValueError(
                     f"traces[{index}] has columns {trace.columns}, expected {names} like traces[0]"
                 )
         return DraftTrace(
@@ -191,7 +202,9 @@ def _as_array(column: Column, value: object) -> npt.NDArray[Any]:
         try:
             return np.asarray(value, dtype=object)
         except (ValueError, TypeError, OverflowError) as error:
-            raise ValueError(f"column {column.name!r} must be a 1-D array: {error}") from None
+            raise InvalidValueError(
+                f"column {column.name!r} must be a 1-D array: {error}"
+            ) from None
     return _host_array(value, f"column {column.name!r}")
 
 
@@ -208,11 +221,11 @@ def _coerce(column: Column, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return _from_objects(column, array.tolist())
     name, kind = column.name, column.kind
     if array.dtype.kind in "mM":  # numpy counts timedelta64 among its integers
-        raise TypeError(f"column {name!r} must not hold times, got dtype {array.dtype}")
+        raise InvalidTypeError(f"column {name!r} must not hold times, got dtype {array.dtype}")
     if kind in ("int", "label"):
         if array.size and not np.issubdtype(array.dtype, np.integer):
             expected = "integers (-1 unlabeled)" if kind == "label" else "integers"
-            raise TypeError(f"column {name!r} must hold {expected}, got dtype {array.dtype}")
+            raise InvalidTypeError(f"column {name!r} must hold {expected}, got dtype {array.dtype}")
         low, high = _INT_RANGE[kind]
         if np.issubdtype(array.dtype, np.unsignedinteger):
             bad = np.flatnonzero(array > high)
@@ -225,11 +238,11 @@ def _coerce(column: Column, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
         if array.size and not (
             np.issubdtype(array.dtype, np.bool_) or np.issubdtype(array.dtype, np.integer)
         ):
-            raise TypeError(f"column {name!r} must hold booleans, got dtype {array.dtype}")
+            raise InvalidTypeError(f"column {name!r} must hold booleans, got dtype {array.dtype}")
         if array.size and np.issubdtype(array.dtype, np.integer):
             bad = np.flatnonzero((array != 0) & (array != 1))
             if bad.size:
-                raise ValueError(
+                raise InvalidValueError(
                     f"row {bad[0] + 1}, column {name!r}: expected 0 or 1, "
                     f"got {array[bad[0]].item()!r}"
                 )
@@ -238,10 +251,10 @@ def _coerce(column: Column, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
         if array.size and not (
             np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
         ):
-            raise TypeError(f"column {name!r} must hold numbers, got dtype {array.dtype}")
+            raise InvalidTypeError(f"column {name!r} must hold numbers, got dtype {array.dtype}")
         return array.astype(np.float64, copy=False)
     if array.dtype.kind == "S":
-        raise TypeError(f"column {name!r} must hold str, got bytes (dtype {array.dtype})")
+        raise InvalidTypeError(f"column {name!r} must hold str, got bytes (dtype {array.dtype})")
     return array.astype(np.str_, copy=False)
 
 
@@ -252,15 +265,15 @@ def _from_objects(column: Column, items: list[Any]) -> npt.NDArray[Any]:
     if kind == "str":
         for row, item in enumerate(items):
             if isinstance(item, bytes | bytearray):
-                raise TypeError(f"row {row + 1}, column {name!r}: expected a str, got bytes")
+                raise InvalidTypeError(f"row {row + 1}, column {name!r}: expected a str, got bytes")
             if item is None:  # str(None) would store the text "None"
-                raise TypeError(f"row {row + 1}, column {name!r}: expected a str, got None")
+                raise InvalidTypeError(f"row {row + 1}, column {name!r}: expected a str, got None")
         return np.asarray([str(item) for item in items], dtype=np.str_).reshape(len(items))
     if kind == "float":
         floats: list[float] = []
         for row, item in enumerate(items):
             if isinstance(item, bool | np.bool_) or not isinstance(item, numbers.Real):
-                raise TypeError(
+                raise InvalidTypeError(
                     f"row {row + 1}, column {name!r}: expected a number, got {_shown(item)}"
                 )
             try:
@@ -274,7 +287,7 @@ def _from_objects(column: Column, items: list[Any]) -> npt.NDArray[Any]:
             if isinstance(item, bool | np.bool_):
                 flags.append(bool(item))
             elif not isinstance(item, numbers.Integral):
-                raise TypeError(
+                raise InvalidTypeError(
                     f"row {row + 1}, column {name!r}: expected a boolean, got {_shown(item)}"
                 )
             elif item in (0, 1):
@@ -286,7 +299,7 @@ def _from_objects(column: Column, items: list[Any]) -> npt.NDArray[Any]:
     values: list[int] = []
     for row, item in enumerate(items):
         if isinstance(item, bool | np.bool_) or not isinstance(item, numbers.Integral):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"row {row + 1}, column {name!r}: expected an integer, got {_shown(item)}"
             )
         number = int(item)
@@ -381,21 +394,23 @@ def trace_from_rows(rows: Iterable[Mapping[str, Any]]) -> DraftTrace:
     ``TypeError`` naming the row and the column.
     """
     if isinstance(rows, Mapping) or not isinstance(rows, Iterable):
-        raise TypeError(f"rows must be an iterable of mappings, got {type(rows).__name__}")
+        raise InvalidTypeError(f"rows must be an iterable of mappings, got {type(rows).__name__}")
     materialized = list(rows)
     if not materialized:
-        raise ValueError("rows must not be empty, got no rows")
+        raise InvalidValueError("rows must not be empty, got no rows")
     for index, row in enumerate(materialized):
         if not isinstance(row, Mapping):
-            raise TypeError(f"row {index + 1}: expected a mapping, got {type(row).__name__}")
+            raise InvalidTypeError(f"row {index + 1}: expected a mapping, got {type(row).__name__}")
     names = [c.name for c in COLUMNS if c.name in materialized[0]]
     unknown = sorted((key for key in materialized[0] if key not in _BY_NAME), key=repr)
     if unknown:
-        raise ValueError(f"row 1: column {_shown(unknown[0])} is not part of the trace schema")
+        raise InvalidValueError(
+            f"row 1: column {_shown(unknown[0])} is not part of the trace schema"
+        )
     values: dict[str, list[Any]] = {name: [] for name in names}
     for index, row in enumerate(materialized):
         if len(row) != len(names) or any(name not in row for name in names):
-            raise ValueError(
+            raise InvalidValueError(
                 f"row {index + 1}: columns {sorted(map(str, row))} differ from row 1's {names}"
             )
         for name in names:
