@@ -70,6 +70,17 @@ def brute_force_budget(
     return best
 
 
+def decode_budget(
+    stale: np.ndarray, requests: int, k: int, draft_ms: np.ndarray, verify: np.ndarray
+) -> int:
+    """:func:`brute_force_budget` of a decode step: the first ``requests`` slots, each with one
+    non-draft token and ``k`` drafts, all sampling."""
+    rows = stale[:requests].astype(np.float64)
+    return brute_force_budget(
+        rows, [k] * requests, requests, requests, draft_ms, verify, requests * k
+    )
+
+
 def shape_table(rng: np.random.Generator, max_reqs: int, k: int) -> np.ndarray:
     """A verify table by shape: candidates 0, 1, 3, ... and k profiled, inf elsewhere; per-token
     cost that grows with the query length (so equal token counts differ by shape)."""
@@ -142,17 +153,18 @@ def test_the_budget_reads_the_row_of_the_steps_batch_size() -> None:
         ids = [f"r{i}" for i in range(requests)]
         slots = rng.permutation(max_reqs)[:requests]
         max_total_logits = int(rng.integers(requests, requests * (k + 2)))
-        plan = batch_draft_budget(
-            {i: d + n for i, d, n in zip(ids, drafts, rest, strict=True)},
-            {i: list(range(d)) for i, d in zip(ids, drafts, strict=True)},
-            req_id_to_index=dict(zip(ids, slots.tolist(), strict=True)),
-            stale_confidences=stale,
-            num_computed_tokens=np.zeros(max_reqs, dtype=np.int64),
-            prefill_len=np.zeros(max_reqs, dtype=np.int64),
-            cost_tables=(draft, verify),
-            max_total_logits=max_total_logits,
-            num_bonus_tokens=1,
-        )
+
+        step: dict[str, Any] = {
+            "num_tokens_per_req": {i: d + n for i, d, n in zip(ids, drafts, rest, strict=True)},
+            "draft_tokens": {i: list(range(d)) for i, d in zip(ids, drafts, strict=True)},
+            "req_id_to_index": dict(zip(ids, slots.tolist(), strict=True)),
+            "stale_confidences": stale,
+            "num_computed_tokens": np.zeros(max_reqs, dtype=np.int64),
+            "prefill_len": np.zeros(max_reqs, dtype=np.int64),
+            "max_total_logits": max_total_logits,
+            "num_bonus_tokens": 1,
+        }
+        plan = batch_draft_budget(**step, cost_tables=(draft, verify))
         cap = min(sum(drafts), max(0, max_total_logits - requests))
         expected = brute_force_budget(
             stale[slots].astype(np.float64), drafts, sum(rest), requests, draft, verify, cap
@@ -162,15 +174,7 @@ def test_the_budget_reads_the_row_of_the_steps_batch_size() -> None:
         checked += 1
         # Priced by one flat row instead (the largest batch's), the answer often differs.
         flat = batch_draft_budget(
-            {i: d + n for i, d, n in zip(ids, drafts, rest, strict=True)},
-            {i: list(range(d)) for i, d in zip(ids, drafts, strict=True)},
-            req_id_to_index=dict(zip(ids, slots.tolist(), strict=True)),
-            stale_confidences=stale,
-            num_computed_tokens=np.zeros(max_reqs, dtype=np.int64),
-            prefill_len=np.zeros(max_reqs, dtype=np.int64),
-            cost_tables=ShapeCostTables(draft, verify).for_batch(max_reqs, 200),
-            max_total_logits=max_total_logits,
-            num_bonus_tokens=1,
+            **step, cost_tables=ShapeCostTables(draft, verify).for_batch(max_reqs, 200)
         )
         differs_from_flat += flat.draft_budget != expected
     assert checked == 300 and differs_from_flat > 30
@@ -263,15 +267,7 @@ def test_the_plugins_get_num_tokens_prices_by_the_batch_shape() -> None:
         tokens = vllm_plugin._get_num_tokens(
             state, {i: k + 1 for i in ids}, {i: list(range(k)) for i in ids}
         )
-        expected = brute_force_budget(
-            stale[:requests].astype(np.float64),
-            [k] * requests,
-            requests,
-            requests,
-            draft,
-            verify,
-            requests * k,
-        )
+        expected = decode_budget(stale, requests, k, draft, verify)
         assert tokens == requests + expected
         assert state._batch_budget == (dict.fromkeys(ids, k), dict.fromkeys(ids, 1), expected)
 

@@ -48,7 +48,7 @@ from test_vllm_contract import (  # noqa: F401 - fixtures
     wheel,
 )
 from test_vllm_depth import FakeManager, fake_vllm  # noqa: F401 - a fixture
-from test_vllm_shape_costs import brute_force_budget
+from test_vllm_shape_costs import decode_budget
 
 from av_core.vllm import plugin as vllm_plugin
 from av_core.vllm.plugin import BUDGET_MODULE, VllmCompatibilityError
@@ -363,15 +363,7 @@ def test_a_subclass_keeping_the_contract_gets_av_cores_budget_on_its_shape_table
     for requests in (1, 2, 5, 8):
         ids = [f"r{i}" for i in range(requests)]
         tokens = manager.get_num_tokens({i: k + 1 for i in ids}, {i: [0] * k for i in ids})
-        expected = brute_force_budget(
-            stale[:requests].astype(np.float64),
-            [k] * requests,
-            requests,
-            requests,
-            draft,
-            verify,
-            requests * k,
-        )
+        expected = decode_budget(stale, requests, k, draft, verify)
         assert tokens == requests + expected and manager._batch_budget[2] == expected
     vllm_plugin.uninstall()
     assert vars(shaped)["get_num_tokens"] is own
