@@ -101,7 +101,8 @@ def override_plan(found: list[Override]) -> list[Replacement]:
                 "would never run for it, and differs from what av_core patches: "
                 f"{'; '.join(override.problems)}. {DISABLE_HINT}"
             )
-            logger.warning("av_core: %s (constructing one raises)", message)
+            # Not a warning: nothing is wrong unless a server builds one, which then fails.
+            logger.info("av_core: %s (constructing one raises)", message)
             plan += _refuse_construction(override.cls, override.name)
             _refusals[override.cls].append((attribute, override.method, message))
             refused.add(id(override.method))
