@@ -255,7 +255,7 @@ def manager(cost_tables: Any, stale: np.ndarray) -> types.SimpleNamespace:
 
 
 def test_the_plugins_get_num_tokens_prices_by_the_batch_shape() -> None:
-    """Before, a verify table by batch and K stopped the server at its first step."""
+    """A verify table by batch and K is read by shape at every step, not refused."""
     rng = np.random.default_rng(11)
     k, max_reqs = 7, 8
     verify = shape_table(rng, max_reqs, k)

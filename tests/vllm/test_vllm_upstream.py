@@ -262,8 +262,8 @@ def test_the_dflash_manager_is_refused_when_built_and_the_rest_installs(
 ) -> None:
     """Its get_num_tokens sets what vLLM's model runner reads for DFlash (batch_query_len for
     the graph dispatch, _batch_is_unmodified) from one K for the batch; av_core's replacement
-    would drop both, so the subclass is refused, by name, when a server builds one. Before, its
-    mere presence refused the whole install: no av_core for any drafter on such a vLLM."""
+    would drop both, so the subclass is refused, by name, when a server builds one; its mere
+    presence must not refuse the install, or no drafter could run av_core on such a vLLM."""
     modules = load_vllm(vllm_sources, wheel, monkeypatch)
     dflash = define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch).DFlashAdaptiveKManager
     own = dict(vars(dflash))
@@ -288,8 +288,8 @@ def test_subclasses_defined_after_the_install_get_the_same_at_their_definition(
     wheel: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Before, a later overriding subclass raised at its definition: the module defining it
-    (vLLM's model runner imports DFlash's) failed to import."""
+    """A later overriding subclass is judged at its definition, which must not raise: vLLM's
+    model runner imports DFlash's module whether or not it builds the manager."""
     modules = load_vllm(vllm_sources, wheel, monkeypatch)
     manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
 
@@ -420,8 +420,8 @@ def test_a_subclass_reading_the_budget_as_another_tuple_refuses_the_install(
     wheel: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """vLLM's compaction unpacks what av_core's get_num_tokens stores; before, only the base's
-    reads were checked, so a subclass's own compaction reading 4 values went unseen."""
+    """vLLM's compaction unpacks what av_core's get_num_tokens stores, and so does a subclass's
+    own compaction: one reading 4 values refuses the install by name."""
     modules = load_vllm(vllm_sources, wheel, monkeypatch)
     define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch)
     source = subclass_source(
@@ -462,7 +462,7 @@ def test_a_subclass_calling_super_on_the_base_is_accepted(
 def test_the_owners_own_init_subclass_still_runs_under_the_guard(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Before, the guard replaced a patched class's own __init_subclass__ and skipped it."""
+    """The guard runs a patched class's own __init_subclass__ before its own check."""
     modules = build_fake_vllm()
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
@@ -659,9 +659,9 @@ def test_depth_control_refuses_a_speculator_that_stops_drafting_on_its_own(
     body: str,
     named: str,
 ) -> None:
-    """A DraftConfidenceStop drafts fewer positions than the depth av_core chose; before, the
-    hook recorded confidences for positions never drafted, and a stop handed on to a helper
-    went unseen."""
+    """A DraftConfidenceStop drafts fewer positions than the depth av_core chose, so the hook
+    would record confidences for positions never drafted; a stop handed on to a helper (the
+    branch's decode loop) counts too."""
     module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[0]
     source = (
         "class Stopping:\n"
@@ -690,9 +690,9 @@ def test_depth_control_refuses_a_propose_whose_depth_keyword_is_another(
     monkeypatch: pytest.MonkeyPatch,
     parameters: str,
 ) -> None:
-    """Before, the check looked for the text ``num_speculative_tokens=None`` anywhere in the
-    signature, so ``max_num_speculative_tokens=None`` passed and the wrapper's keyword then
-    failed inside vLLM's step."""
+    """The wrapper passes ``num_speculative_tokens`` by keyword: a parameter of another name
+    (``max_num_speculative_tokens=None`` holds the text), another default or a positional-only
+    one would fail or mean something else inside vLLM's step."""
     module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[1]
     source = f"class Other:\n    def propose(self, {parameters}):\n        return None\n"
     other = define(source, "av_core_test_other", monkeypatch).Other
@@ -707,7 +707,7 @@ def test_depth_control_wraps_a_subclass_keeping_the_contract_and_refuses_one_tha
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A subclass's own ``propose``: wrapped as the base's when it keeps the contract, refused
-    when built when it stops drafting on its own (before, either refused the whole install)."""
+    when built when it stops drafting on its own; neither refuses the install."""
     module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[0]
     module = sys.modules[module_name]
     source = (
