@@ -171,6 +171,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "budget ties go to the larger budget instead of the first maximum",
         suites=(RUST, "tests/test_planner.py"),
     ),
+    Mutant(
+        "M16",
+        "av_core/src/estimator/update/map.rs",
+        "chi_square_quantile(k + 1, config.drift_z)",
+        "chi_square_quantile(k, config.drift_z)",
+        "the map update's drift χ² test with K degrees of freedom instead of K + 1",
+        killer="drift_test.rs",
+    ),
 )
 
 

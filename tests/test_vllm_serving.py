@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch")
 
 import vllm_serving_fakes as fakes  # noqa: E402
 
-from av_core import SettingError  # noqa: E402
+from av_core import AcceptanceEstimator, SettingError  # noqa: E402
 from av_core.vllm import OnlineAcceptanceEstimator  # noqa: E402
 from av_core.vllm import plugin as vllm_plugin  # noqa: E402
 from av_core.vllm.state import StateKey, WarmStart  # noqa: E402
@@ -87,7 +87,7 @@ def test_state_dir_makes_every_built_estimator_resume(
     for writer in writers(est):
         writer.close()
     key = StateKey("org/target", "org/draft", "eagle3", fakes.K, "dp0-rank0")
-    assert [p.name for p in tmp_path.iterdir()] == [key.filename()]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [key.filename(), key.key_filename()]
     again = new_speculator()
     assert fakes.bits(again.acceptance_estimator) == fakes.bits(est)
     assert again.acceptance_estimator.num_refits == 3
@@ -204,7 +204,7 @@ def test_restarted_ranks_start_from_rank_zeros_state(
     monkeypatch.setenv("AV_CORE_VLLM_ESTIMATOR", update)
     state = tmp_path / "state"
     run_ranks(str(state), tmp_path, "first", AV_CORE_VLLM_ESTIMATOR=update)
-    files = sorted(state.iterdir())
+    files = sorted(state.glob("*.avcore"))
     assert len(files) == 2  # one per rank (dp0-rank0, dp1-rank1)
     # Give rank 1 a different saved state (another history), with a valid file.
     key = StateKey("org/target", "org/draft", "eagle3", fakes.K, "dp1-rank1")
@@ -215,8 +215,7 @@ def test_restarted_ranks_start_from_rank_zeros_state(
         other.step(idx, torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32))
     WarmStart(state, key).save(other)
     saved = {
-        path.name: json.loads(path.read_text())["payload"]["state"]["estimator"]
-        for path in state.iterdir()
+        path.name: AcceptanceEstimator.load(path).state_dict() for path in state.glob("*.avcore")
     }
     rank0 = saved[StateKey("org/target", "org/draft", "eagle3", fakes.K, "dp0-rank0").filename()]
     assert saved[key.filename()]["intercepts"] != rank0["intercepts"]

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,9 @@ from child_env import child_env
 
 torch = pytest.importorskip("torch")
 
+from av_core import AcceptanceEstimator  # noqa: E402
 from av_core.vllm import OnlineAcceptanceEstimator  # noqa: E402
-from av_core.vllm.state import FORMAT, StateKey, WarmStart, _payload_digest  # noqa: E402
+from av_core.vllm.state import StateKey, WarmStart  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 KEY = StateKey("org/target-8b", "org/draft-1b", "eagle3", 4, "dp0-rank0")
@@ -106,8 +109,8 @@ def test_a_restarted_process_resumes_and_is_better_calibrated_than_a_cold_start(
     state = tmp_path / "state"
     first, _ = serve(state, 0, 300, tmp_path, "first")
     assert not first["restored"] and first["refits"] >= 11
-    files = list(state.iterdir())
-    assert len(files) == 1 and files[0].name == KEY.filename()  # nothing temporary left
+    # The state and its key; nothing temporary left.
+    assert sorted(p.name for p in state.iterdir()) == sorted([KEY.filename(), KEY.key_filename()])
     warm, log = serve(state, 300, 400, tmp_path, "warm")
     assert warm["restored"], log
     assert "restored from" in log
@@ -163,8 +166,9 @@ def test_a_state_for_another_key_is_refused_naming_the_field(
     tmp_path: Path, other: StateKey, field: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     WarmStart(tmp_path, KEY).save(trained())
-    # Another key has another file: moved over this key's name, the key inside still refuses it.
+    # Another key has other files: moved over this key's names, the key saved still refuses it.
     (tmp_path / KEY.filename()).rename(tmp_path / other.filename())
+    (tmp_path / KEY.key_filename()).rename(tmp_path / other.key_filename())
     fresh = OnlineAcceptanceEstimator(8, 4, torch.device("cpu"))
     before = snapshot(fresh)
     with caplog.at_level(logging.WARNING, logger="vllm.av_core"):
@@ -191,20 +195,18 @@ def test_another_configuration_or_k_is_refused(
 
 
 def _corrupt(path: Path, how: str) -> None:
-    text = path.read_text()
+    data = path.read_bytes()
     if how == "truncated":
-        path.write_text(text[: len(text) // 2])
+        path.write_bytes(data[: len(data) // 2])
     elif how == "flipped":
-        document = json.loads(text)
-        document["payload"]["state"]["estimator"]["slope"] += 0.25
-        path.write_text(json.dumps(document))
+        path.write_bytes(data[:40] + bytes([data[40] ^ 0x10]) + data[41:])
     elif how == "binary":
         path.write_bytes(b"\x00\xff" * 64)
-    elif how == "invalid":  # a consistent checksum over an invalid state
-        document = json.loads(text)
-        document["payload"]["state"]["estimator"]["slope"] = -1.0
-        document["sha256"] = _payload_digest(document["payload"])
-        path.write_text(json.dumps(document))
+    elif how == "invalid":  # a consistent checksum over an invalid state: a negative slope
+        key = (5).to_bytes(8, "little") + b"slope" + b"\x04"
+        at = data.index(key) + len(key)
+        body = data[:at] + struct.pack("<d", -1.0) + data[at + 8 : -4]
+        path.write_bytes(body + zlib.crc32(body).to_bytes(4, "little"))
     elif how == "other format":
         path.write_text(json.dumps({"format": "something else"}))
 
@@ -221,14 +223,6 @@ def test_a_corrupt_file_warns_and_cold_starts(
         assert not WarmStart(tmp_path, KEY).load(fresh)
     assert "not loaded" in caplog.text and "cold start" in caplog.text
     assert snapshot(fresh) == before
-    assert document_format(tmp_path / KEY.filename()) in (None, FORMAT, "something else")
-
-
-def document_format(path: Path) -> str | None:
-    try:
-        return json.loads(path.read_text()).get("format")
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 def test_saves_every_n_refits_in_the_background_and_atomically(tmp_path: Path) -> None:
@@ -244,13 +238,16 @@ def test_saves_every_n_refits_in_the_background_and_atomically(tmp_path: Path) -
     for _ in range(7):
         est.step(idx, sampled, rejected)
     warm.close()  # waits for the writer
-    saved = json.loads((tmp_path / KEY.filename()).read_text())
-    assert saved["payload"]["state"]["refits"] == 9  # saves at refits 3, 6 and 9: the last
-    assert [p.name for p in tmp_path.iterdir()] == [KEY.filename()]  # nothing temporary left
-    before = (tmp_path / KEY.filename()).read_text()
+    saved = AcceptanceEstimator.load(tmp_path / KEY.filename())  # the core's bytes
+    assert saved.num_refits == 9  # saves at refits 3, 6 and 9: the last
+    # The state and its key; nothing temporary left.
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([KEY.filename(), KEY.key_filename()])
+    assert json.loads((tmp_path / KEY.key_filename()).read_text()) == KEY.__dict__
+    before = (tmp_path / KEY.filename()).read_bytes()
     for _ in range(3):  # closed: refits save nothing more
         est.step(idx, sampled, rejected)
-    assert (tmp_path / KEY.filename()).read_text() == before
+    assert (tmp_path / KEY.filename()).read_bytes() == before
 
 
 def test_a_failing_save_never_reaches_the_serving_loop(

@@ -28,8 +28,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from av_core import AcceptanceEstimator  # noqa: E402
 from av_core.vllm import OnlineAcceptanceEstimator  # noqa: E402
 from av_core.vllm.state import (  # noqa: E402
+    FORMAT,
+    FORMAT_VERSION,
     MAX_STATE_BYTES,
     StateKey,
     WarmStart,
@@ -117,29 +120,46 @@ def test_a_special_file_at_the_state_path_is_refused_without_waiting(
 def test_a_file_longer_than_any_state_is_refused_unread(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / KEY.filename()
-    with open(path, "wb") as handle:
-        handle.truncate(MAX_STATE_BYTES * 64)  # sparse: costs no disk
-    est = OnlineAcceptanceEstimator(8, 4, CPU)
-    before = snapshot(est)
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert load_within(WarmStart(tmp_path, KEY), est) is False
-    assert "longer than any saved state" in caplog.text
-    assert snapshot(est) == before
+    for name, said in [
+        (KEY.filename(), "more than any saved state"),  # the core's bound on its bytes
+        (KEY.legacy_filename(), "longer than any saved state"),
+    ]:
+        path = tmp_path / name
+        with open(path, "wb") as handle:
+            handle.truncate(MAX_STATE_BYTES * 64)  # sparse: costs no disk
+        est = OnlineAcceptanceEstimator(8, 4, CPU)
+        before = snapshot(est)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            assert load_within(WarmStart(tmp_path, KEY), est) is False
+        assert said in caplog.text
+        assert snapshot(est) == before
+        path.unlink()
 
 
 def test_a_state_saved_to_the_bound_is_still_read(tmp_path: Path) -> None:
     """The bound is far above a real state: the largest K's state loads."""
     est = OnlineAcceptanceEstimator(4, 64, CPU)
-    WarmStart(tmp_path, StateKey("t", "d", "m", 64, "r")).save(est)
-    (saved,) = tmp_path.iterdir()
+    key = StateKey("t", "d", "m", 64, "r")
+    WarmStart(tmp_path, key).save(est)
+    saved = tmp_path / key.filename()
     assert saved.stat().st_size < MAX_STATE_BYTES // 16
     fresh = OnlineAcceptanceEstimator(4, 64, CPU)
     assert WarmStart(tmp_path, StateKey("t", "d", "m", 64, "r")).load(fresh) is True
 
 
-def test_a_deeply_nested_file_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    (tmp_path / KEY.filename()).write_text("[" * 100_000 + "]" * 100_000)
+@pytest.mark.parametrize("where", ["state", "key", "legacy state"])
+def test_a_deeply_nested_file_is_refused(
+    tmp_path: Path, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    if where == "key":
+        WarmStart(tmp_path, KEY).save(trained())
+    name = {
+        "state": KEY.filename(),
+        "key": KEY.key_filename(),
+        "legacy state": KEY.legacy_filename(),
+    }
+    (tmp_path / name[where]).write_text("[" * 100_000 + "]" * 100_000)
     est = OnlineAcceptanceEstimator(8, 4, CPU)
     before = snapshot(est)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -148,12 +168,17 @@ def test_a_deeply_nested_file_is_refused(tmp_path: Path, caplog: pytest.LogCaptu
     assert snapshot(est) == before
 
 
-def edit_payload(path: Path, **changes: Any) -> None:
-    """Changes payload fields and recomputes the checksum (an edit, not a corruption)."""
-    document = json.loads(path.read_text())
-    document["payload"].update(changes)
-    document["sha256"] = _payload_digest(document["payload"])
-    path.write_text(json.dumps(document))
+def save_legacy(path: Path, est: OnlineAcceptanceEstimator, **changes: Any) -> None:
+    """Saves ``est`` as the JSON document of earlier releases (key, state and a checksum),
+    with ``changes`` to its payload under a recomputed checksum (an edit, not a corruption)."""
+    payload = {"key": KEY.__dict__, "saved_at": 1.7e9, "state": est.state_dict(), **changes}
+    document = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "sha256": _payload_digest(payload),
+        "payload": payload,
+    }
+    path.write_text(json.dumps(document, sort_keys=True))
 
 
 @pytest.mark.parametrize("saved_at", ["yesterday", 1e300, -1e300, None, [1], True])
@@ -161,8 +186,7 @@ def test_any_saved_at_in_a_consistent_file_never_raises(
     tmp_path: Path, saved_at: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     source = trained()
-    WarmStart(tmp_path, KEY).save(source)
-    edit_payload(tmp_path / KEY.filename(), saved_at=saved_at)
+    save_legacy(tmp_path / KEY.legacy_filename(), source, saved_at=saved_at)
     fresh = OnlineAcceptanceEstimator(8, 4, CPU)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         assert load_within(WarmStart(tmp_path, KEY), fresh) is True
@@ -253,4 +277,4 @@ def test_the_background_writer_survives_any_failed_save(
     assert "not serialisable" in caplog.text
     saved = tmp_path / KEY.filename()
     assert stat.S_ISREG(saved.stat().st_mode)
-    assert json.loads(saved.read_text())["payload"]["state"]["refits"] == 2
+    assert AcceptanceEstimator.load(saved).num_refits == 2

@@ -7,10 +7,14 @@
 //! acceptance rate, which falls with depth and with unpredictable content): `K + 1` parameters.
 //!
 //! The coefficients are fitted online from the target's own verdicts: every
-//! [`AcceptanceEstimator::observe`] folds one decode step of labels into the round's sufficient
-//! statistics ([`RoundStats`]); every `refit_interval` steps a damped Newton step
-//! ([`NewtonStep`], capped by [`Bounds`]) replaces the coefficients and the statistics start
-//! over.
+//! [`AcceptanceEstimator::observe`] folds one decode step of labels into the open round, and
+//! the refit schedule (every `refit_interval` steps, and within a round for the rules that fit
+//! there) replaces the coefficients, capped by [`Bounds`]. How a round is kept and fitted is
+//! the estimator's *update rule* ([`Update`]), one module each under `update/`: vLLM's damped
+//! Newton step on the round's IRLS moments ([`RoundStats`], [`NewtonStep`]) or av_core's MAP fit
+//! of per-position histograms ([`HistogramStats`]). The estimator holds the rule it was built
+//! with and what every rule shares (`Common`: the configuration, the published
+//! coefficients, the step count).
 //!
 //! Concurrency: `predict`, `observe`, `refit` and the accessors take `&self` and may run on any
 //! number of threads at once. Observations are accumulated order-independently (bit-identical
@@ -37,6 +41,7 @@ mod rounds;
 mod state;
 #[cfg(test)]
 mod tests;
+mod update;
 
 pub use accumulator::{PositionSums, RoundStats, MAX_COUNT};
 pub use coefficients::Coefficients;
@@ -46,7 +51,10 @@ pub use histogram::{HistogramMemory, HistogramStats, MAX_BINS, MAX_BIN_COUNT, X_
 pub use map::PriorWidths;
 pub use memory::Memory;
 pub use refit::{Bounds, NewtonStep};
-pub use state::{EstimatorState, MapState, RefitReport};
+pub use state::EstimatorState;
+pub use update::{
+    MapReport, MapState, Reference, RefitReport, UpdateReport, UpdateState, VllmReport, VllmState,
+};
 
 /// Not part of the API: hidden from the documentation, no stability promise. The concurrent
 /// building blocks and kernels that the loom model (`tests/loom.rs`), the stress test
@@ -64,28 +72,52 @@ pub mod internals {
 use crate::error::{Error, Result};
 use crate::matrix::MatrixView;
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
-use accumulator::Accumulator;
 use coefficients::SharedCoefficients;
-use histogram::{Binning, HistogramAccumulator};
-use map::Prior;
+use update::{dispatch, Rule, UpdateRule};
 
-/// The `map` update's state under the refit lock.
+/// What every update rule shares: the configuration, the published coefficients, the refit
+/// schedule's step count and the changeable regularization. The rule the estimator holds
+/// reads and writes it through `&self`.
 #[derive(Debug)]
-struct MapFit {
-    /// `θ = (ω, β)` published at the last round's end.
-    reference: Vec<f64>,
-    /// The open round drained from the accumulator so far.
-    base: HistogramStats,
-    memory: HistogramMemory,
-    fitted_labels: u64,
-    resets: u64,
+pub(crate) struct Common {
+    config: EstimatorConfig,
+    coefficients: SharedCoefficients,
+    steps_since_refit: AtomicU64,
+    /// `[l2, damping]`, changeable ([`AcceptanceEstimator::set_regularization`]): read once per
+    /// refit, so a refit uses the old pair or the new one, never a mix (`config`'s own two
+    /// fields are the construction values; [`AcceptanceEstimator::config`] shows these).
+    regularization: Mutex<[f64; 2]>,
 }
 
-/// What the refit lock guards.
-#[derive(Debug)]
-enum Locked {
-    Vllm(Memory),
-    Map(MapFit),
+impl Common {
+    fn new(
+        config: EstimatorConfig,
+        slope: f64,
+        intercepts: &[f64],
+        num_refits: u64,
+        steps: u64,
+    ) -> Self {
+        Common {
+            coefficients: SharedCoefficients::new(slope, intercepts, num_refits),
+            steps_since_refit: AtomicU64::new(steps),
+            regularization: Mutex::new([config.l2, config.damping]),
+            config,
+        }
+    }
+
+    /// The current `[l2, damping]`.
+    fn regularization(&self) -> [f64; 2] {
+        *lock(&self.regularization)
+    }
+}
+
+/// Takes one of the estimator's locks. Nothing that holds one can panic halfway through what
+/// it guards (plain float and integer arithmetic, copies), so a poisoned lock still guards a
+/// consistent value.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The online acceptance estimator. See the [module documentation](self) for the model.
@@ -135,22 +167,8 @@ enum Locked {
 /// ```
 #[derive(Debug)]
 pub struct AcceptanceEstimator {
-    config: EstimatorConfig,
-    coefficients: SharedCoefficients,
-    /// The open round under `vllm` (empty under `map`).
-    accumulator: Accumulator,
-    /// The open round under `map` (no bins under `vllm`).
-    histogram: HistogramAccumulator,
-    binning: Binning,
-    /// The `map` prior (empty under `vllm`).
-    prior: Prior,
-    steps_since_refit: AtomicU64,
-    /// Serializes refits and guards the memory of past rounds.
-    refit_lock: Mutex<Locked>,
-    /// `[l2, damping]`, changeable ([`AcceptanceEstimator::set_regularization`]): read once per
-    /// refit, so a refit uses the old pair or the new one, never a mix (`config`'s own two
-    /// fields are the construction values; [`AcceptanceEstimator::config`] shows these).
-    regularization: Mutex<[f64; 2]>,
+    common: Common,
+    rule: Rule,
 }
 
 impl AcceptanceEstimator {
@@ -170,77 +188,22 @@ impl AcceptanceEstimator {
     /// ```
     pub fn new(config: EstimatorConfig) -> Result<Self> {
         config.validate()?;
-        let k = config.num_positions;
-        let intercepts = vec![config.init_intercept; k];
-        let locked = match config.update {
-            Update::Vllm => Locked::Vllm(Memory::new(k)),
-            Update::Map => Locked::Map(MapFit {
-                reference: std::iter::once(config.init_slope)
-                    .chain(intercepts.iter().copied())
-                    .collect(),
-                base: HistogramStats::new(k, config.bins),
-                memory: HistogramMemory::new(k, config.bins),
-                fitted_labels: 0,
-                resets: 0,
-            }),
-        };
-        Ok(Self::assemble(
-            config.clone(),
-            config.init_slope,
-            &intercepts,
-            0,
-            0,
-            locked,
-        ))
-    }
-
-    fn assemble(
-        config: EstimatorConfig,
-        slope: f64,
-        intercepts: &[f64],
-        num_refits: u64,
-        steps_since_refit: u64,
-        locked: Locked,
-    ) -> Self {
-        let k = config.num_positions;
-        let map = config.update == Update::Map;
-        let (prior, bins) = if map {
-            let widths = config.prior_widths();
-            let prior = Prior::new(k, &widths, config.init_slope, config.init_intercept);
-            (prior, config.bins)
-        } else {
-            (Prior::default(), 0)
-        };
-        AcceptanceEstimator {
-            coefficients: SharedCoefficients::new(slope, intercepts, num_refits),
-            accumulator: Accumulator::new(if map { 0 } else { k }),
-            histogram: HistogramAccumulator::new(k, bins),
-            binning: Binning::new(config.max_log_odds, config.bins),
-            prior,
-            steps_since_refit: AtomicU64::new(steps_since_refit),
-            refit_lock: Mutex::new(locked),
-            regularization: Mutex::new([config.l2, config.damping]),
-            config,
-        }
+        let intercepts = vec![config.init_intercept; config.num_positions];
+        Ok(AcceptanceEstimator {
+            rule: Rule::new(&config),
+            common: Common::new(config.clone(), config.init_slope, &intercepts, 0, 0),
+        })
     }
 
     /// The configuration (with the current `l2` and `damping`,
     /// [`set_regularization`](Self::set_regularization)).
     pub fn config(&self) -> EstimatorConfig {
-        let [l2, damping] = self.regularization();
+        let [l2, damping] = self.common.regularization();
         EstimatorConfig {
             l2,
             damping,
-            ..self.config.clone()
+            ..self.common.config.clone()
         }
-    }
-
-    /// The current `[l2, damping]`.
-    fn regularization(&self) -> [f64; 2] {
-        *self
-            .regularization
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Changes the ridge `l2` and the damping of every later refit, as if the estimator had been
@@ -263,16 +226,13 @@ impl AcceptanceEstimator {
     /// ```
     pub fn set_regularization(&self, l2: f64, damping: f64) -> Result<()> {
         config::check_regularization(l2, damping)?;
-        *self
-            .regularization
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = [l2, damping];
+        *lock(&self.common.regularization) = [l2, damping];
         Ok(())
     }
 
     /// Number of draft positions K.
     pub fn num_positions(&self) -> usize {
-        self.config.num_positions
+        self.common.config.num_positions
     }
 
     /// A consistent copy of the current coefficients.
@@ -288,70 +248,22 @@ impl AcceptanceEstimator {
     /// # Ok::<(), av_core::Error>(())
     /// ```
     pub fn coefficients(&self) -> Coefficients {
-        self.coefficients.read()
+        self.common.coefficients.read()
     }
 
     /// Refits so far.
     pub fn num_refits(&self) -> u64 {
-        self.coefficients.read().version
+        self.common.coefficients.read().version
     }
 
     /// Observe calls since the last refit.
     pub fn steps_since_refit(&self) -> u64 {
-        self.steps_since_refit.load(Ordering::SeqCst)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Locked> {
-        // Nothing that holds the lock can panic halfway through updating the memory (plain
-        // float arithmetic), so a poisoned lock still guards a consistent value.
-        self.refit_lock
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The open round's statistics (a consistent snapshot; the round goes on). Under `map`,
-    /// where the round is kept as histograms ([`round_histogram`](Self::round_histogram)),
-    /// all zeros.
-    pub fn round_stats(&self) -> RoundStats {
-        let _memory = self.lock();
-        match self.config.update {
-            Update::Vllm => self.accumulator.snapshot(),
-            Update::Map => RoundStats::new(self.config.num_positions),
-        }
-    }
-
-    /// The open round's histograms under `map` (a consistent snapshot; the round goes on);
-    /// `None` under `vllm`.
-    ///
-    /// # Example
-    ///
-    /// ```rust
-    /// use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
-    ///
-    /// let estimator = AcceptanceEstimator::new(EstimatorConfig::map(2))?;
-    /// let view = MatrixView::new("features", &[1.5f32, -0.5], 1, 2)?;
-    /// estimator.observe(view, &[2], &[1], None::<MatrixView<'_, f32>>)?;
-    /// let round = estimator.round_histogram().expect("map keeps histograms");
-    /// assert_eq!(round.position_counts(), [1, 1]);
-    /// # Ok::<(), av_core::Error>(())
-    /// ```
-    pub fn round_histogram(&self) -> Option<HistogramStats> {
-        let mut locked = self.lock();
-        match &mut *locked {
-            Locked::Vllm(_) => None,
-            Locked::Map(m) => {
-                self.histogram.drain_into(&mut m.base);
-                Some(m.base.clone())
-            }
-        }
+        self.common.steps_since_refit.load(Ordering::SeqCst)
     }
 
     /// The open round's labeled drafts per position (either update).
     pub fn round_counts(&self) -> Vec<u64> {
-        match self.round_histogram() {
-            Some(round) => round.position_counts(),
-            None => self.round_stats().positions.iter().map(|p| p.n).collect(),
-        }
+        dispatch!(&self.rule, rule => rule.round_counts())
     }
 
     /// Acceptance probabilities `σ(ω·x + β_k)` for features `[R, K]`, written to `out` (`R·K`).
@@ -379,7 +291,8 @@ impl AcceptanceEstimator {
         features: MatrixView<'_, T>,
         out: &mut [f32],
     ) -> Result<()> {
-        features.expect_cols("features", self.config.num_positions)?;
+        let k = self.common.config.num_positions;
+        features.expect_cols("features", k)?;
         if out.len() != features.data().len() {
             return Err(Error::value(
                 "out",
@@ -393,12 +306,12 @@ impl AcceptanceEstimator {
         // The features are a shared borrow, which cannot change during the call (the Python
         // bindings pass their own copy; the C ABI's callers must not write the buffer meanwhile),
         // so one vectorized check and then the probabilities, both read in place.
-        self.check_features(features.data())?;
-        let mut intercepts = Vec::with_capacity(self.config.num_positions);
-        let (slope, _) = self.coefficients.read_into(&mut intercepts);
+        observe::check_features(features.data())?;
+        let mut intercepts = Vec::with_capacity(k);
+        let (slope, _) = self.common.coefficients.read_into(&mut intercepts);
         let mut pattern = Vec::new();
         logistic::intercept_pattern(&intercepts, &mut pattern);
-        let limit = self.config.max_log_odds;
+        let limit = self.common.config.max_log_odds;
         logistic::probabilities(features.data(), slope, &pattern, limit, out);
         Ok(())
     }

@@ -56,6 +56,7 @@ mod test_rng;
 pub use error::{Error, ErrorKind, Result};
 pub use estimator::{
     AcceptanceEstimator, EstimatorConfig, EstimatorState, MapState, RefitReport, Update,
+    UpdateReport, UpdateState, VllmState,
 };
 pub use matrix::MatrixView;
 

@@ -13,12 +13,13 @@
 //!
 //! | kind | payload | version written | versions read |
 //! |---|---|---|---|
-//! | [`Kind::Estimator`] | [`estimator`] | 1 or 2 ([`estimator::written_version`]) | 1, 2 |
+//! | [`Kind::Estimator`] | [`estimator`] (the [`state_dict`] tree) | 3 | 1, 2, 3 |
 //! | [`Kind::Planner`] | [`planner`] (embeds the cost tables' payload) | 2 | 1, 2 |
 //! | [`Kind::CostTables`] | [`cost_tables`] | 1 | 1 |
 //!
-//! The estimator's `state_dict` (a tree of plain values, not bytes) is [`state_dict`], on the
-//! neutral value tree of [`tree`] that each binding converts to its own values.
+//! The estimator's state is declared once (serde derives on its types): [`state_dict`] is
+//! that declaration as a tree of plain values ([`tree`], which each binding converts to its
+//! own values), and the estimator's bytes are that tree in binary.
 //!
 //! Cost tables also read and write the JSON text of earlier releases
 //! ([`CostTables::to_json`](crate::cost_tables::CostTables::to_json)).
@@ -61,7 +62,7 @@ pub mod tree;
 
 pub use frame::{crc32, frame, unframe, Frame, Kind, FRAME_LEN, MAGIC_PREFIX};
 
-pub(crate) use frame::{put_f64s, Reader};
+pub(crate) use frame::Reader;
 
 use crate::error::Result;
 

@@ -72,10 +72,20 @@ fn a_manual_estimator_never_refits_on_its_own_and_refits_when_asked() {
             "{update:?}"
         );
         match update {
-            Update::Vllm => assert_eq!(report.stats.total_count(), estimator_labels(300, 3)),
+            Update::Vllm => assert_eq!(
+                report.update.as_vllm().unwrap().round.total_count(),
+                estimator_labels(300, 3)
+            ),
             Update::Map => {
                 assert_eq!(
-                    report.histogram.unwrap().total_count(),
+                    report
+                        .update
+                        .as_map()
+                        .unwrap()
+                        .round
+                        .as_ref()
+                        .unwrap()
+                        .total_count(),
                     estimator_labels(300, 3)
                 )
             }
@@ -132,15 +142,11 @@ fn a_manual_state_round_trips_through_bytes_and_the_state_dict() {
         assert_eq!(back.config().refit_interval, None);
         assert_eq!(back.state(), estimator.state());
         assert_eq!(back.to_bytes(), estimator.to_bytes());
-        let tree = Value::Map(state_dict::encode(&estimator.state()));
-        let Value::Map(map) = &tree else {
-            unreachable!()
-        };
-        let Some(Value::Map(config)) = map.get("config") else {
-            panic!("no config")
-        };
+        let tree = state_dict::encode(&estimator.state());
+        let config = tree.get("config").expect("a config");
         assert_eq!(config.get("refit_interval"), Some(&Value::None));
-        assert_eq!(state_dict::decode(&tree).unwrap(), estimator.state());
+        let decoded = state_dict::decode(&tree, "state", av_core::ErrorKind::Value).unwrap();
+        assert_eq!(decoded, estimator.state());
         // And it keeps going manual: the count goes on, no refit.
         assert!(!observe(&back, 99));
         assert_eq!((back.num_refits(), back.steps_since_refit()), (0, 8));

@@ -24,7 +24,8 @@ fn a_position_decayed_to_underflow_still_reloads() {
         est.observe(MatrixView::new("f", &both, 1, 2).unwrap(), &[1], &[0], none)
             .unwrap();
         let state = est.state();
-        let (b, c) = (state.memory.b[1], state.memory.c[1]);
+        let memory = &state.update.as_vllm().unwrap().memory;
+        let (b, c) = (memory.b[1], memory.c[1]);
         underflowed |= c == 0.0 && b != 0.0;
         if step % 50 == 0 || (c == 0.0 && b != 0.0) {
             let back = AcceptanceEstimator::from_bytes(&est.to_bytes());

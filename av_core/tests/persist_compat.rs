@@ -5,8 +5,9 @@
 //! draft-depth table (format version 1, where the depth table was found from the length of what
 //! followed the confidences), cost-table JSON without and with a depth table, and an estimator
 //! state. Each test loads the old bytes and checks that the state is exactly the one the recipe
-//! builds today: its encoding by this build equals the encoding of the recipe's state, and it
-//! plans the next steps identically.
+//! builds today: the same state (for planners, the same encoding by this build), and it plans
+//! and predicts the next steps identically. (`tests/persist/test_legacy_states.py` loads the
+//! states of further earlier builds.)
 
 use av_core::cost_tables::{CostTables, DrafterKind};
 use av_core::planner::{BudgetSource, DepthMode, Exploration, StepTokens, VerificationPlanner};
@@ -199,8 +200,10 @@ fn version_1_estimator_bytes_load_bit_for_bit() {
     assert_eq!(&bytes[..8], b"AVCORE\0E");
     let expected = recipe_estimator();
     let loaded = AcceptanceEstimator::from_bytes(&bytes).unwrap();
-    assert_eq!(loaded.to_bytes(), bytes);
     assert_eq!(loaded.state(), expected.state());
+    // This build writes it in its own format, which reads back to the same state.
+    let again = AcceptanceEstimator::from_bytes(&loaded.to_bytes()).unwrap();
+    assert_eq!(again.state(), expected.state());
     let x = [0.5f32, -1.0, 3.0, 2.0, 0.0, -4.0];
     let (mut p, mut q) = ([0.0f32; 6], [0.0f32; 6]);
     loaded

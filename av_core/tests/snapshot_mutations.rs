@@ -1,22 +1,26 @@
 //! Saved estimator states that are corrupt *behind a valid checksum* never panic.
 //!
 //! Random bytes almost never get past the frame (magic, version, length, CRC-32), so they test
-//! little beyond it. Here real encoded states — several K, with and without memory, mid-round —
-//! have words of their payload overwritten with hostile values (NaN, ±∞, −0, huge and negative
-//! numbers, all-ones counts, random bits) and the checksum recomputed, so every input reaches
-//! field decoding and state validation. Whatever loads must then work: predict in [0, 1],
-//! observe, refit to finite coefficients, and save back to the bytes it was loaded from.
+//! little beyond it. Here real encoded states — several K, with and without memory, mid-round,
+//! both updates — have numbers of their payload overwritten with hostile values (NaN, ±∞, −0,
+//! huge and negative numbers, all-ones counts, random bits) and the checksum recomputed, so
+//! every input reaches field decoding and state validation. Whatever loads must then work:
+//! predict in [0, 1], observe, refit to finite coefficients, and save back to the bytes it was
+//! loaded from.
 
-use av_core::persist::crc32;
-use av_core::persist::estimator::{decode, MAGIC};
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
+use av_core::persist::estimator::{decode, FORMAT_VERSION, MAGIC};
+use av_core::persist::tree::{self, Value};
+use av_core::persist::{frame, Kind, FRAME_LEN};
+use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
-const HEADER: usize = 8 + 4 + 8;
-
-fn real_state(k: usize, memory: f64, rounds: usize) -> Vec<u8> {
-    let mut config = EstimatorConfig::new(k).with_update(Update::Vllm);
+fn real_state(k: usize, memory: f64, rounds: usize, map: bool) -> Vec<u8> {
+    let mut config = match map {
+        true => EstimatorConfig::map(k),
+        false => EstimatorConfig::version_1(k),
+    };
+    config.bins = 8;
     config.memory = memory;
     config.refit_interval = Some(3);
     let est = AcceptanceEstimator::new(config).unwrap();
@@ -51,17 +55,44 @@ fn word(kind: u8, random: u64) -> [u8; 8] {
     }
 }
 
-/// `bytes` with the given payload edits and a recomputed, valid checksum.
-fn corrupt(mut bytes: Vec<u8>, edits: &[(usize, u8, u64)]) -> Vec<u8> {
-    let payload = bytes.len() - HEADER - 4;
-    for &(at, kind, random) in edits {
-        let at = HEADER + at % (payload - 7);
-        bytes[at..at + 8].copy_from_slice(&word(kind, random));
+/// Calls `edit` on every number of `tree`, in order, with its index.
+fn each_number(tree: &mut Value, next: &mut usize, edit: &mut impl FnMut(usize, &mut Value)) {
+    match tree {
+        Value::Int(_) | Value::Float(_) => {
+            edit(*next, tree);
+            *next += 1;
+        }
+        Value::List(items) => items
+            .iter_mut()
+            .for_each(|item| each_number(item, next, edit)),
+        Value::Dict(entries) => entries
+            .iter_mut()
+            .for_each(|(_, value)| each_number(value, next, edit)),
+        _ => {}
     }
-    let body = bytes.len() - 4;
-    let checksum = crc32(&bytes[..body]);
-    bytes[body..].copy_from_slice(&checksum.to_le_bytes());
-    bytes
+}
+
+/// `bytes` with the given numbers of its payload overwritten (a float by the word's bits, an
+/// integer by its value) and a recomputed, valid checksum.
+fn corrupt(bytes: Vec<u8>, edits: &[(usize, u8, u64)]) -> Vec<u8> {
+    let mut tree = tree::decode(&bytes[FRAME_LEN - 4..bytes.len() - 4]).unwrap();
+    let mut count = 0;
+    each_number(&mut tree, &mut count, &mut |_, _| {});
+    for &(at, kind, random) in edits {
+        let bits = u64::from_le_bytes(word(kind, random));
+        let target = at % count;
+        each_number(&mut tree, &mut 0, &mut |index, leaf| {
+            if index == target {
+                *leaf = match leaf {
+                    Value::Float(_) => Value::Float(f64::from_bits(bits)),
+                    _ => Value::Int(i128::from(bits as i64) * if kind % 2 == 0 { 1 } else { -1 }),
+                };
+            }
+        });
+    }
+    let mut payload = Vec::new();
+    tree::encode(&tree, &mut payload);
+    frame(Kind::Estimator, FORMAT_VERSION, &payload)
 }
 
 /// Everything a loaded estimator must do without panicking.
@@ -111,10 +142,10 @@ fn seeds() -> &'static [Vec<u8>] {
     static SEEDS: OnceLock<Vec<Vec<u8>>> = OnceLock::new();
     SEEDS.get_or_init(|| {
         vec![
-            real_state(1, 0.0, 2),
-            real_state(3, 0.8, 7),
-            real_state(8, 0.9, 5),
-            real_state(16, 0.0, 4),
+            real_state(1, 0.0, 2, false),
+            real_state(3, 0.8, 7, false),
+            real_state(8, 0.9, 5, true),
+            real_state(16, 0.0, 4, true),
         ]
     })
 }
@@ -174,14 +205,14 @@ fn saved_counters_at_their_limit_never_panic() {
     // increments it), the steps since the last refit (the next observe increments it) and the
     // memory's drift resets (the next round that fails the drift test increments it).
     // Refusing such a state is fine; loading it and then panicking is not.
-    let bytes = real_state(2, 0.8, 4);
+    let bytes = real_state(2, 0.8, 4, false);
     let state = decode(&bytes).unwrap();
     for field in ["num_refits", "steps_since_refit", "memory.resets"] {
         let mut corrupt = state.clone();
         match field {
             "num_refits" => corrupt.num_refits = u64::MAX,
             "steps_since_refit" => corrupt.steps_since_refit = u64::MAX,
-            _ => corrupt.memory.resets = u64::MAX,
+            _ => corrupt.update.as_vllm_mut().unwrap().memory.resets = u64::MAX,
         }
         if let Ok(est) = AcceptanceEstimator::from_state(&corrupt) {
             let encoded = est.to_bytes();

@@ -108,7 +108,10 @@ fn eight_producers_a_predictor_and_a_refitter() {
                 let report = estimator.refit();
                 let c = estimator.coefficients();
                 published.lock().unwrap().insert(c.version, c);
-                rounds.lock().unwrap().push(report.stats);
+                rounds
+                    .lock()
+                    .unwrap()
+                    .push(report.update.as_vllm().unwrap().round.clone());
                 std::thread::yield_now();
             }
         });
@@ -224,7 +227,10 @@ fn eight_producers_and_a_refitter_lose_no_label_under_map() {
         scope.spawn(|| {
             while !done.load(Ordering::Acquire) {
                 let report = estimator.refit();
-                rounds.lock().unwrap().push(report.histogram.unwrap());
+                rounds
+                    .lock()
+                    .unwrap()
+                    .push(report.update.as_map().unwrap().round.clone().unwrap());
                 std::thread::yield_now();
             }
         });

@@ -394,17 +394,22 @@ fn impossible_state(corrupt: fn(&mut av_core::EstimatorState)) -> Vec<u8> {
     av_core::persist::estimator::encode(&state)
 }
 
+/// vLLM's part of `state`, which must be one.
+fn vllm(state: &mut av_core::EstimatorState) -> &mut av_core::VllmState {
+    state.update.as_vllm_mut().expect("a vllm state")
+}
+
 #[test]
 fn load_refuses_statistics_no_observations_can_produce() {
     type Corruption = fn(&mut av_core::EstimatorState);
     let cases: [(Corruption, &str); 4] = [
-        (|s| s.stats.positions[0].n = u64::MAX, "round_stats"),
-        (|s| s.stats.positions[0].c = -1, "round_stats"),
+        (|s| vllm(s).round.positions[0].n = u64::MAX, "round_stats"),
+        (|s| vllm(s).round.positions[0].c = -1, "round_stats"),
         (
             |s| s.steps_since_refit = s.config.refit_interval.unwrap(),
             "steps_since_refit",
         ),
-        (|s| s.memory.c[0] = -1.0, "memory"),
+        (|s| vllm(s).memory.c[0] = -1.0, "memory"),
     ];
     for (corrupt, argument) in cases {
         let bytes = impossible_state(corrupt);
@@ -513,4 +518,87 @@ fn set_regularization_changes_later_refits_and_refuses_bad_values() {
     // are two rounds (8) and steps 1, 2 of the third (2).
     assert_eq!(capi.counters(), (10, 2));
     assert_eq!(capi.save(), core.to_bytes());
+}
+
+/// The size query of `avc_estimator_save` for a new estimator with `update` and `bins` on 4
+/// positions, before and after a few observations and refits.
+fn saved_sizes(update: AvcUpdate, bins: usize) -> (usize, usize) {
+    let mut config = std::mem::MaybeUninit::<AvcEstimatorConfig>::uninit();
+    let mut settings = std::mem::MaybeUninit::<AvcEstimatorUpdate>::uninit();
+    // SAFETY: valid out-pointers to locals, initialized by the calls.
+    let (mut config, mut settings) = unsafe {
+        assert_eq!(avc_estimator_config_default(4, config.as_mut_ptr()), AVC_OK);
+        assert_eq!(avc_estimator_update_default(settings.as_mut_ptr()), AVC_OK);
+        (config.assume_init(), settings.assume_init())
+    };
+    config.refit_interval = 2;
+    (settings.update, settings.bins) = (update, bins);
+    let mut handle = null_mut();
+    // SAFETY: initialized structs, a writable out-pointer.
+    let status = unsafe { avc_estimator_new_with_update(&config, &settings, &mut handle) };
+    assert_eq!(status, AVC_OK, "{}", last_error());
+    let estimator = Estimator(handle);
+    let size = |estimator: &Estimator| {
+        let mut len = 0;
+        // SAFETY: live handle; NULL buffer with cap 0 is the size query.
+        let status = unsafe { avc_estimator_save(estimator.0, null_mut(), 0, &mut len) };
+        assert_eq!(status, AVC_ERR_BUFFER_TOO_SMALL);
+        len
+    };
+    let before = size(&estimator);
+    for seed in 0..5 {
+        let features: Vec<f32> = (0..24)
+            .map(|i| ((i * 7 + seed * 3) % 13) as f32 - 6.0)
+            .collect();
+        let (admitted, accepted) = ([4i64, 3, 2, 4, 1, 0], [2i64, 3, 0, 4, 1, 0]);
+        // SAFETY: live handle; every slice is passed with its own length.
+        let status = unsafe {
+            avc_estimator_observe(
+                estimator.0,
+                features.as_ptr(),
+                6,
+                4,
+                admitted.as_ptr(),
+                6,
+                accepted.as_ptr(),
+                6,
+                null(),
+                0,
+                null_mut(),
+            )
+        };
+        assert_eq!(status, AVC_OK, "{}", last_error());
+    }
+    (before, size(&estimator))
+}
+
+#[test]
+fn a_saved_states_size_depends_on_its_configuration_as_the_header_says() {
+    // What is observed does not change it, so one size query serves every later save.
+    let map = [16, 64, 256].map(|bins| saved_sizes(AVC_UPDATE_MAP, bins));
+    for (before, after) in map {
+        assert_eq!(before, after);
+    }
+    // A map estimator's grows with its bins, by 78 bytes per bin and position (three integer
+    // and three float columns); vLLM's update keeps no histograms.
+    assert_eq!(map[1].0 - map[0].0, 78 * 4 * (64 - 16));
+    assert_eq!(map[2].0 - map[1].0, 78 * 4 * (256 - 64));
+    assert_eq!(
+        saved_sizes(AVC_UPDATE_VLLM, 16),
+        saved_sizes(AVC_UPDATE_VLLM, 256)
+    );
+    // The header states the rule.
+    let header = include_str!("../../include/av_core.h");
+    let end = header.find("avc_status avc_estimator_save(").unwrap();
+    let doc = header[header[..end].rfind("/**").unwrap()..end].replace("\n *", "");
+    for rule in [
+        "depends on the configuration only",
+        "bins",
+        "78 bytes per bin and position",
+    ] {
+        assert!(
+            doc.contains(rule),
+            "the header does not say {rule:?}:\n{doc}"
+        );
+    }
 }

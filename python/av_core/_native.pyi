@@ -65,6 +65,7 @@ __all__ = [
     "draft_log_odds_bf16",
     "draft_log_odds_f32",
     "plan_verification",
+    "write_atomically",
 ]
 
 __version__: str
@@ -319,11 +320,13 @@ class AcceptanceEstimator(_ConfigFields):
         """The configuration, frozen (each field is also an attribute here:
         ``est.l2 == est.config.l2``)."""
     def to_bytes(self) -> bytes:
-        """The state as versioned, checksummed bytes (see ``from_bytes``)."""
+        """The state as versioned, checksummed bytes (see ``from_bytes``): ``state_dict()`` in
+        binary, of a length that depends on the configuration only."""
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> AcceptanceEstimator:
-        """Rebuilds an estimator from ``to_bytes()`` (bytes or any bytes-like object); corrupt,
-        truncated or future-version data raises ValueError."""
+        """Rebuilds an estimator from ``to_bytes()`` of this release or an earlier one (bytes or
+        any bytes-like object); corrupt, truncated, padded or future-version data raises
+        ValueError."""
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes ``to_bytes()`` to ``path`` atomically: a temporary file in the same directory,
         flushed to disk, then renamed over ``path``, so a crash leaves the old file intact."""
@@ -338,9 +341,10 @@ class AcceptanceEstimator(_ConfigFields):
     ) -> None:
         """Adds another round's statistics (as in ``state_dict()["round_stats"]``: vllm's IRLS
         moments or map's histograms, the estimator's own kind) to the open round, exactly;
-        refused, adding nothing, on other fraction bits, bins or number of positions, or
-        statistics no sequence of observations can produce (a negative ``a``/``c``, more
-        accepted than labeled, a count past the bound)."""
+        refused, adding nothing, on a key its kind does not hold (the other kind's statistics
+        included), other fraction bits, bins or number of positions, or statistics no sequence
+        of observations can produce (a negative ``a``/``c``, more accepted than labeled, a count
+        past the bound)."""
     def state_dict(self) -> MapEstimatorStateDict | EstimatorStateDict:
         """Everything (config, coefficients, round statistics, counters) as plain Python values;
         ``from_state_dict`` restores it bit-exactly. Statistics are exact fixed-point integers
@@ -357,8 +361,9 @@ class AcceptanceEstimator(_ConfigFields):
         *,
         update: Literal["map", "vllm"] | str | None = None,
     ) -> AcceptanceEstimator:
-        """Rebuilds an estimator from ``state_dict()``, validating every field (format version
-        1, before the map update, restores as a vllm estimator, bit for bit). With ``update``,
+        """Rebuilds an estimator from ``state_dict()``, validating every field and refusing a
+        key no field holds, anywhere, by its path (format version 1, before the map update,
+        restores as a vllm estimator, bit for bit). With ``update``,
         moves the estimator to that update: configuration and coefficients kept, open round and
         memory started over (the state is validated whole first: a corrupt one is refused
         whatever the update)."""
@@ -607,6 +612,11 @@ class DepthPlan:
     @property
     def predicted_cost_ms(self) -> float:
         """Drafting cost of the depths plus verify_ms[T + budget]."""
+
+def write_atomically(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
+    """Writes ``data`` to ``path`` atomically: a temporary file in the same directory, flushed
+    to disk, then renamed over ``path``, so a reader or a crash sees the old file or the whole
+    new one. The writer of every ``save``."""
 
 def check_environment() -> None:
     """Checks the environment variables the core reads (``AV_CORE_SIMD``: ``baseline``,

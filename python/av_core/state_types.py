@@ -4,8 +4,9 @@ core's defaults ``av_core._native.ESTIMATOR_DEFAULTS`` and vLLM preset
 ``av_core._native.VLLM_ESTIMATOR``, both read-only mappings at run time).
 
 For annotations only: at run time these are plain ``dict`` objects (the mappings excepted), which
-``from_state_dict`` and ``add_round_stats`` validate field by field. Statistics are exact
-fixed-point integers in units of ``2**-fraction_bits``.
+``from_state_dict`` and ``add_round_stats`` validate field by field, refusing a key no field
+holds. The shapes are the core's serde declaration of the state (``av_core/src/estimator``);
+statistics are exact fixed-point integers in units of ``2**-fraction_bits``.
 """
 
 from __future__ import annotations

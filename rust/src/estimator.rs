@@ -3,8 +3,9 @@
 //! the configuration's fields are the core's (`av_core::persist::state_dict`); this file turns
 //! their trees into Python values and back ([`crate::tree`]).
 
-use av_core::persist::state_dict::{self, ConfigField, CONFIG_FIELDS};
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
+use av_core::persist::state_dict;
+use av_core::persist::tree::Value;
+use av_core::{AcceptanceEstimator, ErrorKind, EstimatorConfig, MatrixView, Update};
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pyo3::exceptions::PyKeyError;
@@ -17,7 +18,7 @@ use crate::convert::{
     FloatView, Int, Text,
 };
 use crate::files::{atomic_write, read_file};
-use crate::tree::{from_py, map_to_py};
+use crate::tree::{from_py, to_py, tree_to_dict};
 
 /// Online acceptance estimator: p = sigmoid(slope * x + intercept[k]) on x = logit(q_max),
 /// refitted from the target's verdicts (update "map", the default: MAP fits of per-position
@@ -92,8 +93,7 @@ impl PyAcceptanceEstimator {
             max_intercept: max_intercept.value("max_intercept")?,
             memory: memory.value("memory")?,
             drift_z: drift_z.value("drift_z")?,
-            update: state_dict::parse_update(update.value("update")?, "update")
-                .map_err(to_py_err)?,
+            update: Update::named(update.value("update")?, "update").map_err(to_py_err)?,
             bins: bins.to_usize("bins")?,
             prior_slope_sd: prior_slope_sd.value("prior_slope_sd")?,
             prior_level_sd: prior_level_sd.value("prior_level_sd")?,
@@ -197,7 +197,7 @@ impl PyAcceptanceEstimator {
         if !report {
             return Ok(None);
         }
-        map_to_py(py, &state_dict::refit_report(inner, &outcome, end_round)).map(Some)
+        tree_to_dict(py, &state_dict::refit_report(inner, &outcome, end_round)).map(Some)
     }
 
     /// Changes the ridge `l2` and the damping of every later refit, as if the estimator had
@@ -219,7 +219,7 @@ impl PyAcceptanceEstimator {
     fn add_round_stats(&self, py: Python<'_>, round_stats: &Bound<'_, PyAny>) -> PyResult<()> {
         let inner = &self.inner;
         let round = from_py(round_stats, "round_stats")?;
-        py.detach(|| state_dict::add_round(inner, &round, "round_stats"))
+        py.detach(|| inner.add_round_tree(&round, "round_stats"))
             .map_err(to_py_err)
     }
 
@@ -303,7 +303,7 @@ impl PyAcceptanceEstimator {
     /// `from_state_dict` restores it bit-exactly. Statistics are exact fixed-point integers in
     /// units of 2**-fraction_bits.
     fn state_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        map_to_py(py, &state_dict::encode(&self.inner.state()))
+        tree_to_dict(py, &state_dict::encode(&self.inner.state()))
     }
 
     /// Rebuilds an estimator from `state_dict()`, validating every field. A state of format
@@ -319,11 +319,10 @@ impl PyAcceptanceEstimator {
         update: Option<Text>,
     ) -> PyResult<Self> {
         let update = update
-            .map(|name| {
-                state_dict::parse_update(name.value("update")?, "update").map_err(to_py_err)
-            })
+            .map(|name| Update::named(name.value("update")?, "update").map_err(to_py_err))
             .transpose()?;
-        let state = state_dict::decode(&from_py(state, "state")?).map_err(to_py_err)?;
+        let state = state_dict::decode(&from_py(state, "state")?, "state", ErrorKind::Value)
+            .map_err(to_py_err)?;
         let inner = match update {
             // The core validates the state as saved before it moves.
             Some(update) => AcceptanceEstimator::from_state_with_update(&state, update),
@@ -370,8 +369,9 @@ pub struct PyEstimatorConfig {
 impl PyEstimatorConfig {
     fn __getitem__<'py>(&self, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
         // Any other key, a non-string included, is missing (a KeyError, as a dict's).
-        let field = named_field(key).ok_or_else(|| PyKeyError::new_err(key.clone().unbind()))?;
-        crate::tree::to_py(key.py(), &field.get(&self.inner))
+        let value = named_field(key).and_then(|name| field(&self.inner, name));
+        let value = value.ok_or_else(|| PyKeyError::new_err(key.clone().unbind()))?;
+        to_py(key.py(), &value)
     }
 
     fn __contains__(&self, key: &Bound<'_, PyAny>) -> bool {
@@ -379,24 +379,21 @@ impl PyEstimatorConfig {
     }
 
     fn __len__(&self) -> usize {
-        CONFIG_FIELDS.len()
+        EstimatorConfig::FIELD_DOCS.len()
     }
 
     fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        Ok(PyTuple::new(py, CONFIG_FIELDS.iter().map(|f| f.name))?
-            .as_any()
-            .try_iter()?
-            .into_any())
+        Ok(self.keys(py)?.as_any().try_iter()?.into_any())
     }
 
     /// The field names, in the constructor's order.
     fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, CONFIG_FIELDS.iter().map(|f| f.name))
+        PyTuple::new(py, EstimatorConfig::FIELD_DOCS.iter().map(|(name, _)| name))
     }
 
     /// The fields as a new dict.
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        map_to_py(py, &state_dict::config(&self.inner))
+        tree_to_dict(py, &state_dict::config(&self.inner))
     }
 
     /// The configuration `fields` describes, as `to_dict()` writes it: `num_positions` is
@@ -437,53 +434,56 @@ impl PyEstimatorConfig {
     /// The hash of the fields' values: equal configurations hash alike (`0.0` and `-0.0`
     /// included, as Python's floats do).
     fn __hash__(&self, py: Python<'_>) -> PyResult<isize> {
-        let mut values = Vec::with_capacity(CONFIG_FIELDS.len());
-        for field in &CONFIG_FIELDS {
-            values.push(crate::tree::to_py(py, &field.get(&self.inner))?);
-        }
+        let values = self.to_dict(py)?.values();
         PyTuple::new(py, values)?.hash()
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let mut parts = Vec::with_capacity(CONFIG_FIELDS.len());
-        for field in &CONFIG_FIELDS {
-            let value = crate::tree::to_py(py, &field.get(&self.inner))?;
-            parts.push(format!("{}={}", field.name, value.repr()?));
+        let mut parts = Vec::with_capacity(EstimatorConfig::FIELD_DOCS.len());
+        for (name, value) in self.to_dict(py)?.iter() {
+            parts.push(format!("{name}={}", value.repr()?));
         }
         Ok(format!("EstimatorConfig({})", parts.join(", ")))
     }
 }
 
 /// The config field `key` names, if it is a string naming one.
-fn named_field(key: &Bound<'_, PyAny>) -> Option<&'static ConfigField> {
+fn named_field(key: &Bound<'_, PyAny>) -> Option<&'static str> {
     let name = key.cast::<PyString>().ok()?;
-    state_dict::config_field(name.to_str().ok()?)
+    let name = name.to_str().ok()?;
+    let fields = EstimatorConfig::FIELD_DOCS.iter();
+    fields.map(|&(field, _)| field).find(|&field| field == name)
 }
 
-/// Adds every field of [`CONFIG_FIELDS`] to `class` as a read-only property (with the core's
-/// one-line doc) reading it from the config `config_of` finds in an instance: one list of
-/// fields, not a getter per field.
+/// The value of the field `name` in `config`'s tree.
+fn field(config: &EstimatorConfig, name: &str) -> Option<Value> {
+    state_dict::config(config).get(name).cloned()
+}
+
+/// Adds every field of the configuration to `class` as a read-only property (with the core's
+/// one-line doc, [`EstimatorConfig::FIELD_DOCS`]) reading it from the config `config_of` finds
+/// in an instance: one list of fields, not a getter per field.
 fn add_config_properties(
     class: &Bound<'_, PyType>,
     config_of: fn(&Bound<'_, PyAny>) -> PyResult<EstimatorConfig>,
 ) -> PyResult<()> {
     let py = class.py();
     let property = py.import("builtins")?.getattr("property")?;
-    for field in &CONFIG_FIELDS {
-        let field: &'static ConfigField = field;
+    for &(name, doc) in &EstimatorConfig::FIELD_DOCS {
         let getter = PyCFunction::new_closure(
             py,
             None,
             None,
             move |args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>| {
                 let config = config_of(&args.get_item(0)?)?;
-                crate::tree::to_py(args.py(), &field.get(&config)).map(Bound::unbind)
+                let value = field(&config, name).unwrap_or(Value::None);
+                to_py(args.py(), &value).map(Bound::unbind)
             },
         )?;
         let none = py.None();
         class.setattr(
-            field.name,
-            property.call1((getter, none.clone_ref(py), none, field.doc))?,
+            name,
+            property.call1((getter, none.clone_ref(py), none, doc))?,
         )?;
     }
     Ok(())
@@ -514,7 +514,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("ESTIMATOR_DEFAULTS", EstimatorConfig::new(1)),
         ("VLLM_ESTIMATOR", EstimatorConfig::vllm(1)),
     ] {
-        let options = map_to_py(py, &state_dict::options(&config))?;
+        let options = tree_to_dict(py, &state_dict::options(&config))?;
         m.add(name, frozen.call1((options,))?)?;
     }
     Ok(())

@@ -19,7 +19,22 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
 use pyo3::{PyErr, PyResult};
+
+/// Writes `data` (bytes or any bytes-like object) to `path` atomically: a temporary file in the
+/// same directory, flushed to disk, then renamed over `path`, so a reader or a crash sees the
+/// old file or the whole new one. The writer of every `save`.
+#[pyfunction]
+fn write_atomically(py: Python<'_>, path: PathBuf, data: &Bound<'_, PyAny>) -> PyResult<()> {
+    let bytes = crate::convert::byte_string(data, "data")?;
+    py.detach(|| atomic_write(&path, &bytes))
+}
+
+/// Registers [`write_atomically`].
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(write_atomically, m)?)
+}
 
 /// Writes `bytes` to `path` atomically (module docs).
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> PyResult<()> {

@@ -32,5 +32,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     estimator::register(m)?;
     planner::register(m)?;
     features::register(m)?;
+    files::register(m)?;
     Ok(())
 }

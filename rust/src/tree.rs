@@ -2,7 +2,7 @@
 //! function each way: `None`, `bool`, `int`, `float`, `str`, `list`, `dict`. The formats
 //! (`state_dict`, round statistics, refit reports) are the core's; nothing here knows a key.
 
-use av_core::persist::tree::{Map, Value};
+use av_core::persist::tree::Value;
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{
@@ -117,7 +117,7 @@ fn entries<'py>(
     path: &mut String,
     depth: usize,
 ) -> PyResult<Value> {
-    let mut map = Map::new();
+    let mut dict: Vec<(String, Value)> = Vec::new();
     for (key, value) in pairs {
         let Ok(text) = key.cast::<PyString>() else {
             return Err(type_error(
@@ -139,9 +139,14 @@ fn entries<'py>(
         path.push_str(&format!("[{name:?}]"));
         let value = from_py_at(&value, argument, path, depth + 1);
         path.truncate(len);
-        map.insert(name, value?);
+        // A key appears once in a tree, as in the mapping it comes from.
+        let value = value?;
+        match dict.iter_mut().find(|(k, _)| k == name) {
+            Some(entry) => entry.1 = value,
+            None => dict.push((name.to_owned(), value)),
+        }
     }
-    Ok(Value::Map(map))
+    Ok(Value::Dict(dict))
 }
 
 /// A sequence's items as a list.
@@ -214,7 +219,7 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
                 .collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any()
         }
-        Value::Map(map) => map_to_py(py, map)?.into_any(),
+        Value::Dict(entries) => dict_to_py(py, entries)?.into_any(),
         Value::Other { type_name, text } => {
             return Err(crate::error::py_err(
                 av_core::ErrorKind::Type,
@@ -224,11 +229,25 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
     })
 }
 
-/// `map` as a Python `dict`, keys in order.
-pub fn map_to_py<'py>(py: Python<'py>, map: &Map) -> PyResult<Bound<'py, PyDict>> {
+/// A tree's dict entries as a Python `dict`, keys in order.
+pub fn dict_to_py<'py>(
+    py: Python<'py>,
+    entries: &[(String, Value)],
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    for (key, value) in map.iter() {
+    for (key, value) in entries {
         d.set_item(key, to_py(py, value)?)?;
     }
     Ok(d)
+}
+
+/// A tree that is a dict as a Python `dict` (another tree is a `TypeError`).
+pub fn tree_to_dict<'py>(py: Python<'py>, tree: &Value) -> PyResult<Bound<'py, PyDict>> {
+    match tree {
+        Value::Dict(entries) => dict_to_py(py, entries),
+        other => Err(PyTypeError::new_err(format!(
+            "expected a dict, got {}",
+            other.type_name()
+        ))),
+    }
 }

@@ -176,11 +176,80 @@ pub(crate) fn scaled_term_bits(x: f64, p: f64, y: f64, mask: f64) -> [i64; 5] {
     [wx * x, wx, w, r * x, r].map(|v| (v + MAGIC).to_bits() as i64)
 }
 
-/// A round's statistics for every position, in fixed point.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// A round's statistics for every position, in fixed point. Saved as columns
+/// ([`RoundColumns`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "RoundColumns", try_from = "RoundColumns")]
 pub struct RoundStats {
     /// One entry per draft position.
     pub positions: Vec<PositionSums>,
+}
+
+/// How a round's statistics are saved (`state_dict()["round_stats"]` under `vllm`): the
+/// fixed-point `fraction_bits`, then one list per sum with an entry per position.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct RoundColumns {
+    /// [`FRACTION_BITS`](super::FRACTION_BITS) (a round of another build is refused).
+    pub fraction_bits: u32,
+    /// `Σ w x²` per position.
+    pub a: Vec<i128>,
+    /// `Σ w x` per position.
+    pub b: Vec<i128>,
+    /// `Σ w` per position.
+    pub c: Vec<i128>,
+    /// `Σ r x` per position.
+    pub g0: Vec<i128>,
+    /// `Σ r` per position.
+    pub g1: Vec<i128>,
+    /// Labeled observations per position.
+    pub n: Vec<u64>,
+}
+
+impl From<RoundStats> for RoundColumns {
+    fn from(stats: RoundStats) -> Self {
+        let column = |f: fn(&PositionSums) -> i128| stats.positions.iter().map(f).collect();
+        RoundColumns {
+            fraction_bits: super::FRACTION_BITS,
+            a: column(|p| p.a),
+            b: column(|p| p.b),
+            c: column(|p| p.c),
+            g0: column(|p| p.g0),
+            g1: column(|p| p.g1),
+            n: stats.positions.iter().map(|p| p.n).collect(),
+        }
+    }
+}
+
+impl TryFrom<RoundColumns> for RoundStats {
+    type Error = String;
+
+    fn try_from(c: RoundColumns) -> std::result::Result<Self, String> {
+        let bits = super::FRACTION_BITS;
+        if c.fraction_bits != bits {
+            return Err(format!(
+                "holds {} fraction bits, this build's statistics {bits}",
+                c.fraction_bits
+            ));
+        }
+        let k = c.n.len();
+        if [&c.a, &c.b, &c.c, &c.g0, &c.g1]
+            .iter()
+            .any(|col| col.len() != k)
+        {
+            return Err("has columns of different lengths".into());
+        }
+        let positions = (0..k)
+            .map(|i| PositionSums {
+                a: c.a[i],
+                b: c.b[i],
+                c: c.c[i],
+                g0: c.g0[i],
+                g1: c.g1[i],
+                n: c.n[i],
+            })
+            .collect();
+        Ok(RoundStats { positions })
+    }
 }
 
 impl RoundStats {

@@ -1,5 +1,7 @@
 //! The estimator's configuration: [`EstimatorConfig`] and the [`Update`] it runs.
 
+use serde::{Deserialize, Serialize};
+
 use super::map::PriorWidths;
 use super::refit::Bounds;
 use crate::error::{ensure_finite, Error, Result};
@@ -15,7 +17,8 @@ use crate::error::{ensure_finite, Error, Result};
 /// assert_eq!(Update::parse("vllm"), Some(Update::Vllm));
 /// assert_eq!(Update::Map.name(), "map");
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Update {
     /// av_core's own update (the default; docs/estimator.md): per-position histograms, the MAP
     /// fit iterated to convergence under a prior centred on the cold start, refits after 1, 2,
@@ -47,11 +50,36 @@ impl Update {
             _ => None,
         }
     }
+
+    /// The update named `name`, or a value error for `argument` saying which names there are.
+    pub fn named(name: &str, argument: &'static str) -> Result<Update> {
+        Update::parse(name).ok_or_else(|| {
+            Error::value(
+                argument,
+                format!("must be \"map\" or \"vllm\", got {name:?}"),
+            )
+        })
+    }
+}
+
+impl std::str::FromStr for Update {
+    type Err = Error;
+
+    /// [`Update::named`], the error naming `update`.
+    fn from_str(name: &str) -> Result<Update> {
+        Update::named(name, "update")
+    }
 }
 
 /// Configuration of an [`AcceptanceEstimator`](crate::AcceptanceEstimator). The refit interval,
 /// damping, ridge, cold start and clamp are vLLM 0.33.0's; the update is av_core's
 /// [`Update::Map`] ([`EstimatorConfig::vllm`] is vLLM's estimator).
+///
+/// The fields are the configuration's one declaration: their order is the constructor's
+/// keywords' in the bindings, the saved state's fields derive from them (serde), and
+/// [`EstimatorConfig::FIELD_DOCS`] gives each its line in the bindings. A field that applies to
+/// one update only (`damping`, `bins`, the prior widths) is kept, and saved, under the other
+/// too, so that moving a state between updates keeps it.
 ///
 /// # Example
 ///
@@ -66,7 +94,7 @@ impl Update {
 /// config.memory = 0.9;
 /// assert!(config.validate().is_ok());
 /// ```
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EstimatorConfig {
     /// Draft positions K (1 ≤ K ≤ [`EstimatorConfig::MAX_POSITIONS`]).
     pub num_positions: usize,
@@ -161,6 +189,48 @@ impl EstimatorConfig {
     pub const DEFAULT_PRIOR_TREND_SD: f64 = PriorWidths::DEFAULT.trend_sd;
     /// Default sd of each intercept around the trend in the `map` prior.
     pub const DEFAULT_PRIOR_SPREAD_SD: f64 = PriorWidths::DEFAULT.spread_sd;
+
+    /// One line on each field, in the fields' order: what the bindings show as each keyword's
+    /// and attribute's documentation (a unit test holds it to the fields).
+    pub const FIELD_DOCS: [(&'static str, &'static str); 18] = [
+        ("num_positions", "Number of draft positions K."),
+        (
+            "refit_interval",
+            "Observe calls per round (None: manual, a refit only when refit() is called).",
+        ),
+        ("damping", "Damping D, in observations."),
+        ("l2", "Ridge λ."),
+        ("init_slope", "Cold-start slope."),
+        ("init_intercept", "Cold-start intercept (every position)."),
+        ("max_log_odds", "Feature clamp."),
+        ("max_step", "Largest change of a coefficient in one refit."),
+        ("max_slope", "Largest slope."),
+        ("max_intercept", "Largest absolute intercept."),
+        (
+            "memory",
+            "Discount γ per round of the memory of past rounds (0 = vLLM's memoryless refit).",
+        ),
+        (
+            "drift_z",
+            "Drift test threshold (standard deviations); inf disables the test.",
+        ),
+        (
+            "update",
+            "How the estimator refits: \"map\" (av_core's) or \"vllm\" (vLLM's damped Newton step).",
+        ),
+        ("bins", "map: bins per position of the feature histograms."),
+        ("prior_slope_sd", "map: the prior sd of the slope."),
+        ("prior_level_sd", "map: the prior sd of the intercepts' level."),
+        ("prior_trend_sd", "map: the prior sd of the intercepts' trend in depth."),
+        (
+            "prior_spread_sd",
+            "map: the prior sd of each intercept around the trend.",
+        ),
+    ];
+
+    /// How many fields (the first ones) format version 1 of a saved state holds: up to
+    /// `drift_z`, everything av_core had before the map update.
+    pub const VERSION_1_FIELDS: usize = 12;
 
     /// av_core's `map` update on `num_positions` positions: [`EstimatorConfig::new`] (whose
     /// update it is) with `update = Update::Map` spelled out, and the map defaults (bins, prior
@@ -271,6 +341,42 @@ impl EstimatorConfig {
             max_intercept: f64::INFINITY,
             ..Self::new(num_positions)
         }
+    }
+
+    /// What a state of format version 1 holds beyond its fields (`num_positions` to
+    /// `drift_z`): vLLM's update (av_core had no other before the map update) at the default
+    /// map settings (bins, prior widths). Every estimator before the map update was one of
+    /// these, whatever the default update is.
+    ///
+    /// # Example
+    ///
+    /// ```rust
+    /// use av_core::EstimatorConfig;
+    ///
+    /// let config = EstimatorConfig::version_1(3);
+    /// assert_eq!(config.update, EstimatorConfig::vllm(3).update);
+    /// assert_eq!(config.bins, EstimatorConfig::new(3).bins);
+    /// assert!(config.is_version_1());
+    /// assert!(!EstimatorConfig::new(3).is_version_1()); // the map update
+    /// ```
+    pub fn version_1(num_positions: usize) -> Self {
+        EstimatorConfig::new(num_positions).with_update(Update::Vllm)
+    }
+
+    /// Whether format version 1 holds this configuration: vLLM's update, and the map settings
+    /// bit for bit [`version_1`](Self::version_1)'s (the fields version 1 does not hold).
+    pub fn is_version_1(&self) -> bool {
+        let d = EstimatorConfig::version_1(self.num_positions);
+        let map_settings = |c: &EstimatorConfig| {
+            [
+                c.prior_slope_sd,
+                c.prior_level_sd,
+                c.prior_trend_sd,
+                c.prior_spread_sd,
+            ]
+            .map(f64::to_bits)
+        };
+        self.update == d.update && self.bins == d.bins && map_settings(self) == map_settings(&d)
     }
 
     /// The refit limits of this configuration.

@@ -166,8 +166,10 @@ impl Binning {
     }
 }
 
-/// One round's histograms, `K × B` bins stored position-major (`index = k·B + b`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// One round's histograms, `K × B` bins stored position-major (`index = k·B + b`). Saved as
+/// columns ([`HistogramColumns`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "HistogramColumns", try_from = "HistogramColumns")]
 pub struct HistogramStats {
     /// Positions K.
     pub num_positions: usize,
@@ -179,6 +181,55 @@ pub struct HistogramStats {
     pub accepted: Vec<u64>,
     /// `Σ round((clamp(x) + L) · 2^16)` per bin.
     pub x_sum: Vec<u64>,
+}
+
+/// How a round's histograms are saved (`state_dict()["round_stats"]` under `map`): the
+/// fixed-point `fraction_bits` of `x_sum`, the bins per position, and the three columns.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct HistogramColumns {
+    /// [`X_FRACTION_BITS`] (histograms of another build, or a vllm round, are refused).
+    pub fraction_bits: u32,
+    /// Bins per position B.
+    pub bins: usize,
+    /// Labeled drafts per bin.
+    pub count: Vec<u64>,
+    /// Accepted drafts per bin.
+    pub accepted: Vec<u64>,
+    /// `Σ round((clamp(x) + L) · 2^16)` per bin.
+    pub x_sum: Vec<u64>,
+}
+
+impl From<HistogramStats> for HistogramColumns {
+    fn from(stats: HistogramStats) -> Self {
+        HistogramColumns {
+            fraction_bits: X_FRACTION_BITS,
+            bins: stats.bins,
+            count: stats.count,
+            accepted: stats.accepted,
+            x_sum: stats.x_sum,
+        }
+    }
+}
+
+impl TryFrom<HistogramColumns> for HistogramStats {
+    type Error = String;
+
+    fn try_from(c: HistogramColumns) -> std::result::Result<Self, String> {
+        if c.fraction_bits != X_FRACTION_BITS {
+            return Err(format!(
+                "holds {} fraction bits, this build's histograms {X_FRACTION_BITS}",
+                c.fraction_bits
+            ));
+        }
+        // The layout is checked against the estimator's by `validate`.
+        Ok(HistogramStats {
+            num_positions: c.count.len().checked_div(c.bins).unwrap_or(0),
+            bins: c.bins,
+            count: c.count,
+            accepted: c.accepted,
+            x_sum: c.x_sum,
+        })
+    }
 }
 
 impl HistogramStats {
@@ -548,31 +599,29 @@ fn add_bin(into: &mut HistogramStats, index: usize, [n, a, x]: [u64; 3]) {
 }
 
 /// The discounted histograms of past rounds (floats: counts are discounted by `γ` per round;
-/// `x_sum` in feature units, `Σ x`).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// `x_sum` in feature units, `Σ x`), `K × B` bins position-major as [`HistogramStats`], and the
+/// number of rounds whose drift test dropped them.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct HistogramMemory {
-    /// Positions K.
-    pub num_positions: usize,
-    /// Bins per position B.
-    pub bins: usize,
     /// Discounted labeled drafts per bin.
     pub count: Vec<f64>,
     /// Discounted accepted drafts per bin.
     pub accepted: Vec<f64>,
     /// Discounted `Σ x` per bin (feature units).
     pub x_sum: Vec<f64>,
+    /// Rounds whose drift test dropped the memory.
+    pub resets: u64,
 }
 
 impl HistogramMemory {
-    /// An empty memory.
+    /// An empty memory for `num_positions` positions of `bins` bins.
     pub fn new(num_positions: usize, bins: usize) -> Self {
         let len = num_positions * bins;
         HistogramMemory {
-            num_positions,
-            bins,
             count: vec![0.0; len],
             accepted: vec![0.0; len],
             x_sum: vec![0.0; len],
+            resets: 0,
         }
     }
 
@@ -586,9 +635,11 @@ impl HistogramMemory {
         }
     }
 
-    /// Forgets everything.
+    /// Forgets every round (the count of resets stays).
     pub fn clear(&mut self) {
-        *self = HistogramMemory::new(self.num_positions, self.bins);
+        for column in [&mut self.count, &mut self.accepted, &mut self.x_sum] {
+            column.fill(0.0);
+        }
     }
 
     /// Adds a round (same layout).
@@ -626,12 +677,7 @@ impl HistogramMemory {
     ) -> Result<()> {
         let fail = |message: String| Err(Error::value("memory", message));
         let len = num_positions * bins;
-        if self.num_positions != num_positions
-            || self.bins != bins
-            || self.count.len() != len
-            || self.accepted.len() != len
-            || self.x_sum.len() != len
-        {
+        if self.count.len() != len || self.accepted.len() != len || self.x_sum.len() != len {
             return fail(format!(
                 "expected {num_positions} positions of {bins} bins ({len} entries per column)"
             ));

@@ -46,7 +46,7 @@ use crate::error::{Error, Result};
 /// assert_eq!(memory.rhs.len(), 5); // slope first, then one entry per intercept
 /// assert_eq!((memory.total, memory.resets), (0.0, 0));
 /// ```
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Memory {
     /// Slope–slope entry of `A`.
     pub a: f64,

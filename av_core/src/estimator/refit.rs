@@ -34,6 +34,16 @@ pub struct NewtonStep {
     pub intercepts: Vec<f64>,
 }
 
+impl NewtonStep {
+    /// No change on `num_positions` positions.
+    pub fn zero(num_positions: usize) -> Self {
+        NewtonStep {
+            slope: 0.0,
+            intercepts: vec![0.0; num_positions],
+        }
+    }
+}
+
 /// A Newton system with the estimator's arrowhead structure, ridge included:
 /// `[[a, bᵀ], [b, diag(c)]] Δ = [g0; g1]`, plus the observation counts that damp its step.
 #[derive(Clone, Debug, PartialEq)]

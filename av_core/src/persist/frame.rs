@@ -231,6 +231,18 @@ impl Reader<'_> {
     /// A length-prefixed `f64` array (`u64` length, then the values), refusing a length the
     /// data cannot hold before allocating anything.
     pub(crate) fn f64s(&mut self, what: &str) -> Result<Vec<f64>> {
+        let len = self.words(what)?;
+        (0..len).map(|_| self.f64(what)).collect()
+    }
+
+    /// A length-prefixed `u64` array, as [`f64s`](Self::f64s).
+    pub(crate) fn u64s(&mut self, what: &str) -> Result<Vec<u64>> {
+        let len = self.words(what)?;
+        (0..len).map(|_| self.u64(what)).collect()
+    }
+
+    /// The length of an array of 8-byte words, refused if the data cannot hold it.
+    fn words(&mut self, what: &str) -> Result<u64> {
         let len = self.u64(what)?;
         if len > (self.bytes.len() / 8) as u64 {
             return Err(Error::state(
@@ -238,7 +250,7 @@ impl Reader<'_> {
                 format!("{what} length {len} exceeds the data"),
             ));
         }
-        (0..len).map(|_| self.f64(what)).collect()
+        Ok(len)
     }
 
     /// Fails unless every byte was read.

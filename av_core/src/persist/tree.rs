@@ -1,47 +1,50 @@
-//! A neutral value tree: what a structured state (`state_dict`, a round's statistics, a refit
-//! report) is made of, independent of any binding. The core defines each format as a tree
-//! ([`crate::persist::state_dict`]); a binding only converts trees to its own values and back
-//! (Python: `None`, `bool`, `int`, `float`, `str`, `list`, `dict`), one small function each
-//! way, and never decides a key, a version or a check.
+//! The value tree every structured state is made of (`state_dict`, a round's statistics, a
+//! refit report), and the serde data format over it: the core's types declare their fields once
+//! (serde derives), [`to_value`] writes them as a tree and [`from_value`] reads them back,
+//! refusing a key no field holds; [`encode`] and [`decode`] turn a tree into bytes and back
+//! (the payload of the estimator's byte format). A binding converts trees to its own values
+//! and back (Python: `None`, `bool`, `int`, `float`, `str`, `list`, `dict`), one small function
+//! each way, and never decides a key, a version or a check.
 //!
-//! Reading a tree goes through [`Fields`], which names the argument and the path of every bad
-//! value (`state: ["config"]["l2"] must be a number, got str ("x")`): a missing key, a wrong
-//! type ([`ErrorKind::Type`], for a bool where a number belongs too) or
-//! an out-of-range integer ([`ErrorKind::Value`]).
+//! Reading names the argument and the path of every bad value (`state: ["config"]["l2"] must
+//! be a number, got str ("x")`): a missing key or one no field holds, an integer out of range
+//! ([`ErrorKind::Value`], or the kind the caller reads with), a value of the wrong type
+//! ([`ErrorKind::Type`], a bool where a number belongs included).
 //!
 //! # Example
 //!
 //! ```rust
-//! use av_core::persist::tree::{Fields, Map, Value};
+//! use av_core::persist::tree::{from_value, to_value, Value};
+//! use av_core::{EstimatorConfig, ErrorKind};
 //!
-//! let mut config = Map::new();
-//! config.insert("num_positions", 3u64);
-//! config.insert("l2", 1e-3);
-//! let mut state = Map::new();
-//! state.insert("config", config);
-//! let state = Value::Map(state);
-//!
-//! let fields = Fields::root(&state, "state", "expected a dict")?;
-//! let config = fields.map("config")?;
-//! assert_eq!(config.int::<usize>("num_positions", (0, 64))?, 3);
-//! assert_eq!(config.float("l2")?, 1e-3);
-//! let err = config.float("damping").unwrap_err();
-//! assert_eq!(err.to_string(), "state: [\"config\"][\"damping\"] is missing");
+//! let config = EstimatorConfig::new(3);
+//! let tree = to_value(&config);
+//! let Value::Dict(fields) = &tree else { unreachable!() };
+//! assert_eq!(fields[3], ("l2".to_string(), Value::Float(1e-3)));
+//! assert_eq!(from_value::<EstimatorConfig>(&tree, "config", ErrorKind::Value)?, config);
+//! let mut extra = fields.clone();
+//! extra.push(("l3".into(), Value::Float(1.0)));
+//! let err = from_value::<EstimatorConfig>(&Value::Dict(extra), "config", ErrorKind::Value);
+//! assert!(err.unwrap_err().to_string().starts_with("config: [\"l3\"] is not a field"));
 //! # Ok::<(), av_core::Error>(())
 //! ```
 
+use serde::de::{self, DeserializeOwned, IntoDeserializer, Unexpected, Visitor};
+use serde::ser::{self, Impossible, Serialize};
+
 use crate::error::{Error, ErrorKind, Result};
+use crate::persist::frame::{Reader, DATA};
 
 /// One value of a tree.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     /// No value (Python `None`).
     None,
-    /// A boolean (never accepted where a number belongs).
+    /// A boolean (never read where a number belongs).
     Bool(bool),
     /// An integer.
     Int(i128),
-    /// An integer beyond `i128`: its text, and its nearest float if that is finite.
+    /// An integer beyond `i128` (from a binding): its text, and its nearest float if finite.
     BigInt {
         /// The integer as text (possibly shortened).
         text: String,
@@ -54,10 +57,10 @@ pub enum Value {
     Str(String),
     /// A list.
     List(Vec<Value>),
-    /// A map with ordered string keys.
-    Map(Map),
-    /// A value of a type the tree has no place for: its type's name and a short text of it
-    /// (what a reader reports when it meets one).
+    /// A dict: its entries, keys in order (a key appears once).
+    Dict(Vec<(String, Value)>),
+    /// A value of a type the tree has no place for (from a binding): its type's name and a short
+    /// text of it, which a reader names when it meets one.
     Other {
         /// The binding's name of its type (`"object"`, `"set"`, ...).
         type_name: String,
@@ -67,7 +70,7 @@ pub enum Value {
 }
 
 impl Value {
-    /// The name of its type in messages (Python's names: `int`, `float`, `str`, `list`, ...).
+    /// The name of its type in messages (Python's: `int`, `float`, `str`, `list`, `dict`, ...).
     pub fn type_name(&self) -> &str {
         match self {
             Value::None => "NoneType",
@@ -76,483 +79,688 @@ impl Value {
             Value::Float(_) => "float",
             Value::Str(_) => "str",
             Value::List(_) => "list",
-            Value::Map(_) => "dict",
+            Value::Dict(_) => "dict",
             Value::Other { type_name, .. } => type_name,
         }
     }
 
-    /// `type (text)` of a scalar (`bool (True)`, `float (2.5)`), the type alone otherwise.
-    fn describe(&self) -> String {
+    /// The value of `key` if this is a dict that holds it.
+    pub fn get(&self, key: &str) -> Option<&Value> {
         match self {
-            Value::None => "None".into(),
-            Value::Bool(b) => format!("bool ({})", if *b { "True" } else { "False" }),
-            Value::Int(v) => format!("int ({v})"),
-            Value::BigInt { text, .. } => format!("int ({text})"),
-            Value::Float(v) => format!("float ({})", float_text(*v)),
-            Value::Str(s) => format!("str ({s:?})"),
-            Value::List(_) | Value::Map(_) => self.type_name().into(),
-            Value::Other { type_name, text } => format!("{type_name} ({text})"),
+            Value::Dict(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
         }
     }
 }
 
-/// A float as Python prints it (`2.0`, `inf`, `nan`, `1e-05`).
-fn float_text(v: f64) -> String {
-    if v.is_nan() {
-        "nan".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "inf" } else { "-inf" }.into()
-    } else if v == v.trunc() && v.abs() < 1e16 {
-        format!("{v:.1}")
-    } else {
-        format!("{v}")
+/// `value` as Python prints it in a message (`bool (True)`, `float (2.5)`, `str ("x")`, `list`).
+fn describe(value: Unexpected<'_>) -> String {
+    match value {
+        Unexpected::Bool(b) => format!("bool ({})", if b { "True" } else { "False" }),
+        Unexpected::Signed(v) => format!("int ({v})"),
+        Unexpected::Unsigned(v) => format!("int ({v})"),
+        Unexpected::Float(v) if v.is_nan() => "float (nan)".into(),
+        Unexpected::Float(v) if v.is_infinite() => {
+            format!("float ({}inf)", if v < 0.0 { "-" } else { "" })
+        }
+        Unexpected::Float(v) if v == v.trunc() && v.abs() < 1e16 => format!("float ({v:.1})"),
+        Unexpected::Float(v) => format!("float ({v})"),
+        Unexpected::Str(s) => format!("str ({s:?})"),
+        Unexpected::Unit | Unexpected::Option => "None".into(),
+        Unexpected::Seq => "list".into(),
+        // serde's "map" is a dict.
+        other => other.to_string().replace("map", "dict"),
     }
 }
 
-/// A map with string keys in insertion order (a Python `dict`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Map {
+// ---------------------------------------------------------------------------------------------
+// Writing: a `Serialize` value as a tree.
+
+/// `value` as a tree: a struct is a dict of its fields in declaration order, a sequence a list,
+/// an `Option` its value or `None`, a unit enum variant its (renamed) name. A value serde
+/// cannot write as a tree (none of the core's types) becomes a [`Value::Other`] naming why,
+/// which every reader refuses.
+pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Value {
+    value.serialize(Writer).unwrap_or_else(|e| Value::Other {
+        type_name: "error".into(),
+        text: e.0,
+    })
+}
+
+/// The serializer of [`to_value`].
+struct Writer;
+
+/// Why a value has no tree (none of the core's types: a tuple or struct enum variant).
+#[derive(Debug)]
+struct WriteError(String);
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for WriteError {}
+
+impl ser::Error for WriteError {
+    fn custom<T: std::fmt::Display>(message: T) -> Self {
+        WriteError(message.to_string())
+    }
+}
+
+type Written = std::result::Result<Value, WriteError>;
+
+/// A list or dict being written.
+#[derive(Default)]
+struct Collect {
+    items: Vec<Value>,
     entries: Vec<(String, Value)>,
 }
 
-impl Map {
-    /// An empty map.
-    pub fn new() -> Self {
-        Map::default()
-    }
-
-    /// Sets `key` to `value`: in place if the key is there, appended otherwise.
-    pub fn insert(&mut self, key: impl Into<String>, value: impl Into<Value>) {
-        let (key, value) = (key.into(), value.into());
-        match self.entries.iter_mut().find(|(k, _)| *k == key) {
-            Some(entry) => entry.1 = value,
-            None => self.entries.push((key, value)),
+macro_rules! write_scalars {
+    ($($method:ident($type:ty) => $variant:ident;)*) => {$(
+        fn $method(self, v: $type) -> Written {
+            Ok(Value::$variant(v.into()))
         }
+    )*};
+}
+
+impl ser::Serializer for Writer {
+    type Ok = Value;
+    type Error = WriteError;
+    type SerializeSeq = Collect;
+    type SerializeTuple = Collect;
+    type SerializeTupleStruct = Collect;
+    type SerializeTupleVariant = Impossible<Value, WriteError>;
+    type SerializeMap = Collect;
+    type SerializeStruct = Collect;
+    type SerializeStructVariant = Impossible<Value, WriteError>;
+
+    write_scalars! {
+        serialize_bool(bool) => Bool;
+        serialize_i8(i8) => Int;
+        serialize_i16(i16) => Int;
+        serialize_i32(i32) => Int;
+        serialize_i64(i64) => Int;
+        serialize_i128(i128) => Int;
+        serialize_u8(u8) => Int;
+        serialize_u16(u16) => Int;
+        serialize_u32(u32) => Int;
+        serialize_u64(u64) => Int;
+        serialize_f32(f32) => Float;
+        serialize_f64(f64) => Float;
+        serialize_char(char) => Str;
+        serialize_str(&str) => Str;
     }
 
-    /// The value of `key`, if any.
-    pub fn get(&self, key: &str) -> Option<&Value> {
-        self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    fn serialize_u128(self, v: u128) -> Written {
+        i128::try_from(v)
+            .map(Value::Int)
+            .map_err(ser::Error::custom)
     }
 
-    /// The entries in order.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Value)> {
-        self.entries.iter().map(|(k, v)| (k.as_str(), v))
+    fn serialize_bytes(self, v: &[u8]) -> Written {
+        Ok(Value::List(
+            v.iter().map(|&b| Value::Int(b.into())).collect(),
+        ))
     }
 
-    /// The keys in order.
-    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
-        self.entries.iter().map(|(k, _)| k.as_str())
+    fn serialize_none(self) -> Written {
+        Ok(Value::None)
     }
 
-    /// Number of entries.
-    pub fn len(&self) -> usize {
-        self.entries.len()
+    fn serialize_some<T: Serialize + ?Sized>(self, v: &T) -> Written {
+        v.serialize(self)
     }
 
-    /// Whether it has no entries.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+    fn serialize_unit(self) -> Written {
+        Ok(Value::None)
+    }
+
+    fn serialize_unit_struct(self, _: &'static str) -> Written {
+        Ok(Value::None)
+    }
+
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Written {
+        Ok(Value::Str(variant.into()))
+    }
+
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, v: &T) -> Written {
+        v.serialize(self)
+    }
+
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        v: &T,
+    ) -> Written {
+        Ok(Value::Dict(vec![(variant.into(), v.serialize(self)?)]))
+    }
+
+    fn serialize_seq(self, _: Option<usize>) -> std::result::Result<Collect, WriteError> {
+        Ok(Collect::default())
+    }
+
+    fn serialize_tuple(self, _: usize) -> std::result::Result<Collect, WriteError> {
+        Ok(Collect::default())
+    }
+
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> std::result::Result<Collect, WriteError> {
+        Ok(Collect::default())
+    }
+
+    fn serialize_tuple_variant(
+        self,
+        name: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> std::result::Result<Self::SerializeTupleVariant, WriteError> {
+        Err(ser::Error::custom(format!(
+            "{name}: a tuple variant has no tree"
+        )))
+    }
+
+    fn serialize_map(self, _: Option<usize>) -> std::result::Result<Collect, WriteError> {
+        Ok(Collect::default())
+    }
+
+    fn serialize_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> std::result::Result<Collect, WriteError> {
+        Ok(Collect::default())
+    }
+
+    fn serialize_struct_variant(
+        self,
+        name: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> std::result::Result<Self::SerializeStructVariant, WriteError> {
+        Err(ser::Error::custom(format!(
+            "{name}: a struct variant has no tree"
+        )))
     }
 }
 
-impl IntoIterator for Map {
-    type Item = (String, Value);
-    type IntoIter = std::vec::IntoIter<(String, Value)>;
+/// The sequence forms share one body: an item appended.
+macro_rules! write_items {
+    ($($trait:ident :: $method:ident),*) => {$(
+        impl ser::$trait for Collect {
+            type Ok = Value;
+            type Error = WriteError;
 
-    fn into_iter(self) -> Self::IntoIter {
-        self.entries.into_iter()
-    }
-}
+            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> std::result::Result<(), WriteError> {
+                self.items.push(v.serialize(Writer)?);
+                Ok(())
+            }
 
-impl FromIterator<(String, Value)> for Map {
-    fn from_iter<I: IntoIterator<Item = (String, Value)>>(iter: I) -> Self {
-        let mut map = Map::new();
-        for (k, v) in iter {
-            map.insert(k, v);
-        }
-        map
-    }
-}
-
-macro_rules! int_values {
-    ($($t:ty),*) => {$(
-        impl From<$t> for Value {
-            fn from(v: $t) -> Value {
-                Value::Int(i128::from(v))
+            fn end(self) -> Written {
+                Ok(Value::List(self.items))
             }
         }
     )*};
 }
-int_values!(u8, u32, u64, i32, i64, i128);
+write_items!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field
+);
 
-impl From<usize> for Value {
-    fn from(v: usize) -> Value {
-        // `usize` is at most 64 bits on every supported platform: exact.
-        Value::Int(v as i128)
-    }
-}
+impl ser::SerializeMap for Collect {
+    type Ok = Value;
+    type Error = WriteError;
 
-impl From<f64> for Value {
-    fn from(v: f64) -> Value {
-        Value::Float(v)
-    }
-}
-
-impl From<bool> for Value {
-    fn from(v: bool) -> Value {
-        Value::Bool(v)
-    }
-}
-
-impl From<&str> for Value {
-    fn from(v: &str) -> Value {
-        Value::Str(v.into())
-    }
-}
-
-impl From<String> for Value {
-    fn from(v: String) -> Value {
-        Value::Str(v)
-    }
-}
-
-impl From<Map> for Value {
-    fn from(v: Map) -> Value {
-        Value::Map(v)
-    }
-}
-
-impl<T: Into<Value>> From<Vec<T>> for Value {
-    fn from(v: Vec<T>) -> Value {
-        Value::List(v.into_iter().map(Into::into).collect())
-    }
-}
-
-impl<T: Into<Value>> From<Option<T>> for Value {
-    fn from(v: Option<T>) -> Value {
-        v.map_or(Value::None, Into::into)
-    }
-}
-
-/// The full range of `u64`, for [`Fields::int`].
-pub const U64: (i128, i128) = (0, u64::MAX as i128);
-/// The full range of `i128`, for [`Fields::int`].
-pub const I128: (i128, i128) = (i128::MIN, i128::MAX);
-
-/// A map of a tree being read: every error names `argument` and the path from its root.
-#[derive(Clone, Copy, Debug)]
-pub struct Fields<'a> {
-    map: &'a Map,
-    argument: &'static str,
-    path: Path<'a>,
-}
-
-/// Where a value sits below the argument: a linked list of keys, printed `["a"]["b"]`.
-#[derive(Clone, Copy, Debug)]
-struct Path<'a> {
-    key: Option<&'a str>,
-    parent: Option<&'a Path<'a>>,
-}
-
-impl std::fmt::Display for Path<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(parent) = self.parent {
-            write!(f, "{parent}")?;
-        }
-        match self.key {
-            Some(key) => write!(f, "[{key:?}]"),
-            None => Ok(()),
+    fn serialize_key<T: Serialize + ?Sized>(
+        &mut self,
+        key: &T,
+    ) -> std::result::Result<(), WriteError> {
+        match key.serialize(Writer)? {
+            Value::Str(key) => {
+                self.entries.push((key, Value::None));
+                Ok(())
+            }
+            other => Err(ser::Error::custom(format!(
+                "a dict key is a {}",
+                other.type_name()
+            ))),
         }
     }
+
+    fn serialize_value<T: Serialize + ?Sized>(
+        &mut self,
+        v: &T,
+    ) -> std::result::Result<(), WriteError> {
+        match self.entries.last_mut() {
+            Some(entry) => entry.1 = v.serialize(Writer)?,
+            None => return Err(ser::Error::custom("a dict value without its key")),
+        }
+        Ok(())
+    }
+
+    fn end(self) -> Written {
+        Ok(Value::Dict(self.entries))
+    }
 }
 
-/// The integer `value` in `min..=max` as a `T`, or the error for `at` (a bool or a non-integer
-/// is a type error, a value out of range a value error).
-fn int_in<T: TryFrom<i128>>(
-    value: &Value,
+impl ser::SerializeStruct for Collect {
+    type Ok = Value;
+    type Error = WriteError;
+
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        v: &T,
+    ) -> std::result::Result<(), WriteError> {
+        self.entries.push((key.into(), v.serialize(Writer)?));
+        Ok(())
+    }
+
+    fn end(self) -> Written {
+        Ok(Value::Dict(self.entries))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading: a `Deserialize` value from a tree, every bad value named by its path.
+
+/// `T` from `tree`, as [`to_value`] writes it: a struct's dict holds each of its fields (unless
+/// serde gives the field a default) and nothing else, a number may be an int or a float (an int
+/// converts as Python's `float()` does; a bool is no number), an integer is in its type's
+/// range. A wrong type is an [`ErrorKind::Type`] error, anything else of `kind`; the error
+/// names `argument` and the path of the bad value.
+pub fn from_value<T: DeserializeOwned>(
+    tree: &Value,
     argument: &'static str,
-    at: &dyn std::fmt::Display,
-    (min, max): (i128, i128),
+    kind: ErrorKind,
 ) -> Result<T> {
-    let range = || format!("{at} must be an integer in {min}..={max}");
-    let v = match value {
-        Value::Int(v) if (min..=max).contains(v) => *v,
-        Value::Int(v) => return Err(Error::value(argument, format!("{}, got {v}", range()))),
-        Value::BigInt { text, .. } => {
-            return Err(Error::value(argument, format!("{}, got {text}", range())))
+    from_value_at(tree, &[], argument, kind)
+}
+
+/// [`from_value`] of the value that sits at `path` in what `argument` names (its errors name the
+/// whole path).
+pub fn from_value_at<T: DeserializeOwned>(
+    tree: &Value,
+    path: &[&str],
+    argument: &'static str,
+    kind: ErrorKind,
+) -> Result<T> {
+    T::deserialize(At(tree)).map_err(|mut e| {
+        e.path
+            .extend(path.iter().rev().map(|key| format!("[{key:?}]")));
+        let at: String = e.path.iter().rev().map(String::as_str).collect();
+        let message = match at.is_empty() {
+            true => e.message,
+            false => format!("{at} {}", e.message),
+        };
+        Error::new(
+            if e.wrong_type { ErrorKind::Type } else { kind },
+            argument,
+            message,
+        )
+    })
+}
+
+/// A bad value: what is wrong, and where (the path's steps `["key"]` or `[index]`, innermost
+/// first as the error rises).
+#[derive(Debug)]
+struct ReadError {
+    wrong_type: bool,
+    message: String,
+    path: Vec<String>,
+}
+
+impl ReadError {
+    fn new(wrong_type: bool, message: String) -> Self {
+        ReadError {
+            wrong_type,
+            message,
+            path: Vec::new(),
         }
-        other => {
-            return Err(Error::type_error(
-                argument,
-                format!("{at} must be an integer, got {}", other.describe()),
-            ))
+    }
+
+    fn under(mut self, step: String) -> Self {
+        self.path.push(step);
+        self
+    }
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// What `expected` (serde's words for what a visitor takes) is in a message, and the range
+/// of an integer type.
+fn expectation(expected: &dyn de::Expected) -> (String, Option<String>) {
+    let text = expected.to_string();
+    let range = |min: i128, max: u128| Some(format!("{min}..={max}"));
+    match text.as_str() {
+        "f32" | "f64" => ("a number".into(), None),
+        "u8" => ("an integer".into(), range(0, u8::MAX.into())),
+        "u16" => ("an integer".into(), range(0, u16::MAX.into())),
+        "u32" => ("an integer".into(), range(0, u32::MAX.into())),
+        "u64" | "usize" => ("an integer".into(), range(0, u64::MAX.into())),
+        "i64" => (
+            "an integer".into(),
+            range(i64::MIN.into(), i64::MAX as u128),
+        ),
+        "i128" => ("an integer".into(), range(i128::MIN, i128::MAX as u128)),
+        "a boolean" => ("a bool".into(), None),
+        "a string" | "a borrowed string" | "a character" => ("a string".into(), None),
+        "a sequence" => ("a list".into(), None),
+        _ => (text, None),
+    }
+}
+
+impl de::Error for ReadError {
+    fn custom<T: std::fmt::Display>(message: T) -> Self {
+        ReadError::new(false, message.to_string())
+    }
+
+    fn invalid_type(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
+        if let Unexpected::Other(text) = got {
+            if text.starts_with("integer `") {
+                // An integer beyond what the type's visitor takes: out of its range.
+                return Self::invalid_value(got, expected);
+            }
+        }
+        let (what, _) = expectation(expected);
+        ReadError::new(true, format!("must be {what}, got {}", describe(got)))
+    }
+
+    fn invalid_value(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
+        let (what, range) = expectation(expected);
+        let got = match got {
+            Unexpected::Signed(v) => v.to_string(),
+            Unexpected::Unsigned(v) => v.to_string(),
+            Unexpected::Other(text) => text
+                .trim_start_matches("integer `")
+                .split('`')
+                .next()
+                .unwrap_or(text)
+                .into(),
+            other => describe(other),
+        };
+        let what = match range {
+            Some(range) => format!("{what} in {range}"),
+            None => what,
+        };
+        ReadError::new(false, format!("must be {what}, got {got}"))
+    }
+
+    fn missing_field(field: &'static str) -> Self {
+        ReadError::new(false, "is missing".into()).under(format!("[{field:?}]"))
+    }
+
+    fn unknown_variant(variant: &str, expected: &'static [&'static str]) -> Self {
+        let names: Vec<String> = expected.iter().map(|name| format!("{name:?}")).collect();
+        let choices = match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.concat(),
+        };
+        ReadError::new(false, format!("must be {choices}, got {variant:?}"))
+    }
+}
+
+/// The deserializer of [`from_value`]: one value of the tree.
+struct At<'a>(&'a Value);
+
+type Read<T> = std::result::Result<T, ReadError>;
+
+impl<'de> de::Deserializer<'de> for At<'_> {
+    type Error = ReadError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Read<V::Value> {
+        match self.0 {
+            Value::None => visitor.visit_unit(),
+            Value::Bool(b) => visitor.visit_bool(*b),
+            // The narrowest form: serde's visitors of every integer and float type take these.
+            Value::Int(v) => match (i64::try_from(*v), u64::try_from(*v)) {
+                (Ok(v), _) => visitor.visit_i64(v),
+                (_, Ok(v)) => visitor.visit_u64(v),
+                _ => visitor.visit_i128(*v),
+            },
+            Value::BigInt { float: Some(v), .. } => visitor.visit_f64(*v),
+            Value::BigInt { text, float: None } => {
+                Err(de::Error::invalid_value(Unexpected::Other(text), &visitor))
+            }
+            Value::Float(v) => visitor.visit_f64(*v),
+            Value::Str(s) => visitor.visit_str(s),
+            Value::List(items) => visitor.visit_seq(Items(items.iter().enumerate())),
+            Value::Dict(entries) => visitor.visit_map(Entries(entries.iter(), None)),
+            Value::Other { type_name, text } => Err(de::Error::invalid_type(
+                Unexpected::Other(&format!("{type_name} ({text})")),
+                &visitor,
+            )),
+        }
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Read<V::Value> {
+        match self.0 {
+            Value::None => visitor.visit_none(),
+            _ => visitor.visit_some(self),
+        }
+    }
+
+    /// A struct's dict: a key that none of its `fields` names is refused (read or refused,
+    /// never dropped) before any field is read.
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Read<V::Value> {
+        let Value::Dict(entries) = self.0 else {
+            let got = self.0.type_name();
+            return Err(ReadError::new(true, format!("must be a dict, got {got}")));
+        };
+        if let Some((key, _)) = entries
+            .iter()
+            .find(|(key, _)| !fields.contains(&key.as_str()))
+        {
+            let message = format!("is not a field (the fields: {})", fields.join(", "));
+            return Err(ReadError::new(false, message).under(format!("[{key:?}]")));
+        }
+        visitor.visit_map(Entries(entries.iter(), None))
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        visitor: V,
+    ) -> Read<V::Value> {
+        match self.0 {
+            Value::Str(name) => visitor.visit_enum(name.as_str().into_deserializer()),
+            _ => self.deserialize_any(visitor),
+        }
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf unit
+        unit_struct newtype_struct seq tuple tuple_struct map identifier ignored_any
+    }
+}
+
+/// A list's items being read.
+struct Items<'a>(std::iter::Enumerate<std::slice::Iter<'a, Value>>);
+
+impl<'de> de::SeqAccess<'de> for Items<'_> {
+    type Error = ReadError;
+
+    fn next_element_seed<T: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Read<Option<T::Value>> {
+        self.0
+            .next()
+            .map(|(i, item)| {
+                seed.deserialize(At(item))
+                    .map_err(|e| e.under(format!("[{i}]")))
+            })
+            .transpose()
+    }
+}
+
+/// A dict's entries being read (and the one whose value is next).
+struct Entries<'a>(
+    std::slice::Iter<'a, (String, Value)>,
+    Option<&'a (String, Value)>,
+);
+
+impl<'de> de::MapAccess<'de> for Entries<'_> {
+    type Error = ReadError;
+
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Read<Option<K::Value>> {
+        self.1 = self.0.next();
+        self.1
+            .map(|(key, _)| seed.deserialize(key.as_str().into_deserializer()))
+            .transpose()
+    }
+
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Read<V::Value> {
+        let (key, value) = self
+            .1
+            .ok_or_else(|| ReadError::new(false, "a value without its key".into()))?;
+        seed.deserialize(At(value))
+            .map_err(|e| e.under(format!("[{key:?}]")))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bytes: a tree as a self-describing binary.
+
+/// Deeper than any state nests (a `state_dict` is three levels).
+const MAX_DEPTH: usize = 16;
+
+/// Appends `tree` as bytes (little-endian): a tag byte, then `None` 0, `False` 1, `True` 2, an
+/// int 3 (16 bytes), a float 4 (8 bytes), a string 5 (`u64` length, UTF-8), a list 6 (`u64`
+/// count, items), a dict 7 (`u64` count, then each key as a string without its tag, and its
+/// value); an integer beyond `i128` 8 and a value of another type 9 (their texts). Each number
+/// has one width, so a state's length does not depend on its values.
+pub fn encode(tree: &Value, out: &mut Vec<u8>) {
+    fn text(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    match tree {
+        Value::None => out.push(0),
+        Value::Bool(b) => out.push(1 + u8::from(*b)),
+        Value::Int(v) => {
+            out.push(3);
+            out.extend(v.to_le_bytes());
+        }
+        Value::Float(v) => {
+            out.push(4);
+            out.extend(v.to_le_bytes());
+        }
+        Value::Str(s) => {
+            out.push(5);
+            text(out, s);
+        }
+        Value::List(items) => {
+            out.push(6);
+            out.extend((items.len() as u64).to_le_bytes());
+            items.iter().for_each(|item| encode(item, out));
+        }
+        Value::Dict(entries) => {
+            out.push(7);
+            out.extend((entries.len() as u64).to_le_bytes());
+            for (key, value) in entries {
+                text(out, key);
+                encode(value, out);
+            }
+        }
+        Value::BigInt { text: t, .. } => {
+            out.push(8);
+            text(out, t);
+        }
+        Value::Other { type_name, text: t } => {
+            out.push(9);
+            text(out, type_name);
+            text(out, t);
+        }
+    }
+}
+
+/// The tree [`encode`] wrote, which must fill `bytes` exactly; anything else is an error of
+/// kind `State` naming `data`.
+pub fn decode(bytes: &[u8]) -> Result<Value> {
+    let mut reader = Reader { bytes };
+    let tree = read(&mut reader, 0)?;
+    reader.finish()?;
+    Ok(tree)
+}
+
+fn read(r: &mut Reader<'_>, depth: usize) -> Result<Value> {
+    let broken = |why: String| Error::state(DATA, why);
+    if depth > MAX_DEPTH {
+        return Err(broken(format!(
+            "values nest deeper than {MAX_DEPTH} levels"
+        )));
+    }
+    // A count of items at least `least` bytes long each, refused before any allocation if the
+    // data cannot hold it.
+    let count = |r: &mut Reader<'_>, least: usize| -> Result<usize> {
+        let n = r.u64("a length")?;
+        match usize::try_from(n) {
+            Ok(n) if n <= r.bytes.len() / least => Ok(n),
+            _ => Err(broken(format!("a length of {n} exceeds the data"))),
         }
     };
-    T::try_from(v).map_err(|_| Error::value(argument, format!("{at}: {v} is out of range")))
-}
-
-/// The number `value` (an int converts as Python's `float()` does), or the error for `at`.
-fn float_of(value: &Value, argument: &'static str, at: &dyn std::fmt::Display) -> Result<f64> {
-    match value {
-        Value::Float(v) => Ok(*v),
-        // Round to nearest, ties to even: Python's float(int).
-        Value::Int(v) => Ok(*v as f64),
-        Value::BigInt { float: Some(v), .. } => Ok(*v),
-        Value::BigInt { text, float: None } => Err(Error::value(
-            argument,
-            format!("{at}: {text} is too large for a float"),
-        )),
-        other => Err(Error::type_error(
-            argument,
-            format!("{at} must be a number, got {}", other.describe()),
-        )),
-    }
-}
-
-/// A path with an index appended (`["n"][3]`).
-struct Indexed<'a>(&'a Path<'a>, usize);
-
-impl std::fmt::Display for Indexed<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}[{}]", self.0, self.1)
-    }
-}
-
-impl<'a> Fields<'a> {
-    /// The root `value`, which must be a map; otherwise a type error for `argument` saying
-    /// `expected` (and what it got).
-    pub fn root(value: &'a Value, argument: &'static str, expected: &str) -> Result<Fields<'a>> {
-        match value {
-            Value::Map(map) => Ok(Fields {
-                map,
-                argument,
-                path: Path {
-                    key: None,
-                    parent: None,
-                },
-            }),
-            other => Err(Error::type_error(
-                argument,
-                format!("{expected}, got {}", other.type_name()),
-            )),
+    let text = |r: &mut Reader<'_>| -> Result<String> {
+        let n = count(r, 1)?;
+        let (head, rest) = r.bytes.split_at(n);
+        r.bytes = rest;
+        String::from_utf8(head.to_vec()).map_err(|_| broken("a string is not UTF-8".into()))
+    };
+    Ok(match r.u8("a tag")? {
+        0 => Value::None,
+        1 => Value::Bool(false),
+        2 => Value::Bool(true),
+        3 => Value::Int(r.i128("an int")?),
+        4 => Value::Float(r.f64("a float")?),
+        5 => Value::Str(text(r)?),
+        6 => {
+            let n = count(r, 1)?;
+            Value::List((0..n).map(|_| read(r, depth + 1)).collect::<Result<_>>()?)
         }
-    }
-
-    /// The argument errors name.
-    pub fn argument(&self) -> &'static str {
-        self.argument
-    }
-
-    /// The underlying map.
-    pub fn as_map(&self) -> &'a Map {
-        self.map
-    }
-
-    /// An error of `kind` about the value at `key` (`message` follows its path).
-    pub fn error(&self, kind: ErrorKind, key: &str, message: impl std::fmt::Display) -> Error {
-        let at = Path {
-            key: Some(key),
-            parent: Some(&self.path),
-        };
-        Error::new(kind, self.argument, format!("{at} {message}"))
-    }
-
-    fn at(&'a self, key: &'a str) -> Path<'a> {
-        Path {
-            key: Some(key),
-            parent: Some(&self.path),
+        7 => {
+            let n = count(r, 9)?;
+            let mut entries: Vec<(String, Value)> = Vec::with_capacity(n);
+            for _ in 0..n {
+                let key = text(r)?;
+                if entries.iter().any(|(k, _)| *k == key) {
+                    return Err(broken(format!("the key {key:?} appears twice")));
+                }
+                entries.push((key, read(r, depth + 1)?));
+            }
+            Value::Dict(entries)
         }
-    }
-
-    /// The value of `key`; a value error if it is missing.
-    pub fn get(&self, key: &str) -> Result<&'a Value> {
-        self.map.get(key).ok_or_else(|| {
-            Error::value(
-                self.argument,
-                format!(
-                    "{} is missing",
-                    Path {
-                        key: Some(key),
-                        parent: Some(&self.path)
-                    }
-                ),
-            )
-        })
-    }
-
-    /// The map at `key`.
-    pub fn map(&'a self, key: &'a str) -> Result<Fields<'a>> {
-        match self.get(key)? {
-            Value::Map(map) => Ok(Fields {
-                map,
-                argument: self.argument,
-                path: Path {
-                    key: Some(key),
-                    parent: Some(&self.path),
-                },
-            }),
-            other => Err(Error::type_error(
-                self.argument,
-                format!("{} must be a dict, got {}", self.at(key), other.type_name()),
-            )),
-        }
-    }
-
-    /// The string at `key`.
-    pub fn string(&self, key: &str) -> Result<&'a str> {
-        match self.get(key)? {
-            Value::Str(s) => Ok(s),
-            other => Err(Error::type_error(
-                self.argument,
-                format!(
-                    "{} must be a string, got {}",
-                    self.at(key),
-                    other.describe()
-                ),
-            )),
-        }
-    }
-
-    /// The integer at `key`, in `min..=max`, as a `T`.
-    pub fn int<T: TryFrom<i128>>(&self, key: &str, range: (i128, i128)) -> Result<T> {
-        int_in(self.get(key)?, self.argument, &self.at(key), range)
-    }
-
-    /// The integer at `key` as [`Fields::int`], or `None` where the value is `None`.
-    pub fn optional_int<T: TryFrom<i128>>(
-        &self,
-        key: &str,
-        range: (i128, i128),
-    ) -> Result<Option<T>> {
-        match self.get(key)? {
-            Value::None => Ok(None),
-            value => int_in(value, self.argument, &self.at(key), range).map(Some),
-        }
-    }
-
-    /// The number at `key`.
-    pub fn float(&self, key: &str) -> Result<f64> {
-        float_of(self.get(key)?, self.argument, &self.at(key))
-    }
-
-    fn list(&self, key: &str) -> Result<&'a [Value]> {
-        match self.get(key)? {
-            Value::List(items) => Ok(items),
-            other => Err(Error::type_error(
-                self.argument,
-                format!("{} must be a list, got {}", self.at(key), other.describe()),
-            )),
-        }
-    }
-
-    /// The list of integers at `key`, each in `min..=max`.
-    pub fn ints<T: TryFrom<i128>>(&self, key: &str, range: (i128, i128)) -> Result<Vec<T>> {
-        let at = self.at(key);
-        self.list(key)?
-            .iter()
-            .enumerate()
-            .map(|(i, v)| int_in(v, self.argument, &Indexed(&at, i), range))
-            .collect()
-    }
-
-    /// The list of numbers at `key`.
-    pub fn floats(&self, key: &str) -> Result<Vec<f64>> {
-        let at = self.at(key);
-        self.list(key)?
-            .iter()
-            .enumerate()
-            .map(|(i, v)| float_of(v, self.argument, &Indexed(&at, i)))
-            .collect()
-    }
+        8 => Value::BigInt {
+            text: text(r)?,
+            float: None,
+        },
+        9 => Value::Other {
+            type_name: text(r)?,
+            text: text(r)?,
+        },
+        tag => return Err(broken(format!("unknown value tag {tag}"))),
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tree(entries: Vec<(&str, Value)>) -> Value {
-        Value::Map(entries.into_iter().map(|(k, v)| (k.into(), v)).collect())
-    }
-
-    #[test]
-    fn insert_keeps_the_first_position_of_a_key() {
-        let mut m = Map::new();
-        m.insert("b", 1u64);
-        m.insert("a", 2u64);
-        m.insert("b", 3u64);
-        assert_eq!(m.keys().collect::<Vec<_>>(), ["b", "a"]);
-        assert_eq!(m.get("b"), Some(&Value::Int(3)));
-    }
-
-    #[test]
-    fn readers_name_the_argument_and_the_path() {
-        let inner = tree(vec![
-            ("flag", Value::Bool(true)),
-            ("x", Value::Str("s".into())),
-            ("n", vec![Value::Int(1), Value::Int(-1)].into()),
-            (
-                "big",
-                Value::BigInt {
-                    text: "10**40".into(),
-                    float: Some(1e40),
-                },
-            ),
-            (
-                "huge",
-                Value::BigInt {
-                    text: "10**400".into(),
-                    float: None,
-                },
-            ),
-            ("none", Value::None),
-        ]);
-        let root = tree(vec![("config", inner)]);
-        let f = Fields::root(&root, "state", "expected a dict").unwrap();
-        let c = f.map("config").unwrap();
-        let err = c.int::<u64>("flag", U64).unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Type);
-        assert_eq!(
-            err.to_string(),
-            "state: [\"config\"][\"flag\"] must be an integer, got bool (True)"
-        );
-        let err = c.float("flag").unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Type);
-        let err = c.ints::<u64>("n", U64).unwrap_err();
-        assert_eq!(err.kind, ErrorKind::Value);
-        assert_eq!(
-            err.to_string(),
-            "state: [\"config\"][\"n\"][1] must be an integer in 0..=18446744073709551615, got -1"
-        );
-        assert_eq!(c.ints::<i64>("n", I128).unwrap(), [1, -1]);
-        assert_eq!(c.floats("n").unwrap(), [1.0, -1.0]);
-        assert_eq!(c.float("big").unwrap(), 1e40);
-        assert_eq!(c.float("huge").unwrap_err().kind, ErrorKind::Value);
-        assert_eq!(c.int::<u64>("big", U64).unwrap_err().kind, ErrorKind::Value);
-        assert_eq!(c.optional_int::<u64>("none", U64).unwrap(), None);
-        assert_eq!(c.string("x").unwrap(), "s");
-        assert_eq!(c.string("n").unwrap_err().kind, ErrorKind::Type);
-        assert_eq!(
-            c.get("absent").unwrap_err().to_string(),
-            "state: [\"config\"][\"absent\"] is missing"
-        );
-        assert_eq!(f.map("absent").unwrap_err().kind, ErrorKind::Value);
-        let err = Fields::root(&Value::List(vec![]), "state", "expected a dict").unwrap_err();
-        assert_eq!(
-            (err.kind, err.to_string()),
-            (ErrorKind::Type, "state: expected a dict, got list".into())
-        );
-        // An int out of the target type's range (not of the given range) is a value error.
-        let root = tree(vec![("v", Value::Int(300))]);
-        let f = Fields::root(&root, "state", "x").unwrap();
-        assert_eq!(f.int::<u8>("v", U64).unwrap_err().kind, ErrorKind::Value);
-    }
-
-    #[test]
-    fn floats_print_as_python_does() {
-        assert_eq!(float_text(2.0), "2.0");
-        assert_eq!(float_text(-0.5), "-0.5");
-        assert_eq!(float_text(f64::INFINITY), "inf");
-        assert_eq!(float_text(f64::NAN), "nan");
-    }
-}
+mod tests;

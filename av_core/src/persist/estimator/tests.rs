@@ -1,0 +1,160 @@
+use super::*;
+use crate::persist::{crc32, FRAME_LEN};
+use crate::MatrixView;
+use proptest::prelude::*;
+
+fn sample_state(config: EstimatorConfig) -> EstimatorState {
+    let est = AcceptanceEstimator::new(config).unwrap();
+    let x = [1.0f32, -2.0, 3.5, 0.25, 8.0, -1.0];
+    let view = || MatrixView::new("f", &x, 2, 3).unwrap();
+    est.observe::<f32, f32>(view(), &[3, 2], &[1, 2], None)
+        .unwrap();
+    est.refit();
+    est.observe::<f32, f32>(view(), &[2, 1], &[0, 1], None)
+        .unwrap();
+    est.state()
+}
+
+fn configs() -> [EstimatorConfig; 3] {
+    let mut manual = EstimatorConfig::map(3);
+    manual.refit_interval = None;
+    [
+        EstimatorConfig::new(3),
+        EstimatorConfig::version_1(3),
+        manual,
+    ]
+}
+
+/// `payload` framed as `version` with a valid checksum.
+fn framed(version: u32, payload: &[u8]) -> Vec<u8> {
+    frame(Kind::Estimator, version, payload)
+}
+
+#[test]
+fn round_trips() {
+    for config in configs() {
+        let state = sample_state(config);
+        assert_eq!(decode(&encode(&state)).unwrap(), state);
+    }
+}
+
+#[test]
+fn every_truncation_and_every_bit_flip_is_refused() {
+    let mut config = EstimatorConfig::new(3);
+    config.bins = 4; // every byte of the map state, in fewer of them
+    let bytes = encode(&sample_state(config));
+    for cut in 0..bytes.len() {
+        assert!(decode(&bytes[..cut]).is_err(), "truncated at {cut}");
+    }
+    for i in 0..bytes.len() {
+        for bit in 0..8 {
+            let mut corrupt = bytes.clone();
+            corrupt[i] ^= 1 << bit;
+            assert!(decode(&corrupt).is_err(), "flip at byte {i} bit {bit}");
+        }
+    }
+}
+
+#[test]
+fn trailing_bytes_are_refused_after_the_frame_and_inside_it() {
+    for config in configs() {
+        let bytes = encode(&sample_state(config));
+        for pad in [&[0u8][..], &[0; 4], &[0xFF; 9], &bytes[..24]] {
+            // After the checksum: the frame's length no longer adds up.
+            let mut padded = bytes.clone();
+            padded.extend_from_slice(pad);
+            let err = decode(&padded).unwrap_err();
+            assert!(err.message.contains("length mismatch"), "{err}");
+            // Inside the payload, behind a header and checksum that agree with it.
+            let mut payload = bytes[FRAME_LEN - 4..bytes.len() - 4].to_vec();
+            payload.extend_from_slice(pad);
+            let err = decode(&framed(FORMAT_VERSION, &payload)).unwrap_err();
+            assert_eq!(err.argument, "data");
+            assert!(err.message.contains("unexpected bytes"), "{err}");
+        }
+    }
+}
+
+#[test]
+fn the_length_depends_on_the_configuration_only() {
+    for config in configs() {
+        let fresh = AcceptanceEstimator::new(config.clone()).unwrap().to_bytes();
+        assert_eq!(encode(&sample_state(config.clone())).len(), fresh.len());
+        assert_eq!(encoded_len(&config).unwrap(), fresh.len());
+    }
+    // A map state's length grows with its bins; vLLM's update keeps none (at 64, the default,
+    // its state is format version 1's, with fewer configuration fields).
+    let lengths = [16, 64, 256].map(|bins| {
+        let mut map = EstimatorConfig::map(4);
+        map.bins = bins;
+        let mut vllm = EstimatorConfig::vllm(4);
+        vllm.bins = bins;
+        (encoded_len(&map).unwrap(), encoded_len(&vllm).unwrap())
+    });
+    assert!(lengths[0].0 < lengths[1].0 && lengths[1].0 < lengths[2].0);
+    assert!(lengths[0].1 == lengths[2].1 && lengths[1].1 < lengths[2].1);
+    // 78 bytes per bin and position: three integer and three float columns.
+    assert_eq!(lengths[2].0 - lengths[1].0, 78 * 4 * (256 - 64));
+}
+
+#[test]
+fn the_longest_state_is_within_the_bound() {
+    let mut config = EstimatorConfig::map(EstimatorConfig::MAX_POSITIONS);
+    config.bins = MAX_BINS;
+    let len = encoded_len(&config).unwrap();
+    assert!(len <= MAX_ENCODED_LEN, "{len} > {MAX_ENCODED_LEN}");
+    assert!(
+        len > MAX_ENCODED_LEN - 32 * 1024,
+        "{len} is far below {MAX_ENCODED_LEN}"
+    );
+}
+
+#[test]
+fn future_versions_are_refused_by_name() {
+    let mut bytes = encode(&sample_state(EstimatorConfig::new(3)));
+    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
+    let err = decode(&bytes).unwrap_err();
+    assert!(err.message.contains("format version 4"), "{err}");
+}
+
+#[test]
+fn a_tree_error_names_data_and_the_path() {
+    let state = sample_state(EstimatorConfig::new(3));
+    let mut tree = state_dict::encode(&state);
+    if let Value::Dict(entries) = &mut tree {
+        entries.push(("extra".into(), Value::Int(1)));
+    }
+    let mut payload = Vec::new();
+    tree::encode(&tree, &mut payload);
+    let err = decode(&framed(FORMAT_VERSION, &payload)).unwrap_err();
+    assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
+    assert!(
+        err.message.starts_with("[\"extra\"] is not a field"),
+        "{err}"
+    );
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        if let Ok(state) = decode(&bytes) {
+            let _ = AcceptanceEstimator::from_state(&state);
+        }
+    }
+
+    #[test]
+    fn arbitrary_payloads_behind_a_valid_header_never_panic(
+        version in 1u32..=3,
+        payload in proptest::collection::vec(any::<u8>(), 0..600),
+    ) {
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend(version.to_le_bytes());
+        bytes.extend((payload.len() as u64).to_le_bytes());
+        bytes.extend(&payload);
+        let checksum = crc32(&bytes);
+        bytes.extend(checksum.to_le_bytes());
+        if let Ok(state) = decode(&bytes) {
+            let _ = AcceptanceEstimator::from_state(&state);
+        }
+    }
+}
