@@ -1,7 +1,15 @@
 """Runs every benchmark, writes benches/results.json and benches/results.md, and (with
 --update-readme) replaces the benchmark table in README.md between its markers.
 
-    python benches/run.py [--quick] [--update-readme] [--figures-only]
+    python benches/run.py [--quick] [--update-readme] [--figures-only] [--only GLOB ...]
+
+``--only GLOB`` (repeatable) runs just the rows whose name matches a shell-style pattern, for
+example ``--only "whole step*" --only "VerificationPlanner.plan*"``, and merges them into the
+saved results: each re-run row replaces the saved row of the same name, the others stay, so the
+table and the figures keep every row. Modules whose ``run`` takes ``only`` time only the matching
+rows; a module without it runs only when a pattern names the module itself (``bench_stress``).
+A full run takes about three minutes on the 2-core development machine (the whole-step rows
+about 25 s of it).
 
 Time the module a user gets: the release profile (``pip install .``; fat LTO, one codegen unit).
 A build without LTO and with 16 codegen units made ``observe`` about 7× slower in one comparison
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib
+import inspect
 import json
 import os
 import platform
@@ -81,8 +90,26 @@ def normalize(module: str, row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_all(quick: bool) -> tuple[list[dict[str, Any]], list[str]]:
+def name_filter(patterns: list[str] | None) -> Any:
+    """Whether a row (or module) name matches one of the shell-style patterns (all without)."""
+    if not patterns:
+        return None
+    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _call(function: Any, quick: bool, only: Any) -> list[dict[str, Any]]:
+    if only is not None and "only" in inspect.signature(function).parameters:
+        rows: list[dict[str, Any]] = function(quick, only=only)
+        return rows
+    rows = function(quick)
+    return rows
+
+
+def run_all(
+    quick: bool, patterns: list[str] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
     sys.path.insert(0, str(HERE))
+    only = name_filter(patterns)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     for name in MODULES:
@@ -91,13 +118,33 @@ def run_all(quick: bool) -> tuple[list[dict[str, Any]], list[str]]:
         except ImportError as error:
             notes.append(f"{name}: skipped ({error})")
             continue
+        filters = "only" in inspect.signature(module.run).parameters
+        if only is not None and not filters and not only(name):
+            continue
         start = time.perf_counter()
-        module_rows = module.run(quick)
+        module_rows = _call(module.run, quick, only if filters else None)
         if hasattr(module, "scaling"):
-            module_rows = module_rows + module.scaling(quick)
+            module_rows = module_rows + _call(module.scaling, quick, only if filters else None)
         rows += [normalize(name, r) for r in module_rows]
         notes.append(f"{name}: {len(module_rows)} rows in {time.perf_counter() - start:.0f} s")
     return rows, notes
+
+
+def merged(saved: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The saved rows with each fresh row in place of the saved row of its name; fresh rows
+    without one follow the last saved row of their module (or come last)."""
+    by_name = {row["name"]: row for row in fresh}
+    out = [by_name.pop(row["name"], row) for row in saved]
+    for row in fresh:
+        if row["name"] not in by_name:
+            continue
+        at = max(
+            (i + 1 for i, saved_row in enumerate(out) if saved_row["module"] == row["module"]),
+            default=len(out),
+        )
+        out.insert(at, row)
+        del by_name[row["name"]]
+    return out
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -231,13 +278,28 @@ def main() -> None:
         action="store_true",
         help="refill the prose figures from the saved results.json; run nothing",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="GLOB",
+        help="run only the rows matching this pattern (repeatable); merge into the saved results",
+    )
     args = parser.parse_args()
     if args.figures_only:
         update_figures(json.loads((HERE / "results.json").read_text()))
         return
     start = time.perf_counter()
-    rows, notes = run_all(args.quick)
+    rows, notes = run_all(args.quick, args.only)
     notes.append(f"total {time.perf_counter() - start:.0f} s")
+    if args.only:
+        rows = merged(json.loads((HERE / "results.json").read_text()), rows)
+        saved_notes = [
+            line[2:]
+            for line in (HERE / "results.md").read_text().splitlines()
+            if line.startswith("- ")
+        ]
+        rerun = f"re-run {time.strftime('%Y-%m-%d')}: {', '.join(args.only)}"
+        notes = saved_notes + [f"{rerun} ({'; '.join(notes)})"]
     (HERE / "results.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     table = markdown(rows, notes)
     (HERE / "results.md").write_text(table)

@@ -50,10 +50,19 @@ def test_planner_benchmark_runs_and_agrees_with_numpy(benches: None) -> None:
         "plan R=256 K=8",
         "VerificationPlanner.plan R=256 K=8",
         "depth + plan R=256 K=8",
+        "whole step R=256 K=8",
+        "whole step / predict R=256 K=8",
     }
     for row in rows:
         assert row["median_us"] > 0 and row["reference_median_us"] > 0
+        if row["name"].startswith("whole step / predict"):
+            assert row["ratio"] == pytest.approx(row["median_us"] / row["reference_median_us"])
+            assert row["pass"] == (None if row["target"] is None else row["ratio"] <= 3)
+            continue
         assert row["speedup"] == pytest.approx(row["reference_median_us"] / row["median_us"])
+        if row["name"].startswith("whole step"):
+            assert row["pass"] == (None if row["target"] is None else row["speedup"] >= 30)
+            continue
         assert row["pass"] == (
             None if row["target"] is None else row["speedup"] >= 10 and row["median_us"] <= 5
         )

@@ -450,15 +450,21 @@ impl CostTables {
         // j ≥ K), so counting depths beyond K changes no bit of the sum; capping them keeps the
         // scratch at K + 1 entries whatever a caller passes.
         let cap = self.max_draft_depth().unwrap_or(1);
-        let deepest = depths.iter().copied().max().unwrap_or(0).min(cap);
-        if deepest == 0 {
-            return Ok(0.0);
-        }
         counts.clear();
-        counts.resize(deepest + 1, 0);
+        counts.resize(cap + 1, 0);
         for &d in depths {
             counts[d.min(cap)] += 1;
         }
+        self.draft_cost_of_depth_counts(counts)
+    }
+
+    /// [`Self::step_draft_cost_ms`] from how many requests draft each depth: `counts[d]`
+    /// requests draft `d` positions (`d` up to the depth table's `K`; at most `K + 1` entries).
+    /// `counts` is turned into the requests drafting at least each depth.
+    pub(crate) fn draft_cost_of_depth_counts(&self, counts: &mut [usize]) -> Result<f64> {
+        let Some(deepest) = counts.iter().rposition(|&c| c > 0).filter(|&d| d > 0) else {
+            return Ok(0.0);
+        };
         // counts[j] becomes R_j, the requests drafting at least j positions.
         for j in (1..deepest).rev() {
             counts[j] += counts[j + 1];
@@ -476,7 +482,7 @@ impl CostTables {
         }
         let mut cost = 0.0;
         let mut previous = 0.0;
-        for (j, &rows) in counts.iter().enumerate().skip(1) {
+        for (j, &rows) in counts.iter().enumerate().take(deepest + 1).skip(1) {
             let fraction = self.depth_fraction(j);
             if rows > 0 {
                 cost += self.draft_ms[rows] * (fraction - previous);

@@ -202,6 +202,33 @@ unsafe fn confidences_view<'a>(
     Ok(MatrixView::new(argument, data, num_rows, num_cols)?)
 }
 
+/// Runs a decision that writes one `int32` per request (`out.len()` of them) into a buffer of
+/// this thread's, then copies it to `out` once the decision succeeded (a rejected call writes
+/// nothing). Every decision goes through here, so none allocates per call.
+fn per_request<P, E: Into<FfiError>>(
+    out: OutSlice<'_, i32>,
+    decide: impl FnOnce(&mut [i32]) -> Result<P, E>,
+) -> FfiResult<P> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<i32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|cell| {
+        // A fresh buffer if this thread's is in use (a decision never calls back into C, so
+        // that does not happen; the fallback keeps it from being a panic).
+        let mut own = Vec::new();
+        let mut guard = cell.try_borrow_mut();
+        let buffer = match guard.as_mut() {
+            Ok(buffer) => &mut **buffer,
+            Err(_) => &mut own,
+        };
+        buffer.clear();
+        buffer.resize(out.len(), 0);
+        let decided = decide(buffer).map_err(Into::into)?;
+        out.write(buffer);
+        Ok(decided)
+    })
+}
+
 /// Fails if `admitted` overlaps any of the inputs.
 fn admitted_disjoint(
     admitted: &OutSlice<'_, i32>,
@@ -292,10 +319,9 @@ pub unsafe extern "C" fn avc_assign_draft_budget(
             )
         };
         admitted_disjoint(&out, confidences.data(), scheduled, None)?;
-        let mut result = vec![0i32; out.len()];
-        planner::assign_draft_budget(confidences, scheduled, budget, &mut result)?;
-        out.write(&result);
-        Ok(())
+        per_request(out, |admitted| {
+            planner::assign_draft_budget(confidences, scheduled, budget, admitted)
+        })
     })
 }
 
@@ -359,16 +385,16 @@ pub unsafe extern "C" fn avc_plan_verification(
         if let Some(view) = &budget_view {
             out.ensure_disjoint("admitted", view.data(), "budget_confidences")?;
         }
-        let mut result = vec![0i32; out.len()];
-        let decided = planner::plan_verification(
-            confidences,
-            budget_view,
-            scheduled,
-            &step.into(),
-            &tables.tables,
-            &mut result,
-        )?;
-        out.write(&result);
+        let decided = per_request(out, |admitted| {
+            planner::plan_verification(
+                confidences,
+                budget_view,
+                scheduled,
+                &step.into(),
+                &tables.tables,
+                admitted,
+            )
+        })?;
         plan.write(decided.into());
         Ok(())
     })
@@ -429,17 +455,17 @@ pub unsafe extern "C" fn avc_choose_draft_depth(
         let mode = depth_mode(mode)?;
         out.ensure_disjoint("depths", confidences.data(), "confidences")?;
         out.ensure_disjoint("depths", caps, "max_depths")?;
-        let mut result = vec![0i32; out.len()];
-        let decided = planner::choose_draft_depth(
-            confidences,
-            caps,
-            &step.into(),
-            &tables.tables,
-            mode,
-            &mut result,
-        )
-        .map_err(|error| depth_error(error, "tables", "have"))?;
-        out.write(&result);
+        let decided = per_request(out, |depths| {
+            planner::choose_draft_depth(
+                confidences,
+                caps,
+                &step.into(),
+                &tables.tables,
+                mode,
+                depths,
+            )
+            .map_err(|error| depth_error(error, "tables", "have"))
+        })?;
         plan.write(decided.into());
         Ok(())
     })
@@ -648,12 +674,11 @@ pub unsafe extern "C" fn avc_planner_plan(
             )
         };
         admitted_disjoint(&out, confidences.data(), scheduled, Some((slots, "slots")))?;
-        let mut result = vec![0i32; out.len()];
-        let decided =
+        let decided = per_request(out, |admitted| {
             handle
                 .lock()
-                .plan(slots, confidences, scheduled, &step.into(), &mut result)?;
-        out.write(&result);
+                .plan(slots, confidences, scheduled, &step.into(), admitted)
+        })?;
         plan.write(decided.into());
         Ok(())
     })
@@ -848,12 +873,12 @@ pub unsafe extern "C" fn avc_planner_choose_draft_depth(
         let mode = depth_mode(mode)?;
         out.ensure_disjoint("depths", slots, "slots")?;
         out.ensure_disjoint("depths", caps, "max_depths")?;
-        let mut result = vec![0i32; out.len()];
-        let decided = handle
-            .lock()
-            .choose_draft_depth(slots, caps, &step.into(), mode, &mut result)
-            .map_err(|error| depth_error(error, "planner", "its cost tables have"))?;
-        out.write(&result);
+        let decided = per_request(out, |depths| {
+            handle
+                .lock()
+                .choose_draft_depth(slots, caps, &step.into(), mode, depths)
+                .map_err(|error| depth_error(error, "planner", "its cost tables have"))
+        })?;
         plan.write(decided.into());
         Ok(())
     })

@@ -6,10 +6,13 @@
  *
  *   1. depth   the policy decides how many positions each request drafts, before the drafter
  *              runs (AV+D: avc_planner_choose_draft_depth from the confidences the planner
- *              remembers; fixed K: K; none: 0);
+ *              remembers; fixed K, AV, vLLM's AV and llama.cpp's: K; none: 0);
  *   2. draft   the drafter drafts in batched llama_decode calls, one per position; each draft
  *              token is sampled from q (the drafter's distribution under the sampling
- *              settings) and x = logit(q_max) comes from avc_draft_log_odds;
+ *              settings) and x = logit(q_max) comes from avc_draft_log_odds; llama.cpp's
+ *              policy drafts its most likely token instead (q one-hot) and stops a request
+ *              before a position whose top-10 confidence is below --p-min
+ *              (common/speculative.cpp), dropping a draft shorter than --n-min;
  *   3. plan    the estimator predicts acceptance from x and the planner admits a prefix of
  *              each request's drafts (avc_estimator_predict, avc_planner_plan);
  *   4. verify  ONE target llama_decode verifies every admitted draft of every request;
@@ -84,8 +87,9 @@ static void *checked_calloc(size_t count, size_t size) {
     return memory;
 }
 
-enum policy { POLICY_AVD, POLICY_AV, POLICY_FIXED, POLICY_NONE };
-static const char *const POLICY_NAMES[] = {"avd", "av", "fixed", "none"};
+enum policy { POLICY_AVD, POLICY_AV, POLICY_VLLM, POLICY_LLAMA, POLICY_FIXED, POLICY_NONE };
+static const char *const POLICY_NAMES[] = {"avd", "av", "vllm", "llama", "fixed", "none"};
+enum { N_POLICIES = sizeof POLICY_NAMES / sizeof POLICY_NAMES[0] };
 
 typedef struct {
     const char *target;
@@ -96,6 +100,8 @@ typedef struct {
     int new_tokens;
     int threads;
     int k;
+    int n_min;
+    float p_min;
     int n_ctx;
     enum policy policy;
     avc_depth_mode depth_mode;
@@ -119,8 +125,13 @@ static void usage(FILE *out) {
             "  --target GGUF         target model\n"
             "  --drafter GGUF        drafter model (same vocabulary)\n"
             "  --policy NAME         avd (av_core: depth + verification; default), av (fixed\n"
-            "                        depth K, av_core's verification budget), fixed (depth K,\n"
-            "                        verify all), none (no speculation)\n"
+            "                        depth K, av_core's verification budget), vllm (av with\n"
+            "                        vLLM's update and no exploration), llama (llama.cpp's\n"
+            "                        draft policy: greedy drafts, n_max = K, --p-min, --n-min),\n"
+            "                        fixed (depth K, verify all), none (no speculation)\n"
+            "  --p-min P             llama: stop before a draft whose top-10 confidence < P\n"
+            "                        (default 0, llama.cpp's; 0.75 was its earlier default)\n"
+            "  --n-min N             llama: drop a draft shorter than N (default 0)\n"
             "  --requests R          concurrent requests (default 4)\n"
             "  --new-tokens N        tokens each request generates (default 64)\n"
             "  --k K                 deepest draft (default 4)\n"
@@ -173,6 +184,7 @@ static options parse_options(int argc, char **argv) {
         {"top-k", required_argument, NULL, 'K'},       {"top-p", required_argument, NULL, 'p'},
         {"cost-tables", required_argument, NULL, 'c'}, {"n-ctx", required_argument, NULL, 'C'},
         {"prompt", required_argument, NULL, 'x'},      {"json", no_argument, NULL, 'j'},
+        {"p-min", required_argument, NULL, 'q'},       {"n-min", required_argument, NULL, 'N'},
         {"print-text", no_argument, NULL, 'w'},        {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},              {NULL, 0, NULL, 0}};
     opterr = 0;
@@ -183,11 +195,11 @@ static options parse_options(int argc, char **argv) {
         case 'd': o.drafter = optarg; break;
         case 'P': {
             size_t i = 0;
-            while (i < 4 && strcmp(optarg, POLICY_NAMES[i]) != 0) {
+            while (i < N_POLICIES && strcmp(optarg, POLICY_NAMES[i]) != 0) {
                 i++;
             }
-            if (i == 4) {
-                fail("--policy: expected avd, av, fixed or none, got '%s'", optarg);
+            if (i == N_POLICIES) {
+                fail("--policy: expected avd, av, vllm, llama, fixed or none, got '%s'", optarg);
             }
             o.policy = (enum policy)i;
             break;
@@ -214,6 +226,13 @@ static options parse_options(int argc, char **argv) {
                 fail("--top-p: expected a number in (0, 1], got '%s'", optarg);
             }
             break;
+        case 'q':
+            o.p_min = parse_float("--p-min", optarg);
+            if (!(o.p_min >= 0.0f && o.p_min <= 1.0f)) {
+                fail("--p-min: expected a number in [0, 1], got '%s'", optarg);
+            }
+            break;
+        case 'N': o.n_min = (int)parse_int("--n-min", optarg, 0, 64); break;
         case 'c': o.cost_tables = optarg; break;
         case 'C': o.n_ctx = (int)parse_int("--n-ctx", optarg, 1, INT32_MAX); break;
         case 'x': o.prompt = optarg; break;
@@ -641,6 +660,34 @@ static void distribution(const float *z, int n, const sampler *s, float *out) {
     }
 }
 
+/* llama.cpp's draft confidence (common/speculative.cpp, draft-simple): its draft sampler keeps
+ * the 10 largest logits (top-k 10, then dist) and drafts the first candidate, the most likely
+ * token (*best, the first maximum); the confidence it compares with p_min is that candidate's
+ * share of a softmax over the 10, temperature playing no part. */
+static float top10_confidence(const float *z, int n, int *best) {
+    float top[10];
+    int kept = 0;
+    *best = 0;
+    for (int i = 0; i < n; i++) {
+        if (z[i] > z[*best]) {
+            *best = i;
+        }
+        if (kept < 10 || z[i] > top[kept - 1]) {
+            int j = kept < 10 ? kept++ : 9;
+            while (j > 0 && top[j - 1] < z[i]) {
+                top[j] = top[j - 1];
+                j--;
+            }
+            top[j] = z[i];
+        }
+    }
+    double total = 0.0;
+    for (int j = 0; j < kept; j++) {
+        total += exp((double)top[j] - (double)top[0]);
+    }
+    return (float)(1.0 / total);
+}
+
 /* ---------------------------------------------------------------- the requests */
 
 static const char *const DEFAULT_PROMPTS[] = {
@@ -712,7 +759,8 @@ int main(int argc, char **argv) {
 
     const int R = o.requests, K = o.k;
     const bool speculate = o.policy != POLICY_NONE;
-    const bool adaptive = o.policy == POLICY_AVD || o.policy == POLICY_AV;
+    const bool adaptive = o.policy == POLICY_AVD || o.policy == POLICY_AV || o.policy == POLICY_VLLM;
+    const bool greedy = o.policy == POLICY_LLAMA;
 
     /* The cost tables first: a bad file fails before the models load. */
     avc_cost_tables *tables = cost_tables(&o);
@@ -769,8 +817,18 @@ int main(int argc, char **argv) {
     avc_planner *planner = NULL;
     avc_estimator_config config;
     AVC(avc_estimator_config_default((size_t)K, &config));
-    AVC(avc_estimator_new(&config, &estimator));
+    avc_estimator_update update;
+    AVC(avc_estimator_update_default(&update));
+    if (o.policy == POLICY_VLLM) { /* vLLM's memoryless, unbounded update */
+        update.update = AVC_UPDATE_VLLM;
+        config.memory = 0.0;
+        config.max_step = config.max_slope = config.max_intercept = INFINITY;
+    }
+    AVC(avc_estimator_new_with_update(&config, &update, &estimator));
     AVC(avc_planner_new(tables, (size_t)R, (size_t)K, AVC_BUDGET_SOURCE_PREVIOUS, &planner));
+    if (o.policy == POLICY_VLLM) { /* vLLM verifies by the budget alone: no exploration */
+        AVC(avc_planner_set_exploration(planner, 0.0, 0));
+    }
     AVC(avc_cost_tables_free(tables));
     for (int r = 0; r < R; r++) {
         AVC(avc_planner_add_request(planner, (size_t)r));
@@ -787,6 +845,9 @@ int main(int argc, char **argv) {
     int64_t *admitted64 = checked_calloc((size_t)R, sizeof(int64_t));
     int64_t *accepted64 = checked_calloc((size_t)R, sizeof(int64_t));
     int *logit_index = checked_calloc((size_t)R, sizeof(int));
+    int *made = checked_calloc((size_t)R, sizeof(int));    /* drafts made this step */
+    int *passes = checked_calloc((size_t)R, sizeof(int));  /* drafter passes taken */
+    bool *stopped = checked_calloc((size_t)R, sizeof(bool));
     llama_token *drafts = checked_calloc((size_t)R * (size_t)K, sizeof(llama_token));
     float *x = checked_calloc((size_t)R * (size_t)K, sizeof(float));
     float *confidence = checked_calloc((size_t)R * (size_t)K, sizeof(float));
@@ -844,20 +905,22 @@ int main(int argc, char **argv) {
         int deepest = 0;
         for (int i = 0; i < n_active; i++) {
             deepest = depths[i] > deepest ? depths[i] : deepest;
-            scheduled[i] = depths[i];
-            t.drafted += depths[i];
+            made[i] = passes[i] = 0;
+            stopped[i] = false;
         }
 
-        /* 2. Draft: pass j feeds each request drafting at least j + 1 positions one token (pass 0
-         * also the tokens its cache missed) and samples draft j from q. */
+        /* 2. Draft: pass j feeds each request still drafting at position j one token (pass 0
+         * also the tokens its cache missed) and draws draft j: a sample from q, or llama.cpp's
+         * most likely token unless its confidence stops the request. */
         memset(x, 0, sizeof(float) * (size_t)n_active * (size_t)K);
         for (int j = 0; j < deepest; j++) {
             batch.n_tokens = 0;
             for (int i = 0; i < n_active; i++) {
                 request *rq = &requests[active[i]];
-                if (depths[i] <= j) {
+                if (depths[i] <= j || stopped[i]) {
                     continue;
                 }
+                passes[i]++;
                 if (j == 0) {
                     for (int pos = rq->n_drafter; pos < rq->n_tokens; pos++) {
                         batch_add(&batch, rq->tokens[pos], pos, active[i],
@@ -869,10 +932,13 @@ int main(int argc, char **argv) {
                 }
                 logit_index[i] = batch.n_tokens - 1;
             }
+            if (batch.n_tokens == 0) { /* every request stopped (llama.cpp's p_min) */
+                break;
+            }
             decode(drafter, batch, "drafter");
             t.drafter_calls++;
             for (int i = 0; i < n_active; i++) {
-                if (depths[i] <= j) {
+                if (depths[i] <= j || stopped[i]) {
                     continue;
                 }
                 const float *logits = llama_get_logits_ith(drafter, logit_index[i]);
@@ -880,13 +946,33 @@ int main(int argc, char **argv) {
                     die("llama_get_logits_ith returned NULL (drafter, index %d)", logit_index[i]);
                 }
                 float *qi = q + ((size_t)i * (size_t)K + (size_t)j) * (size_t)V;
-                distribution(logits, V, &sampling, qi);
+                if (greedy) {
+                    int best = 0;
+                    if (top10_confidence(logits, V, &best) < o.p_min) {
+                        stopped[i] = true; /* common/speculative.cpp: cur_p->data[0].p < p_min */
+                        continue;
+                    }
+                    memset(qi, 0, sizeof(float) * (size_t)V);
+                    qi[best] = 1.0f;
+                    drafts[i * K + j] = best;
+                } else {
+                    distribution(logits, V, &sampling, qi);
+                    drafts[i * K + j] = draw(qi, V, &requests[active[i]].rng);
+                }
+                made[i]++;
                 av0 = seconds(CLOCK_MONOTONIC);
                 AVC(avc_draft_log_odds(logits, 1, (size_t)V, &o.temperature, 1, &o.top_k, 1,
                                        &o.top_p, 1, max_log_odds, &x[i * K + j], 1));
                 t.av_core_s += seconds(CLOCK_MONOTONIC) - av0;
-                drafts[i * K + j] = draw(qi, V, &requests[active[i]].rng);
             }
+        }
+        for (int i = 0; i < n_active; i++) {
+            if (greedy && made[i] < o.n_min) { /* llama.cpp drops a draft shorter than n_min */
+                made[i] = 0;
+                memset(x + (size_t)i * (size_t)K, 0, sizeof(float) * (size_t)K);
+            }
+            scheduled[i] = made[i];
+            t.drafted += made[i];
         }
 
         /* 3. Predict and plan: which prefix of each request's drafts to verify. */
@@ -900,7 +986,7 @@ int main(int argc, char **argv) {
                                  (size_t)n_active, &plan));
         } else {
             for (int i = 0; i < n_active; i++) {
-                admitted[i] = depths[i];
+                admitted[i] = made[i];
             }
         }
         t.av_core_s += seconds(CLOCK_MONOTONIC) - av0;
@@ -959,9 +1045,9 @@ int main(int argc, char **argv) {
             if (!llama_memory_seq_rm(target_memory, active[i], base + accepted, -1)) {
                 die("llama_memory_seq_rm failed (target, sequence %d)", active[i]);
             }
-            if (depths[i] > 0) {
-                /* The drafter fed last and drafts 1 .. depth - 1; keep the accepted ones. */
-                int fed = depths[i] - 1;
+            if (passes[i] > 0) {
+                /* The drafter fed last and one draft per later pass; keep the accepted ones. */
+                int fed = passes[i] - 1;
                 int keep = accepted < fed ? accepted : fed;
                 if (!llama_memory_seq_rm(drafter_memory, active[i], base + keep, -1)) {
                     die("llama_memory_seq_rm failed (drafter, sequence %d)", active[i]);
@@ -1057,6 +1143,9 @@ int main(int argc, char **argv) {
     free(admitted64);
     free(accepted64);
     free(logit_index);
+    free(made);
+    free(passes);
+    free(stopped);
     free(drafts);
     free(x);
     free(confidence);

@@ -1,17 +1,24 @@
 //! The verification planner's bindings: `choose_draft_budget`, `assign_draft_budget`,
 //! `plan_verification`, `VerificationPlan`, `choose_draft_depth`, `DepthPlan`, and (in
 //! `stateful`) `VerificationPlanner`; `CostTables` is in `cost_tables`, as in the core.
-//! Conversion and error mapping only; every computation runs in `av_core` with the GIL
-//! released.
+//!
+//! Conversion and error mapping only. The stateless functions and the planner's methods are
+//! each one call into the core (where the free functions are one-shot uses of the planner's
+//! engine), and every argument kind is converted by one function here: [`step_tokens`] for
+//! the step's numbers, `float_matrix` and `int_vector` (in `convert`) for the arrays,
+//! [`per_request`] for the output array and the GIL. Small batches run with the GIL held
+//! (`convert::DETACH_AT`).
 
 use av_core::cost_tables::CostTables;
 use av_core::planner::{self, DepthMode, DepthPlan, StepTokens, VerificationPlan};
 use av_core::MatrixView;
-use numpy::{IntoPyArray, PyArray1, PyArrayMethods};
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::convert::{float_matrix, int_vector, to_py_err, FloatMatrix, FloatView, Int, Text};
+use crate::convert::{
+    detach_if, float_matrix, int_vector, to_py_err, Copied, FloatMatrix, FloatView, Int, Text,
+};
 use crate::cost_tables::PyCostTables;
 
 mod stateful;
@@ -72,6 +79,32 @@ pub(crate) fn depth_mode(name: &str) -> PyResult<DepthMode> {
     DepthMode::parse(name).map_err(to_py_err)
 }
 
+/// Runs `$body` with `$v` bound to the core view of either dtype.
+macro_rules! on_view {
+    ($view:expr, |$v:ident| $body:expr) => {
+        match $view {
+            $crate::convert::FloatView::F32($v) => $body,
+            $crate::convert::FloatView::F64($v) => $body,
+        }
+    };
+}
+pub(crate) use on_view;
+
+/// Runs a decision that writes one `int32` per request (`rows` of them) over a batch of
+/// `elements` confidences: with the GIL held for small batches, released for large ones
+/// (`convert::detach_if`). Returns the decision's result and the per-request array; on error
+/// no array is made.
+pub(crate) fn per_request<'py, P: Send>(
+    py: Python<'py>,
+    rows: usize,
+    elements: usize,
+    decide: impl FnOnce(&mut [i32]) -> av_core::Result<P> + Send,
+) -> PyResult<(P, Bound<'py, PyArray1<i32>>)> {
+    let mut out = Copied::<i32>::zeros(rows);
+    let decided = detach_if(py, elements, || decide(&mut out)).map_err(to_py_err)?;
+    Ok((decided, PyArray1::from_slice(py, &out)))
+}
+
 /// How deep to draft this step: depths per request and what the decision anticipates.
 #[pyclass(module = "av_core._native", name = "DepthPlan", frozen)]
 pub(crate) struct PyDepthPlan {
@@ -96,9 +129,9 @@ pub(crate) struct PyDepthPlan {
 }
 
 impl PyDepthPlan {
-    pub(crate) fn wrap(py: Python<'_>, plan: DepthPlan, depths: Vec<i32>) -> Self {
+    pub(crate) fn wrap(plan: DepthPlan, depths: Bound<'_, PyArray1<i32>>) -> Self {
         PyDepthPlan {
-            depths: depths.into_pyarray(py).unbind(),
+            depths: depths.unbind(),
             max_depth: plan.max_depth,
             drafts: plan.drafts,
             budget: plan.budget,
@@ -147,26 +180,15 @@ fn choose_draft_depth(
         max_draft_budget,
     )?;
     let matrix = float_matrix(confidences, "confidences", empty_width(&cost_tables.inner))?;
-    let cap_ints = int_vector(max_depths, "max_depths")?;
-    let caps: &[i64] = &cap_ints;
-    let rows = matrix.rows();
+    let caps = int_vector(max_depths, "max_depths")?;
     let view = matrix.view("confidences")?;
     let tables = &cost_tables.inner;
-    let (plan, depths) = py
-        .detach(|| {
-            let mut depths = vec![0i32; rows];
-            match view {
-                FloatView::F32(v) => {
-                    planner::choose_draft_depth(v, caps, &step, tables, mode, &mut depths)
-                }
-                FloatView::F64(v) => {
-                    planner::choose_draft_depth(v, caps, &step, tables, mode, &mut depths)
-                }
-            }
-            .map(|plan| (plan, depths))
-        })
-        .map_err(to_py_err)?;
-    Ok(PyDepthPlan::wrap(py, plan, depths))
+    let (plan, depths) = per_request(py, matrix.rows(), elements(&matrix), |depths| {
+        on_view!(view, |v| planner::choose_draft_depth(
+            v, &caps, &step, tables, mode, depths
+        ))
+    })?;
+    Ok(PyDepthPlan::wrap(plan, depths))
 }
 
 /// One step's plan: the budget, admitted drafts per request, the tokens it is expected to
@@ -188,10 +210,10 @@ pub(crate) struct PyVerificationPlan {
 }
 
 impl PyVerificationPlan {
-    pub(crate) fn wrap(py: Python<'_>, plan: VerificationPlan, admitted: Vec<i32>) -> Self {
+    pub(crate) fn wrap(plan: VerificationPlan, admitted: Bound<'_, PyArray1<i32>>) -> Self {
         PyVerificationPlan {
             budget: plan.budget,
-            admitted: admitted.into_pyarray(py).unbind(),
+            admitted: admitted.unbind(),
             expected_accepted_tokens: plan.expected_accepted_tokens,
             predicted_cost_ms: plan.predicted_cost_ms,
         }
@@ -247,13 +269,13 @@ fn choose_draft_budget(
         max_draft_budget,
     )?;
     let matrix = float_matrix(confidences, "confidences", empty_width(&cost_tables.inner))?;
-    let scheduled_ints = int_vector(scheduled_drafts, "scheduled_drafts")?;
-    let scheduled: &[i64] = &scheduled_ints;
+    let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
     let view = matrix.view("confidences")?;
     let tables = &cost_tables.inner;
-    py.detach(|| match view {
-        FloatView::F32(v) => planner::choose_draft_budget(v, scheduled, &step, tables),
-        FloatView::F64(v) => planner::choose_draft_budget(v, scheduled, &step, tables),
+    detach_if(py, elements(&matrix), || {
+        on_view!(view, |v| planner::choose_draft_budget(
+            v, &scheduled, &step, tables
+        ))
     })
     .map_err(to_py_err)
 }
@@ -268,28 +290,20 @@ fn assign_draft_budget<'py>(
     budget: Int,
 ) -> PyResult<Bound<'py, PyArray1<i32>>> {
     let budget = non_negative("budget", &budget)?;
-    // In place (when C-contiguous): the planning functions read each confidence and each
-    // scheduled count once, checking the value they use (see `av_core::planner`).
     let matrix = float_matrix(confidences, "confidences", 0)?;
-    let scheduled_ints = int_vector(scheduled_drafts, "scheduled_drafts")?;
-    let scheduled: &[i64] = &scheduled_ints;
-    let rows = matrix.rows();
+    let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
     let view = matrix.view("confidences")?;
-    let admitted = py
-        .detach(|| {
-            let mut admitted = vec![0i32; rows];
-            match view {
-                FloatView::F32(v) => {
-                    planner::assign_draft_budget(v, scheduled, budget, &mut admitted)
-                }
-                FloatView::F64(v) => {
-                    planner::assign_draft_budget(v, scheduled, budget, &mut admitted)
-                }
-            }
-            .map(|()| admitted)
-        })
-        .map_err(to_py_err)?;
-    Ok(admitted.into_pyarray(py))
+    let ((), admitted) = per_request(py, matrix.rows(), elements(&matrix), |admitted| {
+        on_view!(view, |v| planner::assign_draft_budget(
+            v, &scheduled, budget, admitted
+        ))
+    })?;
+    Ok(admitted)
+}
+
+/// The number of confidences in a batch (what decides whether the GIL is released).
+pub(crate) fn elements(matrix: &FloatMatrix) -> usize {
+    matrix.rows().saturating_mul(matrix.cols())
 }
 
 fn plan_views(
@@ -341,8 +355,7 @@ fn plan_verification(
         max_draft_budget,
     )?;
     let matrix = float_matrix(confidences, "confidences", empty_width(&cost_tables.inner))?;
-    let scheduled_ints = int_vector(scheduled_drafts, "scheduled_drafts")?;
-    let scheduled: &[i64] = &scheduled_ints;
+    let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
     let budget_matrix: Option<FloatMatrix> = budget_confidences
         .filter(|b| !b.is_none())
         // An empty list is as wide as `confidences`, the shape it must match.
@@ -358,12 +371,8 @@ fn plan_verification(
         .map(|b| b.view("budget_confidences"))
         .transpose()?;
     let tables = &cost_tables.inner;
-    let (plan, admitted) = py
-        .detach(|| {
-            let mut admitted = vec![0i32; rows];
-            plan_views(view, budget_view, scheduled, &step, tables, &mut admitted)
-                .map(|plan| (plan, admitted))
-        })
-        .map_err(to_py_err)?;
-    Ok(PyVerificationPlan::wrap(py, plan, admitted))
+    let (plan, admitted) = per_request(py, rows, elements(&matrix), |admitted| {
+        plan_views(view, budget_view, &scheduled, &step, tables, admitted)
+    })?;
+    Ok(PyVerificationPlan::wrap(plan, admitted))
 }

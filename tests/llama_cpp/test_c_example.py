@@ -6,12 +6,14 @@ av_core's static C library, writes tiny llama-architecture GGUFs from seeded ran
 
 * every policy exits 0 with output that parses, and its counts add up: emitted = accepted +
   one per verify, R x new tokens in all;
+* llama.cpp's policy (greedy drafts, p_min, n_min) makes the Python loop's decisions step for
+  step on the same prompt (greedy sampling);
 * greedy decoding emits the same tokens under every policy as without speculation, and they are
   the argmax of llama-cpp-python's own evaluation of the target (a cache rollback that kept a
   rejected draft, or dropped an accepted one, changes what follows);
-* at temperature 1.5 the first two emitted tokens follow the same law with speculation as
-  without (chi-square, two samples), which a residual drawn from p instead of max(0, p - q)
-  fails at p < 1e-8;
+* at temperature 1.5 the first two emitted tokens follow the same law with speculation (fixed K
+  and llama.cpp's greedy drafts) as without (chi-square, two samples), which a residual drawn
+  from p instead of max(0, p - q) fails at p < 1e-8;
 * bad input (missing, non-GGUF or truncated model, mismatched vocabularies, a context too
   small, bad cost tables, bad options) gives one line on stderr naming the file or setting,
   exit 2, nothing on stdout;
@@ -37,7 +39,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llama_cpp"
-POLICIES = ("avd", "av", "fixed", "none")
+POLICIES = ("avd", "av", "vllm", "llama", "fixed", "none")
 # The drafters' weight noise: close enough that most drafts pass, far enough that some fail.
 CLOSE_NOISE, FAR_NOISE = 0.05, 0.3
 # Cheap drafting, so that AV+D and AV draft and verify on the tiny pair (with the built-in
@@ -148,9 +150,9 @@ def test_every_policy_runs_and_its_counts_add_up(
     else:
         # With cheap drafting every speculating policy drafts, and the pair agrees often.
         assert d["drafted"] > 0 and d["accepted"] > 0
-    if policy == "fixed":
+    if policy in ("fixed", "llama"):
         assert d["admitted"] == d["drafted"]
-    if policy in ("avd", "av"):
+    if policy in ("avd", "av", "vllm"):
         assert d["av_core_ms_per_step"] > 0
 
 
@@ -245,14 +247,17 @@ def emitted_counts(
     return counts
 
 
-def test_speculation_emits_the_targets_law(av_spec: Path, models: dict[str, Path]) -> None:
-    """Two-sample chi-square per emitted position: speculative (fixed K = 2, both positions
-    come from acceptance, residual or bonus) against plain sampling, 2048 draws each, tokens
-    seen fewer than 10 times pooled."""
+@pytest.mark.parametrize("policy", ["fixed", "llama"])
+def test_speculation_emits_the_targets_law(
+    av_spec: Path, models: dict[str, Path], policy: str
+) -> None:
+    """Two-sample chi-square per emitted position: speculative (K = 2: fixed K, or llama.cpp's
+    greedy drafts; both positions come from acceptance, residual or bonus) against plain
+    sampling, 2048 draws each, tokens seen fewer than 10 times pooled."""
     from scipy.stats import chi2_contingency
 
     plain = emitted_counts(av_spec, models, "none", range(8))
-    speculative = emitted_counts(av_spec, models, "fixed", range(1000, 1008))
+    speculative = emitted_counts(av_spec, models, policy, range(1000, 1008))
     for position in (0, 1):
         tokens = sorted(set(plain[position]) | set(speculative[position]))
         table = np.array([[c[position][t] for t in tokens] for c in (plain, speculative)])
@@ -261,6 +266,54 @@ def test_speculation_emits_the_targets_law(av_spec: Path, models: dict[str, Path
         p_value = chi2_contingency(pooled)[1]
         print(f"position {position}: {pooled.shape[1]} categories, p = {p_value:.3g}")
         assert p_value > 1e-3, (position, pooled)
+
+
+@pytest.mark.parametrize("p_min", [0.3, 0.6])
+def test_llama_cpps_policy_makes_the_python_loops_decisions(
+    av_spec: Path, models: dict[str, Path], p_min: float
+) -> None:
+    """Greedy sampling and llama.cpp's policy (greedy drafts, stops below p_min): the C
+    program and the Python loop (av_core.llama_cpp) on the same prompt tokens make the same
+    steps: as many drafter passes, drafts, verified and accepted drafts, and the same tokens."""
+    from av_core.llama_cpp import open_engine
+    from av_core.llama_cpp.policies import LlamaCppPolicy
+    from av_core.llama_cpp.sampling import SamplingParams
+
+    prompt, requests, new_tokens = "def add(a, b):\n    return", 2, 40
+    d = run_json(
+        av_spec,
+        models,
+        policy="llama",
+        p_min=p_min,
+        k=3,
+        temperature=0,
+        requests=requests,
+        new_tokens=new_tokens,
+        prompt=prompt,
+    )
+    engine = open_engine(
+        models["target"],
+        models["drafter"],
+        requests=requests,
+        tokens_per_request=64,
+        params=SamplingParams(0.0),
+        max_positions=3,
+    )
+    tokens = engine.target.model.tokenize(prompt)  # type: ignore[attr-defined]
+    result = engine.generate([tokens] * requests, new_tokens, LlamaCppPolicy(3, p_min=p_min))
+    passes = sum(len(step.shape.draft_passes) for step in result.steps)
+    drafted = sum(int(step.drafted.sum()) for step in result.steps)
+    assert (d["steps"], d["drafter_calls"], d["drafted"]) == (len(result.steps), passes, drafted)
+    assert (d["admitted"], d["accepted"]) == (result.admitted, result.accepted)
+    assert d["generated"] == result.tokens
+    assert 0 < d["drafted"] < d["steps"] * requests * 3  # p_min stopped some drafts
+
+
+def test_llama_cpps_n_min_drops_short_drafts(av_spec: Path, models: dict[str, Path]) -> None:
+    """n_min above n_max: every draft is dropped, nothing is verified, the drafter still ran."""
+    d = run_json(av_spec, models, policy="llama", k=2, n_min=3, requests=2, new_tokens=12)
+    assert d["drafter_calls"] > 0 and d["drafted"] == d["admitted"] == d["accepted"] == 0
+    assert d["emitted"] == d["verifies"] == 24
 
 
 def profile_file(path: Path, tables_by_r: dict[int, dict[str, Any]]) -> Path:
@@ -334,7 +387,12 @@ BAD_INPUT = [
     ),
     (["--cost-tables", "{tables}", "--requests", "8"], "--cost-tables {tables}: covers 4 requests"),
     (["--requests", "0"], "--requests: expected an integer in [1, 256], got '0'"),
-    (["--policy", "greedy"], "--policy: expected avd, av, fixed or none, got 'greedy'"),
+    (
+        ["--policy", "greedy"],
+        "--policy: expected avd, av, vllm, llama, fixed or none, got 'greedy'",
+    ),
+    (["--p-min", "1.5"], "--p-min: expected a number in [0, 1], got '1.5'"),
+    (["--n-min", "-1"], "--n-min: expected an integer in [0, 64], got '-1'"),
     (["--top-p", "1.5"], "--top-p: expected a number in (0, 1], got '1.5'"),
     (["--frobnicate"], "unknown or incomplete option '--frobnicate'"),
 ]

@@ -67,20 +67,38 @@ def test_bench_engine_runs_resumes_and_fills_the_readme(
     ]  # fmt: skip
     assert main(argv) == 0
     runs = (out / "runs.jsonl").read_text().splitlines()
-    assert len(runs) == 2 * 2 * 4  # R x repeats x policies (K=2 is the trace run)
+    # R x repeats x policies: K=2 and llama.cpp (defaults) are the trace runs.
+    assert len(runs) == 2 * 2 * 5
     data = json.loads((out / "results.json").read_text())
     rows = {(r["policy"], r["R"]): r for r in data["rows"]}
-    assert len(rows) == 8
+    assert len(rows) == 10
     for row in data["rows"]:
         assert row["repeats"] == 2 and row["threads"] == 1
         assert row["spread"][0] <= row["tokens_per_s"] <= row["spread"][1]
         assert row["tokens_per_s"] > 0 and row["tokens_per_s_cpu"] > 0
     assert rows[("no-spec", 1)]["tokens_per_verification"] == 1.0
-    assert rows[("llama.cpp-p0.75", 2)]["simulated_tokens_per_s"] is None  # not in the simulator
-    assert rows[("AV+D", 2)]["simulated_tokens_per_s"] > 0
+    assert all(row["simulated_tokens_per_s"] > 0 for row in rows.values())
+    # A policy that does not read verdicts, replayed on its own run's trace (or, no-spec, on
+    # any), makes the run's steps: its prediction is the run's own steps priced.
+    for name in ("K=2", "llama.cpp", "no-spec"):
+        for r in (1, 2):
+            row = rows[(name, r)]
+            assert row["simulated_tokens_per_s"] == pytest.approx(row["priced_tokens_per_s"])
+    assert sorted(p.name for p in (out / "traces").iterdir()) == sorted(
+        f"t1_R{r}_r{i}_{name}.csv.gz"
+        for r in (1, 2)
+        for i in (0, 1)
+        for name in ("K=2", "llama.cpp")
+    )
     assert "| 1 | 2 | AV+D |" in capsys.readouterr().out
     # A second run finds every run done and adds none.
     assert main(argv) == 0
+    assert (out / "runs.jsonl").read_text().splitlines() == runs
+    # Other settings into the same folder would mix runs: refused, nothing changed.
+    capsys.readouterr()
+    assert main([*argv[:-4], "--max-new-tokens", "16", *argv[-4:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds a benchmark of other settings: max_new_tokens 12" in err[0]
     assert (out / "runs.jsonl").read_text().splitlines() == runs
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{README_START}\nold\n{README_END}\ntail\n")
@@ -191,6 +209,9 @@ def test_aggregate_and_table_on_hand_records() -> None:
     table = format_table({"rows": list(rows.values())})
     assert "| 1 | 2 | AV+D | 2.00 | 1.00–3.00 |" in table and table.rstrip().endswith("| 1.000 |")
     assert "| 0.500 |" in table  # AV+D against the best (no-spec) at R = 2
+    # By CPU time, the CPU figures decide (equal here): every ratio is 1.
+    table = format_table({"rows": list(rows.values()), "clock": "cpu"})
+    assert "| 0.500 |" not in table and table.count("| 1.000 |") == 2
 
 
 def test_update_readme_without_markers_changes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -76,7 +76,7 @@ def test_a_context_too_small_names_n_ctx(tiny_pair) -> None:  # type: ignore[no-
 def test_a_llama_cpp_without_an_api_we_call_is_named() -> None:
     import llama_cpp
 
-    for missing in ("llama_memory_seq_rm", "llama_get_logits_ith"):
+    for missing in ("llama_memory_seq_rm", "llama_get_logits"):
         module = types.SimpleNamespace(
             **{name: getattr(llama_cpp, name) for name in REQUIRED_API if name != missing},
             __version__="0.0.1",
@@ -148,6 +148,10 @@ def test_generate_checks_its_arguments_before_touching_the_caches() -> None:
         engine.generate([[1], [0, 5]], 3, FixedK(1))
     with pytest.raises(TypeError, match=r"prompts\[0\]\[0\] must be a token id \(int\), got 1.5"):
         engine.generate([[1.5]], 3, FixedK(1))  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"stop_tokens\[1\] = 9 is not a token id of the 5-token"):
+        engine.generate([[1]], 3, FixedK(1), stop_tokens=[2, 9])
+    with pytest.raises(TypeError, match=r"stop_tokens\[0\] must be a token id \(int\), got 'x'"):
+        engine.generate([[1]], 3, FixedK(1), stop_tokens=["x"])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="drafts up to 3 positions, more than max_positions = 2"):
         engine.generate([[1]], 3, LlamaCppPolicy(n_max=3))
     assert target.kv[0] == [1, 2]

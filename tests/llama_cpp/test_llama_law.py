@@ -33,6 +33,7 @@ POLICIES = {
     "no-spec": lambda: FixedK(0),
     "K=2": lambda: FixedK(2),
     "llama.cpp p_min=0.5": lambda: LlamaCppPolicy(n_max=2, p_min=0.5),
+    "llama.cpp n_min=2": lambda: LlamaCppPolicy(n_max=2, n_min=2, p_min=0.4),
     "vLLM-AV": lambda: AdaptivePolicy(_tables(), 2, num_slots=2, depth=False, vllm=True),
     "AV+D": lambda: AdaptivePolicy(_tables(), 2, num_slots=2, depth=True, exploration_seed=3),
 }

@@ -47,13 +47,12 @@ def test_confidence_is_the_first_of_ten_candidates() -> None:
 
 def test_stop_below_p_min_and_drop_below_n_min() -> None:
     policy = LlamaCppPolicy(n_max=4, n_min=2, p_min=0.5)
-    confident = [3.0] + [0.0] * 11  # e^3 / (e^3 + 9) = 0.69
-    unsure = [1.0] + [0.0] * 11  # e / (e + 9) = 0.23
-    assert not policy.stop(np.array(confident))
-    assert policy.stop(np.array(unsure))
+    confident = llama_cpp_confidence([3.0] + [0.0] * 11)  # e^3 / (e^3 + 9) = 0.69
+    unsure = llama_cpp_confidence([1.0] + [0.0] * 11)  # e / (e + 9) = 0.23
+    assert not policy.stop(confident)
+    assert policy.stop(unsure)
     # p_min is a strict bound: exactly p_min keeps drafting (cur_p->data[0].p < p_min stops).
-    at = LlamaCppPolicy(p_min=llama_cpp_confidence(confident))
-    assert not at.stop(np.array(confident))
+    assert not LlamaCppPolicy(p_min=confident).stop(confident)
     np.testing.assert_array_equal(policy.drafted(np.array([0, 1, 2, 4])), [0, 0, 2, 4])
 
 
@@ -95,7 +94,9 @@ def test_llama_cpp_drafts_in_the_loop(confidences, policy, expected) -> None:  #
     assert int(step.admitted[0]) == expected
     # A draft stopped by p_min decoded one more drafter pass than it kept (the one whose
     # confidence stopped it), as llama.cpp does.
-    assert len(step.draft_passes) == min(policy.num_positions, _first_below(confidences, policy))
+    assert len(step.shape.draft_passes) == min(
+        policy.num_positions, _first_below(confidences, policy)
+    )
 
 
 def _first_below(confidences: dict[int, float], policy: LlamaCppPolicy) -> int:
@@ -103,6 +104,37 @@ def _first_below(confidences: dict[int, float], policy: LlamaCppPolicy) -> int:
     while k < policy.num_positions and confidences.get(k, 0.9) >= policy.p_min:
         k += 1
     return k + 1 if k < policy.num_positions else k
+
+
+class _NoRandom:
+    """A random source that must not be asked: greedy drafts draw nothing."""
+
+    def bernoulli(self, probability: float) -> bool:
+        raise AssertionError("a greedy draft drew a Bernoulli")
+
+    def categorical(self, weights: np.ndarray) -> int:
+        raise AssertionError("a greedy draft drew a token")
+
+
+def test_llama_cpp_drafts_the_drafters_most_likely_token() -> None:
+    """common/speculative.cpp drafts ``cur_p->data[0].id``, the first candidate of the top-10
+    sampler: the drafter's most likely token, whatever the sampler's temperature; the loop
+    verifies it against a one-hot q and records llama.cpp's confidence."""
+    drafter = FakeRuntime(40, 7, n_seq_max=3)
+    engine = SpeculativeEngine(FakeRuntime(40, 1, n_seq_max=3), drafter, SamplingParams(1.3))
+    prefixes = [[1, 2], [3], [4, 5, 6]]
+    blocks = [(r, 0, p) for r, p in enumerate(prefixes)]
+    drafts = engine.draft_pass(blocks, LlamaCppPolicy(p_min=0.0), _NoRandom())
+    for prefix, draft in zip(prefixes, drafts, strict=True):
+        logits = drafter.logits_of(prefix)
+        assert draft is not None and draft.token == int(np.argmax(logits))
+        assert draft.q[draft.token] == 1.0 and draft.q.sum() == 1.0
+        assert draft.confidence == llama_cpp_confidence(logits)
+    # Stopped below p_min: no draft for that request.
+    drafter.clear()
+    highest = max(d.confidence for d in drafts if d is not None)
+    stopped = engine.draft_pass(blocks, LlamaCppPolicy(p_min=highest), _NoRandom())
+    assert [d is None for d in stopped] == [d.confidence < highest for d in drafts if d]
 
 
 def _tables(draft_ms: float) -> CostTables:
@@ -153,11 +185,14 @@ def _timed_step(verify_tokens: int, verify_ms: float, pass_sizes: list[int], pas
     """The fields of a StepRecord that online cost tables read."""
     from types import SimpleNamespace
 
+    from av_core.tools.simulate.run import StepShape
+
     return SimpleNamespace(
-        slots=np.arange(2),
-        admitted=np.array([verify_tokens - 2, 0]),
+        shape=StepShape(
+            tuple(tuple((r, 1) for r in range(n)) for n in pass_sizes),
+            ((0, verify_tokens - 1), (1, 1)),
+        ),
         verify_ms=verify_ms,
-        draft_passes=pass_sizes,
         draft_pass_ms=[pass_ms] * len(pass_sizes),
     )
 

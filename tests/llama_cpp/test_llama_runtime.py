@@ -1,15 +1,21 @@
-"""The loop on a real llama.cpp (the tiny GGUF pair): KV bookkeeping against a fresh context,
-token accounting, and the emitted law by a chi-square test."""
+"""The loop on a real llama.cpp (the tiny GGUF pair): KV bookkeeping bit for bit against a
+fresh context fed the same batches, token accounting, and the emitted law by a chi-square
+test."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from llama_fakes import tiny_models
 from scipy import stats
 
 from av_core import CostTables
 from av_core.llama_cpp import open_engine
+from av_core.llama_cpp.engine import SpeculativeEngine
 from av_core.llama_cpp.policies import PolicySpec
 from av_core.llama_cpp.runtime import Context
 from av_core.llama_cpp.sampling import SamplingParams, probabilities
@@ -48,60 +54,163 @@ def _fresh_next_logits(context: Context, sequences: list[list[int]]) -> np.ndarr
     )
 
 
-#: How far a token's logits may move with the batch shapes its cache was built in (llama.cpp's
-#: CPU kernels differ between one-token and multi-token batches: about 3e-5 on the tiny model);
-#: a wrong cache moves them by far more (checked below).
-SHAPE_TOLERANCE = 1e-3
+#: How far a token's logits move with the batch shapes its cache was built in on the tiny model
+#: (up to about 6e-3 over 130 cached tokens; the issue measured 0.28 on the real pair).
+SHAPE_TOLERANCE = 2e-2
 
 
 def test_batch_shapes_move_the_tiny_models_logits_only_slightly(tiny_pair) -> None:  # type: ignore[no-untyped-def]
-    """The cache built in one batch or token by token gives the next logits within
-    SHAPE_TOLERANCE, and a cache missing one token gives them far outside it."""
+    """The one comparison that cannot be bit-exact: a cache built in one batch against one
+    built token by token. llama.cpp's kernels take other paths (and summation orders) for
+    one-token and multi-token batches, so the same 40 tokens in other batch shapes give other
+    next logits, within SHAPE_TOLERANCE; a cache missing one token gives them far outside it.
+    The loop's caches are checked bit for bit below, against a context fed the same shapes."""
     from av_core.llama_cpp.runtime import Model
 
     model = Model(tiny_pair[0])
-    seq = [5, 9, 11, 4, 7, 30, 2]
+    seq = [int(t) for t in np.random.default_rng(0).integers(3, 384, size=40)]
+    n = len(seq) - 1
     one = Context(model, n_ctx=256, n_seq_max=1)
-    one.decode(seq[:-1], list(range(6)), [0] * 6, [False] * 6)
-    batched = one.decode([seq[-1]], [6], [0], [True])
+    one.decode(seq[:-1], list(range(n)), [0] * n, [False] * n)
+    batched = one.decode([seq[-1]], [n], [0], [True])
     two = Context(model, n_ctx=256, n_seq_max=1)
     for i, token in enumerate(seq[:-1]):
         two.decode([token], [i], [0], [False])
-    single = two.decode([seq[-1]], [6], [0], [True])
+    single = two.decode([seq[-1]], [n], [0], [True])
+    assert not np.array_equal(batched, single)
     np.testing.assert_allclose(batched, single, rtol=0, atol=SHAPE_TOLERANCE)
     three = Context(model, n_ctx=256, n_seq_max=1)
-    three.decode(seq[1:-1], list(range(5)), [0] * 5, [False] * 5)
-    wrong = three.decode([seq[-1]], [5], [0], [True])
-    assert np.abs(wrong - batched).max() > 100 * SHAPE_TOLERANCE
+    three.decode(seq[1:-1], list(range(n - 1)), [0] * (n - 1), [False] * (n - 1))
+    wrong = three.decode([seq[-1]], [n - 1], [0], [True])
+    assert np.abs(wrong - batched).max() > 10 * SHAPE_TOLERANCE
 
 
-@pytest.mark.parametrize("policy", ["K=4", "llama.cpp-p0.3", "AV+D", "vLLM-AV"])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_kv_caches_hold_exactly_the_emitted_tokens(engine, policy: str, seed: int) -> None:  # type: ignore[no-untyped-def]
-    """After a run of accepts and rejects, both models' next logits equal a fresh context's fed
-    the same tokens (within SHAPE_TOLERANCE: the fresh cache is built in other batch shapes),
-    for every request."""
-    result = engine.generate(PROMPTS, 40, PolicySpec(policy).build(TABLES, 4, R), seed=seed)
-    assert 0 < result.accepted < result.admitted  # both accepts and rejects happened
-    sequences = [p + t for p, t in zip(PROMPTS, result.tokens, strict=True)]
-    # The target holds every token but the last; decode the last in the loop's context.
-    assert result.target_cached == [len(s) - 1 for s in sequences]
-    loop = engine.target.decode(
-        [s[-1] for s in sequences], [len(s) - 1 for s in sequences], list(range(R)), [True] * R
+class Recorded:
+    """A context whose decodes and removals are logged in order (the loop's batch shapes)."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.events: list[tuple[Any, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.context, name)
+
+    def clear(self) -> None:
+        self.events.clear()
+        self.context.clear()
+
+    def decode(self, tokens, positions, seq_ids, logits):  # type: ignore[no-untyped-def]
+        self.events.append((list(tokens), list(positions), list(seq_ids), list(logits)))
+        return self.context.decode(tokens, positions, seq_ids, logits)
+
+
+def _reference(recorded: Recorded, sequences: list[list[int]], kept: list[int]) -> Context:
+    """A fresh context of the same model fed the loop's batches, shape for shape, with the
+    tokens the emitted sequences hold at each position (a draft later rejected keeps its token:
+    its cell is dropped anyway). Its cells are dropped by the test's own rule, not the loop's:
+    a batch rewrites each of its sequences from its first position on; at the end each
+    sequence keeps ``kept`` cells."""
+    context = recorded.context
+    fresh = Context(context.model, n_ctx=context.n_ctx, n_seq_max=context.n_seq_max)
+    for tokens, positions, seq_ids, logits in recorded.events:
+        for seq in dict.fromkeys(seq_ids):
+            fresh.remove(seq, positions[seq_ids.index(seq)])
+        tokens = [
+            sequences[s][p] if p < len(sequences[s]) else t
+            for t, p, s in zip(tokens, positions, seq_ids, strict=True)
+        ]
+        fresh.decode(tokens, positions, seq_ids, logits)
+    for seq, n in enumerate(kept):
+        fresh.remove(seq, n)
+    return fresh
+
+
+class AnyVerdict:
+    """A random source that drives the loop through arbitrary accepts and rejects (each
+    Bernoulli a coin flip whatever its probability) and draws uniformly from each support: not
+    the target's law, every path of the bookkeeping."""
+
+    def __init__(self, data: st.DataObject) -> None:
+        self.data = data
+
+    def bernoulli(self, probability: float) -> bool:
+        return self.data.draw(st.booleans())
+
+    def categorical(self, weights: np.ndarray) -> int:
+        return int(self.data.draw(st.sampled_from(np.flatnonzero(weights > 0).tolist())))
+
+
+def kv_mismatch(pair: tuple[str, str], policy: str, data: st.DataObject) -> float:
+    """Runs the loop on the tiny pair under ``policy`` with verdicts drawn by ``data``; the
+    largest difference between the next logits of the loop's caches and of the reference
+    contexts (0.0 when bit-identical), for both models and every request."""
+    engine = open_engine(*pair, requests=R, tokens_per_request=64, max_positions=4)
+    target, drafter = Recorded(engine.target), Recorded(engine.drafter)  # type: ignore[arg-type]
+    loop = SpeculativeEngine(target, drafter, engine.params, max_positions=4)
+    new_tokens = data.draw(st.integers(1, 24))
+    result = loop.generate(
+        PROMPTS, new_tokens, PolicySpec(policy).build(CHEAP, 4, R), source=AnyVerdict(data)
     )
-    fresh = _fresh_next_logits(engine.target, sequences)
-    np.testing.assert_allclose(loop, fresh, rtol=0, atol=SHAPE_TOLERANCE)
-    # The drafter holds a prefix of each sequence; feed it the rest in the loop's context.
+    sequences = [p + t for p, t in zip(PROMPTS, result.tokens, strict=True)]
+    assert result.target_cached == [len(s) - 1 for s in sequences]
     assert all(n <= len(s) - 1 for s, n in zip(sequences, result.drafter_cached, strict=True))
+    worst = 0.0
+    # The target holds every token but the last: both decode each request's last token.
+    last = ([s[-1] for s in sequences], [len(s) - 1 for s in sequences], list(range(R)), [True] * R)
+    reference = _reference(target, sequences, result.target_cached)
+    worst = max(worst, float(np.abs(target.context.decode(*last) - reference.decode(*last)).max()))
+    # The drafter holds a prefix of each sequence: both are fed the rest.
     tokens, positions, seq_ids, marks = [], [], [], []
     for r, (seq, n) in enumerate(zip(sequences, result.drafter_cached, strict=True)):
         tokens += seq[n:]
         positions += range(n, len(seq))
         seq_ids += [r] * (len(seq) - n)
         marks += [False] * (len(seq) - n - 1) + [True]
-    loop = engine.drafter.decode(tokens, positions, seq_ids, marks)
-    fresh = _fresh_next_logits(engine.drafter, sequences)
-    np.testing.assert_allclose(loop, fresh, rtol=0, atol=SHAPE_TOLERANCE)
+    rest = (tokens, positions, seq_ids, marks)
+    reference = _reference(drafter, sequences, result.drafter_cached)
+    return max(worst, float(np.abs(drafter.context.decode(*rest) - reference.decode(*rest)).max()))
+
+
+#: Tables where drafting is cheap, so the adaptive policies draft, trim and drop drafts.
+CHEAP = CostTables(np.full(R + 1, 0.4), 10.0 + 0.5 * np.arange(R * 5 + 1.0))
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+@pytest.mark.parametrize("policy", ["K=4", "llama.cpp-p0.3", "AV+D", "vLLM-AV"])
+def test_kv_caches_equal_a_fresh_context_fed_the_same_batches(tiny_pair, policy: str, data) -> None:  # type: ignore[no-untyped-def]
+    """After any sequence of accepts and rejects (drawn by hypothesis), both models' next
+    logits are bit-identical to a fresh context fed the emitted tokens in the loop's batch
+    shapes, its rejected cells dropped by the test's own rule."""
+    assert kv_mismatch(tiny_pair, policy, data) == 0.0
+
+
+def test_the_cache_check_catches_a_rollback_that_keeps_a_rejected_draft(
+    tiny_pair, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A deliberate bug: the drafter keeps one cell past the accepted drafts (the first rejected
+    draft stays in its cache). The check above fails: llama.cpp refuses the next batch (its
+    positions no longer continue the cache) or the logits differ."""
+
+    def keeps_one_more(self, slot, cached, kept, accepted):  # type: ignore[no-untyped-def]
+        cached[0][slot] += 1 + accepted
+        self.target.remove(slot, cached[0][slot])
+        valid = min(cached[1][slot], kept + accepted + 1)
+        if cached[1][slot] > valid:
+            self.drafter.remove(slot, valid)
+            cached[1][slot] = valid
+
+    monkeypatch.setattr(SpeculativeEngine, "rollback", keeps_one_more)
+
+    @settings(max_examples=10, deadline=None, database=None, phases=[Phase.generate])
+    @given(data=st.data())
+    def mismatch_somewhere(data) -> None:  # type: ignore[no-untyped-def]
+        assert kv_mismatch(tiny_pair, "K=4", data) == 0.0
+
+    with pytest.raises((AssertionError, RuntimeError)):
+        mismatch_somewhere()
 
 
 @pytest.mark.parametrize(

@@ -141,8 +141,7 @@ fn by_selection(
         (0, 0)
     } else {
         let map = BucketMap::new(survivals, COARSENESS);
-        map.indices(survivals, indices);
-        map.histogram(survivals, cols, scheduled, indices, counts);
+        map.count(survivals, cols, scheduled, indices, counts);
         let mut before = 0usize;
         let mut bucket = map.len() - 1;
         for (b, &count) in counts.iter().enumerate() {

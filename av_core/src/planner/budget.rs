@@ -142,8 +142,14 @@ impl StepCosts<'_> {
 #[derive(Default)]
 pub(crate) struct BudgetBuffers {
     pub(crate) indices: Vec<Bucket>,
-    pub(crate) counts: Vec<u32>,
-    pub(crate) sums: Vec<f64>,
+    counts: Vec<u32>,
+    sums: Vec<f64>,
+    pub(crate) search: SearchBuffers,
+}
+
+/// Reusable buffers of [`search`]: the hull's survivals and their sort.
+#[derive(Default)]
+pub(crate) struct SearchBuffers {
     members: Vec<f64>,
     sort: SortBuffers,
 }
@@ -164,10 +170,10 @@ pub(crate) fn best_budget(
         indices,
         counts,
         sums,
-        members,
-        sort,
+        search: search_buffers,
     } = buffers;
     if is_small(survivals, limit) {
+        let SearchBuffers { members, sort } = search_buffers;
         survivals.gather(cols, scheduled, members);
         sort_descending(members, sort);
         return exact_scan(&members[..limit], costs.s, costs.draft_ms, costs.verify);
@@ -175,9 +181,19 @@ pub(crate) fn best_budget(
 
     // Count and sum per bucket.
     let map = bucket_map(survivals);
-    map.indices(survivals, indices);
-    map.histogram_with_sums(survivals, cols, scheduled, indices, counts, sums);
-    search(drafts, &map, costs, buffers)
+    map.count_and_sum(survivals, cols, scheduled, indices, counts, sums);
+    search(
+        drafts,
+        &map,
+        costs,
+        Histogram {
+            counts,
+            sums,
+            indices,
+            floor: None,
+        },
+        search_buffers,
+    )
 }
 
 /// Whether [`best_budget`] would sort and scan outright (then [`search`] must not be used).
@@ -190,14 +206,25 @@ pub(crate) fn bucket_map(survivals: &Survivals) -> BucketMap {
     BucketMap::new(survivals, COARSENESS)
 }
 
-/// [`best_budget`]'s search once `buffers.indices` holds `map`'s bucket of every slot and
-/// `buffers.counts`/`buffers.sums` the histogram of the scheduled slots (the depth decision
-/// builds it position by position instead of from scratch).
+/// The scheduled slots bucketed by a [`BucketMap`]: count and sum per bucket, and every slot's
+/// bucket (row-major, scheduled or not).
+#[derive(Clone, Copy)]
+pub(crate) struct Histogram<'a> {
+    pub(crate) counts: &'a [u32],
+    pub(crate) sums: &'a [f64],
+    pub(crate) indices: &'a [Bucket],
+    /// [`floor_ratio`] of `counts` and `sums`, when the caller already has it.
+    pub(crate) floor: Option<f64>,
+}
+
+/// [`best_budget`]'s search over the scheduled slots' histogram under `map` (the depth
+/// decision builds its histograms position by position instead of from scratch).
 pub(crate) fn search(
     drafts: Drafts<'_>,
     map: &BucketMap,
     costs: StepCosts<'_>,
-    buffers: &mut BudgetBuffers,
+    histogram: Histogram<'_>,
+    buffers: &mut SearchBuffers,
 ) -> Budget {
     let Drafts {
         survivals,
@@ -211,16 +238,17 @@ pub(crate) fn search(
         verify_nondecreasing,
     } = costs;
     let limit = costs.limit();
-    let BudgetBuffers {
-        indices,
+    let Histogram {
         counts,
         sums,
-        members,
-        sort,
-    } = buffers;
+        indices,
+        floor,
+    } = histogram;
+    let SearchBuffers { members, sort } = buffers;
 
     // The floor as the pair (ratio, 1): `reaches` compares cross-multiplied pairs.
-    let (floor_e, floor_c) = (floor_ratio(counts, sums, costs), 1.0);
+    let floor = floor.unwrap_or_else(|| floor_ratio(counts, sums, costs));
+    let (floor_e, floor_c) = (floor, 1.0);
 
     // Buckets that may hold a budget reaching the floor, and their hull. A quick test first:
     // E at the bucket's end over C at its cheapest. Then, for buckets that pass, per rank:
@@ -234,6 +262,9 @@ pub(crate) fn search(
         let need = floor_e * c * (1.0 - BOUND_SLACK);
         reach >= need || !reach.is_finite() || !need.is_finite()
     };
+    // With costs that never fall, once even the largest `E` over a bucket's cheapest cost cannot
+    // reach the floor, neither can it nor any later bucket.
+    let top_e = verify_nondecreasing.then(|| largest_e(s, sums));
     for (b, (&count, &sum)) in counts.iter().zip(sums.iter()).enumerate() {
         if start >= limit {
             break;
@@ -248,12 +279,24 @@ pub(crate) fn search(
                 } else {
                     costs.iter().fold(f64::INFINITY, |m, &v| m.min(v))
                 };
+            if top_e.is_some_and(|top| !reaches(top, c_min)) {
+                break;
+            }
             let candidate = reaches(e_max, c_min) && {
                 let top = map.upper_bound(b).min(survivals.max);
-                costs.iter().enumerate().any(|(t, &v)| {
-                    let e = s + prefix + (t + 1) as f64 * top;
-                    reaches(e.min(e_max), draft_ms + v)
-                })
+                let ranks = RankTest {
+                    base: s + prefix,
+                    top,
+                    e_max,
+                    draft_ms,
+                    floor: (floor_e, floor_c),
+                    first: 1.0,
+                };
+                if verify_nondecreasing {
+                    ranks.any_reaches_nondecreasing(costs)
+                } else {
+                    ranks.any_reaches(costs)
+                }
             };
             if candidate {
                 hull.get_or_insert((b, start, prefix));
@@ -294,9 +337,122 @@ pub(crate) fn search(
     best.finish()
 }
 
-/// The best ratio `E / C` at any bucket boundary within `limit`: attained by some budget (up to
-/// the quotient's rounding, far inside [`BOUND_SLACK`]), so a valid floor for pruning. Plain
-/// quotients and a running maximum (no data-dependent branch), as a bound needs no tie rule.
+/// The hull's per-rank test of one bucket: whether any rank `t` (1-based) inside it may reach
+/// the floor, with `E ≤ min(base + t·top, e_max)` against its exact cost.
+#[derive(Clone, Copy)]
+struct RankTest {
+    base: f64,
+    top: f64,
+    e_max: f64,
+    draft_ms: f64,
+    floor: (f64, f64),
+    /// The rank of the first cost, as f64 (1 for a whole bucket).
+    first: f64,
+}
+
+/// Ranks per block of [`RankTest::any_reaches_nondecreasing`].
+const RANK_BLOCK: usize = 16;
+
+impl RankTest {
+    /// [`Self::any_reaches`] for costs that never fall: a block of ranks whose largest `E` (at
+    /// its last rank) over its cheapest cost (at its first) cannot reach the floor holds no rank
+    /// that can (the test is monotone in `E` and in the cost, rounding included), so it is
+    /// skipped whole; the other blocks are tested rank by rank.
+    fn any_reaches_nondecreasing(self, costs: &[f64]) -> bool {
+        if costs.len() <= 2 * RANK_BLOCK {
+            return self.any_reaches(costs);
+        }
+        for (i, block) in costs.chunks(RANK_BLOCK).enumerate() {
+            let last = (i * RANK_BLOCK + block.len()) as f64;
+            let e = self.base + last * self.top;
+            let e = if e < self.e_max { e } else { self.e_max };
+            if self.reaches(e, block[0]) && self.offset(i * RANK_BLOCK).any_reaches(block) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The test of one rank: `E` (already capped) against the cost `draft_ms + v`.
+    #[inline(always)]
+    fn reaches(self, e: f64, v: f64) -> bool {
+        let (floor_e, floor_c) = self.floor;
+        let reach = e * floor_c * (1.0 + BOUND_SLACK);
+        let need = floor_e * (self.draft_ms + v) * (1.0 - BOUND_SLACK);
+        reach >= need || !reach.is_finite() || !need.is_finite()
+    }
+
+    /// The test of the ranks from `skipped + 1` on, as if they were the first.
+    fn offset(self, skipped: usize) -> Self {
+        RankTest {
+            first: self.first + skipped as f64,
+            ..self
+        }
+    }
+
+    /// Over the bucket's costs `verify[start + 1..]`, four ranks at a time (vectors on every
+    /// level, AVX2 where the CPU has it), each rank computed exactly as one at a time would be.
+    fn any_reaches(self, costs: &[f64]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if costs.len() >= 8 && crate::simd::level() >= crate::simd::Level::Avx2 {
+            // SAFETY: `any_reaches_avx2` only requires AVX2, which `simd::level` reports only
+            // after `is_x86_feature_detected!("avx2")` confirmed it on this CPU.
+            return unsafe { self.any_reaches_avx2(costs) };
+        }
+        self.any_reaches_lanes(costs)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn any_reaches_avx2(self, costs: &[f64]) -> bool {
+        self.any_reaches_lanes(costs)
+    }
+
+    #[inline(always)]
+    fn any_reaches_lanes(self, costs: &[f64]) -> bool {
+        let RankTest {
+            base,
+            top,
+            e_max,
+            draft_ms,
+            floor: (floor_e, floor_c),
+            first,
+        } = self;
+        // `E = base + t·top` with `t` an exact integer in f64, the `min` of finite values, and
+        // the products in the order `reaches` takes them: each rank's bits as the scalar test's.
+        let lane = |t: f64, v: f64| {
+            let e = base + t * top;
+            let e = if e < e_max { e } else { e_max };
+            let reach = e * floor_c * (1.0 + BOUND_SLACK);
+            let need = floor_e * (draft_ms + v) * (1.0 - BOUND_SLACK);
+            reach >= need || !reach.is_finite() || !need.is_finite()
+        };
+        let mut chunks = costs.chunks_exact(4);
+        let mut t = first;
+        for chunk in &mut chunks {
+            let hits = [
+                lane(t, chunk[0]),
+                lane(t + 1.0, chunk[1]),
+                lane(t + 2.0, chunk[2]),
+                lane(t + 3.0, chunk[3]),
+            ];
+            if hits[0] | hits[1] | hits[2] | hits[3] {
+                return true;
+            }
+            t += 4.0;
+        }
+        chunks.remainder().iter().any(|&v| {
+            let hit = lane(t, v);
+            t += 1.0;
+            hit
+        })
+    }
+}
+
+/// The best ratio `E / C` at any bucket boundary within `limit`, as a rounded quotient: attained
+/// by some budget (up to the quotient's rounding, far inside [`BOUND_SLACK`]), so a valid floor
+/// for pruning. The maximum is found by [`beats`] (cross-multiplied, no division per bucket):
+/// the same value as the largest rounded quotient.
 pub(crate) fn floor_ratio(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> f64 {
     let StepCosts {
         s,
@@ -305,29 +461,40 @@ pub(crate) fn floor_ratio(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) ->
         ..
     } = costs;
     let limit = costs.limit();
-    let mut best = s / (draft_ms + verify[0]);
+    let (mut best_e, mut best_c) = (s, draft_ms + verify[0]);
     let (mut end, mut prefix) = (0usize, 0.0f64);
+    // With costs that never fall, once even the largest `E` over the next boundary's cost falls
+    // short of the best ratio by more than the slack, no later boundary beats it.
+    let top_e = costs.verify_nondecreasing.then(|| largest_e(s, sums));
     for (&count, &sum) in counts.iter().zip(sums) {
         end += count as usize;
         prefix += sum;
         if end > limit {
             break;
         }
-        best = best.max((s + prefix) / (draft_ms + verify[end]));
+        let (e, c) = (s + prefix, draft_ms + verify[end]);
+        if beats(e, c, best_e, best_c) {
+            (best_e, best_c) = (e, c);
+        } else if top_e.is_some_and(|top| !may_reach((top, c), (best_e, best_c))) {
+            break;
+        }
     }
-    best
+    best_e / best_c
 }
 
-/// Whether some budget `b ≤ limit` could reach the ratio `best_e / best_c`, judged from a
-/// bucket histogram of a superset of the candidates (`counts`, `sums`): at every rank inside a
-/// bucket, `E` is at most the bucket's end value and `C` at least its cheapest cost. `false`
-/// proves no budget over any subset of those survivals does (the depth decision's skip).
-pub(crate) fn may_reach(
-    counts: &[u32],
-    sums: &[f64],
-    costs: StepCosts<'_>,
-    (best_e, best_c): (f64, f64),
-) -> bool {
+/// What a bucket histogram of a depth's slots says about its best ratio over budgets
+/// `0..=limit`, as `(E, C)` pairs: `floor`, the best ratio at a bucket boundary (attained by
+/// some budget; its rounded quotient is [`floor_ratio`]'s), and `ceiling`, a bound no budget
+/// exceeds (at every rank inside a bucket, `E` is at most the bucket's end value and `C` at
+/// least its cheapest cost, compared by plain cross-multiplication: a bound for pruning only).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bounds {
+    pub(crate) floor: (f64, f64),
+    pub(crate) ceiling: (f64, f64),
+}
+
+/// [`Bounds`] of the slots counted in `counts` and `sums`, priced with `costs`.
+pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Bounds {
     let StepCosts {
         s,
         draft_ms,
@@ -335,35 +502,66 @@ pub(crate) fn may_reach(
         verify_nondecreasing,
     } = costs;
     let limit = costs.limit();
-    let reaches = |e: f64, c: f64| {
-        let reach = e * best_c * (1.0 + BOUND_SLACK);
-        let need = best_e * c * (1.0 - BOUND_SLACK);
-        reach >= need || !reach.is_finite() || !need.is_finite()
-    };
-    if reaches(s, draft_ms + verify[0]) {
-        return true;
-    }
+    let zero = (s, draft_ms + verify[0]);
+    let (mut floor, mut ceiling) = (zero, zero);
     let (mut start, mut prefix) = (0usize, 0.0f64);
+    let top_e = verify_nondecreasing.then(|| largest_e(s, sums));
     for (&count, &sum) in counts.iter().zip(sums) {
         if start >= limit {
             break;
         }
+        prefix += sum;
+        let end = start + count as usize;
         if count > 0 {
-            let end = (start + count as usize).min(limit);
-            let costs = &verify[start + 1..=end];
+            let e = s + prefix;
+            let ranks = &verify[start + 1..=end.min(limit)];
             let cheapest = if verify_nondecreasing {
-                costs[0]
+                ranks[0]
             } else {
-                costs.iter().fold(f64::INFINITY, |m, &v| m.min(v))
+                ranks.iter().fold(f64::INFINITY, |m, &v| m.min(v))
             };
-            if reaches(s + prefix + sum, draft_ms + cheapest) {
-                return true;
+            let c = draft_ms + cheapest;
+            if e * ceiling.1 > ceiling.0 * c {
+                ceiling = (e, c);
+            } else if top_e
+                .is_some_and(|top| !may_reach((top, c), ceiling) && !may_reach((top, c), floor))
+            {
+                // No later bucket (E at most `top`, costs at least `c`) raises either bound.
+                break;
+            }
+            if end <= limit {
+                let c = draft_ms + verify[end];
+                if beats(e, c, floor.0, floor.1) {
+                    floor = (e, c);
+                }
             }
         }
-        prefix += sum;
-        start += count as usize;
+        start = end;
     }
-    false
+    Bounds { floor, ceiling }
+}
+
+/// An upper bound on `E` at every budget of a histogram: `s` plus the sum of its bucket sums,
+/// summed in four lanes (another order than the prefix sums, so widened by [`BOUND_SLACK`],
+/// far above the difference).
+fn largest_e(s: f64, sums: &[f64]) -> f64 {
+    let mut lanes = [0.0f64; 4];
+    let mut chunks = sums.chunks_exact(4);
+    for chunk in &mut chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v;
+        }
+    }
+    let rest: f64 = chunks.remainder().iter().sum();
+    (s + (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + rest) * (1.0 + BOUND_SLACK)
+}
+
+/// Whether a ratio `e / c` may reach the ratio `bar` (pairs), with [`BOUND_SLACK`] on both
+/// sides: `false` proves it falls short.
+pub(crate) fn may_reach((e, c): (f64, f64), (bar_e, bar_c): (f64, f64)) -> bool {
+    let reach = e * bar_c * (1.0 + BOUND_SLACK);
+    let need = bar_e * c * (1.0 - BOUND_SLACK);
+    reach >= need || !reach.is_finite() || !need.is_finite()
 }
 
 /// The first `b` in `0..=sorted.len()` maximising `E(b) / C(b)` over survivals already sorted
@@ -457,7 +655,7 @@ mod tests {
             let sched: Vec<usize> = (0..rows).map(|r| sched_seed[r] % (cols + 1)).collect();
             let view = MatrixView::new("c", &conf, rows, cols).unwrap();
             let mut surv = Survivals::default();
-            prop_assert!(surv.compute(view, &sched, false));
+            prop_assert!(surv.compute(view, &sched));
             let limit = if cap_seed % 3 == 0 { cap_seed % (surv.count + 1) } else { surv.count };
             // Piecewise costs in exact binary fractions: steps, optionally sloped inside,
             // optionally with one dip (not monotone).
@@ -486,6 +684,14 @@ mod tests {
                 verify_nondecreasing: nondecreasing,
             };
             let pruned = best_budget(drafts, costs, &mut BudgetBuffers::default());
+            if !is_small(&surv, limit) {
+                // The depth decision's floor is the search's.
+                let map = bucket_map(&surv);
+                let (mut indices, mut counts, mut sums) = (Vec::new(), Vec::new(), Vec::new());
+                map.count_and_sum(&surv, cols, &sched, &mut indices, &mut counts, &mut sums);
+                let (e, c) = bounds(&counts, &sums, costs).floor;
+                prop_assert_eq!((e / c).to_bits(), floor_ratio(&counts, &sums, costs).to_bits());
+            }
             let mut sorted = Vec::new();
             surv.gather(cols, &sched, &mut sorted);
             sorted.sort_by(|a, b| b.total_cmp(a));

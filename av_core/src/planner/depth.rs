@@ -31,8 +31,8 @@
 //! rule (`av_core.testing` checks the composition exactly).
 
 use super::budget::{
-    beats, best_budget, bucket_map, floor_ratio, is_small, may_reach, search, Budget,
-    BudgetBuffers, Drafts, StepCosts,
+    beats, best_budget, bounds, bucket_map, is_small, may_reach, search, Bounds, Budget,
+    BudgetBuffers, Drafts, Histogram, StepCosts,
 };
 use super::order::Survivals;
 use super::StepTokens;
@@ -98,6 +98,18 @@ pub(crate) struct DepthBuffers {
     full_sums: Vec<f64>,
     costs_by_depth: Vec<(usize, f64)>,
     pass_fractions: Vec<f64>,
+    shapes: Vec<Shape>,
+}
+
+/// A candidate depth of the batch decision: its drafts, largest budget, drafting cost and
+/// bucket bounds.
+#[derive(Clone, Copy)]
+struct Shape {
+    depth: usize,
+    drafts: usize,
+    limit: usize,
+    draft_ms: f64,
+    bounds: Bounds,
 }
 
 #[derive(Clone, Copy)]
@@ -189,6 +201,7 @@ pub(crate) fn batch_depth(
         full_counts,
         full_sums,
         costs_by_depth,
+        shapes,
         ..
     } = buffers;
     depth_costs(caps, deepest, tables, counts, costs_by_depth);
@@ -235,18 +248,22 @@ pub(crate) fn batch_depth(
         survivals.recount(cols, caps);
     } else {
         // One bucket map for every depth and a histogram grown one position at a time
-        // (depth `d` adds the slots at `d - 1`), kept per depth. Pass 1: each depth's best
-        // ratio at bucket boundaries (attained by some budget), in O(buckets). Pass 2: only
-        // depths whose bucket bound reaches the best of those are searched exactly.
+        // (depth `d` adds the slots at `d - 1`), kept per depth. Pass 1: each depth's floor
+        // (its best ratio at a bucket boundary, attained by some budget) and ceiling (a bound
+        // no budget of it exceeds), in one O(buckets) sweep. Pass 2: only depths whose ceiling
+        // reaches the best floor (and then the best ratio found) are searched exactly; a
+        // depth it skips is below the answer by more than the bounds' slack, so which depths
+        // it skips cannot change the answer, only the time.
         let map = bucket_map(survivals);
-        map.indices(survivals, &mut budget_buffers.indices);
+        let indices = &mut budget_buffers.indices;
+        map.indices(survivals, indices);
         let buckets = map.len();
-        full_counts.clear();
+        // Every depth's histogram is written below (the first zeroed, each next one copied
+        // from the one before), so the buffers keep their old contents.
         full_counts.resize(buckets * deepest, 0);
-        full_sums.clear();
         full_sums.resize(buckets * deepest, 0.0);
         let mut target = (s, verify[t]);
-        let mut shapes = Vec::with_capacity(deepest);
+        shapes.clear();
         for d in 1..=deepest {
             let (done, rest) = full_counts.split_at_mut((d - 1) * buckets);
             let (done_sums, rest_sums) = full_sums.split_at_mut((d - 1) * buckets);
@@ -254,14 +271,31 @@ pub(crate) fn batch_depth(
             if d > 1 {
                 hist.copy_from_slice(&done[(d - 2) * buckets..]);
                 hist_sums.copy_from_slice(&done_sums[(d - 2) * buckets..]);
+            } else {
+                hist.fill(0);
+                hist_sums.fill(0.0);
             }
-            for (r, &cap) in caps.iter().enumerate() {
+            // Column `d - 1`, request by request: slot `r·cols + d - 1`.
+            let values = &survivals.values[..];
+            debug_assert!(indices.len() == caps.len() * cols && values.len() == indices.len());
+            let mut slot = d - 1;
+            for &cap in caps {
                 if cap >= d {
-                    let i = r * cols + d - 1;
-                    let b = budget_buffers.indices[i] as usize;
-                    hist[b] += 1;
-                    hist_sums[b] += survivals.values[i];
+                    // SAFETY: `slot = r·cols + d - 1` for the row `r < caps.len()` of this
+                    // iteration and `1 <= d <= deepest <= cols` (no cap exceeds `cols`), so it
+                    // is below `caps.len()·cols`, the length of `indices` (one bucket per slot
+                    // of every row) and of `values` (whole rows). `indices` was just filled by
+                    // `map.indices`, and `map.bucket` returns at most
+                    // `map.len() - 1 == buckets - 1` for any value (values are clamped into the
+                    // map's range), so `b` is in bounds of `hist` and `hist_sums`, both
+                    // `buckets` long.
+                    unsafe {
+                        let b = *indices.get_unchecked(slot) as usize;
+                        *hist.get_unchecked_mut(b) += 1;
+                        *hist_sums.get_unchecked_mut(b) += *values.get_unchecked(slot);
+                    }
                 }
+                slot += cols;
             }
             let (drafts, draft_ms) = costs_by_depth[d];
             let limit = limit_of(drafts);
@@ -271,28 +305,40 @@ pub(crate) fn batch_depth(
                 verify: &verify[t..=t + limit],
                 verify_nondecreasing: nondecreasing,
             };
-            let floor = (floor_ratio(hist, hist_sums, costs), 1.0);
-            if beats(floor.0, floor.1, target.0, target.1) {
-                target = floor;
+            let found = bounds(hist, hist_sums, costs);
+            if beats(found.floor.0, found.floor.1, target.0, target.1) {
+                target = found.floor;
             }
-            shapes.push((d, drafts, limit, draft_ms, floor));
+            shapes.push(Shape {
+                depth: d,
+                drafts,
+                limit,
+                draft_ms,
+                bounds: found,
+            });
         }
         // Most promising first: the first exact searches raise the bar the others must reach.
         shapes.sort_by(|a, b| {
-            let (ea, ca, eb, cb) = (a.4 .0, a.4 .1, b.4 .0, b.4 .1);
-            (eb * ca).total_cmp(&(ea * cb)).then(a.0.cmp(&b.0))
+            let ((ea, ca), (eb, cb)) = (a.bounds.floor, b.bounds.floor);
+            (eb * ca).total_cmp(&(ea * cb)).then(a.depth.cmp(&b.depth))
         });
-        for &(d, drafts, limit, draft_ms, _) in &shapes {
-            let bar = if beats(
-                best.expected_accepted_tokens,
-                best.predicted_cost_ms,
-                target.0,
-                target.1,
-            ) {
-                (best.expected_accepted_tokens, best.predicted_cost_ms)
+        for shape in shapes.iter() {
+            let Shape {
+                depth: d,
+                drafts,
+                limit,
+                draft_ms,
+                bounds: found,
+            } = *shape;
+            let best_pair = (best.expected_accepted_tokens, best.predicted_cost_ms);
+            let bar = if best_pair.0 * target.1 > target.0 * best_pair.1 {
+                best_pair
             } else {
                 target
             };
+            if limit == 0 || !may_reach(found.ceiling, bar) {
+                continue;
+            }
             let range = (d - 1) * buckets..d * buckets;
             let costs = StepCosts {
                 s,
@@ -300,21 +346,19 @@ pub(crate) fn batch_depth(
                 verify: &verify[t..=t + limit],
                 verify_nondecreasing: nondecreasing,
             };
-            let (hist, hist_sums) = (&full_counts[range.clone()], &full_sums[range]);
-            if limit == 0 || !may_reach(hist, hist_sums, costs, bar) {
-                continue;
-            }
-            budget_buffers.counts.clear();
-            budget_buffers.counts.extend_from_slice(hist);
-            budget_buffers.sums.clear();
-            budget_buffers.sums.extend_from_slice(hist_sums);
             fill_scheduled(d, caps, scheduled);
             let among = Drafts {
                 survivals,
                 cols,
                 scheduled,
             };
-            let chosen = search(among, &map, costs, budget_buffers);
+            let histogram = Histogram {
+                counts: &full_counts[range.clone()],
+                sums: &full_sums[range],
+                indices,
+                floor: Some(found.floor.0 / found.floor.1),
+            };
+            let chosen = search(among, &map, costs, histogram, &mut budget_buffers.search);
             offer(&mut best, d, drafts, draft_ms, chosen);
         }
     }

@@ -17,9 +17,6 @@ use crate::matrix::MatrixView;
 pub(crate) struct Survivals {
     /// `S[r, k]`, row-major, never `-0.0`.
     pub values: Vec<f64>,
-    /// `Σ_{j ≤ k} S[r, j]`, row-major, when asked for: the expected accepted drafts of a
-    /// prefix (empty otherwise).
-    pub cumulative: Vec<f64>,
     /// Largest scheduled survival (0 when there is none).
     pub max: f64,
     /// Smallest scheduled survival (1 when there is none).
@@ -32,7 +29,6 @@ impl Default for Survivals {
     fn default() -> Self {
         Survivals {
             values: Vec::new(),
-            cumulative: Vec::new(),
             max: 0.0,
             min: 1.0,
             count: 0,
@@ -42,8 +38,7 @@ impl Default for Survivals {
 
 impl Survivals {
     /// `S[r, k] = Π_{j ≤ k} p[r, j]` in f64, multiplied left to right (as vLLM's `cumprod` over
-    /// float64), and with `running_sums` their running sums along each row too (for
-    /// [`Self::prefix_sum`]). Whole rows are computed, a branch-free loop; only the slots
+    /// float64). Whole rows are computed, a branch-free loop; only the slots
     /// `k < scheduled[r]` count. Returns `false` if some confidence is outside `[0, 1]` or NaN
     /// (the caller reports which).
     #[must_use]
@@ -51,18 +46,12 @@ impl Survivals {
         &mut self,
         confidences: MatrixView<'_, T>,
         scheduled: &[usize],
-        running_sums: bool,
     ) -> bool {
         let cols = confidences.cols();
         let len = confidences.rows() * cols;
-        // Every entry of the whole rows is written below, so the buffers keep their old contents
-        // instead of being zeroed each call (`resize` fills only when they grow).
+        // Every entry of the whole rows is written below, so the buffer keeps its old contents
+        // instead of being zeroed each call (`resize` fills only when it grows).
         self.values.resize(len, 0.0);
-        if running_sums && cols > 0 {
-            self.cumulative.resize(len, 0.0);
-        } else {
-            self.cumulative.clear();
-        }
         self.max = 0.0;
         self.min = 1.0;
         self.count = 0;
@@ -74,20 +63,20 @@ impl Survivals {
         // slice cannot change under us: the bindings hand the core their own copy of a
         // caller's buffer, and Rust's `&[T]` promises no writer.)
         let in_range = data.iter().fold(true, |ok, &p| ok & probability(p.into()));
-        let rows = (data, &mut self.values[..], &mut self.cumulative[..]);
+        let rows = (data, &mut self.values[..]);
         // Common depths get a loop the compiler unrolls (independent rows then overlap).
         match cols {
-            1 => fill_rows::<T, 1>(rows, running_sums),
-            2 => fill_rows::<T, 2>(rows, running_sums),
-            3 => fill_rows::<T, 3>(rows, running_sums),
-            4 => fill_rows::<T, 4>(rows, running_sums),
-            5 => fill_rows::<T, 5>(rows, running_sums),
-            6 => fill_rows::<T, 6>(rows, running_sums),
-            7 => fill_rows::<T, 7>(rows, running_sums),
-            8 => fill_rows::<T, 8>(rows, running_sums),
-            10 => fill_rows::<T, 10>(rows, running_sums),
-            12 => fill_rows::<T, 12>(rows, running_sums),
-            16 => fill_rows::<T, 16>(rows, running_sums),
+            1 => fill_rows::<T, 1>(rows),
+            2 => fill_rows::<T, 2>(rows),
+            3 => fill_rows::<T, 3>(rows),
+            4 => fill_rows::<T, 4>(rows),
+            5 => fill_rows::<T, 5>(rows),
+            6 => fill_rows::<T, 6>(rows),
+            7 => fill_rows::<T, 7>(rows),
+            8 => fill_rows::<T, 8>(rows),
+            10 => fill_rows::<T, 10>(rows),
+            12 => fill_rows::<T, 12>(rows),
+            16 => fill_rows::<T, 16>(rows),
             _ => fill_rows_any(cols, rows),
         };
         let values = &self.values[..];
@@ -104,14 +93,43 @@ impl Survivals {
         in_range
     }
 
+    /// The survivals `remembered` holds for `slots` (slot-major, `cols` per slot), as whole
+    /// rows in the order of `slots`, with the extremes and count of the scheduled ones: what
+    /// [`Self::compute`] gives for the confidences those survivals were multiplied from.
+    pub(crate) fn gather_rows(
+        &mut self,
+        remembered: &[f64],
+        slots: &[i64],
+        cols: usize,
+        scheduled: &[usize],
+    ) {
+        self.values.resize(slots.len() * cols, 0.0);
+        let rows = (remembered, slots, &mut self.values[..]);
+        // Common depths copy fixed-size rows (moves, not a `memcpy` call per row).
+        match cols {
+            4 => copy_rows::<4>(rows),
+            8 => copy_rows::<8>(rows),
+            16 => copy_rows::<16>(rows),
+            _ => {
+                for (out, &slot) in self.values.chunks_exact_mut(cols.max(1)).zip(slots) {
+                    let start = slot as usize * cols;
+                    out.copy_from_slice(&remembered[start..start + cols]);
+                }
+            }
+        }
+        self.recount(cols, scheduled);
+    }
+
     /// Re-derives `max`, `min` and `count` for other scheduled counts (the values stay).
     pub(crate) fn recount(&mut self, cols: usize, scheduled: &[usize]) {
         let (mut max, mut min, mut count) = (0.0f64, 1.0f64, 0usize);
         if cols > 0 {
             for (row, &n) in self.values.chunks_exact(cols).zip(scheduled) {
                 if n > 0 {
-                    max = max.max(row[0]);
-                    min = min.min(row[n - 1]);
+                    // Plain comparisons (`maxsd`/`minsd`): survivals are never NaN.
+                    let (head, tail) = (row[0], row[n.min(cols) - 1]);
+                    max = if head > max { head } else { max };
+                    min = if tail < min { tail } else { min };
                 }
                 count += n;
             }
@@ -119,15 +137,18 @@ impl Survivals {
         (self.max, self.min, self.count) = (max, min, count);
     }
 
-    /// Sum of the survivals of the first `admitted[r]` slots of every row (needs the running
-    /// sums).
+    /// Sum over the rows of each row's running sum of its first `admitted[r]` survivals (each
+    /// row summed left to right from 0, the rows in order).
     pub(crate) fn prefix_sum(&self, cols: usize, admitted: &[i32]) -> f64 {
-        debug_assert_eq!(self.cumulative.len(), self.values.len());
         admitted
             .iter()
             .enumerate()
             .filter(|&(_, &a)| a > 0)
-            .map(|(r, &a)| self.cumulative[r * cols + a as usize - 1])
+            .map(|(r, &a)| {
+                self.values[r * cols..r * cols + a as usize]
+                    .iter()
+                    .fold(0.0f64, |sum, &v| sum + v)
+            })
             .sum()
     }
 
@@ -152,8 +173,17 @@ impl Survivals {
     }
 }
 
-/// Confidences in, survivals and (when kept) running sums out.
-type Rows<'a, T> = (&'a [T], &'a mut [f64], &'a mut [f64]);
+/// Rows of `K` values of `source` (row `slot` at `slot · K`), in the order of `slots`, into
+/// `out`.
+fn copy_rows<const K: usize>((source, slots, out): (&[f64], &[i64], &mut [f64])) {
+    for (out, &slot) in out.chunks_exact_mut(K).zip(slots) {
+        let start = slot as usize * K;
+        out.copy_from_slice(&source[start..start + K]);
+    }
+}
+
+/// Confidences in, survivals out.
+type Rows<'a, T> = (&'a [T], &'a mut [f64]);
 
 /// Whether a confidence is a probability (NaN is not).
 #[inline(always)]
@@ -161,56 +191,25 @@ fn probability(p: f64) -> bool {
     (0.0..=1.0).contains(&p)
 }
 
-/// Survivals of rows of `K` confidences, and their running sums when asked.
-fn fill_rows<T: Copy + Into<f64>, const K: usize>(
-    (data, values, cumulative): Rows<'_, T>,
-    running_sums: bool,
-) {
-    if !running_sums {
-        for (row, out) in data.chunks_exact(K).zip(values.chunks_exact_mut(K)) {
-            let mut survival = 1.0f64;
-            for k in 0..K {
-                // `+ 0.0` folds a `-0.0` confidence onto `+0.0` (off the multiply chain).
-                survival *= row[k].into() + 0.0;
-                out[k] = survival;
-            }
-        }
-        return;
-    }
-    let rows = data
-        .chunks_exact(K)
-        .zip(values.chunks_exact_mut(K))
-        .zip(cumulative.chunks_exact_mut(K));
-    for ((row, out), sums) in rows {
+/// Survivals of rows of `K` confidences.
+fn fill_rows<T: Copy + Into<f64>, const K: usize>((data, values): Rows<'_, T>) {
+    for (row, out) in data.chunks_exact(K).zip(values.chunks_exact_mut(K)) {
         let mut survival = 1.0f64;
-        let mut sum = 0.0f64;
         for k in 0..K {
+            // `+ 0.0` folds a `-0.0` confidence onto `+0.0` (off the multiply chain).
             survival *= row[k].into() + 0.0;
-            sum += survival;
             out[k] = survival;
-            sums[k] = sum;
         }
     }
 }
 
-/// [`fill_rows`] for any row length (running sums when `cumulative` is not empty).
-fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values, cumulative): Rows<'_, T>) {
-    for (r, (row, out)) in data
-        .chunks_exact(cols)
-        .zip(values.chunks_exact_mut(cols))
-        .enumerate()
-    {
+/// [`fill_rows`] for any row length.
+fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values): Rows<'_, T>) {
+    for (row, out) in data.chunks_exact(cols).zip(values.chunks_exact_mut(cols)) {
         let mut survival = 1.0f64;
         for (value, &p) in out.iter_mut().zip(row) {
             survival *= p.into() + 0.0;
             *value = survival;
-        }
-        if let Some(sums) = cumulative.get_mut(r * cols..(r + 1) * cols) {
-            let mut sum = 0.0f64;
-            for (running, &v) in sums.iter_mut().zip(out.iter()) {
-                sum += v;
-                *running = sum;
-            }
         }
     }
 }
@@ -291,56 +290,88 @@ impl BucketMap {
         f64::from_bits(self.top - ((bucket as u64) << self.shift))
     }
 
-    /// Bucket indices of every slot, scheduled or not (one vectorizable pass; the scatter that
-    /// follows is cheaper without the index arithmetic in its loop).
+    /// Bucket indices of every slot, scheduled or not: one vector pass (clamp, subtract,
+    /// shift, narrow), on AVX2 where the CPU has it (integer arithmetic and exact clamps: the
+    /// same indices on every level). The scatter that follows is cheaper without the index
+    /// arithmetic in its loop.
     pub(crate) fn indices(&self, survivals: &Survivals, out: &mut Vec<Bucket>) {
-        out.clear();
-        out.extend(survivals.values.iter().map(|&v| self.bucket(v) as Bucket));
+        let values = &survivals.values;
+        // Every entry is written below, so the buffer keeps its old contents.
+        out.resize(values.len(), 0);
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::level() >= crate::simd::Level::Avx2 {
+            // SAFETY: `indices_avx2` only requires AVX2, which `simd::level` reports only after
+            // `is_x86_feature_detected!("avx2")` confirmed it on this CPU.
+            unsafe { x86::indices_avx2(self, values, out) };
+            return;
+        }
+        self.fill_indices(values, out);
     }
 
-    /// Counts per bucket of the scheduled survivals, into `counts` (length [`Self::len`]);
-    /// `indices` is [`Self::indices`]' output.
-    pub(crate) fn histogram(
+    /// The loop of [`Self::indices`], inlined into each target's variant.
+    #[inline(always)]
+    fn fill_indices(&self, values: &[f64], out: &mut [Bucket]) {
+        for (index, &v) in out.iter_mut().zip(values) {
+            *index = self.bucket(v) as Bucket;
+        }
+    }
+
+    /// [`Self::indices`], then the counts per bucket of the scheduled survivals into `counts`
+    /// (length [`Self::len`]).
+    pub(crate) fn count(
         &self,
         survivals: &Survivals,
         cols: usize,
         scheduled: &[usize],
-        indices: &[Bucket],
+        indices: &mut Vec<Bucket>,
         counts: &mut Vec<u32>,
     ) {
+        self.indices(survivals, indices);
         counts.clear();
         counts.resize(self.len(), 0);
+        let counts = &mut counts[..];
+        // SAFETY (each `get_unchecked_mut` below): `indices` was just filled by
+        // `Self::indices` with this map, and `bucket` returns at most `len - 1` for any value
+        // (values are clamped into `[floor, ceiling]`, whose bucket range is `0..len`), so
+        // every index is below `counts.len() == self.len()`.
         if survivals.count == indices.len() {
-            for &b in indices {
-                counts[b as usize] += 1;
+            for &b in indices.iter() {
+                unsafe { *counts.get_unchecked_mut(b as usize) += 1 };
             }
         } else {
             for (row, &n) in indices.chunks_exact(cols).zip(scheduled) {
                 for &b in &row[..n] {
-                    counts[b as usize] += 1;
+                    unsafe { *counts.get_unchecked_mut(b as usize) += 1 };
                 }
             }
         }
     }
 
-    /// Counts and sums per bucket of the scheduled survivals.
-    pub(crate) fn histogram_with_sums(
+    /// [`Self::indices`], then the counts and sums per bucket of the scheduled survivals (sums
+    /// accumulated slot by slot in row-major order).
+    pub(crate) fn count_and_sum(
         &self,
         survivals: &Survivals,
         cols: usize,
         scheduled: &[usize],
-        indices: &[Bucket],
+        indices: &mut Vec<Bucket>,
         counts: &mut Vec<u32>,
         sums: &mut Vec<f64>,
     ) {
+        self.indices(survivals, indices);
         counts.clear();
         counts.resize(self.len(), 0);
         sums.clear();
         sums.resize(self.len(), 0.0);
+        let (counts, sums) = (&mut counts[..], &mut sums[..]);
+        // SAFETY (each `get_unchecked_mut` below): as in `Self::count`, every index is below
+        // `self.len()`, the length of both `counts` and `sums`.
         if survivals.count == indices.len() {
             for (&b, &v) in indices.iter().zip(&survivals.values) {
-                counts[b as usize] += 1;
-                sums[b as usize] += v;
+                unsafe {
+                    *counts.get_unchecked_mut(b as usize) += 1;
+                    *sums.get_unchecked_mut(b as usize) += v;
+                }
             }
         } else {
             let rows = indices
@@ -349,11 +380,24 @@ impl BucketMap {
                 .zip(scheduled);
             for ((row, values), &n) in rows {
                 for (&b, &v) in row[..n].iter().zip(values) {
-                    counts[b as usize] += 1;
-                    sums[b as usize] += v;
+                    unsafe {
+                        *counts.get_unchecked_mut(b as usize) += 1;
+                        *sums.get_unchecked_mut(b as usize) += v;
+                    }
                 }
             }
         }
+    }
+}
+
+/// The bucket-index pass compiled for AVX2 (the same code, wider vectors).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Bucket, BucketMap};
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn indices_avx2(map: &BucketMap, values: &[f64], out: &mut [Bucket]) {
+        map.fill_indices(values, out);
     }
 }
 
@@ -431,7 +475,7 @@ mod tests {
 
     fn survivals(conf: &[f64], rows: usize, cols: usize, sched: &[usize]) -> Survivals {
         let mut s = Survivals::default();
-        assert!(s.compute(MatrixView::new("c", conf, rows, cols).unwrap(), sched, true));
+        assert!(s.compute(MatrixView::new("c", conf, rows, cols).unwrap(), sched));
         s
     }
 
@@ -448,12 +492,12 @@ mod tests {
             let mut s = Survivals::default();
             let data = [0.5, bad];
             let view = MatrixView::new("c", &data[..], 1, 2).unwrap();
-            assert!(!s.compute(view, &[1], false));
+            assert!(!s.compute(view, &[1]));
         }
     }
 
     #[test]
-    fn running_sums_give_prefix_sums() {
+    fn prefix_sums_add_each_admitted_prefix() {
         let s = survivals(&[0.5, 0.5, 1.0, 0.25, 0.0, 1.0], 2, 3, &[3, 2]);
         assert_eq!(s.prefix_sum(3, &[2, 0]), 0.75);
         assert_eq!(s.prefix_sum(3, &[3, 2]), 1.0 + 0.25);
@@ -478,9 +522,8 @@ mod tests {
             let s = survivals(&conf, rows, cols, &sched);
             let map = BucketMap::new(&s, coarseness);
             let mut indices = Vec::new();
-            map.indices(&s, &mut indices);
             let mut counts = Vec::new();
-            map.histogram(&s, cols, &sched, &indices, &mut counts);
+            map.count(&s, cols, &sched, &mut indices, &mut counts);
             prop_assert_eq!(counts.iter().map(|&c| c as usize).sum::<usize>(), s.count);
             let mut all = Vec::new();
             s.gather(cols, &sched, &mut all);

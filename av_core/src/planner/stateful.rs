@@ -2,14 +2,16 @@
 
 use std::fmt;
 
-use super::{
-    depth_with, plan_with, BudgetSource, DepthMode, DepthPlan, Exploration, Scratch, StepTokens,
-    VerificationPlan,
-};
+use super::engine::{Engine, Rows, Sizing};
+use super::{BudgetSource, DepthMode, DepthPlan, Exploration, StepTokens, VerificationPlan};
 use crate::cost_tables::CostTables;
 use crate::error::{Error, Result};
 use crate::matrix::MatrixView;
 use crate::persist::Persistent;
+
+mod rows;
+
+use rows::{slot_keys, store_rows, StoreRows};
 
 /// Most `num_slots × num_positions` entries of remembered confidences.
 const MAX_STATE_ENTRIES: usize = 1 << 26;
@@ -71,11 +73,20 @@ pub struct VerificationPlanner {
     cost_tables: CostTables,
     num_positions: usize,
     budget_source: BudgetSource,
+    /// Each slot's remembered confidences, slot-major.
     previous: Vec<f64>,
-    gathered: Vec<f64>,
-    marks: Vec<bool>,
+    /// Their survivals (`Π_{j ≤ k} previous[slot, j]`, multiplied as the planner multiplies
+    /// confidences), what the budget and the depth decision read.
+    survivals: Vec<f64>,
+    /// Changes whenever `survivals` does (the engine keeps gathered rows while it stays).
+    generation: u64,
+    /// Each slot's part of its exploration draws.
+    slot_keys: Vec<u64>,
+    /// `marks[slot] == epoch`: the slot was seen in the current call's `slots`.
+    marks: Vec<u32>,
+    epoch: u32,
     stamp: u64,
-    scratch: Scratch,
+    engine: Engine,
     exploration: Exploration,
 }
 
@@ -112,7 +123,7 @@ impl VerificationPlanner {
                 format!("= {num_positions} exceeds {MAX_STATE_ENTRIES}"),
             ));
         }
-        super::check_depth_table(&cost_tables, num_positions)?;
+        super::engine::check_depth_table(&cost_tables, num_positions)?;
         let entries = num_slots
             .checked_mul(num_positions)
             .filter(|&e| e <= MAX_STATE_ENTRIES)
@@ -129,10 +140,13 @@ impl VerificationPlanner {
             num_positions,
             budget_source,
             previous: vec![1.0; entries],
-            gathered: Vec::new(),
-            marks: vec![false; num_slots],
+            survivals: vec![1.0; entries],
+            generation: 0,
+            slot_keys: slot_keys(num_slots),
+            marks: vec![0; num_slots],
+            epoch: 0,
             stamp: 0,
-            scratch: Scratch::default(),
+            engine: Engine::default(),
             exploration: Exploration::DEFAULT,
         })
     }
@@ -186,56 +200,6 @@ impl VerificationPlanner {
         self.exploration.seed()
     }
 
-    /// Whether `slot` explores at the current step: a deterministic draw from (seed, step, slot).
-    fn explores(&self, slot: u64) -> bool {
-        self.exploration.explores(self.stamp, slot)
-    }
-
-    /// Widens `plan` to whole draft blocks for the requests that explore this step, within the
-    /// step's draft limit; updates the plan's totals.
-    fn explore<T: Copy + Into<f64>>(
-        &self,
-        slots: &[i64],
-        confidences: MatrixView<'_, T>,
-        scheduled_drafts: &[i64],
-        step: &StepTokens,
-        admitted: &mut [i32],
-        plan: &mut VerificationPlan,
-    ) -> Result<()> {
-        if !self.exploration.is_on() {
-            return Ok(());
-        }
-        let total: usize = scheduled_drafts.iter().map(|&s| s.max(0) as usize).sum();
-        let limit = step.max_draft_budget.map_or(total, |cap| cap.min(total));
-        let mut added = false;
-        for (r, (&slot, &scheduled)) in slots.iter().zip(scheduled_drafts).enumerate() {
-            let (from, to) = (admitted[r] as usize, scheduled.max(0) as usize);
-            if to <= from || plan.budget + (to - from) > limit || !self.explores(slot as u64) {
-                continue;
-            }
-            let row = confidences.row(r);
-            let mut survival: f64 = row[..from].iter().map(|&p| p.into()).product();
-            for &p in &row[from..to] {
-                survival *= p.into();
-                plan.expected_accepted_tokens += survival;
-            }
-            plan.budget += to - from;
-            admitted[r] = to as i32;
-            added = true;
-        }
-        if added {
-            let tables = &self.cost_tables;
-            let scheduled: Vec<usize> = scheduled_drafts
-                .iter()
-                .map(|&s| s.max(0) as usize)
-                .collect();
-            let draft_ms = super::step_draft_ms(tables, &scheduled, &mut Vec::new())?;
-            plan.predicted_cost_ms =
-                draft_ms + tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
-        }
-        Ok(())
-    }
-
     /// The cost tables the planner prices steps with.
     pub fn cost_tables(&self) -> &CostTables {
         &self.cost_tables
@@ -243,7 +207,7 @@ impl VerificationPlanner {
 
     /// Number of request slots.
     pub fn num_slots(&self) -> usize {
-        self.marks.len()
+        self.slot_keys.len()
     }
 
     /// Draft positions per request, `K`.
@@ -290,6 +254,8 @@ impl VerificationPlanner {
         self.check_slot("slot", slot)?;
         let k = self.num_positions;
         self.previous[slot * k..(slot + 1) * k].fill(1.0);
+        self.survivals[slot * k..(slot + 1) * k].fill(1.0);
+        self.generation = self.generation.wrapping_add(1);
         Ok(())
     }
 
@@ -343,51 +309,71 @@ impl VerificationPlanner {
             ));
         }
         self.check_slots(slots)?;
-        let mut plan = match self.budget_source {
-            BudgetSource::Previous => {
-                self.gathered.clear();
-                for &slot in slots {
-                    let slot = slot as usize;
-                    self.gathered
-                        .extend_from_slice(&self.previous[slot * k..(slot + 1) * k]);
-                }
-                let stale = MatrixView::new("budget_confidences", &self.gathered, rows, k)?;
-                plan_with(
-                    &mut self.scratch,
-                    confidences,
-                    Some(stale),
-                    scheduled_drafts,
-                    step,
-                    &self.cost_tables,
-                    admitted,
-                )?
-            }
-            BudgetSource::Current => plan_with(
-                &mut self.scratch,
-                confidences,
-                None::<MatrixView<'_, f64>>,
-                scheduled_drafts,
-                step,
-                &self.cost_tables,
-                admitted,
-            )?,
-        };
-        // The step counts only once the plan succeeded: a rejected call changes nothing.
-        self.stamp = self.stamp.wrapping_add(1);
-        let explored = self.explore(
+        let remembered: Rows<'_, f64> = Rows::Remembered {
+            survivals: &self.survivals,
             slots,
+            cols: k,
+            generation: self.generation,
+        };
+        let sizing = match self.budget_source {
+            BudgetSource::Previous => Sizing::Other(remembered),
+            BudgetSource::Current => Sizing::Current,
+        };
+        let planned = self.engine.plan(
             confidences,
+            sizing,
             scheduled_drafts,
             step,
+            &self.cost_tables,
             admitted,
-            &mut plan,
-        );
-        if let Err(error) = explored {
-            self.stamp = self.stamp.wrapping_sub(1);
-            return Err(error);
+        )?;
+        // The step counts only once the plan succeeded: a rejected call changes nothing.
+        self.stamp = self.stamp.wrapping_add(1);
+        let mut plan = planned.plan;
+        if self.exploration.is_on() {
+            self.explore(slots, step, planned.draft_ms, admitted, &mut plan);
         }
-        self.store(slots, confidences, scheduled_drafts);
+        self.store(slots, confidences, scheduled_drafts, true);
         Ok(plan)
+    }
+
+    /// Widens `plan` to whole draft blocks for the requests that explore this step, within the
+    /// step's draft limit; updates the plan's totals. Reads the engine's scheduled counts and
+    /// survivals of the plan just made.
+    fn explore(
+        &self,
+        slots: &[i64],
+        step: &StepTokens,
+        draft_ms: f64,
+        admitted: &mut [i32],
+        plan: &mut VerificationPlan,
+    ) {
+        let k = self.num_positions;
+        let scheduled = self.engine.scheduled();
+        let survivals = self.engine.survivals();
+        let total: usize = scheduled.iter().sum();
+        let limit = step.max_draft_budget.map_or(total, |cap| cap.min(total));
+        let mut added = false;
+        let draws = self.exploration.draws(self.stamp);
+        for (r, (&slot, &to)) in slots.iter().zip(scheduled).enumerate() {
+            let from = admitted[r] as usize;
+            if to <= from
+                || plan.budget + (to - from) > limit
+                || !draws.explores(self.slot_keys[slot as usize])
+            {
+                continue;
+            }
+            for &survival in &survivals[r * k + from..r * k + to] {
+                plan.expected_accepted_tokens += survival;
+            }
+            plan.budget += to - from;
+            admitted[r] = to as i32;
+            added = true;
+        }
+        if added {
+            plan.predicted_cost_ms =
+                draft_ms + self.cost_tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
+        }
     }
 
     /// Remembers this step's confidences of the positions each request drafted
@@ -449,7 +435,7 @@ impl VerificationPlanner {
                 ));
             }
         }
-        self.store(slots, confidences, scheduled_drafts);
+        self.store(slots, confidences, scheduled_drafts, false);
         Ok(())
     }
 
@@ -517,7 +503,7 @@ impl VerificationPlanner {
                 ),
             ));
         }
-        let num_slots = self.marks.len();
+        let num_slots = self.slot_keys.len();
         if let Some((r, &slot)) = slots
             .iter()
             .enumerate()
@@ -528,31 +514,40 @@ impl VerificationPlanner {
                 format!("[{r}] = {slot} is outside 0..{num_slots}"),
             ));
         }
-        let next = self.stamp.wrapping_add(1);
+        let draws = self.exploration.draws(self.stamp.wrapping_add(1));
         for (explores, &slot) in explorers.iter_mut().zip(slots) {
-            *explores = self.exploration.explores(next, slot as u64);
+            *explores = draws.explores(self.slot_keys[slot as usize]);
         }
-        Ok(self.exploration.is_exploration_step(next))
+        Ok(self
+            .exploration
+            .is_exploration_step(self.stamp.wrapping_add(1)))
     }
 
-    /// Writes the drafted positions' confidences of `slots` (validated by the caller).
+    /// Writes the drafted positions' confidences of `slots` (validated by the caller) and the
+    /// survivals of the rows they change. With `planned`, the engine holds this call's
+    /// survivals of `confidences` (the same products), which are copied instead of multiplied.
     fn store<T: Copy + Into<f64>>(
         &mut self,
         slots: &[i64],
         confidences: MatrixView<'_, T>,
         scheduled_drafts: &[i64],
+        planned: bool,
     ) {
-        // Only drafted positions carry news: past a request's scheduled drafts (a shallower
-        // drafting depth, a request near its end) the remembered values stay.
-        let k = self.num_positions;
-        for (r, (&slot, &n)) in slots.iter().zip(scheduled_drafts).enumerate() {
-            let slot = slot as usize;
-            for (stored, &p) in self.previous[slot * k..slot * k + n as usize]
-                .iter_mut()
-                .zip(confidences.row(r))
-            {
-                *stored = p.into();
-            }
+        self.generation = self.generation.wrapping_add(1);
+        let rows = StoreRows {
+            previous: &mut self.previous,
+            survivals: &mut self.survivals,
+            slots,
+            confidences,
+            scheduled_drafts,
+            current: planned.then_some(self.engine.survivals()),
+        };
+        // Common depths get a fixed-width loop (whole rows unrolled).
+        match self.num_positions {
+            4 => store_rows::<T, 4>(rows, 4),
+            8 => store_rows::<T, 8>(rows, 8),
+            16 => store_rows::<T, 16>(rows, 16),
+            k => store_rows::<T, 0>(rows, k),
         }
     }
 
@@ -619,15 +614,13 @@ impl VerificationPlanner {
                 ),
             ));
         }
-        self.gathered.clear();
-        for &slot in slots {
-            let slot = slot as usize;
-            self.gathered
-                .extend_from_slice(&self.previous[slot * k..(slot + 1) * k]);
-        }
-        let remembered = MatrixView::new("confidences", &self.gathered, slots.len(), k)?;
-        let mut plan = depth_with(
-            &mut self.scratch,
+        let remembered: Rows<'_, f64> = Rows::Remembered {
+            survivals: &self.survivals,
+            slots,
+            cols: k,
+            generation: self.generation,
+        };
+        let mut plan = self.engine.depth(
             remembered,
             max_depths,
             step,
@@ -642,23 +635,21 @@ impl VerificationPlanner {
             // as deep as the batch already does, which adds no drafter pass; in an exploration
             // step (probability ε, one draw per step) they draft their whole block.
             let whole = self.exploration.is_exploration_step(next);
+            let draws = self.exploration.draws(next);
             for (r, (&slot, &cap)) in slots.iter().zip(max_depths).enumerate() {
                 let reach = if whole {
                     cap as i32
                 } else {
                     (cap as usize).min(plan.max_depth) as i32
                 };
-                if depths[r] < reach && self.exploration.explores(next, slot as u64) {
+                if depths[r] < reach && draws.explores(self.slot_keys[slot as usize]) {
                     depths[r] = reach;
                 }
             }
             plan.drafts = depths.iter().map(|&d| d as usize).sum();
             plan.max_depth = depths.iter().map(|&d| d as usize).max().unwrap_or(0);
             if (plan.drafts, plan.max_depth) != before {
-                let scheduled: Vec<usize> = depths.iter().map(|&d| d as usize).collect();
-                let draft_ms = self
-                    .cost_tables
-                    .step_draft_cost_ms(&scheduled, &mut Vec::new())?;
+                let draft_ms = self.engine.depth_cost_ms(depths, &self.cost_tables)?;
                 plan.predicted_cost_ms = draft_ms
                     + self.cost_tables.verify_ms()[step.num_non_draft_tokens + plan.budget];
             }
@@ -666,43 +657,41 @@ impl VerificationPlanner {
         Ok(plan)
     }
 
-    /// Checks that `slots` are distinct and in range, marking them in `marks` and clearing the
-    /// marks again before returning (so a rejected call leaves no trace).
+    /// Checks that `slots` are distinct and in range, marking each with this call's epoch (so
+    /// a rejected call leaves no trace: the next call counts from a new epoch).
     fn check_slots(&mut self, slots: &[i64]) -> Result<()> {
         let num_slots = self.marks.len();
-        let mut checked = Ok(());
-        let mut marked = 0;
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            // Every mark is an old epoch's after the counter wraps: start over.
+            self.marks.fill(0);
+            self.epoch = 1;
+        }
         for (r, &slot) in slots.iter().enumerate() {
             let Some(index) = usize::try_from(slot).ok().filter(|&s| s < num_slots) else {
-                checked = Err(Error::value(
+                return Err(Error::value(
                     "slots",
                     format!("[{r}] = {slot} is outside 0..{num_slots}"),
                 ));
-                break;
             };
-            if self.marks[index] {
-                checked = Err(Error::value(
+            if self.marks[index] == self.epoch {
+                return Err(Error::value(
                     "slots",
                     format!("[{r}] = {slot} appears twice"),
                 ));
-                break;
             }
-            self.marks[index] = true;
-            marked = r + 1;
+            self.marks[index] = self.epoch;
         }
-        for &slot in &slots[..marked] {
-            self.marks[slot as usize] = false;
-        }
-        checked
+        Ok(())
     }
 
     fn check_slot(&self, argument: &'static str, slot: usize) -> Result<()> {
-        if slot < self.marks.len() {
+        if slot < self.num_slots() {
             Ok(())
         } else {
             Err(Error::value(
                 argument,
-                format!("= {slot} is outside 0..{}", self.marks.len()),
+                format!("= {slot} is outside 0..{}", self.num_slots()),
             ))
         }
     }
@@ -780,6 +769,19 @@ impl VerificationPlanner {
     /// caller: `remembered` has one value in `[0, 1]` per entry).
     pub(crate) fn restore(&mut self, remembered: &[f64], step_count: u64) {
         self.previous.copy_from_slice(remembered);
+        let k = self.num_positions;
+        for (survivals, previous) in self
+            .survivals
+            .chunks_exact_mut(k)
+            .zip(self.previous.chunks_exact(k))
+        {
+            let mut survival = 1.0f64;
+            for (value, &p) in survivals.iter_mut().zip(previous) {
+                survival *= p + 0.0;
+                *value = survival;
+            }
+        }
+        self.generation = self.generation.wrapping_add(1);
         self.stamp = step_count;
     }
 }
@@ -792,12 +794,14 @@ impl Clone for VerificationPlanner {
             num_positions: self.num_positions,
             budget_source: self.budget_source,
             previous: self.previous.clone(),
-            gathered: Vec::new(),
-            marks: vec![false; self.marks.len()],
-            // The step count drives the exploration draws, so a copy continues the same sequence
-            // (fresh slot stamps of 0 never collide with a later, larger stamp).
+            survivals: self.survivals.clone(),
+            generation: self.generation,
+            slot_keys: self.slot_keys.clone(),
+            marks: vec![0; self.marks.len()],
+            epoch: 0,
+            // The step count drives the exploration draws, so a copy continues the same sequence.
             stamp: self.stamp,
-            scratch: Scratch::default(),
+            engine: Engine::default(),
             exploration: self.exploration,
         }
     }

@@ -381,7 +381,7 @@ fn a_bad_value_gone_when_read_again_is_a_buffer_changed_error() {
     // second read finds none, another thread rewrote the buffer meanwhile.
     let conf = [0.5, 0.25];
     let view = MatrixView::new("confidences", &conf, 1, 2).unwrap();
-    let err = super::probability_error("confidences", view);
+    let err = super::engine::probability_error("confidences", view);
     assert_eq!(
         (err.kind, err.argument),
         (crate::ErrorKind::BufferChanged, "confidences")
@@ -389,7 +389,7 @@ fn a_bad_value_gone_when_read_again_is_a_buffer_changed_error() {
     let bad = [0.5, 1.25];
     let view = MatrixView::new("confidences", &bad, 1, 2).unwrap();
     assert_eq!(
-        super::probability_error("confidences", view).kind,
+        super::engine::probability_error("confidences", view).kind,
         crate::ErrorKind::Value
     );
 }

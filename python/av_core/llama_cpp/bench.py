@@ -1,5 +1,5 @@
 """The real-runtime benchmark (``av-core bench-engine``): every policy at every concurrency R and
-thread count, on real prompts, measured in tokens per second, beside what the serving simulator
+thread count, on real prompts, measured in tokens per second, beside what the simulator
 predicts for the same run.
 
 Per (threads, R, repeat) every policy generates ``max_new_tokens`` for the same R prompts with
@@ -8,12 +8,19 @@ is one line of ``runs.jsonl`` in the output directory, so an interrupted benchma
 it stopped. ``results.json`` aggregates them: one row per (policy, R, threads) with the medians
 over repeats. Beside each measured figure:
 
-- ``simulated_tokens_per_s``: ``av-core simulate``'s replay (:func:`~av_core.tools.simulate
-  .simulate_trace`) of the run's own trace (the full-verification fixed-K run of the same repeat)
-  under the measured cost tables, for the policies the simulator has (no speculation, fixed K,
-  vLLM's AV, AV+D; none for llama.cpp's policy);
-- ``priced_tokens_per_s``: the run's own steps priced by the same cost tables (its drafter
-  passes and target decodes), for every policy: how far the cost model is from the clock.
+- ``simulated_tokens_per_s``: :func:`~av_core.tools.simulate.simulate_run`'s replay of the policy
+  on the repeat's own trace, priced by the measured cost tables (:meth:`EngineCosts.price`). The
+  trace is that of a full-verification run of the same drafting: fixed K = K for the policies
+  that sample their drafts, llama.cpp's default policy (greedy drafts, ``p_min = 0``: every
+  position up to ``n_max``, with the confidence ``p_min`` reads) for llama.cpp's policies. Each
+  trace is kept in ``traces/`` in the trace format.
+- ``priced_tokens_per_s``: the run's own steps priced by the same function: how far the cost
+  model is from the clock, with the components per step beside it (``draft_ms_per_step``,
+  ``priced_draft_ms_per_step``, ``verify_ms_per_step``, ``priced_verify_ms_per_step``,
+  ``other_ms_per_step``: the decode time outside the priced calls).
+
+``clock`` (``wall`` or ``cpu``) is what the profile, the step records and the prediction read;
+on a shared machine CPU time is the robust one (it still counts llama.cpp's threads spinning).
 """
 
 from __future__ import annotations
@@ -27,24 +34,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.engine import RunResult, SpeculativeEngine
 from av_core.llama_cpp.policies import DEFAULT_POLICIES, PolicySpec
-from av_core.llama_cpp.profile import (
-    EngineCosts,
-    OnlineCosts,
-    profile_engine,
-    write_engine_costs,
-)
+from av_core.llama_cpp.profile import EngineCosts, OnlineCosts, profile_engine, write_engine_costs
 from av_core.llama_cpp.sampling import SamplingParams
 from av_core.tools.collect.prompts import Prompt
-from av_core.tools.simulate import MeasuredCost, simulate_trace
-from av_core.tools.trace import DraftTrace, trace_from_rows
+from av_core.tools.evaluate import DraftRounds
+from av_core.tools.simulate.run import StepShape, simulate_run
+from av_core.tools.trace import DraftTrace, read_trace, trace_from_rows, write_trace
 
-#: The simulator's name of each policy's counterpart.
-SIMULATED_AS = {"no-spec": "K=0", "vLLM-AV": "vLLM-AV", "AV+D": "AV+D", "AV": "AV"}
+#: The full-verification run of llama.cpp's greedy drafting (``p_min = 0``).
+GREEDY_TRACE_POLICY = "llama.cpp"
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 @dataclass(frozen=True)
@@ -64,15 +66,29 @@ class BenchConfig:
     temperature: float = 1.0
     seed: int = 0
     remeasure: bool = False
+    clock: str = "wall"
 
     @property
     def trace_policy(self) -> str:
-        """The full-verification run whose trace the simulator replays."""
+        """The full-verification run whose trace replays the policies that sample drafts."""
         return f"K={self.num_positions}"
 
+    def trace_of(self, policy: str) -> str:
+        """The run whose trace replays ``policy``."""
+        greedy = PolicySpec(policy).check(self.num_positions).greedy
+        return GREEDY_TRACE_POLICY if greedy else self.trace_policy
+
+    def settings(self) -> dict[str, Any]:
+        """What makes two runs comparable (a resumed benchmark must keep them): everything but
+        the concurrencies, thread counts, policies and repeats, which it may extend."""
+        keep = ("num_positions", "max_new_tokens", "max_prompt_tokens", "temperature", "seed")
+        models = {"target": Path(self.target).name, "drafter": Path(self.drafter).name}
+        return {**models, **{k: getattr(self, k) for k in keep}, "clock": self.clock}
+
     def run_policies(self) -> tuple[str, ...]:
-        names = tuple(self.policies)
-        return names if self.trace_policy in names else (*names, self.trace_policy)
+        """Every policy, the trace runs first."""
+        traces = dict.fromkeys(self.trace_of(p) for p in (*self.policies, self.trace_policy))
+        return (*traces, *(p for p in self.policies if p not in traces))
 
 
 def run_trace(
@@ -83,8 +99,9 @@ def run_trace(
     request_ids: Sequence[int] | None = None,
     prompt_ids: Sequence[str] | None = None,
 ) -> DraftTrace | None:
-    """The run's drafts as a labeled trace (one row per kept draft of every step; ``None`` when
-    nothing was drafted). ``request_ids`` and ``prompt_ids`` name each request of the run."""
+    """The run's drafts as a labeled trace (one row per kept draft of every step, with
+    ``top10_confidence`` when the drafts are greedy; ``None`` when nothing was drafted).
+    ``request_ids`` and ``prompt_ids`` name each request of the run."""
     rows: list[dict[str, Any]] = []
     counter = [0] * len(workloads)
     for step in result.steps:
@@ -105,43 +122,38 @@ def run_trace(
                 }
                 if prompt_ids is not None:
                     row["prompt_id"] = prompt_ids[r]
+                if not math.isnan(step.confidences[i, k]):
+                    row["top10_confidence"] = float(step.confidences[i, k])
                 rows.append(row)
             counter[r] += 1
     return trace_from_rows(rows) if rows else None
 
 
-def priced_ms(result: RunResult, cost: MeasuredCost) -> float:
-    """The run's steps priced by the cost model: each drafter pass at its batch, each target
-    decode at its tokens."""
-    total = 0.0
-    for step in result.steps:
-        total += float(np.sum(cost.draft_pass_ms(np.asarray(step.draft_passes, dtype=np.float64))))
-        total += float(cost.verify_ms(len(step.slots) + int(step.admitted.sum())))
-    return total
-
-
 def simulated_tokens_per_s(
-    trace: DraftTrace, cost: MeasuredCost, requests: int, seed: int
-) -> dict[str, float]:
-    """Tokens per second the simulator predicts for each of its policies at ``requests``."""
-    simulation = simulate_trace(
-        trace,
-        cost=cost,
-        drafter="autoregressive",
-        concurrency=[requests],
-        steps=400,
-        warmup_steps=100,
-        seed=seed,
-        depth_control=("batch",),
-        peers=True,
+    trace: DraftTrace, policy: str, costs: EngineCosts, config: BenchConfig, requests: int
+) -> float | None:
+    """What :func:`simulate_run` predicts for ``policy`` at ``requests`` from ``trace``."""
+    if not trace.labeled.any():
+        return None
+    rounds = DraftRounds.from_trace(trace)
+    confidences = trace.top10_confidence
+    replay = simulate_run(
+        rounds,
+        PolicySpec(policy).build(costs.tables(requests), config.num_positions, requests),
+        costs.price,
+        config.max_new_tokens,
+        features=rounds.column(trace.logit_q_max),
+        confidences=None if confidences is None else rounds.column(confidences, math.nan),
     )
-    return {row.policy: row.throughput * 1000.0 for row in simulation.results[requests]}
+    return replay.tokens_per_s
 
 
 def run_record(
-    result: RunResult, policy: str, requests: int, threads: int, repeat: int, cost: MeasuredCost
+    result: RunResult, policy: str, requests: int, threads: int, repeat: int, costs: EngineCosts
 ) -> dict[str, Any]:
     steps = result.steps
+    priced_draft = sum(costs.price(StepShape(s.shape.draft_passes, ())) for s in steps)
+    priced_verify = sum(costs.price(StepShape((), s.shape.verify)) for s in steps)
     decode_s = result.wall_s - result.prefill_s
     return {
         "policy": policy,
@@ -153,10 +165,10 @@ def run_record(
         "decode_cpu_s": result.cpu_s - result.prefill_cpu_s,
         "tokens_per_s": result.tokens_per_s,
         "tokens_per_s_cpu": result.tokens_per_cpu_s,
-        "priced_tokens_per_s": result.emitted / max(priced_ms(result, cost), 1e-9) * 1000.0,
+        "priced_tokens_per_s": result.emitted / max(priced_draft + priced_verify, 1e-9) * 1000.0,
         "accepted": result.accepted,
         "admitted": result.admitted,
-        "target_calls": result.target_calls,
+        "target_calls": len(steps),
         "verifications": result.verifications,
         "drafted": int(sum(int(s.drafted.sum()) for s in steps)),
         "depth0_steps": int(sum(int(s.depths.max(initial=0)) == 0 for s in steps)),
@@ -164,12 +176,14 @@ def run_record(
         "draft_ms": sum(s.draft_ms for s in steps),
         "verify_ms": sum(s.verify_ms for s in steps),
         "step_ms": sum(s.step_ms for s in steps),
+        "priced_draft_ms": priced_draft,
+        "priced_verify_ms": priced_verify,
     }
 
 
 def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (policy, R, threads): medians over repeats, ``spread`` = [min, max] of the
-    wall tokens/s, pooled acceptance."""
+    wall tokens/s, pooled acceptance and per-step components (the clock's ms)."""
     groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for record in records:
         groups.setdefault((record["policy"], record["R"], record["threads"]), []).append(record)
@@ -184,6 +198,11 @@ def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             if run.get("simulated_tokens_per_s") is not None
         ]
         admitted = sum(run["admitted"] for run in runs)
+        calls = sum(run["target_calls"] for run in runs)
+
+        def per_step(key: str, runs: list[dict[str, Any]] = runs, calls: int = calls) -> float:
+            return float(sum(run.get(key, math.nan) for run in runs)) / calls
+
         rows.append(
             {
                 "policy": policy,
@@ -196,13 +215,18 @@ def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     run["priced_tokens_per_s"] for run in runs
                 ),
                 "acceptance": sum(run["accepted"] for run in runs) / admitted if admitted else None,
-                "tokens_per_target_call": sum(run["tokens"] for run in runs)
-                / sum(run["target_calls"] for run in runs),
+                "tokens_per_target_call": sum(run["tokens"] for run in runs) / calls,
                 "tokens_per_verification": sum(run["tokens"] for run in runs)
                 / sum(run["verifications"] for run in runs),
-                "depth0_share": sum(run["depth0_steps"] for run in runs)
-                / sum(run["target_calls"] for run in runs),
+                "depth0_share": sum(run["depth0_steps"] for run in runs) / calls,
                 "host_ms_per_step": statistics.median(run["host_ms_per_step"] for run in runs),
+                "draft_ms_per_step": per_step("draft_ms"),
+                "priced_draft_ms_per_step": per_step("priced_draft_ms"),
+                "verify_ms_per_step": per_step("verify_ms"),
+                "priced_verify_ms_per_step": per_step("priced_verify_ms"),
+                "other_ms_per_step": per_step("step_ms")
+                - per_step("draft_ms")
+                - per_step("verify_ms"),
                 "repeats": len(runs),
                 "spread": [min(speeds), max(speeds)],
             }
@@ -211,16 +235,17 @@ def aggregate(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _read_runs(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    runs = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
+    """The records of ``runs.jsonl``, the last of each run (a line cut by an interruption is
+    skipped: that run is redone)."""
+    runs: dict[tuple[Any, ...], dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                runs.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by an interruption: that run is redone
-    return runs
+                record = json.loads(line)
+                runs[(record["policy"], record["R"], record["threads"], record["repeat"])] = record
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+    return list(runs.values())
 
 
 def select_prompts(
@@ -236,6 +261,17 @@ def select_prompts(
     return chosen
 
 
+def _trace_path(out: Path, policy: str, requests: int, threads: int, repeat: int) -> Path:
+    return out / "traces" / f"t{threads}_R{requests}_r{repeat}_{policy}.csv.gz"
+
+
+def _load_trace(path: Path) -> DraftTrace | None:
+    try:
+        return read_trace(path)
+    except (OSError, ValueError):
+        return None
+
+
 def run_bench(
     config: BenchConfig,
     prompts: Sequence[Prompt],
@@ -245,18 +281,28 @@ def run_bench(
     note: Callable[[str], None] = lambda text: None,
 ) -> list[dict[str, Any]]:
     """Runs (or resumes) the benchmark into ``out`` (``costs_t{threads}.json``, ``runs.jsonl``,
-    ``results.json``) and returns the aggregated rows."""
+    ``traces/``, ``results.json``) and returns the aggregated rows."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_settings(out / "settings.json", config)
+    (out / "traces").mkdir(exist_ok=True)
     runs_path = out / "runs.jsonl"
     records = _read_runs(runs_path)
-    done = {(r["policy"], r["R"], r["threads"], r["repeat"]) for r in records}
     policies = config.run_policies()
-    deepest = max(PolicySpec(name).check(config.num_positions) for name in policies)
+    # A trace run that drafted but whose trace file is gone runs again (its replays need it).
+    records = [
+        r
+        for r in records
+        if r["policy"] not in {config.trace_of(p) for p in policies}
+        or not r["drafted"]
+        or _trace_path(out, r["policy"], r["R"], r["threads"], r["repeat"]).exists()
+    ]
+    done = {(r["policy"], r["R"], r["threads"], r["repeat"]) for r in records}
+    deepest = max(PolicySpec(name).check(config.num_positions).num_positions for name in policies)
     params = SamplingParams(config.temperature)
     total = len(config.threads) * len(config.concurrency) * config.repeats * len(policies)
     finished = len([key for key in done if key[0] in policies])
     largest = max(config.concurrency)
+    clock = CLOCKS[config.clock]
     for threads in config.threads:
         engine = open_engine(
             config.target,
@@ -268,6 +314,7 @@ def run_bench(
             threads=threads,
             cache_prefill=True,
         )
+        engine.clock = clock
         chosen = select_prompts(engine, prompts, config.max_prompt_tokens)
         need = largest * config.repeats
         if len(chosen) < need:
@@ -282,54 +329,41 @@ def run_bench(
         )
         _estimate(config, costs, threads, chosen, done, note)
         for requests in config.concurrency:
-            cost = costs.measured_cost(requests)
-            tables = costs.tables(requests)
             for repeat in range(config.repeats):
                 batch = chosen[repeat * largest : repeat * largest + requests]
                 tokens = [t for _, t in batch]
                 workloads = [p.workload for p, _ in batch]
-                trace_sim: dict[str, float] | None = None
-                for name in (
-                    config.trace_policy,
-                    *(p for p in policies if p != config.trace_policy),
-                ):
+                for name in policies:
                     key = (name, requests, threads, repeat)
                     if key in done:
                         continue
+                    if progress is not None:
+                        progress(finished, total, f"t={threads} R={requests} #{repeat} {name}")
                     online = (
                         OnlineCosts(costs.points[requests], config.num_positions, requests)
                         if config.remeasure
                         else None
                     )
                     policy = PolicySpec(name).build(
-                        tables, config.num_positions, requests, online=online
+                        costs.tables(requests), config.num_positions, requests, online=online
                     )
                     result = engine.generate(
                         tokens, config.max_new_tokens, policy, seed=config.seed + repeat
                     )
-                    record = run_record(result, name, requests, threads, repeat, cost)
-                    if name == config.trace_policy:
+                    record = run_record(result, name, requests, threads, repeat, costs)
+                    trace_file = _trace_path(out, config.trace_of(name), requests, threads, repeat)
+                    if name == config.trace_of(name):
                         trace = run_trace(result, workloads, params)
-                        trace_sim = (
-                            simulated_tokens_per_s(trace, cost, requests, config.seed + repeat)
-                            if trace is not None and trace.labeled.any()
-                            else {}
-                        )
-                        record["simulated_all"] = trace_sim
-                    if trace_sim is None:
-                        trace_sim = next(
-                            (
-                                r.get("simulated_all")
-                                for r in records
-                                if r["policy"] == config.trace_policy
-                                and r["R"] == requests
-                                and r["threads"] == threads
-                                and r["repeat"] == repeat
-                            ),
-                            {},
-                        )
-                    simulated = trace_sim or {}
-                    record["simulated_tokens_per_s"] = simulated.get(SIMULATED_AS.get(name, name))
+                        if trace is not None:
+                            partial = trace_file.with_name("partial-" + trace_file.name)
+                            write_trace(trace, partial)
+                            partial.replace(trace_file)
+                    trace = _load_trace(trace_file)
+                    record["simulated_tokens_per_s"] = (
+                        None
+                        if trace is None
+                        else simulated_tokens_per_s(trace, name, costs, config, requests)
+                    )
                     records.append(record)
                     done.add(key)
                     with runs_path.open("a", encoding="utf-8") as handle:
@@ -350,6 +384,26 @@ def run_bench(
     return rows
 
 
+def _check_settings(path: Path, config: BenchConfig) -> None:
+    """Records ``config``'s settings in a new output folder; ``ValueError`` naming the folder
+    when it holds a benchmark of other settings (its runs would be mixed with these)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wanted = config.settings()
+    if not path.exists():
+        path.write_text(json.dumps(wanted, indent=1) + "\n", encoding="utf-8")
+        return
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a bench-engine settings file ({error})") from None
+    differ = [f"{k} {found.get(k)!r} (now {v!r})" for k, v in wanted.items() if found.get(k) != v]
+    if differ:
+        raise ValueError(
+            f"--out {path.parent}: holds a benchmark of other settings: {', '.join(differ)}; "
+            "use another --out or remove it"
+        )
+
+
 def _costs(
     config: BenchConfig,
     engine: SpeculativeEngine,
@@ -360,12 +414,15 @@ def _costs(
     progress: Callable[[int, int, str], None] | None,
 ) -> EngineCosts:
     """The cost file of these threads, profiled (each sequence holding ``context`` tokens: the
-    prompts' mean plus half the new tokens) unless one covering every R is there."""
+    prompts' mean plus half the new tokens) unless one of the same clock covering every R is
+    there."""
     if path.exists():
         costs = EngineCosts.load(path)
         if (
             set(config.concurrency) <= set(costs.points)
             and costs.num_positions == config.num_positions
+            and costs.metadata.get("clock", "wall") == config.clock
+            and all("catchup" in entry for entry in costs.points.values())
         ):
             note(f"reusing {path}")
             return costs
@@ -379,10 +436,12 @@ def _costs(
             context=context,
             repeats=config.profile_repeats,
             progress=progress,
+            clock=CLOCKS[config.clock],
         )
     metadata = {
         "threads": threads,
         "context": context,
+        "clock": config.clock,
         "target": config.target,
         "drafter": config.drafter,
     }
@@ -427,6 +486,7 @@ def write_results(path: Path, config: BenchConfig, rows: list[dict[str, Any]]) -
         "num_positions": config.num_positions,
         "max_new_tokens": config.max_new_tokens,
         "temperature": config.temperature,
+        "clock": config.clock,
         "measured": time.strftime("%Y-%m-%d"),
         "rows": rows,
     }
@@ -441,7 +501,8 @@ README_END = "<!-- engine-bench:end -->"
 
 def format_table(data: dict[str, Any], *, threads: int | None = None) -> str:
     """The README's "Measured on a real runtime" table: per R, each policy's tokens/s (wall;
-    CPU and simulated beside it) and its ratio to the best policy at that R."""
+    CPU, simulated and priced beside it) and its ratio to the best policy at that R by the
+    benchmark's clock (wall, or CPU time)."""
     rows = [row for row in data["rows"] if threads is None or row["threads"] == threads]
     lines = [
         "| threads | R | policy | tok/s (wall) | min–max | tok/s (CPU) | simulated | priced "
@@ -451,24 +512,21 @@ def format_table(data: dict[str, Any], *, threads: int | None = None) -> str:
     by_key: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for row in rows:
         by_key.setdefault((row["threads"], row["R"]), []).append(row)
+
+    def fmt(value: float | None, digits: int = 2) -> str:
+        return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+    measured = "tokens_per_s_cpu" if data.get("clock") == "cpu" else "tokens_per_s"
     for (t, r), group in sorted(by_key.items()):
-        best = max(row["tokens_per_s"] for row in group)
+        best = max(row[measured] for row in group)
         for row in group:
-
-            def fmt(value: float | None, digits: int = 2) -> str:
-                return (
-                    "–"
-                    if value is None or (isinstance(value, float) and math.isnan(value))
-                    else f"{value:.{digits}f}"
-                )
-
             lines.append(
                 f"| {t} | {r} | {row['policy']} | {fmt(row['tokens_per_s'])} | "
                 f"{fmt(row['spread'][0])}–{fmt(row['spread'][1])} | "
                 f"{fmt(row['tokens_per_s_cpu'])} | "
                 f"{fmt(row['simulated_tokens_per_s'])} | {fmt(row['priced_tokens_per_s'])} | "
                 f"{fmt(row['acceptance'], 3)} | {fmt(row['tokens_per_verification'])} | "
-                f"{row['tokens_per_s'] / best:.3f} |"
+                f"{row[measured] / best:.3f} |"
             )
     return "\n".join(lines)
 
@@ -487,23 +545,25 @@ def update_readme(readme: str | Path, results: str | Path) -> bool:
         f"`av-core bench-engine` on {data['target']} / {data['drafter']}, "
         f"K = {data['num_positions']}, "
         f"{data['max_new_tokens']} new tokens per request, temperature {data['temperature']}, "
-        f"measured {data['measured']}; medians over repeats."
+        f"clock {data.get('clock', 'wall')}, measured {data['measured']}; medians over repeats."
     )
-    readme.write_text(
+    partial = readme.with_name(readme.name + ".partial")
+    partial.write_text(
         f"{head}{README_START}\n{caption}\n\n{format_table(data)}\n{README_END}{tail}",
         encoding="utf-8",
     )
+    partial.replace(readme)
     return True
 
 
 __all__ = [
+    "CLOCKS",
+    "GREEDY_TRACE_POLICY",
     "README_END",
     "README_START",
-    "SIMULATED_AS",
     "BenchConfig",
     "aggregate",
     "format_table",
-    "priced_ms",
     "run_bench",
     "run_record",
     "run_trace",

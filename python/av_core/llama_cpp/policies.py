@@ -1,18 +1,22 @@
 """The policies the loop compares, all through one interface (:class:`Policy`): no speculation,
-fixed K, llama.cpp's draft policy (``n_max``/``n_min``/``p_min`` as ``common/speculative.cpp``
-applies them), vLLM's adaptive verification (av_core with vLLM's update and budget, fixed depth)
-and av_core's AV+D (default estimator, budget and drafting-depth choice).
+fixed K, llama.cpp's draft policy (``n_max``, ``n_min``, ``p_min`` and greedy drafting, as
+``common/speculative.cpp`` applies them), vLLM's adaptive verification (av_core with vLLM's
+update and budget, fixed depth) and av_core's AV+D (default estimator, budget and
+drafting-depth choice). The same objects drive the loop
+(:class:`~av_core.llama_cpp.engine.SpeculativeEngine`) and its replay on a trace
+(:func:`~av_core.tools.simulate.simulate_run`).
 
 What a policy sees decides whether it is lossless. ``depths`` runs before the drafter (it reads
-remembered confidences and counts); ``stop`` reads the drafter's distribution at the position it
-is about to draft (never the token drawn from it); ``admit`` reads the features of the drafter's
-distributions and the drafted counts. No method receives a drafted or sampled token.
+remembered confidences and counts); ``stop`` reads llama.cpp's confidence of the position about to
+be drafted, a function of the drafter's logits; ``drafted`` reads counts; ``admit`` reads the
+features of the drafter's distributions and the counts. No hook receives a drafted or sampled
+token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -21,14 +25,14 @@ from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
 from av_core._native import VLLM_ESTIMATOR
 
 if TYPE_CHECKING:
-    from av_core.llama_cpp.engine import StepRecord
     from av_core.llama_cpp.profile import OnlineCosts
 
 IntArray = npt.NDArray[np.int64]
 
 #: llama.cpp's draft sampler keeps the 10 most likely tokens (``common/speculative.cpp``,
-#: draft-simple: ``params.top_k = 10``, samplers ``{TOP_K}``, then ``dist``) and compares the
-#: first candidate's probability, a softmax over those 10 unscaled logits, with ``p_min``.
+#: draft-simple: ``params.top_k = 10``, samplers ``{TOP_K}``, then ``dist``); its first candidate
+#: is the draft, and that candidate's probability, a softmax over those 10 unscaled logits, is
+#: what it compares with ``p_min``.
 LLAMA_CPP_DRAFT_TOP_K = 10
 #: ``common_params_speculative_draft`` defaults in the llama.cpp that llama-cpp-python 0.3.36
 #: vendors (``common/common.h``).
@@ -40,9 +44,8 @@ LLAMA_CPP_P_MIN = 0.0
 def llama_cpp_confidence(logits: npt.ArrayLike) -> float:
     """The probability llama.cpp's draft policy compares with ``p_min``: the most likely token's
     share of a softmax over the drafter's ``LLAMA_CPP_DRAFT_TOP_K`` largest raw logits."""
-    z = np.asarray(logits, dtype=np.float64)
-    k = LLAMA_CPP_DRAFT_TOP_K
-    top = np.partition(z, -k)[-k:] if z.size > k else z
+    z, k = np.asarray(logits), LLAMA_CPP_DRAFT_TOP_K
+    top = (np.partition(z, -k)[-k:] if z.size > k else z).astype(np.float64)  # exact selection
     return float(1.0 / np.exp(top - top.max()).sum())
 
 
@@ -51,6 +54,9 @@ class Policy:
 
     name = "no-spec"
     num_positions = 0
+    #: Whether drafts are the drafter's most likely token (llama.cpp's drafting; the loop then
+    #: asks :meth:`stop` with :func:`llama_cpp_confidence`) instead of a sample from its q.
+    greedy = False
 
     def add_request(self, slot: int) -> None:
         """A new request took ``slot``."""
@@ -59,8 +65,8 @@ class Policy:
         """How many positions each request may draft this step (before the drafter runs)."""
         return np.minimum(max_depths, self.num_positions).astype(np.int64)
 
-    def stop(self, drafter_logits: npt.NDArray[np.float32]) -> bool:
-        """Whether a request stops drafting before the position whose drafter logits these are."""
+    def stop(self, confidence: float) -> bool:
+        """Whether a request stops before the position whose llama.cpp confidence this is."""
         return False
 
     def drafted(self, counts: IntArray) -> IntArray:
@@ -74,10 +80,10 @@ class Policy:
         return drafted
 
     def observe(self, admitted: IntArray, accepted: IntArray) -> None:
-        """The target's verdicts of this step: ``accepted[r]`` leading drafts of ``admitted[r]``."""
+        """The target's verdicts: ``accepted[i]`` leading drafts of ``admitted[i]``."""
 
-    def measured(self, step: StepRecord) -> None:
-        """The step's record with its timings, after the step (for online cost tables)."""
+    def measured(self, step: Any) -> None:
+        """The step's :class:`~av_core.llama_cpp.engine.StepRecord`, timings included."""
 
 
 class FixedK(Policy):
@@ -88,13 +94,14 @@ class FixedK(Policy):
         self.name = "no-spec" if k == 0 else f"K={k}"
 
 
-class LlamaCppPolicy(Policy):
-    """llama.cpp's draft-simple policy: draft up to ``n_max`` positions, stop before a position
-    whose first candidate's probability (:func:`llama_cpp_confidence`) is below ``p_min``, and
-    drop the whole draft when it is shorter than ``n_min``. Every draft is verified.
+class LlamaCppPolicy(FixedK):
+    """llama.cpp's draft-simple policy: draft the drafter's most likely token, up to ``n_max``
+    positions, stop before a position whose confidence (:func:`llama_cpp_confidence`) is below
+    ``p_min`` (strictly), drop the whole draft when it is shorter than ``n_min``, and verify
+    every draft. Greedy drafts are deterministic given the context, so every one of these
+    decisions is too, and exact verification of them is lossless (``n_min`` included)."""
 
-    With a sampling drafter ``n_min > 0`` reads confidences after the drafted tokens it governs
-    (llama.cpp drafts greedily, where that is harmless); the defaults have ``n_min = 0``."""
+    greedy = True
 
     def __init__(
         self,
@@ -107,23 +114,22 @@ class LlamaCppPolicy(Policy):
                 f"llama.cpp policy needs n_max >= 1, n_min >= 0 and p_min in [0, 1], got "
                 f"n_max={n_max}, n_min={n_min}, p_min={p_min}"
             )
-        self.num_positions = int(n_max)
-        self.n_min = int(n_min)
-        self.p_min = float(p_min)
+        super().__init__(n_max)
+        self.n_min, self.p_min = int(n_min), float(p_min)
         self.name = f"llama.cpp(n_max={n_max},p_min={p_min:g})"
 
-    def stop(self, drafter_logits: npt.NDArray[np.float32]) -> bool:
-        # No confidence is below p_min = 0: skip computing it (llama.cpp computes it anyway).
-        return self.p_min > 0.0 and llama_cpp_confidence(drafter_logits) < self.p_min
+    def stop(self, confidence: float) -> bool:
+        return confidence < self.p_min
 
     def drafted(self, counts: IntArray) -> IntArray:
         return np.where(counts < self.n_min, 0, counts)
 
 
-class AdaptivePolicy(Policy):
+class AdaptivePolicy(FixedK):
     """Adaptive verification: the estimator predicts each draft's acceptance from its feature,
     the planner admits each request's prefix, the estimator observes the verdicts. With
-    ``depth`` the planner also chooses the drafting depth before the drafter runs (AV+D)."""
+    ``depth`` the planner also chooses the drafting depth before the drafter runs (AV+D);
+    ``vllm``: vLLM's update, memory and no exploration floor."""
 
     def __init__(
         self,
@@ -136,18 +142,15 @@ class AdaptivePolicy(Policy):
         exploration_seed: int = 0,
         online: OnlineCosts | None = None,
     ) -> None:
-        self.num_positions = int(num_positions)
-        self.online = online
-        self.depth = depth
+        super().__init__(num_positions)
+        self.online, self.depth = online, depth
         self.estimator = (
             AcceptanceEstimator(num_positions, **VLLM_ESTIMATOR)
             if vllm
             else AcceptanceEstimator(num_positions)
         )
-        if depth and tables.max_draft_depth is None:
-            tables = tables.with_draft_depth("autoregressive", max_depth=num_positions)
         self.planner = VerificationPlanner(
-            tables,
+            self._with_depth(tables),
             num_positions,
             num_slots=num_slots,
             exploration=0.0 if vllm else 0.01,
@@ -156,15 +159,21 @@ class AdaptivePolicy(Policy):
         self.name = "vLLM-AV" if vllm else ("AV+D" if depth else "AV")
         self._step: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None
 
+    def _with_depth(self, tables: CostTables) -> CostTables:
+        if self.depth and tables.max_draft_depth is None:
+            return tables.with_draft_depth("autoregressive", max_depth=self.num_positions)
+        return tables
+
     def add_request(self, slot: int) -> None:
         self.planner.add_request(slot)
 
     def depths(self, slots: IntArray, max_depths: IntArray) -> IntArray:
-        capped = np.minimum(max_depths, self.num_positions).astype(np.int64)
+        capped = super().depths(slots, max_depths)
         if not self.depth:
             return capped
+        n = len(slots)
         plan = self.planner.choose_draft_depth(
-            slots, capped, num_non_draft_tokens=len(slots), num_sampling_requests=len(slots)
+            slots, capped, num_non_draft_tokens=n, num_sampling_requests=n
         )
         return np.asarray(plan.depths, dtype=np.int64)
 
@@ -172,39 +181,32 @@ class AdaptivePolicy(Policy):
         self, slots: IntArray, features: npt.NDArray[np.float32], drafted: IntArray
     ) -> IntArray:
         predictions = self.estimator.predict(features)
+        n = len(slots)
         plan = self.planner.plan(
-            slots,
-            predictions,
-            drafted,
-            num_non_draft_tokens=len(slots),
-            num_sampling_requests=len(slots),
+            slots, predictions, drafted, num_non_draft_tokens=n, num_sampling_requests=n
         )
         self._step = (features, predictions)
         return np.asarray(plan.admitted, dtype=np.int64)
 
     def observe(self, admitted: IntArray, accepted: IntArray) -> None:
-        if self._step is None:
-            return
-        features, predictions = self._step
-        self.estimator.observe(features, admitted, accepted, predictions)
-        self._step = None
+        if self._step is not None:
+            features, predictions = self._step
+            self.estimator.observe(features, admitted, accepted, predictions)
+            self._step = None
 
-    def measured(self, step: StepRecord) -> None:
-        if self.online is not None:
-            tables = self.online.record(step)
-            if tables is not None:
-                self.set_tables(tables)
+    def measured(self, step: Any) -> None:
+        tables = self.online.record(step) if self.online is not None else None
+        if tables is not None:
+            self.set_tables(tables)
 
     def set_tables(self, tables: CostTables) -> None:
         """Plans with ``tables`` from now on; every slot's remembered confidences carry over (the
         planner is rebuilt: its step count, which only the exploration draws read, restarts)."""
-        if self.depth and tables.max_draft_depth is None:
-            tables = tables.with_draft_depth("autoregressive", max_depth=self.num_positions)
         old = self.planner
         slots = np.arange(old.num_slots)
         remembered = np.stack([old.previous_confidences(int(s)) for s in slots])
         self.planner = VerificationPlanner(
-            tables,
+            self._with_depth(tables),
             self.num_positions,
             num_slots=old.num_slots,
             exploration=old.exploration,
@@ -218,15 +220,14 @@ class PolicySpec:
     """A policy by name, built per run (each run starts from a cold estimator).
 
     Names: ``no-spec``, ``K=<k>``, ``llama.cpp`` (defaults), ``llama.cpp-p<p_min>`` (e.g.
-    ``llama.cpp-p0.75``), ``vLLM-AV``, ``AV+D``."""
+    ``llama.cpp-p0.75``), ``vLLM-AV``, ``AV``, ``AV+D``."""
 
     name: str
 
-    def check(self, num_positions: int) -> int:
+    def check(self, num_positions: int) -> Policy:
         """``ValueError`` for a name :meth:`build` would refuse (before any model is loaded);
-        else the deepest the policy drafts."""
-        tables = CostTables(np.zeros(2), np.ones(num_positions + 2))
-        return self.build(tables, num_positions, 1).num_positions
+        else the policy, built on placeholder tables (for its depth and drafting)."""
+        return self.build(CostTables(np.zeros(2), np.ones(num_positions + 2)), num_positions, 1)
 
     def build(
         self,

@@ -1,18 +1,24 @@
 """Measured cost tables for the loop (``av-core profile --engine llama.cpp``): the step costs of
-exactly the shapes :class:`~av_core.llama_cpp.engine.SpeculativeEngine` runs at R requests.
+exactly what :class:`~av_core.llama_cpp.engine.SpeculativeEngine` runs at R requests, timed
+through the loop's own stage methods (so the host work of each stage is in its price).
 
-- **verify**: one target decode of R sequences, each appending its last token and ``a`` drafts
-  (``t = R (1 + a)`` entries, every entry with logits), plus the sampler's distribution of
-  every row: ``(t, ms)`` for ``a = 0..K``.
-- **draft**: one drafter pass over ``n`` requests (one token each, with logits), plus each
-  row's distribution and a draw from it: ``(n, ms)`` for ``n = 1..R``.
-- **draft_depth**: ``d`` such passes over the R requests, one after another: ``(d, ms)``.
+- **verify**: :meth:`~SpeculativeEngine.verify_pass` of R sequences, each a block of its last
+  token and ``a`` drafts (``t = R (1 + a)`` entries with logits, the sampler's distributions,
+  exact speculative sampling per request): ``(t, ms)`` for ``a = 0..K``.
+- **draft**: :meth:`~SpeculativeEngine.draft_pass` over ``n`` requests, one token each (the
+  decode, each row's distribution and a draw): ``(n, ms)`` for ``n = 1..R``.
+- **catchup**: one request's drafter pass that also feeds ``c`` tokens the drafter had not seen
+  (after steps without drafting): ``(1 + c, ms)``.
+- **draft_depth**: ``d`` drafter passes over the R requests, one after another: ``(d, ms)``.
 
 Every sequence first holds ``context`` tokens; each timed call is rolled back afterwards.
-The file is a cost file of ``av-core simulate`` (``verify``/``draft``/``draft_depth`` points) per
-concurrency, with the planner's tables built from it by the simulator's own
+
+:meth:`EngineCosts.tables` builds the planner's ``CostTables`` with the simulator's own
 :func:`~av_core.tools.simulate.cost_tables_for` (linear between points, an autoregressive
 drafter: ``d`` passes for depth ``d``), so the planner and the simulation price a step alike.
+:meth:`EngineCosts.price` prices a step's forward passes as llama.cpp runs them: with one KV
+stream per sequence it splits a batch into micro-batches of equal length per sequence over
+consecutive sequence ids (``split_equal``), one graph each (:func:`llama_ubatches`).
 """
 
 from __future__ import annotations
@@ -29,20 +35,47 @@ from typing import Any
 import numpy as np
 
 from av_core import CostTables
-from av_core.llama_cpp.engine import SpeculativeEngine
-from av_core.llama_cpp.sampling import NumpySource, probabilities
+from av_core.llama_cpp.engine import Draft, SpeculativeEngine
+from av_core.llama_cpp.policies import FixedK
+from av_core.llama_cpp.sampling import NumpySource
 from av_core.tools.simulate import MeasuredCost, cost_tables_for
+from av_core.tools.simulate.run import PassShape, StepShape
 
 #: Version of the file :func:`write_engine_costs` writes.
 FORMAT = "av_core.llama_cpp.costs/1"
+#: Drafter catch-up lengths the profile times (tokens fed in one request's pass).
+CATCHUP_TOKENS = (1, 2, 3, 5, 9, 33)
+Points = list[tuple[int, float]]
+
+
+def llama_ubatches(shape: PassShape) -> list[tuple[int, int]]:
+    """The micro-batches llama.cpp runs for one batch (``(slot, tokens)`` blocks in batch
+    order) when every sequence has its own KV stream: ``llama_batch_allocr::split_equal`` with
+    sequential ids takes the first sequence with tokens left and each following one whose id is
+    the previous plus one, and as many tokens from each as the shortest has left. Returns
+    ``(sequences, tokens)`` of each micro-batch."""
+    left = [[slot, tokens] for slot, tokens in shape if tokens > 0]
+    out = []
+    while left:
+        chosen = [left[0]]
+        for block in left[1:]:
+            if block[0] == chosen[-1][0] + 1:
+                chosen.append(block)
+        take = min(block[1] for block in chosen)
+        out.append((len(chosen), take * len(chosen)))
+        for block in chosen:
+            block[1] -= take
+        left = [block for block in left if block[1] > 0]
+    return out
 
 
 @dataclass(frozen=True)
 class EngineCosts:
     """Measured points per concurrency: ``points[R] = {"verify": [(t, ms)], "draft": [(n, ms)],
-    "draft_depth": [(d, ms)]}`` (medians), with the settings they were measured under."""
+    "catchup": [(tokens, ms)], "draft_depth": [(d, ms)]}`` (medians), with the settings they
+    were measured under."""
 
-    points: dict[int, dict[str, list[tuple[int, float]]]]
+    points: dict[int, dict[str, Points]]
     num_positions: int
     metadata: dict[str, Any]
 
@@ -58,15 +91,41 @@ class EngineCosts:
     def tables(self, requests: int) -> CostTables:
         """The planner's tables at ``requests``: ``draft_ms``, ``verify_ms`` and the depth table,
         priced as the simulator prices them."""
+        cost = self.measured_cost(requests)
         return cost_tables_for(
-            self.measured_cost(requests),
-            "autoregressive",
-            self.num_positions,
-            requests,
-            depth_table=True,
+            cost, "autoregressive", self.num_positions, requests, depth_table=True
         )
 
-    def _entry(self, requests: int) -> dict[str, list[tuple[int, float]]]:
+    def price(self, shape: StepShape) -> float:
+        """A step's milliseconds from its forward passes, micro-batch by micro-batch: a target
+        micro-batch of n sequences and t tokens at the verify curves (linear in n between the
+        profiled concurrencies), a drafter one at the pass over n requests plus what its other
+        t - n tokens add on the catch-up curve. With even shapes at a profiled R this is the
+        tables' price."""
+        draft = self.measured_cost(max(self.points))
+        # The catch-up points as a curve (linear between points, extended past the last).
+        catchup = self.points[max(self.points)].get("catchup") or [(1, 0.0)]
+        catch = MeasuredCost(np.asarray(catchup, dtype=np.float64), None, "drafter catch-up")
+        total = 0.0
+        for one_pass in shape.draft_passes:
+            for n, t in llama_ubatches(one_pass):
+                # The layers cost by tokens (the catch-up curve: t tokens, one logits row), the
+                # output layer by rows (the pass over n requests: n tokens, n rows).
+                extra = float(catch.verify_ms(t) - catch.verify_ms(n))
+                total += float(draft.draft_pass_ms(n)) + max(extra, 0.0)
+        for n, t in llama_ubatches(shape.verify):
+            total += self._verify_ms(n, t)
+        return total
+
+    def _verify_ms(self, sequences: int, tokens: int) -> float:
+        known = sorted(self.points)
+        low = max([r for r in known if r <= sequences], default=known[0])
+        high = min([r for r in known if r >= sequences], default=known[-1])
+        at = [float(self.measured_cost(r).verify_ms(tokens)) for r in (low, high)]
+        share = (sequences - low) / (high - low) if high > low else 0.0
+        return at[0] + share * (at[1] - at[0])
+
+    def _entry(self, requests: int) -> dict[str, Points]:
         if requests not in self.points:
             raise ValueError(
                 f"requests: the cost file has no profile at R = {requests} (it has "
@@ -82,10 +141,7 @@ class EngineCosts:
             **self.metadata,
             "concurrency": {
                 str(r): {
-                    **{
-                        key: [[int(x), float(ms)] for x, ms in value]
-                        for key, value in entry.items()
-                    },
+                    **{k: [[int(x), float(ms)] for x, ms in v] for k, v in entry.items()},
                     "cost_tables": json.loads(self.tables(r).to_json()),
                 }
                 for r, entry in sorted(self.points.items())
@@ -104,11 +160,13 @@ class EngineCosts:
                 f"{path}: not a llama.cpp cost file (no 'format': {FORMAT!r}); write one with "
                 "'av-core profile --engine llama.cpp'"
             )
+        keys = ("verify", "draft", "draft_depth", "catchup")
         try:
             points = {
                 int(r): {
                     key: [(int(x), float(ms)) for x, ms in entry[key]]
-                    for key in ("verify", "draft", "draft_depth")
+                    for key in keys
+                    if key != "catchup" or key in entry
                 }
                 for r, entry in data["concurrency"].items()
             }
@@ -128,16 +186,18 @@ class EngineCosts:
 
 
 def _median_ms(
-    call: Callable[[], None], undo: Callable[[], None], repeats: int, warmup: int = 1
+    call: Callable[[], None],
+    undo: Callable[[], None],
+    repeats: int,
+    clock: Callable[[], float],
 ) -> float:
-    for _ in range(warmup):
-        call()
-        undo()
+    call()  # warm-up
+    undo()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         call()
-        times.append((time.perf_counter() - start) * 1000.0)
+        times.append((clock() - start) * 1000.0)
         undo()
     return float(statistics.median(times))
 
@@ -151,90 +211,93 @@ def profile_engine(
     repeats: int = 3,
     seed: int = 0,
     progress: Callable[[int, int, str], None] | None = None,
-) -> dict[str, list[tuple[int, float]]]:
-    """The verify, draft and draft-depth points of the loop at ``requests`` requests (module
-    docstring); ``progress(done, total, status)`` after each point."""
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Points]:
+    """The verify, draft, catch-up and draft-depth points of the loop at ``requests`` requests
+    (module docstring), timed by ``clock``; ``progress(done, total, status)`` after each."""
     target, drafter = engine.target, engine.drafter
     rng = np.random.default_rng(seed)
     vocab = target.n_vocab
     prompts = [list(map(int, rng.integers(0, vocab, size=context))) for _ in range(requests)]
-    engine.check_capacity(prompts, 1 + num_positions)
-    source = NumpySource(seed)
-    params = engine.params
+    engine.check_capacity(prompts, max(CATCHUP_TOKENS) + num_positions)
+    prefill = [t for p in prompts for t in p]
+    positions = [i for _ in prompts for i in range(context)]
+    seq_ids = [r for r in range(requests) for _ in range(context)]
     for runtime in (target, drafter):
         runtime.clear()
-        tokens = [t for p in prompts for t in p]
-        positions = [i for _ in prompts for i in range(context)]
-        seq_ids = [r for r in range(requests) for _ in range(context)]
-        chunk = int(getattr(runtime, "batch_size", 512))
-        for start in range(0, len(tokens), chunk):
-            stop = start + chunk
-            runtime.decode(
-                tokens[start:stop],
-                positions[start:stop],
-                seq_ids[start:stop],
-                [False] * len(tokens[start:stop]),
-            )
-    total = (num_positions + 1) + requests + num_positions
-    done = 0
+        runtime.decode(prefill, positions, seq_ids, [False] * len(prefill))
+    source, policy = NumpySource(seed), FixedK(1)
+    total = (num_positions + 1) + requests + len(CATCHUP_TOKENS) + num_positions
+    done = [0]
 
-    def tick(status: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, status)
-
-    def undo(runtime: Any, slots: Sequence[int]) -> Callable[[], None]:
-        def call() -> None:
+    def timed(
+        kind: str, size: int, call: Callable[[], Any], runtime: Any, slots: range
+    ) -> tuple[int, float]:
+        def undo() -> None:
             for r in slots:
                 runtime.remove(r, context)
 
-        return call
+        ms = _median_ms(call, undo, repeats, clock)
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total, f"{kind} {size}")
+        return size, ms
 
-    verify = []
-    for a in range(num_positions + 1):
-        n = requests * (1 + a)
-        tokens = list(map(int, rng.integers(0, vocab, size=n)))
-        positions = [context + i for _ in range(requests) for i in range(1 + a)]
-        seq_ids = [r for r in range(requests) for _ in range(1 + a)]
+    def tokens(n: int) -> list[int]:
+        return list(map(int, rng.integers(0, vocab, size=n)))
 
-        def call(
-            tokens: list[int] = tokens,
-            positions: list[int] = positions,
-            seq_ids: list[int] = seq_ids,
-        ) -> None:
-            probabilities(target.decode(tokens, positions, seq_ids, [True] * len(tokens)), params)
-
-        verify.append((n, _median_ms(call, undo(target, range(requests)), repeats)))
-        tick(f"target, {a} drafts per request")
-
-    def passes(count: int, depth: int) -> Callable[[], None]:
+    def verify(a: int) -> Callable[[], None]:
         def call() -> None:
-            last = list(map(int, rng.integers(0, vocab, size=count)))
-            for d in range(depth):
-                rows = drafter.decode(
-                    last, [context + d] * count, list(range(count)), [True] * count
-                )
-                last = [source.categorical(probabilities(row, params)) for row in rows]
+            blocks = [(r, context, tokens(1 + a)) for r in range(requests)]
+            drafts = [[_greedy_draft(t, vocab) for t in block[2][1:]] for block in blocks]
+            engine.verify_pass(blocks, drafts, source)
 
         return call
 
-    draft = []
-    for n in range(1, requests + 1):
-        draft.append((n, _median_ms(passes(n, 1), undo(drafter, range(n)), repeats)))
-        tick(f"drafter pass, {n} requests")
-    depth = []
-    for d in range(1, num_positions + 1):
-        depth.append((d, _median_ms(passes(requests, d), undo(drafter, range(requests)), repeats)))
-        tick(f"drafting depth {d}")
+    def passes(sizes: Sequence[int], depth: int = 1) -> Callable[[], None]:
+        def call() -> None:
+            for d in range(depth):
+                blocks = [(r, context + d * n, tokens(n)) for r, n in enumerate(sizes)]
+                engine.draft_pass(blocks, policy, source)
+
+        return call
+
+    everyone = range(requests)
+    depth = [
+        timed("drafting depth", d, passes([1] * requests, d), drafter, everyone)
+        for d in range(1, num_positions + 1)
+    ]
+    points = {
+        "verify": [
+            timed("target, drafts", a, verify(a), target, everyone)
+            for a in range(num_positions + 1)
+        ],
+        "draft": [
+            timed("drafter pass, requests", n, passes([1] * n), drafter, range(n))
+            for n in range(1, requests + 1)
+        ],
+        "catchup": [
+            timed("drafter catch-up, tokens", c, passes([c]), drafter, range(1))
+            for c in CATCHUP_TOKENS
+        ],
+        "draft_depth": [(0, 0.0), *depth],
+    }
+    points["verify"] = [(requests * (1 + a), ms) for a, ms in points["verify"]]
     for runtime in (target, drafter):
         runtime.clear()
-    return {"verify": verify, "draft": draft, "draft_depth": [(0, 0.0), *depth]}
+    return points
+
+
+def _greedy_draft(token: int, vocab: int) -> Draft:
+    """A draft of ``token`` drawn greedily (one-hot q): what verification reads of a draft."""
+    q = np.zeros(vocab)
+    q[token] = 1.0
+    return Draft(token, q, np.empty(0, dtype=np.float32), math.nan)
 
 
 class OnlineCosts:
     """Re-measures the loop's step costs while it runs (the option of measuring online): each
-    step's target decode joins the samples of its size (tokens), each drafter pass those of its
+    step's target pass joins the samples of its size (tokens), each drafter pass those of its
     size (requests), the last ``window`` of each size kept; every ``interval`` steps the tables
     are rebuilt from the profile's points with each size seen online at its median, priced as
     :meth:`EngineCosts.tables` prices them. Feed it with :meth:`record` (an adaptive policy built
@@ -242,7 +305,7 @@ class OnlineCosts:
 
     def __init__(
         self,
-        points: dict[str, list[tuple[int, float]]],
+        points: dict[str, Points],
         num_positions: int,
         requests: int,
         *,
@@ -262,7 +325,7 @@ class OnlineCosts:
         kept.append(ms)
         del kept[: -self.window]
 
-    def points(self, key: str) -> list[tuple[int, float]]:
+    def points(self, key: str) -> Points:
         """The profile's points of ``key`` with each size measured online at its median."""
         merged = dict(self.base[key])
         for size, times in self.samples[key].items():
@@ -272,9 +335,9 @@ class OnlineCosts:
     def record(self, step: Any) -> CostTables | None:
         """Adds a step's timings (a :class:`~av_core.llama_cpp.engine.StepRecord`); the rebuilt
         tables every ``interval`` steps, else None."""
-        self._add("verify", len(step.slots) + int(step.admitted.sum()), float(step.verify_ms))
-        for size, ms in zip(step.draft_passes, step.draft_pass_ms, strict=True):
-            self._add("draft", int(size), float(ms))
+        self._add("verify", sum(t for _, t in step.shape.verify), float(step.verify_ms))
+        for one_pass, ms in zip(step.shape.draft_passes, step.draft_pass_ms, strict=True):
+            self._add("draft", len(one_pass), float(ms))
         self.steps += 1
         return None if self.steps % self.interval else self.tables()
 
@@ -298,4 +361,12 @@ def write_engine_costs(path: str | Path, costs: EngineCosts) -> None:
     partial.replace(path)
 
 
-__all__ = ["FORMAT", "EngineCosts", "OnlineCosts", "profile_engine", "write_engine_costs"]
+__all__ = [
+    "CATCHUP_TOKENS",
+    "FORMAT",
+    "EngineCosts",
+    "OnlineCosts",
+    "llama_ubatches",
+    "profile_engine",
+    "write_engine_costs",
+]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,46 +22,18 @@ import numpy.typing as npt
 from av_core import _settings as settings
 
 #: The functions of llama-cpp-python's low-level API the integration calls.
-REQUIRED_API = (
-    "llama_backend_init",
-    "llama_log_set",
-    "llama_model_default_params",
-    "llama_model_load_from_file",
-    "llama_model_free",
-    "llama_model_get_vocab",
-    "llama_vocab_n_tokens",
-    "llama_vocab_type",
-    "llama_vocab_get_text",
-    "llama_vocab_is_eog",
-    "llama_tokenize",
-    "llama_model_chat_template",
-    "llama_chat_apply_template",
-    "llama_context_default_params",
-    "llama_init_from_model",
-    "llama_free",
-    "llama_n_ctx",
-    "llama_n_batch",
-    "llama_n_seq_max",
-    "llama_get_memory",
-    "llama_memory_clear",
-    "llama_memory_seq_rm",
-    "llama_batch_init",
-    "llama_batch_free",
-    "llama_decode",
-    "llama_get_logits_ith",
-    "llama_state_get_size",
-    "llama_state_get_data",
-    "llama_state_set_data",
+REQUIRED_API = tuple(
+    """llama_backend_init llama_log_set llama_model_default_params llama_model_load_from_file
+    llama_model_free llama_model_get_vocab llama_vocab_n_tokens llama_vocab_type
+    llama_vocab_get_text llama_vocab_is_eog llama_tokenize llama_model_chat_template
+    llama_chat_apply_template llama_context_default_params llama_init_from_model llama_free
+    llama_n_ctx llama_n_seq_max llama_get_memory llama_memory_clear llama_memory_seq_rm
+    llama_batch_init llama_batch_free llama_decode llama_get_logits llama_state_get_size
+    llama_state_get_data llama_state_set_data""".split()
 )
 #: The context parameters the integration sets.
-REQUIRED_CONTEXT_FIELDS = (
-    "n_ctx",
-    "n_batch",
-    "n_ubatch",
-    "n_seq_max",
-    "n_threads",
-    "n_threads_batch",
-    "kv_unified",
+REQUIRED_CONTEXT_FIELDS = tuple(
+    "n_ctx n_batch n_ubatch n_seq_max n_threads n_threads_batch kv_unified".split()
 )
 
 _STATE: dict[str, Any] = {}
@@ -79,17 +50,15 @@ def llama_api(module: ModuleType | None = None) -> ModuleType:
             raise ImportError(
                 'av_core.llama_cpp needs llama-cpp-python: pip install "av_core[llama]"'
             ) from error
-        api: ModuleType = llama_cpp
-    else:
-        api = module
+    api: ModuleType = llama_cpp if module is None else module
     version = getattr(api, "__version__", "unknown")
-    for name in REQUIRED_API:
-        if not callable(getattr(api, name, None)):
-            raise ValueError(
-                f"llama-cpp-python {version} has no {name}: av_core.llama_cpp needs the "
-                "low-level API of llama-cpp-python >= 0.3.36"
-            )
     fields = {name for name, *_ in getattr(api.llama_context_params, "_fields_", [])}
+    missing = [name for name in REQUIRED_API if not callable(getattr(api, name, None))]
+    if missing:
+        raise ValueError(
+            f"llama-cpp-python {version} has no {missing[0]}: av_core.llama_cpp needs the "
+            "low-level API of llama-cpp-python >= 0.3.36"
+        )
     for name in REQUIRED_CONTEXT_FIELDS:
         if name not in fields:
             raise ValueError(
@@ -106,17 +75,6 @@ def llama_api(module: ModuleType | None = None) -> ModuleType:
     return api
 
 
-def _check_gguf(path: Path) -> None:
-    if not path.exists():
-        raise ValueError(f"{path}: no such GGUF file")
-    if not path.is_file():
-        raise ValueError(f"{path}: not a regular file (a GGUF model file is expected)")
-    with path.open("rb") as handle:
-        magic = handle.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-
-
 class Model:
     """A GGUF model loaded by llama.cpp (CPU). ``ValueError`` naming the file when it is missing,
     not GGUF, or llama.cpp cannot load it (truncated, corrupt, unsupported)."""
@@ -124,33 +82,39 @@ class Model:
     def __init__(self, path: str | os.PathLike[str], *, api: ModuleType | None = None) -> None:
         self.api = llama_api(api)
         self.path = Path(path)
-        _check_gguf(self.path)
+        if not self.path.exists():
+            raise ValueError(f"{self.path}: no such GGUF file")
+        if not self.path.is_file():
+            raise ValueError(f"{self.path}: not a regular file (a GGUF model file is expected)")
+        with self.path.open("rb") as handle:
+            magic = handle.read(4)
+        if magic != b"GGUF":
+            raise ValueError(
+                f"{self.path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')"
+            )
         params = self.api.llama_model_default_params()
         params.n_gpu_layers = 0
-        handle = self.api.llama_model_load_from_file(str(self.path).encode(), params)
-        if not handle:
+        self.handle = self.api.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.handle:
             raise ValueError(
                 f"{self.path}: llama.cpp could not load this GGUF (corrupt or unsupported)"
             )
-        self.handle = handle
-        self.vocab = self.api.llama_model_get_vocab(handle)
+        self.vocab = self.api.llama_model_get_vocab(self.handle)
         self.n_vocab = int(self.api.llama_vocab_n_tokens(self.vocab))
 
     def vocabulary(self) -> list[bytes]:
         """Every token's text, by id."""
-        return [
-            bytes(self.api.llama_vocab_get_text(self.vocab, i) or b"") for i in range(self.n_vocab)
-        ]
+        text = self.api.llama_vocab_get_text
+        return [bytes(text(self.vocab, i) or b"") for i in range(self.n_vocab)]
 
-    def tokenize(
-        self, text: str, *, add_special: bool = True, parse_special: bool = False
-    ) -> list[int]:
+    def tokenize(self, text: str, *, parse_special: bool = False) -> list[int]:
+        """The tokens of ``text``, with the model's begin-of-sequence token if it adds one."""
         data = text.encode("utf-8")
         size = len(data) + 16
         while True:
             buffer = (ctypes.c_int32 * size)()
             n = self.api.llama_tokenize(
-                self.vocab, data, len(data), buffer, size, add_special, parse_special
+                self.vocab, data, len(data), buffer, size, True, parse_special
             )
             if n >= 0:
                 return list(buffer[:n])
@@ -164,18 +128,15 @@ class Model:
         template = api.llama_model_chat_template(self.handle, None) if chat else None
         if template:
             message = (api.llama_chat_message * 1)()
-            message[0].role = b"user"
-            message[0].content = text.encode("utf-8")
-            size = 4 * len(text) + 256
-            buffer = ctypes.create_string_buffer(size)
-            n = api.llama_chat_apply_template(template, message, 1, True, buffer, size)
-            if n > size:
-                buffer = ctypes.create_string_buffer(n)
-                n = api.llama_chat_apply_template(template, message, 1, True, buffer, n)
+            message[0].role, message[0].content = b"user", text.encode("utf-8")
+            size = n = 4 * len(text) + 256
+            while n >= size:
+                size = n + 1
+                buffer = ctypes.create_string_buffer(size)
+                n = api.llama_chat_apply_template(template, message, 1, True, buffer, size)
             if n > 0:
-                return self.tokenize(
-                    buffer.raw[:n].decode("utf-8", errors="replace"), parse_special=True
-                )
+                applied = buffer.raw[:n].decode("utf-8", errors="replace")
+                return self.tokenize(applied, parse_special=True)
         return self.tokenize(text)
 
     def is_end_of_generation(self, token: int) -> bool:
@@ -194,70 +155,43 @@ def check_same_vocabulary(target: Model, drafter: Model) -> None:
     """``ValueError`` naming both files unless target and drafter have the same vocabulary
     (type, size and every token's text): speculative sampling compares their distributions
     token by token."""
-    if target.api.llama_vocab_type(target.vocab) != drafter.api.llama_vocab_type(drafter.vocab):
+    api = target.api
+    if api.llama_vocab_type(target.vocab) != api.llama_vocab_type(drafter.vocab):
+        why = "tokenizer types differ"
+    elif target.n_vocab != drafter.n_vocab:
+        why = f"{target.n_vocab} against {drafter.n_vocab} tokens"
+    else:
+        pairs = enumerate(zip(target.vocabulary(), drafter.vocabulary(), strict=True))
+        why = next((f"token {i} is {a!r} against {b!r}" for i, (a, b) in pairs if a != b), "")
+    if why:
         raise ValueError(
-            f"{target.path} and {drafter.path}: target and drafter vocabularies differ "
-            "(tokenizer types differ)"
+            f"{target.path} and {drafter.path}: target and drafter vocabularies differ ({why})"
         )
-    if target.n_vocab != drafter.n_vocab:
-        raise ValueError(
-            f"{target.path} and {drafter.path}: target and drafter vocabularies differ "
-            f"({target.n_vocab} against {drafter.n_vocab} tokens)"
-        )
-    for index, (a, b) in enumerate(zip(target.vocabulary(), drafter.vocabulary(), strict=True)):
-        if a != b:
-            raise ValueError(
-                f"{target.path} and {drafter.path}: target and drafter vocabularies differ "
-                f"(token {index} is {a!r} against {b!r})"
-            )
-
-
-@dataclass
-class DecodeLog:
-    """What a :class:`Context` did, in order (for tests): ``("decode", tokens, positions,
-    seq_ids, logits)`` and ``("remove", seq_id, start)`` entries."""
-
-    events: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 class Context:
     """A llama.cpp context over ``model`` for ``n_seq_max`` sequences, each with its own KV
-    stream (``kv_unified = false``: each gets ``n_ctx / n_seq_max`` cells)."""
+    stream (``kv_unified = false``, llama.cpp's default: each gets ``n_ctx / n_seq_max`` cells).
+    One batch holds up to ``n_ctx`` tokens, in one micro-batch when its shape allows."""
 
-    def __init__(
-        self,
-        model: Model,
-        *,
-        n_ctx: int,
-        n_seq_max: int,
-        threads: int = 1,
-        log: DecodeLog | None = None,
-    ) -> None:
-        api = model.api
-        self.api = api
-        self.model = model
-        self.n_vocab = model.n_vocab
+    def __init__(self, model: Model, *, n_ctx: int, n_seq_max: int, threads: int = 1) -> None:
+        api = self.api = model.api
+        self.model, self.n_vocab = model, model.n_vocab
         params = api.llama_context_default_params()
-        params.n_ctx = int(n_ctx)
-        params.n_batch = int(n_ctx)
-        params.n_ubatch = int(n_ctx)
+        params.n_ctx = params.n_batch = params.n_ubatch = int(n_ctx)
         params.n_seq_max = int(n_seq_max)
-        params.n_threads = int(threads)
-        params.n_threads_batch = int(threads)
+        params.n_threads = params.n_threads_batch = int(threads)
         params.kv_unified = False
-        handle = api.llama_init_from_model(model.handle, params)
-        if not handle:
+        self.handle = api.llama_init_from_model(model.handle, params)
+        if not self.handle:
             raise ValueError(
                 f"{model.path}: llama.cpp could not create a context with n_ctx={n_ctx}, "
                 f"n_seq_max={n_seq_max}"
             )
-        self.handle = handle
-        self.n_ctx = int(api.llama_n_ctx(handle))
-        self.n_seq_max = int(api.llama_n_seq_max(handle))
-        self.memory = api.llama_get_memory(handle)
-        self.batch_size = int(api.llama_n_batch(handle))
-        self.batch = api.llama_batch_init(self.batch_size, 0, 1)
-        self.log = log
+        self.n_ctx = int(api.llama_n_ctx(self.handle))
+        self.n_seq_max = int(api.llama_n_seq_max(self.handle))
+        self.memory = api.llama_get_memory(self.handle)
+        self.batch = api.llama_batch_init(self.n_ctx, 0, 1)
 
     @property
     def seq_capacity(self) -> int:
@@ -277,40 +211,29 @@ class Context:
         """One ``llama_decode`` of the entries; the logits of the entries marked in ``logits``,
         in batch order, float32 [n_marked, V] (a copy)."""
         n = len(tokens)
-        if n > self.batch_size:
-            raise ValueError(f"n_batch: a batch of {n} tokens exceeds n_batch = {self.batch_size}")
-        if self.log is not None:
-            self.log.events.append(
-                ("decode", list(tokens), list(positions), list(seq_ids), list(logits))
-            )
+        if n > self.n_ctx:
+            raise ValueError(f"n_batch: a batch of {n} tokens exceeds n_batch = {self.n_ctx}")
         batch = self.batch
         batch.n_tokens = n
         for i in range(n):
-            batch.token[i] = tokens[i]
-            batch.pos[i] = positions[i]
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq_ids[i]
-            batch.logits[i] = 1 if logits[i] else 0
+            batch.token[i], batch.pos[i], batch.logits[i] = tokens[i], positions[i], logits[i]
+            batch.n_seq_id[i], batch.seq_id[i][0] = 1, seq_ids[i]
         status = self.api.llama_decode(self.handle, batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status} ({self.model.path})")
-        marked = [i for i in range(n) if logits[i]]
-        out = np.empty((len(marked), self.n_vocab), dtype=np.float32)
-        for row, i in enumerate(marked):
-            pointer = self.api.llama_get_logits_ith(self.handle, i)
-            if not pointer:
-                raise RuntimeError(f"llama_get_logits_ith({i}) returned NULL")
-            out[row] = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
-        return out
+        rows = sum(map(bool, logits))
+        if rows == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        pointer = self.api.llama_get_logits(self.handle)
+        return np.ctypeslib.as_array(pointer, shape=(rows, self.n_vocab)).copy()
 
-    def save(self) -> Any:
+    def save(self) -> tuple[Any, int]:
         """A copy of the context's state (its KV cache), for :meth:`restore`."""
         size = int(self.api.llama_state_get_size(self.handle))
         buffer = (ctypes.c_uint8 * size)()
-        written = int(self.api.llama_state_get_data(self.handle, buffer, size))
-        return buffer, written
+        return buffer, int(self.api.llama_state_get_data(self.handle, buffer, size))
 
-    def restore(self, state: Any) -> None:
+    def restore(self, state: tuple[Any, int]) -> None:
         """Puts back a state :meth:`save` took."""
         buffer, size = state
         if int(self.api.llama_state_set_data(self.handle, buffer, size)) != size:
@@ -320,8 +243,6 @@ class Context:
 
     def remove(self, seq_id: int, start: int) -> None:
         """Drops sequence ``seq_id``'s KV entries at positions ``>= start``."""
-        if self.log is not None:
-            self.log.events.append(("remove", seq_id, start))
         if not self.api.llama_memory_seq_rm(self.memory, seq_id, start, -1):
             raise RuntimeError(f"llama_memory_seq_rm({seq_id}, {start}) failed")
 
@@ -339,7 +260,6 @@ __all__ = [
     "REQUIRED_API",
     "REQUIRED_CONTEXT_FIELDS",
     "Context",
-    "DecodeLog",
     "Model",
     "check_same_vocabulary",
     "llama_api",

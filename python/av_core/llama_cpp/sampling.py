@@ -63,33 +63,27 @@ class SamplingParams:
 
 def probabilities(logits: npt.ArrayLike, params: SamplingParams) -> FloatArray:
     """The sampling distribution of each row of ``logits`` ([N, V] or [V]), float64."""
-    z = np.asarray(logits, dtype=np.float64)
-    single = z.ndim == 1
-    z = np.atleast_2d(z)
-    out = np.zeros_like(z)
+    z = np.asarray(logits)
     if params.greedy:
-        out[np.arange(z.shape[0]), np.argmax(z, axis=1)] = 1.0
-        return out[0] if single else out
-    vocab = z.shape[1]
-    y = z - z.max(axis=1, keepdims=True)
+        out = np.zeros(z.shape, dtype=np.float64)
+        np.put_along_axis(out, np.argmax(z, axis=-1)[..., None], 1.0, axis=-1)
+        return out
+    y: FloatArray = np.subtract(z, z.max(axis=-1, keepdims=True), dtype=np.float64)
     if params.temperature != 1.0:
         y *= 1.0 / params.temperature
-    terms = np.exp(y, out=y)
+    np.exp(y, out=y)
     if params.truncated:
-        k = params.top_k if 0 < params.top_k < vocab else vocab
-        for row in range(z.shape[0]):
-            order = np.argsort(-y[row], kind="stable")[:k]
-            kept = terms[row, order]
+        rows = y.reshape(-1, y.shape[-1])
+        k = params.top_k if 0 < params.top_k < rows.shape[1] else rows.shape[1]
+        for row in rows:
+            order = np.argsort(-row, kind="stable")
+            kept = row[order[:k]]
             if params.top_p < 1.0:
                 before = np.cumsum(kept) - kept
-                keep = before < params.top_p * kept.sum()
-                keep[0] = True
-                order, kept = order[keep], kept[keep]
-            out[row, order] = kept
-    else:
-        out = terms
-    out /= out.sum(axis=1, keepdims=True)
-    return out[0] if single else out
+                kept = kept[: max(1, int(np.count_nonzero(before < params.top_p * kept.sum())))]
+            row[order[kept.shape[0] :]] = 0.0
+    y /= y.sum(axis=-1, keepdims=True)
+    return y
 
 
 def draft_features(
@@ -128,7 +122,6 @@ class RandomSource(Protocol):
     """Every random choice of the loop: a Bernoulli draw and a categorical draw."""
 
     def bernoulli(self, probability: float) -> bool: ...
-
     def categorical(self, weights: FloatArray) -> int: ...
 
 

@@ -10,8 +10,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyType};
 use std::path::PathBuf;
 
-use super::{depth_mode, non_negative, step_tokens, PyDepthPlan, PyVerificationPlan};
-use crate::convert::{float_matrix, int_vector, to_py_err, Float, FloatView, Int, Text};
+use super::{
+    depth_mode, elements, non_negative, on_view, per_request, step_tokens, PyDepthPlan,
+    PyVerificationPlan,
+};
+use crate::convert::{detach_if, float_matrix, int_vector, to_py_err, Float, Int, Text};
 use crate::cost_tables::PyCostTables;
 use crate::persist;
 
@@ -180,22 +183,14 @@ impl PyVerificationPlanner {
         // what it remembers read them again after planning), so they must be its own.
         let slots = int_vector(slots, "slots")?;
         let matrix = float_matrix(confidences, "confidences", self.num_positions)?;
-        let scheduled_ints: Vec<i64> = int_vector(scheduled_drafts, "scheduled_drafts")?;
-        let scheduled: &[i64] = &scheduled_ints;
-        let rows = matrix.rows();
+        let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
         let view = matrix.view("confidences")?;
-        let (plan, admitted) = py
-            .detach(|| {
-                let mut admitted = vec![0i32; rows];
-                let mut planner = self.lock();
-                match view {
-                    FloatView::F32(v) => planner.plan(&slots, v, scheduled, &step, &mut admitted),
-                    FloatView::F64(v) => planner.plan(&slots, v, scheduled, &step, &mut admitted),
-                }
-                .map(|plan| (plan, admitted))
-            })
-            .map_err(to_py_err)?;
-        Ok(PyVerificationPlan::wrap(py, plan, admitted))
+        let (plan, admitted) = per_request(py, matrix.rows(), elements(&matrix), |admitted| {
+            let mut planner = self.lock();
+            on_view!(view, |v| planner
+                .plan(&slots, v, &scheduled, &step, admitted))
+        })?;
+        Ok(PyVerificationPlan::wrap(plan, admitted))
     }
 
     /// How many positions each request in `slots` should draft at the coming step, from the
@@ -221,17 +216,13 @@ impl PyVerificationPlanner {
             max_draft_budget,
         )?;
         let slots = int_vector(slots, "slots")?;
-        let cap_ints: Vec<i64> = int_vector(max_depths, "max_depths")?;
-        let caps: &[i64] = &cap_ints;
-        let (plan, depths) = py
-            .detach(|| {
-                let mut depths = vec![0i32; slots.len()];
-                self.lock()
-                    .choose_draft_depth(&slots, caps, &step, mode, &mut depths)
-                    .map(|plan| (plan, depths))
-            })
-            .map_err(to_py_err)?;
-        Ok(PyDepthPlan::wrap(py, plan, depths))
+        let caps = int_vector(max_depths, "max_depths")?;
+        let work = slots.len().saturating_mul(self.num_positions);
+        let (plan, depths) = per_request(py, slots.len(), work, |depths| {
+            self.lock()
+                .choose_draft_depth(&slots, &caps, &step, mode, depths)
+        })?;
+        Ok(PyDepthPlan::wrap(plan, depths))
     }
 
     /// Remembers this step's confidences of the positions each request drafted
@@ -247,15 +238,11 @@ impl PyVerificationPlanner {
         // what it remembers read them again after planning), so they must be its own.
         let slots = int_vector(slots, "slots")?;
         let matrix = float_matrix(confidences, "confidences", self.num_positions)?;
-        let scheduled_ints: Vec<i64> = int_vector(scheduled_drafts, "scheduled_drafts")?;
-        let scheduled: &[i64] = &scheduled_ints;
+        let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
         let view = matrix.view("confidences")?;
-        py.detach(|| {
+        detach_if(py, elements(&matrix), || {
             let mut planner = self.lock();
-            match view {
-                FloatView::F32(v) => planner.remember(&slots, v, scheduled),
-                FloatView::F64(v) => planner.remember(&slots, v, scheduled),
-            }
+            on_view!(view, |v| planner.remember(&slots, v, &scheduled))
         })
         .map_err(to_py_err)
     }

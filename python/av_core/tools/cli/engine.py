@@ -169,6 +169,7 @@ def _bench(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         seed=args.seed,
         remeasure=args.remeasure,
+        clock=args.clock,
     )
     with _Job(console, "bench-engine", "run") as job, about("bench-engine"):
         run_bench(config, prompts, args.out, progress=job, note=console.note)
@@ -249,6 +250,13 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
         "--remeasure",
         action="store_true",
         help="adaptive policies re-measure their cost tables while they run (every 25 steps)",
+    )
+    bench.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="what the profile and the predictions time: wall (a quiet machine) or this "
+        "process's CPU time (a shared one)",
     )
     bench.add_argument(
         "--update-readme",

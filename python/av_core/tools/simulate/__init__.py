@@ -19,6 +19,10 @@ same rounds and costs (SGLang's EMA tiers, TensorRT-LLM's ``draft_len_schedule``
 verification; :mod:`av_core.tools.peers`) and the hindsight oracle every policy is bounded by
 (:func:`simulate_oracle`). The model is documented in ``docs/simulate.md``.
 
+:func:`simulate_run` replays one finite run instead (R requests with a token budget, the policy
+objects of :mod:`av_core.llama_cpp.policies`, each step priced by its shape): the prediction
+``av-core bench-engine`` sets beside each measured run.
+
 One module per concern: :mod:`~av_core.tools.simulate.costs` (cost models),
 :mod:`~av_core.tools.simulate.policies` (round streams and the policies),
 :mod:`~av_core.tools.simulate.oracle` (the hindsight bound), :mod:`~av_core.tools.simulate.replay`
@@ -73,6 +77,7 @@ from av_core.tools.simulate.report import (
     simulation_tables,
     simulation_to_dict,
 )
+from av_core.tools.simulate.run import RunReplay, StepShape, simulate_run
 
 __all__ = [
     "ADAPTIVE_POLICIES",
@@ -92,7 +97,9 @@ __all__ = [
     "MeasuredCost",
     "PolicyResult",
     "RoundStreams",
+    "RunReplay",
     "Simulation",
+    "StepShape",
     "cost_tables_for",
     "draft_cost_ms",
     "format_markdown",
@@ -106,6 +113,7 @@ __all__ = [
     "simulate_adaptive",
     "simulate_fixed",
     "simulate_oracle",
+    "simulate_run",
     "simulate_sglang_ema",
     "simulate_trace",
     "simulate_trt_schedule",

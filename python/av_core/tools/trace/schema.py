@@ -49,6 +49,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("entropy", "float", False, "entropy of q in nats (lossy)"),
     Column("head_score", "float", False, "a confidence head's score, if the drafter has one"),
     Column("acceptance_probability", "float", False, "min(1, p/q) of the drafted token"),
+    Column("top10_confidence", "float", False, "top candidate's share of the 10 largest logits"),
 )
 _BY_NAME = {column.name: column for column in COLUMNS}
 REQUIRED_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.required)
@@ -84,6 +85,7 @@ class DraftTrace:
     entropy: FloatArray | None = None
     head_score: FloatArray | None = None
     acceptance_probability: FloatArray | None = None
+    top10_confidence: FloatArray | None = None
 
     def __post_init__(self) -> None:
         length: int | None = None
@@ -333,7 +335,7 @@ def _check_values(trace: DraftTrace) -> None:
             "label",
             f"a position not admitted cannot be labeled, got {trace.label[bad[0]]}",
         )
-    for name in ("temperature", "top_p", "acceptance_probability"):
+    for name in ("temperature", "top_p", "acceptance_probability", "top10_confidence"):
         column: FloatArray | None = getattr(trace, name)
         if column is None:
             continue
