@@ -11,29 +11,35 @@ change modifies it:
   ``_assign_draft_token_budget``, a fourth entry to ``_batch_budget`` and a history mode read
   inside ``get_num_tokens``: each refused by name; new optional arguments of the manager's
   ``__init__`` alone (``min_draft_width=0``) are accepted.
-- vllm#52559's ``DFlashAdaptiveKManager`` (reproduced in our own words, from its PR branch,
-  vllm-project/vllm@b1171c804b96474eafd3e2f0354b8ec67bfa8ab7, 2026-08-17) overrides
-  ``get_num_tokens``, where the base-class patch never runs: refused naming the subclass, also
-  when the subclass is defined after the install; one that calls ``super()`` is accepted. Its
-  verify table by batch size and K is refused by name where av_core would read it as flat.
+- vllm#52559's ``DFlashAdaptiveKManager`` (reproduced in ``dflash_reproduction``) overrides
+  ``get_num_tokens`` with a contract of its own (one K for the batch, ``batch_query_len``):
+  the install proceeds and building one is refused by name, whether it was defined before or
+  after the install; a subclass whose own ``get_num_tokens`` keeps vLLM's contract is patched
+  as the base is, and av_core's budget then reads a verify table by batch size and K; a
+  ``super()`` call is accepted unless it lands in a refused definition. Where
+  ``AV_CORE_VLLM_PR52559`` names a copy of the pull request's own file, it is checked too.
 
-Without vLLM: additive and changed signatures of what the plugin replaces and wraps, and a
-``DraftConfidenceStop`` (vllm-project/vllm@41f9ab88bf8c4dd4f2d22f31d625006a9619b612) inside a
-speculator's ``propose``, which drafting-depth control refuses.
+Without vLLM: additive and changed signatures of what the plugin replaces and wraps, a patched
+class's own ``__init_subclass__``, and a ``DraftConfidenceStop``
+(vllm-project/vllm@41f9ab88bf8c4dd4f2d22f31d625006a9619b612) inside a speculator's
+``propose``, which drafting-depth control refuses.
 """
 
 from __future__ import annotations
 
 import ast
 import logging
+import os
 import re
 import sys
+import textwrap
 import types
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from dflash_reproduction import DFLASH_MODULE, DFLASH_SOURCE, define, timing_samples
 from test_vllm import build_fake_vllm, originals
 from test_vllm_contract import (  # noqa: F401 - fixtures
     load_vllm,
@@ -42,11 +48,10 @@ from test_vllm_contract import (  # noqa: F401 - fixtures
     wheel,
 )
 from test_vllm_depth import FakeManager, fake_vllm  # noqa: F401 - a fixture
+from test_vllm_shape_costs import decode_budget
 
 from av_core.vllm import plugin as vllm_plugin
 from av_core.vllm.plugin import BUDGET_MODULE, VllmCompatibilityError
-
-DFLASH_MODULE = "vllm.v1.worker.gpu.spec_decode.dflash.adaptive_k"
 
 
 @pytest.fixture(autouse=True)
@@ -213,54 +218,224 @@ def test_new_optional_arguments_of_the_manager_are_accepted(
 
 # --- vllm#52559: a manager subclass that overrides get_num_tokens ------------------------------
 
-DFLASH_SOURCE = '''\
-"""Reproduction (av_core tests) of vllm#52559's DFlash adaptive-K manager's shape: a subclass of
-AdaptiveVerificationManager that picks one K for the whole batch and prices verification with
-a table by batch size and K."""
 
-import numpy as np
-
-from vllm.v1.worker.gpu.spec_decode.adaptive_verification import AdaptiveVerificationManager
-
-
-class DFlashAdaptiveKManager(AdaptiveVerificationManager):
-    def get_num_tokens(self, num_tokens_per_req, draft_tokens):
-        draft_ms, verify_ms = self.cost_tables  # verify_ms: [batch + 1, K + 1]
-        k = int(np.argmin(verify_ms[len(num_tokens_per_req)]))
-        drafts = {r: min(len(draft_tokens.get(r, ())), k) for r in num_tokens_per_req}
-        rest = {r: n - len(draft_tokens.get(r, ())) for r, n in num_tokens_per_req.items()}
-        self._batch_budget = (drafts, rest, sum(drafts.values()))
-        return sum(rest.values()) + sum(drafts.values())
-'''
+def own_get_num_tokens(sources: dict[str, str], signature: str | None = None) -> str:
+    """vLLM's own ``get_num_tokens`` (the wheel's text, read now), as a method of a class body;
+    ``signature`` replaces its parameter list."""
+    node = definition(
+        ast.parse(sources[BUDGET_MODULE]), "AdaptiveVerificationManager.get_num_tokens"
+    )
+    text = ast.unparse(node)
+    if signature is not None:
+        text = re.sub(r"\(self,.*?\) -> int:", f"{signature} -> int:", text, count=1, flags=re.S)
+    return textwrap.indent(text, "    ")
 
 
-def define(source: str, name: str, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """``source`` executed as module ``name`` (with its source readable, as on disk)."""
-    import linecache
+def subclass_source(name: str, base: str, body: str) -> str:
+    return (
+        "import numpy as np\n\n"
+        "from vllm.v1.worker.gpu.spec_decode.adaptive_verification import "
+        "AdaptiveVerificationManager\n"
+        f"from {DFLASH_MODULE} import DFlashAdaptiveKManager, k_candidates\n\n\n"
+        f"class {name}({base}):\n{body}\n"
+    )
 
-    filename = f"<av_core test {name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    module = types.ModuleType(name)
-    module.__file__ = filename
-    monkeypatch.setitem(sys.modules, name, module)
-    exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102
-    return module
+
+def logged(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(record.getMessage() for record in caplog.records)
+
+
+REFUSED = [
+    "DFlashAdaptiveKManager.get_num_tokens overrides",
+    "select_k",
+    "self.batch_query_len",
+    "self._batch_is_unmodified",
+]
 
 
 @pytest.mark.vllm
-def test_a_manager_subclass_overriding_get_num_tokens_is_refused_by_name(
+def test_the_dflash_manager_is_refused_when_built_and_the_rest_installs(
+    vllm_sources: dict[str, str],  # noqa: F811
+    wheel: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its get_num_tokens sets what vLLM's model runner reads for DFlash (batch_query_len for
+    the graph dispatch, _batch_is_unmodified) from one K for the batch; av_core's replacement
+    would drop both, so the subclass is refused, by name, when a server builds one; its mere
+    presence must not refuse the install, or no drafter could run av_core on such a vLLM."""
+    modules = load_vllm(vllm_sources, wheel, monkeypatch)
+    dflash = define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch).DFlashAdaptiveKManager
+    own = dict(vars(dflash))
+    with caplog.at_level(logging.INFO, logger="vllm.av_core"):
+        vllm_plugin.install()
+    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
+    assert manager.get_num_tokens is vllm_plugin._get_num_tokens
+    assert vars(dflash)["get_num_tokens"] is own["get_num_tokens"]
+    for text in [*REFUSED, "constructing one raises"]:
+        assert text in logged(caplog), text
+    with pytest.raises(VllmCompatibilityError) as error:
+        dflash(types.SimpleNamespace(), None, 1, 1 << 20)
+    for text in REFUSED:
+        assert text in str(error.value), text
+    vllm_plugin.uninstall()
+    assert dict(vars(dflash)) == own
+
+
+@pytest.mark.vllm
+def test_subclasses_defined_after_the_install_get_the_same_at_their_definition(
     vllm_sources: dict[str, str],  # noqa: F811
     wheel: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Before, the base-class patch was installed and never ran for DFlash's manager."""
+    """A later overriding subclass is judged at its definition, which must not raise: vLLM's
+    model runner imports DFlash's module whether or not it builds the manager."""
     modules = load_vllm(vllm_sources, wheel, monkeypatch)
-    define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch)
-    refused_by_real(modules, f"{DFLASH_MODULE}.DFlashAdaptiveKManager overrides get_num_tokens")
+    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
+
+    def base_init(self: Any, req_states: Any, *args: Any, **kwargs: Any) -> None:
+        self.req_states, self.num_speculative_steps = req_states, 3
+
+    monkeypatch.setattr(manager, "__init__", base_init)
+    vllm_plugin.install()
+    dflash = define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch).DFlashAdaptiveKManager
+    kept = define(
+        subclass_source("Kept", "DFlashAdaptiveKManager", own_get_num_tokens(vllm_sources)),
+        "av_core_test_kept",
+        monkeypatch,
+    ).Kept
+    assert kept.get_num_tokens is vllm_plugin._get_num_tokens
+    with pytest.raises(VllmCompatibilityError, match="DFlashAdaptiveKManager.get_num_tokens"):
+        dflash(types.SimpleNamespace(), None, 1, 1 << 20)
+    # Its own, accepted get_num_tokens: built through DFlash's constructor.
+    built = kept(types.SimpleNamespace(), None, 1, 1 << 20)
+    assert built.candidates == [0, 1, 3] and built.current_k == 3
+    vllm_plugin.uninstall()
+    assert "get_num_tokens" in vars(kept) and kept.get_num_tokens is not vllm_plugin._get_num_tokens
+    dflash(types.SimpleNamespace(), None, 1, 1 << 20)  # nothing guards once uninstalled
 
 
 @pytest.mark.vllm
-def test_a_subclass_calling_super_is_accepted_and_later_overrides_are_refused(
+def test_a_subclass_keeping_the_contract_gets_av_cores_budget_on_its_shape_table(
+    vllm_sources: dict[str, str],  # noqa: F811
+    wheel: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A manager that profiles verification by shape as DFlash's does but budgets with vLLM's
+    own get_num_tokens: patched as the base is, and av_core's budget reads its table by batch
+    size and K (against the brute force on the row of each step's batch size)."""
+    load_vllm(vllm_sources, wheel, monkeypatch)
+    define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch)
+    body = (
+        "    set_initial_cost_curves = DFlashAdaptiveKManager.set_initial_cost_curves\n"
+        + own_get_num_tokens(vllm_sources)
+    )
+    shaped = define(
+        subclass_source("ShapeProfiled", "AdaptiveVerificationManager", body),
+        "av_core_test_shape_profiled",
+        monkeypatch,
+    ).ShapeProfiled
+    own = vars(shaped)["get_num_tokens"]
+    with caplog.at_level(logging.INFO, logger="vllm.av_core"):
+        vllm_plugin.install()
+    assert shaped.get_num_tokens is vllm_plugin._get_num_tokens
+    assert "ShapeProfiled.get_num_tokens keeps the contract" in logged(caplog)
+
+    k, max_reqs = 7, 8
+    rng = np.random.default_rng(2)
+    stale = rng.uniform(0.1, 1.0, (max_reqs, k)).astype(np.float32)
+    manager = shaped.__new__(shaped)
+    manager.num_speculative_steps = k
+    manager.candidates = [0, 1, 3, 7]
+    manager._capture_sizes = {1, 2, 4, 8, 16, 32, 64}
+    manager.req_states = types.SimpleNamespace(
+        max_num_reqs=max_reqs,
+        req_id_to_index={f"r{i}": i for i in range(max_reqs)},
+        num_computed_tokens_np=np.zeros(max_reqs, dtype=np.int64),
+        prefill_len=types.SimpleNamespace(np=np.zeros(max_reqs, dtype=np.int64)),
+    )
+    manager._stale_confidences = [types.SimpleNamespace(np=stale)]
+    manager._stale_idx, manager._max_total_logits, manager.num_bonus_tokens = 0, 1 << 20, 1
+    manager.set_initial_cost_curves(timing_samples(max_reqs, manager.candidates))
+    draft, verify = manager.cost_tables
+    assert verify.shape == (max_reqs + 1, k + 1)
+    for requests in (1, 2, 5, 8):
+        ids = [f"r{i}" for i in range(requests)]
+        tokens = manager.get_num_tokens({i: k + 1 for i in ids}, {i: [0] * k for i in ids})
+        expected = decode_budget(stale, requests, k, draft, verify)
+        assert tokens == requests + expected and manager._batch_budget[2] == expected
+    vllm_plugin.uninstall()
+    assert vars(shaped)["get_num_tokens"] is own
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("name", "base", "body", "message"),
+    [
+        (
+            "Logged",
+            "DFlashAdaptiveKManager",
+            "    def get_num_tokens(self, num_tokens_per_req, draft_tokens):\n"
+            "        return super().get_num_tokens(num_tokens_per_req, draft_tokens)\n",
+            "Logged.get_num_tokens calls super() into "
+            f"{DFLASH_MODULE}.DFlashAdaptiveKManager.get_num_tokens, which av_core refuses",
+        ),
+        (
+            "Reserving",
+            "AdaptiveVerificationManager",
+            None,
+            "new required parameter reserved",
+        ),
+    ],
+)
+def test_an_override_that_departs_from_the_contract_is_refused_when_built(
+    vllm_sources: dict[str, str],  # noqa: F811
+    wheel: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    base: str,
+    body: str | None,
+    message: str,
+) -> None:
+    """A super() call that lands in a refused definition, and vLLM's own body under a changed
+    signature (a new required parameter)."""
+    load_vllm(vllm_sources, wheel, monkeypatch)
+    define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch)
+    if body is None:
+        signature = "(self, num_tokens_per_req, draft_tokens, reserved)"
+        body = own_get_num_tokens(vllm_sources, signature)
+    cls = getattr(
+        define(subclass_source(name, base, body), f"av_core_test_{name}", monkeypatch), name
+    )
+    vllm_plugin.install()
+    assert vars(cls)["get_num_tokens"] is not vllm_plugin._get_num_tokens
+    with pytest.raises(VllmCompatibilityError, match=re.escape(message)):
+        cls(types.SimpleNamespace(), None, 1, 1 << 20)
+
+
+@pytest.mark.vllm
+def test_a_subclass_reading_the_budget_as_another_tuple_refuses_the_install(
+    vllm_sources: dict[str, str],  # noqa: F811
+    wheel: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's compaction unpacks what av_core's get_num_tokens stores, and so does a subclass's
+    own compaction: one reading 4 values refuses the install by name."""
+    modules = load_vllm(vllm_sources, wheel, monkeypatch)
+    define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch)
+    source = subclass_source(
+        "Reserving",
+        "AdaptiveVerificationManager",
+        "    def compact_batch(self, drafts, scheduled, cu_num_logits):\n"
+        "        _, _, draft_budget, reserved = self._batch_budget\n",
+    )
+    define(source, "av_core_test_reserving", monkeypatch)
+    refused_by_real(modules, "av_core_test_reserving.Reserving unpacks _batch_budget into 4 values")
+
+
+@pytest.mark.vllm
+def test_a_subclass_calling_super_on_the_base_is_accepted(
     vllm_sources: dict[str, str],  # noqa: F811
     wheel: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
@@ -275,36 +450,106 @@ def test_a_subclass_calling_super_is_accepted_and_later_overrides_are_refused(
         "    def get_num_tokens(self, num_tokens_per_req, draft_tokens):\n"
         "        return super().get_num_tokens(num_tokens_per_req, draft_tokens)\n"
     )
-    define(wrapping, "av_core_test_wrapping", monkeypatch)
+    logged_class = define(wrapping, "av_core_test_wrapping", monkeypatch).Logged
+    with caplog.at_level(logging.INFO, logger="vllm.av_core"):
+        vllm_plugin.install()
+    assert "Logged.get_num_tokens overrides and calls super()" in logged(caplog)
+    assert "__init__" not in vars(logged_class)  # not guarded
+    vllm_plugin.uninstall()
+    assert "__init_subclass__" not in vars(manager)
+
+
+def test_the_owners_own_init_subclass_still_runs_under_the_guard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guard runs a patched class's own __init_subclass__ before its own check."""
+    modules = build_fake_vllm()
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv("AV_CORE_VLLM", "1")
+    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
+    seen: list[str] = []
+
+    def record(cls: type, **kwargs: Any) -> None:
+        seen.append(cls.__name__)
+
+    manager.__init_subclass__ = classmethod(record)  # type: ignore[assignment]
+    vllm_plugin.install()
     try:
-        with caplog.at_level(logging.INFO, logger="vllm.av_core"):
-            vllm_plugin.install()
-        assert any(
-            "Logged.get_num_tokens overrides and calls super()" in r.getMessage()
-            for r in caplog.records
-        )
-        # Defined after the install, an override is refused at its definition.
-        with pytest.raises(VllmCompatibilityError, match="DFlashAdaptiveKManager overrides"):
-            define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch)
-        vllm_plugin.uninstall()
-        assert "__init_subclass__" not in vars(manager)
-        define(DFLASH_SOURCE, DFLASH_MODULE, monkeypatch)  # nothing guards once uninstalled
+        type("Later", (manager,), {})
+        assert seen == ["Later"]
     finally:
         vllm_plugin.uninstall()
+    assert vars(manager)["__init_subclass__"].__func__ is record
 
 
-def test_a_verify_table_by_batch_and_k_is_refused_by_name_where_av_core_reads_it() -> None:
-    """vllm#52559 keeps verify costs as a [batch + 1, K + 1] table; av_core's budget and depth
-    hook read a token-indexed one. Before, the table was indexed as if flat."""
-    k = 3
-    verify = np.full((9, k + 1), np.inf)
-    verify[:, 0], verify[:, 1], verify[:, 3] = 2.0, 3.0, 5.0
-    manager = types.SimpleNamespace(cost_tables=(np.linspace(0.0, 1.0, 9), verify))
-    with pytest.raises(VllmCompatibilityError, match=r"shapes \[\(9,\), \(9, 4\)\]"):
-        vllm_plugin._get_num_tokens(manager, {"a": 4}, {"a": [1, 2, 3]})
-    with pytest.raises(VllmCompatibilityError, match="batch size and K"):
-        vllm_plugin._depth_hook(manager, k)
-    assert vllm_plugin._DepthState.hook is None
+# --- vllm#52559's own source, where a copy is given ----------------------------------------------
+
+PR_SOURCE = "AV_CORE_VLLM_PR52559"
+
+
+@pytest.fixture
+def pr_dflash_source() -> str:
+    """vllm#52559's ``dflash/adaptive_k.py`` (vllm-project/vllm
+    b1171c804b96474eafd3e2f0354b8ec67bfa8ab7), read from the file ``AV_CORE_VLLM_PR52559``
+    names; not part of any release, so not fetched here."""
+    path = os.environ.get(PR_SOURCE, "")
+    if not path:
+        pytest.skip(f"{PR_SOURCE} names no copy of vllm#52559's dflash/adaptive_k.py")
+    return Path(path).read_text()
+
+
+@pytest.mark.vllm
+def test_the_pull_requests_own_manager_is_refused_when_built(
+    vllm_sources: dict[str, str],  # noqa: F811
+    wheel: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    pr_dflash_source: str,
+) -> None:
+    load_vllm(vllm_sources, wheel, monkeypatch)
+    dflash = define(pr_dflash_source, DFLASH_MODULE, monkeypatch).DFlashAdaptiveKManager
+    vllm_plugin.install()
+    with pytest.raises(VllmCompatibilityError) as error:
+        dflash(types.SimpleNamespace(), None, 1, 1 << 20)
+    for text in REFUSED:
+        assert text in str(error.value), text
+
+
+@pytest.mark.vllm
+def test_the_reproduction_profiles_the_table_the_pull_request_does(
+    vllm_sources: dict[str, str],  # noqa: F811
+    wheel: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    pr_dflash_source: str,
+) -> None:
+    """Both managers' set_initial_cost_curves on the same samples, with vLLM's own
+    build_cost_tables_from_curves: the same draft and verify tables, the same candidates."""
+    load_vllm(vllm_sources, wheel, monkeypatch)
+    theirs = define(pr_dflash_source, DFLASH_MODULE, monkeypatch)
+    ours = define(DFLASH_SOURCE, "av_core_test_dflash_reproduction", monkeypatch)
+    for k in range(1, 40):
+        assert ours.k_candidates(k) == theirs.get_dflash_k_candidates(k), k
+    monkeypatch.setattr(
+        theirs,
+        "get_tp_group",
+        lambda: types.SimpleNamespace(broadcast_object=lambda value, src: value),
+    )
+    for k, max_reqs, captured in ((7, 8, {1, 2, 4, 8, 16, 32, 64}), (15, 6, {1, 2, 4, 16, 48})):
+        samples = timing_samples(max_reqs, ours.k_candidates(k), seed=k)
+        tables = []
+        for cls in (theirs.DFlashAdaptiveKManager, ours.DFlashAdaptiveKManager):
+            manager = cls.__new__(cls)
+            manager.num_speculative_steps = k
+            manager.req_states = types.SimpleNamespace(max_num_reqs=max_reqs)
+            manager._capture_sizes = captured
+            manager.candidates = ours.k_candidates(k)
+            manager.policy = theirs.DFlashAdaptiveKPolicy(k, 0.2)
+            manager._outcome_buffers, manager._selected_k_by_batch = [], {}
+            manager._selection_uses_by_batch = {}
+            manager.set_initial_cost_curves(samples)
+            tables.append(manager.cost_tables)
+        for mine, pulled in zip(tables[1], tables[0], strict=True):
+            np.testing.assert_array_equal(mine, pulled)
 
 
 # --- signatures without vLLM ---------------------------------------------------------------------
@@ -386,22 +631,103 @@ def test_depth_control_takes_a_new_optional_argument_of_what_it_wraps(
         vllm_plugin.uninstall()
 
 
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (
+            "        for step in range(num_speculative_tokens or 1):\n"
+            "            if not self.confidence_stop.should_continue():\n"
+            "                break\n",
+            "should_continue",
+        ),
+        # The branch's shape: propose begins the round, the decode loop stops it.
+        (
+            "        stop = self.confidence_stop\n"
+            "        stop.begin_round(input_batch.idx_mapping_np)\n"
+            "        self._multi_step_decode(input_batch, confidence_stop=stop)\n",
+            "begin_round",
+        ),
+        (
+            "        self._multi_step_decode(input_batch, confidence_stop=self.confidence_stop)\n",
+            "self.confidence_stop",
+        ),
+    ],
+)
 def test_depth_control_refuses_a_speculator_that_stops_drafting_on_its_own(
     fake_vllm: dict[str, types.ModuleType],  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
+    body: str,
+    named: str,
 ) -> None:
-    """A DraftConfidenceStop inside ``propose`` drafts fewer positions than the depth av_core
-    chose; before, the hook recorded confidences for positions never drafted."""
+    """A DraftConfidenceStop drafts fewer positions than the depth av_core chose, so the hook
+    would record confidences for positions never drafted; a stop handed on to a helper (the
+    branch's decode loop) counts too."""
     module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[0]
     source = (
         "class Stopping:\n"
         "    def propose(self, input_batch, *, dummy_run=False, num_speculative_tokens=None):\n"
-        "        for step in range(num_speculative_tokens or 1):\n"
-        "            if not self.confidence_stop.should_continue():\n"
-        "                break\n"
+        + body
     )
     stopping = define(source, "av_core_test_stopping", monkeypatch)
     setattr(fake_vllm[module_name], class_name, stopping.Stopping)
-    with pytest.raises(VllmCompatibilityError, match="stops drafting early on its own"):
+    with pytest.raises(VllmCompatibilityError, match="stops drafting early on its own") as error:
+        vllm_plugin.install_depth_control()
+    assert named in str(error.value)
+    assert vllm_plugin.installed() == []
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        "input_batch, *, max_num_speculative_tokens=None",
+        "input_batch, *, num_speculative_tokens=4",
+        "input_batch, num_speculative_tokens=None, /",
+        "batch, *, num_speculative_tokens=None",
+    ],
+)
+def test_depth_control_refuses_a_propose_whose_depth_keyword_is_another(
+    fake_vllm: dict[str, types.ModuleType],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    parameters: str,
+) -> None:
+    """The wrapper passes ``num_speculative_tokens`` by keyword: a parameter of another name
+    (``max_num_speculative_tokens=None`` holds the text), another default or a positional-only
+    one would fail or mean something else inside vLLM's step."""
+    module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[1]
+    source = f"class Other:\n    def propose(self, {parameters}):\n        return None\n"
+    other = define(source, "av_core_test_other", monkeypatch).Other
+    setattr(fake_vllm[module_name], class_name, other)
+    with pytest.raises(VllmCompatibilityError, match="expected \\(self, input_batch, ..., num_"):
         vllm_plugin.install_depth_control()
     assert vllm_plugin.installed() == []
+
+
+def test_depth_control_wraps_a_subclass_keeping_the_contract_and_refuses_one_that_stops(
+    fake_vllm: dict[str, types.ModuleType],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subclass's own ``propose``: wrapped as the base's when it keeps the contract, refused
+    when built when it stops drafting on its own; neither refuses the install."""
+    module_name, class_name = vllm_plugin.DEPTH_SPECULATORS[0]
+    module = sys.modules[module_name]
+    source = (
+        f"from {module_name} import {class_name}\n\n\n"
+        f"class Plain({class_name}):\n"
+        "    def propose(self, input_batch, *args, num_speculative_tokens=None, **kwargs):\n"
+        "        self.depths_asked.append(num_speculative_tokens)\n\n\n"
+        f"class Stopping({class_name}):\n"
+        "    def propose(self, input_batch, *args, num_speculative_tokens=None, **kwargs):\n"
+        "        while self.confidence_stop.should_continue():\n"
+        "            pass\n"
+    )
+    defined = define(source, "av_core_test_speculators", monkeypatch)
+    own = vars(defined.Plain)["propose"]
+    assert getattr(module, class_name) is defined.Plain.__mro__[1]
+    wrapped = vllm_plugin.install_depth_control()
+    assert vars(defined.Plain)["propose"].__wrapped__ is own
+    assert any(entry.owner is defined.Plain for entry in wrapped)
+    with pytest.raises(VllmCompatibilityError, match="Stopping.propose .*should_continue"):
+        defined.Stopping()
+    defined.Plain()
+    vllm_plugin.uninstall()
+    assert vars(defined.Plain)["propose"] is own and "__init__" not in vars(defined.Stopping)

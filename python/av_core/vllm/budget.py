@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,9 @@ from av_core.vllm.checks import (
     _check_tensor,
     _check_vector,
 )
+
+if TYPE_CHECKING:
+    from av_core import CostTables
 
 
 def _planner(*names: str) -> tuple[Any, ...]:
@@ -106,6 +109,162 @@ def _curve_points(curve: object, name: str) -> list[tuple[float, float]]:
                 ) from None
         points.append((pair[0], pair[1]))
     return points
+
+
+def _float_table(value: object, name: str, ndim: int) -> npt.NDArray[np.float64]:
+    """``value`` as a float64 array of ``ndim`` dimensions (a private copy)."""
+    try:
+        array = np.array(value, dtype=np.float64)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise TypeError(f"{name} must be a {ndim}-D array of numbers ({error})") from None
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
+    return array
+
+
+class ShapeCostTables:
+    """Step costs by batch shape, as vllm#52559's DFlash manager profiles them.
+
+    ``draft_ms[b]``: the drafter's ms for ``b`` requests (1-D). ``verify_ms[b, k]``: the
+    target's ms for one pass over ``b`` requests that each verify ``k`` drafts (``k + 1``
+    tokens per request), ``inf`` where that shape was not profiled (2-D, ``[max_reqs + 1,
+    K + 1]``). Equal token counts can cost differently in different shapes (32 requests of 16
+    tokens against 128 of 4), which one curve by token count cannot express.
+
+    av_core's planner prices a step of ``R`` requests, ``T`` non-draft tokens and ``b`` admitted
+    drafts as ``draft_ms[R] + verify(T + b)`` by token count (the admitted counts differ from
+    request to request). :meth:`for_batch` derives that curve for one batch size from row ``R``:
+    its profiled shapes are the points ``(R (k + 1), verify_ms[R, k])``; a token count between
+    two is charged at the next one up (as a captured graph pads to the next captured shape,
+    which also prices a batch whose counts differ at the uniform shape it fits in), past the
+    last the last segment is extended (:meth:`av_core.CostTables.from_curves` with no capture
+    limit). A row is converted on first use and kept.
+    """
+
+    def __init__(self, draft_ms: npt.ArrayLike, verify_ms: npt.ArrayLike) -> None:
+        draft = _float_table(draft_ms, "draft_ms", 1)
+        verify = _float_table(verify_ms, "verify_ms", 2)
+        if draft.size < 2 or not np.all(np.isfinite(draft) & (draft >= 0.0)):
+            raise ValueError(
+                f"draft_ms must hold finite ms >= 0 for 0.. requests (at least 2), got {draft}"
+            )
+        bad = np.isnan(verify) | (verify < 0.0)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(
+                f"verify_ms{list(where)} = {verify[where]}: entries must be ms >= 0, or inf "
+                "for a shape not profiled"
+            )
+        if verify.shape[0] < 2 or verify.shape[1] < 2:
+            raise ValueError(
+                f"verify_ms must have shape [requests + 1 >= 2, K + 1 >= 2], got {verify.shape}"
+            )
+        self._draft = draft
+        self._verify = verify
+        self._depth: tuple[Any, int | None] | None = None
+        self._max_draft_depth: int | None = None
+        # batch size -> (largest token count covered, tables)
+        self._rows: dict[int, tuple[int, CostTables]] = {}
+
+    @property
+    def draft_ms(self) -> npt.NDArray[np.float64]:
+        return self._draft.copy()
+
+    @property
+    def verify_ms(self) -> npt.NDArray[np.float64]:
+        return self._verify.copy()
+
+    @property
+    def max_num_reqs(self) -> int:
+        """The largest batch size both tables cover."""
+        return int(min(self._draft.size, self._verify.shape[0])) - 1
+
+    @property
+    def max_draft_depth(self) -> int | None:
+        """Deepest depth the draft-depth table covers (K), or None without one."""
+        return self._max_draft_depth
+
+    def with_draft_depth(
+        self, draft_depth_ms: Any, *, max_depth: int | None = None
+    ) -> ShapeCostTables:
+        """A copy whose tables of every batch size carry a draft-cost-by-depth table (the
+        arguments of :meth:`av_core.CostTables.with_draft_depth`, checked here)."""
+        (cost_tables,) = _planner("CostTables")
+        checked = cost_tables(self._draft, np.ones(2)).with_draft_depth(
+            draft_depth_ms, max_depth=max_depth
+        )
+        copy = ShapeCostTables(self._draft, self._verify)
+        copy._depth = (draft_depth_ms, max_depth)
+        copy._max_draft_depth = checked.max_draft_depth
+        return copy
+
+    def for_batch(self, num_requests: int, num_tokens: int) -> CostTables:
+        """``av_core.CostTables`` for steps of ``num_requests`` requests, with verify costs by
+        token count over at least ``0..=num_tokens`` (class doc)."""
+        from av_core._checks import _check_int
+
+        requests = _check_int(num_requests, "num_requests", 1)
+        tokens = _check_int(num_tokens, "num_tokens", 0)
+        if requests > self.max_num_reqs:
+            raise ValueError(
+                f"num_requests must be at most {self.max_num_reqs} (the batch sizes the cost "
+                f"tables cover), got {requests}"
+            )
+        cached = self._rows.get(requests)
+        if cached is not None and cached[0] >= tokens:
+            return cached[1]
+        row = self._verify[requests]
+        profiled = np.flatnonzero(np.isfinite(row))
+        if profiled.size < 2:
+            raise ValueError(
+                f"verify_ms[{requests}] prices {profiled.size} shape(s) ({row}); pricing drafts "
+                "needs at least two"
+            )
+        points = [(float(requests * (k + 1)), float(row[k])) for k in profiled]
+        # Grown geometrically, so a step needing a few more tokens does not convert again.
+        covered = max(tokens, int(points[-1][0]), 2 * cached[0] if cached is not None else 0)
+        (cost_tables,) = _planner("CostTables")
+        verify = cost_tables.from_curves(
+            [(1.0, 0.0)], points, max_num_reqs=1, max_batch_tokens=covered
+        ).verify_ms
+        tables: CostTables = cost_tables(self._draft, verify)
+        if self._depth is not None:
+            tables = tables.with_draft_depth(self._depth[0], max_depth=self._depth[1])
+        self._rows[requests] = (covered, tables)
+        return tables
+
+
+def _shape_tables(cost_tables: Any) -> ShapeCostTables | None:
+    """``cost_tables`` read as tables by batch shape: a :class:`ShapeCostTables`, or a
+    ``(draft_ms, verify_ms)`` pair whose verify table is 2-D (converted once per pair object:
+    vLLM's manager keeps the pair it profiled until it profiles again)."""
+    if isinstance(cost_tables, ShapeCostTables):
+        return cost_tables
+    if not (isinstance(cost_tables, tuple) and len(cost_tables) == 2):
+        return None
+    if np.ndim(cost_tables[1]) != 2:
+        return None
+    last = _ShapeCache.last
+    if last is not None and last[0] is cost_tables:
+        return last[1]
+    shaped = ShapeCostTables(*cost_tables)
+    _ShapeCache.last = (cost_tables, shaped)
+    return shaped
+
+
+class _ShapeCache:
+    """The last ``(draft_ms, verify_ms)`` pair read by shape, and its conversion."""
+
+    last: tuple[Any, ShapeCostTables] | None = None
+
+
+def _step_cost_tables(cost_tables: Any, num_requests: int, num_tokens: int) -> Any:
+    """The ``av_core.CostTables`` that price a step of ``num_requests`` requests reading verify
+    costs up to ``num_tokens`` tokens, from any cost tables the budget takes."""
+    shaped = _shape_tables(cost_tables)
+    if shaped is not None:
+        return shaped.for_batch(num_requests, num_tokens)
+    return _native_cost_tables(cost_tables)
 
 
 def _native_cost_tables(cost_tables: Any) -> Any:
@@ -275,7 +434,10 @@ def batch_draft_budget(
         stale_confidences: ``[max_num_reqs, K]`` confidences by slot from the previous step.
         num_computed_tokens, prefill_len: per slot.
         cost_tables: what :func:`build_cost_tables_from_curves` returned, a
-            ``(draft_ms, verify_ms)`` pair, or an ``av_core.CostTables``.
+            ``(draft_ms, verify_ms)`` pair, an ``av_core.CostTables``, or costs by batch
+            shape (a :class:`ShapeCostTables`, or a pair whose ``verify_ms`` is 2-D,
+            ``[batch size, drafts per request]``: verification is priced from the row of the
+            step's ``R``).
         max_total_logits, num_bonus_tokens: the sampler's logits cap and bonus tokens per request.
     """
     metrics = vllm_metrics.current()
@@ -343,7 +505,9 @@ def batch_draft_budget(
                 np.asarray(drafts_list, dtype=np.int64),
                 num_non_draft_tokens=total_non_draft,
                 num_sampling_requests=num_sampling,
-                cost_tables=_native_cost_tables(cost_tables),
+                cost_tables=_step_cost_tables(
+                    cost_tables, num_reqs, total_non_draft + max_draft_budget
+                ),
                 max_draft_budget=max_draft_budget,
             )
         )
@@ -352,7 +516,7 @@ def batch_draft_budget(
     )
     if metrics is None:
         return plan
-    cost = _predicted_cost_ms(cost_tables, len(num_tokens_per_req), plan.num_tokens)
+    cost = _predicted_cost_ms(cost_tables, num_reqs, plan.num_tokens)
     metrics.host_time(vllm_metrics.BUDGET, time.perf_counter() - started)
     metrics.budget_chosen(plan.draft_budget, cost)
     return plan
@@ -360,7 +524,16 @@ def batch_draft_budget(
 
 def _predicted_cost_ms(cost_tables: Any, num_reqs: int, num_tokens: int) -> float | None:
     """``draft_ms[R] + verify_ms[T + b]``: the planner's cost of the step it chose (metrics)."""
-    if isinstance(cost_tables, tuple) and len(cost_tables) == 2:
+    shaped = _shape_tables(cost_tables)
+    if shaped is not None:
+        if not 1 <= num_reqs <= shaped.max_num_reqs:
+            return None
+        try:
+            native = shaped.for_batch(num_reqs, num_tokens)
+        except ValueError:  # a row without two profiled shapes prices nothing
+            return None
+        draft_ms, verify_ms = native.draft_ms, native.verify_ms
+    elif isinstance(cost_tables, tuple) and len(cost_tables) == 2:
         draft_ms, verify_ms = cost_tables
     else:
         native = _native_cost_tables(cost_tables)

@@ -51,14 +51,22 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from av_core._checks import _check_int
-from av_core._native import DEFAULT_EXPLORATION, CostTables, DepthPlan, VerificationPlanner
+from av_core._native import (
+    DEFAULT_EXPLORATION,
+    CostTables,
+    DepthPlan,
+    VerificationPlanner,
+    choose_draft_depth,
+)
 from av_core.vllm import metrics as vllm_metrics
+from av_core.vllm.budget import ShapeCostTables
 
 __all__ = ["DraftDepthHook"]
 
@@ -112,24 +120,39 @@ def _probability(value: object) -> float:
     return float(value)  # the planner checks the range
 
 
+@dataclass(frozen=True)
+class ShapeDepthPlan:
+    """A depth decision priced with the tables of the step's batch size (a
+    :class:`~av_core.vllm.budget.ShapeCostTables` hook): the fields of ``av_core.DepthPlan``."""
+
+    depths: npt.NDArray[np.int32]
+    max_depth: int
+    drafts: int
+    budget: int
+    expected_accepted_tokens: float
+    predicted_cost_ms: float
+
+
 class DraftDepthHook:
     """Chooses each step's drafting depth from remembered confidences and depth-priced costs.
 
     ``cost_tables`` must carry a draft-depth table over exactly ``0..num_speculative_steps``
-    (:meth:`CostTables.with_draft_depth`). State: one row of ``K`` confidences per request
-    slot, 1.0 for a new request (vLLM's optimistic start); :meth:`record` overwrites only the
-    positions a request actually drafted. :meth:`proposed` and :meth:`catch_up` pair a host
-    buffer that lags ``lag`` proposals behind with the depths those proposals drafted (module
-    docs). ``exploration`` and ``seed`` are the planner's exploration policy (one draw per
-    request per decision, from the seed, the step and the slot, never from tokens; each
-    :meth:`choose` counts one step): a request that explores drafts as deep as the batch does,
-    and in an exploration step (probability ``exploration``) its whole cap, so deep positions
-    keep being drafted and verified even after depth has fallen to 0.
+    (:meth:`CostTables.with_draft_depth`); a :class:`~av_core.vllm.budget.ShapeCostTables`
+    (verify costs by batch size and drafts per request) prices each decision with the tables of
+    its own batch size. State: one row of ``K`` confidences per request slot, 1.0 for a new
+    request (vLLM's optimistic start); :meth:`record` overwrites only the positions a request
+    actually drafted. :meth:`proposed` and :meth:`catch_up` pair a host buffer that lags ``lag``
+    proposals behind with the depths those proposals drafted (module docs). ``exploration`` and
+    ``seed`` are the planner's exploration policy (one draw per request per decision, from the
+    seed, the step and the slot, never from tokens; each :meth:`choose` counts one step): a
+    request that explores drafts as deep as the batch does, and in an exploration step
+    (probability ``exploration``) its whole cap, so deep positions keep being drafted and
+    verified even after depth has fallen to 0.
     """
 
     def __init__(
         self,
-        cost_tables: CostTables,
+        cost_tables: CostTables | ShapeCostTables,
         max_num_reqs: int,
         num_speculative_steps: int,
         *,
@@ -138,9 +161,10 @@ class DraftDepthHook:
         seed: int = 0,
         lag: int = 2,
     ) -> None:
-        if not isinstance(cost_tables, CostTables):
+        if not isinstance(cost_tables, CostTables | ShapeCostTables):
             raise TypeError(
-                f"cost_tables: expected av_core.CostTables, got {type(cost_tables).__name__}"
+                "cost_tables: expected av_core.CostTables or ShapeCostTables, got "
+                f"{type(cost_tables).__name__}"
             )
         max_num_reqs = _check_int(max_num_reqs, "max_num_reqs", 1)
         num_speculative_steps = _check_int(num_speculative_steps, "num_speculative_steps", 1)
@@ -162,8 +186,16 @@ class DraftDepthHook:
         # The remembered rows live in the core planner (which stores only drafted positions),
         # and so does the exploration policy: the planner draws the explorers, the hook counts
         # the steps (verification is vLLM's, so no `plan` call counts them).
+        # With tables by batch shape the planner keeps the slots and the exploration draws;
+        # each decision is priced with the tables of its own batch size (_choose_by_shape).
+        self._shapes: ShapeCostTables | None = None
+        if isinstance(cost_tables, ShapeCostTables):
+            self._shapes = cost_tables
+            planner_tables = cost_tables.for_batch(1, 0)
+        else:
+            planner_tables = cost_tables
         self._planner = VerificationPlanner(
-            cost_tables,
+            planner_tables,
             num_speculative_steps,
             num_slots=max_num_reqs,
             exploration=_probability(exploration),
@@ -175,7 +207,7 @@ class DraftDepthHook:
         #: The last decision: the planner's plan (exploration included), whether it was an
         #: exploration step in which some request drafted its whole cap, which requests
         #: explored, and the depths used.
-        self.last_plan: DepthPlan | None = None
+        self.last_plan: DepthPlan | ShapeDepthPlan | None = None
         self.explored = False
         self.explorers: npt.NDArray[np.bool_] | None = None
         self.last_depths: npt.NDArray[np.int32] | None = None
@@ -319,14 +351,20 @@ class DraftDepthHook:
                     f"max_depths: expected one per request ({slots.size}), got {raw.size}"
                 )
             caps = _in_range(raw, "max_depths", 0, k)
-        plan = self._planner.choose_draft_depth(
-            slots,
-            caps,
-            num_non_draft_tokens=num_non_draft_tokens,
-            num_sampling_requests=num_sampling_requests,
-            max_draft_budget=max_draft_budget,
-            mode=self.mode,
-        )
+        plan: DepthPlan | ShapeDepthPlan
+        if self._shapes is None:
+            plan = self._planner.choose_draft_depth(
+                slots,
+                caps,
+                num_non_draft_tokens=num_non_draft_tokens,
+                num_sampling_requests=num_sampling_requests,
+                max_draft_budget=max_draft_budget,
+                mode=self.mode,
+            )
+        else:
+            plan = self._choose_by_shape(
+                slots, caps, num_non_draft_tokens, num_sampling_requests, max_draft_budget
+            )
         # The draws the decision just used (the coming step's); then the step is counted, as
         # the planner's `plan` would count it.
         whole, explorers = self._planner.coming_explorers(slots)
@@ -336,6 +374,57 @@ class DraftDepthHook:
         self.explored = whole and bool((explorers & (caps > 0)).any())
         self.last_depths = plan.depths.copy()
         return self.last_depths
+
+    def _choose_by_shape(
+        self,
+        slots: npt.NDArray[np.int64],
+        caps: npt.NDArray[np.int64],
+        num_non_draft_tokens: int,
+        num_sampling_requests: int,
+        max_draft_budget: int | None,
+    ) -> ShapeDepthPlan:
+        """The planner's decision (``VerificationPlanner.choose_draft_depth``: the core's rule
+        on the slots' remembered confidences, then exploration) with the tables of this step's
+        batch size, which the planner's own tables cannot be."""
+        shapes = self._shapes
+        assert shapes is not None
+        t = _check_int(num_non_draft_tokens, "num_non_draft_tokens", 0)
+        largest = int(caps.sum()) if max_draft_budget is None else int(max_draft_budget)
+        tables = shapes.for_batch(max(slots.size, 1), t + max(largest, 0))
+        k = self.num_speculative_steps
+        remembered = np.empty((slots.size, k))
+        for row, slot in enumerate(slots.tolist()):
+            remembered[row] = self._planner.previous_confidences(slot)
+        chosen = choose_draft_depth(
+            remembered,
+            caps,
+            num_non_draft_tokens=t,
+            num_sampling_requests=num_sampling_requests,
+            cost_tables=tables,
+            max_draft_budget=max_draft_budget,
+            mode=self.mode,
+        )
+        depths = np.asarray(chosen.depths, dtype=np.int32).copy()
+        cost = chosen.predicted_cost_ms
+        if self._planner.exploration > 0.0 and slots.size:
+            # The planner's exploration (VerificationPlanner.choose_draft_depth): explorers
+            # draft as deep as the batch does, their whole cap in an exploration step.
+            whole, explorers = self._planner.coming_explorers(slots)
+            reach_of = caps if whole else np.minimum(caps, chosen.max_depth)
+            widened = explorers & (depths < reach_of)
+            if widened.any():
+                depths[widened] = reach_of[widened]
+                cost = tables.step_draft_cost_ms(depths) + float(
+                    tables.verify_ms[t + chosen.budget]
+                )
+        return ShapeDepthPlan(
+            depths=depths,
+            max_depth=int(depths.max(initial=0)),
+            drafts=int(depths.sum()),
+            budget=chosen.budget,
+            expected_accepted_tokens=chosen.expected_accepted_tokens,
+            predicted_cost_ms=cost,
+        )
 
     def num_speculative_tokens(
         self,

@@ -9,8 +9,11 @@ passes it as ``num_speculative_tokens`` and marks undrafted positions ``-1``. Th
 ``record_confidences`` and ``add_request`` are wrapped to tell the hook which depths each
 proposal drafted and when a new request takes a slot. ``AV_CORE_VLLM_DRAFTER``
 (``autoregressive``, the default, or ``parallel``) gives the shape of the drafter's cost by
-depth. Everything it wraps is checked first (a changed signature, an overriding subclass, a
-speculator that stops drafting on its own: refused by name, nothing patched)."""
+depth; tables whose verify costs go by batch size and K price each decision with its batch
+size's row. Everything it wraps is checked first (a changed signature, a speculator that stops
+drafting on its own: refused by name, nothing patched); a subclass with its own definition of a
+wrapped method gets the same wrapper when that definition keeps the contract, else is refused
+by name when built (:mod:`av_core.vllm.patching`)."""
 
 from __future__ import annotations
 
@@ -24,17 +27,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from av_core import _settings as settings
-from av_core._engine_interface import InterfaceReport, resolve, signature_text
+from av_core._engine_interface import (
+    InterfaceReport,
+    parse_signature,
+    record_signature,
+    resolve,
+    signature_text,
+)
 from av_core.vllm.interface import (
     BUDGET_MODULE,
+    PatchTarget,
     VllmCompatibilityError,
-    check_one_dimensional,
     confidence_stops,
-    override_problems,
+    cost_table_layout,
+    overrides,
 )
 
 if TYPE_CHECKING:
-    from av_core.vllm.plugin import Replacement
+    from av_core.vllm.patching import Replacement
 
 logger = logging.getLogger("vllm.av_core")
 
@@ -122,15 +132,21 @@ def _add_request(original: Callable[..., Any]) -> Callable[..., Any]:
 def _depth_hook(manager: Any, num_speculative_steps: int) -> Any:
     """The hook, built on first use from vLLM's profiled tables (rebuilt if they change)."""
     from av_core import CostTables
+    from av_core.vllm.budget import ShapeCostTables, _shape_tables
     from av_core.vllm.depth import DraftDepthHook
 
     tables = manager.cost_tables
     if _DepthState.hook is None or _DepthState.tables_source is not tables:
-        check_one_dimensional(tables, type(manager).__name__)
-        draft_ms, verify_ms = (np.asarray(t, dtype=np.float64) for t in tables)
-        costs = CostTables(draft_ms, verify_ms).with_draft_depth(
-            _drafter_kind(), max_depth=num_speculative_steps
-        )
+        costs: CostTables | ShapeCostTables
+        if cost_table_layout(tables, type(manager).__name__) == "shape":
+            shaped = _shape_tables(tables)
+            assert shaped is not None  # the layout says so
+            costs = shaped.with_draft_depth(_drafter_kind(), max_depth=num_speculative_steps)
+        else:
+            draft_ms, verify_ms = (np.asarray(t, dtype=np.float64) for t in tables)
+            costs = CostTables(draft_ms, verify_ms).with_draft_depth(
+                _drafter_kind(), max_depth=num_speculative_steps
+            )
         _DepthState.hook = DraftDepthHook(
             costs,
             manager._stale_confidences[0].np.shape[0],
@@ -189,6 +205,80 @@ def _drafter_kind() -> str:
     return settings.VLLM_DRAFTER.get()
 
 
+def _propose_contract(method: Any, where: str) -> list[str]:
+    """How a speculator's ``propose`` departs from what depth control wraps: ``input_batch``
+    first and a ``num_speculative_tokens=None`` it can pass by keyword, and no early stop of
+    its own."""
+    try:
+        text = signature_text(method)
+    except (TypeError, ValueError) as error:
+        return [f"{where}: not inspectable ({error})"]
+    problems = []
+    parameters = parse_signature(text)
+    depth = next((p for p in parameters if p.name == "num_speculative_tokens"), None)
+    if (
+        [p.name for p in parameters[:2]] != ["self", "input_batch"]
+        or depth is None
+        or depth.default != "None"
+        or depth.kind == "positional_only"
+    ):
+        problems.append(
+            f"{where}{text}: expected (self, input_batch, ..., num_speculative_tokens=None)"
+        )
+    stops = confidence_stops(method)
+    if stops:
+        problems.append(
+            f"{where} stops drafting early on its own ({', '.join(stops)}: a "
+            "DraftConfidenceStop): the depth it drafts is not the depth av_core chose, so "
+            "the hook would record confidences for positions never drafted"
+        )
+    return problems
+
+
+def _manager_contract(dotted: str) -> Callable[[Any, str], list[str]]:
+    """The contract of a manager method depth control wraps: its signature (the wrapper
+    passes any further argument through)."""
+
+    def contract(method: Any, where: str) -> list[str]:
+        report = InterfaceReport([], [])
+        try:
+            found = signature_text(method)
+        except (TypeError, ValueError) as error:
+            return [f"{where}: not inspectable ({error})"]
+        record_signature(report, where, DEPTH_MANAGER_SIGNATURES[dotted], found)
+        return report.problems
+
+    return contract
+
+
+def _depth_targets(modules: Mapping[str, ModuleType]) -> list[PatchTarget]:
+    """What depth control wraps, as far as present: each speculator's ``propose`` and the
+    manager's ``record_confidences`` and ``add_request``."""
+    targets = [
+        PatchTarget(
+            owner, f"{module_name}.{class_name}", "propose", _propose_contract, _depth_propose
+        )
+        for module_name, class_name in DEPTH_SPECULATORS
+        if isinstance(owner := getattr(modules[module_name], class_name, None), type)
+    ]
+    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
+    for attribute, wrap in (
+        ("record_confidences", _record_confidences),
+        ("add_request", _add_request),
+    ):
+        dotted = f"AdaptiveVerificationManager.{attribute}"
+        targets.append(
+            PatchTarget(
+                manager,
+                f"{BUDGET_MODULE}.AdaptiveVerificationManager",
+                attribute,
+                _manager_contract(dotted),
+                wrap,
+            )
+        )
+    return targets
+
+
 def _depth_problems(
     modules: Mapping[str, ModuleType], report: InterfaceReport | None = None
 ) -> list[str]:
@@ -197,20 +287,11 @@ def _depth_problems(
     for module_name, class_name in DEPTH_SPECULATORS:
         where = f"{module_name}.{class_name}.propose"
         try:
-            text = signature_text(resolve(modules[module_name], f"{class_name}.propose"))
-        except (AttributeError, KeyError, TypeError, ValueError) as error:
-            problems.append(f"{where}: not found or not inspectable ({error})")
+            propose = resolve(modules[module_name], f"{class_name}.propose")
+        except (AttributeError, KeyError) as error:
+            problems.append(f"{where}: not found ({error})")
             continue
-        if not text.startswith("(self, input_batch,") or "num_speculative_tokens=None" not in text:
-            expected = "(self, input_batch, ..., num_speculative_tokens=None)"
-            problems.append(f"{where}{text}: expected {expected}")
-        stops = confidence_stops(resolve(modules[module_name], f"{class_name}.propose"))
-        if stops:
-            problems.append(
-                f"{where} stops drafting early on its own ({', '.join(stops)}: a "
-                "DraftConfidenceStop): the depth it drafts is not the depth av_core chose, so "
-                "the hook would record confidences for positions never drafted"
-            )
+        problems += _propose_contract(propose, where)
     from av_core.vllm.plugin import _signature_problems
 
     problems += _signature_problems(
@@ -218,17 +299,6 @@ def _depth_problems(
         {(BUDGET_MODULE, dotted): text for dotted, text in DEPTH_MANAGER_SIGNATURES.items()},
         report,
     )
-    targets = [
-        (owner, f"{module_name}.{class_name}", "propose")
-        for module_name, class_name in DEPTH_SPECULATORS
-        if isinstance(owner := getattr(modules[module_name], class_name, None), type)
-    ]
-    manager = modules[BUDGET_MODULE].AdaptiveVerificationManager
-    targets += [
-        (manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", attribute)
-        for attribute in ("record_confidences", "add_request")
-    ]
-    problems += override_problems(targets, report)
     return problems
 
 
@@ -237,7 +307,13 @@ def install_depth_control() -> list[Replacement]:
     doc); raises :class:`VllmCompatibilityError` and patches nothing on any difference, and
     ``SettingError`` for a value of ``AV_CORE_VLLM_DEPTH`` or ``AV_CORE_VLLM_DRAFTER`` it does
     not take. Idempotent."""
-    from av_core.vllm.plugin import Replacement, _installed, _subclass_guard, installed
+    from av_core.vllm.patching import (
+        Replacement,
+        apply,
+        installed,
+        override_plan,
+        subclass_guard,
+    )
 
     done = [entry for entry in installed() if entry.attribute == "propose"]
     if done:
@@ -257,28 +333,24 @@ def install_depth_control() -> list[Replacement]:
         Replacement(
             manager,
             owner_name,
-            attribute,
-            inspect.getattr_static(manager, attribute),
-            wrap(inspect.getattr_static(manager, attribute)),
-        )
-        for attribute, wrap in (
-            ("__init__", _record_manager),
-            ("record_confidences", _record_confidences),
-            ("add_request", _add_request),
+            "__init__",
+            inspect.getattr_static(manager, "__init__"),
+            _record_manager(inspect.getattr_static(manager, "__init__")),
         )
     ]
-    plan += _subclass_guard(manager, owner_name, ["record_confidences", "add_request"])
-    for module_name, class_name in DEPTH_SPECULATORS:
-        owner = getattr(modules[module_name], class_name)
-        original = inspect.getattr_static(owner, "propose")
+    targets = _depth_targets(modules)
+    for target in targets:
+        original = inspect.getattr_static(target.owner, target.attribute)
         plan.append(
             Replacement(
-                owner, f"{module_name}.{class_name}", "propose", original, _depth_propose(original)
+                target.owner,
+                target.owner_name,
+                target.attribute,
+                original,
+                target.patch(original),
             )
         )
-        plan += _subclass_guard(owner, f"{module_name}.{class_name}", ["propose"])
-    for entry in plan:
-        setattr(entry.owner, entry.attribute, entry.replacement)
-        _installed.append(entry)
-        logger.info("av_core: depth control wraps %s.%s", entry.owner_name, entry.attribute)
+    plan += override_plan(overrides(targets))
+    plan += subclass_guard(targets)
+    apply(plan, "depth control wraps")
     return [entry for entry in plan if entry.attribute == "propose"]

@@ -1,9 +1,10 @@
 """What av_core's vLLM plugin reads in vLLM's source before patching, beyond signatures and
 constants: what vLLM's own bodies of the functions it replaces do (:data:`REPLACED_BODIES`: a
 broadcast from rank 0, another attribute, helper or ``_batch_budget`` layout would be dropped),
-the subclasses that override what it patches, an early-stopping drafter inside a ``propose`` that
-depth control wraps, and the shape of the cost tables it reads. ``docs/vllm.md`` lists the
-upstream changes each of these catches."""
+the subclasses that override what it patches (:func:`classify_override`: each is patched the
+same way when its own definition keeps the contract, else refused when constructed), an
+early-stopping drafter inside a ``propose`` that depth control wraps, and the layout of the cost
+tables it reads. ``docs/vllm.md`` lists the upstream changes each of these catches."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import importlib.util
 import inspect
 import sys
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -174,6 +176,51 @@ def parsed(function: Any) -> ast.AST | None:
         return None
 
 
+def replaced_body_problems(
+    function: Any, where: str, attributes: frozenset[str], calls: frozenset[str]
+) -> list[str] | None:
+    """What ``function``'s body does beyond ``attributes`` of ``self`` and ``calls`` (one entry
+    of :data:`REPLACED_BODIES`): a collective, another helper or attribute, another
+    ``_batch_budget`` layout. ``None`` when its source cannot be read."""
+    tree = parsed(function)
+    if tree is None:
+        return None
+    problems: list[str] = []
+    called = callee_names(tree)
+    shared = sorted(called & COLLECTIVES)
+    if shared:
+        problems.append(
+            f"{where} communicates across ranks ({', '.join(shared)}): av_core's "
+            "replacement would drop that (vLLM deciding on rank 0 and broadcasting it, as "
+            "vllm#56831 does for the draft budget)"
+        )
+    extra_calls = sorted(called - calls - COLLECTIVES)
+    if extra_calls:
+        problems.append(
+            f"{where} calls {', '.join(extra_calls)}, which av_core's replacement does not"
+        )
+    extra_attributes = sorted(self_attributes(tree) - attributes)
+    if extra_attributes:
+        problems.append(
+            f"{where} uses self.{', self.'.join(extra_attributes)}, which av_core's "
+            "replacement ignores"
+        )
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Tuple)
+            and any(
+                isinstance(t, ast.Attribute) and t.attr == "_batch_budget" for t in node.targets
+            )
+            and len(node.value.elts) != BATCH_BUDGET_ARITY
+        ):
+            problems.append(
+                f"{where} stores a {len(node.value.elts)}-tuple in _batch_budget; av_core's "
+                "replacement stores (drafts per request, non-draft tokens per request, budget)"
+            )
+    return problems
+
+
 def body_problems(modules: Mapping[str, ModuleType], report: InterfaceReport) -> list[str]:
     """What the bodies av_core replaces do beyond :data:`REPLACED_BODIES` (module doc), and
     whether vLLM still reads ``_batch_budget`` as av_core writes it."""
@@ -181,53 +228,47 @@ def body_problems(modules: Mapping[str, ModuleType], report: InterfaceReport) ->
     for (module_name, dotted), (attributes, calls) in REPLACED_BODIES.items():
         where = f"{module_name}.{dotted}"
         try:
-            tree = parsed(resolve(modules[module_name], dotted))
+            function = resolve(modules[module_name], dotted)
         except (AttributeError, KeyError):
             continue  # reported by the signature check
-        if tree is None:
+        found = replaced_body_problems(function, where, attributes, calls)
+        if found is None:
             report.accepted.append(f"{where}: source not readable, its body is not checked")
             continue
-        called = callee_names(tree)
-        shared = sorted(called & COLLECTIVES)
-        if shared:
-            problems.append(
-                f"{where} communicates across ranks ({', '.join(shared)}): av_core's "
-                "replacement would drop that (vLLM deciding on rank 0 and broadcasting it, as "
-                "vllm#56831 does for the draft budget)"
-            )
-        extra_calls = sorted(called - calls - COLLECTIVES)
-        if extra_calls:
-            problems.append(
-                f"{where} calls {', '.join(extra_calls)}, which av_core's replacement does not"
-            )
-        extra_attributes = sorted(self_attributes(tree) - attributes)
-        if extra_attributes:
-            problems.append(
-                f"{where} uses self.{', self.'.join(extra_attributes)}, which av_core's "
-                "replacement ignores"
-            )
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Assign)
-                and isinstance(node.value, ast.Tuple)
-                and any(
-                    isinstance(t, ast.Attribute) and t.attr == "_batch_budget" for t in node.targets
-                )
-                and len(node.value.elts) != BATCH_BUDGET_ARITY
-            ):
-                problems.append(
-                    f"{where} stores a {len(node.value.elts)}-tuple in _batch_budget; av_core's "
-                    "replacement stores (drafts per request, non-draft tokens per request, "
-                    "budget)"
-                )
+        problems += found
     manager = getattr(modules.get(BUDGET_MODULE), "AdaptiveVerificationManager", None)
-    tree = parsed(manager) if manager is not None else None
-    if manager is not None and tree is None:
+    if isinstance(manager, type):
+        import_subclass_modules()
+        for cls in [manager, *_subclasses(manager)]:
+            problems += _budget_unpacking(cls, report)
+    return problems
+
+
+def _subclasses(owner: type) -> list[type]:
+    """Every class below ``owner`` that exists now, each once."""
+    found: dict[int, type] = {}
+    pending: list[type] = list(type.__subclasses__(owner))
+    while pending:
+        cls = pending.pop()
+        if id(cls) not in found:
+            found[id(cls)] = cls
+            pending.extend(type.__subclasses__(cls))
+    return list(found.values())
+
+
+def _budget_unpacking(cls: type, report: InterfaceReport) -> list[str]:
+    """Where ``cls``'s own source unpacks ``_batch_budget`` into other than
+    :data:`BATCH_BUDGET_ARITY` values (vLLM's compaction reads what av_core's
+    ``get_num_tokens`` stores)."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    tree = parsed(cls)
+    if tree is None:
         report.accepted.append(
-            f"{BUDGET_MODULE}.AdaptiveVerificationManager: source not readable, its reads of "
-            "_batch_budget are not checked"
+            f"{name}: source not readable, its reads of _batch_budget are not checked"
         )
-    for node in ast.walk(tree) if tree is not None else ():
+        return []
+    problems = []
+    for node in ast.walk(tree):
         if not (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)):
             continue
         value = node.value
@@ -237,17 +278,44 @@ def body_problems(modules: Mapping[str, ModuleType], report: InterfaceReport) ->
         arity = len(node.targets[0].elts)
         if reads_budget and arity != BATCH_BUDGET_ARITY:
             problems.append(
-                f"{BUDGET_MODULE}.AdaptiveVerificationManager unpacks _batch_budget into "
-                f"{arity} values ({ast.unparse(node)}); av_core's get_num_tokens stores "
-                f"{BATCH_BUDGET_ARITY}"
+                f"{name} unpacks _batch_budget into {arity} values ({ast.unparse(node)}); "
+                f"av_core's get_num_tokens stores {BATCH_BUDGET_ARITY}"
             )
     return problems
 
 
-def override_problems(targets: list[tuple[type, str, str]], report: InterfaceReport) -> list[str]:
-    """Subclasses (as far as imported) that define what av_core patches on their base: the
-    patch never runs for them. One that calls the base's method through ``super()`` keeps it
-    running and is accepted."""
+@dataclass(frozen=True)
+class PatchTarget:
+    """A method av_core patches on ``owner``. ``contract(method, where)`` lists how a
+    subclass's own definition of it departs from what the patch stands in for (its signature,
+    and for a replaced body what the body does); when it lists nothing, ``patch(method)`` is
+    what the subclass gets, as the base does."""
+
+    owner: type
+    owner_name: str
+    attribute: str
+    contract: Callable[[Any, str], list[str]]
+    patch: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Override:
+    """A subclass's own definition of what a :class:`PatchTarget` patches: ``calls_super``
+    (the base's patch runs through it), else patched (``problems`` empty) or refused."""
+
+    cls: type
+    name: str
+    target: PatchTarget
+    calls_super: bool
+    problems: tuple[str, ...]
+
+    @property
+    def method(self) -> Any:
+        return vars(self.cls)[self.target.attribute]
+
+
+def import_subclass_modules() -> None:
+    """Imports :data:`SUBCLASS_MODULES` where present, so their subclasses are seen."""
     for module_name in SUBCLASS_MODULES:
         if module_name in sys.modules:
             continue
@@ -256,18 +324,27 @@ def override_problems(targets: list[tuple[type, str, str]], report: InterfaceRep
                 importlib.import_module(module_name)
         except (ImportError, ValueError, VllmCompatibilityError):
             continue  # vLLM cannot import it either
-    problems = []
-    for owner, owner_name, attribute in targets:
-        for cls in overriding_subclasses(owner, attribute):
-            name = f"{cls.__module__}.{cls.__qualname__}"
-            if calls_super(vars(cls)[attribute], attribute):
-                report.accepted.append(f"{name}.{attribute} overrides and calls super()")
-                continue
-            problems.append(
-                f"{name} overrides {attribute}: av_core's replacement of "
-                f"{owner_name}.{attribute} would never run for it"
-            )
-    return problems
+
+
+def classify_override(cls: type, target: PatchTarget) -> Override:
+    """How av_core treats ``cls``'s own ``target.attribute`` (see :class:`Override`)."""
+    method = vars(cls)[target.attribute]
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if calls_super(method, target.attribute):
+        return Override(cls, name, target, True, ())
+    where = f"{name}.{target.attribute}"
+    return Override(cls, name, target, False, tuple(target.contract(method, where)))
+
+
+def overrides(targets: list[PatchTarget]) -> list[Override]:
+    """Every subclass (as far as imported, :data:`SUBCLASS_MODULES` included) that defines what
+    a target patches, classified."""
+    import_subclass_modules()
+    return [
+        classify_override(cls, target)
+        for target in targets
+        for cls in overriding_subclasses(target.owner, target.attribute)
+    ]
 
 
 def calls_super(method: Any, attribute: str) -> bool:
@@ -282,25 +359,48 @@ def calls_super(method: Any, attribute: str) -> bool:
     )
 
 
-def check_one_dimensional(cost_tables: Any, owner: str) -> None:
-    """av_core prices verification by token count: a verify table of another shape (vllm#52559's
-    DFlash manager keeps one by batch size and K) is refused by name, never read as if flat."""
-    shapes = [np.shape(table) for table in cost_tables]
-    if len(shapes) != 2 or any(len(shape) != 1 for shape in shapes):
-        raise VllmCompatibilityError(
-            f"{owner}.cost_tables have shapes {shapes}; av_core prices drafting by batch size "
-            "and verification by token count (two 1-D tables): a verify table by batch size "
-            "and K, as vllm#52559's DFlashAdaptiveKManager keeps, is not one it can read"
-        )
+def cost_table_layout(cost_tables: Any, owner: str) -> Literal["tokens", "shape"]:
+    """How ``owner``'s cost tables price verification: ``"tokens"``, a verify table by token
+    count (vLLM 0.32.x/0.33.0), or ``"shape"``, by batch size and drafts per request
+    (vllm#52559's DFlash profile, read through :class:`av_core.vllm.budget.ShapeCostTables`).
+    Any other layout is refused by name, never read as one of these."""
+    from av_core import CostTables
+    from av_core.vllm.budget import ShapeCostTables
+
+    if isinstance(cost_tables, ShapeCostTables):
+        return "shape"
+    if isinstance(cost_tables, CostTables):
+        return "tokens"
+    shapes = [np.shape(table) for table in cost_tables] if isinstance(cost_tables, tuple) else None
+    if shapes is not None and len(shapes) == 2 and len(shapes[0]) == 1:
+        if len(shapes[1]) in (1, 2):
+            return "tokens" if len(shapes[1]) == 1 else "shape"
+    raise VllmCompatibilityError(
+        f"{owner}.cost_tables have shapes {shapes}; av_core reads a drafter table by batch size "
+        "with a verify table by token count (1-D) or by batch size and drafts per request "
+        "(2-D, as vllm#52559's DFlash manager profiles it), not this"
+    )
 
 
 #: What an early-stopping drafter calls inside ``propose`` (vLLM's ``DraftConfidenceStop``, on a
-#: branch: the round ends once no chain's top-1 probability reaches a threshold).
-CONFIDENCE_STOP_CALLS = frozenset({"should_continue", "begin_round", "num_verifiable_drafts"})
+#: branch, vllm-project/vllm 41f9ab88bf8c4dd4f2d22f31d625006a9619b612: ``propose`` begins the
+#: round, or drafts it whole, and hands the stop to the decode loop, which ends the round once
+#: no chain's top-1 probability reaches a threshold).
+CONFIDENCE_STOP_CALLS = frozenset(
+    {"should_continue", "begin_round", "full_round", "num_verifiable_drafts"}
+)
+
+#: The speculator's attribute holding that stop.
+CONFIDENCE_STOP_ATTRIBUTE = "confidence_stop"
 
 
 def confidence_stops(propose: Any) -> list[str]:
+    """The signs in ``propose``'s own source that it stops drafting on its own: the stop's
+    calls, and ``self.confidence_stop`` (passed on to a helper that stops)."""
     tree = parsed(propose)
     if tree is None:
         return []
-    return sorted(callee_names(tree) & CONFIDENCE_STOP_CALLS)
+    found = callee_names(tree) & CONFIDENCE_STOP_CALLS
+    if CONFIDENCE_STOP_ATTRIBUTE in self_attributes(tree):
+        found.add(f"self.{CONFIDENCE_STOP_ATTRIBUTE}")
+    return sorted(found)

@@ -16,14 +16,20 @@ Each replacement is logged (logger ``vllm.av_core``, so it shows in vLLM's own l
 touching anything it checks vLLM's version, every signature and constant the replacements
 mirror, what vLLM's own bodies of the replaced functions do (:data:`REPLACED_BODIES`: a
 broadcast from rank 0, a new attribute or helper, another ``_batch_budget`` layout would be
-dropped by the replacement) and whether a subclass overrides what it patches (the patch would
-never run for it; a guard keeps refusing such a subclass defined later). An *additive* change (a
-new optional parameter that the replacement takes too, a newer vLLM) is accepted and logged; on
-any other difference it raises :class:`VllmCompatibilityError` listing them and patches nothing:
-silently serving with a half-patched or mismatched vLLM would be worse than not starting.
-``AV_CORE_VLLM_ANY_VERSION=1`` waives the check that refuses versions older than 0.32 only; the
-interface checks always run. A verify cost table by batch size and K (vllm#52559) is refused by
-name where av_core would read it.
+dropped by the replacement) and how vLLM and its subclasses read ``_batch_budget``. An
+*additive* change (a new optional parameter that the replacement takes too, a newer vLLM) is
+accepted and logged; on any other difference it raises :class:`VllmCompatibilityError` listing
+them and patches nothing: silently serving with a half-patched or mismatched vLLM would be worse
+than not starting. ``AV_CORE_VLLM_ANY_VERSION=1`` waives the check that refuses versions older
+than 0.32 only; the interface checks always run.
+
+A subclass that defines ``get_num_tokens`` itself (where the base's patch never runs) is patched
+the same way when its own definition keeps the contract (:func:`_get_num_tokens_contract`: the
+signature and what the body does), and otherwise refused by name when a server builds one
+(vllm#52559's ``DFlashAdaptiveKManager``: one K for the batch and the graph hints vLLM's model
+runner reads); :mod:`av_core.vllm.patching` has the rules. Cost tables whose verify table is
+by batch size and K (the same pull request's profile) price each step with its own batch
+size's row (:class:`av_core.vllm.budget.ShapeCostTables`).
 
 ``AV_CORE_STATE_DIR`` (warm restarts) and ``AV_CORE_SHARE_STATS=dp`` (pooled statistics across
 data-parallel ranks) wrap ``DraftModelSpeculator.load_model`` (and, for sharing,
@@ -44,7 +50,6 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -54,6 +59,7 @@ from av_core._engine_interface import (
     check_signature,
     engine_version,
     older_than,
+    record_signature,
     resolve,
     signature_text,
 )
@@ -81,13 +87,22 @@ from av_core.vllm.depth_control import _depth_hook as _depth_hook
 from av_core.vllm.interface import (
     BUDGET_MODULE,
     ESTIMATOR_MODULE,
+    PatchTarget,
     VllmCompatibilityError,
     body_problems,
-    calls_super,
-    check_one_dimensional,
-    override_problems,
+    cost_table_layout,
+    overrides,
+    replaced_body_problems,
 )
 from av_core.vllm.interface import REPLACED_BODIES as REPLACED_BODIES
+from av_core.vllm.patching import (
+    Replacement,
+    apply,
+    installed,
+    override_plan,
+    restore,
+    subclass_guard,
+)
 from av_core.vllm.update import choose_update
 
 __all__ = [
@@ -176,63 +191,6 @@ GET_NUM_TOKENS_READS = (
 )
 
 
-@dataclass(frozen=True)
-class Replacement:
-    """One attribute swapped by :func:`install`."""
-
-    owner: Any
-    owner_name: str
-    attribute: str
-    original: Any
-    replacement: Any
-
-    def describe(self) -> str:
-        function = getattr(self.replacement, "__func__", self.replacement)
-        new = f"{function.__module__}.{function.__qualname__}"
-        return f"{self.owner_name}.{self.attribute} -> {new}"
-
-
-_installed: list[Replacement] = []
-
-#: ``Replacement.original`` of an attribute the class did not define itself (restored by
-#: deleting it).
-_ABSENT: Any = object()
-
-#: The attributes av_core patches on each class whose later subclasses it guards.
-_guarded: dict[type, set[str]] = {}
-
-
-def _subclass_guard(owner: type, owner_name: str, attributes: list[str]) -> list[Replacement]:
-    """While installed, a subclass of ``owner`` defined later that overrides one of
-    ``attributes`` without calling ``super()`` (the patch would never run for it) raises
-    :class:`VllmCompatibilityError` naming it, at its definition (vLLM then fails to start,
-    as on a refused install). Returns the ``__init_subclass__`` replacement to install, if the
-    class has none from av_core yet."""
-    fresh = owner not in _guarded
-    _guarded.setdefault(owner, set()).update(attributes)
-    if not fresh:
-        return []
-
-    base: Any = owner
-
-    def __init_subclass__(cls: Any, /, **kwargs: Any) -> None:  # noqa: N807
-        super(base, cls).__init_subclass__(**kwargs)
-        for attribute in sorted(_guarded.get(owner, ())):
-            if attribute in vars(cls) and not calls_super(vars(cls)[attribute], attribute):
-                raise VllmCompatibilityError(
-                    f"{cls.__module__}.{cls.__qualname__} overrides {attribute}: av_core's "
-                    f"replacement of {owner_name}.{attribute} ({ENV_ENABLE}=1) would never run "
-                    "for it"
-                )
-
-    original = vars(owner).get("__init_subclass__", _ABSENT)
-    return [
-        Replacement(
-            owner, owner_name, "__init_subclass__", original, classmethod(__init_subclass__)
-        )
-    ]
-
-
 def _signature_problems(
     modules: Mapping[str, ModuleType],
     expected: Mapping[tuple[str, str], str],
@@ -317,10 +275,6 @@ def interface_report(modules: Mapping[str, ModuleType], version: str | None) -> 
     ):
         report.problems.append(f"{BUDGET_MODULE}._assign_draft_token_budget_compiled: not found")
     report.problems.extend(body_problems(modules, report))
-    manager = getattr(budget_module, "AdaptiveVerificationManager", None)
-    if isinstance(manager, type):
-        targets = [(manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", "get_num_tokens")]
-        report.problems.extend(override_problems(targets, report))
     return report
 
 
@@ -339,7 +293,7 @@ def _get_num_tokens(
 
     if self.cost_tables is None:
         raise RuntimeError("adaptive verification has no cost tables yet (profiling did not run)")
-    check_one_dimensional(self.cost_tables, type(self).__name__)
+    cost_table_layout(self.cost_tables, type(self).__name__)
     req_states = self.req_states
     plan = batch_draft_budget(
         num_tokens_per_req,
@@ -358,6 +312,39 @@ def _get_num_tokens(
         plan.draft_budget,
     )
     return plan.num_tokens
+
+
+_GET_NUM_TOKENS = (BUDGET_MODULE, "AdaptiveVerificationManager.get_num_tokens")
+
+
+def _get_num_tokens_contract(method: Any, where: str) -> list[str]:
+    """How a subclass's own ``get_num_tokens`` departs from vLLM's, which av_core's replaces:
+    its signature (an addition :func:`_get_num_tokens` takes is fine) and what its body does
+    beyond :data:`REPLACED_BODIES` (other attributes, helpers, a collective, another
+    ``_batch_budget``)."""
+    report = InterfaceReport([], [])
+    try:
+        found = signature_text(method)
+    except (TypeError, ValueError) as error:
+        return [f"{where}: not inspectable ({error})"]
+    expected = EXPECTED_SIGNATURES[_GET_NUM_TOKENS]
+    record_signature(report, where, expected, found, taken_by=signature_text(_get_num_tokens))
+    body = replaced_body_problems(method, where, *REPLACED_BODIES[_GET_NUM_TOKENS])
+    if body is None:
+        body = [f"{where}: source not readable, its body cannot be checked"]
+    return report.problems + body
+
+
+def _budget_targets(manager: type) -> list[PatchTarget]:
+    return [
+        PatchTarget(
+            manager,
+            f"{BUDGET_MODULE}.AdaptiveVerificationManager",
+            "get_num_tokens",
+            _get_num_tokens_contract,
+            lambda _original: _get_num_tokens,
+        )
+    ]
 
 
 def _import(name: str) -> ModuleType | None:
@@ -436,9 +423,8 @@ def _plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
             inspect.getattr_static(manager, "get_num_tokens"),
             _get_num_tokens,
         ),
-        *_subclass_guard(
-            manager, f"{BUDGET_MODULE}.AdaptiveVerificationManager", ["get_num_tokens"]
-        ),
+        *override_plan(overrides(_budget_targets(manager))),
+        *subclass_guard(_budget_targets(manager)),
     ]
     # Modules that bound a name with `from ... import` before now keep the original unless
     # rebound too (vLLM's speculator.py imports the estimator class that way).
@@ -465,7 +451,7 @@ def install() -> list[Replacement]:
     (``av_core._settings.VLLM_SETTINGS``, ``AV_CORE_SIMD`` included) that it does not take, or
     ``exact`` with ``map``.
     """
-    if _installed:
+    if any(entry.attribute == "OnlineAcceptanceEstimator" for entry in installed()):
         return installed()
     # Every variable the plugin and its drop-ins read (AV_CORE_SIMD included), checked before
     # anything is patched: a value one does not take fails here, naming it (docs/settings.md).
@@ -495,10 +481,7 @@ def install() -> list[Replacement]:
     plan = _plan(modules)
     if serving:
         plan += _serving_plan(present)
-    for entry in plan:
-        setattr(entry.owner, entry.attribute, entry.replacement)
-        _installed.append(entry)
-        logger.info("av_core: replaced %s", entry.describe())
+    apply(plan)
     for change in report.accepted:
         logger.info("av_core: accepted an additive change of vLLM: %s", change)
     logger.info("av_core: vLLM %s runs adaptive verification on av_core", version)
@@ -514,19 +497,8 @@ def uninstall() -> None:
     switch back at runtime)."""
     _DepthState.hook = _DepthState.manager = _DepthState.tables_source = None
     _DepthState.last = None
-    while _installed:
-        entry = _installed.pop()
-        if entry.original is _ABSENT:
-            delattr(entry.owner, entry.attribute)
-        else:
-            setattr(entry.owner, entry.attribute, entry.original)
+    for entry in restore():
         logger.info("av_core: restored %s.%s", entry.owner_name, entry.attribute)
-    _guarded.clear()
-
-
-def installed() -> list[Replacement]:
-    """The replacements in effect (without the guards against later overriding subclasses)."""
-    return [entry for entry in _installed if entry.attribute != "__init_subclass__"]
 
 
 def register() -> None:
