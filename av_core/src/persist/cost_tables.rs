@@ -16,7 +16,7 @@
 
 use serde::Deserialize;
 
-use super::frame::{frame, put_f64s, unframe, Kind, Reader, DATA, FRAME_LEN};
+use super::frame::{broken, frame, put_f64s, unframe, Kind, Reader, DATA, FRAME_LEN};
 use crate::cost_tables::{CostTables, MAX_DRAFT_DEPTH, MAX_TABLE_LEN};
 use crate::error::{Error, Result};
 
@@ -62,12 +62,7 @@ pub(crate) fn read_tables(r: &mut Reader<'_>) -> Result<CostTables> {
     let depth = match r.u8("the draft-depth flag")? {
         0 => None,
         1 => Some(r.f64s("draft_depth_ms")?),
-        other => {
-            return Err(Error::state(
-                DATA,
-                format!("draft-depth flag {other} is not 0 or 1"),
-            ))
-        }
+        other => return Err(broken(format!("draft-depth flag {other} is not 0 or 1"))),
     };
     let invalid = |e: Error| e.in_saved(DATA, "the saved cost tables are invalid");
     let tables = CostTables::new(draft, verify).map_err(invalid)?;

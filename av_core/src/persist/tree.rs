@@ -116,43 +116,31 @@ fn describe(value: Unexpected<'_>) -> String {
 
 /// `value` as a tree: a struct is a dict of its fields in declaration order, a sequence a list,
 /// an `Option` its value or `None`, a unit enum variant its (renamed) name. A value serde
-/// cannot write as a tree (none of the core's types) becomes a [`Value::Other`] naming why,
-/// which every reader refuses.
+/// cannot write as a tree (none of the core's types: a map, a variant with fields) becomes a
+/// [`Value::Other`] naming why, which every reader refuses.
 pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Value {
     value.serialize(Writer).unwrap_or_else(|e| Value::Other {
         type_name: "error".into(),
-        text: e.0,
+        text: e.message,
     })
 }
 
 /// The serializer of [`to_value`].
 struct Writer;
 
-/// Why a value has no tree (none of the core's types: a tuple or struct enum variant).
-#[derive(Debug)]
-struct WriteError(String);
+type Written = std::result::Result<Value, TreeError>;
+type Collecting = std::result::Result<Collect, TreeError>;
+type NoTree = Impossible<Value, TreeError>;
 
-impl std::fmt::Display for WriteError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for WriteError {}
-
-impl ser::Error for WriteError {
-    fn custom<T: std::fmt::Display>(message: T) -> Self {
-        WriteError(message.to_string())
-    }
-}
-
-type Written = std::result::Result<Value, WriteError>;
-
-/// A list or dict being written.
+/// A list or a struct's dict being written.
 #[derive(Default)]
 struct Collect {
     items: Vec<Value>,
     entries: Vec<(String, Value)>,
+}
+
+fn no_tree<T>(what: &str) -> std::result::Result<T, TreeError> {
+    Err(ser::Error::custom(format!("{what} has no tree")))
 }
 
 macro_rules! write_scalars {
@@ -165,14 +153,14 @@ macro_rules! write_scalars {
 
 impl ser::Serializer for Writer {
     type Ok = Value;
-    type Error = WriteError;
+    type Error = TreeError;
     type SerializeSeq = Collect;
     type SerializeTuple = Collect;
     type SerializeTupleStruct = Collect;
-    type SerializeTupleVariant = Impossible<Value, WriteError>;
-    type SerializeMap = Collect;
+    type SerializeTupleVariant = NoTree;
+    type SerializeMap = NoTree;
     type SerializeStruct = Collect;
-    type SerializeStructVariant = Impossible<Value, WriteError>;
+    type SerializeStructVariant = NoTree;
 
     write_scalars! {
         serialize_bool(bool) => Bool;
@@ -189,12 +177,6 @@ impl ser::Serializer for Writer {
         serialize_f64(f64) => Float;
         serialize_char(char) => Str;
         serialize_str(&str) => Str;
-    }
-
-    fn serialize_u128(self, v: u128) -> Written {
-        i128::try_from(v)
-            .map(Value::Int)
-            .map_err(ser::Error::custom)
     }
 
     fn serialize_bytes(self, v: &[u8]) -> Written {
@@ -237,20 +219,24 @@ impl ser::Serializer for Writer {
         Ok(Value::Dict(vec![(variant.into(), v.serialize(self)?)]))
     }
 
-    fn serialize_seq(self, _: Option<usize>) -> std::result::Result<Collect, WriteError> {
+    fn serialize_seq(self, _: Option<usize>) -> Collecting {
         Ok(Collect::default())
     }
 
-    fn serialize_tuple(self, _: usize) -> std::result::Result<Collect, WriteError> {
+    fn serialize_tuple(self, _: usize) -> Collecting {
         Ok(Collect::default())
     }
 
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> std::result::Result<Collect, WriteError> {
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Collecting {
         Ok(Collect::default())
+    }
+
+    fn serialize_struct(self, _: &'static str, _: usize) -> Collecting {
+        Ok(Collect::default())
+    }
+
+    fn serialize_map(self, _: Option<usize>) -> std::result::Result<NoTree, TreeError> {
+        no_tree("a map")
     }
 
     fn serialize_tuple_variant(
@@ -259,22 +245,8 @@ impl ser::Serializer for Writer {
         _: u32,
         _: &'static str,
         _: usize,
-    ) -> std::result::Result<Self::SerializeTupleVariant, WriteError> {
-        Err(ser::Error::custom(format!(
-            "{name}: a tuple variant has no tree"
-        )))
-    }
-
-    fn serialize_map(self, _: Option<usize>) -> std::result::Result<Collect, WriteError> {
-        Ok(Collect::default())
-    }
-
-    fn serialize_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> std::result::Result<Collect, WriteError> {
-        Ok(Collect::default())
+    ) -> std::result::Result<NoTree, TreeError> {
+        no_tree(&format!("{name}: a tuple variant"))
     }
 
     fn serialize_struct_variant(
@@ -283,10 +255,8 @@ impl ser::Serializer for Writer {
         _: u32,
         _: &'static str,
         _: usize,
-    ) -> std::result::Result<Self::SerializeStructVariant, WriteError> {
-        Err(ser::Error::custom(format!(
-            "{name}: a struct variant has no tree"
-        )))
+    ) -> std::result::Result<NoTree, TreeError> {
+        no_tree(&format!("{name}: a struct variant"))
     }
 }
 
@@ -295,9 +265,9 @@ macro_rules! write_items {
     ($($trait:ident :: $method:ident),*) => {$(
         impl ser::$trait for Collect {
             type Ok = Value;
-            type Error = WriteError;
+            type Error = TreeError;
 
-            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> std::result::Result<(), WriteError> {
+            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> std::result::Result<(), TreeError> {
                 self.items.push(v.serialize(Writer)?);
                 Ok(())
             }
@@ -314,51 +284,15 @@ write_items!(
     SerializeTupleStruct::serialize_field
 );
 
-impl ser::SerializeMap for Collect {
-    type Ok = Value;
-    type Error = WriteError;
-
-    fn serialize_key<T: Serialize + ?Sized>(
-        &mut self,
-        key: &T,
-    ) -> std::result::Result<(), WriteError> {
-        match key.serialize(Writer)? {
-            Value::Str(key) => {
-                self.entries.push((key, Value::None));
-                Ok(())
-            }
-            other => Err(ser::Error::custom(format!(
-                "a dict key is a {}",
-                other.type_name()
-            ))),
-        }
-    }
-
-    fn serialize_value<T: Serialize + ?Sized>(
-        &mut self,
-        v: &T,
-    ) -> std::result::Result<(), WriteError> {
-        match self.entries.last_mut() {
-            Some(entry) => entry.1 = v.serialize(Writer)?,
-            None => return Err(ser::Error::custom("a dict value without its key")),
-        }
-        Ok(())
-    }
-
-    fn end(self) -> Written {
-        Ok(Value::Dict(self.entries))
-    }
-}
-
 impl ser::SerializeStruct for Collect {
     type Ok = Value;
-    type Error = WriteError;
+    type Error = TreeError;
 
     fn serialize_field<T: Serialize + ?Sized>(
         &mut self,
         key: &'static str,
         v: &T,
-    ) -> std::result::Result<(), WriteError> {
+    ) -> std::result::Result<(), TreeError> {
         self.entries.push((key.into(), v.serialize(Writer)?));
         Ok(())
     }
@@ -408,18 +342,18 @@ pub fn from_value_at<T: DeserializeOwned>(
     })
 }
 
-/// A bad value: what is wrong, and where (the path's steps `["key"]` or `[index]`, innermost
-/// first as the error rises).
+/// A bad value (read), or a value with no tree (written): what is wrong, and where (the path's
+/// steps `["key"]` or `[index]`, innermost first as the error rises).
 #[derive(Debug)]
-struct ReadError {
+struct TreeError {
     wrong_type: bool,
     message: String,
     path: Vec<String>,
 }
 
-impl ReadError {
+impl TreeError {
     fn new(wrong_type: bool, message: String) -> Self {
-        ReadError {
+        TreeError {
             wrong_type,
             message,
             path: Vec::new(),
@@ -432,13 +366,19 @@ impl ReadError {
     }
 }
 
-impl std::fmt::Display for ReadError {
+impl std::fmt::Display for TreeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
     }
 }
 
-impl std::error::Error for ReadError {}
+impl std::error::Error for TreeError {}
+
+impl ser::Error for TreeError {
+    fn custom<T: std::fmt::Display>(message: T) -> Self {
+        TreeError::new(false, message.to_string())
+    }
+}
 
 /// What `expected` (serde's words for what a visitor takes) is in a message, and the range
 /// of an integer type.
@@ -463,9 +403,9 @@ fn expectation(expected: &dyn de::Expected) -> (String, Option<String>) {
     }
 }
 
-impl de::Error for ReadError {
+impl de::Error for TreeError {
     fn custom<T: std::fmt::Display>(message: T) -> Self {
-        ReadError::new(false, message.to_string())
+        TreeError::new(false, message.to_string())
     }
 
     fn invalid_type(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
@@ -476,7 +416,7 @@ impl de::Error for ReadError {
             }
         }
         let (what, _) = expectation(expected);
-        ReadError::new(true, format!("must be {what}, got {}", describe(got)))
+        TreeError::new(true, format!("must be {what}, got {}", describe(got)))
     }
 
     fn invalid_value(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
@@ -496,11 +436,11 @@ impl de::Error for ReadError {
             Some(range) => format!("{what} in {range}"),
             None => what,
         };
-        ReadError::new(false, format!("must be {what}, got {got}"))
+        TreeError::new(false, format!("must be {what}, got {got}"))
     }
 
     fn missing_field(field: &'static str) -> Self {
-        ReadError::new(false, "is missing".into()).under(format!("[{field:?}]"))
+        TreeError::new(false, "is missing".into()).under(format!("[{field:?}]"))
     }
 
     fn unknown_variant(variant: &str, expected: &'static [&'static str]) -> Self {
@@ -509,17 +449,17 @@ impl de::Error for ReadError {
             Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
             _ => names.concat(),
         };
-        ReadError::new(false, format!("must be {choices}, got {variant:?}"))
+        TreeError::new(false, format!("must be {choices}, got {variant:?}"))
     }
 }
 
 /// The deserializer of [`from_value`]: one value of the tree.
 struct At<'a>(&'a Value);
 
-type Read<T> = std::result::Result<T, ReadError>;
+type Read<T> = std::result::Result<T, TreeError>;
 
 impl<'de> de::Deserializer<'de> for At<'_> {
-    type Error = ReadError;
+    type Error = TreeError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Read<V::Value> {
         match self.0 {
@@ -563,14 +503,14 @@ impl<'de> de::Deserializer<'de> for At<'_> {
     ) -> Read<V::Value> {
         let Value::Dict(entries) = self.0 else {
             let got = self.0.type_name();
-            return Err(ReadError::new(true, format!("must be a dict, got {got}")));
+            return Err(TreeError::new(true, format!("must be a dict, got {got}")));
         };
         if let Some((key, _)) = entries
             .iter()
             .find(|(key, _)| !fields.contains(&key.as_str()))
         {
             let message = format!("is not a field (the fields: {})", fields.join(", "));
-            return Err(ReadError::new(false, message).under(format!("[{key:?}]")));
+            return Err(TreeError::new(false, message).under(format!("[{key:?}]")));
         }
         visitor.visit_map(Entries(entries.iter(), None))
     }
@@ -597,7 +537,7 @@ impl<'de> de::Deserializer<'de> for At<'_> {
 struct Items<'a>(std::iter::Enumerate<std::slice::Iter<'a, Value>>);
 
 impl<'de> de::SeqAccess<'de> for Items<'_> {
-    type Error = ReadError;
+    type Error = TreeError;
 
     fn next_element_seed<T: de::DeserializeSeed<'de>>(
         &mut self,
@@ -620,7 +560,7 @@ struct Entries<'a>(
 );
 
 impl<'de> de::MapAccess<'de> for Entries<'_> {
-    type Error = ReadError;
+    type Error = TreeError;
 
     fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Read<Option<K::Value>> {
         self.1 = self.0.next();
@@ -632,7 +572,7 @@ impl<'de> de::MapAccess<'de> for Entries<'_> {
     fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Read<V::Value> {
         let (key, value) = self
             .1
-            .ok_or_else(|| ReadError::new(false, "a value without its key".into()))?;
+            .ok_or_else(|| TreeError::new(false, "a value without its key".into()))?;
         seed.deserialize(At(value))
             .map_err(|e| e.under(format!("[{key:?}]")))
     }
