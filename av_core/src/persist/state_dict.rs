@@ -138,8 +138,11 @@ pub fn decode(tree: &Value, argument: &'static str, kind: ErrorKind) -> Result<E
         && version_1_defaults(&mut config_tree, argument, kind)?
         && tree.get("memory_state").is_none()
     {
-        let k = config_tree.get("num_positions").unwrap_or(&Value::Int(0));
-        let k: usize = from_value_at(k, &["config", "num_positions"], argument, kind)?;
+        let k = config_tree
+            .get("num_positions")
+            .cloned()
+            .unwrap_or(Value::Int(0));
+        let k: usize = from_value_at(&k, &["config", "num_positions"], argument, kind)?;
         update_part.push(("memory_state".into(), to_value(&Memory::new(k))));
     }
     let config: EstimatorConfig = from_value_at(&config_tree, &["config"], argument, kind)?;

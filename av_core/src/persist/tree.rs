@@ -384,18 +384,15 @@ impl ser::Error for TreeError {
 /// of an integer type.
 fn expectation(expected: &dyn de::Expected) -> (String, Option<String>) {
     let text = expected.to_string();
-    let range = |min: i128, max: u128| Some(format!("{min}..={max}"));
+    let int = |min: i128, max: u128| ("an integer".into(), Some(format!("{min}..={max}")));
     match text.as_str() {
         "f32" | "f64" => ("a number".into(), None),
-        "u8" => ("an integer".into(), range(0, u8::MAX.into())),
-        "u16" => ("an integer".into(), range(0, u16::MAX.into())),
-        "u32" => ("an integer".into(), range(0, u32::MAX.into())),
-        "u64" | "usize" => ("an integer".into(), range(0, u64::MAX.into())),
-        "i64" => (
-            "an integer".into(),
-            range(i64::MIN.into(), i64::MAX as u128),
-        ),
-        "i128" => ("an integer".into(), range(i128::MIN, i128::MAX as u128)),
+        "u8" => int(0, u8::MAX.into()),
+        "u16" => int(0, u16::MAX.into()),
+        "u32" => int(0, u32::MAX.into()),
+        "u64" | "usize" => int(0, u64::MAX.into()),
+        "i64" => int(i64::MIN.into(), i64::MAX as u128),
+        "i128" => int(i128::MIN, i128::MAX as u128),
         "a boolean" => ("a bool".into(), None),
         "a string" | "a borrowed string" | "a character" => ("a string".into(), None),
         "a sequence" => ("a list".into(), None),
