@@ -142,7 +142,7 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     r.finish()?;
     if read.version == FORMAT_VERSION && encode(&state) != bytes {
         return Err(broken(
-            "not the state's own encoding (a length or tag in too many bytes)",
+            "not the state's encoding (a length or tag written in more bytes than it takes)",
         ));
     }
     Ok(state)
