@@ -221,3 +221,31 @@ def test_update_readme_without_markers_changes_nothing(tmp_path) -> None:  # typ
     readme.write_text("no markers\n")
     assert update_readme(readme, results) is False
     assert readme.read_text() == "no markers\n"
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--drafter", "{text}"], "not a GGUF file"),
+        (["--drafter", "{d}", "--max-prompt-tokens", "2"], "prompts fit --max-prompt-tokens 2"),
+    ],
+)
+def test_a_refused_benchmark_leaves_nothing_behind(
+    option, message, tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """A benchmark refused after the options parse (a model llama.cpp cannot load, no prompt
+    that fits) writes nothing: no --out folder, so no settings.json that would make the next
+    benchmark into that folder, with other settings, be refused as a mix."""
+    text = tmp_path / "model.gguf"
+    text.write_text("hello")
+    out = tmp_path / "bench"
+    argv = ["bench-engine", "--target", tiny_pair[0], "--prompts", str(prompts_file)]
+    argv += ["--out", str(out), "--concurrency", "1", "--threads", "1", "--repeats", "1"]
+    argv += ["--policies", "no-spec", "--profile-repeats", "1", "--max-new-tokens", "4"]
+    values = {"text": str(text), "d": tiny_pair[1]}
+    assert main([*argv, *(a.format(**values) for a in option)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not out.exists()
+    argv[argv.index("--max-new-tokens") + 1] = "6"
+    assert main([*argv, "--drafter", tiny_pair[1]]) == 0, capsys.readouterr().err

@@ -284,7 +284,6 @@ def run_bench(
     ``traces/``, ``results.json``) and returns the aggregated rows."""
     out = Path(out)
     _check_settings(out / "settings.json", config)
-    (out / "traces").mkdir(exist_ok=True)
     runs_path = out / "runs.jsonl"
     records = _read_runs(runs_path)
     policies = config.run_policies()
@@ -323,6 +322,7 @@ def run_bench(
                 f"{config.max_prompt_tokens}, "
                 f"R = {largest} x {config.repeats} repeats need {need}"
             )
+        _record_settings(out, config)
         context = int(statistics.mean(len(t) for _, t in chosen) + config.max_new_tokens / 2)
         costs = _costs(
             config, engine, threads, context, out / f"costs_t{threads}.json", note, progress
@@ -385,12 +385,12 @@ def run_bench(
 
 
 def _check_settings(path: Path, config: BenchConfig) -> None:
-    """Records ``config``'s settings in a new output folder; ``ValueError`` naming the folder
-    when it holds a benchmark of other settings (its runs would be mixed with these)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """``ValueError`` naming the output folder when it is not a folder or holds a benchmark of
+    other settings than ``config``'s (its runs would be mixed with these)."""
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ValueError(f"--out {path.parent}: not a folder")
     wanted = config.settings()
     if not path.exists():
-        path.write_text(json.dumps(wanted, indent=1) + "\n", encoding="utf-8")
         return
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
@@ -402,6 +402,16 @@ def _check_settings(path: Path, config: BenchConfig) -> None:
             f"--out {path.parent}: holds a benchmark of other settings: {', '.join(differ)}; "
             "use another --out or remove it"
         )
+
+
+def _record_settings(out: Path, config: BenchConfig) -> None:
+    """Creates the output folder, its ``traces/`` and ``settings.json`` (``config``'s settings,
+    kept from the first run on). Called once the models are loaded and the prompts fit, so that
+    a benchmark refused before that leaves nothing behind."""
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    path = out / "settings.json"
+    if not path.exists():
+        path.write_text(json.dumps(config.settings(), indent=1) + "\n", encoding="utf-8")
 
 
 def _costs(
