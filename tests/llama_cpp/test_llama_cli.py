@@ -223,6 +223,34 @@ def test_update_readme_without_markers_changes_nothing(tmp_path) -> None:  # typ
     assert readme.read_text() == "no markers\n"
 
 
+def test_profile_opens_contexts_that_hold_its_own_shapes(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]
+    """The profile feeds each sequence --context tokens, then up to 33 catch-up tokens and a draft
+    block. At --context 220 and K = 4 a context sized for the context and one draft block gets
+    256 cells per sequence (llama.cpp's padding) where the profile needs 262: the command must
+    open contexts that hold its own shapes (it has no option to raise n_ctx)."""
+    out = tmp_path / "costs.json"
+    argv = ["profile", "--engine", "llama.cpp", *_models(tiny_pair), "--concurrency", "1"]
+    argv += ["--k", "4", "--context", "220", "--repeats", "1", "--output", str(out)]
+    assert main(argv) == 0
+    costs = EngineCosts.load(out)
+    assert costs.num_positions == 4 and [t for t, _ in costs.points[1]["verify"]] == [1, 2, 3, 4, 5]
+
+
+def test_bench_engine_profiles_long_prompts(tmp_path, tiny_pair, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Prompts near --max-prompt-tokens: the profile runs at their mean length plus half the new
+    tokens, which with K = 4, 10 new tokens and prompts of about 230 tokens needs more than
+    the 256 cells a context sized for the runs alone gives each sequence."""
+    prompts = tmp_path / "long.jsonl"
+    prompt = {"prompt_id": "long", "workload": "code", "prompt": "x" * 228, "chat": False}
+    prompts.write_text(json.dumps(prompt) + "\n")
+    out = tmp_path / "bench"
+    argv = ["bench-engine", *_models(tiny_pair), "--prompts", str(prompts), "--out", str(out)]
+    argv += ["--concurrency", "1", "--threads", "1", "--repeats", "1", "--max-new-tokens", "10"]
+    argv += ["--max-prompt-tokens", "240", "--policies", "no-spec", "--profile-repeats", "1"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 2  # no-spec and the K=4 trace
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [

@@ -37,7 +37,13 @@ from typing import Any
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.engine import RunResult, SpeculativeEngine
 from av_core.llama_cpp.policies import DEFAULT_POLICIES, PolicySpec
-from av_core.llama_cpp.profile import EngineCosts, OnlineCosts, profile_engine, write_engine_costs
+from av_core.llama_cpp.profile import (
+    EngineCosts,
+    OnlineCosts,
+    profile_engine,
+    profile_tokens,
+    write_engine_costs,
+)
 from av_core.llama_cpp.sampling import SamplingParams
 from av_core.tools.collect.prompts import Prompt
 from av_core.tools.evaluate import DraftRounds
@@ -307,7 +313,10 @@ def run_bench(
             config.target,
             config.drafter,
             requests=largest,
-            tokens_per_request=config.max_prompt_tokens + config.max_new_tokens,
+            # Room for the runs and for the profile, whose context lies below it.
+            tokens_per_request=profile_tokens(
+                config.max_prompt_tokens + config.max_new_tokens, config.num_positions
+            ),
             params=params,
             max_positions=deepest,
             threads=threads,
