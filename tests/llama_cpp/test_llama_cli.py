@@ -277,3 +277,20 @@ def test_a_refused_benchmark_leaves_nothing_behind(
     assert not out.exists()
     argv[argv.index("--max-new-tokens") + 1] = "6"
     assert main([*argv, "--drafter", tiny_pair[1]]) == 0, capsys.readouterr().err
+
+
+def test_a_sampling_policy_deeper_than_k_is_refused(
+    tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """Fixed K = 4 under --k 2: its prediction would replay the K = 2 trace, whose rounds hold two
+    drafts, and so predict a policy of depth 2. Refused before anything runs or is written;
+    llama.cpp's policy (n_max = 3, its own greedy trace) is not refused at --k 2."""
+    out = tmp_path / "bench"
+    argv = ["bench-engine", *_models(tiny_pair), "--prompts", str(prompts_file), "--out", str(out)]
+    argv += ["--concurrency", "1", "--threads", "1", "--repeats", "1", "--max-new-tokens", "4"]
+    argv += ["--k", "2", "--profile-repeats", "1", "--policies"]
+    assert main([*argv, "no-spec,K=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "K=4 drafts 4 positions, more than --k 2" in err[0]
+    assert not out.exists()
+    assert main([*argv, "no-spec,llama.cpp"]) == 0, capsys.readouterr().err

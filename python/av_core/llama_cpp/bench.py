@@ -289,6 +289,7 @@ def run_bench(
     """Runs (or resumes) the benchmark into ``out`` (``costs_t{threads}.json``, ``runs.jsonl``,
     ``traces/``, ``results.json``) and returns the aggregated rows."""
     out = Path(out)
+    _check_depths(config)
     _check_settings(out / "settings.json", config)
     runs_path = out / "runs.jsonl"
     records = _read_runs(runs_path)
@@ -391,6 +392,20 @@ def run_bench(
     rows = aggregate(records)
     write_results(out / "results.json", config, rows)
     return rows
+
+
+def _check_depths(config: BenchConfig) -> None:
+    """``ValueError`` naming a policy that samples its drafts deeper than ``num_positions``: its
+    prediction replays the ``K = num_positions`` trace, which holds no deeper draft, so it
+    would silently be the prediction of a shallower policy."""
+    for name in config.policies:
+        policy = PolicySpec(name).check(config.num_positions)
+        if not policy.greedy and policy.num_positions > config.num_positions:
+            raise ValueError(
+                f"--policies: {name} drafts {policy.num_positions} positions, more than --k "
+                f"{config.num_positions} (its prediction replays the K={config.num_positions} "
+                "trace); raise --k"
+            )
 
 
 def _check_settings(path: Path, config: BenchConfig) -> None:
