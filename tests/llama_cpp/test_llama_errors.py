@@ -187,3 +187,14 @@ def test_open_engine_checks_its_numbers_by_name_before_loading(
     with pytest.raises(ValueError, match="no such GGUF file"):
         open_engine(missing, missing, requests=np.int64(2), tokens_per_request=np.int32(8))
 
+
+def test_generate_takes_numpy_prompts_and_counts() -> None:
+    """A 2-D array of token ids is R prompts of equal length and a numpy integer is a count: the
+    same run as the lists (before, a 2-D array failed with numpy's 'truth value of an array is
+    ambiguous' and a numpy count was refused)."""
+    engine = SpeculativeEngine(FakeRuntime(5, 1), FakeRuntime(5, 2), max_positions=2)
+    lists = engine.generate([[1, 2], [3, 4]], 4, FixedK(2), seed=3).tokens
+    arrays = engine.generate(np.array([[1, 2], [3, 4]]), np.int64(4), FixedK(2), seed=3).tokens
+    assert arrays == lists and [len(t) for t in lists] == [4, 4]
+    with pytest.raises(ValueError, match="prompts: every request needs at least one prompt token"):
+        engine.generate(np.zeros((0, 3), dtype=np.int64), 4, FixedK(2))
