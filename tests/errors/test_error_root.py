@@ -6,8 +6,8 @@ builtin it was (docs/settings.md, "Errors").
   ``av_core.Error`` and that builtin.
 - Representative bad calls across the API (the native estimator, planner and cost tables, saved
   state, features, the torch planner, pooled statistics, the lossless harness, the tools, the
-  settings) raise something that is both an ``av_core.Error`` and a ``ValueError`` or
-  ``TypeError``, of the class named.
+  settings, the SGLang, llama.cpp and vLLM integrations) raise something that is both an
+  ``av_core.Error`` and a ``ValueError`` or ``TypeError``, of the class named.
 """
 
 from __future__ import annotations
@@ -241,6 +241,97 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
         ),
     ]
     return calls
+
+
+def _engine_bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
+    """(what, a bad call, the class it raises) for the engine integrations (SGLang, llama.cpp,
+    vLLM), the engine-interface reader and the run simulator."""
+    from av_core._engine_interface import parse_signature
+    from av_core.llama_cpp.policies import LlamaCppPolicy
+    from av_core.llama_cpp.sampling import SamplingParams
+    from av_core.llama_cpp.tiny import tiny_vocabulary
+    from av_core.sglang.policy import CostAwarePolicy, load_cost_tables
+    from av_core.sglang.profiling import ProfilingCostAwarePolicy
+    from av_core.tools.simulate.run import simulate_run
+
+    (tmp_path / "list.json").write_text("[]")
+    return [
+        ("signature text", lambda: parse_signature("(a,"), "InvalidValueError"),
+        (
+            "simulated run rounds",
+            lambda: simulate_run("rounds", None, None, 4, features=np.zeros((1, 4))),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        ("sglang tables missing", lambda: CostAwarePolicy(None, [1, 2]), "InvalidTypeError"),
+        ("sglang steps negative", lambda: CostAwarePolicy(_tables(), [-1]), "InvalidValueError"),
+        (
+            "sglang drafter name",
+            lambda: CostAwarePolicy(_tables(), [1, 2], drafter="tree"),  # type: ignore[arg-type]
+            "InvalidValueError",
+        ),
+        (
+            "sglang profile warmup",
+            lambda: ProfilingCostAwarePolicy(None, [1, 2], profile_warmup=-1),
+            "InvalidValueError",
+        ),
+        (
+            "sglang tables file",
+            lambda: load_cost_tables(tmp_path / "list.json", 4),
+            "InvalidValueError",
+        ),
+        (
+            "llama.cpp temperature text",
+            lambda: SamplingParams(temperature="hot"),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        ("llama.cpp top_p", lambda: SamplingParams(top_p=2.0), "InvalidValueError"),
+        ("llama.cpp n_max", lambda: LlamaCppPolicy(n_max=0), "InvalidValueError"),
+        ("llama.cpp vocabulary", lambda: tiny_vocabulary(1), "InvalidValueError"),
+    ]
+
+
+def _vllm_bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
+    """(what, a bad call, the class it raises) for av_core.vllm (needs torch, not vLLM)."""
+    torch = pytest.importorskip("torch")
+    from av_core.vllm.budget import build_cost_tables_from_curves
+    from av_core.vllm.depth import DraftDepthHook
+    from av_core.vllm.estimator import OnlineAcceptanceEstimator
+    from av_core.vllm.state import WarmStart
+    from av_core.vllm.update import choose_update
+
+    cpu = torch.device("cpu")
+    return [
+        (
+            "vllm curve type",
+            lambda: build_cost_tables_from_curves("curve", [(1, 1.0)], 4, 8),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        ("vllm depth table", lambda: DraftDepthHook(_tables(), 4, 4), "InvalidValueError"),
+        (
+            "vllm staged type",
+            lambda: OnlineAcceptanceEstimator(4, 4, cpu, staged=1),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        (
+            "vllm state key",
+            lambda: WarmStart(tmp_path, "key"),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        ("vllm update name", lambda: choose_update("newton", False), "InvalidValueError"),
+    ]
+
+
+@pytest.mark.parametrize("calls", [_engine_bad_calls, _vllm_bad_calls])
+def test_engine_integrations_raise_the_root_and_the_builtin(
+    tmp_path: Path, calls: Callable[[Path], list[tuple[str, Callable[[], Any], str]]]
+) -> None:
+    for what, call, expected in calls(tmp_path):
+        with pytest.raises(av_core.Error) as caught:
+            call()
+        error = caught.value
+        assert isinstance(error, ValueError | TypeError), (what, type(error))
+        assert type(error).__name__ == expected, (what, type(error).__name__, str(error))
+        assert str(error), what
 
 
 def test_representative_bad_calls_raise_the_root_and_the_builtin(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from av_core._native import InvalidValueError
 from av_core.llama_cpp.engine import RunResult, Runtime, SpeculativeEngine, StepRecord
 from av_core.llama_cpp.policies import (
     DEFAULT_POLICIES,
@@ -42,12 +43,12 @@ def open_engine(
     the file or setting for a missing or corrupt GGUF, differing vocabularies or a context too
     small."""
     if requests < 1:
-        raise ValueError(f"requests must be >= 1, got {requests}")
+        raise InvalidValueError(f"requests must be >= 1, got {requests}")
     per_sequence = tokens_per_request + max_positions + 1
     need = requests * per_sequence
     size = need if n_ctx is None else int(n_ctx)
     if size < need:
-        raise ValueError(
+        raise InvalidValueError(
             f"n_ctx = {size} is too small for {requests} requests x ({tokens_per_request} "
             f"tokens + {max_positions + 1} for a draft block): at least {need}"
         )

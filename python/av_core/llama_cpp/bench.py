@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from av_core._native import InvalidValueError
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.engine import RunResult, SpeculativeEngine
 from av_core.llama_cpp.policies import DEFAULT_POLICIES, PolicySpec
@@ -318,7 +319,7 @@ def run_bench(
         chosen = select_prompts(engine, prompts, config.max_prompt_tokens)
         need = largest * config.repeats
         if len(chosen) < need:
-            raise ValueError(
+            raise InvalidValueError(
                 f"prompts: {len(chosen)} prompts fit --max-prompt-tokens "
                 f"{config.max_prompt_tokens}, "
                 f"R = {largest} x {config.repeats} repeats need {need}"
@@ -395,10 +396,10 @@ def _check_settings(path: Path, config: BenchConfig) -> None:
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not a bench-engine settings file ({error})") from None
+        raise InvalidValueError(f"{path}: not a bench-engine settings file ({error})") from None
     differ = [f"{k} {found.get(k)!r} (now {v!r})" for k, v in wanted.items() if found.get(k) != v]
     if differ:
-        raise ValueError(
+        raise InvalidValueError(
             f"--out {path.parent}: holds a benchmark of other settings: {', '.join(differ)}; "
             "use another --out or remove it"
         )
