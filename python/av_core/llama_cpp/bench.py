@@ -52,7 +52,7 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What one benchmark runs (defaults: the issue's full benchmark)."""
+    """What one benchmark runs (defaults: the full benchmark of docs/llama-cpp.md)."""
 
     target: str
     drafter: str
