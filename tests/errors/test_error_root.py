@@ -13,6 +13,7 @@ builtin it was (docs/settings.md, "Errors").
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable
 from pathlib import Path
@@ -125,6 +126,10 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
     est = av_core.AcceptanceEstimator(4)
     planner = av_core.VerificationPlanner(_tables(), 4)
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "label.csv").write_text(
+        "request_id,step,position,workload,logit_q_max,admitted,label\n0,0,0,w,0.5,1,7\n"
+    )
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not a parquet file")
     calls: list[tuple[str, Callable[[], Any], str]] = [
         ("estimator K as text", lambda: av_core.AcceptanceEstimator("four"), "InvalidTypeError"),
         ("estimator K negative", lambda: av_core.AcceptanceEstimator(-1), "InvalidValueError"),
@@ -219,11 +224,28 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
             "InvalidValueError",
         ),
         (
+            "trace label out of range",
+            lambda: __import__("av_core.tools.trace", fromlist=["x"]).read_trace(
+                tmp_path / "label.csv"
+            ),
+            "InvalidValueError",
+        ),
+        (
             "int list grammar",
             lambda: __import__("av_core.tools.argtypes", fromlist=["x"]).parse_int_list("8-2"),
             "InvalidValueError",
         ),
     ]
+    if importlib.util.find_spec("pyarrow") is not None:
+        calls.append(
+            (
+                "trace damaged parquet",
+                lambda: __import__("av_core.tools.trace", fromlist=["x"]).read_trace(
+                    tmp_path / "bad.parquet"
+                ),
+                "InvalidValueError",
+            )
+        )
     torch = pytest.importorskip("torch")
     from av_core import features, planner_torch
 
