@@ -126,9 +126,6 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
     est = av_core.AcceptanceEstimator(4)
     planner = av_core.VerificationPlanner(_tables(), 4)
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
-    (tmp_path / "label.csv").write_text(
-        "request_id,step,position,workload,logit_q_max,admitted,label\n0,0,0,w,0.5,1,7\n"
-    )
     (tmp_path / "bad.parquet").write_bytes(b"PAR1 not a parquet file")
     calls: list[tuple[str, Callable[[], Any], str]] = [
         ("estimator K as text", lambda: av_core.AcceptanceEstimator("four"), "InvalidTypeError"),
@@ -224,9 +221,15 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
             "InvalidValueError",
         ),
         (
-            "trace label out of range",
-            lambda: __import__("av_core.tools.trace", fromlist=["x"]).read_trace(
-                tmp_path / "label.csv"
+            "trace negative request",
+            lambda: __import__("av_core.tools.trace", fromlist=["x"]).DraftTrace(
+                request_id=[-1],
+                step=[0],
+                position=[0],
+                workload=["w"],
+                logit_q_max=[0.5],
+                admitted=[True],
+                label=[1],
             ),
             "InvalidValueError",
         ),
