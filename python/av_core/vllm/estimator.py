@@ -158,9 +158,8 @@ class OnlineAcceptanceEstimator:
 
         self._native = AcceptanceEstimator(
             k,
-            # Manual: the native estimator never refits on its own. The schedule runs here, from
-            # the instance's REFIT_INTERVAL, so that it can be changed on a live instance as in
-            # vLLM.
+            # Manual: the native estimator never refits on its own; the schedule runs here, from
+            # the instance's REFIT_INTERVAL, which a live instance can change as in vLLM.
             refit_interval=None,
             damping=float(self.DAMPING_OBSERVATIONS),
             l2=float(self.L2),
@@ -174,9 +173,8 @@ class OnlineAcceptanceEstimator:
             self.intercepts = torch.full(
                 (k,), INIT_INTERCEPT, dtype=torch.float32, device=self.device
             )
-            # Features (plane 0) and draft-time predictions (plane 1) by request slot, plus one
-            # spare row that padded rows (request index -1) write to, so no write needs a mask
-            # on the host.
+            # Features (plane 0) and draft-time predictions (plane 1) by request slot, plus a
+            # spare row for padded rows (request index -1), so no write needs a host-side mask.
             self._slots = torch.zeros(2, m + 1, k, dtype=torch.float32, device=self.device)
         except (RuntimeError, AssertionError) as error:  # an absent or exhausted device
             raise InvalidValueError(
@@ -515,8 +513,7 @@ class OnlineAcceptanceEstimator:
             )
         saved = dict(state["estimator"])
         if isinstance(saved.get("config"), Mapping):
-            # Manual refits, as built here (a state of an earlier release holds 1 << 40, which
-            # the schedule never reached: the same estimator).
+            # Manual refits, as built here (a saved interval of 1 << 40 is the same estimator).
             saved["config"] = {**saved["config"], "refit_interval": None}
         # A state saved under the other update keeps its coefficients and starts a new round.
         native = AcceptanceEstimator.from_state_dict(saved, update=self.update)
