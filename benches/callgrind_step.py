@@ -37,33 +37,13 @@ METHODS = {
 
 
 def inner(rows: int, k: int, steps: int, warmup: int) -> None:
-    """The whole-step loop of ``bench_planner.step_rows`` (features alternating between two
-    draws, default exploration), ``warmup + steps`` steps."""
-    import numpy as np
-
+    """``warmup + steps`` steps of ``bench_planner``'s whole-step workload."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_planner import profiled_tables
+    from bench_planner import StepWorkload, profiled_tables
 
-    from av_core import AcceptanceEstimator, VerificationPlanner
-
-    tables = profiled_tables().with_draft_depth("autoregressive", max_depth=k)
-    rng = np.random.default_rng(1)
-    features = [rng.normal(1.5, 2.0, size=(rows, k)).astype(np.float32) for _ in range(2)]
-    accepted = rng.integers(0, k + 1, size=rows).astype(np.int64)
-    slots = np.arange(rows, dtype=np.int64)
-    caps = np.full(rows, k, np.int64)
-    estimator = AcceptanceEstimator(k)
-    planner = VerificationPlanner(tables, k, num_slots=rows)
-    for i in range(warmup + steps):
-        x = features[i & 1]
-        depth = planner.choose_draft_depth(
-            slots, caps, num_non_draft_tokens=rows, num_sampling_requests=rows
-        )
-        p = estimator.predict(x)
-        plan = planner.plan(
-            slots, p, depth.depths, num_non_draft_tokens=rows, num_sampling_requests=rows
-        )
-        estimator.observe(x, plan.admitted, np.minimum(accepted, plan.admitted), p)
+    work = StepWorkload(rows, k, profiled_tables())
+    for _ in range(warmup + steps):
+        work.step()
 
 
 def main() -> None:

@@ -4,9 +4,6 @@ array every call."""
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -17,38 +14,10 @@ from av_core import AcceptanceEstimator
 K = 8
 
 
-def ticks_during(call: Callable[[], object], calls: int) -> int:
-    """How often a spinning thread ran while `call` ran up to `calls` times (it stops once the
-    spinner ran: on a loaded machine it may take a few released calls to be scheduled). With a
-    switch interval longer than the test, the main thread never hands the GIL over on its own,
-    so the spinner runs only while a call has released it."""
-    ticks = [0]
-    stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            ticks[0] += 1
-            time.sleep(0)  # gives the GIL back at once
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1000.0)
-    worker = threading.Thread(target=spin)
-    try:
-        worker.start()
-        before = ticks[0]
-        for _ in range(calls):
-            call()
-            if ticks[0] > before:
-                break
-        return ticks[0] - before
-    finally:
-        stop.set()
-        sys.setswitchinterval(interval)
-        worker.join()
-
-
 @pytest.mark.parametrize("method", ["predict", "observe"])
-def test_large_batches_release_the_gil(method: str) -> None:
+def test_large_batches_release_the_gil(
+    method: str, gil_ticks: Callable[[Callable[[], object], int, bool], int]
+) -> None:
     """A batch past the threshold (16,384 × 8 features) lets another thread run. (That small
     batches keep the GIL is not observable this way: a release of a few microseconds ends
     before a waiting thread is scheduled.)"""
@@ -59,9 +28,9 @@ def test_large_batches_release_the_gil(method: str) -> None:
     accepted = np.minimum(rng.integers(0, K + 1, size=rows), admitted)
     est = AcceptanceEstimator(K, refit_interval=None)
     if method == "predict":
-        during = ticks_during(lambda: est.predict(features), 200)
+        during = gil_ticks(lambda: est.predict(features), 200, True)
     else:
-        during = ticks_during(lambda: est.observe(features, admitted, accepted), 200)
+        during = gil_ticks(lambda: est.observe(features, admitted, accepted), 200, True)
     assert during > 0
 
 
