@@ -40,4 +40,3 @@ def test_no_test_folder_is_importable_under_its_own_name(
 def test_the_tests_folder_is_not_on_sys_path() -> None:
     on_path = [entry for entry in sys.path if Path(entry or ".").resolve() == TESTS]
     assert on_path == []
-
