@@ -8,7 +8,7 @@
 # warning). Any compiler warning, failed test, leak or invalid access fails the script.
 #
 # Usage: scripts/check_capi.sh [--build-only]
-#   --build-only   build the library and the two programs, run nothing (tests/test_capi.py
+#   --build-only   build the library and the two programs, run nothing (tests/capi/test_capi.py
 #                  uses this, then runs target/capi/estimator_demo itself)
 # Environment: CC (default cc), CXX (default c++; the C++ header check is skipped if absent),
 #              AVC_NO_VALGRIND=1 to skip valgrind even when installed.

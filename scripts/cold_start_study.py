@@ -34,7 +34,7 @@ prediction made before its own step was observed). Sections (Markdown on stdout)
 9. the benchmarks of the performance targets (``--sections 9``; on a release build).
 
 ``--json`` keeps sections 2, 5 and 9 in ``scripts/cold_start_study.json``; ``--update-docs``
-renders docs/estimator.md's tables from it (tests/test_doc_figures.py checks they agree).
+renders docs/estimator.md's tables from it (tests/docs/test_doc_figures.py checks they agree).
 
 ``python scripts/cold_start_study.py [--quick] [--permutations P] [--plot docs/img]``
 """
@@ -1155,7 +1155,7 @@ def curve_error(est: Estimator, workload: SyntheticWorkload) -> float:
 
 
 class Serving:
-    """tests/test_lockout.py's loop: predict, plan (trimming on), verify, observe."""
+    """tests/estimator/test_lockout.py's loop: predict, plan (trimming on), verify, observe."""
 
     def __init__(self, est: Estimator, interval: int, exploration: float) -> None:
         tables = CostTables(
@@ -1228,7 +1228,8 @@ def labeled_log_loss(est: Estimator | None, workload: SyntheticWorkload) -> floa
 def section_constraints() -> None:
     print("## 7. What the test suite checks, on av_core's map update\n")
     rows: list[tuple[str, str, str]] = []
-    # tests/test_estimator.py: one adversarial round cannot throw an intercept out of reach.
+    # tests/estimator/test_estimator.py: one adversarial round cannot throw an intercept out of
+    # reach.
     x = np.full((64, 4), 30.0, dtype=np.float32)
     fours, zeros = np.full(64, 4, np.int64), np.zeros(64, np.int64)
     for label, make in (("today", TODAY), ("map", MAP)):
@@ -1241,7 +1242,7 @@ def section_constraints() -> None:
                 "today's test asserts β₀ = −0.2 − max_step, β₁₋₃ unchanged",
             )
         )
-    # tests/test_estimator.py: positions never reached keep their intercepts bit for bit.
+    # tests/estimator/test_estimator.py: positions never reached keep their intercepts bit for bit.
     rng = np.random.default_rng(3)
     est = MAP(4, 10)
     for _ in range(50):
@@ -1251,7 +1252,7 @@ def section_constraints() -> None:
         est.observe(xs, admitted, accepted, est.predict(xs))
     same = est.intercepts[2:].tobytes() == np.full(2, -0.2).tobytes()
     rows.append(("positions never reached keep their intercepts", str(same), "must be True"))
-    # tests/test_lockout.py
+    # tests/estimator/test_lockout.py
     serving = Serving(native(memory=0.9)(4, 100), 100, exploration=0.05)
     for _ in range(20):
         serving.round(STATIONARY)
@@ -1279,7 +1280,7 @@ def section_constraints() -> None:
                 "> 0.3 before, ≤ 8 rounds",
             )
         )
-    # tests/test_memory.py
+    # tests/estimator/test_memory.py
     stds, means = {}, {}
     for gamma in (0.0, 0.9):
         history = synthetic_history(
@@ -1315,7 +1316,7 @@ def section_constraints() -> None:
             "> 1.05× (the counterfactual)",
         )
     )
-    # tests/test_estimator.py: the online fit recovers a known workload.
+    # tests/estimator/test_estimator.py: the online fit recovers a known workload.
     est = MAP(4, 100)
     rng = np.random.default_rng(7)
     late = []
@@ -1405,7 +1406,7 @@ def section_plot(streams: Sequence[Stream], folder: str) -> None:
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Every figure docs/estimator.md shows as a generated table: ``--json`` writes them,
-#: ``--update-docs`` fills the doc's blocks from it, tests/test_doc_figures.py checks the doc.
+#: ``--update-docs`` fills the doc's blocks from it, tests/docs/test_doc_figures.py checks the doc.
 RESULTS = ROOT / "scripts" / "cold_start_study.json"
 DOC = ROOT / "docs" / "estimator.md"
 BLOCK = re.compile(

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUST = "rust"
 #: The numpy estimator the refit benchmark times, checked against av_core round after round.
 REFIT_REFERENCE = (
-    "tests/test_benches.py::test_the_refit_reference_tracks_the_estimator_round_after_round"
+    "tests/benches/test_benches.py::test_the_refit_reference_tracks_the_estimator_round_after_round"
 )
 
 
@@ -98,7 +98,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    confidences,\n                    Some(stale),",
         "                    confidences,\n                    None::<MatrixView<'_, f64>>,",
         "the stateful planner sizing the budget from the current step's confidences",
-        suites=(RUST, "tests/test_lossless.py"),
+        suites=(RUST, "tests/planner/test_lossless.py"),
         killer="budget_source.rs; test_lossless.py (revealing family)",
     ),
     # --- more realistic slips ---
@@ -129,7 +129,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if accepted < admitted {\n        accepted + 1",
         "    if accepted < admitted {\n        accepted",
         "the first rejected position left unlabeled",
-        suites=(RUST, "tests/test_estimator.py"),
+        suites=(RUST, "tests/estimator/test_estimator.py"),
     ),
     Mutant(
         "M11",
@@ -137,7 +137,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "let x: [f64; K] = raw.map(|v| v.into().clamp(-limit, limit));",
         "let x: [f64; K] = raw.map(|v| v.into());",
         "observe's statistics skip the ±max_log_odds feature clamp (K ≤ 16 path)",
-        suites=(RUST, "tests/test_estimator.py"),
+        suites=(RUST, "tests/estimator/test_estimator.py"),
     ),
     Mutant(
         "M12",
@@ -152,7 +152,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            .chain(&mut self.rhs)\n",
         "",
         "memory decay forgets to discount the right-hand side",
-        suites=(RUST, "tests/test_memory.py", REFIT_REFERENCE),
+        suites=(RUST, "tests/estimator/test_memory.py", REFIT_REFERENCE),
     ),
     Mutant(
         "M14",
@@ -160,7 +160,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        for j in (1..deepest).rev() {\n            counts[j] += counts[j + 1];\n        }",
         "",
         "step drafting cost without the suffix sums (pass j priced over depth == j only)",
-        suites=(RUST, "tests/test_depth.py"),
+        suites=(RUST, "tests/planner/test_depth.py"),
         killer="test_depth.py (independent pricing)",
     ),
     Mutant(
@@ -169,7 +169,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    e / c > best_e / best_c\n}",
         "    e / c >= best_e / best_c\n}",
         "budget ties go to the larger budget instead of the first maximum",
-        suites=(RUST, "tests/test_planner.py"),
+        suites=(RUST, "tests/planner/test_planner.py"),
     ),
     Mutant(
         "M16",

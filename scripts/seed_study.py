@@ -8,7 +8,7 @@ Sections (each prints a Markdown table):
 1. **Lockout** (``av_core.tools.synthetic.TrimmingServing``: 32 requests, K = 4, compute-bound costs
    so the planner trims): rounds until the estimator is back within 0.05 of the true curve after
    one adversarial round, and within 0.1 after a switch from a high- to a low-acceptance
-   workload; for the defaults and for the settings ``tests/test_lockout.py`` uses.
+   workload; for the defaults and for the settings ``tests/estimator/test_lockout.py`` uses.
 2. **Memory on synthetic workloads** (``scripts/memory_study.py``'s definitions): coefficient
    jitter against γ = 0 (worst coefficient) and rounds to recover after a workload switch, per γ.
 3. **Memory on the real traces**: prequential AUC, log-loss and ECE per γ, the difference to
@@ -19,8 +19,8 @@ Sections (each prints a Markdown table):
 
 Writes every figure to ``scripts/seed_study.json``; ``--update-docs`` rewrites the spans
 ``<!--s:KEY|FORMAT-->…<!--/s-->`` in README.md and docs/*.md from it, and
-``tests/test_doc_figures.py`` fails when a span disagrees with the JSON. About 10 minutes on two
-cores with the defaults.
+``tests/docs/test_doc_figures.py`` fails when a span disagrees with the JSON. About 10 minutes on
+two cores with the defaults.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def dist(figures: Figures, key: str, digits: int = 0) -> str:
 # --- 1. lockout -------------------------------------------------------------------------------
 
 #: The defaults (γ = 0.8, exploration 0.01), the same with γ = 0 and γ = 0.9, and the settings
-#: of tests/test_lockout.py (exploration 0.05).
+#: of tests/estimator/test_lockout.py (exploration 0.05).
 LOCKOUT_SETTINGS: dict[str, dict[str, float]] = {
     "defaults": {},
     "m0": {"memory": 0.0},

@@ -1,15 +1,14 @@
+"""Fixtures shared across test folders. How test files import each other and tests/support is
+set in pyproject.toml's ``[tool.pytest.ini_options]``."""
+
+from __future__ import annotations
+
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-
-# Make the independent references in tests/ importable as `reference`, and the engine
-# reproductions in tests/sglang/ as `sglang_main_reproduction`.
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent / "sglang"))
 
 
 def ticks_during(call: Callable[[], object], calls: int, stop_early: bool = False) -> int:
@@ -46,3 +45,11 @@ def ticks_during(call: Callable[[], object], calls: int, stop_early: bool = Fals
 def gil_ticks() -> Callable[[Callable[[], object], int, bool], int]:
     """[`ticks_during`]: how often another thread ran while a call repeated (the GIL tests)."""
     return ticks_during
+
+
+@pytest.fixture(scope="session")
+def tiny_pair() -> tuple[str, str]:
+    """The tiny target and drafter GGUF files the llama.cpp tests load (written once)."""
+    from llama_fakes import tiny_models
+
+    return tiny_models()

@@ -2,7 +2,7 @@
  * av_core from C: an estimator and a stateful planner driven through 300 decode steps of a
  * synthetic workload, then a save/load round trip and one stateless plan.
  *
- * Every input comes from a 64-bit LCG that tests/test_capi.py reimplements in Python, which
+ * Every input comes from a 64-bit LCG that tests/capi/test_capi.py reimplements in Python, which
  * runs the same steps through the Python API and requires this program's output, line for
  * line and digit for digit (%.17g), to match.
  *
@@ -19,7 +19,7 @@
 
 enum { ROWS = 8, K = 4, STEPS = 300, REFIT_INTERVAL = 50, REPORT_EVERY = 100 };
 
-/* Knuth's MMIX LCG; the high 31 bits are the output. Mirrored in tests/test_capi.py. */
+/* Knuth's MMIX LCG; the high 31 bits are the output. Mirrored in tests/capi/test_capi.py. */
 static uint64_t lcg_state = 20240607u;
 
 static uint64_t next_random(void) {

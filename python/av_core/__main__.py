@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 
 #: ``av_core.tools.cli.common``'s ``PROG`` and ``EXIT_INTERRUPTED``, spelled out: an import
-#: interrupted half-way cannot be relied on to import them (tests/test_edges.py checks they agree).
+#: interrupted half-way cannot be relied on to import them (tests/cli/test_edges.py checks they
+#: agree).
 PROG, EXIT_INTERRUPTED = "av-core", 130
 
 

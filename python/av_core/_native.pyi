@@ -1,6 +1,7 @@
-# Stub of the compiled module av_core._native; tests/test_stubs.py checks it with mypy.stubtest.
+# Stub of the compiled module av_core._native; tests/bindings/test_stubs.py checks it with
+# mypy.stubtest.
 #
-# What every entry point promises at its boundary (tests/test_boundaries_native.py):
+# What every entry point promises at its boundary (tests/bindings/test_boundaries_native.py):
 # - Arrays: any layout (Fortran order, transposed, negative or zero strides, non-contiguous
 #   slices, misaligned buffers, lists, CPU torch tensors and their .t() views) gives exactly the
 #   answer of its C-contiguous copy; each argument is read once, so another thread writing it

@@ -1,7 +1,7 @@
 """Writes ``state_dicts.json``: what ``state_dict()`` and ``refit(report=True)`` returned for a
 few estimators driven by fixed observations, under the build before the ``state_dict`` codec
 moved into the core (issue #19: main at 68d2910, where rust/src/estimator.rs wrote it). Run
-once against that build to pin its output; tests/test_state_dict_codec.py replays the same
+once against that build to pin its output; tests/persist/test_state_dict_codec.py replays the same
 observations on the current build and compares key order, Python types and values bit for bit.
 
 Each record: the constructor's keywords, ``state``: ``state_dict()`` after the observations,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from llama_fakes import tiny_models
 
 from av_core.llama_cpp.bench import README_END, README_START, aggregate, format_table, update_readme
 from av_core.llama_cpp.profile import EngineCosts
@@ -30,11 +29,6 @@ def prompts_file(tmp_path):  # type: ignore[no-untyped-def]
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     return path
-
-
-@pytest.fixture(scope="module")
-def tiny_pair() -> tuple[str, str]:
-    return tiny_models()
 
 
 def _models(pair: tuple[str, str]) -> list[str]:

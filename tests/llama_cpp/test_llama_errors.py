@@ -7,7 +7,7 @@ import types
 
 import numpy as np
 import pytest
-from llama_fakes import FakeRuntime, tiny_models
+from llama_fakes import FakeRuntime
 
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.engine import SpeculativeEngine
@@ -15,11 +15,6 @@ from av_core.llama_cpp.policies import FixedK, LlamaCppPolicy, PolicySpec
 from av_core.llama_cpp.runtime import REQUIRED_API, Model, llama_api
 from av_core.llama_cpp.sampling import SamplingParams
 from av_core.llama_cpp.tiny import tiny_vocabulary, write_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny_pair() -> tuple[str, str]:
-    return tiny_models()
 
 
 def test_a_missing_gguf_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]

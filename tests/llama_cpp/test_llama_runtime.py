@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from llama_fakes import tiny_models
 from scipy import stats
 
 from av_core import CostTables
@@ -30,11 +29,6 @@ TABLES = CostTables.from_curves(
 @pytest.fixture(scope="module")
 def engine(tiny_pair):  # type: ignore[no-untyped-def]
     return open_engine(*tiny_pair, requests=R, tokens_per_request=64, max_positions=4)
-
-
-@pytest.fixture(scope="module")
-def tiny_pair() -> tuple[str, str]:
-    return tiny_models()
 
 
 def _fresh_next_logits(context: Context, sequences: list[list[int]]) -> np.ndarray:

@@ -56,7 +56,7 @@ ENV_DRAFTER = settings.VLLM_DRAFTER.name
 
 #: The speculators whose ``propose`` depth control wraps: (module, class). Each ``propose`` takes
 #: ``input_batch`` first and a ``num_speculative_tokens=None`` keyword (checked before patching,
-#: and against the released source by tests/test_vllm_contract.py).
+#: and against the released source by tests/vllm/test_vllm_contract.py).
 DEPTH_SPECULATORS = (
     (
         "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator",

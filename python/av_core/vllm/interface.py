@@ -31,7 +31,7 @@ BUDGET_MODULE = "vllm.v1.worker.gpu.spec_decode.adaptive_verification"
 
 
 #: What vLLM's own bodies of the functions av_core replaces do in every checked release (0.32.x,
-#: 0.33.0; tests/test_vllm_contract.py reads them from the wheels): the attributes of ``self``
+#: 0.33.0; tests/vllm/test_vllm_contract.py reads them from the wheels): the attributes of ``self``
 #: they touch and the functions they call (each callee's last name). A body that does more (a
 #: broadcast, a new attribute, another helper) holds behaviour the replacement would drop, so
 #: the install is refused naming it.

@@ -139,7 +139,7 @@ ENV_ANY_VERSION = settings.VLLM_ANY_VERSION.name
 SUPPORTED_VLLM_VERSIONS = ("0.32.x", "0.33.0")
 
 #: Every signature the replacements mirror, as ``signature_text`` writes it (names, order,
-#: kinds and defaults; annotations ignored). tests/test_vllm_contract.py checks this table
+#: kinds and defaults; annotations ignored). tests/vllm/test_vllm_contract.py checks this table
 #: against the released vLLM source.
 EXPECTED_SIGNATURES: dict[tuple[str, str], str] = {
     (ESTIMATOR_MODULE, "OnlineAcceptanceEstimator.__init__"): (

@@ -26,7 +26,7 @@ estimator it built:
   start-up (and the restored open rounds are dropped), so the ranks start equal.
 
 The assumptions about vLLM's control flow are checked against each supported release's source by
-``tests/test_vllm_contract.py``.
+``tests/vllm/test_vllm_contract.py``.
 """
 
 from __future__ import annotations

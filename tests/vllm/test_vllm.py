@@ -1,9 +1,9 @@
 """av_core.vllm's drop-ins and av_core.vllm.plugin, on host tensors.
 
 References are independent of the code under test: float64 numpy for features, labels and the
-refit (tests/reference.py), brute force for the assignment and the budget. The plugin is tested
-against fake vLLM module trees with vLLM 0.33.0's real signatures (vLLM itself is not needed);
-tests/test_vllm_contract.py checks those signatures against the released source.
+refit (tests/support/reference.py), brute force for the assignment and the budget. The plugin is
+tested against fake vLLM module trees with vLLM 0.33.0's real signatures (vLLM itself is not
+needed); tests/vllm/test_vllm_contract.py checks those signatures against the released source.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from av_core.vllm import plugin as vllm_plugin  # noqa: E402
 
 import reference  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 FIXED_POINT = 2.0**36
 

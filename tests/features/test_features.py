@@ -38,7 +38,7 @@ from av_core.features import (  # noqa: E402
     top2_margin,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HAS_CUDA = torch.cuda.is_available()
 TOLERANCE = 1e-4  # the bound, for |x| <= 30 and float32 inputs
 ACCURATE_RANGE = 30.0
@@ -394,7 +394,7 @@ def test_draft_log_odds_routes_cpu_float32_to_the_native_kernel(
     got = draft_log_odds(z, temps, row_valid=valid)
     assert calls == ["draft_log_odds_f32"]
     # Strided: the kernel too, on contiguous copies of blocks of rows, so that every layout gives
-    # the bits of its contiguous copy (tests/test_feature_layouts_exact.py).
+    # the bits of its contiguous copy (tests/features/test_feature_layouts_exact.py).
     draft_log_odds(z.t().contiguous().t(), temps)
     assert calls == ["draft_log_odds_f32"] * 2
     draft_log_odds(z.to(torch.float16), temps)  # float16: the torch path

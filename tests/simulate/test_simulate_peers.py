@@ -4,8 +4,8 @@
   (exact ratio of sums), on random tiny streams, both drafters, both parallel charges, convex and
   non-convex costs; and no simulated policy beats it.
 - SGLang's EMA tiers (``av_core.tools.peers.EmaTierPolicy``) against sequences worked out by hand
-  from SGLang's documented rules (tests/test_sglang_contract.py also runs it against SGLang's own
-  class); TensorRT-LLM's schedule against its documented example.
+  from SGLang's documented rules (tests/sglang/test_sglang_contract.py also runs it against
+  SGLang's own class); TensorRT-LLM's schedule against its documented example.
 """
 
 from __future__ import annotations

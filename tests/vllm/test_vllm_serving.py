@@ -1,5 +1,5 @@
 """The plugin's warm restarts and data-parallel pooling (av_core.vllm.serving), on fake vLLM
-modules with the control flow tests/test_vllm_contract.py checks in each release's source.
+modules with the control flow tests/vllm/test_vllm_contract.py checks in each release's source.
 
 - In one process: ``AV_CORE_STATE_DIR`` wraps ``DraftModelSpeculator.load_model``; an estimator
   built by it saves at its refits and the next one built for the same key resumes from it, one
@@ -36,6 +36,7 @@ from av_core.vllm import plugin as vllm_plugin  # noqa: E402
 from av_core.vllm.state import StateKey, WarmStart  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+SUPPORT = HERE.parent / "support"
 SPECULATOR = f"{fakes.SPEC}.speculator"
 
 
@@ -150,7 +151,7 @@ def run_ranks(state_dir: str, tmp_path: Path, tag: str, **variables: str) -> lis
     outs = [tmp_path / f"{tag}-{rank}.json" for rank in range(2)]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "vllm_serving_fakes.py"), str(rank), "2", port]
+            [sys.executable, str(SUPPORT / "vllm_serving_fakes.py"), str(rank), "2", port]
             + [state_dir, str(outs[rank])],
             env=env,
             stdout=subprocess.PIPE,

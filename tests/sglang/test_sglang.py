@@ -1,8 +1,8 @@
 """av_core.sglang.CostAwarePolicy without SGLang: its choices against an independent brute-force
 search over the candidate steps (float64, from the estimator's intercepts and the raw tables),
 hysteresis, probes out of 0, determinism, the verify bookkeeping, the logit(q_max) hook, config
-and cost-file loading, and bad input. tests/test_sglang_contract.py runs it inside SGLang's own
-AdaptiveController from the released wheel."""
+and cost-file loading, and bad input. tests/sglang/test_sglang_contract.py runs it inside SGLang's
+own AdaptiveController from the released wheel."""
 
 from __future__ import annotations
 

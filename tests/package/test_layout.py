@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from child_env import child_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "av_core"
 #: The most lines a production module may have (tests and stubs are not production modules).
 MAX_MODULE_LINES = 700
@@ -140,8 +140,10 @@ def test_child_processes_import_the_av_core_the_tests_import() -> None:
     and such a child fails only there."""
     offenders = [
         path.name
-        for path in sorted((ROOT / "tests").glob("*.py"))
-        if path.name != "child_env.py"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        # data/ holds fixture writers, run by hand against an earlier build's source tree.
+        if "data" not in path.relative_to(ROOT / "tests").parts
+        and path.name != "child_env.py"
         and "PYTHONPATH" in path.read_text()
         and "from child_env import child_env" not in path.read_text()
     ]

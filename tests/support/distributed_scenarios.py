@@ -1,4 +1,5 @@
-"""Scenarios for tests/test_distributed.py, run by real processes (``python this_file.py``).
+"""Scenarios for tests/distributed/test_distributed.py, run by real processes
+(``python this_file.py``).
 
 Each scenario is a deterministic stream of verdicts made from a seed; a rank takes its share of
 every step (its requests), in its own order. The parent process feeds one estimator everything

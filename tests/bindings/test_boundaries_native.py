@@ -1035,7 +1035,7 @@ def test_unsigned_values_beyond_int64_are_refused_with_their_value() -> None:
 
 def observed_state() -> dict[str, Any]:
     # vLLM's update: the corruptions below are of its IRLS moments and quadratic memory (the map
-    # update's histograms: tests/test_map_update.py).
+    # update's histograms: tests/estimator/test_map_update.py).
     est = AcceptanceEstimator(K, refit_interval=3, memory=0.8, update="vllm")
     rng = np.random.default_rng(0)
     for _ in range(5):
@@ -1119,7 +1119,7 @@ def test_every_state_observations_produce_is_accepted(seed: int, steps: int, mem
 def test_any_number_of_threads_keeps_the_serial_refit_schedule(
     threads: int, interval: int, per_thread: int
 ) -> None:
-    # vLLM's schedule: one refit per round (the map schedule: tests/test_map_update.py).
+    # vLLM's schedule: one refit per round (the map schedule: tests/estimator/test_map_update.py).
     est = AcceptanceEstimator(K, refit_interval=interval, update="vllm")
     x = np.full((2, K), 1.5, np.float32)
     admitted, accepted = np.array([K, 1]), np.array([1, 0])
@@ -1145,7 +1145,7 @@ def test_statistics_summed_by_many_threads_are_the_serial_bits() -> None:
     batches = [(x, a, np.minimum(a, 1)) for x, a in batches]
     # vLLM's update, whose only fits are the rounds' ends: the whole state is the serial one.
     # (Under map the fits within a round see the steps that arrived first, so only its round
-    # statistics and its round ends are order-independent: tests/test_map_update.py.)
+    # statistics and its round ends are order-independent: tests/estimator/test_map_update.py.)
     serial = AcceptanceEstimator(K, refit_interval=2**62, update="vllm")
     for b in batches:
         serial.observe(*b)

@@ -62,7 +62,7 @@ from av_core.sglang import (
 from av_core.tools.peers import SGLANG_DEFAULT_TIERS, EmaTier, EmaTierPolicy
 
 SGLANG_VERSION = "0.5.23"
-FETCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fetch_reference_wheels.py"
+FETCH_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fetch_reference_wheels.py"
 PATHS = {
     RUNTIME_STATE_MODULE: "sglang/srt/speculative/adaptive_runtime_state.py",
     PARAMS_MODULE: "sglang/srt/speculative/adaptive_spec_params.py",
@@ -72,7 +72,7 @@ PATHS = {
     "plugins": "sglang/srt/plugins/__init__.py",
     "version": "sglang/_version.py",
 }
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.sglang
 

@@ -1,5 +1,5 @@
 """Fake vLLM modules for the plugin's warm restarts and data-parallel pooling
-(av_core.vllm.serving), with the control flow tests/test_vllm_contract.py checks in the
+(av_core.vllm.serving), with the control flow tests/vllm/test_vllm_contract.py checks in the
 released source:
 
 - ``DraftModelSpeculator.load_model`` builds the estimator module's ``OnlineAcceptanceEstimator``
@@ -11,7 +11,7 @@ released source:
   coordinator with ``cpu_group``, ``world_size`` and ``ranks``.
 
 Also runnable: ``python vllm_serving_fakes.py RANK WORLD PORT STATE_DIR OUT`` serves the lockstep
-data-parallel scenario of tests/test_vllm_serving.py on one rank (rank 0 has requests, the
+data-parallel scenario of tests/vllm/test_vllm_serving.py on one rank (rank 0 has requests, the
 others only dummy batches).
 """
 

@@ -19,7 +19,7 @@ import pytest
 
 from av_core import AcceptanceEstimator
 
-BENCHES = Path(__file__).resolve().parents[1] / "benches"
+BENCHES = Path(__file__).resolve().parents[2] / "benches"
 
 
 @pytest.fixture(scope="module")

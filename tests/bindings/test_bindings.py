@@ -30,7 +30,7 @@ from av_core import (
     _native,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_module_version_is_the_crate_version() -> None:

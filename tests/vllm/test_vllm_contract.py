@@ -52,7 +52,7 @@ import reference  # noqa: E402
 
 #: The releases checked, one of each line the plugin accepts (vllm_plugin.SUPPORTED_VLLM_VERSIONS).
 RELEASES = ("0.32.0", "0.33.0")
-FETCH_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fetch_reference_wheels.py"
+FETCH_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fetch_reference_wheels.py"
 SPEC_DECODE = "vllm/v1/worker/gpu/spec_decode"
 PATHS = {
     ESTIMATOR_MODULE: f"{SPEC_DECODE}/acceptance_estimator.py",

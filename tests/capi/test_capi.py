@@ -26,7 +26,7 @@ import pytest
 import av_core
 import av_core._native
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHECK_SCRIPT = ROOT / "scripts" / "check_capi.sh"
 
 # The demo's constants (examples/c/estimator_demo.c).

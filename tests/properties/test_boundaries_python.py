@@ -13,7 +13,7 @@ and a stateful object that refuses a call is left exactly as it was.
 
 Scope: the pure-Python layer (``features``, ``FeatureExtractor``, ``planner_torch``, ``metrics``,
 the vLLM drop-ins, ``DraftDepthHook``, ``testing``, ``simulate``); the trace readers and
-``DraftTrace`` are in ``tests/test_trace_errors.py``. What a Python function hands to the Rust
+``DraftTrace`` are in ``tests/trace/test_trace_errors.py``. What a Python function hands to the Rust
 module is passed C-contiguous (or through a path that does not depend on the binding's layout
 handling), so nothing here depends on the bindings' own layout fix.
 """

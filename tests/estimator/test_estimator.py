@@ -32,7 +32,7 @@ UNBOUNDED = {
 }
 # vLLM's update with av_core's bounds, memory and drift test: the tests below that read its IRLS
 # moments or assert its damped step construct it explicitly (the default is "vllm" too;
-# tests/test_map_update.py tests that one).
+# tests/estimator/test_map_update.py tests that one).
 VLLM: dict[str, Any] = {"update": "vllm"}
 
 

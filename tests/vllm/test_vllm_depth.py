@@ -1,5 +1,5 @@
 """av_core.vllm.depth.DraftDepthHook and the plugin's drafting-depth wiring, on stand-ins for
-vLLM's classes (the released signatures are checked in tests/test_vllm_contract.py)."""
+vLLM's classes (the released signatures are checked in tests/vllm/test_vllm_contract.py)."""
 
 from __future__ import annotations
 

@@ -172,7 +172,7 @@ def test_a_state_at_the_loaders_bounds_keeps_working_and_every_state_it_reaches_
     assert AcceptanceEstimator.from_bytes(again.to_bytes()).num_refits == MAX_COUNT
 
 
-DATA = Path(__file__).resolve().parents[1] / "av_core" / "tests" / "data"
+DATA = Path(__file__).resolve().parents[2] / "av_core" / "tests" / "data"
 
 
 def test_state_written_by_0_1_0_still_loads() -> None:

@@ -41,7 +41,7 @@ from av_core.distributed import (  # noqa: E402
 
 COLUMNS = HISTOGRAM_COLUMNS
 
-HERE = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 
 
 def free_port() -> int:
@@ -52,13 +52,13 @@ def free_port() -> int:
 
 def run_ranks(mode: str, world: int, tmp_path: Path) -> list[dict[str, Any]]:
     port = "-" if mode == "tp" else str(free_port())
-    env = child_env(HERE, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env = child_env(SUPPORT, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     for name in ("AV_CORE_METRICS_PORT", "PROMETHEUS_MULTIPROC_DIR", "AV_CORE_VLLM_EXACT"):
         env.pop(name, None)
     outputs = [tmp_path / f"{mode}-{rank}.json" for rank in range(world)]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "distributed_scenarios.py"), mode, str(rank), str(world)]
+            [sys.executable, str(SUPPORT / "distributed_scenarios.py"), mode, str(rank), str(world)]
             + [port, str(outputs[rank])],
             env=env,
             stdout=subprocess.PIPE,

@@ -30,7 +30,7 @@ from av_core.tools.simulate import GpuLikeCost, MeasuredCost, simulate_trace
 from av_core.tools.tables import Table, col, fixed, general, percent_change, signed
 from av_core.tools.trace import DraftTrace, load_shipped_trace, write_trace
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _env(**extra: str) -> dict[str, str]:

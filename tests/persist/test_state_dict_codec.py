@@ -19,7 +19,7 @@ from trees import exact, with_later_fields
 
 from av_core import AcceptanceEstimator
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _load_generator() -> Any:

@@ -4,7 +4,7 @@ schedule, determinism, persistence (including the version-1 fixture) and the num
 scripts/cold_start_study.py.
 
 The tests that assert vLLM's update on purpose construct it with ``update="vllm"``
-(tests/test_estimator.py and others); these are their map counterparts."""
+(tests/estimator/test_estimator.py and others); these are their map counterparts."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from av_core.tools.synthetic import SyntheticWorkload
 import reference
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE / "data"
+DATA = HERE.parent / "data"
 WIDTHS = (0.15, 1.0, 0.2, 0.1)  # slope, level, trend, spread: the defaults
 X_UNIT = 2.0**-16
 
@@ -377,7 +377,7 @@ def test_a_version_1_state_loads_predicts_and_continues_bit_for_bit() -> None:
 
 
 def study() -> Any:
-    path = HERE.parent / "scripts" / "cold_start_study.py"
+    path = HERE.parents[1] / "scripts" / "cold_start_study.py"
     spec = importlib.util.spec_from_file_location("cold_start_study", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
