@@ -221,3 +221,76 @@ def test_update_readme_without_markers_changes_nothing(tmp_path) -> None:  # typ
     readme.write_text("no markers\n")
     assert update_readme(readme, results) is False
     assert readme.read_text() == "no markers\n"
+
+
+def test_profile_opens_contexts_that_hold_its_own_shapes(tmp_path, tiny_pair) -> None:  # type: ignore[no-untyped-def]
+    """The profile feeds each sequence --context tokens, then up to 33 catch-up tokens and a draft
+    block. At --context 220 and K = 4 a context sized for the context and one draft block gets
+    256 cells per sequence (llama.cpp's padding) where the profile needs 262: the command must
+    open contexts that hold its own shapes (it has no option to raise n_ctx)."""
+    out = tmp_path / "costs.json"
+    argv = ["profile", "--engine", "llama.cpp", *_models(tiny_pair), "--concurrency", "1"]
+    argv += ["--k", "4", "--context", "220", "--repeats", "1", "--output", str(out)]
+    assert main(argv) == 0
+    costs = EngineCosts.load(out)
+    assert costs.num_positions == 4 and [t for t, _ in costs.points[1]["verify"]] == [1, 2, 3, 4, 5]
+
+
+def test_bench_engine_profiles_long_prompts(tmp_path, tiny_pair, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Prompts near --max-prompt-tokens: the profile runs at their mean length plus half the new
+    tokens, which with K = 4, 10 new tokens and prompts of about 230 tokens needs more than
+    the 256 cells a context sized for the runs alone gives each sequence."""
+    prompts = tmp_path / "long.jsonl"
+    prompt = {"prompt_id": "long", "workload": "code", "prompt": "x" * 228, "chat": False}
+    prompts.write_text(json.dumps(prompt) + "\n")
+    out = tmp_path / "bench"
+    argv = ["bench-engine", *_models(tiny_pair), "--prompts", str(prompts), "--out", str(out)]
+    argv += ["--concurrency", "1", "--threads", "1", "--repeats", "1", "--max-new-tokens", "10"]
+    argv += ["--max-prompt-tokens", "240", "--policies", "no-spec", "--profile-repeats", "1"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 2  # no-spec and the K=4 trace
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--drafter", "{text}"], "not a GGUF file"),
+        (["--drafter", "{d}", "--max-prompt-tokens", "2"], "prompts fit --max-prompt-tokens 2"),
+    ],
+)
+def test_a_refused_benchmark_leaves_nothing_behind(
+    option, message, tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """A benchmark refused after the options parse (a model llama.cpp cannot load, no prompt
+    that fits) writes nothing: no --out folder, so no settings.json that would make the next
+    benchmark into that folder, with other settings, be refused as a mix."""
+    text = tmp_path / "model.gguf"
+    text.write_text("hello")
+    out = tmp_path / "bench"
+    argv = ["bench-engine", "--target", tiny_pair[0], "--prompts", str(prompts_file)]
+    argv += ["--out", str(out), "--concurrency", "1", "--threads", "1", "--repeats", "1"]
+    argv += ["--policies", "no-spec", "--profile-repeats", "1", "--max-new-tokens", "4"]
+    values = {"text": str(text), "d": tiny_pair[1]}
+    assert main([*argv, *(a.format(**values) for a in option)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not out.exists()
+    argv[argv.index("--max-new-tokens") + 1] = "6"
+    assert main([*argv, "--drafter", tiny_pair[1]]) == 0, capsys.readouterr().err
+
+
+def test_a_sampling_policy_deeper_than_k_is_refused(
+    tmp_path, tiny_pair, prompts_file, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """Fixed K = 4 under --k 2: its prediction would replay the K = 2 trace, whose rounds hold two
+    drafts, and so predict a policy of depth 2. Refused before anything runs or is written;
+    llama.cpp's policy (n_max = 3, its own greedy trace) is not refused at --k 2."""
+    out = tmp_path / "bench"
+    argv = ["bench-engine", *_models(tiny_pair), "--prompts", str(prompts_file), "--out", str(out)]
+    argv += ["--concurrency", "1", "--threads", "1", "--repeats", "1", "--max-new-tokens", "4"]
+    argv += ["--k", "2", "--profile-repeats", "1", "--policies"]
+    assert main([*argv, "no-spec,K=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "K=4 drafts 4 positions, more than --k 2" in err[0]
+    assert not out.exists()
+    assert main([*argv, "no-spec,llama.cpp"]) == 0, capsys.readouterr().err

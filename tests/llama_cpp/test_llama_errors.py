@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
 import pytest
 from llama_fakes import FakeRuntime, tiny_models
 
@@ -157,3 +158,43 @@ def test_generate_checks_its_arguments_before_touching_the_caches() -> None:
     assert target.kv[0] == [1, 2]
     with pytest.raises(ValueError, match=r"vocabularies differ \(5 against 6 tokens\)"):
         SpeculativeEngine(FakeRuntime(5, 1), FakeRuntime(6, 1))
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "error", "message"),
+    [
+        ("requests", 2.5, TypeError, "requests must be an int, got float"),
+        ("requests", "2", TypeError, "requests must be an int, got str"),
+        ("requests", 0, ValueError, "requests must be >= 1, got 0"),
+        ("tokens_per_request", -5, ValueError, "tokens_per_request must be >= 1, got -5"),
+        ("max_positions", -1, ValueError, "max_positions must be >= 0, got -1"),
+        ("max_positions", True, TypeError, "max_positions must be an int, got bool"),
+        ("threads", 0, ValueError, "threads must be >= 1, got 0"),
+        ("n_ctx", 512.0, TypeError, "n_ctx must be an int, got float"),
+    ],
+)
+def test_open_engine_checks_its_numbers_by_name_before_loading(
+    keyword: str, value: object, error: type[Exception], message: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Each number open_engine takes is refused by name, as it is given, before any file is
+    read: the model paths here do not exist, so a check that came after loading would name
+    the file instead."""
+    arguments: dict[str, object] = {"requests": 1, "tokens_per_request": 16, keyword: value}
+    missing = tmp_path / "absent.gguf"
+    with pytest.raises(error, match=f"^{message}$"):
+        open_engine(missing, missing, **arguments)  # type: ignore[arg-type]
+    # numpy integers are ints.
+    with pytest.raises(ValueError, match="no such GGUF file"):
+        open_engine(missing, missing, requests=np.int64(2), tokens_per_request=np.int32(8))
+
+
+def test_generate_takes_numpy_prompts_and_counts() -> None:
+    """A 2-D array of token ids is R prompts of equal length and a numpy integer is a count: the
+    same run as the lists (before, a 2-D array failed with numpy's 'truth value of an array is
+    ambiguous' and a numpy count was refused)."""
+    engine = SpeculativeEngine(FakeRuntime(5, 1), FakeRuntime(5, 2), max_positions=2)
+    lists = engine.generate([[1, 2], [3, 4]], 4, FixedK(2), seed=3).tokens
+    arrays = engine.generate(np.array([[1, 2], [3, 4]]), np.int64(4), FixedK(2), seed=3).tokens
+    assert arrays == lists and [len(t) for t in lists] == [4, 4]
+    with pytest.raises(ValueError, match="prompts: every request needs at least one prompt token"):
+        engine.generate(np.zeros((0, 3), dtype=np.int64), 4, FixedK(2))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from av_core._checks import _check_int
 from av_core.llama_cpp.engine import RunResult, Runtime, SpeculativeEngine, StepRecord
 from av_core.llama_cpp.policies import (
     DEFAULT_POLICIES,
@@ -40,9 +41,13 @@ def open_engine(
     longest prompt plus the new tokens; ``n_ctx`` defaults to what that needs (with room for
     a draft block); ``cache_prefill``: see :class:`SpeculativeEngine`. ``ValueError`` naming
     the file or setting for a missing or corrupt GGUF, differing vocabularies or a context too
-    small."""
-    if requests < 1:
-        raise ValueError(f"requests must be >= 1, got {requests}")
+    small; ``TypeError``/``ValueError`` naming a number that is not an int in its range."""
+    requests = _check_int(requests, "requests", 1)
+    tokens_per_request = _check_int(tokens_per_request, "tokens_per_request", 1)
+    max_positions = _check_int(max_positions, "max_positions", 0)
+    threads = _check_int(threads, "threads", 1)
+    if n_ctx is not None:
+        n_ctx = _check_int(n_ctx, "n_ctx", 1)
     per_sequence = tokens_per_request + max_positions + 1
     need = requests * per_sequence
     size = need if n_ctx is None else int(n_ctx)

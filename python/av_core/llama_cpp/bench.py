@@ -37,7 +37,13 @@ from typing import Any
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.engine import RunResult, SpeculativeEngine
 from av_core.llama_cpp.policies import DEFAULT_POLICIES, PolicySpec
-from av_core.llama_cpp.profile import EngineCosts, OnlineCosts, profile_engine, write_engine_costs
+from av_core.llama_cpp.profile import (
+    EngineCosts,
+    OnlineCosts,
+    profile_engine,
+    profile_tokens,
+    write_engine_costs,
+)
 from av_core.llama_cpp.sampling import SamplingParams
 from av_core.tools.collect.prompts import Prompt
 from av_core.tools.evaluate import DraftRounds
@@ -288,8 +294,8 @@ def run_bench(
     """Runs (or resumes) the benchmark into ``out`` (``costs_t{threads}.json``, ``runs.jsonl``,
     ``traces/``, ``results.json``) and returns the aggregated rows."""
     out = Path(out)
+    _check_depths(config)
     _check_settings(out / "settings.json", config)
-    (out / "traces").mkdir(exist_ok=True)
     runs_path = out / "runs.jsonl"
     records = _read_runs(runs_path)
     policies = config.run_policies()
@@ -313,7 +319,10 @@ def run_bench(
             config.target,
             config.drafter,
             requests=largest,
-            tokens_per_request=config.max_prompt_tokens + config.max_new_tokens,
+            # Room for the runs and for the profile, whose context lies below it.
+            tokens_per_request=profile_tokens(
+                config.max_prompt_tokens + config.max_new_tokens, config.num_positions
+            ),
             params=params,
             max_positions=deepest,
             threads=threads,
@@ -328,6 +337,7 @@ def run_bench(
                 f"{config.max_prompt_tokens}, "
                 f"R = {largest} x {config.repeats} repeats need {need}"
             )
+        _record_settings(out, config)
         context = int(statistics.mean(len(t) for _, t in chosen) + config.max_new_tokens / 2)
         costs = _costs(
             config, engine, threads, context, out / f"costs_t{threads}.json", note, progress
@@ -389,13 +399,27 @@ def run_bench(
     return rows
 
 
+def _check_depths(config: BenchConfig) -> None:
+    """``ValueError`` naming a policy that samples its drafts deeper than ``num_positions``: its
+    prediction replays the ``K = num_positions`` trace, which holds no deeper draft, so it
+    would silently be the prediction of a shallower policy."""
+    for name in config.policies:
+        policy = PolicySpec(name).check(config.num_positions)
+        if not policy.greedy and policy.num_positions > config.num_positions:
+            raise ValueError(
+                f"--policies: {name} drafts {policy.num_positions} positions, more than --k "
+                f"{config.num_positions} (its prediction replays the K={config.num_positions} "
+                "trace); raise --k"
+            )
+
+
 def _check_settings(path: Path, config: BenchConfig) -> None:
-    """Records ``config``'s settings in a new output folder; ``ValueError`` naming the folder
-    when it holds a benchmark of other settings (its runs would be mixed with these)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """``ValueError`` naming the output folder when it is not a folder or holds a benchmark of
+    other settings than ``config``'s (its runs would be mixed with these)."""
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ValueError(f"--out {path.parent}: not a folder")
     wanted = config.settings()
     if not path.exists():
-        path.write_text(json.dumps(wanted, indent=1) + "\n", encoding="utf-8")
         return
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
@@ -407,6 +431,16 @@ def _check_settings(path: Path, config: BenchConfig) -> None:
             f"--out {path.parent}: holds a benchmark of other settings: {', '.join(differ)}; "
             "use another --out or remove it"
         )
+
+
+def _record_settings(out: Path, config: BenchConfig) -> None:
+    """Creates the output folder, its ``traces/`` and ``settings.json`` (``config``'s settings,
+    kept from the first run on). Called once the models are loaded and the prompts fit, so that
+    a benchmark refused before that leaves nothing behind."""
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    path = out / "settings.json"
+    if not path.exists():
+        path.write_text(json.dumps(config.settings(), indent=1) + "\n", encoding="utf-8")
 
 
 def _costs(

@@ -219,12 +219,12 @@ class SpeculativeEngine:
         policy: Policy,
         stop_tokens: Sequence[int],
     ) -> None:
-        if not prompts or any(len(p) == 0 for p in prompts):
+        if len(prompts) == 0 or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: every request needs at least one prompt token")
         for r, prompt in enumerate(prompts):
             self._check_tokens(f"prompts[{r}]", prompt)
         self._check_tokens("stop_tokens", list(stop_tokens))
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
             raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

@@ -223,6 +223,13 @@ class EngineCosts:
         return EngineCosts(points, num_positions, metadata)
 
 
+def profile_tokens(context: int, num_positions: int) -> int:
+    """The ``tokens_per_request`` of ``open_engine`` that :func:`profile_engine` needs at
+    ``context`` cached tokens and ``num_positions`` positions: the context, the longest
+    catch-up and a draft block after it."""
+    return context + max(CATCHUP_TOKENS) + num_positions
+
+
 def _median_ms(
     call: Callable[[], None],
     undo: Callable[[], None],
@@ -407,5 +414,6 @@ __all__ = [
     "llama_ubatches",
     "monotone_fit",
     "profile_engine",
+    "profile_tokens",
     "write_engine_costs",
 ]

@@ -57,7 +57,12 @@ def profile_llama(args: argparse.Namespace) -> int:
     _gguf(args)
     _probe_output("--output", args.output)
     from av_core.llama_cpp import open_engine
-    from av_core.llama_cpp.profile import EngineCosts, profile_engine, write_engine_costs
+    from av_core.llama_cpp.profile import (
+        EngineCosts,
+        profile_engine,
+        profile_tokens,
+        write_engine_costs,
+    )
 
     largest = max(args.concurrency)
     with about("profile"):
@@ -65,7 +70,7 @@ def profile_llama(args: argparse.Namespace) -> int:
             args.target,
             args.drafter,
             requests=largest,
-            tokens_per_request=args.context + args.k + 1,
+            tokens_per_request=profile_tokens(args.context, args.k),
             max_positions=args.k,
             threads=args.threads or 1,
         )
