@@ -20,7 +20,10 @@ def main() -> None:
     parser.add_argument("folder", type=Path)
     parser.add_argument("--extra-costs", type=Path, default=None)
     args = parser.parse_args()
-    records, rows = reprice(args.folder, extra_costs=args.extra_costs)
+    try:
+        records, rows = reprice(args.folder, extra_costs=args.extra_costs)
+    except ValueError as error:
+        parser.exit(2, f"reprice_engine: error: {error}\n")
     settings = json.loads((args.folder / "settings.json").read_text(encoding="utf-8"))
     config = BenchConfig(
         settings["target"],

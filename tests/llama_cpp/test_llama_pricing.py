@@ -166,3 +166,8 @@ def test_reprice_refuses_extra_costs_of_other_settings(tmp_path: Path) -> None:
     write_engine_costs(tmp_path / "other.json", other)
     with pytest.raises(ValueError, match=r"extra_costs: .*other.json has threads 2"):
         reprice(folder, extra_costs=tmp_path / "other.json")
+
+
+def test_reprice_refuses_a_folder_without_a_benchmark(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"folder: .* holds no bench-engine settings.json"):
+        reprice(tmp_path)

@@ -571,6 +571,8 @@ def reprice(
     tokens then has points below the folder's smallest). Returns the runs and their aggregate
     rows."""
     folder = Path(folder)
+    if not (folder / "settings.json").is_file() or not (folder / "runs.jsonl").is_file():
+        raise ValueError(f"folder: {folder} holds no bench-engine settings.json and runs.jsonl")
     settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
     keep = ("num_positions", "max_new_tokens", "max_prompt_tokens", "temperature", "seed", "clock")
     config = BenchConfig(settings["target"], settings["drafter"], **{k: settings[k] for k in keep})

@@ -62,7 +62,7 @@ def monotone_fit(points: Sequence[tuple[float, float]]) -> tuple[FloatArray, Flo
     for x, ms in points:
         merged.setdefault(float(x), []).append(float(ms))
     xs = sorted(merged)
-    # Blocks of consecutive x sharing one fitted value: (x values, sum of ms, number of points).
+    # Blocks of consecutive x sharing one fitted value: (how many x, sum of ms, points).
     blocks: list[tuple[int, float, int]] = []
     for x in xs:
         count, total, weight = 1, sum(merged[x]), len(merged[x])
