@@ -12,7 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-from av_core.llama_cpp.bench import BenchConfig, reprice, write_results
+from av_core.llama_cpp.bench import BenchConfig, write_results
+from av_core.llama_cpp.reprice import reprice
 
 
 def main() -> None:

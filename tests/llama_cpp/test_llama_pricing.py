@@ -1,5 +1,5 @@
 """The price of a step's micro-batches (``EngineCosts.price``) where profiled points are few,
-uneven or noisy, and the re-pricing of a saved benchmark folder (``bench.reprice``)."""
+uneven or noisy, and the re-pricing of a saved benchmark folder (``reprice``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import pytest
 from llama_fakes import FakeRuntime
 from sklearn.isotonic import IsotonicRegression
 
-from av_core.llama_cpp.bench import reprice, run_record, run_trace
+from av_core.llama_cpp.bench import run_record, run_trace
 from av_core.llama_cpp.engine import SpeculativeEngine
 from av_core.llama_cpp.policies import PolicySpec
 from av_core.llama_cpp.profile import EngineCosts, monotone_fit, write_engine_costs
+from av_core.llama_cpp.reprice import reprice
 from av_core.llama_cpp.sampling import SamplingParams
 from av_core.tools.simulate.run import StepShape
 from av_core.tools.trace import write_trace
