@@ -392,29 +392,50 @@ class NumpyStep:
         return depths, budget, admitted
 
 
+class StepWorkload:
+    """The whole-step workload: R requests of K positions in slots ``0..R``, features
+    alternating between two draws (mean 1.5, sd 2), fixed accepted counts, the default
+    estimator and a planner with the default exploration (as in the README)."""
+
+    def __init__(self, r: int, k: int, tables: CostTables) -> None:
+        self.r, self.k = r, k
+        self.tables = tables.with_draft_depth("autoregressive", max_depth=k)
+        rng = np.random.default_rng(1)
+        self.features = [rng.normal(1.5, 2.0, size=(r, k)).astype(np.float32) for _ in range(2)]
+        self.accepted = rng.integers(0, k + 1, size=r).astype(np.int64)
+        self.slots = np.arange(r, dtype=np.int64)
+        self.caps = np.full(r, k, np.int64)
+        self.estimator = AcceptanceEstimator(k)
+        self.planner = VerificationPlanner(self.tables, k, num_slots=r)
+        self.i = 0
+
+    def step(self) -> None:
+        """The four public calls of one decode step, on the next of the two feature draws."""
+        self.i ^= 1
+        x, r = self.features[self.i], self.r
+        depth = self.planner.choose_draft_depth(
+            self.slots, self.caps, num_non_draft_tokens=r, num_sampling_requests=r
+        )
+        p = self.estimator.predict(x)
+        plan = self.planner.plan(
+            self.slots, p, depth.depths, num_non_draft_tokens=r, num_sampling_requests=r
+        )
+        admitted = plan.admitted
+        self.estimator.observe(x, admitted, np.minimum(self.accepted, admitted), p)
+
+
 def step_rows(r: int, k: int, tables: CostTables, repeats: int, inner: int) -> list[dict[str, Any]]:
     """The four public calls of one decode step in sequence against :class:`NumpyStep`, and
     one ``predict`` timed in the same run."""
-    tables = tables.with_draft_depth("autoregressive", max_depth=k)
-    rng = np.random.default_rng(1)
-    features = [rng.normal(1.5, 2.0, size=(r, k)).astype(np.float32) for _ in range(2)]
-    accepted = rng.integers(0, k + 1, size=r).astype(np.int64)
-    slots = np.arange(r, dtype=np.int64)
-    caps = np.full(r, k, np.int64)
-    estimator = AcceptanceEstimator(k)
-    planner = VerificationPlanner(tables, k, num_slots=r)  # default exploration, as in README
-    reference = NumpyStep(r, k, tables, estimator)
+    work = StepWorkload(r, k, tables)
+    features, accepted, slots, caps = work.features, work.accepted, work.slots, work.caps
+    estimator = work.estimator
+    reference = NumpyStep(r, k, work.tables, estimator)
     state = {"i": 0}
 
     def ours_step() -> None:
-        state["i"] ^= 1
-        x = features[state["i"]]
-        depth = planner.choose_draft_depth(
-            slots, caps, num_non_draft_tokens=r, num_sampling_requests=r
-        )
-        p = estimator.predict(x)
-        plan = planner.plan(slots, p, depth.depths, num_non_draft_tokens=r, num_sampling_requests=r)
-        estimator.observe(x, plan.admitted, np.minimum(accepted, plan.admitted), p)
+        work.step()
+        state["i"] = work.i
 
     def numpy_step() -> None:
         reference.step(slots, caps, features[state["i"]], accepted)

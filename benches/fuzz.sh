@@ -34,8 +34,9 @@ for k, memory in ((1, 0.0), (4, 0.0), (8, 0.9)):
     payload = data[20:-4]
     open(f"corpus/state_bytes/seed-k{k}-raw", "wb").write(b"\x00" + data)
     open(f"corpus/state_bytes/seed-k{k}-payload", "wb").write(b"\x01" + payload)
-    # Mode 2 (a real state with overwritten words): K, flags, then one 10-byte edit.
-    edit = (20 + 8 * k).to_bytes(2, "little") + np.float64(np.nan).tobytes()
+    # Mode 2 (a real state with overwritten words): K, flags, then one 10-byte edit: a NaN
+    # over the slope, which follows the configuration's 117 bytes in a format-3 payload.
+    edit = (117).to_bytes(2, "little") + np.float64(np.nan).tobytes()
     open(f"corpus/state_bytes/seed-k{k}-edit", "wb").write(b"\x02" + bytes([k, 3]) + edit)
 PY
 fi

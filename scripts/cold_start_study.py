@@ -1,12 +1,12 @@
-"""The cold-start and refit study of issue #23, on av_core's own implementation.
+"""The cold-start and refit study of the estimator's map update, on av_core's own implementation.
 
-The estimator before issue #23 (vLLM's damped Newton step once per round, γ-memory of past
-rounds' quadratic models, drift test: ``update="vllm"``) is replicated in numpy and checked
-against ``av_core`` bit for bit on the shipped traces; so is the numpy model of the chosen scheme
-against its Rust implementation (``update="map"``, opt-in; the default stays ``"vllm"``). Every
+vLLM's estimator (its damped Newton step once per round, γ-memory of past rounds' quadratic
+models, drift test: ``update="vllm"``, labelled "today" in the tables and the JSON) is replicated
+in numpy and checked against ``av_core`` bit for bit on the shipped traces; so is the numpy model
+of the chosen scheme against its Rust implementation (``update="map"``, the default). Every
 table of docs/estimator.md is printed by this script; the "today" and "map" rows run the Rust
 core, the ablations that change the scheme's structure (schedule, memory kind, bin centres) run
-the numpy model, marked "(model)". The scheme replaces today's statistics and refit with:
+the numpy model, marked "(model)". The scheme replaces vllm's statistics and refit with:
 
 * per-position **histograms** of the feature with exact integer label counts (O(K·B));
 * a **MAP refit iterated to convergence** (Newton on the histogram's exact log-likelihood);
@@ -31,7 +31,7 @@ prediction made before its own step was observed). Sections (Markdown on stdout)
    serving-sized batches);
 7. the adversarial-round, lock-out and drift-tracking checks of the test suite, on the model;
 8. the plot of coefficients over the first refits (``--plot``);
-9. the benchmarks of the issue's targets (``--sections 9``; on a release build).
+9. the benchmarks of the performance targets (``--sections 9``; on a release build).
 
 ``--json`` keeps sections 2, 5 and 9 in ``scripts/cold_start_study.json``; ``--update-docs``
 renders docs/estimator.md's tables from it (tests/test_doc_figures.py checks they agree).
@@ -655,8 +655,8 @@ class Native:
 
 
 def native(update: str = "map", **options: Any) -> Maker:
-    """The Rust core with ``update`` (``"vllm"``: the estimator before issue #23, vLLM's damped
-    step with av_core's bounds, γ = 0.8 memory and drift test) and any other options."""
+    """The Rust core with ``update`` (``"vllm"``: vLLM's damped step with av_core's bounds,
+    γ = 0.8 memory and drift test) and any other options."""
     return lambda k, interval: Native(k, interval, update=update, **options)
 
 
@@ -670,8 +670,8 @@ def evaluate(stream: Stream, make: Maker, interval: int, batch_rounds: int) -> S
 # ---------------------------------------------------------------------------------------------
 
 CHOSEN = candidate()  # the numpy model of the scheme
-TODAY = native("vllm")  # the Rust core before issue #23 (vLLM's update, γ = 0.8, bounds)
-MAP = native("map")  # the Rust core's map update (opt-in)
+TODAY = native("vllm")  # the Rust core's vllm update (γ = 0.8, bounds)
+MAP = native("map")  # the Rust core's map update (the default)
 BASE_PRIOR = Prior()
 VARIANTS: dict[str, Maker] = {
     "today (update vllm: damped step, γ = 0.8)": TODAY,
@@ -759,7 +759,7 @@ def section_replica(streams: Sequence[Stream]) -> None:
     print()
 
 
-#: The issue's "Done when" thresholds: first 25% ECE and AUC gap, whole-trace ECE and AUC gap
+#: The calibration targets: first 25% ECE and AUC gap, whole-trace ECE and AUC gap
 #: (log-loss: below today's in the same cell).
 TARGETS = {"ece_first": 0.022, "auc_gap_first": 0.006, "ece": 0.017, "auc_gap": 0.004}
 
@@ -1415,7 +1415,7 @@ BLOCK = re.compile(
 
 
 def bench_rows(quick: bool) -> list[dict[str, Any]]:
-    """benches/bench_estimator.py's rows for the issue's targets, run here with the module this
+    """benches/bench_estimator.py's rows for the performance targets, run here with the module this
     process imports (time it on the release build): observe at R = 256, K = 8 and the refit at
     K = 16, each update, each against its numpy reference of the same math in the same run."""
     sys.path.insert(0, str(ROOT / "benches"))

@@ -51,7 +51,7 @@ class Mutant:
 
 
 MUTANTS: tuple[Mutant, ...] = (
-    # --- the audit's six (issue 18) ---
+    # --- M1–M6: each breaks a property that has a test named for it ---
     Mutant(
         "M1",
         "av_core/src/estimator/refit.rs",

@@ -1,4 +1,4 @@
-"""Issue #23, phase 1 of the richer calibration: the map update plus a per-bin residual.
+"""Phase 1 of a richer calibration: the map update plus a per-bin residual.
 
 A numpy prototype, not shipped. It asks whether a correction that the map update's
 histograms already support lifts t0.6's whole-trace ECE below 0.017, where one logistic curve

@@ -1,4 +1,4 @@
-"""Issue #23, the calibration curve's shape: the map update plus a softplus term.
+"""The calibration curve's shape: the map update plus a softplus term.
 
 A numpy prototype, not shipped. One logistic curve per position, ``σ(ω·x + β_k)``, goes to 0 as
 the drafter's confidence does; the acceptance rate does not (it is ``1 − TV(p, q)`` on average,

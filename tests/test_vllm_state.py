@@ -203,9 +203,11 @@ def _corrupt(path: Path, how: str) -> None:
     elif how == "binary":
         path.write_bytes(b"\x00\xff" * 64)
     elif how == "invalid":  # a consistent checksum over an invalid state: a negative slope
-        key = (5).to_bytes(8, "little") + b"slope" + b"\x04"
-        at = data.index(key) + len(key)
-        body = data[:at] + struct.pack("<d", -1.0) + data[at + 8 : -4]
+        state = AcceptanceEstimator.from_bytes(data).state_dict()
+        state["slope"] = 0.3251  # a value no other field holds, to find the slope's bytes
+        marked = AcceptanceEstimator.from_state_dict(state).to_bytes()
+        at = marked.index(struct.pack("<d", 0.3251))
+        body = marked[:at] + struct.pack("<d", -1.0) + marked[at + 8 : -4]
         path.write_bytes(body + zlib.crc32(body).to_bytes(4, "little"))
     elif how == "other format":
         path.write_text(json.dumps({"format": "something else"}))

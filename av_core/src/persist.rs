@@ -13,13 +13,13 @@
 //!
 //! | kind | payload | version written | versions read |
 //! |---|---|---|---|
-//! | [`Kind::Estimator`] | [`estimator`] (the [`state_dict`] tree) | 3 | 1, 2, 3 |
+//! | [`Kind::Estimator`] | [`estimator`] (the declared state in postcard) | 3 | 1, 2, 3 |
 //! | [`Kind::Planner`] | [`planner`] (embeds the cost tables' payload) | 2 | 1, 2 |
 //! | [`Kind::CostTables`] | [`cost_tables`] | 1 | 1 |
 //!
-//! The estimator's state is declared once (serde derives on its types): [`state_dict`] is
-//! that declaration as a tree of plain values ([`tree`], which each binding converts to its
-//! own values), and the estimator's bytes are that tree in binary.
+//! The estimator's state is declared once (serde derives on its types): its bytes are that
+//! declaration in postcard's wire format, and [`state_dict`] is the same declaration as a tree
+//! of plain values ([`tree`], which each binding converts to its own values).
 //!
 //! Cost tables also read and write the JSON text of earlier releases
 //! ([`CostTables::to_json`](crate::cost_tables::CostTables::to_json)).
@@ -54,6 +54,7 @@
 pub mod cost_tables;
 
 pub mod estimator;
+pub mod fixed;
 
 mod frame;
 pub mod planner;
@@ -64,7 +65,10 @@ pub use frame::{crc32, frame, unframe, Frame, Kind, FRAME_LEN, MAGIC_PREFIX};
 
 pub(crate) use frame::Reader;
 
+use crate::cost_tables::CostTables;
 use crate::error::Result;
+use crate::planner::VerificationPlanner;
+use crate::AcceptanceEstimator;
 
 /// A type whose state the core saves: one frame of [`Persistent::KIND`], at most
 /// [`Persistent::MAX_ENCODED_LEN`] bytes. The bindings derive `to_bytes`/`from_bytes`,
@@ -80,41 +84,27 @@ pub trait Persistent: Sized {
     fn decode(bytes: &[u8]) -> Result<Self>;
 }
 
-impl Persistent for crate::AcceptanceEstimator {
-    const KIND: Kind = Kind::Estimator;
-    const MAX_ENCODED_LEN: usize = estimator::MAX_ENCODED_LEN;
+/// [`Persistent`] for each stateful type: its kind, its module's bound, and the functions that
+/// write and read its bytes.
+macro_rules! persistent {
+    ($($type:ty: $kind:ident, $module:ident, $encode:path, $decode:path;)*) => {$(
+        impl Persistent for $type {
+            const KIND: Kind = Kind::$kind;
+            const MAX_ENCODED_LEN: usize = $module::MAX_ENCODED_LEN;
 
-    fn encode(&self) -> Vec<u8> {
-        self.to_bytes()
-    }
+            fn encode(&self) -> Vec<u8> {
+                $encode(self)
+            }
 
-    fn decode(bytes: &[u8]) -> Result<Self> {
-        Self::from_bytes(bytes)
-    }
+            fn decode(bytes: &[u8]) -> Result<Self> {
+                $decode(bytes)
+            }
+        }
+    )*};
 }
 
-impl Persistent for crate::planner::VerificationPlanner {
-    const KIND: Kind = Kind::Planner;
-    const MAX_ENCODED_LEN: usize = planner::MAX_ENCODED_LEN;
-
-    fn encode(&self) -> Vec<u8> {
-        planner::encode(self)
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Self> {
-        planner::decode(bytes)
-    }
-}
-
-impl Persistent for crate::cost_tables::CostTables {
-    const KIND: Kind = Kind::CostTables;
-    const MAX_ENCODED_LEN: usize = cost_tables::MAX_ENCODED_LEN;
-
-    fn encode(&self) -> Vec<u8> {
-        cost_tables::encode(self)
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Self> {
-        cost_tables::decode(bytes)
-    }
+persistent! {
+    AcceptanceEstimator: Estimator, estimator, Self::to_bytes, Self::from_bytes;
+    VerificationPlanner: Planner, planner, planner::encode, planner::decode;
+    CostTables: CostTables, cost_tables, cost_tables::encode, cost_tables::decode;
 }

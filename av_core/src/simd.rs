@@ -14,9 +14,9 @@
 //! target has FMA instructions, such as aarch64 or `-C target-feature=+fma`, fuses in its
 //! baseline too); tests compare them bit for bit. So a CPU feature can differ in its last bits
 //! between an AVX2 host and an SSE2-only one; `AV_CORE_SIMD=baseline` pins a mixed x86-64 fleet
-//! to one result. The statistics kernel of `observe` under vLLM's update was tried the same way
-//! and ran slower with the wider vectors on the development machine (5.9 µs against 5.3 µs at
-//! R = 256, K = 8), so it stays on the baseline build.
+//! to one result. The statistics kernel of `observe` under vLLM's update stays on the baseline
+//! build: with the wider vectors it runs slower on the development machine (5.9 µs against
+//! 5.3 µs at R = 256, K = 8).
 //!
 //! `AV_CORE_SIMD=baseline|avx2|avx512` caps the level (for benchmarks, bisecting and pinning a
 //! fleet's bits; any case, surrounding spaces ignored, empty or unset for no cap). Any other

@@ -10,8 +10,9 @@
 //! states of further earlier builds.)
 
 use av_core::cost_tables::{CostTables, DrafterKind};
+use av_core::persist::{frame, Kind, FRAME_LEN};
 use av_core::planner::{BudgetSource, DepthMode, Exploration, StepTokens, VerificationPlanner};
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
+use av_core::{AcceptanceEstimator, ErrorKind, EstimatorConfig, MatrixView, Update};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/");
 
@@ -166,6 +167,25 @@ fn version_1_planner_bytes_with_a_depth_table_load_bit_for_bit() {
         "planner_v1_depth.bin",
         recipe_planner(recipe_depth_tables(), BudgetSource::Current),
     );
+}
+
+/// Version 1 found a depth table from what followed the confidences: a length word and that
+/// many entries. A length that does not match the entries after it is refused by its value.
+#[test]
+fn a_version_1_depth_table_whose_length_does_not_match_is_refused() {
+    let bytes = fixture("planner_v1_depth.bin");
+    let payload = &bytes[FRAME_LEN - 4..bytes.len() - 4];
+    let depth_len = recipe_depth_tables().draft_depth_ms().unwrap().len() as u64;
+    let at = payload.len() - 8 * depth_len as usize - 8; // the depth table's length word
+    assert_eq!(payload[at..at + 8], depth_len.to_le_bytes());
+    for len in [0, depth_len - 1, depth_len + 1, u64::MAX] {
+        let mut edited = payload.to_vec();
+        edited[at..at + 8].copy_from_slice(&len.to_le_bytes());
+        let err = VerificationPlanner::from_bytes(&frame(Kind::Planner, 1, &edited)).unwrap_err();
+        assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
+        let expected = format!("draft-depth table length {len} does not match the data");
+        assert_eq!(err.message, expected);
+    }
 }
 
 #[test]

@@ -602,8 +602,8 @@ pub unsafe extern "C" fn avc_estimator_counters(
 /// returns AVC_ERR_BUFFER_TOO_SMALL and writes nothing to buf. The size depends on the
 /// configuration only (K, the update, its bins, and whether refit_interval is 0), never on
 /// what the estimator observed, so the usual pattern is a first call with buf = NULL, cap = 0
-/// to learn it. A map estimator's state grows with its bins, by 78 bytes per bin and position
-/// (at K = 4 and 64 bins, about 21 kB). Observations racing the save land either in it or
+/// to learn it. A map estimator's state grows with its bins, by 48 bytes per bin and position
+/// (at K = 4 and 64 bins, about 12.6 kB). Observations racing the save land either in it or
 /// after it, never half.
 ///
 /// # Safety

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
+from av_core._native import InvalidValueError
+
 
 def signature_text(function: Callable[..., Any]) -> str:
     """``(a, b=1, *, c=None)``: parameter names, kinds and defaults (as ``repr``), no
@@ -96,9 +98,9 @@ def parse_signature(text: str) -> tuple[Parameter, ...]:
         tree = ast.parse(f"def _{text}:\n    pass\n")
         function = tree.body[0]
     except SyntaxError as error:
-        raise ValueError(f"not a signature: {text!r} ({error.msg})") from error
+        raise InvalidValueError(f"not a signature: {text!r} ({error.msg})") from error
     if len(tree.body) != 1 or not isinstance(function, ast.FunctionDef):
-        raise ValueError(f"not a signature: {text!r}")
+        raise InvalidValueError(f"not a signature: {text!r}")
     arguments = function.args
     positional = [*arguments.posonlyargs, *arguments.args]
     defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults))

@@ -163,7 +163,7 @@ def switch(name: str, *, default: bool = False, logger: str = "av_core") -> Sett
             return True
         if value in OFF:
             return default if value == "" else False
-        raise ValueError(
+        raise _native.InvalidValueError(
             "expected 1, true, yes or on to switch it on, or 0, false, no, off or empty to "
             "leave it off"
         )
@@ -190,7 +190,7 @@ def choice(
             return spellings[value]
         extra = sorted(set(spellings) - set(values) - {""})
         also = f" (also {', '.join(extra)})" if extra else ""
-        raise ValueError(f"expected {' or '.join(values)}{also}")
+        raise _native.InvalidValueError(f"expected {' or '.join(values)}{also}")
 
     takes = " | ".join(values) + (
         " (aliases: " + ", ".join(sorted(set(aliases or {}) - {""})) + ")" if aliases else ""
@@ -217,9 +217,9 @@ def _bounded(
         try:
             value = convert(stripped)
         except ValueError:
-            raise ValueError(f"not {what}") from None
+            raise _native.InvalidValueError(f"not {what}") from None
         if not inside(value):
-            raise ValueError(f"not {what}")
+            raise _native.InvalidValueError(f"not {what}")
         return value
 
     return parse
@@ -283,7 +283,7 @@ def sglang_flag(name: str) -> Setting[bool]:
             return False
         if text.lower() in SGLANG_ON:
             return True
-        raise ValueError(
+        raise _native.InvalidValueError(
             "SGLang reads true, 1, yes or y as on and false, 0, no or n as off (anything else "
             "it takes as off, with a warning)"
         )

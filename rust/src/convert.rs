@@ -24,6 +24,8 @@
 //!
 //! Every failure names the argument.
 
+use std::borrow::Cow;
+
 use av_core::MatrixView;
 use numpy::{
     Element, PyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray,
@@ -294,17 +296,17 @@ pub fn byte_string(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<u8>> 
 /// A string argument as the caller passed it; [`Text::value`] checks it with the argument's
 /// name (a `str` subclass is a string; anything else a `TypeError`).
 #[derive(Clone, Debug)]
-pub struct Text(Given<String>);
+pub struct Text(Given<Cow<'static, str>>);
 
 impl Text {
-    /// A default value.
-    pub fn new(value: &str) -> Self {
-        Text(Given::Value(value.to_owned()))
+    /// A default value (borrowed: a default costs no allocation per call).
+    pub const fn new(value: &'static str) -> Self {
+        Text(Given::Value(Cow::Borrowed(value)))
     }
 
     /// The string, or a `TypeError` naming `argument` and what was passed.
     pub fn value(&self, argument: &str) -> PyResult<&str> {
-        self.0.checked(argument, "a string").map(String::as_str)
+        self.0.checked(argument, "a string").map(|text| &**text)
     }
 }
 
@@ -315,7 +317,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Text {
         let obj = obj.to_owned();
         Ok(Text(match obj.cast::<PyString>() {
             // Lone surrogates (no UTF-8) shown replaced: no valid name has them.
-            Ok(text) => Given::Value(text.to_string_lossy().into_owned()),
+            Ok(text) => Given::Value(Cow::Owned(text.to_string_lossy().into_owned())),
             Err(_) => Given::other(&obj),
         }))
     }
@@ -740,6 +742,12 @@ fn matrix_from<'py>(array: &Bound<'py, PyUntypedArray>, argument: &str) -> PyRes
         ));
     }
     let (rows, cols) = (array.shape()[0], array.shape()[1]);
+    // The cast that matches first (a cast that fails compares dtypes through numpy's tables).
+    if array.dtype().itemsize() == 8 {
+        if let Ok(a) = array.cast::<PyArray2<f64>>() {
+            return Ok(FloatMatrix::F64(Copied::of(a, argument)?, rows, cols));
+        }
+    }
     if let Ok(a) = array.cast::<PyArray2<f32>>() {
         return Ok(FloatMatrix::F32(Copied::of(a, argument)?, rows, cols));
     }
@@ -830,16 +838,26 @@ fn ints_from(converted: &Converted<'_>, argument: &str) -> PyResult<Copied<i64>>
             format!("expected a 1-D array [R], got shape {:?}", array.shape()),
         ));
     }
-    if let Ok(a) = array.cast::<PyArray1<i64>>() {
-        return Copied::of(a, argument);
-    }
-    if let Ok(a) = array.cast::<PyArray1<i32>>() {
+    let widened = |a: &Bound<'_, PyArray1<i32>>| -> PyResult<Copied<i64>> {
         let narrow = Copied::of(a, argument)?;
         let mut wide = Copied::<i64>::zeros(narrow.len());
         for (w, &n) in wide.iter_mut().zip(narrow.iter()) {
             *w = i64::from(n);
         }
-        return Ok(wide);
+        Ok(wide)
+    };
+    // The cast that matches is tried first (int32 outputs of the planner come back as
+    // arguments): a cast that fails compares the dtypes through numpy's casting tables.
+    if array.dtype().itemsize() == 4 {
+        if let Ok(a) = array.cast::<PyArray1<i32>>() {
+            return widened(a);
+        }
+    }
+    if let Ok(a) = array.cast::<PyArray1<i64>>() {
+        return Copied::of(a, argument);
+    }
+    if let Ok(a) = array.cast::<PyArray1<i32>>() {
+        return widened(a);
     }
     if converted.inferred_empty() {
         return Ok(Copied::empty());

@@ -14,8 +14,8 @@ use pyo3::types::{PyBytes, PyCFunction, PyDict, PyString, PyTuple, PyType};
 use std::path::PathBuf;
 
 use crate::convert::{
-    byte_string, float_matrix, int_vector, to_py_err, value_error, Flag, Float, FloatMatrix,
-    FloatView, Int, Text,
+    byte_string, detach_if, float_matrix, int_vector, to_py_err, value_error, Flag, Float,
+    FloatMatrix, FloatView, Int, Text,
 };
 use crate::files::{atomic_write, read_file};
 use crate::tree::{from_py, to_py, tree_to_dict};
@@ -111,25 +111,25 @@ impl PyAcceptanceEstimator {
         features: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let inner = &self.inner;
-        // In place when C-contiguous: the core copies it once, checking as it copies.
+        // A copy (`convert`'s module docs), which the core checks as it computes; small batches
+        // run with the GIL held (`convert::DETACH_AT`).
         let matrix = float_matrix(features, "features", inner.num_positions())?;
         let (rows, cols) = (matrix.rows(), matrix.cols());
         let view = matrix.view("features")?;
-        let out = py
-            .detach(|| {
-                let len = view_len(view);
-                let mut out = Vec::new();
-                out.try_reserve_exact(len).map_err(|_| {
-                    av_core::Error::value("features", format!("no memory for {len} probabilities"))
-                })?;
-                out.resize(len, 0.0f32);
-                match view {
-                    FloatView::F32(v) => inner.predict(v, &mut out),
-                    FloatView::F64(v) => inner.predict(v, &mut out),
-                }
-                .map(|()| out)
-            })
-            .map_err(to_py_err)?;
+        let len = view_len(view);
+        let out = detach_if(py, len, || {
+            let mut out = Vec::new();
+            out.try_reserve_exact(len).map_err(|_| {
+                av_core::Error::value("features", format!("no memory for {len} probabilities"))
+            })?;
+            out.resize(len, 0.0f32);
+            match view {
+                FloatView::F32(v) => inner.predict(v, &mut out),
+                FloatView::F64(v) => inner.predict(v, &mut out),
+            }
+            .map(|()| out)
+        })
+        .map_err(to_py_err)?;
         let array = Array2::from_shape_vec((rows, cols), out)
             .map_err(|e| value_error("features", format!("shape [{rows}, {cols}]: {e}")))?;
         Ok(array.into_pyarray(py))
@@ -167,8 +167,10 @@ impl PyAcceptanceEstimator {
             .transpose()?;
         let inner = &self.inner;
         let (admitted, accepted): (&[i64], &[i64]) = (&num_admitted, &num_accepted);
-        py.detach(|| observe_views(inner, features, admitted, accepted, predictions, count_step))
-            .map_err(to_py_err)
+        detach_if(py, view_len(features), || {
+            observe_views(inner, features, admitted, accepted, predictions, count_step)
+        })
+        .map_err(to_py_err)
     }
 
     /// Ends the round now: refits on whatever it holds and clears it. With `report=True`,

@@ -22,7 +22,12 @@ const MAX_DEPTH: usize = 16;
 /// key's path, since no format could read it (dropping it would silently lose what the caller
 /// meant). Anything else is a [`Value::Other`], which a reader refuses naming its type.
 pub fn from_py(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Value> {
-    from_py_at(obj, argument, &mut String::new(), 0)
+    Walk {
+        argument,
+        path: String::new(),
+        depth: 0,
+    }
+    .value(obj)
 }
 
 fn other(obj: &Bound<'_, PyAny>) -> Value {
@@ -32,140 +37,131 @@ fn other(obj: &Bound<'_, PyAny>) -> Value {
     }
 }
 
-/// `argument` and the path so far, as the core's messages write them (`state: ["config"]`).
-fn at(argument: &str, path: &str) -> String {
-    if path.is_empty() {
-        argument.to_owned()
-    } else {
-        format!("{argument}: {path}")
-    }
+/// A conversion under way: the argument, the path to the value at hand (`["config"][0]`), and
+/// how deep it is.
+struct Walk<'a> {
+    argument: &'a str,
+    path: String,
+    depth: usize,
 }
 
-fn from_py_at(
-    obj: &Bound<'_, PyAny>,
-    argument: &str,
-    path: &mut String,
-    depth: usize,
-) -> PyResult<Value> {
-    if obj.is_none() {
-        return Ok(Value::None);
-    }
-    if let Ok(flag) = obj.cast::<PyBool>() {
-        return Ok(Value::Bool(flag.is_true()));
-    }
-    if let Ok(float) = obj.cast::<PyFloat>() {
-        return Ok(Value::Float(float.value()));
-    }
-    if obj.cast::<PyInt>().is_ok() {
-        return integer(obj).map(|v| v.unwrap_or_else(|| other(obj)));
-    }
-    if let Ok(text) = obj.cast::<PyString>() {
-        return Ok(text
-            .to_str()
-            .map_or_else(|_| other(obj), |s| Value::Str(s.into())));
-    }
-    if depth >= MAX_DEPTH {
-        return Ok(other(obj));
-    }
-    if let Ok(dict) = obj.cast::<PyDict>() {
-        return entries(dict.iter(), argument, path, depth);
-    }
-    if let Ok(list) = obj.cast::<PyList>() {
-        return items(list.iter(), argument, path, depth).map(Value::List);
-    }
-    if let Ok(tuple) = obj.cast::<PyTuple>() {
-        return items(tuple.iter(), argument, path, depth).map(Value::List);
-    }
-    // A numpy bool is a bool (PyO3's `bool` takes `bool` and numpy's bools only), not the
-    // number its `__float__` gives.
-    if let Ok(flag) = obj.extract::<bool>() {
-        return Ok(Value::Bool(flag));
-    }
-    if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyByteArray>() {
-        return Ok(other(obj));
-    }
-    // Any other Mapping (a mappingproxy, a collections.abc.Mapping) reads as the dict of its
-    // items.
-    if let Ok(mapping) = obj.cast::<PyMapping>() {
-        let pairs = mapping.items()?;
-        let pairs = pairs
-            .iter()
-            .map(|pair| pair.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>())
-            .collect::<PyResult<Vec<_>>>()?;
-        return entries(pairs.into_iter(), argument, path, depth);
-    }
-    // Another type: an integer (`__index__`: numpy integers), a sequence (numpy arrays), a
-    // number (`__float__`: numpy float32), in that order; or none of them.
-    if let Some(value) = integer(obj)? {
-        return Ok(value);
-    }
-    if let Some(items) = sequence(obj, argument, path, depth)? {
-        return Ok(Value::List(items));
-    }
-    match obj.extract::<f64>() {
-        Ok(v) => Ok(Value::Float(v)),
-        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Ok(other(obj)),
-        Err(e) if e.is_instance_of::<PyTypeError>(obj.py()) => Ok(other(obj)),
-        Err(e) => Err(e),
-    }
-}
-
-/// A dict's entries as a map; every key must be a `str` of valid UTF-8 (module docs).
-fn entries<'py>(
-    pairs: impl Iterator<Item = (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
-    argument: &str,
-    path: &mut String,
-    depth: usize,
-) -> PyResult<Value> {
-    let mut dict: Vec<(String, Value)> = Vec::new();
-    for (key, value) in pairs {
-        let Ok(text) = key.cast::<PyString>() else {
-            return Err(type_error(
-                &at(argument, path),
-                format!(
-                    "key {} ({}) is not a str (no field has that name)",
-                    short_repr(&key),
-                    type_name(&key)
-                ),
-            ));
-        };
-        let Ok(name) = text.to_str() else {
-            return Err(value_error(
-                &at(argument, path),
-                format!("key {} is not valid UTF-8", short_repr(&key)),
-            ));
-        };
-        let len = path.len();
-        path.push_str(&format!("[{name:?}]"));
-        let value = from_py_at(&value, argument, path, depth + 1);
-        path.truncate(len);
-        // A key appears once in a tree, as in the mapping it comes from.
-        let value = value?;
-        match dict.iter_mut().find(|(k, _)| k == name) {
-            Some(entry) => entry.1 = value,
-            None => dict.push((name.to_owned(), value)),
+impl Walk<'_> {
+    /// The argument and the path so far, as the core's messages write them (`state: ["config"]`).
+    fn at(&self) -> String {
+        match self.path.is_empty() {
+            true => self.argument.to_owned(),
+            false => format!("{}: {}", self.argument, self.path),
         }
     }
-    Ok(Value::Dict(dict))
-}
 
-/// A sequence's items as a list.
-fn items<'py>(
-    items: impl Iterator<Item = Bound<'py, PyAny>>,
-    argument: &str,
-    path: &mut String,
-    depth: usize,
-) -> PyResult<Vec<Value>> {
-    items
-        .enumerate()
-        .map(|(i, item)| {
-            let len = path.len();
-            path.push_str(&format!("[{i}]"));
-            let value = from_py_at(&item, argument, path, depth + 1);
-            path.truncate(len);
-            value
-        })
-        .collect()
+    fn value(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+        if obj.is_none() {
+            return Ok(Value::None);
+        }
+        if let Ok(flag) = obj.cast::<PyBool>() {
+            return Ok(Value::Bool(flag.is_true()));
+        }
+        if let Ok(float) = obj.cast::<PyFloat>() {
+            return Ok(Value::Float(float.value()));
+        }
+        if obj.cast::<PyInt>().is_ok() {
+            return integer(obj).map(|v| v.unwrap_or_else(|| other(obj)));
+        }
+        if let Ok(text) = obj.cast::<PyString>() {
+            return Ok(text
+                .to_str()
+                .map_or_else(|_| other(obj), |s| Value::Str(s.into())));
+        }
+        if self.depth >= MAX_DEPTH {
+            return Ok(other(obj));
+        }
+        if let Ok(dict) = obj.cast::<PyDict>() {
+            return self.entries(dict.iter());
+        }
+        if let Ok(list) = obj.cast::<PyList>() {
+            return self.items(list.iter());
+        }
+        if let Ok(tuple) = obj.cast::<PyTuple>() {
+            return self.items(tuple.iter());
+        }
+        // A numpy bool is a bool (PyO3's `bool` takes `bool` and numpy's bools only), not the
+        // number its `__float__` gives.
+        if let Ok(flag) = obj.extract::<bool>() {
+            return Ok(Value::Bool(flag));
+        }
+        if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyByteArray>() {
+            return Ok(other(obj));
+        }
+        // Any other Mapping (a mappingproxy, a collections.abc.Mapping) reads as the dict of its
+        // items.
+        if let Ok(mapping) = obj.cast::<PyMapping>() {
+            let pairs = mapping.items()?;
+            let pairs = pairs
+                .iter()
+                .map(|pair| pair.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>())
+                .collect::<PyResult<Vec<_>>>()?;
+            return self.entries(pairs.into_iter());
+        }
+        // Another type: an integer (`__index__`: numpy integers), a sequence (PyO3's sequence
+        // extraction, as a list argument: numpy arrays), a number (`__float__`: numpy float32),
+        // in that order; or none of them.
+        if let Some(value) = integer(obj)? {
+            return Ok(value);
+        }
+        if let Ok(items) = obj.extract::<Vec<Bound<'_, PyAny>>>() {
+            return self.items(items.into_iter());
+        }
+        match obj.extract::<f64>() {
+            Ok(v) => Ok(Value::Float(v)),
+            Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Ok(other(obj)),
+            Err(e) if e.is_instance_of::<PyTypeError>(obj.py()) => Ok(other(obj)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The value of `obj`, at `step` below the path so far.
+    fn below(&mut self, step: String, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+        let len = self.path.len();
+        self.path.push_str(&step);
+        self.depth += 1;
+        let value = self.value(obj);
+        self.depth -= 1;
+        self.path.truncate(len);
+        value
+    }
+
+    /// A dict's entries as a map; every key must be a `str` of valid UTF-8 (module docs).
+    fn entries<'py>(
+        &mut self,
+        pairs: impl Iterator<Item = (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    ) -> PyResult<Value> {
+        let mut dict: Vec<(String, Value)> = Vec::new();
+        for (key, value) in pairs {
+            let Ok(text) = key.cast::<PyString>() else {
+                let (key, kind) = (short_repr(&key), type_name(&key));
+                let message = format!("key {key} ({kind}) is not a str (no field has that name)");
+                return Err(type_error(&self.at(), message));
+            };
+            let Ok(name) = text.to_str() else {
+                let message = format!("key {} is not valid UTF-8", short_repr(&key));
+                return Err(value_error(&self.at(), message));
+            };
+            let value = self.below(format!("[{name:?}]"), &value)?;
+            // A key appears once in a tree, as in the mapping it comes from.
+            match dict.iter_mut().find(|(k, _)| k == name) {
+                Some(entry) => entry.1 = value,
+                None => dict.push((name.to_owned(), value)),
+            }
+        }
+        Ok(Value::Dict(dict))
+    }
+
+    /// A sequence's items as a list.
+    fn items<'py>(&mut self, items: impl Iterator<Item = Bound<'py, PyAny>>) -> PyResult<Value> {
+        let items = items.enumerate();
+        let items = items.map(|(i, item)| self.below(format!("[{i}]"), &item));
+        items.collect::<PyResult<_>>().map(Value::List)
+    }
 }
 
 /// `obj` as an integer if it is one (`None` if it has no `__index__`).
@@ -185,20 +181,6 @@ fn integer(obj: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
     }
 }
 
-/// The items of `obj` if it converts to a list as a list argument does (PyO3's sequence
-/// extraction: numpy arrays and other sequences, not a str).
-fn sequence(
-    obj: &Bound<'_, PyAny>,
-    argument: &str,
-    path: &mut String,
-    depth: usize,
-) -> PyResult<Option<Vec<Value>>> {
-    let Ok(list) = obj.extract::<Vec<Bound<'_, PyAny>>>() else {
-        return Ok(None);
-    };
-    items(list.into_iter(), argument, path, depth).map(Some)
-}
-
 /// `value` as a Python object (a map is a `dict` with the tree's key order).
 pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>> {
     Ok(match value {
@@ -213,13 +195,16 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
         Value::Float(v) => PyFloat::new(py, *v).into_any(),
         Value::Str(s) => PyString::new(py, s).into_any(),
         Value::List(items) => {
-            let items = items
-                .iter()
-                .map(|item| to_py(py, item))
-                .collect::<PyResult<Vec<_>>>()?;
-            PyList::new(py, items)?.into_any()
+            let items = items.iter().map(|item| to_py(py, item));
+            PyList::new(py, items.collect::<PyResult<Vec<_>>>()?)?.into_any()
         }
-        Value::Dict(entries) => dict_to_py(py, entries)?.into_any(),
+        Value::Dict(entries) => {
+            let d = PyDict::new(py);
+            for (key, value) in entries {
+                d.set_item(key, to_py(py, value)?)?;
+            }
+            d.into_any()
+        }
         Value::Other { type_name, text } => {
             return Err(crate::error::py_err(
                 av_core::ErrorKind::Type,
@@ -229,22 +214,10 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
     })
 }
 
-/// A tree's dict entries as a Python `dict`, keys in order.
-pub fn dict_to_py<'py>(
-    py: Python<'py>,
-    entries: &[(String, Value)],
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for (key, value) in entries {
-        d.set_item(key, to_py(py, value)?)?;
-    }
-    Ok(d)
-}
-
 /// A tree that is a dict as a Python `dict` (another tree is a `TypeError`).
 pub fn tree_to_dict<'py>(py: Python<'py>, tree: &Value) -> PyResult<Bound<'py, PyDict>> {
     match tree {
-        Value::Dict(entries) => dict_to_py(py, entries),
+        Value::Dict(_) => Ok(to_py(py, tree)?.cast_into::<PyDict>()?),
         other => Err(PyTypeError::new_err(format!(
             "expected a dict, got {}",
             other.type_name()

@@ -6,13 +6,14 @@ builtin it was (docs/settings.md, "Errors").
   ``av_core.Error`` and that builtin.
 - Representative bad calls across the API (the native estimator, planner and cost tables, saved
   state, features, the torch planner, pooled statistics, the lossless harness, the tools, the
-  settings) raise something that is both an ``av_core.Error`` and a ``ValueError`` or
-  ``TypeError``, of the class named.
+  settings, the SGLang, llama.cpp and vLLM integrations) raise something that is both an
+  ``av_core.Error`` and a ``ValueError`` or ``TypeError``, of the class named.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable
 from pathlib import Path
@@ -125,6 +126,7 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
     est = av_core.AcceptanceEstimator(4)
     planner = av_core.VerificationPlanner(_tables(), 4)
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not a parquet file")
     calls: list[tuple[str, Callable[[], Any], str]] = [
         ("estimator K as text", lambda: av_core.AcceptanceEstimator("four"), "InvalidTypeError"),
         ("estimator K negative", lambda: av_core.AcceptanceEstimator(-1), "InvalidValueError"),
@@ -219,11 +221,34 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
             "InvalidValueError",
         ),
         (
+            "trace negative request",
+            lambda: __import__("av_core.tools.trace", fromlist=["x"]).DraftTrace(
+                request_id=[-1],
+                step=[0],
+                position=[0],
+                workload=["w"],
+                logit_q_max=[0.5],
+                admitted=[True],
+                label=[1],
+            ),
+            "InvalidValueError",
+        ),
+        (
             "int list grammar",
             lambda: __import__("av_core.tools.argtypes", fromlist=["x"]).parse_int_list("8-2"),
             "InvalidValueError",
         ),
     ]
+    if importlib.util.find_spec("pyarrow") is not None:
+        calls.append(
+            (
+                "trace damaged parquet",
+                lambda: __import__("av_core.tools.trace", fromlist=["x"]).read_trace(
+                    tmp_path / "bad.parquet"
+                ),
+                "InvalidValueError",
+            )
+        )
     torch = pytest.importorskip("torch")
     from av_core import features, planner_torch
 
@@ -243,8 +268,89 @@ def _bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
     return calls
 
 
-def test_representative_bad_calls_raise_the_root_and_the_builtin(tmp_path: Path) -> None:
-    for what, call, expected in _bad_calls(tmp_path):
+def _engine_bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
+    """(what, a bad call, the class it raises) for the engine integrations (SGLang, llama.cpp,
+    vLLM), the engine-interface reader and the run simulator."""
+    from av_core._engine_interface import parse_signature
+    from av_core.llama_cpp.policies import LlamaCppPolicy
+    from av_core.llama_cpp.sampling import SamplingParams
+    from av_core.llama_cpp.tiny import tiny_vocabulary
+    from av_core.sglang.policy import CostAwarePolicy, load_cost_tables
+    from av_core.sglang.profiling import ProfilingCostAwarePolicy
+    from av_core.tools.simulate.run import simulate_run
+
+    (tmp_path / "list.json").write_text("[]")
+    return [
+        ("signature text", lambda: parse_signature("(a,"), "InvalidValueError"),
+        (
+            "simulated run rounds",
+            lambda: simulate_run("rounds", None, None, 4, features=np.zeros((1, 4))),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        ("sglang tables missing", lambda: CostAwarePolicy(None, [1, 2]), "InvalidTypeError"),
+        ("sglang steps negative", lambda: CostAwarePolicy(_tables(), [-1]), "InvalidValueError"),
+        (
+            "sglang drafter name",
+            lambda: CostAwarePolicy(_tables(), [1, 2], drafter="tree"),  # type: ignore[arg-type]
+            "InvalidValueError",
+        ),
+        (
+            "sglang profile warmup",
+            lambda: ProfilingCostAwarePolicy(None, [1, 2], profile_warmup=-1),
+            "InvalidValueError",
+        ),
+        (
+            "sglang tables file",
+            lambda: load_cost_tables(tmp_path / "list.json", 4),
+            "InvalidValueError",
+        ),
+        (
+            "llama.cpp temperature text",
+            lambda: SamplingParams(temperature="hot"),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        ("llama.cpp top_p", lambda: SamplingParams(top_p=2.0), "InvalidValueError"),
+        ("llama.cpp n_max", lambda: LlamaCppPolicy(n_max=0), "InvalidValueError"),
+        ("llama.cpp vocabulary", lambda: tiny_vocabulary(1), "InvalidValueError"),
+    ]
+
+
+def _vllm_bad_calls(tmp_path: Path) -> list[tuple[str, Callable[[], Any], str]]:
+    """(what, a bad call, the class it raises) for av_core.vllm (needs torch, not vLLM)."""
+    torch = pytest.importorskip("torch")
+    from av_core.vllm.budget import build_cost_tables_from_curves
+    from av_core.vllm.depth import DraftDepthHook
+    from av_core.vllm.estimator import OnlineAcceptanceEstimator
+    from av_core.vllm.state import WarmStart
+    from av_core.vllm.update import choose_update
+
+    cpu = torch.device("cpu")
+    return [
+        (
+            "vllm curve type",
+            lambda: build_cost_tables_from_curves("curve", [(1, 1.0)], 4, 8),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        ("vllm depth table", lambda: DraftDepthHook(_tables(), 4, 4), "InvalidValueError"),
+        (
+            "vllm staged type",
+            lambda: OnlineAcceptanceEstimator(4, 4, cpu, staged=1),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        (
+            "vllm state key",
+            lambda: WarmStart(tmp_path, "key"),  # type: ignore[arg-type]
+            "InvalidTypeError",
+        ),
+        ("vllm update name", lambda: choose_update("newton", False), "InvalidValueError"),
+    ]
+
+
+@pytest.mark.parametrize("calls", [_bad_calls, _engine_bad_calls, _vllm_bad_calls])
+def test_representative_bad_calls_raise_the_root_and_the_builtin(
+    tmp_path: Path, calls: Callable[[Path], list[tuple[str, Callable[[], Any], str]]]
+) -> None:
+    for what, call, expected in calls(tmp_path):
         with pytest.raises(av_core.Error) as caught:
             call()
         error = caught.value

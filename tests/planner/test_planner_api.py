@@ -4,9 +4,7 @@ same error; large batches release the GIL, small ones keep it."""
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -96,43 +94,29 @@ def test_a_bad_argument_is_the_same_error_through_every_entry_point(
     assert np.array_equal(planner.previous_confidences(0), [1.0, 1.0])
 
 
-@pytest.mark.parametrize(("rows", "calls", "releases"), [(16384, 5, True), (64, 500, False)])
+@pytest.mark.parametrize(("rows", "calls", "releases"), [(16384, 200, True), (64, 500, False)])
 def test_large_batches_release_the_gil_and_small_ones_keep_it(
-    rows: int, calls: int, releases: bool
+    rows: int,
+    calls: int,
+    releases: bool,
+    gil_ticks: Callable[[Callable[[], object], int, bool], int],
 ) -> None:
-    """Batches of at least 65,536 confidences run with the GIL released; smaller ones hold it.
-    With a switch interval longer than the test, the main thread never hands the GIL over on
-    its own, so a waiting thread runs only while a call has released it."""
+    """Batches of at least 65,536 confidences run with the GIL released; smaller ones hold it
+    (a waiting thread runs only while a call has released it: `conftest.ticks_during`)."""
     k = 8
     cost = tables(rows, k)
     current = confidences(np.random.default_rng(0), rows, k)
     scheduled = np.full(rows, k)
-    ticks = [0]
-    stop = threading.Event()
 
-    def spin() -> None:
-        while not stop.is_set():
-            ticks[0] += 1
-            time.sleep(0)  # gives the GIL back at once
+    def plan() -> None:
+        plan_verification(
+            current,
+            scheduled,
+            num_non_draft_tokens=rows,
+            num_sampling_requests=rows,
+            cost_tables=cost,
+            budget_confidences=current,
+        )
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1000.0)
-    worker = threading.Thread(target=spin)
-    try:
-        worker.start()
-        before = ticks[0]
-        for _ in range(calls):
-            plan_verification(
-                current,
-                scheduled,
-                num_non_draft_tokens=rows,
-                num_sampling_requests=rows,
-                cost_tables=cost,
-                budget_confidences=current,
-            )
-        during = ticks[0] - before
-    finally:
-        stop.set()
-        sys.setswitchinterval(interval)
-        worker.join()
+    during = gil_ticks(plan, calls, releases)
     assert (during > 0) == releases

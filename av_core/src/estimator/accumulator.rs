@@ -192,16 +192,22 @@ pub struct RoundColumns {
     /// [`FRACTION_BITS`](super::FRACTION_BITS) (a round of another build is refused).
     pub fraction_bits: u32,
     /// `Σ w x²` per position.
+    #[serde(with = "crate::persist::fixed")]
     pub a: Vec<i128>,
     /// `Σ w x` per position.
+    #[serde(with = "crate::persist::fixed")]
     pub b: Vec<i128>,
     /// `Σ w` per position.
+    #[serde(with = "crate::persist::fixed")]
     pub c: Vec<i128>,
     /// `Σ r x` per position.
+    #[serde(with = "crate::persist::fixed")]
     pub g0: Vec<i128>,
     /// `Σ r` per position.
+    #[serde(with = "crate::persist::fixed")]
     pub g1: Vec<i128>,
     /// Labeled observations per position.
+    #[serde(with = "crate::persist::fixed")]
     pub n: Vec<u64>,
 }
 

@@ -192,10 +192,13 @@ pub struct HistogramColumns {
     /// Bins per position B.
     pub bins: usize,
     /// Labeled drafts per bin.
+    #[serde(with = "crate::persist::fixed")]
     pub count: Vec<u64>,
     /// Accepted drafts per bin.
+    #[serde(with = "crate::persist::fixed")]
     pub accepted: Vec<u64>,
     /// `Σ round((clamp(x) + L) · 2^16)` per bin.
+    #[serde(with = "crate::persist::fixed")]
     pub x_sum: Vec<u64>,
 }
 
@@ -610,6 +613,7 @@ pub struct HistogramMemory {
     /// Discounted `Σ x` per bin (feature units).
     pub x_sum: Vec<f64>,
     /// Rounds whose drift test dropped the memory.
+    #[serde(with = "crate::persist::fixed")]
     pub resets: u64,
 }
 

@@ -61,6 +61,7 @@ pub struct Memory {
     /// Discounted observation counts per position.
     pub counts: Vec<f64>,
     /// Rounds whose drift test dropped the memory.
+    #[serde(with = "crate::persist::fixed")]
     pub resets: u64,
 }
 

@@ -16,7 +16,7 @@
 
 use serde::Deserialize;
 
-use super::frame::{frame, put_f64s, unframe, Kind, Reader, DATA, FRAME_LEN};
+use super::frame::{broken, frame, put_f64s, unframe, Kind, Reader, DATA, FRAME_LEN};
 use crate::cost_tables::{CostTables, MAX_DRAFT_DEPTH, MAX_TABLE_LEN};
 use crate::error::{Error, Result};
 
@@ -62,12 +62,7 @@ pub(crate) fn read_tables(r: &mut Reader<'_>) -> Result<CostTables> {
     let depth = match r.u8("the draft-depth flag")? {
         0 => None,
         1 => Some(r.f64s("draft_depth_ms")?),
-        other => {
-            return Err(Error::state(
-                DATA,
-                format!("draft-depth flag {other} is not 0 or 1"),
-            ))
-        }
+        other => return Err(broken(format!("draft-depth flag {other} is not 0 or 1"))),
     };
     let invalid = |e: Error| e.in_saved(DATA, "the saved cost tables are invalid");
     let tables = CostTables::new(draft, verify).map_err(invalid)?;
@@ -103,31 +98,16 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<CostTables> {
 
 /// The JSON text (module docs).
 pub(crate) fn to_json(tables: &CostTables) -> String {
-    let mut out = String::with_capacity(24 * (tables.draft_ms().len() + tables.verify_ms().len()));
-    out.push_str("{\"draft_ms\": ");
-    push_json_array(&mut out, tables.draft_ms());
-    out.push_str(", \"verify_ms\": ");
-    push_json_array(&mut out, tables.verify_ms());
-    if let Some(depth) = tables.draft_depth_ms() {
-        out.push_str(", \"draft_depth_ms\": ");
-        push_json_array(&mut out, depth);
-    }
-    out.push('}');
-    out
-}
-
-fn push_json_array(out: &mut String, values: &[f64]) {
-    use std::fmt::Write;
-    out.push('[');
-    for (i, value) in values.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        // `{:?}` is the shortest string that parses back to the same bits, and JSON-valid
-        // for finite values ("0.5", "1e-6", "100.0").
-        let _ = write!(out, "{value:?}");
-    }
-    out.push(']');
+    // `{:?}` is the shortest text that parses back to the same bits, and JSON for a finite
+    // value ("0.5", "1e-6", "100.0").
+    let array = |values: &[f64]| {
+        let values: Vec<String> = values.iter().map(|v| format!("{v:?}")).collect();
+        format!("[{}]", values.join(", "))
+    };
+    let (draft, verify) = (array(tables.draft_ms()), array(tables.verify_ms()));
+    let depth = tables.draft_depth_ms().map(array);
+    let depth = depth.map_or(String::new(), |d| format!(", \"draft_depth_ms\": {d}"));
+    format!("{{\"draft_ms\": {draft}, \"verify_ms\": {verify}{depth}}}")
 }
 
 /// The JSON object, as `serde` reads it.

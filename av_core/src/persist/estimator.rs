@@ -4,28 +4,36 @@
 //!
 //! | payload version | payload | written by |
 //! |---|---|---|
-//! | 3 | the [`state_dict`](super::state_dict) tree, [`tree::encode`]d | this build |
+//! | 3 | the state's serde declaration in [postcard]'s wire format: [`EstimatorConfig`], `slope`, `intercepts`, `steps_since_refit`, `num_refits`, then the update's part ([`VllmState`] or [`MapState`], as the configuration's `update` names it) | this build |
 //! | 2 | version 1's fields, then the update, bins, prior widths and the map state, by position | builds with the map update |
 //! | 1 | config, coefficients, fixed-point round, counters, memory of past rounds, by position (before the memory existed: without `memory`, `drift_z` and the memory) | the first builds |
 //!
-//! Version 3 is the state's one declaration (serde) in a self-describing binary, so a field
-//! added to the state or the configuration needs no new layout; each number has one width, so
-//! the length depends on the configuration only (`K`, the update, `bins`, a manual
-//! `refit_interval`), never on the values ([`encoded_len`]). Versions 1 and 2 are read, never
-//! written: every state an earlier release saved loads bit for bit.
+//! Version 3 follows the types' declaration, so a field added to the state or the
+//! configuration needs no new layout. Counters and integer columns are written at a fixed
+//! width ([`fixed`](super::fixed)), so the length depends on the configuration only (`K`, the
+//! update, `bins`, a manual `refit_interval`), never on the values ([`encoded_len`]), and each
+//! state has one encoding: bytes that decode to a state but are not its encoding (an overlong
+//! varint) are refused. Versions 1 and 2 are read, never written: every state an earlier
+//! release saved loads bit for bit.
 //!
 //! Decoding checks magic, version, length and checksum before it reads a field, then validates
 //! the state like any other input
 //! ([`AcceptanceEstimator::from_state`](crate::AcceptanceEstimator::from_state)); arbitrary
 //! bytes give an error, never a panic.
+//!
+//! [postcard]: https://postcard.jamesmunns.com/wire-format
 
-use super::frame::DATA;
-use super::tree::{self, Value};
-use super::{frame, state_dict, unframe, Kind, Reader};
-use crate::error::{Error, ErrorKind, Result};
+use std::borrow::Cow;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::frame::{broken, frame_with};
+use super::{unframe, Kind, Reader};
+use crate::error::Result;
 use crate::estimator::{
-    HistogramMemory, HistogramStats, MapState, Memory, PositionSums, Reference, RoundStats,
-    UpdateState, VllmState, FRACTION_BITS, MAX_BINS, X_FRACTION_BITS,
+    HistogramMemory, HistogramStats, MapState, Memory, Reference, RoundStats, UpdateState,
+    VllmState, FRACTION_BITS, MAX_BINS, X_FRACTION_BITS,
 };
 use crate::{AcceptanceEstimator, EstimatorConfig, EstimatorState, Update};
 
@@ -36,10 +44,22 @@ pub const FORMAT_VERSION: u32 = 3;
 /// The first version, which this build still reads.
 pub const FORMAT_VERSION_1: u32 = 1;
 
-/// A bound on any estimator state's length, of this build (`K = 64`, `map` with the most
-/// bins: 78 bytes per bin and position, the rest within 32 KiB) or an earlier one: a reader
-/// never needs more bytes.
-pub const MAX_ENCODED_LEN: usize = 78 * EstimatorConfig::MAX_POSITIONS * MAX_BINS + 32 * 1024;
+/// A bound on any estimator state's length, of this build or an earlier one (`K = 64`, `map`
+/// with the most bins: 48 bytes per bin and position, the rest within 32 KiB): a reader never
+/// needs more bytes.
+pub const MAX_ENCODED_LEN: usize = 48 * EstimatorConfig::MAX_POSITIONS * MAX_BINS + 32 * 1024;
+
+/// Version 3's fields before the update's part.
+#[derive(Serialize, Deserialize)]
+struct Head<'a> {
+    config: Cow<'a, EstimatorConfig>,
+    slope: f64,
+    intercepts: Cow<'a, [f64]>,
+    #[serde(with = "super::fixed")]
+    steps_since_refit: u64,
+    #[serde(with = "super::fixed")]
+    num_refits: u64,
+}
 
 /// Encodes `state`. The last four bytes are the CRC-32 of everything before them.
 ///
@@ -57,9 +77,20 @@ pub const MAX_ENCODED_LEN: usize = 78 * EstimatorConfig::MAX_POSITIONS * MAX_BIN
 /// # Ok::<(), av_core::Error>(())
 /// ```
 pub fn encode(state: &EstimatorState) -> Vec<u8> {
-    let mut payload = Vec::new();
-    tree::encode(&state_dict::encode(state), &mut payload);
-    frame(Kind::Estimator, FORMAT_VERSION, &payload)
+    let head = Head {
+        config: Cow::Borrowed(&state.config),
+        slope: state.slope,
+        intercepts: Cow::Borrowed(&state.intercepts),
+        steps_since_refit: state.steps_since_refit,
+        num_refits: state.num_refits,
+    };
+    // Room for the update's columns (48 bytes per map bin), which dominate the length.
+    let bins = state.update.as_map().map_or(0, |map| map.round.count.len());
+    frame_with(Kind::Estimator, FORMAT_VERSION, 1024 + 48 * bins, |out| {
+        // Writing to a vector fails only for a sequence of unknown length, which no field is.
+        let out = postcard::to_extend(&head, out).expect("the state's fields serialize");
+        postcard::to_extend(&state.update, out).expect("the update's part serializes")
+    })
 }
 
 /// The length of every encoded state of an estimator with `config` (it depends on nothing
@@ -101,26 +132,50 @@ pub fn encoded_len(config: &EstimatorConfig) -> Result<usize> {
 /// ```
 pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     let read = unframe(Kind::Estimator, FORMAT_VERSION_1..=FORMAT_VERSION, bytes)?;
-    if read.version == FORMAT_VERSION {
-        let tree: Value = tree::decode(read.payload)?;
-        return state_dict::decode(&tree, DATA, ErrorKind::State);
-    }
     let mut r = Reader {
         bytes: read.payload,
     };
-    let state = decode_by_position(&mut r, read.version)?;
+    let state = match read.version {
+        FORMAT_VERSION => decode_declared(&mut r)?,
+        version => decode_by_position(&mut r, version)?,
+    };
     r.finish()?;
+    if read.version == FORMAT_VERSION && encode(&state) != bytes {
+        return Err(broken(
+            "not the state's encoding (a length or tag written in more bytes than it takes)",
+        ));
+    }
     Ok(state)
+}
+
+/// A payload of version 3 (module docs).
+fn decode_declared(r: &mut Reader<'_>) -> Result<EstimatorState> {
+    let head: Head<'_> = take(r)?;
+    Ok(EstimatorState {
+        update: match head.config.update {
+            Update::Vllm => UpdateState::Vllm(take(r)?),
+            Update::Map => UpdateState::Map(take(r)?),
+        },
+        config: head.config.into_owned(),
+        slope: head.slope,
+        intercepts: head.intercepts.into_owned(),
+        steps_since_refit: head.steps_since_refit,
+        num_refits: head.num_refits,
+    })
+}
+
+/// A `T` from the front of what `r` has left.
+fn take<T: DeserializeOwned>(r: &mut Reader<'_>) -> Result<T> {
+    let (value, rest) = postcard::take_from_bytes(r.bytes).map_err(|e| broken(e.to_string()))?;
+    r.bytes = rest;
+    Ok(value)
 }
 
 /// A payload of version 1 or 2 (module docs).
 fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState> {
     let k = r.u64("num_positions")?;
     if k == 0 || k > EstimatorConfig::MAX_POSITIONS as u64 {
-        return Err(Error::state(
-            DATA,
-            format!("num_positions {k} out of range"),
-        ));
+        return Err(broken(format!("num_positions {k} out of range")));
     }
     let k = k as usize;
     // Version 1 written before the memory of past rounds existed is shorter than the later
@@ -130,7 +185,7 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
     let mut c = EstimatorConfig::version_1(k);
     // 0 is a manual estimator (`None`), a value no interval can have.
     c.refit_interval = Some(r.u64("refit_interval")?).filter(|&v| v != 0);
-    let mut settings = [
+    let settings = [
         &mut c.damping,
         &mut c.l2,
         &mut c.init_slope,
@@ -142,9 +197,11 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
         &mut c.memory,
         &mut c.drift_z,
     ];
-    let held = if before_memory { 8 } else { 10 };
-    for setting in settings.iter_mut().take(held) {
-        **setting = r.f64("config")?;
+    for setting in settings
+        .into_iter()
+        .take(if before_memory { 8 } else { 10 })
+    {
+        *setting = r.f64("config")?;
     }
     if before_memory {
         c.memory = 0.0; // memoryless, as it was
@@ -154,22 +211,11 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
     check_bits(r.u32("fraction_bits")?, FRACTION_BITS)?;
     let mut round = RoundStats::new(k);
     for p in &mut round.positions {
-        let mut sums = [0i128; 5];
-        for sum in &mut sums {
-            *sum = r.i128("round_stats")?;
-        }
-        let [a, b, c, g0, g1] = sums;
-        *p = PositionSums {
-            a,
-            b,
-            c,
-            g0,
-            g1,
-            n: r.u64("round_stats")?,
-        };
+        let [a, b, c, g0, g1] = [(); 5].map(|()| r.i128("round_stats"));
+        let n = r.u64("round_stats")?;
+        (p.a, p.b, p.c, p.g0, p.g1, p.n) = (a?, b?, c?, g0?, g1?, n);
     }
-    let steps_since_refit = r.u64("steps_since_refit")?;
-    let num_refits = r.u64("num_refits")?;
+    let (steps_since_refit, num_refits) = (r.u64("steps_since_refit")?, r.u64("num_refits")?);
     let mut memory = Memory::new(k);
     if !before_memory {
         memory.resets = r.u64("memory")?;
@@ -179,18 +225,18 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
         memory.rhs = floats(r, k + 1, "memory")?;
         memory.counts = floats(r, k, "memory")?;
     }
-    let mut update: UpdateState = VllmState { round, memory }.into();
+    let mut update = UpdateState::Vllm(VllmState { round, memory });
     if version == 2 {
         // Format 2 numbers the updates: 0 map, 1 vllm.
-        let code = r.u32("update")?;
-        let name = ["map", "vllm"]
-            .get(code as usize)
-            .copied()
-            .unwrap_or_default();
-        c.update = name.parse::<Update>().map_err(|_| {
-            let message = format!("update code {code} is not 0 (map) or 1 (vllm)");
-            Error::state(DATA, message)
-        })?;
+        c.update = match r.u32("update")? {
+            0 => Update::Map,
+            1 => Update::Vllm,
+            code => {
+                return Err(broken(format!(
+                    "update code {code} is not 0 (map) or 1 (vllm)"
+                )))
+            }
+        };
         c.bins = usize::try_from(r.u64("bins")?).unwrap_or(usize::MAX);
         c.prior_slope_sd = r.f64("prior_slope_sd")?;
         c.prior_level_sd = r.f64("prior_level_sd")?;
@@ -198,13 +244,8 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
         c.prior_spread_sd = r.f64("prior_spread_sd")?;
         match r.u8("map")? {
             0 => {}
-            1 => update = decode_map(r, k, c.bins)?.into(),
-            other => {
-                return Err(Error::state(
-                    DATA,
-                    format!("map flag {other} is not 0 or 1"),
-                ))
-            }
+            1 => update = UpdateState::Map(decode_map(r, k, c.bins)?),
+            other => return Err(broken(format!("map flag {other} is not 0 or 1"))),
         }
     }
     Ok(EstimatorState {
@@ -221,36 +262,31 @@ fn decode_by_position(r: &mut Reader<'_>, version: u32) -> Result<EstimatorState
 fn decode_map(r: &mut Reader<'_>, k: usize, bins: usize) -> Result<MapState> {
     let reference = r.f64s("reference")?;
     let Some((&slope, intercepts)) = reference.split_first() else {
-        return Err(Error::state(DATA, "the reference coefficients are empty"));
+        return Err(broken("the reference coefficients are empty"));
     };
     check_bits(r.u32("x fraction bits")?, X_FRACTION_BITS)?;
-    let (count, accepted) = (r.u64s("round_stats")?, r.u64s("round_stats")?);
-    let x_sum = r.u64s("round_stats")?;
+    let [count, accepted, x_sum] = [(); 3].map(|()| r.u64s("round_stats"));
     let round = HistogramStats {
         num_positions: k,
         bins,
-        count,
-        accepted,
-        x_sum,
+        count: count?,
+        accepted: accepted?,
+        x_sum: x_sum?,
     };
-    let memory = HistogramMemory {
-        count: r.f64s("memory")?,
-        accepted: r.f64s("memory")?,
-        x_sum: r.f64s("memory")?,
-        resets: 0,
-    };
+    let [count, accepted, x_sum] = [(); 3].map(|()| r.f64s("memory"));
     let fitted_labels = r.u64("fitted_labels")?;
+    let memory = HistogramMemory {
+        count: count?,
+        accepted: accepted?,
+        x_sum: x_sum?,
+        resets: r.u64("memory")?,
+    };
+    let intercepts = intercepts.to_vec();
     Ok(MapState {
         round,
-        reference: Reference {
-            slope,
-            intercepts: intercepts.to_vec(),
-        },
+        reference: Reference { slope, intercepts },
         fitted_labels,
-        memory: HistogramMemory {
-            resets: r.u64("memory")?,
-            ..memory
-        },
+        memory,
     })
 }
 
@@ -261,11 +297,12 @@ fn floats(r: &mut Reader<'_>, n: usize, what: &str) -> Result<Vec<f64>> {
 
 /// Refuses fixed-point statistics of another precision than this build's.
 fn check_bits(bits: u32, ours: u32) -> Result<()> {
-    if bits == ours {
-        return Ok(());
+    match bits == ours {
+        true => Ok(()),
+        false => Err(broken(format!(
+            "statistics use {bits} fraction bits, this build uses {ours}"
+        ))),
     }
-    let message = format!("statistics use {bits} fraction bits, this build uses {ours}");
-    Err(Error::state(DATA, message))
 }
 
 #[cfg(test)]

@@ -13,6 +13,11 @@ pub const FRAME_LEN: usize = 8 + 4 + 8 + 4;
 /// The argument every decoding error names: the saved data.
 pub(crate) const DATA: &str = "data";
 
+/// The error of saved data that is no state of this build: a state error naming [`DATA`].
+pub(crate) fn broken(message: impl Into<String>) -> Error {
+    Error::state(DATA, message)
+}
+
 /// What a frame holds, by the last byte of its magic.
 ///
 /// # Example
@@ -71,7 +76,7 @@ impl Kind {
     }
 }
 
-/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) of `bytes`.
+/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) of `bytes`, by [`crc32fast`].
 ///
 /// # Example
 ///
@@ -82,15 +87,7 @@ impl Kind {
 /// assert_eq!(crc32(b""), 0);
 /// ```
 pub fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            let mask = (crc & 1).wrapping_neg();
-            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
-        }
-    }
-    !crc
+    crc32fast::hash(bytes)
 }
 
 /// Wraps `payload` as `magic | version | length | payload | CRC-32` (little-endian; the CRC
@@ -112,11 +109,27 @@ pub fn crc32(bytes: &[u8]) -> u32 {
 /// # Ok::<(), av_core::Error>(())
 /// ```
 pub fn frame(kind: Kind, version: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + FRAME_LEN);
+    frame_with(kind, version, payload.len(), |mut out| {
+        out.extend(payload);
+        out
+    })
+}
+
+/// [`frame`] of the payload `write` appends to the vector it is given (`capacity`: the
+/// payload's expected length), written in place.
+pub(crate) fn frame_with(
+    kind: Kind,
+    version: u32,
+    capacity: usize,
+    write: impl FnOnce(Vec<u8>) -> Vec<u8>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity + FRAME_LEN);
     out.extend(kind.magic());
     out.extend(version.to_le_bytes());
-    out.extend((payload.len() as u64).to_le_bytes());
-    out.extend(payload);
+    out.extend([0; 8]);
+    let mut out = write(out);
+    let length = (out.len() - (FRAME_LEN - 4)) as u64;
+    out[12..20].copy_from_slice(&length.to_le_bytes());
     let checksum = crc32(&out);
     out.extend(checksum.to_le_bytes());
     out
@@ -137,52 +150,37 @@ pub struct Frame<'a> {
 ///
 /// [`ErrorKind::State`]: crate::ErrorKind::State
 pub fn unframe(kind: Kind, versions: RangeInclusive<u32>, bytes: &[u8]) -> Result<Frame<'_>> {
-    let magic = kind.magic();
-    if bytes.get(..8) != Some(&magic[..]) {
-        let found = match Kind::of(bytes) {
-            Some(other) => format!(": {}", other.describe()),
-            None => String::new(),
-        };
-        return Err(Error::state(
-            DATA,
-            format!("not {} (bad magic bytes{found})", kind.describe()),
-        ));
+    if bytes.get(..8) != Some(&kind.magic()[..]) {
+        let found = Kind::of(bytes).map_or(String::new(), |k| format!(": {}", k.describe()));
+        let expected = kind.describe();
+        return Err(broken(format!("not {expected} (bad magic bytes{found})")));
     }
     let mut header = Reader { bytes: &bytes[8..] };
     let version = header.u32("the format version")?;
     if !versions.contains(&version) {
-        let reads = if versions.start() == versions.end() {
-            versions.start().to_string()
-        } else {
-            format!("{} to {}", versions.start(), versions.end())
+        let (first, last) = (versions.start(), versions.end());
+        let reads = match first == last {
+            true => first.to_string(),
+            false => format!("{first} to {last}"),
         };
-        return Err(Error::state(
-            DATA,
-            format!("format version {version} is not supported (this build reads {reads})"),
-        ));
+        let message =
+            format!("format version {version} is not supported (this build reads {reads})");
+        return Err(broken(message));
     }
     let length = header.u64("the payload length")?;
-    let expected = (FRAME_LEN as u64 - 4)
-        .checked_add(length)
-        .and_then(|n| n.checked_add(4));
+    let expected = length.checked_add(FRAME_LEN as u64);
     if expected != Some(bytes.len() as u64) {
-        return Err(Error::state(
-            DATA,
-            format!(
-                "length mismatch: header promises a {length}-byte payload, the data has {} bytes \
-                 in all (truncated or padded)",
-                bytes.len()
-            ),
-        ));
+        let all = bytes.len();
+        return Err(broken(format!(
+            "length mismatch: header promises a {length}-byte payload, the data has {all} bytes \
+             in all (truncated or padded)"
+        )));
     }
     let (body, tail) = bytes.split_at(bytes.len() - 4);
-    let stored = u32::from_le_bytes(tail.try_into().expect("4 bytes"));
-    let actual = crc32(body);
+    let (stored, actual) = (Reader { bytes: tail }.u32("the checksum")?, crc32(body));
     if stored != actual {
-        return Err(Error::state(
-            DATA,
-            format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x}): corrupt"),
-        ));
+        let message = format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x})");
+        return Err(broken(message + ": corrupt"));
     }
     Ok(Frame {
         version,
@@ -195,37 +193,32 @@ pub(crate) struct Reader<'a> {
     pub(crate) bytes: &'a [u8],
 }
 
-impl Reader<'_> {
-    pub(crate) fn take<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        if self.bytes.len() < N {
-            return Err(Error::state(
-                DATA,
-                format!("truncated while reading {what}"),
-            ));
+/// Reads of one number each.
+macro_rules! numbers {
+    ($($method:ident -> $int:ty;)*) => {$(
+        pub(crate) fn $method(&mut self, what: &str) -> Result<$int> {
+            self.take().map(<$int>::from_le_bytes).ok_or_else(|| truncated(what))
         }
-        let (head, rest) = self.bytes.split_at(N);
+    )*};
+}
+
+fn truncated(what: &str) -> Error {
+    broken(format!("truncated while reading {what}"))
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.bytes.split_first_chunk::<N>()?;
         self.bytes = rest;
-        Ok(head.try_into().expect("split at N"))
+        Some(*head)
     }
 
-    pub(crate) fn u8(&mut self, what: &str) -> Result<u8> {
-        self.take::<1>(what).map(|[b]| b)
-    }
-
-    pub(crate) fn u32(&mut self, what: &str) -> Result<u32> {
-        self.take::<4>(what).map(u32::from_le_bytes)
-    }
-
-    pub(crate) fn u64(&mut self, what: &str) -> Result<u64> {
-        self.take::<8>(what).map(u64::from_le_bytes)
-    }
-
-    pub(crate) fn f64(&mut self, what: &str) -> Result<f64> {
-        self.take::<8>(what).map(f64::from_le_bytes)
-    }
-
-    pub(crate) fn i128(&mut self, what: &str) -> Result<i128> {
-        self.take::<16>(what).map(i128::from_le_bytes)
+    numbers! {
+        u8 -> u8;
+        u32 -> u32;
+        u64 -> u64;
+        f64 -> f64;
+        i128 -> i128;
     }
 
     /// A length-prefixed `f64` array (`u64` length, then the values), refusing a length the
@@ -245,23 +238,16 @@ impl Reader<'_> {
     fn words(&mut self, what: &str) -> Result<u64> {
         let len = self.u64(what)?;
         if len > (self.bytes.len() / 8) as u64 {
-            return Err(Error::state(
-                DATA,
-                format!("{what} length {len} exceeds the data"),
-            ));
+            return Err(broken(format!("{what} length {len} exceeds the data")));
         }
         Ok(len)
     }
 
     /// Fails unless every byte was read.
     pub(crate) fn finish(&self) -> Result<()> {
-        if self.bytes.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::state(
-                DATA,
-                format!("{} unexpected bytes after the last field", self.bytes.len()),
-            ))
+        match self.bytes.len() {
+            0 => Ok(()),
+            n => Err(broken(format!("{n} unexpected bytes after the last field"))),
         }
     }
 }
@@ -269,9 +255,7 @@ impl Reader<'_> {
 /// Appends a length-prefixed `f64` array (the layout [`Reader::f64s`] reads).
 pub(crate) fn put_f64s(out: &mut Vec<u8>, values: &[f64]) {
     out.extend((values.len() as u64).to_le_bytes());
-    for value in values {
-        out.extend(value.to_le_bytes());
-    }
+    out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 //! detect from how many bytes followed the confidences. Version 2 says whether there is one.
 
 use super::cost_tables::{payload_len, put_tables, read_tables};
-use super::frame::{frame, unframe, Kind, Reader, DATA, FRAME_LEN};
+use super::frame::{broken, frame, unframe, Kind, Reader, DATA, FRAME_LEN};
 use crate::cost_tables::{CostTables, MAX_DRAFT_DEPTH, MAX_TABLE_LEN};
 use crate::error::{Error, Result};
 use crate::planner::{BudgetSource, Exploration, VerificationPlanner};
@@ -88,12 +88,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<VerificationPlanner> {
     let source = match r.u8("budget_source")? {
         0 => BudgetSource::Previous,
         1 => BudgetSource::Current,
-        other => {
-            return Err(Error::state(
-                DATA,
-                format!("budget_source code {other} is not 0 or 1"),
-            ))
-        }
+        other => return Err(broken(format!("budget_source code {other} is not 0 or 1"))),
     };
     let exploration = r.f64("exploration")?;
     let seed = r.u64("exploration_seed")?;
@@ -106,14 +101,11 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<VerificationPlanner> {
     // Each remembered confidence takes 8 bytes: refuse a count the data cannot hold before the
     // planner allocates them.
     if r.bytes.len() as u64 != entries.saturating_mul(8) {
-        return Err(Error::state(
-            DATA,
-            format!(
-                "{num_slots} slots x {num_positions} positions do not match the {} bytes of \
+        return Err(broken(format!(
+            "{num_slots} slots x {num_positions} positions do not match the {} bytes of \
                  remembered confidences",
-                r.bytes.len()
-            ),
-        ));
+            r.bytes.len()
+        )));
     }
     let invalid = |e: Error| e.in_saved(DATA, "the saved planner state is invalid");
     let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
@@ -125,10 +117,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<VerificationPlanner> {
     for _ in 0..planner.remembered().len() {
         let value = r.f64("previous confidences")?;
         if !(0.0..=1.0).contains(&value) {
-            return Err(Error::state(
-                DATA,
-                format!("a remembered confidence is {value}, outside [0, 1]"),
-            ));
+            return Err(broken(format!(
+                "a remembered confidence is {value}, outside [0, 1]"
+            )));
         }
         remembered.push(value);
     }
@@ -141,45 +132,34 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<VerificationPlanner> {
 /// confidences) a draft-depth table when the bytes left say so. Returns the tables and a reader
 /// over exactly the confidences.
 fn read_v1_tables(mut r: Reader<'_>, entries: u64) -> Result<(CostTables, Reader<'_>)> {
-    let draft = r.f64s("draft_ms")?;
-    let verify = r.f64s("verify_ms")?;
-    let remaining = (r.bytes.len() / 8) as u64;
-    // Version 1 did not say whether a draft-depth table follows the confidences: its length,
-    // then its entries. Version 2 does.
-    let depth_len = if remaining > entries && r.bytes.len() % 8 == 0 {
-        let at = usize::try_from(entries)
-            .unwrap_or(usize::MAX)
-            .saturating_mul(8);
-        let len_bytes: [u8; 8] = r.bytes[at..at + 8].try_into().expect("8 bytes");
-        let len = u64::from_le_bytes(len_bytes);
-        if remaining != entries.saturating_add(1).saturating_add(len) {
-            return Err(Error::state(
-                DATA,
-                format!("draft-depth table length {len} does not match the data"),
-            ));
+    let (draft, verify) = (r.f64s("draft_ms")?, r.f64s("verify_ms")?);
+    // Version 1 did not say whether a draft-depth table follows the confidences (its length,
+    // then its entries): there is one when whole words follow them. Version 2 says so.
+    let at = usize::try_from(entries)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(8);
+    let (confidences, depth) = match r.bytes.len() > at && r.bytes.len() % 8 == 0 {
+        false => (r.bytes, None),
+        true => {
+            let mut tail = Reader {
+                bytes: &r.bytes[at..],
+            };
+            let len = tail.u64("draft_depth_ms")?;
+            if len != (tail.bytes.len() / 8) as u64 {
+                let message = format!("draft-depth table length {len} does not match the data");
+                return Err(broken(message));
+            }
+            (&r.bytes[..at], Some(tail))
         }
-        Some(len)
-    } else {
-        None
     };
     let invalid = |e: Error| e.in_saved(DATA, "the saved cost tables are invalid");
     let mut tables = CostTables::new(draft, verify).map_err(invalid)?;
-    let confidences = match depth_len {
-        None => r.bytes,
-        Some(len) => {
-            let at = (entries as usize) * 8;
-            let mut tail = Reader {
-                bytes: &r.bytes[at + 8..],
-            };
-            let depth = (0..len)
-                .map(|_| tail.f64("draft_depth_ms"))
-                .collect::<Result<Vec<_>>>()?;
-            tables = tables
-                .with_draft_depth(depth)
-                .map_err(|e| e.in_saved(DATA, "the saved draft-depth table is invalid"))?;
-            &r.bytes[..at]
-        }
-    };
+    if let Some(mut tail) = depth {
+        let depth = (0..tail.bytes.len() / 8).map(|_| tail.f64("draft_depth_ms"));
+        let depth = depth.collect::<Result<Vec<_>>>()?;
+        let invalid = |e: Error| e.in_saved(DATA, "the saved draft-depth table is invalid");
+        tables = tables.with_draft_depth(depth).map_err(invalid)?;
+    }
     Ok((tables, Reader { bytes: confidences }))
 }
 

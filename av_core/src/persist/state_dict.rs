@@ -72,13 +72,10 @@ fn entries(tree: Value) -> Vec<(String, Value)> {
 
 /// `state` as the format's tree (module docs).
 pub fn encode(state: &EstimatorState) -> Value {
-    let version = if state.config.is_version_1() {
-        1
-    } else {
-        VERSION
-    };
+    let v1 = state.config.is_version_1();
+    let version = if v1 { 1 } else { VERSION };
     let mut config = entries(to_value(&state.config));
-    if version == 1 {
+    if v1 {
         config.truncate(EstimatorConfig::VERSION_1_FIELDS);
     }
     let mut shared = entries(to_value(&Shared {
@@ -87,22 +84,17 @@ pub fn encode(state: &EstimatorState) -> Value {
         steps_since_refit: state.steps_since_refit,
         num_refits: state.num_refits,
     }));
+    let counters = shared.split_off(2);
     let mut update = entries(to_value(&state.update));
     let after_round = update.split_off(update.len().min(1));
-    let counters = shared.split_off(2);
-    let mut tree = vec![
-        ("format".to_string(), Value::Str(FORMAT.into())),
-        ("format_version".to_string(), Value::Int(version.into())),
-        ("config".to_string(), Value::Dict(config)),
+    let head = [
+        ("format", Value::Str(FORMAT.into())),
+        ("format_version", Value::Int(version.into())),
+        ("config", Value::Dict(config)),
     ];
-    tree.extend(
-        shared
-            .into_iter()
-            .chain(update)
-            .chain(counters)
-            .chain(after_round),
-    );
-    Value::Dict(tree)
+    let head = head.map(|(key, value)| (key.to_string(), value));
+    let all = head.into_iter().chain(shared).chain(update).chain(counters);
+    Value::Dict(all.chain(after_round).collect())
 }
 
 /// The state from the format's tree (of version 1 or 2), every field checked, errors of `kind`
@@ -116,15 +108,16 @@ pub fn decode(tree: &Value, argument: &'static str, kind: ErrorKind) -> Result<E
         );
         return Err(Error::type_error(argument, message));
     };
-    let pick = |keys: &[&str]| -> Value {
-        Value::Dict(
-            all.iter()
-                .filter(|(k, _)| keys.contains(&k.as_str()))
-                .cloned()
-                .collect(),
-        )
+    let shared_keys = entries(to_value(&Shared::default()))
+        .into_iter()
+        .map(|(key, _)| key);
+    let shared_keys: Vec<String> = shared_keys.collect();
+    let is_shared = |key: &str| shared_keys.iter().any(|k| k == key);
+    let pick = |keep: &dyn Fn(&str) -> bool| -> Vec<(String, Value)> {
+        all.iter().filter(|(k, _)| keep(k)).cloned().collect()
     };
-    let header: Header = from_value(&pick(&["format", "format_version"]), argument, kind)?;
+    let header = Value::Dict(pick(&|k| k == "format" || k == "format_version"));
+    let header: Header = from_value(&header, argument, kind)?;
     if header.format != FORMAT {
         let message = format!("format is {:?}, expected {FORMAT:?}", header.format);
         return Err(Error::new(kind, argument, message));
@@ -135,36 +128,25 @@ pub fn decode(tree: &Value, argument: &'static str, kind: ErrorKind) -> Result<E
             format!("format_version {version} is not supported (this build reads 1 to {VERSION})");
         return Err(Error::new(kind, argument, message));
     }
-    let Some((_, mut config_tree)) = all.iter().find(|(k, _)| k == "config").cloned() else {
+    let Some(mut config_tree) = tree.get("config").cloned() else {
         return Err(Error::new(kind, argument, "[\"config\"] is missing"));
     };
     // The update's part: whatever is not the header, the configuration or the shared fields.
-    let shared_keys: Vec<String> = entries(to_value(&Shared::default()))
-        .into_iter()
-        .map(|(key, _)| key)
-        .collect();
-    let mut update_part: Vec<(String, Value)> = all
-        .iter()
-        .filter(|(k, _)| {
-            !["format", "format_version", "config"].contains(&k.as_str())
-                && !shared_keys.contains(k)
-        })
-        .cloned()
-        .collect();
-    if version == 1 {
-        let before_memory = version_1_defaults(&mut config_tree, argument, kind)?;
-        if before_memory && !update_part.iter().any(|(k, _)| k == "memory_state") {
-            let k = config_tree
-                .get("num_positions")
-                .cloned()
-                .unwrap_or(Value::Int(0));
-            let k: usize = from_value_at(&k, &["config", "num_positions"], argument, kind)?;
-            update_part.push(("memory_state".into(), to_value(&Memory::new(k))));
-        }
+    let header_keys = ["format", "format_version", "config"];
+    let mut update_part = pick(&|k| !header_keys.contains(&k) && !is_shared(k));
+    if version == 1
+        && version_1_defaults(&mut config_tree, argument, kind)?
+        && tree.get("memory_state").is_none()
+    {
+        let k = config_tree
+            .get("num_positions")
+            .cloned()
+            .unwrap_or(Value::Int(0));
+        let k: usize = from_value_at(&k, &["config", "num_positions"], argument, kind)?;
+        update_part.push(("memory_state".into(), to_value(&Memory::new(k))));
     }
     let config: EstimatorConfig = from_value_at(&config_tree, &["config"], argument, kind)?;
-    let shared_keys: Vec<&str> = shared_keys.iter().map(String::as_str).collect();
-    let shared: Shared = from_value(&pick(&shared_keys), argument, kind)?;
+    let shared: Shared = from_value(&Value::Dict(pick(&is_shared)), argument, kind)?;
     let update = UpdateState::from_tree(config.update, &Value::Dict(update_part), argument, kind)?;
     Ok(EstimatorState {
         config,
@@ -186,18 +168,15 @@ fn version_1_defaults(config: &mut Value, argument: &'static str, kind: ErrorKin
     };
     let mut defaults = entries(to_value(&EstimatorConfig::version_1(1)));
     let extension = defaults.split_off(EstimatorConfig::VERSION_1_FIELDS);
-    if let Some((key, _)) = fields
-        .iter()
-        .find(|(k, _)| extension.iter().any(|(e, _)| e == k))
-    {
+    let is_extension = |key: &String| extension.iter().any(|(e, _)| e == key);
+    if let Some((key, _)) = fields.iter().find(|(k, _)| is_extension(k)) {
         let message = format!("[\"config\"][{key:?}] is not a field of format version 1");
         return Err(Error::new(kind, argument, message));
     }
-    let has = |fields: &[(String, Value)], key: &str| fields.iter().any(|(k, _)| k == key);
-    let before_memory = !has(fields, "memory") && !has(fields, "drift_z");
+    let before_memory = !fields.iter().any(|(k, _)| k == "memory" || k == "drift_z");
     if before_memory {
-        fields.push(("memory".into(), Value::Float(0.0)));
         let drift_z = EstimatorConfig::DEFAULT_DRIFT_Z;
+        fields.push(("memory".into(), Value::Float(0.0)));
         fields.push(("drift_z".into(), Value::Float(drift_z)));
     }
     fields.extend(extension);
@@ -210,21 +189,15 @@ fn version_1_defaults(config: &mut Value, argument: &'static str, kind: ErrorKin
 /// refused, and the result is validated as [`AcceptanceEstimator::new`] validates it.
 pub fn decode_config(tree: &Value, argument: &'static str) -> Result<EstimatorConfig> {
     let Value::Dict(given) = tree else {
-        let message = format!(
-            "expected a dict of EstimatorConfig fields, got {}",
-            tree.type_name()
-        );
+        let got = tree.type_name();
+        let message = format!("expected a dict of EstimatorConfig fields, got {got}");
         return Err(Error::type_error(argument, message));
     };
-    let mut fields = given.clone();
-    for (key, value) in entries(to_value(&EstimatorConfig::new(1)))
+    let defaults = entries(to_value(&EstimatorConfig::new(1)))
         .into_iter()
-        .skip(1)
-    {
-        if !fields.iter().any(|(k, _)| *k == key) {
-            fields.push((key, value));
-        }
-    }
+        .skip(1);
+    let left_out = defaults.filter(|(key, _)| given.iter().all(|(k, _)| k != key));
+    let fields = given.iter().cloned().chain(left_out).collect();
     let config: EstimatorConfig = from_value(&Value::Dict(fields), argument, ErrorKind::Value)?;
     config.validate()?;
     Ok(config)

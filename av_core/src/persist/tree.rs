@@ -1,8 +1,7 @@
 //! The value tree every structured state is made of (`state_dict`, a round's statistics, a
 //! refit report), and the serde data format over it: the core's types declare their fields once
 //! (serde derives), [`to_value`] writes them as a tree and [`from_value`] reads them back,
-//! refusing a key no field holds; [`encode`] and [`decode`] turn a tree into bytes and back
-//! (the payload of the estimator's byte format). A binding converts trees to its own values
+//! refusing a key no field holds. A binding converts trees to its own values
 //! and back (Python: `None`, `bool`, `int`, `float`, `str`, `list`, `dict`), one small function
 //! each way, and never decides a key, a version or a check.
 //!
@@ -33,7 +32,6 @@ use serde::de::{self, DeserializeOwned, IntoDeserializer, Unexpected, Visitor};
 use serde::ser::{self, Impossible, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::persist::frame::{Reader, DATA};
 
 /// One value of a tree.
 #[derive(Clone, Debug, PartialEq)]
@@ -118,43 +116,31 @@ fn describe(value: Unexpected<'_>) -> String {
 
 /// `value` as a tree: a struct is a dict of its fields in declaration order, a sequence a list,
 /// an `Option` its value or `None`, a unit enum variant its (renamed) name. A value serde
-/// cannot write as a tree (none of the core's types) becomes a [`Value::Other`] naming why,
-/// which every reader refuses.
+/// cannot write as a tree (none of the core's types: a map, a variant with fields) becomes a
+/// [`Value::Other`] naming why, which every reader refuses.
 pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Value {
     value.serialize(Writer).unwrap_or_else(|e| Value::Other {
         type_name: "error".into(),
-        text: e.0,
+        text: e.message,
     })
 }
 
 /// The serializer of [`to_value`].
 struct Writer;
 
-/// Why a value has no tree (none of the core's types: a tuple or struct enum variant).
-#[derive(Debug)]
-struct WriteError(String);
+type Written = std::result::Result<Value, TreeError>;
+type Collecting = std::result::Result<Collect, TreeError>;
+type NoTree = Impossible<Value, TreeError>;
 
-impl std::fmt::Display for WriteError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for WriteError {}
-
-impl ser::Error for WriteError {
-    fn custom<T: std::fmt::Display>(message: T) -> Self {
-        WriteError(message.to_string())
-    }
-}
-
-type Written = std::result::Result<Value, WriteError>;
-
-/// A list or dict being written.
+/// A list or a struct's dict being written.
 #[derive(Default)]
 struct Collect {
     items: Vec<Value>,
     entries: Vec<(String, Value)>,
+}
+
+fn no_tree<T>(what: &str) -> std::result::Result<T, TreeError> {
+    Err(ser::Error::custom(format!("{what} has no tree")))
 }
 
 macro_rules! write_scalars {
@@ -167,14 +153,14 @@ macro_rules! write_scalars {
 
 impl ser::Serializer for Writer {
     type Ok = Value;
-    type Error = WriteError;
+    type Error = TreeError;
     type SerializeSeq = Collect;
     type SerializeTuple = Collect;
     type SerializeTupleStruct = Collect;
-    type SerializeTupleVariant = Impossible<Value, WriteError>;
-    type SerializeMap = Collect;
+    type SerializeTupleVariant = NoTree;
+    type SerializeMap = NoTree;
     type SerializeStruct = Collect;
-    type SerializeStructVariant = Impossible<Value, WriteError>;
+    type SerializeStructVariant = NoTree;
 
     write_scalars! {
         serialize_bool(bool) => Bool;
@@ -191,12 +177,6 @@ impl ser::Serializer for Writer {
         serialize_f64(f64) => Float;
         serialize_char(char) => Str;
         serialize_str(&str) => Str;
-    }
-
-    fn serialize_u128(self, v: u128) -> Written {
-        i128::try_from(v)
-            .map(Value::Int)
-            .map_err(ser::Error::custom)
     }
 
     fn serialize_bytes(self, v: &[u8]) -> Written {
@@ -239,20 +219,24 @@ impl ser::Serializer for Writer {
         Ok(Value::Dict(vec![(variant.into(), v.serialize(self)?)]))
     }
 
-    fn serialize_seq(self, _: Option<usize>) -> std::result::Result<Collect, WriteError> {
+    fn serialize_seq(self, _: Option<usize>) -> Collecting {
         Ok(Collect::default())
     }
 
-    fn serialize_tuple(self, _: usize) -> std::result::Result<Collect, WriteError> {
+    fn serialize_tuple(self, _: usize) -> Collecting {
         Ok(Collect::default())
     }
 
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> std::result::Result<Collect, WriteError> {
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Collecting {
         Ok(Collect::default())
+    }
+
+    fn serialize_struct(self, _: &'static str, _: usize) -> Collecting {
+        Ok(Collect::default())
+    }
+
+    fn serialize_map(self, _: Option<usize>) -> std::result::Result<NoTree, TreeError> {
+        no_tree("a map")
     }
 
     fn serialize_tuple_variant(
@@ -261,22 +245,8 @@ impl ser::Serializer for Writer {
         _: u32,
         _: &'static str,
         _: usize,
-    ) -> std::result::Result<Self::SerializeTupleVariant, WriteError> {
-        Err(ser::Error::custom(format!(
-            "{name}: a tuple variant has no tree"
-        )))
-    }
-
-    fn serialize_map(self, _: Option<usize>) -> std::result::Result<Collect, WriteError> {
-        Ok(Collect::default())
-    }
-
-    fn serialize_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> std::result::Result<Collect, WriteError> {
-        Ok(Collect::default())
+    ) -> std::result::Result<NoTree, TreeError> {
+        no_tree(&format!("{name}: a tuple variant"))
     }
 
     fn serialize_struct_variant(
@@ -285,10 +255,8 @@ impl ser::Serializer for Writer {
         _: u32,
         _: &'static str,
         _: usize,
-    ) -> std::result::Result<Self::SerializeStructVariant, WriteError> {
-        Err(ser::Error::custom(format!(
-            "{name}: a struct variant has no tree"
-        )))
+    ) -> std::result::Result<NoTree, TreeError> {
+        no_tree(&format!("{name}: a struct variant"))
     }
 }
 
@@ -297,9 +265,9 @@ macro_rules! write_items {
     ($($trait:ident :: $method:ident),*) => {$(
         impl ser::$trait for Collect {
             type Ok = Value;
-            type Error = WriteError;
+            type Error = TreeError;
 
-            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> std::result::Result<(), WriteError> {
+            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> std::result::Result<(), TreeError> {
                 self.items.push(v.serialize(Writer)?);
                 Ok(())
             }
@@ -316,51 +284,15 @@ write_items!(
     SerializeTupleStruct::serialize_field
 );
 
-impl ser::SerializeMap for Collect {
-    type Ok = Value;
-    type Error = WriteError;
-
-    fn serialize_key<T: Serialize + ?Sized>(
-        &mut self,
-        key: &T,
-    ) -> std::result::Result<(), WriteError> {
-        match key.serialize(Writer)? {
-            Value::Str(key) => {
-                self.entries.push((key, Value::None));
-                Ok(())
-            }
-            other => Err(ser::Error::custom(format!(
-                "a dict key is a {}",
-                other.type_name()
-            ))),
-        }
-    }
-
-    fn serialize_value<T: Serialize + ?Sized>(
-        &mut self,
-        v: &T,
-    ) -> std::result::Result<(), WriteError> {
-        match self.entries.last_mut() {
-            Some(entry) => entry.1 = v.serialize(Writer)?,
-            None => return Err(ser::Error::custom("a dict value without its key")),
-        }
-        Ok(())
-    }
-
-    fn end(self) -> Written {
-        Ok(Value::Dict(self.entries))
-    }
-}
-
 impl ser::SerializeStruct for Collect {
     type Ok = Value;
-    type Error = WriteError;
+    type Error = TreeError;
 
     fn serialize_field<T: Serialize + ?Sized>(
         &mut self,
         key: &'static str,
         v: &T,
-    ) -> std::result::Result<(), WriteError> {
+    ) -> std::result::Result<(), TreeError> {
         self.entries.push((key.into(), v.serialize(Writer)?));
         Ok(())
     }
@@ -410,18 +342,18 @@ pub fn from_value_at<T: DeserializeOwned>(
     })
 }
 
-/// A bad value: what is wrong, and where (the path's steps `["key"]` or `[index]`, innermost
-/// first as the error rises).
+/// A bad value (read), or a value with no tree (written): what is wrong, and where (the path's
+/// steps `["key"]` or `[index]`, innermost first as the error rises).
 #[derive(Debug)]
-struct ReadError {
+struct TreeError {
     wrong_type: bool,
     message: String,
     path: Vec<String>,
 }
 
-impl ReadError {
+impl TreeError {
     fn new(wrong_type: bool, message: String) -> Self {
-        ReadError {
+        TreeError {
             wrong_type,
             message,
             path: Vec::new(),
@@ -434,30 +366,33 @@ impl ReadError {
     }
 }
 
-impl std::fmt::Display for ReadError {
+impl std::fmt::Display for TreeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
     }
 }
 
-impl std::error::Error for ReadError {}
+impl std::error::Error for TreeError {}
+
+impl ser::Error for TreeError {
+    fn custom<T: std::fmt::Display>(message: T) -> Self {
+        TreeError::new(false, message.to_string())
+    }
+}
 
 /// What `expected` (serde's words for what a visitor takes) is in a message, and the range
 /// of an integer type.
 fn expectation(expected: &dyn de::Expected) -> (String, Option<String>) {
     let text = expected.to_string();
-    let range = |min: i128, max: u128| Some(format!("{min}..={max}"));
+    let int = |min: i128, max: u128| ("an integer".into(), Some(format!("{min}..={max}")));
     match text.as_str() {
         "f32" | "f64" => ("a number".into(), None),
-        "u8" => ("an integer".into(), range(0, u8::MAX.into())),
-        "u16" => ("an integer".into(), range(0, u16::MAX.into())),
-        "u32" => ("an integer".into(), range(0, u32::MAX.into())),
-        "u64" | "usize" => ("an integer".into(), range(0, u64::MAX.into())),
-        "i64" => (
-            "an integer".into(),
-            range(i64::MIN.into(), i64::MAX as u128),
-        ),
-        "i128" => ("an integer".into(), range(i128::MIN, i128::MAX as u128)),
+        "u8" => int(0, u8::MAX.into()),
+        "u16" => int(0, u16::MAX.into()),
+        "u32" => int(0, u32::MAX.into()),
+        "u64" | "usize" => int(0, u64::MAX.into()),
+        "i64" => int(i64::MIN.into(), i64::MAX as u128),
+        "i128" => int(i128::MIN, i128::MAX as u128),
         "a boolean" => ("a bool".into(), None),
         "a string" | "a borrowed string" | "a character" => ("a string".into(), None),
         "a sequence" => ("a list".into(), None),
@@ -465,9 +400,9 @@ fn expectation(expected: &dyn de::Expected) -> (String, Option<String>) {
     }
 }
 
-impl de::Error for ReadError {
+impl de::Error for TreeError {
     fn custom<T: std::fmt::Display>(message: T) -> Self {
-        ReadError::new(false, message.to_string())
+        TreeError::new(false, message.to_string())
     }
 
     fn invalid_type(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
@@ -478,7 +413,7 @@ impl de::Error for ReadError {
             }
         }
         let (what, _) = expectation(expected);
-        ReadError::new(true, format!("must be {what}, got {}", describe(got)))
+        TreeError::new(true, format!("must be {what}, got {}", describe(got)))
     }
 
     fn invalid_value(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
@@ -498,11 +433,11 @@ impl de::Error for ReadError {
             Some(range) => format!("{what} in {range}"),
             None => what,
         };
-        ReadError::new(false, format!("must be {what}, got {got}"))
+        TreeError::new(false, format!("must be {what}, got {got}"))
     }
 
     fn missing_field(field: &'static str) -> Self {
-        ReadError::new(false, "is missing".into()).under(format!("[{field:?}]"))
+        TreeError::new(false, "is missing".into()).under(format!("[{field:?}]"))
     }
 
     fn unknown_variant(variant: &str, expected: &'static [&'static str]) -> Self {
@@ -511,17 +446,17 @@ impl de::Error for ReadError {
             Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
             _ => names.concat(),
         };
-        ReadError::new(false, format!("must be {choices}, got {variant:?}"))
+        TreeError::new(false, format!("must be {choices}, got {variant:?}"))
     }
 }
 
 /// The deserializer of [`from_value`]: one value of the tree.
 struct At<'a>(&'a Value);
 
-type Read<T> = std::result::Result<T, ReadError>;
+type Read<T> = std::result::Result<T, TreeError>;
 
 impl<'de> de::Deserializer<'de> for At<'_> {
-    type Error = ReadError;
+    type Error = TreeError;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Read<V::Value> {
         match self.0 {
@@ -565,14 +500,14 @@ impl<'de> de::Deserializer<'de> for At<'_> {
     ) -> Read<V::Value> {
         let Value::Dict(entries) = self.0 else {
             let got = self.0.type_name();
-            return Err(ReadError::new(true, format!("must be a dict, got {got}")));
+            return Err(TreeError::new(true, format!("must be a dict, got {got}")));
         };
         if let Some((key, _)) = entries
             .iter()
             .find(|(key, _)| !fields.contains(&key.as_str()))
         {
             let message = format!("is not a field (the fields: {})", fields.join(", "));
-            return Err(ReadError::new(false, message).under(format!("[{key:?}]")));
+            return Err(TreeError::new(false, message).under(format!("[{key:?}]")));
         }
         visitor.visit_map(Entries(entries.iter(), None))
     }
@@ -599,7 +534,7 @@ impl<'de> de::Deserializer<'de> for At<'_> {
 struct Items<'a>(std::iter::Enumerate<std::slice::Iter<'a, Value>>);
 
 impl<'de> de::SeqAccess<'de> for Items<'_> {
-    type Error = ReadError;
+    type Error = TreeError;
 
     fn next_element_seed<T: de::DeserializeSeed<'de>>(
         &mut self,
@@ -622,7 +557,7 @@ struct Entries<'a>(
 );
 
 impl<'de> de::MapAccess<'de> for Entries<'_> {
-    type Error = ReadError;
+    type Error = TreeError;
 
     fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Read<Option<K::Value>> {
         self.1 = self.0.next();
@@ -634,132 +569,10 @@ impl<'de> de::MapAccess<'de> for Entries<'_> {
     fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Read<V::Value> {
         let (key, value) = self
             .1
-            .ok_or_else(|| ReadError::new(false, "a value without its key".into()))?;
+            .ok_or_else(|| TreeError::new(false, "a value without its key".into()))?;
         seed.deserialize(At(value))
             .map_err(|e| e.under(format!("[{key:?}]")))
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Bytes: a tree as a self-describing binary.
-
-/// Deeper than any state nests (a `state_dict` is three levels).
-const MAX_DEPTH: usize = 16;
-
-/// Appends `tree` as bytes (little-endian): a tag byte, then `None` 0, `False` 1, `True` 2, an
-/// int 3 (16 bytes), a float 4 (8 bytes), a string 5 (`u64` length, UTF-8), a list 6 (`u64`
-/// count, items), a dict 7 (`u64` count, then each key as a string without its tag, and its
-/// value); an integer beyond `i128` 8 and a value of another type 9 (their texts). Each number
-/// has one width, so a state's length does not depend on its values.
-pub fn encode(tree: &Value, out: &mut Vec<u8>) {
-    fn text(out: &mut Vec<u8>, s: &str) {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
-    }
-    match tree {
-        Value::None => out.push(0),
-        Value::Bool(b) => out.push(1 + u8::from(*b)),
-        Value::Int(v) => {
-            out.push(3);
-            out.extend(v.to_le_bytes());
-        }
-        Value::Float(v) => {
-            out.push(4);
-            out.extend(v.to_le_bytes());
-        }
-        Value::Str(s) => {
-            out.push(5);
-            text(out, s);
-        }
-        Value::List(items) => {
-            out.push(6);
-            out.extend((items.len() as u64).to_le_bytes());
-            items.iter().for_each(|item| encode(item, out));
-        }
-        Value::Dict(entries) => {
-            out.push(7);
-            out.extend((entries.len() as u64).to_le_bytes());
-            for (key, value) in entries {
-                text(out, key);
-                encode(value, out);
-            }
-        }
-        Value::BigInt { text: t, .. } => {
-            out.push(8);
-            text(out, t);
-        }
-        Value::Other { type_name, text: t } => {
-            out.push(9);
-            text(out, type_name);
-            text(out, t);
-        }
-    }
-}
-
-/// The tree [`encode`] wrote, which must fill `bytes` exactly; anything else is an error of
-/// kind `State` naming `data`.
-pub fn decode(bytes: &[u8]) -> Result<Value> {
-    let mut reader = Reader { bytes };
-    let tree = read(&mut reader, 0)?;
-    reader.finish()?;
-    Ok(tree)
-}
-
-fn read(r: &mut Reader<'_>, depth: usize) -> Result<Value> {
-    let broken = |why: String| Error::state(DATA, why);
-    if depth > MAX_DEPTH {
-        return Err(broken(format!(
-            "values nest deeper than {MAX_DEPTH} levels"
-        )));
-    }
-    // A count of items at least `least` bytes long each, refused before any allocation if the
-    // data cannot hold it.
-    let count = |r: &mut Reader<'_>, least: usize| -> Result<usize> {
-        let n = r.u64("a length")?;
-        match usize::try_from(n) {
-            Ok(n) if n <= r.bytes.len() / least => Ok(n),
-            _ => Err(broken(format!("a length of {n} exceeds the data"))),
-        }
-    };
-    let text = |r: &mut Reader<'_>| -> Result<String> {
-        let n = count(r, 1)?;
-        let (head, rest) = r.bytes.split_at(n);
-        r.bytes = rest;
-        String::from_utf8(head.to_vec()).map_err(|_| broken("a string is not UTF-8".into()))
-    };
-    Ok(match r.u8("a tag")? {
-        0 => Value::None,
-        1 => Value::Bool(false),
-        2 => Value::Bool(true),
-        3 => Value::Int(r.i128("an int")?),
-        4 => Value::Float(r.f64("a float")?),
-        5 => Value::Str(text(r)?),
-        6 => {
-            let n = count(r, 1)?;
-            Value::List((0..n).map(|_| read(r, depth + 1)).collect::<Result<_>>()?)
-        }
-        7 => {
-            let n = count(r, 9)?;
-            let mut entries: Vec<(String, Value)> = Vec::with_capacity(n);
-            for _ in 0..n {
-                let key = text(r)?;
-                if entries.iter().any(|(k, _)| *k == key) {
-                    return Err(broken(format!("the key {key:?} appears twice")));
-                }
-                entries.push((key, read(r, depth + 1)?));
-            }
-            Value::Dict(entries)
-        }
-        8 => Value::BigInt {
-            text: text(r)?,
-            float: None,
-        },
-        9 => Value::Other {
-            type_name: text(r)?,
-            text: text(r)?,
-        },
-        tag => return Err(broken(format!("unknown value tag {tag}"))),
-    })
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from av_core._checks import _check_int
+from av_core._native import InvalidValueError
 from av_core.llama_cpp.engine import RunResult, Runtime, SpeculativeEngine, StepRecord
 from av_core.llama_cpp.policies import (
     DEFAULT_POLICIES,
@@ -52,7 +53,7 @@ def open_engine(
     need = requests * per_sequence
     size = need if n_ctx is None else int(n_ctx)
     if size < need:
-        raise ValueError(
+        raise InvalidValueError(
             f"n_ctx = {size} is too small for {requests} requests x ({tokens_per_request} "
             f"tokens + {max_positions + 1} for a draft block): at least {need}"
         )

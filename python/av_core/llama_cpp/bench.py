@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from av_core._native import InvalidValueError
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.engine import RunResult, SpeculativeEngine
 from av_core.llama_cpp.policies import DEFAULT_POLICIES, PolicySpec
@@ -57,7 +58,7 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What one benchmark runs (defaults: the issue's full benchmark)."""
+    """What one benchmark runs (defaults: the full benchmark of docs/llama-cpp.md)."""
 
     target: str
     drafter: str
@@ -332,7 +333,7 @@ def run_bench(
         chosen = select_prompts(engine, prompts, config.max_prompt_tokens)
         need = largest * config.repeats
         if len(chosen) < need:
-            raise ValueError(
+            raise InvalidValueError(
                 f"prompts: {len(chosen)} prompts fit --max-prompt-tokens "
                 f"{config.max_prompt_tokens}, "
                 f"R = {largest} x {config.repeats} repeats need {need}"
@@ -406,7 +407,7 @@ def _check_depths(config: BenchConfig) -> None:
     for name in config.policies:
         policy = PolicySpec(name).check(config.num_positions)
         if not policy.greedy and policy.num_positions > config.num_positions:
-            raise ValueError(
+            raise InvalidValueError(
                 f"--policies: {name} drafts {policy.num_positions} positions, more than --k "
                 f"{config.num_positions} (its prediction replays the K={config.num_positions} "
                 "trace); raise --k"
@@ -417,17 +418,17 @@ def _check_settings(path: Path, config: BenchConfig) -> None:
     """``ValueError`` naming the output folder when it is not a folder or holds a benchmark of
     other settings than ``config``'s (its runs would be mixed with these)."""
     if path.parent.exists() and not path.parent.is_dir():
-        raise ValueError(f"--out {path.parent}: not a folder")
+        raise InvalidValueError(f"--out {path.parent}: not a folder")
     wanted = config.settings()
     if not path.exists():
         return
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not a bench-engine settings file ({error})") from None
+        raise InvalidValueError(f"{path}: not a bench-engine settings file ({error})") from None
     differ = [f"{k} {found.get(k)!r} (now {v!r})" for k, v in wanted.items() if found.get(k) != v]
     if differ:
-        raise ValueError(
+        raise InvalidValueError(
             f"--out {path.parent}: holds a benchmark of other settings: {', '.join(differ)}; "
             "use another --out or remove it"
         )

@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from av_core._native import InvalidValueError
 from av_core.llama_cpp import open_engine
 from av_core.llama_cpp.bench import run_trace
 from av_core.llama_cpp.policies import FixedK
@@ -43,7 +44,7 @@ def collect_llama(
     its last ``max_prompt_tokens`` tokens."""
     output = Path(output)
     if not output.name.endswith((".csv", ".csv.gz")):
-        raise ValueError(f"output must be a .csv or .csv.gz file, got {str(output)!r}")
+        raise InvalidValueError(f"output must be a .csv or .csv.gz file, got {str(output)!r}")
     done = completed_prompt_ids(output)
     todo = [(i, p) for i, p in enumerate(prompts) if p.prompt_id not in done]
     skipped = len(prompts) - len(todo)

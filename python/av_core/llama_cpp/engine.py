@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.llama_cpp.policies import Policy, llama_cpp_confidence
 from av_core.llama_cpp.sampling import (
     FloatArray,
@@ -173,7 +174,7 @@ class SpeculativeEngine:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if target.n_vocab != drafter.n_vocab:
-            raise ValueError(
+            raise InvalidValueError(
                 f"target and drafter vocabularies differ ({target.n_vocab} against "
                 f"{drafter.n_vocab} tokens)"
             )
@@ -190,12 +191,12 @@ class SpeculativeEngine:
         need = max(len(p) for p in prompts) + max_new_tokens + self.max_positions + 1
         for name, runtime in (("target", self.target), ("drafter", self.drafter)):
             if r > runtime.n_seq_max:
-                raise ValueError(
+                raise InvalidValueError(
                     f"n_seq_max: the {name} context holds {runtime.n_seq_max} sequences, "
                     f"{r} requests were given"
                 )
             if need > runtime.seq_capacity:
-                raise ValueError(
+                raise InvalidValueError(
                     f"n_ctx: the {name} context gives each of its {runtime.n_seq_max} sequences "
                     f"{runtime.seq_capacity} cells, a request needs {need} (prompt + "
                     f"{max_new_tokens} new tokens + {self.max_positions + 1}); raise n_ctx to at "
@@ -205,9 +206,9 @@ class SpeculativeEngine:
     def _check_tokens(self, name: str, tokens: Sequence[object]) -> None:
         for i, token in enumerate(tokens):
             if isinstance(token, bool) or not isinstance(token, int | np.integer):
-                raise TypeError(f"{name}[{i}] must be a token id (int), got {token!r}")
+                raise InvalidTypeError(f"{name}[{i}] must be a token id (int), got {token!r}")
             if not 0 <= token < self.target.n_vocab:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{name}[{i}] = {token} is not a token id of the "
                     f"{self.target.n_vocab}-token vocabulary"
                 )
@@ -220,16 +221,16 @@ class SpeculativeEngine:
         stop_tokens: Sequence[int],
     ) -> None:
         if len(prompts) == 0 or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts: every request needs at least one prompt token")
+            raise InvalidValueError("prompts: every request needs at least one prompt token")
         for r, prompt in enumerate(prompts):
             self._check_tokens(f"prompts[{r}]", prompt)
         self._check_tokens("stop_tokens", list(stop_tokens))
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int | np.integer):
-            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+            raise InvalidTypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise InvalidValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if policy.num_positions > self.max_positions:
-            raise ValueError(
+            raise InvalidValueError(
                 f"policy {policy.name} drafts up to {policy.num_positions} positions, more than "
                 f"max_positions = {self.max_positions}"
             )

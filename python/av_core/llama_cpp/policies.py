@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import AcceptanceEstimator, CostTables, VerificationPlanner
-from av_core._native import VLLM_ESTIMATOR
+from av_core._native import VLLM_ESTIMATOR, InvalidValueError
 
 if TYPE_CHECKING:
     from av_core.llama_cpp.profile import OnlineCosts
@@ -110,7 +110,7 @@ class LlamaCppPolicy(FixedK):
         p_min: float = LLAMA_CPP_P_MIN,
     ) -> None:
         if n_max < 1 or n_min < 0 or not 0.0 <= p_min <= 1.0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"llama.cpp policy needs n_max >= 1, n_min >= 0 and p_min in [0, 1], got "
                 f"n_max={n_max}, n_min={n_min}, p_min={p_min}"
             )
@@ -249,7 +249,7 @@ class PolicySpec:
             return LlamaCppPolicy(p_min=_parse(name, name[len("llama.cpp-p") :], float))
         if name in ("vLLM-AV", "AV+D", "AV"):
             if tables is None:
-                raise ValueError(f"policy {name!r} needs cost tables (av-core profile)")
+                raise InvalidValueError(f"policy {name!r} needs cost tables (av-core profile)")
             return AdaptivePolicy(
                 tables,
                 num_positions,
@@ -258,7 +258,7 @@ class PolicySpec:
                 vllm=name == "vLLM-AV",
                 online=online,
             )
-        raise ValueError(
+        raise InvalidValueError(
             f"policy: unknown policy {name!r} (no-spec, K=<k>, llama.cpp, llama.cpp-p<p_min>, "
             "vLLM-AV, AV, AV+D)"
         )
@@ -268,9 +268,9 @@ def _parse(name: str, text: str, kind: type[int] | type[float]) -> int | float:
     try:
         value = kind(text)
     except ValueError:
-        raise ValueError(f"policy: cannot read {name!r}") from None
+        raise InvalidValueError(f"policy: cannot read {name!r}") from None
     if value < 0 or (kind is int and value > 64):
-        raise ValueError(f"policy: {name!r} is out of range")
+        raise InvalidValueError(f"policy: {name!r} is out of range")
     return value
 
 

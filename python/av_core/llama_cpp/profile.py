@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from av_core import CostTables
+from av_core._native import InvalidValueError
 from av_core.llama_cpp.engine import Draft, SpeculativeEngine
 from av_core.llama_cpp.policies import FixedK
 from av_core.llama_cpp.sampling import NumpySource
@@ -165,7 +166,7 @@ class EngineCosts:
 
     def _entry(self, requests: int) -> dict[str, Points]:
         if requests not in self.points:
-            raise ValueError(
+            raise InvalidValueError(
                 f"requests: the cost file has no profile at R = {requests} (it has "
                 f"{', '.join(map(str, sorted(self.points)))}); profile that concurrency"
             )
@@ -192,9 +193,9 @@ class EngineCosts:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"{path}: not a llama.cpp cost file ({error})") from None
+            raise InvalidValueError(f"{path}: not a llama.cpp cost file ({error})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{path}: not a llama.cpp cost file (no 'format': {FORMAT!r}); write one with "
                 "'av-core profile --engine llama.cpp'"
             )
@@ -210,11 +211,11 @@ class EngineCosts:
             }
             num_positions = int(data["num_positions"])
         except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{path}: malformed llama.cpp cost file ({error!r})") from None
+            raise InvalidValueError(f"{path}: malformed llama.cpp cost file ({error!r})") from None
         for entry in points.values():
             for key, values in entry.items():
                 if not values or any(not math.isfinite(ms) or ms < 0 for _, ms in values):
-                    raise ValueError(f"{path}: {key!r} needs finite, non-negative times")
+                    raise InvalidValueError(f"{path}: {key!r} needs finite, non-negative times")
         metadata = {
             k: v
             for k, v in data.items()
@@ -358,7 +359,9 @@ class OnlineCosts:
         window: int = 16,
     ) -> None:
         if interval < 1 or window < 1:
-            raise ValueError(f"interval and window must be >= 1, got {interval} and {window}")
+            raise InvalidValueError(
+                f"interval and window must be >= 1, got {interval} and {window}"
+            )
         self.base = {key: dict(points[key]) for key in ("verify", "draft")}
         self.num_positions, self.requests = num_positions, requests
         self.interval, self.window = interval, window

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import _settings as settings
+from av_core._native import InvalidValueError
 
 #: The functions of llama-cpp-python's low-level API the integration calls.
 REQUIRED_API = tuple(
@@ -55,13 +56,13 @@ def llama_api(module: ModuleType | None = None) -> ModuleType:
     fields = {name for name, *_ in getattr(api.llama_context_params, "_fields_", [])}
     missing = [name for name in REQUIRED_API if not callable(getattr(api, name, None))]
     if missing:
-        raise ValueError(
+        raise InvalidValueError(
             f"llama-cpp-python {version} has no {missing[0]}: av_core.llama_cpp needs the "
             "low-level API of llama-cpp-python >= 0.3.36"
         )
     for name in REQUIRED_CONTEXT_FIELDS:
         if name not in fields:
-            raise ValueError(
+            raise InvalidValueError(
                 f"llama-cpp-python {version}: llama_context_params has no field {name!r}: "
                 "av_core.llama_cpp needs llama-cpp-python >= 0.3.36"
             )
@@ -83,20 +84,22 @@ class Model:
         self.api = llama_api(api)
         self.path = Path(path)
         if not self.path.exists():
-            raise ValueError(f"{self.path}: no such GGUF file")
+            raise InvalidValueError(f"{self.path}: no such GGUF file")
         if not self.path.is_file():
-            raise ValueError(f"{self.path}: not a regular file (a GGUF model file is expected)")
+            raise InvalidValueError(
+                f"{self.path}: not a regular file (a GGUF model file is expected)"
+            )
         with self.path.open("rb") as handle:
             magic = handle.read(4)
         if magic != b"GGUF":
-            raise ValueError(
+            raise InvalidValueError(
                 f"{self.path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')"
             )
         params = self.api.llama_model_default_params()
         params.n_gpu_layers = 0
         self.handle = self.api.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.handle:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{self.path}: llama.cpp could not load this GGUF (corrupt or unsupported)"
             )
         self.vocab = self.api.llama_model_get_vocab(self.handle)
@@ -164,7 +167,7 @@ def check_same_vocabulary(target: Model, drafter: Model) -> None:
         pairs = enumerate(zip(target.vocabulary(), drafter.vocabulary(), strict=True))
         why = next((f"token {i} is {a!r} against {b!r}" for i, (a, b) in pairs if a != b), "")
     if why:
-        raise ValueError(
+        raise InvalidValueError(
             f"{target.path} and {drafter.path}: target and drafter vocabularies differ ({why})"
         )
 
@@ -184,7 +187,7 @@ class Context:
         params.kv_unified = False
         self.handle = api.llama_init_from_model(model.handle, params)
         if not self.handle:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{model.path}: llama.cpp could not create a context with n_ctx={n_ctx}, "
                 f"n_seq_max={n_seq_max}"
             )
@@ -212,7 +215,9 @@ class Context:
         in batch order, float32 [n_marked, V] (a copy)."""
         n = len(tokens)
         if n > self.n_ctx:
-            raise ValueError(f"n_batch: a batch of {n} tokens exceeds n_batch = {self.n_ctx}")
+            raise InvalidValueError(
+                f"n_batch: a batch of {n} tokens exceeds n_batch = {self.n_ctx}"
+            )
         batch = self.batch
         batch.n_tokens = n
         for i in range(n):

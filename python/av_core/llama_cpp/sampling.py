@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core import _native
+from av_core._native import InvalidTypeError, InvalidValueError
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -41,15 +42,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
-            raise TypeError(f"temperature must be a number, got {self.temperature!r}")
+            raise InvalidTypeError(f"temperature must be a number, got {self.temperature!r}")
         if not math.isfinite(self.temperature):
-            raise ValueError(f"temperature must be finite, got {self.temperature!r}")
+            raise InvalidValueError(f"temperature must be finite, got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise TypeError(f"top_k must be an int, got {self.top_k!r}")
+            raise InvalidTypeError(f"top_k must be an int, got {self.top_k!r}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float):
-            raise TypeError(f"top_p must be a number, got {self.top_p!r}")
+            raise InvalidTypeError(f"top_p must be a number, got {self.top_p!r}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+            raise InvalidValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:

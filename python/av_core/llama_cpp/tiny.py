@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from av_core._native import InvalidValueError
+
 #: Special tokens of the SentencePiece-style vocabulary: unknown, begin and end of sequence.
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 
@@ -29,7 +31,7 @@ def tiny_vocabulary(vocab_size: int = 384) -> list[str]:
     """``<unk>``, ``<s>``, ``</s>``, the byte tokens, the characters, then word pieces up to
     ``vocab_size`` tokens: any text tokenizes (characters, else bytes)."""
     if vocab_size < MIN_VOCAB:
-        raise ValueError(f"vocab_size must be >= {MIN_VOCAB}, got {vocab_size}")
+        raise InvalidValueError(f"vocab_size must be >= {MIN_VOCAB}, got {vocab_size}")
     words = (f"\u2581w{i}" for i in range(vocab_size - MIN_VOCAB))
     return [*SPECIAL_TOKENS, *BYTE_TOKENS, *CHARACTER_TOKENS, *words]
 

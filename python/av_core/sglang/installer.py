@@ -42,7 +42,7 @@ from av_core._engine_interface import (
     engine_version,
     resolve,
 )
-from av_core._native import CostTables
+from av_core._native import CostTables, InvalidTypeError, InvalidValueError
 from av_core._settings import SGLANG_OFF as SGLANG_OFF
 from av_core._settings import SGLANG_ON as SGLANG_ON
 from av_core.sglang.interface import (
@@ -190,11 +190,11 @@ def _read_config(path: str | None, default: Mapping[str, Any] | None) -> Mapping
     """SGLang's adaptive config file, or its default (``ValueError`` naming the file)."""
     if path is None:
         if not isinstance(default, Mapping):
-            raise ValueError("no adaptive config given and SGLang has no default for it")
+            raise InvalidValueError("no adaptive config given and SGLang has no default for it")
         return default
     config = json.loads(Path(path).read_text())
     if not isinstance(config, Mapping):
-        raise ValueError(f"adaptive config {path}: expected a JSON object")
+        raise InvalidValueError(f"adaptive config {path}: expected a JSON object")
     return config
 
 
@@ -250,9 +250,9 @@ def install(
     if _installed:
         return installed()
     if cost_tables is not None and not isinstance(cost_tables, CostTables):
-        raise TypeError(f"cost_tables must be av_core.CostTables, got {type(cost_tables)!r}")
+        raise InvalidTypeError(f"cost_tables must be av_core.CostTables, got {type(cost_tables)!r}")
     if profile is not None and not isinstance(profile, bool):
-        raise TypeError(f"profile must be a bool or None, got {profile!r}")
+        raise InvalidTypeError(f"profile must be a bool or None, got {profile!r}")
     # Every setting is read before anything is patched: a bad value fails here, naming it
     # (docs/settings.md).
     settings.check(settings.SGLANG_SETTINGS)
@@ -277,14 +277,14 @@ def install(
         }
     unknown = sorted(set(options) - accepted)
     if unknown:
-        raise TypeError(
+        raise InvalidTypeError(
             f"install: {unknown} are not {policy.__name__} options ({sorted(accepted)}); "
             "nothing was patched"
         )
     if not costs_given:
         runtime = _import_optional(RUNTIME_STATE_MODULE)
         if runtime is None or getattr(runtime, "AdaptiveProfilingPolicy", None) is None:
-            raise ValueError(
+            raise InvalidValueError(
                 f"av_core's SGLang policy needs cost tables: pass install(cost_tables=...) or "
                 f"set {ENV_COSTS} to a CostTables JSON or an av-core profile file (this SGLang "
                 "has no start-up profiling to price steps from); nothing was patched"

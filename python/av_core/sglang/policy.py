@@ -57,7 +57,13 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from av_core._native import ESTIMATOR_DEFAULTS, AcceptanceEstimator, CostTables
+from av_core._native import (
+    ESTIMATOR_DEFAULTS,
+    AcceptanceEstimator,
+    CostTables,
+    InvalidTypeError,
+    InvalidValueError,
+)
 
 
 @dataclass
@@ -93,16 +99,16 @@ class _Counters:
 
 def _steps_list(value: object, name: str) -> list[int]:
     if isinstance(value, str | bytes) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} must be a sequence of ints, got {value!r}")
+        raise InvalidTypeError(f"{name} must be a sequence of ints, got {value!r}")
     steps = []
     for item in value:
         if isinstance(item, bool) or not isinstance(item, int | np.integer):
-            raise TypeError(f"{name} must hold ints, got {item!r}")
+            raise InvalidTypeError(f"{name} must hold ints, got {item!r}")
         if item < 0:
-            raise ValueError(f"{name} must hold steps >= 0, got {item}")
+            raise InvalidValueError(f"{name} must hold steps >= 0, got {item}")
         steps.append(int(item))
     if not steps:
-        raise ValueError(f"{name} must not be empty")
+        raise InvalidValueError(f"{name} must not be empty")
     return sorted(set(steps))
 
 
@@ -145,53 +151,61 @@ class CostAwarePolicy:
         feature_rows: int = 256,
     ) -> None:
         if cost_tables is None and self._needs_tables:
-            raise TypeError(
+            raise InvalidTypeError(
                 "cost_tables must be av_core.CostTables (only ProfilingCostAwarePolicy, which "
                 "prices steps from SGLang's own profiling, runs without), got None"
             )
         if cost_tables is not None and not isinstance(cost_tables, CostTables):
-            raise TypeError(f"cost_tables must be av_core.CostTables, got {type(cost_tables)!r}")
+            raise InvalidTypeError(
+                f"cost_tables must be av_core.CostTables, got {type(cost_tables)!r}"
+            )
         if isinstance(candidate_steps, Mapping):
             if not candidate_steps:
-                raise ValueError("candidate_steps must not be empty")
+                raise InvalidValueError("candidate_steps must not be empty")
             tiers: dict[int, list[int]] = {}
             for key, steps in candidate_steps.items():
                 if isinstance(key, bool) or not isinstance(key, int | np.integer) or key < 0:
-                    raise ValueError(f"candidate_steps keys must be batch sizes >= 0, got {key!r}")
+                    raise InvalidValueError(
+                        f"candidate_steps keys must be batch sizes >= 0, got {key!r}"
+                    )
                 tiers[int(key)] = _steps_list(steps, f"candidate_steps[{key}]")
         else:
             tiers = {1: _steps_list(candidate_steps, "candidate_steps")}
         union = sorted({s for steps in tiers.values() for s in steps})
         if union[-1] < 1:
-            raise ValueError(f"candidate_steps must include a step >= 1, got {union}")
+            raise InvalidValueError(f"candidate_steps must include a step >= 1, got {union}")
         k = union[-1]
         if drafter not in ("autoregressive", "parallel"):
-            raise ValueError(f"drafter must be 'autoregressive' or 'parallel', got {drafter!r}")
+            raise InvalidValueError(
+                f"drafter must be 'autoregressive' or 'parallel', got {drafter!r}"
+            )
         if cost_tables is None:
             pass
         elif cost_tables.max_draft_depth is None:
             cost_tables = cost_tables.with_draft_depth(drafter, max_depth=k)
         elif cost_tables.max_draft_depth != k:
-            raise ValueError(
+            raise InvalidValueError(
                 f"cost_tables: the draft-depth table covers {cost_tables.max_draft_depth} "
                 f"positions, the candidate steps {k}"
             )
         if not (isinstance(hysteresis, float | int) and math.isfinite(hysteresis)) or (
             hysteresis < 0
         ):
-            raise ValueError(f"hysteresis must be a finite number >= 0, got {hysteresis!r}")
+            raise InvalidValueError(f"hysteresis must be a finite number >= 0, got {hysteresis!r}")
         if probe_interval is not None and (
             isinstance(probe_interval, bool)
             or not isinstance(probe_interval, int)
             or probe_interval < 1
         ):
-            raise ValueError(f"probe_interval must be an int >= 1 or None, got {probe_interval!r}")
+            raise InvalidValueError(
+                f"probe_interval must be an int >= 1 or None, got {probe_interval!r}"
+            )
         if initial_steps is not None and (
             isinstance(initial_steps, bool) or not isinstance(initial_steps, int)
         ):
-            raise TypeError(f"initial_steps must be an int or None, got {initial_steps!r}")
+            raise InvalidTypeError(f"initial_steps must be an int or None, got {initial_steps!r}")
         if isinstance(feature_rows, bool) or not isinstance(feature_rows, int) or feature_rows < 1:
-            raise ValueError(f"feature_rows must be an int >= 1, got {feature_rows!r}")
+            raise InvalidValueError(f"feature_rows must be an int >= 1, got {feature_rows!r}")
         if estimator is None:
             estimator = (
                 AcceptanceEstimator(k, refit_interval=refit_interval)
@@ -199,9 +213,11 @@ class CostAwarePolicy:
                 else AcceptanceEstimator(k, refit_interval=refit_interval, memory=memory)
             )
         elif not isinstance(estimator, AcceptanceEstimator):
-            raise TypeError(f"estimator must be av_core.AcceptanceEstimator, got {estimator!r}")
+            raise InvalidTypeError(
+                f"estimator must be av_core.AcceptanceEstimator, got {estimator!r}"
+            )
         elif estimator.num_positions != k:
-            raise ValueError(
+            raise InvalidValueError(
                 f"estimator has {estimator.num_positions} positions, the candidate steps {k}"
             )
         self._tables = cost_tables
@@ -361,18 +377,20 @@ class CostAwarePolicy:
         needs ``drafter_features=True``). Call it after drafting and before that batch's
         ``on_verify_complete``; it changes no choice already made."""
         if not self._drafter_features:
-            raise ValueError("record_draft_features needs CostAwarePolicy(drafter_features=True)")
+            raise InvalidValueError(
+                "record_draft_features needs CostAwarePolicy(drafter_features=True)"
+            )
         if not self._pending:
-            raise ValueError("record_draft_features: no batch is waiting for its verify")
+            raise InvalidValueError("record_draft_features: no batch is waiting for its verify")
         launch = self._pending[-1]
         x = np.asarray(features, dtype=np.float32)
         if x.ndim != 2 or x.shape[0] != launch.batch_size or x.shape[1] < launch.steps:
-            raise ValueError(
+            raise InvalidValueError(
                 f"features must be [{launch.batch_size}, >= {launch.steps}] for the batch just "
                 f"drafted, got shape {x.shape}"
             )
         if not np.all(np.isfinite(x[:, : launch.steps])):
-            raise ValueError("features must be finite")
+            raise InvalidValueError("features must be finite")
         row = np.full((launch.batch_size, self._k), np.nan, dtype=np.float32)
         row[:, : launch.steps] = x[:, : launch.steps]
         self._feature_rows.extend(row)
@@ -408,7 +426,7 @@ class CostAwarePolicy:
         changes no state."""
         batch = _batch_size(batch_size)
         if batch == 0:
-            raise ValueError("batch_size must be >= 1 to price steps")
+            raise InvalidValueError("batch_size must be >= 1 to price steps")
         return self._rates(batch, self._tiers[self._route(batch)])
 
     # --- internals ----------------------------------------------------------------------------
@@ -503,17 +521,17 @@ class CostAwarePolicy:
 
 def _steps_value(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+        raise InvalidTypeError(f"{name} must be an int, got {value!r}")
     if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+        raise InvalidValueError(f"{name} must be >= 0, got {value}")
     return int(value)
 
 
 def _batch_size(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"batch_size must be an int, got {value!r}")
+        raise InvalidTypeError(f"batch_size must be an int, got {value!r}")
     if value < 0:
-        raise ValueError(f"batch_size must be >= 0, got {value}")
+        raise InvalidValueError(f"batch_size must be >= 0, got {value}")
     return int(value)
 
 
@@ -529,7 +547,7 @@ def config_candidate_steps(
     integers are settings, not tiers (as in SGLang); tuning keys of the EMA are ignored."""
     config = json.loads(Path(cfg_path).read_text()) if cfg_path is not None else default
     if not isinstance(config, Mapping):
-        raise ValueError(f"adaptive config {cfg_path}: expected a JSON object")
+        raise InvalidValueError(f"adaptive config {cfg_path}: expected a JSON object")
     tiers = {}
     for key, entry in config.items():
         if not str(key).isdigit():
@@ -537,7 +555,7 @@ def config_candidate_steps(
         steps = entry.get("candidate_steps") if isinstance(entry, Mapping) else None
         tiers[int(key)] = _steps_list(steps, f"adaptive config {key!r} candidate_steps")
     if not tiers:
-        raise ValueError(f"adaptive config {cfg_path}: no batch-size tier (integer key)")
+        raise InvalidValueError(f"adaptive config {cfg_path}: no batch-size tier (integer key)")
     return tiers
 
 
@@ -555,7 +573,7 @@ def load_cost_tables(
     text = Path(path).read_text()
     data = json.loads(text)
     if not isinstance(data, Mapping):
-        raise ValueError(f"{path}: expected a JSON object")
+        raise InvalidValueError(f"{path}: expected a JSON object")
     if "draft_ms" in data:
         tables = CostTables.from_json(text)
     elif "verify" in data:
@@ -570,7 +588,9 @@ def load_cost_tables(
             max_draft_depth=num_positions if depth else None,
         )
     else:
-        raise ValueError(f"{path}: neither a CostTables JSON nor an av-core profile cost file")
+        raise InvalidValueError(
+            f"{path}: neither a CostTables JSON nor an av-core profile cost file"
+        )
     if tables.max_draft_depth is None:
         tables = tables.with_draft_depth(drafter, max_depth=num_positions)
     return tables

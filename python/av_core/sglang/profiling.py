@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from av_core._native import CostTables
+from av_core._native import CostTables, InvalidTypeError, InvalidValueError
 from av_core.sglang.policy import CostAwarePolicy, _batch_size, _steps_list, _steps_value
 
 
@@ -74,7 +74,7 @@ class ProfilingCostAwarePolicy(CostAwarePolicy):
         if profile_batch_sizes is not None:
             profile_batch_sizes = _steps_list(profile_batch_sizes, "profile_batch_sizes")
             if profile_batch_sizes[0] < 1:
-                raise ValueError(
+                raise InvalidValueError(
                     f"profile_batch_sizes must hold sizes >= 1, got {profile_batch_sizes}"
                 )
         for name, value, low in (
@@ -86,9 +86,11 @@ class ProfilingCostAwarePolicy(CostAwarePolicy):
             if value is None and name == "max_profile_batch_size":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+                raise InvalidValueError(f"{name} must be an int >= {low}, got {value!r}")
         if not callable(plan_type) or not callable(point_type):
-            raise TypeError("plan_type and point_type must be callables (SGLang's dataclasses)")
+            raise InvalidTypeError(
+                "plan_type and point_type must be callables (SGLang's dataclasses)"
+            )
         super().__init__(cost_tables, candidate_steps, **options)
         self._profile_sizes = profile_batch_sizes
         self._max_profile_batch = max_profile_batch_size
@@ -119,7 +121,7 @@ class ProfilingCostAwarePolicy(CostAwarePolicy):
             if s in self._tiers[self._tier_key(b)]
         )
         if not points and self._tables is None:
-            raise ValueError(
+            raise InvalidValueError(
                 "av_core's SGLang policy has no cost tables and nothing to profile (no captured "
                 "CUDA-graph batch size within max_running_requests and the profile settings): "
                 "give it cost tables (AV_CORE_SGLANG_COSTS)"
@@ -141,14 +143,14 @@ class ProfilingCostAwarePolicy(CostAwarePolicy):
         batch = _batch_size(batch_size)
         step = _steps_value(steps, "steps")
         if batch < 1 or step not in self._union:
-            raise ValueError(
+            raise InvalidValueError(
                 f"record_profile: batch_size must be >= 1 and steps a candidate step "
                 f"{self._union}, got batch_size={batch}, steps={step}"
             )
         if isinstance(avg_ms, bool) or not isinstance(avg_ms, int | float | np.number):
-            raise TypeError(f"avg_ms must be a number, got {avg_ms!r}")
+            raise InvalidTypeError(f"avg_ms must be a number, got {avg_ms!r}")
         if not (math.isfinite(float(avg_ms)) and float(avg_ms) > 0.0):
-            raise ValueError(f"avg_ms must be finite and > 0, got {avg_ms!r}")
+            raise InvalidValueError(f"avg_ms must be finite and > 0, got {avg_ms!r}")
         self._profile.setdefault(step, {})[batch] = float(avg_ms)
 
     def profile_summary(self) -> str:

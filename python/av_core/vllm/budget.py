@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.vllm import metrics as vllm_metrics
 from av_core.vllm.checks import (
     _check_confidences,
@@ -90,21 +91,23 @@ def build_cost_tables_from_curves(
 def _curve_points(curve: object, name: str) -> list[tuple[float, float]]:
     """``[(size, ms), ...]`` as float pairs; ranges are the core's to check."""
     if isinstance(curve, str | bytes) or not isinstance(curve, Sequence):
-        raise TypeError(f"{name} must be a list of (size, ms) pairs, got {type(curve).__name__}")
+        raise InvalidTypeError(
+            f"{name} must be a list of (size, ms) pairs, got {type(curve).__name__}"
+        )
     points: list[tuple[float, float]] = []
     for index, point in enumerate(curve):
         if isinstance(point, str | bytes) or not isinstance(point, Sequence) or len(point) != 2:
-            raise TypeError(f"{name}[{index}] must be a (size, ms) pair, got {point!r}")
+            raise InvalidTypeError(f"{name}[{index}] must be a (size, ms) pair, got {point!r}")
         pair: list[float] = []
         for value in point:
             if isinstance(value, bool) or not isinstance(
                 value, int | float | np.integer | np.floating
             ):
-                raise TypeError(f"{name}[{index}] must hold numbers, got {point!r}")
+                raise InvalidTypeError(f"{name}[{index}] must hold numbers, got {point!r}")
             try:
                 pair.append(float(value))
             except OverflowError:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{name}[{index}] must hold finite numbers, got {point!r}"
                 ) from None
         points.append((pair[0], pair[1]))
@@ -116,9 +119,9 @@ def _float_table(value: object, name: str, ndim: int) -> npt.NDArray[np.float64]
     try:
         array = np.array(value, dtype=np.float64)
     except (ValueError, TypeError, OverflowError) as error:
-        raise TypeError(f"{name} must be a {ndim}-D array of numbers ({error})") from None
+        raise InvalidTypeError(f"{name} must be a {ndim}-D array of numbers ({error})") from None
     if array.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
+        raise InvalidValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
     return array
 
 
@@ -145,18 +148,18 @@ class ShapeCostTables:
         draft = _float_table(draft_ms, "draft_ms", 1)
         verify = _float_table(verify_ms, "verify_ms", 2)
         if draft.size < 2 or not np.all(np.isfinite(draft) & (draft >= 0.0)):
-            raise ValueError(
+            raise InvalidValueError(
                 f"draft_ms must hold finite ms >= 0 for 0.. requests (at least 2), got {draft}"
             )
         bad = np.isnan(verify) | (verify < 0.0)
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValueError(
+            raise InvalidValueError(
                 f"verify_ms{list(where)} = {verify[where]}: entries must be ms >= 0, or inf "
                 "for a shape not profiled"
             )
         if verify.shape[0] < 2 or verify.shape[1] < 2:
-            raise ValueError(
+            raise InvalidValueError(
                 f"verify_ms must have shape [requests + 1 >= 2, K + 1 >= 2], got {verify.shape}"
             )
         self._draft = draft
@@ -206,7 +209,7 @@ class ShapeCostTables:
         requests = _check_int(num_requests, "num_requests", 1)
         tokens = _check_int(num_tokens, "num_tokens", 0)
         if requests > self.max_num_reqs:
-            raise ValueError(
+            raise InvalidValueError(
                 f"num_requests must be at most {self.max_num_reqs} (the batch sizes the cost "
                 f"tables cover), got {requests}"
             )
@@ -216,7 +219,7 @@ class ShapeCostTables:
         row = self._verify[requests]
         profiled = np.flatnonzero(np.isfinite(row))
         if profiled.size < 2:
-            raise ValueError(
+            raise InvalidValueError(
                 f"verify_ms[{requests}] prices {profiled.size} shape(s) ({row}); pricing drafts "
                 "needs at least two"
             )
@@ -280,11 +283,11 @@ def _native_cost_tables(cost_tables: Any) -> Any:
             try:
                 tables.append(np.ascontiguousarray(table, dtype=np.float64))
             except (ValueError, TypeError, OverflowError) as error:
-                raise ValueError(
+                raise InvalidValueError(
                     f"cost_tables: {name} must be a 1-D array of numbers ({error})"
                 ) from None
         return cost_tables_type(tables[0], tables[1])
-    raise TypeError(
+    raise InvalidTypeError(
         "cost_tables must be av_core.CostTables or a (draft_ms, verify_ms) pair, got "
         f"{type(cost_tables).__name__}"
     )
@@ -314,7 +317,7 @@ def assign_draft_token_budget(
     confidence_probs = _check_confidences(confidence_probs, "S", num_steps)
     idx_mapping = _check_int_tensor(idx_mapping, "idx_mapping")
     if idx_mapping.dim() != 1:
-        raise ValueError(f"idx_mapping must be 1-D, got shape {tuple(idx_mapping.shape)}")
+        raise InvalidValueError(f"idx_mapping must be 1-D, got shape {tuple(idx_mapping.shape)}")
     if isinstance(capacities, torch.Tensor):
         _check_output(capacities, "capacities")
     output = capacities
@@ -359,20 +362,20 @@ def _draft_count(draft_tokens: Mapping[str, Sequence[int]], req_id: str) -> int:
     try:
         return len(tokens)
     except TypeError:
-        raise TypeError(
+        raise InvalidTypeError(
             f"draft_tokens[{req_id!r}] must be a sequence of tokens, got {type(tokens).__name__}"
         ) from None
 
 
 def _slot_of(req_id_to_index: Mapping[str, int], req_id: str, num_slots: int) -> int:
     if req_id not in req_id_to_index:
-        raise ValueError(f"req_id_to_index has no slot for request {req_id!r}")
+        raise InvalidValueError(f"req_id_to_index has no slot for request {req_id!r}")
     slot = req_id_to_index[req_id]
     name = f"req_id_to_index[{req_id!r}]"
     if isinstance(slot, bool) or not isinstance(slot, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(slot).__name__}")
+        raise InvalidTypeError(f"{name} must be an int, got {type(slot).__name__}")
     if not 0 <= slot < num_slots:
-        raise ValueError(
+        raise InvalidValueError(
             f"{name} must lie in [0, {num_slots}) (stale_confidences rows), got {slot}"
         )
     return int(slot)
@@ -382,11 +385,11 @@ def _per_slot(value: object, name: str) -> npt.NDArray[Any]:
     try:
         array = np.asarray(value)
     except (ValueError, TypeError, OverflowError) as error:
-        raise ValueError(f"{name} must be a 1-D integer array: {error}") from None
+        raise InvalidValueError(f"{name} must be a 1-D integer array: {error}") from None
     if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one per slot), got shape {array.shape}")
+        raise InvalidValueError(f"{name} must be 1-D (one per slot), got shape {array.shape}")
     if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+        raise InvalidTypeError(f"{name} must hold integers, got dtype {array.dtype}")
     return array
 
 
@@ -443,12 +446,12 @@ def batch_draft_budget(
     metrics = vllm_metrics.current()
     started = time.perf_counter() if metrics is not None else 0.0
     if not isinstance(num_tokens_per_req, Mapping):
-        raise TypeError(
+        raise InvalidTypeError(
             f"num_tokens_per_req must be a mapping, got {type(num_tokens_per_req).__name__}"
         )
     for name, mapping in (("draft_tokens", draft_tokens), ("req_id_to_index", req_id_to_index)):
         if not isinstance(mapping, Mapping):
-            raise TypeError(f"{name} must be a mapping, got {type(mapping).__name__}")
+            raise InvalidTypeError(f"{name} must be a mapping, got {type(mapping).__name__}")
     max_total_logits = _check_count(max_total_logits, "max_total_logits")
     num_bonus_tokens = _check_count(num_bonus_tokens, "num_bonus_tokens")
     req_ids = list(num_tokens_per_req)
@@ -460,11 +463,11 @@ def batch_draft_budget(
     drafts_list = [_draft_count(draft_tokens, req_id) for req_id in req_ids]
     for req_id, tokens, drafts in zip(req_ids, tokens_list, drafts_list, strict=True):
         if tokens < drafts:
-            raise ValueError(
+            raise InvalidValueError(
                 f"num_tokens_per_req[{req_id!r}] = {tokens} is less than its {drafts} draft tokens"
             )
     if sum(tokens_list) > _INT64_MAX:
-        raise ValueError(
+        raise InvalidValueError(
             f"num_tokens_per_req: {sum(tokens_list)} tokens in all exceed int64 (2**63 - 1)"
         )
     non_draft_list = [t - d for t, d in zip(tokens_list, drafts_list, strict=True)]
@@ -479,7 +482,7 @@ def batch_draft_budget(
     else:
         stale = np.asarray(stale_confidences)
         if stale.ndim != 2:
-            raise ValueError(
+            raise InvalidValueError(
                 f"stale_confidences must have shape [max_num_reqs, K], got shape {stale.shape}"
             )
         computed = _per_slot(num_computed_tokens, "num_computed_tokens")
@@ -490,7 +493,7 @@ def batch_draft_budget(
         )
         for name, array in (("num_computed_tokens", computed), ("prefill_len", prefill)):
             if slots.size and array.shape[0] <= int(slots.max()):
-                raise ValueError(
+                raise InvalidValueError(
                     f"{name} has {array.shape[0]} entries, slot {int(slots.max())} is used"
                 )
         # Compared as Python integers: computed + non-draft tokens can exceed int64.

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from av_core._checks import _check_int
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.features.checks import _check_integer_tensor, _dense, _snapshot
 
 
@@ -15,7 +16,7 @@ def _check_tensor(value: object, name: str) -> torch.Tensor:
     """A dense tensor argument, read as the values it stands for (a lazily negated view is
     resolved: the host copies below read memory)."""
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return _dense(value, name)
 
 
@@ -28,7 +29,9 @@ def _check_int_tensor(value: object, name: str) -> torch.Tensor:
 def _check_output(value: torch.Tensor, name: str) -> torch.Tensor:
     """A tensor written in place: resolving a lazy view would write to a copy, so refuse it."""
     if value.is_neg() or value.is_conj() or value.layout != torch.strided:
-        raise ValueError(f"{name} is written in place: pass a plain tensor, not a negated view")
+        raise InvalidValueError(
+            f"{name} is written in place: pass a plain tensor, not a negated view"
+        )
     return value
 
 
@@ -42,7 +45,7 @@ def _check_vector(
     if size == length or (longer_ok and size > length):
         return tensor[:length]
     wanted = f">= {length}" if longer_ok else f"{length}"
-    raise ValueError(f"{name} must have shape [{wanted}], got shape {tuple(tensor.shape)}")
+    raise InvalidValueError(f"{name} must have shape [{wanted}], got shape {tuple(tensor.shape)}")
 
 
 def _check_positive_int(value: object, name: str) -> int:
@@ -61,13 +64,13 @@ def _check_setting(value: object, name: str, *, integer: bool = False) -> None:
         _check_positive_int(value, name)
         return
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be a number, got {type(value).__name__}")
     try:
         number = float(value)
     except OverflowError:
         number = float("inf")
     if not (np.isfinite(number) and number >= 0.0):
-        raise ValueError(f"{name} must be finite and non-negative, got {value!r}")
+        raise InvalidValueError(f"{name} must be finite and non-negative, got {value!r}")
 
 
 def _check_range_on_host(tensor: torch.Tensor, name: str, low: int, high: int) -> None:
@@ -77,15 +80,15 @@ def _check_range_on_host(tensor: torch.Tensor, name: str, low: int, high: int) -
     smallest, largest = int(tensor.min()), int(tensor.max())
     if smallest < low or largest >= high:
         bad = smallest if smallest < low else largest
-        raise ValueError(f"{name} entries must lie in [{low}, {high}), got {bad}")
+        raise InvalidValueError(f"{name} entries must lie in [{low}, {high}), got {bad}")
 
 
 def _check_confidences(value: torch.Tensor, rows: str, width: int) -> torch.Tensor:
     """``confidence_probs``: a 2-D float tensor of shape ``[rows, >= width]``."""
     if value.dim() != 2 or value.shape[1] < width:
-        raise ValueError(
+        raise InvalidValueError(
             f"confidence_probs must have shape [{rows}, >= {width}], got shape {tuple(value.shape)}"
         )
     if not value.dtype.is_floating_point:
-        raise TypeError(f"confidence_probs must be a float tensor, got dtype {value.dtype}")
+        raise InvalidTypeError(f"confidence_probs must be a float tensor, got dtype {value.dtype}")
     return value

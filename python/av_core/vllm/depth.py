@@ -62,6 +62,8 @@ from av_core._native import (
     DEFAULT_EXPLORATION,
     CostTables,
     DepthPlan,
+    InvalidTypeError,
+    InvalidValueError,
     VerificationPlanner,
     choose_draft_depth,
 )
@@ -88,11 +90,13 @@ def _host(value: Any, name: str) -> npt.NDArray[Any]:
         try:
             return np.asarray(tensor.numpy())
         except (TypeError, RuntimeError) as error:
-            raise TypeError(f"{name}: cannot read a tensor of dtype {tensor.dtype}") from error
+            raise InvalidTypeError(
+                f"{name}: cannot read a tensor of dtype {tensor.dtype}"
+            ) from error
     try:
         return np.asarray(value)
     except (TypeError, ValueError, OverflowError) as error:
-        raise TypeError(f"{name}: expected an array, got {type(value).__name__}") from error
+        raise InvalidTypeError(f"{name}: expected an array, got {type(value).__name__}") from error
 
 
 def _integers(value: Any, name: str) -> npt.NDArray[Any]:
@@ -100,7 +104,7 @@ def _integers(value: Any, name: str) -> npt.NDArray[Any]:
     the entries checked are the entries used, whatever another thread writes meanwhile."""
     array = np.array(_host(value, name))
     if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
+        raise InvalidTypeError(f"{name}: expected integers, got dtype {array.dtype}")
     return array
 
 
@@ -110,13 +114,13 @@ def _in_range(array: npt.NDArray[Any], name: str, low: int, high: int) -> npt.ND
         smallest, largest = array.min(), array.max()
         if smallest < low or largest > high:
             bad = smallest if smallest < low else largest
-            raise ValueError(f"{name}: must be in {low}..{high}, got {int(bad)}")
+            raise InvalidValueError(f"{name}: must be in {low}..{high}, got {int(bad)}")
     return array.astype(np.int64)
 
 
 def _probability(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TypeError(f"exploration: must be a number, got {type(value).__name__}")
+        raise InvalidTypeError(f"exploration: must be a number, got {type(value).__name__}")
     return float(value)  # the planner checks the range
 
 
@@ -162,7 +166,7 @@ class DraftDepthHook:
         lag: int = 2,
     ) -> None:
         if not isinstance(cost_tables, CostTables | ShapeCostTables):
-            raise TypeError(
+            raise InvalidTypeError(
                 "cost_tables: expected av_core.CostTables or ShapeCostTables, got "
                 f"{type(cost_tables).__name__}"
             )
@@ -170,16 +174,16 @@ class DraftDepthHook:
         num_speculative_steps = _check_int(num_speculative_steps, "num_speculative_steps", 1)
         depth = cost_tables.max_draft_depth
         if depth != num_speculative_steps:
-            raise ValueError(
+            raise InvalidValueError(
                 f"cost_tables: needs a draft-depth table over depths 0..{num_speculative_steps}, "
                 f"has {'none' if depth is None else f'depths 0..{depth}'} "
                 "(CostTables.with_draft_depth)"
             )
         if mode not in ("batch", "per_request"):
-            raise ValueError(f"mode: must be 'batch' or 'per_request', got {mode!r}")
+            raise InvalidValueError(f"mode: must be 'batch' or 'per_request', got {mode!r}")
         seed = _check_int(seed, "seed", 0)
         if not isinstance(lag, int) or isinstance(lag, bool) or lag < 1:
-            raise ValueError(f"lag: must be a positive int, got {lag!r}")
+            raise InvalidValueError(f"lag: must be a positive int, got {lag!r}")
         self.cost_tables = cost_tables
         self.num_speculative_steps = num_speculative_steps
         self.mode: DepthMode = mode
@@ -236,19 +240,19 @@ class DraftDepthHook:
         if raw.size:
             bad = raw[(raw < 0) | (raw >= self.max_num_reqs)]
             if bad.size:
-                raise ValueError(
+                raise InvalidValueError(
                     f"idx_mapping: {int(bad[0])} is outside 0..{self.max_num_reqs - 1}"
                 )
         slots = raw.astype(np.int64)
         if np.unique(slots).size != slots.size:
-            raise ValueError("idx_mapping: a request slot appears twice")
+            raise InvalidValueError("idx_mapping: a request slot appears twice")
         return slots
 
     def add_request(self, slot: int) -> None:
         """A new request took ``slot``: forget the old one's confidences (back to 1.0)."""
         slot = _check_int(slot, "slot", 0)
         if slot >= self.max_num_reqs:
-            raise ValueError(f"slot: {slot} is outside 0..{self.max_num_reqs - 1}")
+            raise InvalidValueError(f"slot: {slot} is outside 0..{self.max_num_reqs - 1}")
         self._planner.add_request(slot)
         # Confidences the old request drafted before it left must not land on the new one.
         for entry in self._proposals:
@@ -260,14 +264,14 @@ class DraftDepthHook:
         slots = self._slots(idx_mapping)
         if depths is None:
             if self.last_depths is None or self.last_depths.size != slots.size:
-                raise ValueError(
+                raise InvalidValueError(
                     "depths: no decision for these requests; pass the depths they drafted"
                 )
             chosen = self.last_depths.astype(np.int64)
         else:
             raw = _integers(depths, "depths")
             if raw.shape not in ((), slots.shape):
-                raise ValueError(
+                raise InvalidValueError(
                     f"depths: expected one int or one per request ({slots.size}), got shape "
                     f"{raw.shape}"
                 )
@@ -287,7 +291,7 @@ class DraftDepthHook:
             return
         rows = np.asarray(_host(stale, "stale"))
         if rows.ndim != 2 or rows.shape[0] < self.max_num_reqs:
-            raise ValueError(
+            raise InvalidValueError(
                 f"stale: expected shape [{self.max_num_reqs}, {self.num_speculative_steps}] "
                 f"or larger, got {rows.shape}"
             )
@@ -308,21 +312,21 @@ class DraftDepthHook:
         if conf.size and not (
             np.issubdtype(conf.dtype, np.floating) or np.issubdtype(conf.dtype, np.integer)
         ):
-            raise TypeError(f"confidences: expected numbers, got dtype {conf.dtype}")
+            raise InvalidTypeError(f"confidences: expected numbers, got dtype {conf.dtype}")
         k = self.num_speculative_steps
         if conf.ndim != 2 or conf.shape[0] < slots.size or conf.shape[1] < k:
-            raise ValueError(
+            raise InvalidValueError(
                 f"confidences: expected shape [{slots.size}, {k}] or larger, got {conf.shape}"
             )
         conf = conf[: slots.size, :k].astype(np.float64)
         raw = np.array(_host(num_drafted, "num_drafted"))  # a copy: checked, then used
         if raw.dtype.kind not in "iu" or raw.shape not in ((), slots.shape):
-            raise ValueError(
+            raise InvalidValueError(
                 f"num_drafted: expected one int or one per request ({slots.size}), got "
                 f"{raw.dtype} array of shape {raw.shape}"
             )
         if raw.size and (raw.min() < 0 or raw.max() > k):
-            raise ValueError(f"num_drafted: must be in 0..{k}, got {raw.min()}..{raw.max()}")
+            raise InvalidValueError(f"num_drafted: must be in 0..{k}, got {raw.min()}..{raw.max()}")
         drafted = np.broadcast_to(raw.astype(np.int64), slots.shape)
         self._planner.remember(slots, np.ascontiguousarray(conf), np.ascontiguousarray(drafted))
 
@@ -347,7 +351,7 @@ class DraftDepthHook:
         else:
             raw = _integers(max_depths, "max_depths").reshape(-1)
             if raw.shape != slots.shape:
-                raise ValueError(
+                raise InvalidValueError(
                     f"max_depths: expected one per request ({slots.size}), got {raw.size}"
                 )
             caps = _in_range(raw, "max_depths", 0, k)
@@ -437,7 +441,7 @@ class DraftDepthHook:
         """The ``num_speculative_tokens`` to pass to ``propose``: the deepest chosen depth, at
         most ``limit`` (the scheduler's own count)."""
         if isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit < 0:
-            raise ValueError(f"limit: must be a non-negative int, got {limit!r}")
+            raise InvalidValueError(f"limit: must be a non-negative int, got {limit!r}")
         metrics = vllm_metrics.current()
         started = time.perf_counter() if metrics is not None else 0.0
         count = int(np.size(_host(idx_mapping, "idx_mapping")))
@@ -461,7 +465,7 @@ class DraftDepthHook:
         small host-to-device copy)."""
         shape = getattr(draft_tokens, "shape", None)
         if shape is None or not hasattr(draft_tokens, "__setitem__"):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"draft_tokens: expected a numpy array or a torch tensor, got "
                 f"{type(draft_tokens).__name__}"
             )
@@ -469,7 +473,7 @@ class DraftDepthHook:
             return
         depths = self.last_depths.astype(np.int64)
         if len(shape) != 2 or shape[0] < depths.size:
-            raise ValueError(
+            raise InvalidValueError(
                 f"draft_tokens: expected shape [>= {depths.size}, K], got {tuple(shape)}"
             )
         width = draft_tokens.shape[1]

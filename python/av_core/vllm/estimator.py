@@ -21,7 +21,7 @@ import numpy.typing as npt
 import torch
 
 from av_core._checks import _check_int
-from av_core._native import AcceptanceEstimator
+from av_core._native import AcceptanceEstimator, InvalidTypeError, InvalidValueError
 from av_core.features import MAX_FEATURE_ENTRIES, draft_log_odds
 from av_core.features.checks import _check_device
 from av_core.state_types import HistogramDict, RoundStatsDict
@@ -137,13 +137,13 @@ class OnlineAcceptanceEstimator:
         # Checked before anything is allocated (features and predictions per slot, and as many
         # host copies as the staging ring holds): the bound of av_core.features.
         if (self.max_num_reqs + 1) * self.num_speculative_steps > MAX_FEATURE_ENTRIES:
-            raise ValueError(
+            raise InvalidValueError(
                 f"max_num_reqs x num_speculative_steps must stay within {MAX_FEATURE_ENTRIES} "
                 f"slots (av_core.features.MAX_FEATURE_ENTRIES), got {self.max_num_reqs} x "
                 f"{self.num_speculative_steps}"
             )
         if staged is not None and not isinstance(staged, bool):
-            raise TypeError(f"staged must be a bool or None, got {type(staged).__name__}")
+            raise InvalidTypeError(f"staged must be a bool or None, got {type(staged).__name__}")
         self.device = _check_device(device)
         self.update, self.exact = choose_update(update, exact)
         self.process_group = process_group
@@ -158,9 +158,8 @@ class OnlineAcceptanceEstimator:
 
         self._native = AcceptanceEstimator(
             k,
-            # Manual: the native estimator never refits on its own. The schedule runs here, from
-            # the instance's REFIT_INTERVAL, so that it can be changed on a live instance as in
-            # vLLM.
+            # Manual: the native estimator never refits on its own; the schedule runs here, from
+            # the instance's REFIT_INTERVAL, which a live instance can change as in vLLM.
             refit_interval=None,
             damping=float(self.DAMPING_OBSERVATIONS),
             l2=float(self.L2),
@@ -174,12 +173,11 @@ class OnlineAcceptanceEstimator:
             self.intercepts = torch.full(
                 (k,), INIT_INTERCEPT, dtype=torch.float32, device=self.device
             )
-            # Features (plane 0) and draft-time predictions (plane 1) by request slot, plus one
-            # spare row that padded rows (request index -1) write to, so no write needs a mask
-            # on the host.
+            # Features (plane 0) and draft-time predictions (plane 1) by request slot, plus a
+            # spare row for padded rows (request index -1), so no write needs a host-side mask.
             self._slots = torch.zeros(2, m + 1, k, dtype=torch.float32, device=self.device)
         except (RuntimeError, AssertionError) as error:  # an absent or exhausted device
-            raise ValueError(
+            raise InvalidValueError(
                 f"device: cannot hold the estimator on {self.device} ({error})"
             ) from None
         self.features = self._slots[0, :m]
@@ -249,10 +247,12 @@ class OnlineAcceptanceEstimator:
         _check_setting(self.L2, "L2")
         idx_mapping = _check_int_tensor(idx_mapping, "idx_mapping")
         if idx_mapping.dim() != 1:
-            raise ValueError(f"idx_mapping must be 1-D, got shape {tuple(idx_mapping.shape)}")
+            raise InvalidValueError(
+                f"idx_mapping must be 1-D, got shape {tuple(idx_mapping.shape)}"
+            )
         rows = idx_mapping.shape[0]
         if rows > self.max_num_reqs:
-            raise ValueError(
+            raise InvalidValueError(
                 f"idx_mapping must have at most max_num_reqs = {self.max_num_reqs} rows, got {rows}"
             )
         num_sampled = _check_vector(num_sampled, "num_sampled", rows, longer_ok=True)
@@ -260,7 +260,9 @@ class OnlineAcceptanceEstimator:
         if skip_rows is not None:
             skip_rows = _check_vector(skip_rows, "skip_rows", rows, integer=False, longer_ok=True)
             if skip_rows.dtype != torch.bool:
-                raise TypeError(f"skip_rows must have dtype torch.bool, got {skip_rows.dtype}")
+                raise InvalidTypeError(
+                    f"skip_rows must have dtype torch.bool, got {skip_rows.dtype}"
+                )
         _check_range_on_host(idx_mapping, "idx_mapping", -1, self.max_num_reqs)
         _check_range_on_host(num_sampled, "num_sampled", 0, self.num_speculative_steps + 2)
         _check_range_on_host(num_rejected, "num_rejected", 0, self.num_speculative_steps + 1)
@@ -339,32 +341,34 @@ class OnlineAcceptanceEstimator:
     ) -> None:
         logits = _check_tensor(logits, "logits")
         if logits.dim() != 2:
-            raise ValueError(f"logits must have shape [N, V], got shape {tuple(logits.shape)}")
+            raise InvalidValueError(
+                f"logits must have shape [N, V], got shape {tuple(logits.shape)}"
+            )
         n = logits.shape[0]
         k, m = self.num_speculative_steps, self.max_num_reqs
         idx_mapping = _check_vector(idx_mapping, "idx_mapping", n, longer_ok=True)
         if isinstance(draft_step, int | np.integer) and not isinstance(draft_step, bool):
             if not 0 <= draft_step < k:
-                raise ValueError(f"draft_step must lie in [0, {k}), got {draft_step}")
+                raise InvalidValueError(f"draft_step must lie in [0, {k}), got {draft_step}")
             draft_step = torch.tensor(int(draft_step), device=self.device)
         draft_step = _check_int_tensor(draft_step, "draft_step")
         per_row = draft_step.dim() > 0
         if per_row and (draft_step.dim() != 1 or draft_step.shape[0] < n):
-            raise ValueError(
+            raise InvalidValueError(
                 f"draft_step must be 0-d or have shape [>= {n}], got shape "
                 f"{tuple(draft_step.shape)}"
             )
         if per_row:
             draft_step = draft_step[:n]
         if not isinstance(confidence_probs, torch.Tensor):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"confidence_probs must be a torch.Tensor, got {type(confidence_probs).__name__}"
             )
         confidence_probs = _check_output(confidence_probs, "confidence_probs")
         confidence_probs = _check_confidences(confidence_probs, "B", k)
         temperature = _check_tensor(temperature, "temperature")
         if temperature.dim() != 1 or temperature.shape[0] < m:
-            raise ValueError(
+            raise InvalidValueError(
                 f"temperature must have shape [{m}] (one per request slot), got shape "
                 f"{tuple(temperature.shape)}"
             )
@@ -378,7 +382,7 @@ class OnlineAcceptanceEstimator:
             if tensor.device != self.device and not (
                 tensor.device.type == self.device.type == "cuda" and self.device.index is None
             ):
-                raise ValueError(f"{name} must be on {self.device}, got {tensor.device}")
+                raise InvalidValueError(f"{name} must be on {self.device}, got {tensor.device}")
         _check_range_on_host(idx_mapping, "idx_mapping", -1, m)
         _check_range_on_host(draft_step, "draft_step", 0, k)
         rows = confidence_probs.shape[0]
@@ -388,7 +392,7 @@ class OnlineAcceptanceEstimator:
             if per_row:
                 last //= k
             if last >= rows:
-                raise ValueError(
+                raise InvalidValueError(
                     f"confidence_probs must have a row for batch index {last}, got shape "
                     f"{tuple(confidence_probs.shape)}"
                 )
@@ -497,23 +501,24 @@ class OnlineAcceptanceEstimator:
         if not isinstance(state, Mapping) or state.get("format") != (
             "av_core.vllm.OnlineAcceptanceEstimator"
         ):
-            raise ValueError("state must come from OnlineAcceptanceEstimator.state_dict()")
+            raise InvalidValueError("state must come from OnlineAcceptanceEstimator.state_dict()")
         for key in ("estimator", "steps_since_refit", "refits"):
             if key not in state:
-                raise ValueError(f"state has no {key!r} entry; it must come from state_dict()")
+                raise InvalidValueError(
+                    f"state has no {key!r} entry; it must come from state_dict()"
+                )
         if not isinstance(state["estimator"], Mapping):
-            raise ValueError(
+            raise InvalidValueError(
                 f"state['estimator'] must be a mapping, got {type(state['estimator']).__name__}"
             )
         saved = dict(state["estimator"])
         if isinstance(saved.get("config"), Mapping):
-            # Manual refits, as built here (a state of an earlier release holds 1 << 40, which
-            # the schedule never reached: the same estimator).
+            # Manual refits, as built here (a saved interval of 1 << 40 is the same estimator).
             saved["config"] = {**saved["config"], "refit_interval": None}
         # A state saved under the other update keeps its coefficients and starts a new round.
         native = AcceptanceEstimator.from_state_dict(saved, update=self.update)
         if native.num_positions != self.num_speculative_steps:
-            raise ValueError(
+            raise InvalidValueError(
                 f"state has {native.num_positions} positions, the estimator "
                 f"{self.num_speculative_steps}"
             )

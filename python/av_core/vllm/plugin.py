@@ -426,7 +426,7 @@ def _plan(modules: Mapping[str, ModuleType]) -> list[Replacement]:
         *override_plan(overrides(_budget_targets(manager))),
         *subclass_guard(_budget_targets(manager)),
     ]
-    # Modules that bound a name with `from ... import` before now keep the original unless
+    # Modules that bound a name with `from ... import` before the patch keep the original unless
     # rebound too (vLLM's speculator.py imports the estimator class that way).
     owners = {id(estimator_module), id(budget_module)}
     module_level = [entry for entry in plan if isinstance(entry.owner, ModuleType)]

@@ -40,7 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from av_core import _settings as settings
-from av_core._native import AcceptanceEstimator, write_atomically
+from av_core._native import (
+    AcceptanceEstimator,
+    InvalidTypeError,
+    InvalidValueError,
+    write_atomically,
+)
 
 __all__ = [
     "DEFAULT_SAVE_EVERY",
@@ -82,14 +87,14 @@ def _read_document(path: Path) -> Any:
     with os.fdopen(descriptor, "rb") as handle:
         mode = os.fstat(handle.fileno()).st_mode
         if not stat.S_ISREG(mode):
-            raise ValueError("not a regular file (a directory, FIFO, socket or device)")
+            raise InvalidValueError("not a regular file (a directory, FIFO, socket or device)")
         data = handle.read(MAX_STATE_BYTES + 1)
     if len(data) > MAX_STATE_BYTES:
-        raise ValueError(f"longer than any saved state ({MAX_STATE_BYTES} bytes)")
+        raise InvalidValueError(f"longer than any saved state ({MAX_STATE_BYTES} bytes)")
     try:
         return json.loads(data.decode("utf-8"))
     except RecursionError:  # nesting no saved state has
-        raise ValueError("nested too deeply to be a saved state") from None
+        raise InvalidValueError("nested too deeply to be a saved state") from None
 
 
 def _saved_at(saved: Any) -> str:
@@ -157,11 +162,11 @@ class WarmStart:
         self, directory: str | os.PathLike[str], key: StateKey, *, save_every: int | None = None
     ) -> None:
         if not isinstance(key, StateKey):
-            raise TypeError(f"key must be a StateKey, got {type(key).__name__}")
+            raise InvalidTypeError(f"key must be a StateKey, got {type(key).__name__}")
         if save_every is not None and (
             isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1
         ):
-            raise ValueError(f"save_every must be an int >= 1, got {save_every!r}")
+            raise InvalidValueError(f"save_every must be an int >= 1, got {save_every!r}")
         self.directory = Path(directory)
         self.key = key
         self.path = self.directory / key.filename()

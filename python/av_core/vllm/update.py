@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from av_core import _settings as settings
-from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR
+from av_core._native import ESTIMATOR_DEFAULTS, VLLM_ESTIMATOR, InvalidValueError
 from av_core.vllm.constants import ENV_ESTIMATOR, ENV_EXACT
 
 logger = logging.getLogger("vllm.av_core")
@@ -37,7 +37,9 @@ def choose_update(
     if update is None:
         update = settings.VLLM_ESTIMATOR.require() if strict else settings.VLLM_ESTIMATOR.get()
     if update not in UPDATES:
-        raise ValueError(f"update must be 'vllm' or 'map' (or set {ENV_ESTIMATOR}), got {update!r}")
+        raise InvalidValueError(
+            f"update must be 'vllm' or 'map' (or set {ENV_ESTIMATOR}), got {update!r}"
+        )
     if update == "map" and exact:
         message = (
             f"exact (vLLM's unbounded refit) applies to update='vllm' only; {ENV_EXACT} or "
@@ -45,7 +47,7 @@ def choose_update(
             f"{ENV_ESTIMATOR}={settings.VLLM_ESTIMATOR.text() or ''!r})"
         )
         if not (exact_from_env and update_from_env):
-            raise ValueError(message)
+            raise InvalidValueError(message)
         if strict:
             raise settings.SettingError(message)
         logger.warning("av_core: %s; the estimators refit with map", message)

@@ -61,6 +61,7 @@ pub struct MapState {
     pub reference: Reference,
     /// The open round's labels that the last fit saw (a fit within the round is skipped while
     /// nothing new arrived).
+    #[serde(with = "crate::persist::fixed")]
     pub fitted_labels: u64,
     /// The discounted histograms of past rounds, and how often the drift test dropped them.
     #[serde(rename = "memory_state")]

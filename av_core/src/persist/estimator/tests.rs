@@ -1,5 +1,6 @@
 use super::*;
-use crate::persist::{crc32, FRAME_LEN};
+use crate::persist::{crc32, frame, FRAME_LEN};
+use crate::ErrorKind;
 use crate::MatrixView;
 use proptest::prelude::*;
 
@@ -82,8 +83,8 @@ fn the_length_depends_on_the_configuration_only() {
         assert_eq!(encode(&sample_state(config.clone())).len(), fresh.len());
         assert_eq!(encoded_len(&config).unwrap(), fresh.len());
     }
-    // A map state's length grows with its bins; vLLM's update keeps none (at 64, the default,
-    // its state is format version 1's, with fewer configuration fields).
+    // A map state's length grows with its bins; vLLM's update keeps none (only `bins` itself,
+    // a varint, takes a second byte from 128 on).
     let lengths = [16, 64, 256].map(|bins| {
         let mut map = EstimatorConfig::map(4);
         map.bins = bins;
@@ -92,9 +93,10 @@ fn the_length_depends_on_the_configuration_only() {
         (encoded_len(&map).unwrap(), encoded_len(&vllm).unwrap())
     });
     assert!(lengths[0].0 < lengths[1].0 && lengths[1].0 < lengths[2].0);
-    assert!(lengths[0].1 == lengths[2].1 && lengths[1].1 < lengths[2].1);
-    // 78 bytes per bin and position: three integer and three float columns.
-    assert_eq!(lengths[2].0 - lengths[1].0, 78 * 4 * (256 - 64));
+    assert!(lengths[0].1 == lengths[1].1 && lengths[2].1 == lengths[1].1 + 1);
+    // 48 bytes per bin and position: three integer and three float columns of 8 bytes; and
+    // `bins`, in the configuration and in the round, takes a second varint byte at 256.
+    assert_eq!(lengths[2].0 - lengths[1].0, 48 * 4 * (256 - 64) + 2);
 }
 
 #[test]
@@ -117,21 +119,53 @@ fn future_versions_are_refused_by_name() {
     assert!(err.message.contains("format version 4"), "{err}");
 }
 
+/// `state`'s format-3 payload with `edit` applied, framed with a valid checksum.
+fn edited_payload(state: &EstimatorState, edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let bytes = encode(state);
+    let mut payload = bytes[FRAME_LEN - 4..bytes.len() - 4].to_vec();
+    edit(&mut payload);
+    framed(FORMAT_VERSION, &payload)
+}
+
 #[test]
-fn a_tree_error_names_data_and_the_path() {
+fn the_payload_is_the_declared_fields_in_order() {
     let state = sample_state(EstimatorConfig::new(3));
-    let mut tree = state_dict::encode(&state);
-    if let Value::Dict(entries) = &mut tree {
-        entries.push(("extra".into(), Value::Int(1)));
-    }
-    let mut payload = Vec::new();
-    tree::encode(&tree, &mut payload);
-    let err = decode(&framed(FORMAT_VERSION, &payload)).unwrap_err();
+    let bytes = encode(&state);
+    let payload = &bytes[FRAME_LEN - 4..bytes.len() - 4];
+    // The configuration first: num_positions as a varint.
+    assert_eq!(payload[0], 3);
+    // The update's part last: the map state's memory ends with its drift resets, 8 bytes
+    // behind their length.
+    let map = state.update.as_map().unwrap();
+    let tail = [&[8u8][..], &map.memory.resets.to_le_bytes()].concat();
+    assert!(payload.ends_with(&tail));
+    // Counters are 8 bytes whatever their value.
+    let mut counted = state.clone();
+    counted.num_refits = u64::MAX >> 1;
+    counted.update.as_map_mut().unwrap().memory.resets = 1 << 60;
+    assert_eq!(encode(&counted).len(), bytes.len());
+    assert_eq!(decode(&encode(&counted)).unwrap(), counted);
+}
+
+#[test]
+fn an_encoding_that_is_not_the_states_own_is_refused() {
+    let state = sample_state(EstimatorConfig::new(3));
+    // num_positions = 3 as a two-byte varint: the same state, in bytes it never writes.
+    let overlong = edited_payload(&state, |p| p.splice(0..1, [0x83, 0x00]).for_each(drop));
+    let err = decode(&overlong).unwrap_err();
     assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
-    assert!(
-        err.message.starts_with("[\"extra\"] is not a field"),
-        "{err}"
-    );
+    assert!(err.message.contains("not the state's encoding"), "{err}");
+}
+
+#[test]
+fn a_payload_of_the_other_updates_part_is_refused() {
+    // A vLLM-update state's payload relabelled as the map update's: the map state's fields
+    // cannot be read from vLLM's statistics.
+    let mut state = sample_state(EstimatorConfig::vllm(3));
+    state.config.update = Update::Map;
+    let bytes = encode(&state);
+    let err = decode(&bytes).unwrap_err();
+    assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
 }
 
 proptest! {

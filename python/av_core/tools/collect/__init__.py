@@ -43,7 +43,7 @@ from av_core.tools.collect.prompts import (
     write_prompts,
 )
 
-# Importable here as before, outside __all__.
+# Importable here too, outside __all__.
 from av_core.tools.collect.sampling import LOG_ODDS_CLAMP as LOG_ODDS_CLAMP
 from av_core.tools.collect.sampling import (
     Verdict,

@@ -23,7 +23,7 @@ from av_core.tools.evaluate.evaluation import (
     evaluate_trace,
 )
 
-# Importable here as before, outside __all__.
+# Importable here too, outside __all__.
 from av_core.tools.evaluate.fits import BATCH_L2 as BATCH_L2
 from av_core.tools.evaluate.fits import (
     MIN_CORRELATION_POINTS,

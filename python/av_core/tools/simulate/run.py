@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from av_core._checks import _check_int
+from av_core._native import InvalidTypeError, InvalidValueError
 from av_core.tools.evaluate import DraftRounds
 from av_core.tools.simulate.costs import FloatArray, IntArray
 
@@ -96,15 +97,15 @@ def simulate_run(
     (:meth:`DraftRounds.column`): each position's ``logit_q_max`` and, for a greedy policy
     (llama.cpp's), the confidence its ``stop`` reads (``top10_confidence``)."""
     if not isinstance(rounds, DraftRounds):
-        raise TypeError(f"rounds must be DraftRounds, got {type(rounds).__name__}")
+        raise InvalidTypeError(f"rounds must be DraftRounds, got {type(rounds).__name__}")
     max_new_tokens = _check_int(max_new_tokens, "max_new_tokens", 1)
     if policy.greedy and confidences is None:
-        raise ValueError(
+        raise InvalidValueError(
             "confidences: a greedy (llama.cpp) policy reads each position's confidence"
         )
     for name, column in (("features", features), ("confidences", confidences)):
         if column is not None and np.shape(column) != rounds.rows.shape:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{name} must be [rounds, K] = {list(rounds.rows.shape)} (DraftRounds.column), "
                 f"got shape {list(np.shape(column))}"
             )

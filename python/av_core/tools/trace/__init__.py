@@ -32,7 +32,7 @@ from av_core.tools.trace.schema import (
     trace_from_rows,
 )
 
-# Public type aliases, importable here as before (outside __all__).
+# Public type aliases, importable here too (outside __all__).
 from av_core.tools.trace.schema import BoolArray as BoolArray
 from av_core.tools.trace.schema import ColumnKind as ColumnKind
 from av_core.tools.trace.schema import FloatArray as FloatArray

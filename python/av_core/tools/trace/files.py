@@ -283,7 +283,7 @@ def _parquet_failure(where: str, error: Exception) -> Exception:
     if isinstance(error, OSError) and error.errno is not None:
         return error
     if isinstance(error, (OSError, *decoding)) or type(error).__module__.startswith("pyarrow"):
-        return ValueError(
+        return InvalidValueError(
             f"{where}: not a readable Parquet trace ({type(error).__name__}: {error})"
         )
     return error

@@ -311,8 +311,8 @@ def _from_objects(column: Column, items: list[Any]) -> npt.NDArray[Any]:
     return np.asarray(values, dtype=np.int8 if kind == "label" else np.int64).reshape(len(items))
 
 
-def _fail(row: int, name: str, message: str) -> ValueError:
-    return ValueError(f"row {row + 1}, column {name!r}: {message}")
+def _fail(row: int, name: str, message: str) -> InvalidValueError:
+    return InvalidValueError(f"row {row + 1}, column {name!r}: {message}")
 
 
 def _check_values(trace: DraftTrace) -> None:
