@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from av_core._native import InvalidValueError
 from av_core.llama_cpp.bench import (
     BenchConfig,
     _load_trace,
@@ -62,7 +63,9 @@ def reprice(
     rows."""
     folder = Path(folder)
     if not (folder / "settings.json").is_file() or not (folder / "runs.jsonl").is_file():
-        raise ValueError(f"folder: {folder} holds no bench-engine settings.json and runs.jsonl")
+        raise InvalidValueError(
+            f"folder: {folder} holds no bench-engine settings.json and runs.jsonl"
+        )
     settings = json.loads((folder / "settings.json").read_text(encoding="utf-8"))
     keep = ("num_positions", "max_new_tokens", "max_prompt_tokens", "temperature", "seed", "clock")
     config = BenchConfig(settings["target"], settings["drafter"], **{k: settings[k] for k in keep})
@@ -109,7 +112,7 @@ def _with_extra(
         return costs
     for key in ("threads", "context", "clock"):
         if extra.metadata.get(key) != costs.metadata.get(key):
-            raise ValueError(
+            raise InvalidValueError(
                 f"extra_costs: {path} has {key} {extra.metadata.get(key)!r}, the folder's cost "
                 f"file {costs.metadata.get(key)!r}"
             )
