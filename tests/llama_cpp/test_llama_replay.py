@@ -47,19 +47,19 @@ def test_micro_batches_follow_llama_cpps_split_equal(shape, expected) -> None:  
 
 
 def _costs() -> EngineCosts:
-    """Two profiled concurrencies with round numbers: a target pass costs 10 ms plus 2 ms per
-    token at R = 2 and 20 + 3 per token at R = 4; a drafter pass 5 ms per request; a catch-up
-    token 0.5 ms."""
+    """Two profiled concurrencies with round numbers: a target pass costs 10 ms plus 3 ms per
+    token at either (R = 2 measures 2, 4, 6 tokens; R = 4 measures 4, 8, 12); a drafter pass
+    5 ms per request; a catch-up token 0.5 ms."""
 
-    def entry(r: int, base: float, per: float) -> dict[str, list[tuple[int, float]]]:
+    def entry(r: int) -> dict[str, list[tuple[int, float]]]:
         return {
-            "verify": [(r * (1 + a), base + per * r * (1 + a)) for a in range(3)],
+            "verify": [(r * (1 + a), 10.0 + 3.0 * r * (1 + a)) for a in range(3)],
             "draft": [(n, 5.0 * n) for n in range(1, r + 1)],
             "catchup": [(1, 5.0), (9, 9.0), (33, 21.0)],
             "draft_depth": [(0, 0.0), (1, 5.0 * r), (2, 10.0 * r)],
         }
 
-    return EngineCosts({2: entry(2, 10.0, 2.0), 4: entry(4, 20.0, 3.0)}, 2, {})
+    return EngineCosts({2: entry(2), 4: entry(4)}, 2, {})
 
 
 def test_an_even_step_costs_what_the_tables_say() -> None:
@@ -75,10 +75,10 @@ def test_an_even_step_costs_what_the_tables_say() -> None:
 
 def test_an_uneven_step_costs_each_micro_batch() -> None:
     costs = _costs()
-    # Target: slots 0-2 bring 3, 1, 1 tokens -> (3 seqs, 3 tokens) then (1 seq, 2 tokens);
-    # at 3 sequences the price is halfway between R = 2 and R = 4 at that token count.
-    at3 = (10 + 2 * 3 + 20 + 3 * 4) / 2  # R = 4 holds 4 tokens flat below its first point
-    at1 = 10 + 2 * 2  # one sequence: R = 2's curve (no profile below)
+    # Target: slots 0-2 bring 3, 1, 1 tokens -> (3 seqs, 3 tokens) then (1 seq, 2 tokens),
+    # each at the line of tokens every concurrency measured: 10 + 3 t.
+    at3 = 10.0 + 3.0 * 3
+    at1 = 10.0 + 3.0 * 2
     # Drafter: slot 0 catches up on 9 tokens, slot 1 on 1: (2 seqs, 2 tokens), then (1, 8):
     # a pass over 2 requests, then a pass over 1 request plus what 7 more tokens add (the
     # catch-up curve at 8 less at 1: 7/8 of the way from 5 to 9 ms).

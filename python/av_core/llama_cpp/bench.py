@@ -155,12 +155,17 @@ def simulated_tokens_per_s(
     return replay.tokens_per_s
 
 
+def priced_ms(costs: EngineCosts, shapes: Sequence[StepShape]) -> tuple[float, float]:
+    """The drafter's and the target's milliseconds of a run's steps, priced by ``costs``."""
+    draft = sum(costs.price(StepShape(s.draft_passes, ())) for s in shapes)
+    return draft, sum(costs.price(StepShape((), s.verify)) for s in shapes)
+
+
 def run_record(
     result: RunResult, policy: str, requests: int, threads: int, repeat: int, costs: EngineCosts
 ) -> dict[str, Any]:
     steps = result.steps
-    priced_draft = sum(costs.price(StepShape(s.shape.draft_passes, ())) for s in steps)
-    priced_verify = sum(costs.price(StepShape((), s.shape.verify)) for s in steps)
+    priced_draft, priced_verify = priced_ms(costs, [s.shape for s in steps])
     decode_s = result.wall_s - result.prefill_s
     return {
         "policy": policy,
@@ -599,6 +604,7 @@ __all__ = [
     "BenchConfig",
     "aggregate",
     "format_table",
+    "priced_ms",
     "run_bench",
     "run_record",
     "run_trace",

@@ -18,7 +18,11 @@ Every sequence first holds ``context`` tokens; each timed call is rolled back af
 drafter: ``d`` passes for depth ``d``), so the planner and the simulation price a step alike.
 :meth:`EngineCosts.price` prices a step's forward passes as llama.cpp runs them: with one KV
 stream per sequence it splits a batch into micro-batches of equal length per sequence over
-consecutive sequence ids (``split_equal``), one graph each (:func:`llama_ubatches`).
+consecutive sequence ids (``split_equal``), one graph each (:func:`llama_ubatches`). A target
+micro-batch costs by its tokens, whatever the number of sequences they belong to, so its price
+reads one curve of tokens that pools the verify points of every profiled concurrency; each curve
+the price reads is the least-squares non-decreasing fit of its points (:func:`monotone_fit`),
+which averages a noisy point with its neighbours instead of raising every later point to it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,7 @@ from av_core.llama_cpp.engine import Draft, SpeculativeEngine
 from av_core.llama_cpp.policies import FixedK
 from av_core.llama_cpp.sampling import NumpySource
 from av_core.tools.simulate import MeasuredCost, cost_tables_for
+from av_core.tools.simulate.costs import FloatArray
 from av_core.tools.simulate.run import PassShape, StepShape
 
 #: Version of the file :func:`write_engine_costs` writes.
@@ -47,6 +53,39 @@ FORMAT = "av_core.llama_cpp.costs/1"
 #: Drafter catch-up lengths the profile times (tokens fed in one request's pass).
 CATCHUP_TOKENS = (1, 2, 3, 5, 9, 33)
 Points = list[tuple[int, float]]
+
+
+def monotone_fit(points: Sequence[tuple[float, float]]) -> tuple[FloatArray, FloatArray]:
+    """The least-squares non-decreasing fit of ``(x, ms)`` points (pool adjacent violators; the
+    points of one ``x`` weigh by their number): the distinct ``x`` in order and the fitted
+    milliseconds at each."""
+    merged: dict[float, list[float]] = {}
+    for x, ms in points:
+        merged.setdefault(float(x), []).append(float(ms))
+    xs = sorted(merged)
+    # Blocks of consecutive x sharing one fitted value: (how many x, sum of ms, points).
+    blocks: list[tuple[int, float, int]] = []
+    for x in xs:
+        count, total, weight = 1, sum(merged[x]), len(merged[x])
+        while blocks and blocks[-1][1] * weight > total * blocks[-1][2]:
+            before = blocks.pop()
+            count, total, weight = count + before[0], total + before[1], weight + before[2]
+        blocks.append((count, total, weight))
+    fitted = np.repeat([total / weight for _, total, weight in blocks], [c for c, _, _ in blocks])
+    return np.asarray(xs, dtype=np.float64), fitted
+
+
+def _at(curve: tuple[FloatArray, FloatArray], x: float) -> float:
+    """A fitted curve at ``x``: linear between points, extended along the first segment below
+    the first point (never below 0 ms) and along the last one past the last."""
+    xs, ys = curve
+    if len(xs) == 1:
+        return float(ys[0])
+    if x < xs[0]:
+        return max(float(ys[0] + (x - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0])), 0.0)
+    if x > xs[-1]:
+        return float(ys[-1] + (x - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+    return float(np.interp(x, xs, ys))
 
 
 def llama_ubatches(shape: PassShape) -> list[tuple[int, int]]:
@@ -97,34 +136,33 @@ class EngineCosts:
             cost, "autoregressive", self.num_positions, requests, depth_table=True
         )
 
+    @cached_property
+    def _curves(self) -> dict[str, tuple[FloatArray, FloatArray]]:
+        """The curves :meth:`price` reads: the target's milliseconds by tokens (every profiled
+        concurrency's verify points), the drafter's by requests and its catch-up by tokens
+        (the largest concurrency's profile)."""
+        largest = self.points[max(self.points)]
+        return {
+            "verify": monotone_fit([p for entry in self.points.values() for p in entry["verify"]]),
+            "draft": monotone_fit(largest["draft"]),
+            "catchup": monotone_fit(largest.get("catchup") or [(1, 0.0)]),
+        }
+
     def price(self, shape: StepShape) -> float:
         """A step's milliseconds from its forward passes, micro-batch by micro-batch: a target
-        micro-batch of n sequences and t tokens at the verify curves (linear in n between the
-        profiled concurrencies), a drafter one at the pass over n requests plus what its other
-        t - n tokens add on the catch-up curve. With even shapes at a profiled R this is the
-        tables' price."""
-        draft = self.measured_cost(max(self.points))
-        # The catch-up points as a curve (linear between points, extended past the last).
-        catchup = self.points[max(self.points)].get("catchup") or [(1, 0.0)]
-        catch = MeasuredCost(np.asarray(catchup, dtype=np.float64), None, "drafter catch-up")
+        micro-batch of t tokens at the target's curve of tokens, a drafter one of n sequences
+        and t tokens at the pass over n requests plus what its other t - n tokens add on the
+        catch-up curve (the layers cost by tokens, the output layer by logits rows: one per
+        request)."""
+        curves = self._curves
         total = 0.0
         for one_pass in shape.draft_passes:
             for n, t in llama_ubatches(one_pass):
-                # The layers cost by tokens (the catch-up curve: t tokens, one logits row), the
-                # output layer by rows (the pass over n requests: n tokens, n rows).
-                extra = float(catch.verify_ms(t) - catch.verify_ms(n))
-                total += float(draft.draft_pass_ms(n)) + max(extra, 0.0)
-        for n, t in llama_ubatches(shape.verify):
-            total += self._verify_ms(n, t)
+                extra = _at(curves["catchup"], t) - _at(curves["catchup"], n)
+                total += _at(curves["draft"], n) + max(extra, 0.0)
+        for _, t in llama_ubatches(shape.verify):
+            total += _at(curves["verify"], t)
         return total
-
-    def _verify_ms(self, sequences: int, tokens: int) -> float:
-        known = sorted(self.points)
-        low = max([r for r in known if r <= sequences], default=known[0])
-        high = min([r for r in known if r >= sequences], default=known[-1])
-        at = [float(self.measured_cost(r).verify_ms(tokens)) for r in (low, high)]
-        share = (sequences - low) / (high - low) if high > low else 0.0
-        return at[0] + share * (at[1] - at[0])
 
     def _entry(self, requests: int) -> dict[str, Points]:
         if requests not in self.points:
@@ -377,6 +415,7 @@ __all__ = [
     "EngineCosts",
     "OnlineCosts",
     "llama_ubatches",
+    "monotone_fit",
     "profile_engine",
     "profile_tokens",
     "write_engine_costs",
