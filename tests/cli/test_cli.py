@@ -588,8 +588,8 @@ def test_traces_lists_the_shipped_traces(files: Path) -> None:
     assert "Qwen2.5-Coder-1.5B-Instruct" in result.stdout
     document = json.loads(run_cli("traces", "--json", cwd=files).stdout)
     rows = document["tables"][0]["rows"]
-    assert [r["rows"] for r in rows] == [4860, 4500]
-    assert [r["labeled"] for r in rows] == [3758, 3666]
+    assert [r["rows"] for r in rows] == [4860, 4500, 23173]
+    assert [r["labeled"] for r in rows] == [3758, 3666, 20155]
 
 
 def test_simulate_takes_the_shipped_trace_and_prints_json_and_markdown(files: Path) -> None:

