@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from av_core.tools import argtypes as types
 from av_core.tools.cli.common import (
@@ -95,9 +95,29 @@ def _traces(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _refuse_transformers_options(args: argparse.Namespace, *options: tuple[str, Any]) -> None:
+    """``CommandError`` naming an option given with ``--engine llama.cpp`` that only the
+    transformers path reads (``options``: each one's flag and the value it has when not given),
+    rather than measuring something other than what was asked for."""
+    for flag, default in options:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value != default:
+            shown = ",".join(map(str, value)) if isinstance(value, list | tuple) else value
+            raise CommandError(
+                f"{flag} {shown!r}: only --engine transformers reads it (llama.cpp runs the "
+                "models on the CPU, at the loop's own shapes)"
+            )
+
+
 def _profile(args: argparse.Namespace) -> int:
     """Measures forward times of a target (and a drafter) into a cost file."""
     if args.engine == "llama.cpp":
+        _refuse_transformers_options(
+            args,
+            ("--device", "cpu"),
+            ("--tokens", list(DEFAULT_TOKENS)),
+            ("--draft-depths", [1, 2, 3, 4]),
+        )
         return profile_llama(args)
     console = _console(args)
     _probe_output("--output", args.output)
@@ -190,6 +210,7 @@ def _collect(args: argparse.Namespace) -> int:
         raise CommandError(f"--output must be a .csv or .csv.gz file, got {str(args.output)!r}")
     _probe_output("--output", args.output)
     if args.engine == "llama.cpp":
+        _refuse_transformers_options(args, ("--device", "cpu"))
         return collect_llama(args)
     _require(_model_modules(args.target, args.drafter), "collect", "collect")
     from av_core.tools.collect import CollectConfig, collect, completed_prompt_ids, read_prompts
