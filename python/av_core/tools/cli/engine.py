@@ -235,7 +235,8 @@ def add_bench_engine(add: AddCommand) -> argparse.ArgumentParser:
         type=lambda text: [p for p in text.split(",") if p],
         default=",".join(DEFAULT_POLICIES),
         metavar="LIST",
-        help="comma-separated: no-spec, K=<k>, llama.cpp, llama.cpp-p<p_min>, vLLM-AV, AV+D",
+        help="comma-separated: no-spec, K=<k>, llama.cpp, llama.cpp-p<p_min>, vLLM-AV, "
+        "AV (av_core's estimator and budget, drafting K), AV+D",
     )
     bench.add_argument("--k", type=types.bounded_int(1, 16), default=4, help="draft positions K")
     bench.add_argument("--max-new-tokens", type=types.positive_int, default=64, help="per request")
