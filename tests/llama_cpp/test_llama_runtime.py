@@ -290,3 +290,21 @@ def test_a_cached_prefill_gives_the_same_run(tiny_pair) -> None:  # type: ignore
         swapped.tokens
         == plain.generate(other, 20, PolicySpec(policy).build(TABLES, 4, R), seed=5).tokens
     )
+
+
+def test_tokens_after_a_stop_are_not_throughput(tiny_pair) -> None:  # type: ignore[no-untyped-def]
+    """A step that emits a stop token and accepted drafts after it keeps the request's tokens
+    up to the stop; throughput counts those, not the dropped ones. The target drafting for
+    itself accepts every draft, and with every token a stop each request keeps one."""
+    engine = open_engine(tiny_pair[0], tiny_pair[0], requests=2, tokens_per_request=64)
+    vocab = engine.target.n_vocab  # type: ignore[attr-defined]
+    result = engine.generate(
+        [[1, 2, 3], [4, 5, 6]], 12, PolicySpec("K=4").build(None, 4, 2), seed=0,
+        stop_tokens=range(vocab),
+    )  # fmt: skip
+    assert [len(t) for t in result.tokens] == [1, 1]
+    assert result.kept == 2
+    assert result.emitted == result.accepted + result.verifications == 10
+    decode = result.wall_s - result.prefill_s
+    assert result.tokens_per_s == pytest.approx(2 / decode)
+    assert result.tokens_per_cpu_s == pytest.approx(2 / (result.cpu_s - result.prefill_cpu_s))

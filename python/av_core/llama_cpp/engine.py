@@ -123,14 +123,20 @@ class RunResult:
     drafter_cached: list[int]
 
     @property
+    def kept(self) -> int:
+        """Tokens the requests keep: every emitted token up to each request's stop token (the
+        tokens a step emitted after a stop are dropped, so they are not throughput)."""
+        return sum(len(t) for t in self.tokens)
+
+    @property
     def tokens_per_s(self) -> float:
-        """Decode throughput: emitted tokens per wall second after the prefill."""
-        return self.emitted / max(self.wall_s - self.prefill_s, 1e-9)
+        """Decode throughput: kept tokens per wall second after the prefill."""
+        return self.kept / max(self.wall_s - self.prefill_s, 1e-9)
 
     @property
     def tokens_per_cpu_s(self) -> float:
-        """Emitted tokens per CPU second of this process after the prefill (every thread)."""
-        return self.emitted / max(self.cpu_s - self.prefill_cpu_s, 1e-9)
+        """Kept tokens per CPU second of this process after the prefill (every thread)."""
+        return self.kept / max(self.cpu_s - self.prefill_cpu_s, 1e-9)
 
     @property
     def acceptance(self) -> float:
