@@ -121,6 +121,13 @@ def test_collect_writes_a_full_verification_trace_and_resumes(
     assert len(read_trace(out)) > len(trace)
 
 
+#: A llama.cpp profile and collection of the tiny pair, as the error cases below format them.
+PROFILE = ["profile", "--engine", "llama.cpp", "--target", "{t}", "--drafter", "{d}"]
+PROFILE += ["--output", "{out}"]
+COLLECT = ["collect", "--engine", "llama.cpp", "--target", "{t}", "--drafter", "{d}"]
+COLLECT += ["--prompts", "{prompts}", "--output", "{csv}"]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -169,72 +176,10 @@ def test_collect_writes_a_full_verification_trace_and_resumes(
         ),
         (["bench-engine", "--out", "{dir}", "--update-readme", "{text}"], "results.json"),
         # Options only the transformers path reads are refused, not ignored.
-        (
-            [
-                "profile",
-                "--engine",
-                "llama.cpp",
-                "--target",
-                "{t}",
-                "--drafter",
-                "{d}",
-                "--output",
-                "{out}",
-                "--device",
-                "cuda",
-            ],
-            "--device 'cuda': only --engine transformers reads it",
-        ),
-        (
-            [
-                "profile",
-                "--engine",
-                "llama.cpp",
-                "--target",
-                "{t}",
-                "--drafter",
-                "{d}",
-                "--output",
-                "{out}",
-                "--tokens",
-                "1,2",
-            ],
-            "--tokens '1,2': only --engine transformers reads it",
-        ),
-        (
-            [
-                "profile",
-                "--engine",
-                "llama.cpp",
-                "--target",
-                "{t}",
-                "--drafter",
-                "{d}",
-                "--output",
-                "{out}",
-                "--draft-depths",
-                "",
-            ],
-            "--draft-depths '': only --engine transformers reads it",
-        ),
-        (
-            [
-                "collect",
-                "--engine",
-                "llama.cpp",
-                "--target",
-                "{t}",
-                "--drafter",
-                "{d}",
-                "--prompts",
-                "{prompts}",
-                "--output",
-                "{csv}",
-                "--device",
-                "cuda:0",
-            ],
-            "--device 'cuda:0': only --engine transformers reads it",
-        ),
+        ([*PROFILE, "--device", "cuda"], "--device 'cuda': only --engine transformers reads it"),
+        ([*PROFILE, "--tokens", "1,2"], "--tokens '1,2': only --engine transformers reads it"),
+        ([*PROFILE, "--draft-depths", ""], "--draft-depths '': only --engine transformers"),
+        ([*COLLECT, "--device", "cuda:0"], "--device 'cuda:0': only --engine transformers"),
     ],
 )
 def test_errors_are_one_line_with_exit_2(

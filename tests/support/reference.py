@@ -171,3 +171,20 @@ def map_fit(
     )
     theta = full(result.x)
     return theta
+
+
+def rank_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Mann-Whitney AUC with average ranks for ties (independent of av_core.tools.metrics)."""
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    positives = labels == 1
+    n1, n0 = int(positives.sum()), int((~positives).sum())
+    return float((ranks[positives].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))

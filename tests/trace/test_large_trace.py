@@ -1,7 +1,8 @@
 """The large shipped trace (``av-core collect --engine llama.cpp``) is the collection
 docs/collect.md describes: full verification in blocks of K drafts, labels that only a
 real speculative-sampling run can give, over 20,000 of them, on prompts the other shipped
-traces do not use, with the documented figures (computed here without av_core's metrics)."""
+traces do not use, with the documented figures (computed with tests/support/reference.py,
+not av_core's metrics)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import numpy as np
 import av_core
 from av_core.tools.trace import LARGE_TRACE, SHIPPED_TRACES, load_shipped_trace
 
+from reference import rank_auc
+
 K = 4
 MAX_NEW_TOKENS = 160
 #: docs/collect.md, "The large trace": workload -> (prompts, rows, labeled, acceptance, AUC).
@@ -21,14 +24,6 @@ DOCUMENTED = {
     "all": (165, 23173, 20155, 0.917, 0.910),
 }
 DOCUMENTED_STEPS = 5823
-
-
-def mann_whitney_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """AUC as the probability that a positive outscores a negative (ties count half)."""
-    pos, neg = np.sort(scores[labels == 1]), np.sort(scores[labels == 0])
-    below = np.searchsorted(neg, pos, side="left")
-    ties = np.searchsorted(neg, pos, side="right") - below
-    return float((below + 0.5 * ties).sum() / (len(pos) * len(neg)))
 
 
 def test_it_is_blocks_of_k_labeled_up_to_the_first_rejection() -> None:
@@ -87,7 +82,7 @@ def test_it_has_the_documented_figures() -> None:
             int(mine.sum()),
             int(lab.sum()),
             round(float(y.mean()), 3),
-            round(mann_whitney_auc(trace.logit_q_max[lab].astype(float), y), 3),
+            round(rank_auc(trace.logit_q_max[lab].astype(float), y), 3),
         )
         assert got == documented, workload
     steps = len({(r, s) for r, s in zip(trace.request_id, trace.step, strict=True)})

@@ -22,6 +22,8 @@ from av_core.tools.trace import (
     write_trace,
 )
 
+from reference import rank_auc
+
 
 @st.composite
 def traces(draw: st.DrawFn, optional: bool = True) -> DraftTrace:
@@ -275,23 +277,6 @@ DOCUMENTED = {
         "first_prompt": "HumanEval/18",
     },
 }
-
-
-def rank_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Mann-Whitney AUC with average ranks for ties (independent of av_core.tools.metrics)."""
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    sorted_scores = scores[order]
-    i = 0
-    while i < len(scores):
-        j = i
-        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
-            j += 1
-        ranks[order[i : j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    positives = labels == 1
-    n1, n0 = int(positives.sum()), int((~positives).sum())
-    return float((ranks[positives].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
 def collection_violations(trace: DraftTrace, documented: dict) -> list[str]:  # type: ignore[type-arg]
