@@ -123,7 +123,7 @@ fn describe(value: Unexpected<'_>) -> String {
 pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Value {
     value.serialize(Writer).unwrap_or_else(|e| Value::Other {
         type_name: "error".into(),
-        text: e.message,
+        text: e.1,
     })
 }
 
@@ -293,45 +293,26 @@ pub fn from_value_at<T: DeserializeOwned>(
                 Segment::Enum { .. } | Segment::Unknown => {}
             }
         }
-        let e = e.into_inner();
-        let message = format!("{at}{} {}", e.field, e.message);
-        let kind = if e.wrong_type { ErrorKind::Type } else { kind };
-        Error::new(kind, argument, message.trim_start())
+        let TreeError(wrong_type, message) = e.into_inner();
+        let gap = if at.is_empty() || message.starts_with('[') {
+            ""
+        } else {
+            " "
+        };
+        let kind = if wrong_type { ErrorKind::Type } else { kind };
+        Error::new(kind, argument, format!("{at}{gap}{message}"))
     })
 }
 
-/// A bad value (read), or a value with no tree (written): what is wrong, whether it is a wrong
-/// type, and the field it concerns when the error rises from its struct (`["x"]`: missing, or
-/// not a field).
+/// A bad value (read), or a value with no tree (written): whether it is of the wrong type, and
+/// what is wrong after its path (`must be a number, got str ("x")`, or `["x"] is missing` from
+/// the struct that lacks the field).
 #[derive(Debug)]
-struct TreeError {
-    wrong_type: bool,
-    message: String,
-    field: String,
-}
-
-impl TreeError {
-    fn new(wrong_type: bool, message: String) -> Self {
-        let field = String::new();
-        TreeError {
-            wrong_type,
-            message,
-            field,
-        }
-    }
-
-    fn of_field(field: &str, message: String) -> Self {
-        let field = format!("[{field:?}]");
-        TreeError {
-            field,
-            ..TreeError::new(false, message)
-        }
-    }
-}
+struct TreeError(bool, String);
 
 impl std::fmt::Display for TreeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(&self.1)
     }
 }
 
@@ -339,7 +320,7 @@ impl std::error::Error for TreeError {}
 
 impl ser::Error for TreeError {
     fn custom<T: std::fmt::Display>(message: T) -> Self {
-        TreeError::new(false, message.to_string())
+        TreeError(false, message.to_string())
     }
 }
 
@@ -367,7 +348,7 @@ fn expectation(expected: &dyn de::Expected, range: bool) -> String {
 
 impl de::Error for TreeError {
     fn custom<T: std::fmt::Display>(message: T) -> Self {
-        TreeError::new(false, message.to_string())
+        TreeError(false, message.to_string())
     }
 
     fn invalid_type(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
@@ -378,7 +359,7 @@ impl de::Error for TreeError {
             }
         }
         let what = expectation(expected, false);
-        TreeError::new(true, format!("must be {what}, got {}", describe(got)))
+        TreeError(true, format!("must be {what}, got {}", describe(got)))
     }
 
     fn invalid_value(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
@@ -394,11 +375,11 @@ impl de::Error for TreeError {
             other => describe(other),
         };
         let what = expectation(expected, true);
-        TreeError::new(false, format!("must be {what}, got {got}"))
+        TreeError(false, format!("must be {what}, got {got}"))
     }
 
     fn missing_field(field: &'static str) -> Self {
-        TreeError::of_field(field, "is missing".into())
+        TreeError(false, format!("[{field:?}] is missing"))
     }
 
     fn unknown_variant(variant: &str, expected: &'static [&'static str]) -> Self {
@@ -407,7 +388,7 @@ impl de::Error for TreeError {
             Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
             _ => names.concat(),
         };
-        TreeError::new(false, format!("must be {choices}, got {variant:?}"))
+        TreeError(false, format!("must be {choices}, got {variant:?}"))
     }
 }
 
@@ -472,12 +453,13 @@ impl<'de> de::Deserializer<'de> for At<'_> {
     ) -> Read<V::Value> {
         let Value::Dict(entries) = self.0 else {
             let got = self.0.type_name();
-            return Err(TreeError::new(true, format!("must be a dict, got {got}")));
+            return Err(TreeError(true, format!("must be a dict, got {got}")));
         };
         let mut keys = entries.iter().map(|(key, _)| key);
         if let Some(key) = keys.find(|key| !fields.contains(&key.as_str())) {
-            let message = format!("is not a field (the fields: {})", fields.join(", "));
-            return Err(TreeError::of_field(key, message));
+            let fields = fields.join(", ");
+            let message = format!("[{key:?}] is not a field (the fields: {fields})");
+            return Err(TreeError(false, message));
         }
         self.deserialize_any(visitor)
     }
