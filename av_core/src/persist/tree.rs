@@ -277,31 +277,34 @@ pub fn from_value<T: DeserializeOwned>(
 }
 
 /// [`from_value`] of the value that sits at `path` in what `argument` names (its errors name the
-/// whole path). The path inside `tree` is [`serde_path_to_error`]'s.
+/// whole path). The path inside `tree` is [`serde_path_to_error`]'s, tracked only when a read
+/// fails: the tree is read again to find it.
 pub fn from_value_at<T: DeserializeOwned>(
     tree: &Value,
     path: &[&str],
     argument: &'static str,
     kind: ErrorKind,
 ) -> Result<T> {
-    serde_path_to_error::deserialize(At(tree)).map_err(|e| {
-        let mut at: String = path.iter().map(|key| format!("[{key:?}]")).collect();
-        for segment in e.path() {
-            match segment {
-                Segment::Seq { index } => at += &format!("[{index}]"),
-                Segment::Map { key } => at += &format!("[{key:?}]"),
-                Segment::Enum { .. } | Segment::Unknown => {}
+    let read = T::deserialize(At(tree));
+    read.or_else(|_| serde_path_to_error::deserialize(At(tree)))
+        .map_err(|e| {
+            let mut at: String = path.iter().map(|key| format!("[{key:?}]")).collect();
+            for segment in e.path() {
+                match segment {
+                    Segment::Seq { index } => at += &format!("[{index}]"),
+                    Segment::Map { key } => at += &format!("[{key:?}]"),
+                    Segment::Enum { .. } | Segment::Unknown => {}
+                }
             }
-        }
-        let TreeError(wrong_type, message) = e.into_inner();
-        let gap = if at.is_empty() || message.starts_with('[') {
-            ""
-        } else {
-            " "
-        };
-        let kind = if wrong_type { ErrorKind::Type } else { kind };
-        Error::new(kind, argument, format!("{at}{gap}{message}"))
-    })
+            let TreeError(wrong_type, message) = e.into_inner();
+            let gap = if at.is_empty() || message.starts_with('[') {
+                ""
+            } else {
+                " "
+            };
+            let kind = if wrong_type { ErrorKind::Type } else { kind };
+            Error::new(kind, argument, format!("{at}{gap}{message}"))
+        })
 }
 
 /// A bad value (read), or a value with no tree (written): whether it is of the wrong type, and
