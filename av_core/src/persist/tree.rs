@@ -31,7 +31,7 @@
 use serde::de::value::{MapDeserializer, SeqDeserializer};
 use serde::de::{self, DeserializeOwned, IntoDeserializer, Unexpected, Visitor};
 use serde::ser::{self, Impossible, Serialize};
-use serde_path_to_error::Segment;
+use serde_path_to_error::Segment::{Enum, Map, Seq, Unknown};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -291,9 +291,9 @@ pub fn from_value_at<T: DeserializeOwned>(
             let mut at: String = path.iter().map(|key| format!("[{key:?}]")).collect();
             for segment in e.path() {
                 match segment {
-                    Segment::Seq { index } => at += &format!("[{index}]"),
-                    Segment::Map { key } => at += &format!("[{key:?}]"),
-                    Segment::Enum { .. } | Segment::Unknown => {}
+                    Seq { index } => at += &format!("[{index}]"),
+                    Map { key } => at += &format!("[{key:?}]"),
+                    Enum { .. } | Unknown => {}
                 }
             }
             let TreeError(wrong_type, message) = e.into_inner();
