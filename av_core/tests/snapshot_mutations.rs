@@ -65,6 +65,18 @@ fn each_number(tree: &mut Value, next: &mut usize, edit: &mut impl FnMut(usize, 
         Value::List(items) => items
             .iter_mut()
             .for_each(|item| each_number(item, next, edit)),
+        // A packed list's numbers, each edited as the item of a list and packed again.
+        Value::Floats(_) | Value::Ints(_) => {
+            let mut items: Vec<Value> = match std::mem::replace(tree, Value::None) {
+                Value::Floats(v) => v.into_iter().map(Value::Float).collect(),
+                Value::Ints(v) => v.into_iter().map(Value::Int).collect(),
+                _ => unreachable!(),
+            };
+            items
+                .iter_mut()
+                .for_each(|item| each_number(item, next, edit));
+            *tree = Value::list(items);
+        }
         Value::Dict(entries) => entries
             .iter_mut()
             .for_each(|(_, value)| each_number(value, next, edit)),

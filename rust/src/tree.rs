@@ -2,7 +2,7 @@
 //! function each way: `None`, `bool`, `int`, `float`, `str`, `list`, `dict`. The formats
 //! (`state_dict`, round statistics, refit reports) are the core's; nothing here knows a key.
 
-use av_core::persist::tree::Value;
+use av_core::persist::tree::{ListBuilder, Value};
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{
@@ -22,12 +22,8 @@ const MAX_DEPTH: usize = 16;
 /// key's path, since no format could read it (dropping it would silently lose what the caller
 /// meant). Anything else is a [`Value::Other`], which a reader refuses naming its type.
 pub fn from_py(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Value> {
-    Walk {
-        argument,
-        path: String::new(),
-        depth: 0,
-    }
-    .value(obj)
+    let path = Vec::new();
+    Walk { argument, path }.value(obj)
 }
 
 fn other(obj: &Bound<'_, PyAny>) -> Value {
@@ -37,24 +33,34 @@ fn other(obj: &Bound<'_, PyAny>) -> Value {
     }
 }
 
-/// A conversion under way: the argument, the path to the value at hand (`["config"][0]`), and
-/// how deep it is.
-struct Walk<'a> {
+/// A conversion under way: the argument, and the path to the value at hand (`["config"][0]`),
+/// written out only in an error.
+struct Walk<'a, 'py> {
     argument: &'a str,
-    path: String,
-    depth: usize,
+    path: Vec<Step<'py>>,
 }
 
-impl Walk<'_> {
+/// A step of a path: a list's index or a dict's key (a `str`).
+enum Step<'py> {
+    Index(usize),
+    Key(Bound<'py, PyAny>),
+}
+
+impl<'py> Walk<'_, 'py> {
     /// The argument and the path so far, as the core's messages write them (`state: ["config"]`).
     fn at(&self) -> String {
-        match self.path.is_empty() {
+        let steps = self.path.iter().map(|step| match step {
+            Step::Index(i) => format!("[{i}]"),
+            Step::Key(key) => format!("[{:?}]", key.to_string()),
+        });
+        let path: String = steps.collect();
+        match path.is_empty() {
             true => self.argument.to_owned(),
-            false => format!("{}: {}", self.argument, self.path),
+            false => format!("{}: {path}", self.argument),
         }
     }
 
-    fn value(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    fn value(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<Value> {
         if obj.is_none() {
             return Ok(Value::None);
         }
@@ -72,17 +78,17 @@ impl Walk<'_> {
                 .to_str()
                 .map_or_else(|_| other(obj), |s| Value::Str(s.into())));
         }
-        if self.depth >= MAX_DEPTH {
+        if self.path.len() >= MAX_DEPTH {
             return Ok(other(obj));
         }
         if let Ok(dict) = obj.cast::<PyDict>() {
-            return self.entries(dict.iter());
+            return self.entries(dict.len(), dict.iter());
         }
         if let Ok(list) = obj.cast::<PyList>() {
-            return self.items(list.iter());
+            return self.items(list.len(), list.iter());
         }
         if let Ok(tuple) = obj.cast::<PyTuple>() {
-            return self.items(tuple.iter());
+            return self.items(tuple.len(), tuple.iter());
         }
         // A numpy bool is a bool (PyO3's `bool` takes `bool` and numpy's bools only), not the
         // number its `__float__` gives.
@@ -95,8 +101,8 @@ impl Walk<'_> {
         // Any other Mapping (a mappingproxy, a collections.abc.Mapping) reads as the dict of its
         // items.
         if let Ok(mapping) = obj.cast::<PyMapping>() {
-            let pairs: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = mapping.items()?.extract()?;
-            return self.entries(pairs.into_iter());
+            let pairs: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> = mapping.items()?.extract()?;
+            return self.entries(pairs.len(), pairs.into_iter());
         }
         // Another type: an integer (`__index__`: numpy integers), a sequence (PyO3's sequence
         // extraction, as a list argument: numpy arrays), a number (`__float__`: numpy float32),
@@ -104,8 +110,8 @@ impl Walk<'_> {
         if let Some(value) = integer(obj)? {
             return Ok(value);
         }
-        if let Ok(items) = obj.extract::<Vec<Bound<'_, PyAny>>>() {
-            return self.items(items.into_iter());
+        if let Ok(items) = obj.extract::<Vec<Bound<'py, PyAny>>>() {
+            return self.items(items.len(), items.into_iter());
         }
         match obj.extract::<f64>() {
             Ok(v) => Ok(Value::Float(v)),
@@ -116,47 +122,51 @@ impl Walk<'_> {
     }
 
     /// The value of `obj`, at `step` below the path so far.
-    fn below(&mut self, step: String, obj: &Bound<'_, PyAny>) -> PyResult<Value> {
-        let len = self.path.len();
-        self.path.push_str(&step);
-        self.depth += 1;
+    fn below(&mut self, step: Step<'py>, obj: &Bound<'py, PyAny>) -> PyResult<Value> {
+        self.path.push(step);
         let value = self.value(obj);
-        self.depth -= 1;
-        self.path.truncate(len);
+        self.path.pop();
         value
     }
 
-    /// A dict's entries as a map; every key must be a `str` of valid UTF-8 (module docs).
-    fn entries<'py>(
+    /// A dict's `len` entries as a map; every key must be a `str` of valid UTF-8 (module docs).
+    fn entries(
         &mut self,
+        len: usize,
         pairs: impl Iterator<Item = (Bound<'py, PyAny>, Bound<'py, PyAny>)>,
     ) -> PyResult<Value> {
-        let mut dict: Vec<(String, Value)> = Vec::new();
+        let mut dict: Vec<(String, Value)> = Vec::with_capacity(len);
         for (key, value) in pairs {
             let Ok(text) = key.cast::<PyString>() else {
                 let (key, kind) = (short_repr(&key), type_name(&key));
                 let message = format!("key {key} ({kind}) is not a str (no field has that name)");
                 return Err(type_error(&self.at(), message));
             };
-            let Ok(name) = text.to_str() else {
+            let Ok(name) = text.to_str().map(str::to_owned) else {
                 let message = format!("key {} is not valid UTF-8", short_repr(&key));
                 return Err(value_error(&self.at(), message));
             };
-            let value = self.below(format!("[{name:?}]"), &value)?;
+            let value = self.below(Step::Key(key), &value)?;
             // A key appears once in a tree, as in the mapping it comes from.
-            match dict.iter_mut().find(|(k, _)| k == name) {
+            match dict.iter_mut().find(|(k, _)| *k == name) {
                 Some(entry) => entry.1 = value,
-                None => dict.push((name.to_owned(), value)),
+                None => dict.push((name, value)),
             }
         }
         Ok(Value::Dict(dict))
     }
 
-    /// A sequence's items as a list.
-    fn items<'py>(&mut self, items: impl Iterator<Item = Bound<'py, PyAny>>) -> PyResult<Value> {
-        let items = items.enumerate();
-        let items = items.map(|(i, item)| self.below(format!("[{i}]"), &item));
-        items.collect::<PyResult<_>>().map(Value::List)
+    /// A sequence's `len` items as a list (packed if all are floats or all ints: [`ListBuilder`]).
+    fn items(
+        &mut self,
+        len: usize,
+        items: impl Iterator<Item = Bound<'py, PyAny>>,
+    ) -> PyResult<Value> {
+        let mut list = ListBuilder::new(len);
+        for (i, item) in items.enumerate() {
+            list.push(self.below(Step::Index(i), &item)?);
+        }
+        Ok(list.finish())
     }
 }
 
@@ -182,11 +192,7 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
     Ok(match value {
         Value::None => py.None().into_bound(py),
         Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        // Most ints of a state fit i64, whose conversion is far cheaper than i128's.
-        Value::Int(v) => match i64::try_from(*v) {
-            Ok(small) => small.into_pyobject(py)?.into_any(),
-            Err(_) => v.into_pyobject(py)?.into_any(),
-        },
+        Value::Int(v) => int(py, *v),
         Value::BigInt { text, .. } => py.get_type::<PyInt>().call1((text.as_str(),))?.into_any(),
         Value::Float(v) => PyFloat::new(py, *v).into_any(),
         Value::Str(s) => PyString::new(py, s).into_any(),
@@ -194,6 +200,8 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
             let items = items.iter().map(|item| to_py(py, item));
             PyList::new(py, items.collect::<PyResult<Vec<_>>>()?)?.into_any()
         }
+        Value::Floats(items) => PyList::new(py, items)?.into_any(),
+        Value::Ints(items) => PyList::new(py, items.iter().map(|&v| int(py, v)))?.into_any(),
         Value::Dict(entries) => {
             let d = PyDict::new(py);
             for (key, value) in entries {
@@ -208,6 +216,16 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
             ))
         }
     })
+}
+
+/// `v` as a Python `int`.
+fn int(py: Python<'_>, v: i128) -> Bound<'_, PyAny> {
+    // Most ints of a state fit i64, whose conversion is far cheaper than i128's.
+    let Ok(int) = match i64::try_from(v) {
+        Ok(small) => small.into_pyobject(py),
+        Err(_) => v.into_pyobject(py),
+    };
+    int.into_any()
 }
 
 /// A tree that is a dict as a Python `dict` (another tree is a `TypeError`).

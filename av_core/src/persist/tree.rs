@@ -57,6 +57,10 @@ pub enum Value {
     Str(String),
     /// A list.
     List(Vec<Value>),
+    /// A list of floats only, packed: read as the [`Value::List`] of the same numbers.
+    Floats(Vec<f64>),
+    /// A list of integers only, packed: read as the [`Value::List`] of the same numbers.
+    Ints(Vec<i128>),
     /// A dict: its entries, keys in order (a key appears once).
     Dict(Vec<(String, Value)>),
     /// A value of a type the tree has no place for (from a binding): its type's name and a short
@@ -78,10 +82,17 @@ impl Value {
             Value::Int(_) | Value::BigInt { .. } => "int",
             Value::Float(_) => "float",
             Value::Str(_) => "str",
-            Value::List(_) => "list",
+            Value::List(_) | Value::Floats(_) | Value::Ints(_) => "list",
             Value::Dict(_) => "dict",
             Value::Other { type_name, .. } => type_name,
         }
+    }
+
+    /// The list of `items`, packed as [`ListBuilder`] packs it.
+    pub fn list(items: Vec<Value>) -> Value {
+        let mut list = ListBuilder::new(items.len());
+        items.into_iter().for_each(|item| list.push(item));
+        list.finish()
     }
 
     /// The value of `key` if this is a dict that holds it.
@@ -89,6 +100,58 @@ impl Value {
         match self {
             Value::Dict(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
             _ => None,
+        }
+    }
+}
+
+/// A list being built: its items stay packed ([`Value::Floats`], [`Value::Ints`]) while every
+/// one is a float or every one an int, so that a list of numbers is one allocation of them
+/// (which drops at once, and a binding converts without a match per item).
+#[derive(Default)]
+pub struct ListBuilder {
+    len: usize,
+    floats: Vec<f64>,
+    ints: Vec<i128>,
+    items: Vec<Value>,
+}
+
+impl ListBuilder {
+    /// A list of `len` items (the capacity it allocates).
+    pub fn new(len: usize) -> Self {
+        ListBuilder {
+            len,
+            ..Self::default()
+        }
+    }
+
+    /// Appends `item`.
+    pub fn push(&mut self, item: Value) {
+        /// `v` with room for `len` items.
+        fn sized<T>(v: &mut Vec<T>, len: usize) -> &mut Vec<T> {
+            v.reserve(len.saturating_sub(v.len()));
+            v
+        }
+        let (len, packed) = (self.len, self.items.is_empty());
+        match item {
+            Value::Float(x) if packed && self.ints.is_empty() => {
+                sized(&mut self.floats, len).push(x)
+            }
+            Value::Int(x) if packed && self.floats.is_empty() => sized(&mut self.ints, len).push(x),
+            item => {
+                let items = sized(&mut self.items, len);
+                items.extend(self.floats.drain(..).map(Value::Float));
+                items.extend(self.ints.drain(..).map(Value::Int));
+                items.push(item);
+            }
+        }
+    }
+
+    /// The list.
+    pub fn finish(self) -> Value {
+        match (self.floats.is_empty(), self.ints.is_empty()) {
+            (false, _) => Value::Floats(self.floats),
+            (_, false) => Value::Ints(self.ints),
+            _ => Value::List(self.items),
         }
     }
 }
@@ -135,10 +198,15 @@ type Collecting = std::result::Result<Collect, TreeError>;
 type NoTree = std::result::Result<Impossible<Value, TreeError>, TreeError>;
 
 /// A list or a struct's dict being written.
-#[derive(Default)]
 struct Collect {
-    items: Vec<Value>,
+    items: ListBuilder,
     entries: Vec<(String, Value)>,
+}
+
+/// A list of `items` items or a dict of `entries` entries, to be written.
+fn collect(items: usize, entries: usize) -> Collecting {
+    let (items, entries) = (ListBuilder::new(items), Vec::with_capacity(entries));
+    Ok(Collect { items, entries })
 }
 
 /// The forms a tree has no place for (a map, a variant with fields).
@@ -181,17 +249,16 @@ impl ser::Serializer for Writer {
         serialize_f64(v: f64) -> Written = Ok(Value::Float(v));
         serialize_char(v: char) -> Written = Ok(Value::Str(v.into()));
         serialize_str(v: &str) -> Written = Ok(Value::Str(v.into()));
-        serialize_bytes(v: &[u8]) -> Written =
-            Ok(Value::List(v.iter().map(|&b| Value::Int(b.into())).collect()));
+        serialize_bytes(v: &[u8]) -> Written = Ok(Value::Ints(v.iter().map(|&b| b.into()).collect()));
         serialize_none() -> Written = Ok(Value::None);
         serialize_unit() -> Written = Ok(Value::None);
         serialize_unit_struct(_n: &'static str) -> Written = Ok(Value::None);
         serialize_unit_variant(_n: &'static str, _i: u32, v: &'static str) -> Written =
             Ok(Value::Str(v.into()));
-        serialize_seq(_l: Option<usize>) -> Collecting = Ok(Collect::default());
-        serialize_tuple(_l: usize) -> Collecting = Ok(Collect::default());
-        serialize_tuple_struct(_n: &'static str, _l: usize) -> Collecting = Ok(Collect::default());
-        serialize_struct(_n: &'static str, _l: usize) -> Collecting = Ok(Collect::default());
+        serialize_seq(l: Option<usize>) -> Collecting = collect(l.unwrap_or(0), 0);
+        serialize_tuple(l: usize) -> Collecting = collect(l, 0);
+        serialize_tuple_struct(_n: &'static str, l: usize) -> Collecting = collect(l, 0);
+        serialize_struct(_n: &'static str, l: usize) -> Collecting = collect(0, l);
         serialize_map(_l: Option<usize>) -> NoTree = no_tree("a map");
         serialize_tuple_variant(n: &'static str, _i: u32, _v: &'static str, _l: usize) -> NoTree =
             no_tree(&format!("{n}: a tuple variant"));
@@ -231,7 +298,7 @@ macro_rules! write_items {
             }
 
             fn end(self) -> Written {
-                Ok(Value::List(self.items))
+                Ok(self.items.finish())
             }
         }
     )*};
@@ -428,6 +495,11 @@ impl<'de> de::Deserializer<'de> for At<'_> {
             Value::Float(v) => visitor.visit_f64(*v),
             Value::Str(s) => visitor.visit_str(s),
             Value::List(items) => visitor.visit_seq(SeqDeserializer::new(items.iter())),
+            // A packed list reads as the list of its numbers.
+            Value::Floats(v) => At(&Value::List(v.iter().copied().map(Value::Float).collect()))
+                .deserialize_any(visitor),
+            Value::Ints(v) => At(&Value::List(v.iter().copied().map(Value::Int).collect()))
+                .deserialize_any(visitor),
             Value::Dict(entries) => {
                 let entries = entries.iter().map(|(key, value)| (key.as_str(), value));
                 visitor.visit_map(MapDeserializer::new(entries))
