@@ -10,7 +10,7 @@
 
 use av_core::persist::estimator::{decode, MAGIC};
 use av_core::persist::state_dict;
-use av_core::persist::tree::Value;
+use av_core::persist::tree::{ListBuilder, Value};
 use av_core::{AcceptanceEstimator, ErrorKind, EstimatorConfig, MatrixView};
 use proptest::prelude::*;
 use std::sync::OnceLock;
@@ -55,6 +55,13 @@ fn word(kind: u8, random: u64) -> [u8; 8] {
     }
 }
 
+/// The list of `items` as the state's writer builds it (packed if all are of one kind).
+fn list(items: Vec<Value>) -> Value {
+    let mut list = ListBuilder::new(items.len());
+    items.into_iter().for_each(|item| list.push(item));
+    list.finish()
+}
+
 /// Calls `edit` on every number of `tree`, in order, with its index.
 fn each_number(tree: &mut Value, next: &mut usize, edit: &mut impl FnMut(usize, &mut Value)) {
     match tree {
@@ -75,7 +82,7 @@ fn each_number(tree: &mut Value, next: &mut usize, edit: &mut impl FnMut(usize, 
             items
                 .iter_mut()
                 .for_each(|item| each_number(item, next, edit));
-            *tree = Value::list(items);
+            *tree = list(items);
         }
         Value::Dict(entries) => entries
             .iter_mut()

@@ -108,11 +108,8 @@ pub fn decode(tree: &Value, argument: &'static str, kind: ErrorKind) -> Result<E
         );
         return Err(Error::type_error(argument, message));
     };
-    let shared_keys = entries(to_value(&Shared::default()))
-        .into_iter()
-        .map(|(key, _)| key);
-    let shared_keys: Vec<String> = shared_keys.collect();
-    let is_shared = |key: &str| shared_keys.iter().any(|k| k == key);
+    let shared_fields = entries(to_value(&Shared::default()));
+    let is_shared = |key: &str| shared_fields.iter().any(|(k, _)| k == key);
     let pick = |keep: &dyn Fn(&str) -> bool| -> Vec<(String, Value)> {
         all.iter().filter(|(k, _)| keep(k)).cloned().collect()
     };

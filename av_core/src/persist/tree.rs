@@ -88,13 +88,6 @@ impl Value {
         }
     }
 
-    /// The list of `items`, packed as [`ListBuilder`] packs it.
-    pub fn list(items: Vec<Value>) -> Value {
-        let mut list = ListBuilder::new(items.len());
-        items.into_iter().for_each(|item| list.push(item));
-        list.finish()
-    }
-
     /// The value of `key` if this is a dict that holds it.
     pub fn get(&self, key: &str) -> Option<&Value> {
         match self {
@@ -194,20 +187,14 @@ pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Value {
 struct Writer;
 
 type Written = std::result::Result<Value, TreeError>;
-type Collecting = std::result::Result<Collect, TreeError>;
+type Listing = std::result::Result<Items, TreeError>;
 type NoTree = std::result::Result<Impossible<Value, TreeError>, TreeError>;
 
-/// A list or a struct's dict being written.
-struct Collect {
-    items: ListBuilder,
-    entries: Vec<(String, Value)>,
-}
+/// A list being written.
+struct Items(ListBuilder);
 
-/// A list of `items` items or a dict of `entries` entries, to be written.
-fn collect(items: usize, entries: usize) -> Collecting {
-    let (items, entries) = (ListBuilder::new(items), Vec::with_capacity(entries));
-    Ok(Collect { items, entries })
-}
+/// A struct's dict being written: its fields.
+struct Fields(Vec<(String, Value)>);
 
 /// The forms a tree has no place for (a map, a variant with fields).
 fn no_tree(what: &str) -> NoTree {
@@ -226,12 +213,12 @@ macro_rules! writes {
 impl ser::Serializer for Writer {
     type Ok = Value;
     type Error = TreeError;
-    type SerializeSeq = Collect;
-    type SerializeTuple = Collect;
-    type SerializeTupleStruct = Collect;
+    type SerializeSeq = Items;
+    type SerializeTuple = Items;
+    type SerializeTupleStruct = Items;
     type SerializeTupleVariant = Impossible<Value, TreeError>;
     type SerializeMap = Impossible<Value, TreeError>;
-    type SerializeStruct = Collect;
+    type SerializeStruct = Fields;
     type SerializeStructVariant = Impossible<Value, TreeError>;
 
     writes! {
@@ -255,10 +242,12 @@ impl ser::Serializer for Writer {
         serialize_unit_struct(_n: &'static str) -> Written = Ok(Value::None);
         serialize_unit_variant(_n: &'static str, _i: u32, v: &'static str) -> Written =
             Ok(Value::Str(v.into()));
-        serialize_seq(l: Option<usize>) -> Collecting = collect(l.unwrap_or(0), 0);
-        serialize_tuple(l: usize) -> Collecting = collect(l, 0);
-        serialize_tuple_struct(_n: &'static str, l: usize) -> Collecting = collect(l, 0);
-        serialize_struct(_n: &'static str, l: usize) -> Collecting = collect(0, l);
+        serialize_seq(l: Option<usize>) -> Listing = Ok(Items(ListBuilder::new(l.unwrap_or(0))));
+        serialize_tuple(l: usize) -> Listing = Ok(Items(ListBuilder::new(l)));
+        serialize_tuple_struct(_n: &'static str, l: usize) -> Listing =
+            Ok(Items(ListBuilder::new(l)));
+        serialize_struct(_n: &'static str, l: usize) -> std::result::Result<Fields, TreeError> =
+            Ok(Fields(Vec::with_capacity(l)));
         serialize_map(_l: Option<usize>) -> NoTree = no_tree("a map");
         serialize_tuple_variant(n: &'static str, _i: u32, _v: &'static str, _l: usize) -> NoTree =
             no_tree(&format!("{n}: a tuple variant"));
@@ -288,17 +277,17 @@ impl ser::Serializer for Writer {
 /// The sequence forms share one body: an item appended.
 macro_rules! write_items {
     ($($trait:ident :: $method:ident),*) => {$(
-        impl ser::$trait for Collect {
+        impl ser::$trait for Items {
             type Ok = Value;
             type Error = TreeError;
 
             fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> std::result::Result<(), TreeError> {
-                self.items.push(v.serialize(Writer)?);
+                self.0.push(v.serialize(Writer)?);
                 Ok(())
             }
 
             fn end(self) -> Written {
-                Ok(self.items.finish())
+                Ok(self.0.finish())
             }
         }
     )*};
@@ -309,7 +298,7 @@ write_items!(
     SerializeTupleStruct::serialize_field
 );
 
-impl ser::SerializeStruct for Collect {
+impl ser::SerializeStruct for Fields {
     type Ok = Value;
     type Error = TreeError;
 
@@ -318,12 +307,12 @@ impl ser::SerializeStruct for Collect {
         key: &'static str,
         v: &T,
     ) -> std::result::Result<(), TreeError> {
-        self.entries.push((key.into(), v.serialize(Writer)?));
+        self.0.push((key.into(), v.serialize(Writer)?));
         Ok(())
     }
 
     fn end(self) -> Written {
-        Ok(Value::Dict(self.entries))
+        Ok(Value::Dict(self.0))
     }
 }
 

@@ -103,10 +103,10 @@ fn readers_name_the_argument_the_path_and_the_kind() {
 fn a_list_of_one_kind_of_number_is_packed_and_reads_as_the_list() {
     let (float, int) = (Value::Float, Value::Int);
     assert_eq!(
-        Value::list(vec![float(1.0), float(-2.5)]),
+        list(vec![float(1.0), float(-2.5)]),
         Value::Floats(vec![1.0, -2.5])
     );
-    assert_eq!(Value::list(vec![int(1), int(-1)]), Value::Ints(vec![1, -1]));
+    assert_eq!(list(vec![int(1), int(-1)]), Value::Ints(vec![1, -1]));
     let unpacked = [
         vec![],
         vec![int(1), float(1.0)],
@@ -117,7 +117,7 @@ fn a_list_of_one_kind_of_number_is_packed_and_reads_as_the_list() {
         vec![int(1), Value::None],
     ];
     for items in unpacked {
-        assert_eq!(Value::list(items.clone()), Value::List(items));
+        assert_eq!(list(items.clone()), Value::List(items));
     }
 
     #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -146,7 +146,7 @@ fn a_list_of_one_kind_of_number_is_packed_and_reads_as_the_list() {
     // or the same error (the unpacked list's, which the cases above pin down).
     let read = |column: &str, items: Vec<Value>, packed: bool| {
         let items = if packed {
-            Value::list(items)
+            list(items)
         } else {
             Value::List(items)
         };
@@ -200,4 +200,11 @@ fn a_list_of_one_kind_of_number_is_packed_and_reads_as_the_list() {
         (err.kind, err.to_string()),
         (ErrorKind::Type, "s: must be a number, got list".into())
     );
+}
+
+/// The list of `items` as a [`ListBuilder`] builds it.
+fn list(items: Vec<Value>) -> Value {
+    let mut list = ListBuilder::new(items.len());
+    items.into_iter().for_each(|item| list.push(item));
+    list.finish()
 }
