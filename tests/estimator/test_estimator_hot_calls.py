@@ -55,3 +55,42 @@ def test_predict_returns_a_fresh_array_of_its_own() -> None:
     np.testing.assert_allclose(third, expected, rtol=1e-6, atol=1e-7)
     empty = est.predict(np.zeros((0, K), np.float32))
     assert empty.shape == (0, K) and empty.dtype == np.float32
+
+
+@pytest.mark.parametrize("culprit", ["features", "num_accepted", "num_admitted"])
+def test_a_refused_observe_leaves_no_trace_in_the_next(culprit: str) -> None:
+    """A step refused on its last row (every earlier row already binned) changes nothing, and
+    the steps after it give the bytes of an estimator that never saw it: whatever the refused
+    step left behind is not added to a later one. Counts as int32 and int64 alike."""
+    rng = np.random.default_rng(7)
+    rows = 64
+    steps = []
+    for _ in range(3):
+        features = rng.normal(1.5, 2.0, size=(rows, K)).astype(np.float32)
+        admitted = rng.integers(0, K + 1, size=rows).astype(np.int32)
+        accepted = np.minimum(rng.integers(0, K + 1, size=rows), admitted)
+        steps.append((features, admitted, accepted))
+    bad_features, bad_admitted, bad_accepted = (a.copy() for a in steps[0])
+    if culprit == "features":
+        bad_features[-1, -1] = np.nan
+    elif culprit == "num_accepted":
+        bad_accepted[-1] = bad_admitted[-1] + 1
+    else:
+        bad_admitted[-1] = -1
+    refused = AcceptanceEstimator(K, refit_interval=None)
+    reference = AcceptanceEstimator(K, refit_interval=None)
+    before = refused.to_bytes()
+    with pytest.raises(ValueError, match=culprit):
+        refused.observe(bad_features, bad_admitted, bad_accepted)
+    assert refused.to_bytes() == before
+    for est in (refused, reference):
+        for features, admitted, accepted in steps:
+            est.observe(features, admitted, accepted)
+    assert refused.to_bytes() == reference.to_bytes()
+    wide = AcceptanceEstimator(K, refit_interval=None)
+    for features, admitted, accepted in steps:
+        wide.observe(features, admitted.astype(np.int64), accepted.astype(np.int64))
+    assert wide.to_bytes() == reference.to_bytes()
+    assert sum(reference.round_counts()) == sum(
+        int(np.where(ac < ad, ac + 1, ac).sum()) for _, ad, ac in steps
+    )

@@ -128,36 +128,45 @@ impl Common {
         ))
     }
 
-    /// One step's histograms over `binning`'s bins with the bitmap of the occupied bins, every
-    /// argument checked (`predictions` are checked, and not used: the map fit recomputes every
-    /// probability).
+    /// One step's histograms over `binning`'s bins, every argument checked (`predictions` are
+    /// checked, and not used: the map fit recomputes every probability), built in `scratch`,
+    /// which must be empty ([`StepHistogram::clear`]; the caller clears it after use, on an
+    /// error too).
     pub(super) fn step_bins<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         &self,
         step: Step<'_, T, P>,
         binning: &Binning,
-    ) -> Result<StepHistogram> {
+        scratch: &mut StepScratch,
+    ) -> Result<()> {
         let k = self.config.num_positions;
-        let counts = self.checked_counts(step)?;
+        self.check_shapes(step)?;
         self.check_given_predictions(step)?;
-        // One read of each feature: every one is checked, and the labeled ones are binned from
-        // the same read (a buffer another thread rewrites meanwhile can fail the call, never
-        // get an unchecked value in). Blocks of whole rows: a vectorized pass locates every
-        // feature of the block, then the labeled ones are added.
+        // One read of each feature and each count: every one is checked, and the labeled
+        // features are binned from the same read (a buffer another thread rewrites meanwhile
+        // can fail the call, never get an unchecked value in). Blocks of whole rows: a
+        // vectorized pass locates every feature of the block, then the labeled ones are added.
         let bins = binning.bins();
-        let mut histogram = StepHistogram::new(k, bins);
-        let mut finite = true;
+        let StepScratch {
+            histogram,
+            bin_of,
+            offset_of,
+        } = scratch;
+        let (mut finite, mut valid) = (true, true);
         let rows_per_block = (LOCATE_BLOCK / k).max(1);
-        let (mut bin_of, mut offset_of) = ([0u32; LOCATE_BLOCK], [0u64; LOCATE_BLOCK]);
-        for (block, block_counts) in step
+        for ((block, admitted), accepted) in step
             .features
             .data()
             .chunks(rows_per_block * k)
-            .zip(counts.chunks(rows_per_block))
+            .zip(step.num_admitted.chunks(rows_per_block))
+            .zip(step.num_accepted.chunks(rows_per_block))
         {
-            finite &= binning.locate_all(block, &mut bin_of, &mut offset_of);
-            for (row, &(admitted, accepted)) in block_counts.iter().enumerate() {
-                // The labeled drafts: the accepted ones, then the first rejection. The counts
-                // are valid, so `labeled ≤ k`; `min` keeps the slices in range regardless.
+            finite &= binning.locate_all(block, bin_of, offset_of);
+            for (row, (&admitted, &accepted)) in admitted.iter().zip(accepted).enumerate() {
+                valid &= counts_valid(admitted, accepted, k);
+                // The labeled drafts: the accepted ones, then the first rejection. On valid
+                // counts `labeled ≤ k`; `min` keeps the slices in range regardless (a step
+                // with an invalid count fails below, whatever it added here).
+                let (admitted, accepted) = (admitted as usize, accepted as usize);
                 let labeled = num_labeled(admitted, accepted).min(k);
                 let start = row * k;
                 let located = bin_of[start..start + labeled]
@@ -171,15 +180,18 @@ impl Common {
         if !finite {
             return Err(self.culprit(step, "features"));
         }
-        Ok(histogram)
+        if !valid {
+            return Err(count_culprit(step, k));
+        }
+        Ok(())
     }
 
-    /// Shapes and counts of one step, validated (the culprit named in the order predictions,
-    /// features, counts when a count is wrong).
-    fn checked_counts<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+    /// The shapes of one step: `features` `[R, K]`, `R` counts each, `predictions` (if given)
+    /// `[R, K]`.
+    fn check_shapes<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         &self,
         step: Step<'_, T, P>,
-    ) -> Result<Vec<(usize, usize)>> {
+    ) -> Result<()> {
         let k = self.config.num_positions;
         let Step {
             features,
@@ -211,26 +223,82 @@ impl Common {
             predictions.expect_cols("predictions", k)?;
             predictions.expect_rows("predictions", rows)?;
         }
+        Ok(())
+    }
+
+    /// Shapes and counts of one step, validated (the culprit named in the order predictions,
+    /// features, counts when a count is wrong).
+    fn checked_counts<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        step: Step<'_, T, P>,
+    ) -> Result<Vec<(usize, usize)>> {
+        let k = self.config.num_positions;
+        self.check_shapes(step)?;
         // One branch-free pass per input; the searches that name a culprit (in the order:
         // predictions, features, counts) run only on failure.
         let mut valid = true;
-        let counts: Vec<(usize, usize)> = num_admitted
+        let counts: Vec<(usize, usize)> = step
+            .num_admitted
             .iter()
-            .zip(num_accepted)
+            .zip(step.num_accepted)
             .map(|(&admitted, &accepted)| {
-                valid &= (0 <= accepted) & (accepted <= admitted) & (admitted <= k as i64);
+                valid &= counts_valid(admitted, accepted, k);
                 (admitted as usize, accepted as usize)
             })
             .collect();
         if !valid {
-            check_predictions(predictions)?;
-            check_features(features.data())?;
-            for row in 0..rows {
-                validate_counts(row, num_admitted[row], num_accepted[row], k)?;
-            }
-            return Err(changed_while_read("num_admitted"));
+            return Err(count_culprit(step, k));
         }
         Ok(counts)
+    }
+}
+
+/// Whether one request's counts are possible: `0 ≤ accepted ≤ admitted ≤ k` (branch-free).
+#[inline(always)]
+fn counts_valid(admitted: i64, accepted: i64, k: usize) -> bool {
+    (0 <= accepted) & (accepted <= admitted) & (admitted <= k as i64)
+}
+
+/// The error of a step with an impossible count: the first bad prediction, else the first bad
+/// feature, else the first bad count (the order the checks name culprits in), else, when a
+/// second read finds none, that the counts changed while the call read them.
+fn count_culprit<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+    step: Step<'_, T, P>,
+    k: usize,
+) -> Error {
+    let named = check_predictions(step.predictions)
+        .and_then(|()| check_features(step.features.data()))
+        .and_then(|()| {
+            let counts = step.num_admitted.iter().zip(step.num_accepted);
+            for (row, (&admitted, &accepted)) in counts.enumerate() {
+                validate_counts(row, admitted, accepted, k)?;
+            }
+            Ok(())
+        });
+    named
+        .err()
+        .unwrap_or_else(|| changed_while_read("num_admitted"))
+}
+
+/// What observe's binning writes into: the step's histograms, and the bins and offsets of one
+/// block of located features. The map update keeps one between calls, so that a step neither
+/// allocates nor zero-fills the `K × B` bins (about 12 KB at the defaults).
+#[derive(Debug)]
+pub(super) struct StepScratch {
+    /// The step's histograms (empty between uses).
+    pub(super) histogram: StepHistogram,
+    bin_of: Vec<u32>,
+    offset_of: Vec<u64>,
+}
+
+impl StepScratch {
+    /// An empty scratch for `num_positions` positions of `bins` bins.
+    pub(super) fn new(num_positions: usize, bins: usize) -> Self {
+        StepScratch {
+            histogram: StepHistogram::new(num_positions, bins),
+            bin_of: vec![0; LOCATE_BLOCK],
+            offset_of: vec![0; LOCATE_BLOCK],
+        }
     }
 }
 
@@ -303,9 +371,9 @@ impl AcceptanceEstimator {
             predictions,
         };
         let binning = Binning::new(config.max_log_odds, config.bins);
-        self.common
-            .step_bins(step, &binning)
-            .map(StepHistogram::into_stats)
+        let mut scratch = StepScratch::new(config.num_positions, config.bins);
+        self.common.step_bins(step, &binning, &mut scratch)?;
+        Ok(scratch.histogram.into_stats())
     }
 
     /// Folds one decode step of verdicts into the round (see [`step_stats`](Self::step_stats)

@@ -220,3 +220,49 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_step_histogram_lists_its_occupied_bins_and_clears_to_empty() {
+    // A reused step histogram against the column histograms built draft by draft: the same
+    // sums, the occupied bins in ascending order (the bins with a count, found by a scan
+    // here), and after `clear` nothing left, over layouts whose bins end inside a bitmap word
+    // and on its edge.
+    let mut rng = XorShift::new(23);
+    for (k, bins) in [(1, 1), (3, 7), (2, 64), (8, 64), (5, 113)] {
+        let binning = Binning::new(40.0, bins);
+        let mut step = StepHistogram::new(k, bins);
+        for round in 0..4 {
+            let mut expected = HistogramStats::new(k, bins);
+            // Sparse and dense rounds, the last bin of the last position included.
+            let drafts = [3, 40, 500, 1][round];
+            for i in 0..drafts {
+                let position = (rng.next_u64() % k as u64) as usize;
+                let x = if i == 0 {
+                    40.0
+                } else {
+                    rng.unit_f64() * 100.0 - 50.0
+                };
+                let position = if i == 0 { k - 1 } else { position };
+                let accepted = rng.next_u64() & 1 == 1;
+                let (bin, offset) = binning.locate(x);
+                step.add(position * bins + bin, accepted, offset);
+                expected.add_observation(&binning, position, x, accepted);
+            }
+            let scanned: Vec<usize> = (0..k * bins).filter(|&i| expected.count[i] > 0).collect();
+            assert_eq!(step.occupied().collect::<Vec<_>>(), scanned, "{k}x{bins}");
+            for &index in &scanned {
+                let sums = [
+                    expected.count[index],
+                    expected.accepted[index],
+                    expected.x_sum[index],
+                ];
+                assert_eq!(step.sums(index), sums);
+            }
+            assert_eq!(step.clone().into_stats(), expected);
+            step.clear();
+            assert_eq!(step.occupied().count(), 0, "{k}x{bins}");
+            assert_eq!(step.clone().into_stats(), HistogramStats::new(k, bins));
+            assert!((0..k * bins).all(|i| step.sums(i) == [0; 3]), "{k}x{bins}");
+        }
+    }
+}

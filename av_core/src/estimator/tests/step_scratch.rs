@@ -1,0 +1,160 @@
+//! The step scratch the map update keeps between observes: whatever a call leaves in it (a
+//! step that failed after binning part of its rows, a step refused at the bound, a scratch
+//! another thread holds) never reaches a later step's statistics.
+
+use super::{map, view, workload, NO_PREDICTIONS};
+use crate::estimator::histogram::{Binning, MAX_BIN_COUNT};
+use crate::estimator::update::Rule;
+use crate::estimator::{AcceptanceEstimator, EstimatorConfig, EstimatorState};
+
+/// A map estimator without scheduled refits (the open round is then the whole state).
+fn manual_map(k: usize) -> AcceptanceEstimator {
+    let mut config = EstimatorConfig::map(k);
+    config.refit_interval = None;
+    AcceptanceEstimator::new(config).unwrap()
+}
+
+/// The state after `steps`, observed on a fresh estimator (the reference: no failed call).
+fn reference_state(k: usize, steps: &[(Vec<f32>, Vec<i64>, Vec<i64>)]) -> EstimatorState {
+    let est = manual_map(k);
+    for (f, ad, ac) in steps {
+        est.observe(view(f, k), ad, ac, NO_PREDICTIONS).unwrap();
+    }
+    est.state()
+}
+
+#[test]
+fn a_step_that_fails_after_binning_leaves_nothing_for_the_next() {
+    let k = 4;
+    let good: Vec<_> = (0..3).map(|seed| workload(seed, 40, k)).collect();
+    let expected = reference_state(k, &good);
+    let (f, ad, ac) = workload(99, 40, k);
+    assert!(ad.iter().sum::<i64>() > 0, "the failing steps label drafts");
+    // The bad value sits in the last row: every earlier row was binned into the scratch.
+    let mut nan = f.clone();
+    *nan.last_mut().unwrap() = f32::NAN;
+    let (mut too_many, mut negative) = (ac.clone(), ad.clone());
+    *too_many.last_mut().unwrap() = ad[ad.len() - 1] + 1;
+    *negative.last_mut().unwrap() = -1;
+    let bad_predictions = vec![0.5f32; f.len()];
+    let mut bad_predictions_last = bad_predictions.clone();
+    *bad_predictions_last.last_mut().unwrap() = 1.5;
+    let failures: [(&[f32], &[i64], &[i64], Option<&[f32]>, &str); 4] = [
+        (
+            nan.as_slice(),
+            ad.as_slice(),
+            ac.as_slice(),
+            None,
+            "features",
+        ),
+        (
+            f.as_slice(),
+            ad.as_slice(),
+            too_many.as_slice(),
+            None,
+            "num_accepted",
+        ),
+        (
+            f.as_slice(),
+            negative.as_slice(),
+            ac.as_slice(),
+            None,
+            "num_admitted",
+        ),
+        (
+            f.as_slice(),
+            ad.as_slice(),
+            ac.as_slice(),
+            Some(bad_predictions_last.as_slice()),
+            "predictions",
+        ),
+    ];
+    for (features, admitted, accepted, predictions, culprit) in failures {
+        let est = manual_map(k);
+        let predictions = predictions.map(|p| view(p, k));
+        let error = est
+            .observe(view(features, k), admitted, accepted, predictions)
+            .unwrap_err();
+        assert_eq!(error.argument, culprit, "{error}");
+        for (f, ad, ac) in &good {
+            est.observe(view(f, k), ad, ac, NO_PREDICTIONS).unwrap();
+        }
+        assert_eq!(est.state(), expected, "after a call refused on {culprit}");
+    }
+    // The valid predictions of the same shape are accepted (the check above was the culprit).
+    let est = manual_map(k);
+    est.observe(view(&f, k), &ad, &ac, Some(view(&bad_predictions, k)))
+        .unwrap();
+}
+
+#[test]
+fn a_step_refused_at_the_bound_leaves_nothing_for_the_next() {
+    // One full bin (position 0, the bin of x = 0) in a restored round: a step with a draft in
+    // it is refused after the whole step was binned; the next step, clear of it, adds exactly
+    // its own drafts.
+    let k = 2;
+    let est = manual_map(k);
+    let mut state = est.state();
+    let binning = Binning::new(state.config.max_log_odds, state.config.bins);
+    let (full_bin, offset) = binning.locate(0.0);
+    let round = &mut map(&mut state).round;
+    round.count[full_bin] = MAX_BIN_COUNT;
+    round.x_sum[full_bin] = offset * MAX_BIN_COUNT;
+    let restored = || AcceptanceEstimator::from_state(&state).unwrap();
+    let (est, reference) = (restored(), restored());
+    // Row 0 lands in other bins; row 1's first draft in the full one.
+    let refused = [5.0f32, -7.0, 0.0, 3.0];
+    let error = est
+        .observe(view(&refused, k), &[2, 2], &[2, 1], NO_PREDICTIONS)
+        .unwrap_err();
+    assert!(error.message.contains("refit first"), "{error}");
+    let next = [9.0f32, 11.0, -12.0, 6.0];
+    for e in [&est, &reference] {
+        e.observe(view(&next, k), &[2, 1], &[1, 0], NO_PREDICTIONS)
+            .unwrap();
+    }
+    assert_eq!(est.state(), reference.state());
+}
+
+#[test]
+fn a_taken_scratch_is_replaced_by_a_new_one_with_the_same_bits() {
+    let k = 3;
+    let steps: Vec<_> = (0..4).map(|seed| workload(seed + 10, 25, k)).collect();
+    let expected = reference_state(k, &steps);
+    let est = manual_map(k);
+    let Rule::Map(rule) = &est.rule else {
+        panic!("a map estimator holds the map rule")
+    };
+    {
+        // Another caller's step in progress: observe bins into a scratch of its own.
+        let _held = rule.scratch().lock().unwrap();
+        for (f, ad, ac) in &steps[..2] {
+            est.observe(view(f, k), ad, ac, NO_PREDICTIONS).unwrap();
+        }
+    }
+    for (f, ad, ac) in &steps[2..] {
+        est.observe(view(f, k), ad, ac, NO_PREDICTIONS).unwrap();
+    }
+    assert_eq!(est.state(), expected);
+}
+
+#[test]
+fn observing_threads_give_the_serial_map_bits() {
+    let k = 4;
+    let batches: Vec<_> = (0..64).map(|s| workload(s, 16, k)).collect();
+    let expected = reference_state(k, &batches);
+    let parallel = manual_map(k);
+    std::thread::scope(|scope| {
+        for chunk in batches.chunks(8) {
+            let parallel = &parallel;
+            scope.spawn(move || {
+                for (f, ad, ac) in chunk.iter().rev() {
+                    parallel
+                        .observe(view(f, k), ad, ac, NO_PREDICTIONS)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(parallel.state(), expected);
+}
