@@ -380,17 +380,19 @@ impl HistogramStats {
 
 /// One step's histograms as observe builds them: per bin (`k·B + b`) its three sums side by
 /// side, `[count, accepted, x_sum]`, so binning a draft touches one place (one bounds check,
-/// one cache line) rather than three columns, and a bitmap of the bins that hold a draft, so
-/// that adding the step to the round and clearing it afterwards visit only those bins (a step
-/// at R = 256, K = 8 occupies about a fifth of the 512 default bins). Reusable: [`clear`]
-/// (Self::clear) empties it in time proportional to the occupied bins.
+/// one cache line) rather than three columns, and the list of the bins that hold a draft (in
+/// the order they were first added to), so that adding the step to the round and clearing it
+/// afterwards visit only those bins (a step at R = 256, K = 8 occupies about a fifth of the
+/// 512 default bins). Reusable: [`clear`](Self::clear) empties it in time proportional to the
+/// occupied bins.
 #[derive(Clone, Debug)]
 pub(crate) struct StepHistogram {
     num_positions: usize,
     bins: usize,
     sums: Vec<[u64; 3]>,
-    /// Bit `index % 64` of word `index / 64` is set when bin `index` holds a draft.
-    occupied: Vec<u64>,
+    /// The occupied bins, first `num_touched` entries (room for every bin).
+    touched: Vec<u32>,
+    num_touched: usize,
 }
 
 impl StepHistogram {
@@ -401,30 +403,75 @@ impl StepHistogram {
             num_positions,
             bins,
             sums: vec![[0; 3]; len],
-            occupied: vec![0; len.div_ceil(64)],
+            touched: vec![0; len],
+            num_touched: 0,
         }
     }
 
     /// Adds one labeled draft to bin `index` (`k·B + b`) with fixed-point offset `offset`
     /// ([`Binning::locate`]).
     #[inline(always)]
+    #[cfg_attr(not(test), allow(dead_code))] // observe adds whole rows (`add_rows`)
     pub(crate) fn add(&mut self, index: usize, accepted: bool, offset: u64) {
-        let sums = &mut self.sums[index];
-        sums[0] += 1;
-        sums[1] += u64::from(accepted);
-        sums[2] = sums[2].wrapping_add(offset);
-        // `index < sums.len()` (checked above), so its word is in the bitmap.
-        if let Some(word) = self.occupied.get_mut(index / 64) {
-            *word |= 1 << (index % 64);
-        }
+        let (sums, touched) = (&mut self.sums[..], &mut self.touched[..]);
+        add_draft(
+            sums,
+            touched,
+            &mut self.num_touched,
+            index,
+            accepted,
+            offset,
+        );
     }
 
-    /// The bins that hold a draft, ascending.
+    /// Adds the labeled drafts of a block of rows: row `r`'s features were located at
+    /// `bin_of[r·K..]` and `offset_of[r·K..]` ([`Binning::locate_all`]), its first
+    /// `num_labeled(admitted[r], accepted[r])` positions are labeled, the first `accepted[r]`
+    /// of them accepted (`K` = the histograms' positions). The counts are the caller's to
+    /// check (`0 ≤ accepted ≤ admitted ≤ K`); impossible ones add at most `K` drafts a row,
+    /// in range.
+    #[inline(always)]
+    pub(crate) fn add_rows(
+        &mut self,
+        bin_of: &[u32],
+        offset_of: &[u64],
+        admitted: &[i64],
+        accepted: &[i64],
+    ) {
+        let (k, bins) = (self.num_positions, self.bins);
+        // The list's length in a local: through `&mut self` it would be stored back on every
+        // draft (the compiler cannot tell the list's buffer from the field).
+        let (sums, touched) = (&mut self.sums[..], &mut self.touched[..]);
+        let mut num_touched = self.num_touched;
+        let rows = admitted.iter().zip(accepted);
+        for ((&admitted, &accepted), (bin_of, offset_of)) in
+            rows.zip(bin_of.chunks_exact(k).zip(offset_of.chunks_exact(k)))
+        {
+            // The labeled drafts: the accepted ones, then the first rejection. On valid
+            // counts `labeled ≤ k`; `min` keeps the slices in range regardless.
+            let (admitted, accepted) = (admitted as usize, accepted as usize);
+            let labeled = super::labels::num_labeled(admitted, accepted).min(k);
+            let located = bin_of[..labeled].iter().zip(&offset_of[..labeled]);
+            for (position, (&bin, &offset)) in located.enumerate() {
+                let index = position * bins + bin as usize;
+                add_draft(
+                    sums,
+                    touched,
+                    &mut num_touched,
+                    index,
+                    position < accepted,
+                    offset,
+                );
+            }
+        }
+        self.num_touched = num_touched;
+    }
+
+    /// The bins that hold a draft, each once, in the order they were first added to.
     pub(crate) fn occupied(&self) -> impl Iterator<Item = usize> + Clone + '_ {
-        self.occupied
+        self.touched[..self.num_touched]
             .iter()
-            .enumerate()
-            .flat_map(|(word, &bits)| SetBits(bits).map(move |bit| word * 64 + bit))
+            .map(|&index| index as usize)
     }
 
     /// The sums `[count, accepted, x_sum]` of bin `index`.
@@ -435,14 +482,12 @@ impl StepHistogram {
 
     /// Empties every bin (only the occupied ones are written).
     pub(crate) fn clear(&mut self) {
-        for (word, bits) in self.occupied.iter_mut().enumerate() {
-            for bit in SetBits(*bits) {
-                if let Some(sums) = self.sums.get_mut(word * 64 + bit) {
-                    *sums = [0; 3];
-                }
+        for &index in &self.touched[..self.num_touched] {
+            if let Some(sums) = self.sums.get_mut(index as usize) {
+                *sums = [0; 3];
             }
-            *bits = 0;
         }
+        self.num_touched = 0;
     }
 
     /// The same histograms as columns.
@@ -458,22 +503,28 @@ impl StepHistogram {
     }
 }
 
-/// The positions of the set bits of a word, ascending.
-#[derive(Clone, Copy)]
-struct SetBits(u64);
-
-impl Iterator for SetBits {
-    type Item = usize;
-
-    #[inline(always)]
-    fn next(&mut self) -> Option<usize> {
-        if self.0 == 0 {
-            return None;
-        }
-        let bit = self.0.trailing_zeros() as usize;
-        self.0 &= self.0 - 1;
-        Some(bit)
+/// Adds one labeled draft to bin `index` of a [`StepHistogram`]'s sums, listing the bin in
+/// `touched[..num_touched]` if it was empty.
+#[inline(always)]
+fn add_draft(
+    sums: &mut [[u64; 3]],
+    touched: &mut [u32],
+    num_touched: &mut usize,
+    index: usize,
+    accepted: bool,
+    offset: u64,
+) {
+    let sums = &mut sums[index];
+    // Branch-free: the bin is written at the end of the list every time, and the list grows
+    // over it when the bin was empty. While the list has room; once it holds every bin
+    // (`K·B`, which `u32` indexes: `K ≤ 64`, `B ≤ 1024`), none is empty.
+    if let Some(slot) = touched.get_mut(*num_touched) {
+        *slot = index as u32;
     }
+    *num_touched += usize::from(sums[0] == 0);
+    sums[0] += 1;
+    sums[1] += u64::from(accepted);
+    sums[2] = sums[2].wrapping_add(offset);
 }
 
 /// The open round behind [`HistogramAccumulator`]'s lock.
@@ -557,11 +608,12 @@ impl HistogramAccumulator {
         self.try_add_bins(step.occupied(), |index| step.sums(index))
     }
 
-    /// Adds the bins `touched` (ascending: every occupied bin of the step), whose sums
-    /// `[count, accepted, x_sum]` are `sums(index)`, unless one would pass the bound. One pass:
-    /// each bin is checked and added in turn, and a bin that would pass the bound takes the
-    /// bins added before it back out (all under the lock, so no one sees them), which leaves
-    /// the open round as it was and names the first full bin in `(k, b)` order.
+    /// Adds the bins `touched` (every occupied bin of the step, each once, in any order), whose
+    /// sums `[count, accepted, x_sum]` are `sums(index)`, unless one would pass the bound. One
+    /// pass: each bin is checked and added in turn, and a bin that would pass the bound takes
+    /// the bins added before it back out (all under the lock, so no one sees them), which
+    /// leaves the open round as it was; the error then names the first bin in `(k, b)` order
+    /// that would pass the bound.
     #[inline]
     fn try_add_bins(
         &self,
@@ -570,22 +622,28 @@ impl HistogramAccumulator {
     ) -> std::result::Result<(), (usize, usize)> {
         let mut open = self.lock();
         let open = &mut *open;
+        let fits = |reserved: u64, n: u64| {
+            reserved
+                .checked_add(n)
+                .filter(|&total| total <= MAX_BIN_COUNT)
+        };
         for index in touched.clone() {
             let [n, a, x] = sums(index);
             let reserved = &mut open.reserved[index];
-            match reserved
-                .checked_add(n)
-                .filter(|&total| total <= MAX_BIN_COUNT)
-            {
+            match fits(*reserved, n) {
                 Some(total) => *reserved = total,
                 None => {
-                    for added in touched.take_while(|&added| added != index) {
+                    for added in touched.clone().take_while(|&added| added != index) {
                         let [n, a, x] = sums(added);
                         open.reserved[added] -= n;
                         let negated = [n.wrapping_neg(), a.wrapping_neg(), x.wrapping_neg()];
                         add_bin(&mut open.pending, added, negated);
                     }
-                    return Err((index / self.bins, index % self.bins));
+                    let full = touched
+                        .filter(|&bin| fits(open.reserved[bin], sums(bin)[0]).is_none())
+                        .min()
+                        .unwrap_or(index);
+                    return Err((full / self.bins, full % self.bins));
                 }
             }
             add_bin(&mut open.pending, index, [n, a, x]);

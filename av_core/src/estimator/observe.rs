@@ -4,7 +4,7 @@
 use super::accumulator::RoundStats;
 use super::batch::{batch_stats, Predictions};
 use super::histogram::{Binning, HistogramStats, StepHistogram};
-use super::labels::{num_labeled, validate_counts};
+use super::labels::{counts_valid, validate_counts};
 use super::update::{dispatch, Step, UpdateRule};
 use super::{AcceptanceEstimator, Common};
 use crate::error::{Error, Result};
@@ -14,12 +14,115 @@ use crate::matrix::MatrixView;
 /// [`EstimatorConfig::MAX_POSITIONS`](super::EstimatorConfig::MAX_POSITIONS) features).
 const LOCATE_BLOCK: usize = 512;
 
-/// Whether every value of `source` passes `ok`, in one branch-free pass that vectorizes.
+/// Whether every value of `source` passes `ok`, in one branch-free pass that vectorizes, on
+/// the widest vectors the CPU has ([`crate::simd`]; a yes or no, the same on every variant).
 #[inline]
 fn all_pass<T: Copy + Into<f64>>(source: &[T], ok: impl Fn(f64) -> bool) -> bool {
+    all_pass_at(crate::simd::level(), source, ok)
+}
+
+/// [`all_pass`] on the variant for `level`, which must be one this CPU runs
+/// ([`crate::simd::available`]).
+#[inline]
+fn all_pass_at<T: Copy + Into<f64>>(
+    level: crate::simd::Level,
+    source: &[T],
+    ok: impl Fn(f64) -> bool,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= crate::simd::Level::Avx512 {
+            // SAFETY: `all_pass_avx512` only requires the CPU features it is compiled with
+            // (`avx512f`, `avx512bw`, `avx512vl`, `avx2`); `level` is `Avx512` only when
+            // `simd::available` confirmed them on this CPU with `is_x86_feature_detected!`.
+            return unsafe { x86::all_pass_avx512(source, ok) };
+        }
+        if level >= crate::simd::Level::Avx2 {
+            // SAFETY: as above, for `avx2`, which `level` `Avx2` confirms.
+            return unsafe { x86::all_pass_avx2(source, ok) };
+        }
+    }
+    let _ = level;
+    all_pass_baseline(source, ok)
+}
+
+/// The body of every [`all_pass`] variant.
+#[inline(always)]
+fn all_pass_baseline<T: Copy + Into<f64>>(source: &[T], ok: impl Fn(f64) -> bool) -> bool {
     source
         .iter()
         .fold(true, |all, &value| all & ok(value.into()))
+}
+
+/// Whether every request's counts are possible ([`counts_valid`]), in one branch-free pass on
+/// the widest vectors the CPU has (as [`all_pass`]).
+#[inline]
+fn all_counts_valid(num_admitted: &[i64], num_accepted: &[i64], k: usize) -> bool {
+    all_counts_valid_at(crate::simd::level(), num_admitted, num_accepted, k)
+}
+
+/// [`all_counts_valid`] on the variant for `level` (one this CPU runs).
+#[inline]
+fn all_counts_valid_at(
+    level: crate::simd::Level,
+    num_admitted: &[i64],
+    num_accepted: &[i64],
+    k: usize,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= crate::simd::Level::Avx512 {
+            // SAFETY: as in `all_pass_at`.
+            return unsafe { x86::all_counts_valid_avx512(num_admitted, num_accepted, k) };
+        }
+        if level >= crate::simd::Level::Avx2 {
+            // SAFETY: as in `all_pass_at`.
+            return unsafe { x86::all_counts_valid_avx2(num_admitted, num_accepted, k) };
+        }
+    }
+    let _ = level;
+    all_counts_valid_baseline(num_admitted, num_accepted, k)
+}
+
+/// The body of every [`all_counts_valid`] variant.
+#[inline(always)]
+fn all_counts_valid_baseline(num_admitted: &[i64], num_accepted: &[i64], k: usize) -> bool {
+    num_admitted
+        .iter()
+        .zip(num_accepted)
+        .fold(true, |all, (&admitted, &accepted)| {
+            all & counts_valid(admitted, accepted, k)
+        })
+}
+
+/// The checks compiled for AVX2 and AVX-512 (the same code, wider vectors).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    #[target_feature(enable = "avx2")]
+    pub(super) fn all_pass_avx2<T: Copy + Into<f64>>(
+        source: &[T],
+        ok: impl Fn(f64) -> bool,
+    ) -> bool {
+        super::all_pass_baseline(source, ok)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    pub(super) fn all_pass_avx512<T: Copy + Into<f64>>(
+        source: &[T],
+        ok: impl Fn(f64) -> bool,
+    ) -> bool {
+        super::all_pass_baseline(source, ok)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn all_counts_valid_avx2(admitted: &[i64], accepted: &[i64], k: usize) -> bool {
+        super::all_counts_valid_baseline(admitted, accepted, k)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+    pub(super) fn all_counts_valid_avx512(admitted: &[i64], accepted: &[i64], k: usize) -> bool {
+        super::all_counts_valid_baseline(admitted, accepted, k)
+    }
 }
 
 /// Fails on the first given prediction outside `[0, 1]` (or NaN).
@@ -141,17 +244,19 @@ impl Common {
         let k = self.config.num_positions;
         self.check_shapes(step)?;
         self.check_given_predictions(step)?;
-        // One read of each feature and each count: every one is checked, and the labeled
-        // features are binned from the same read (a buffer another thread rewrites meanwhile
-        // can fail the call, never get an unchecked value in). Blocks of whole rows: a
-        // vectorized pass locates every feature of the block, then the labeled ones are added.
-        let bins = binning.bins();
+        if !all_counts_valid(step.num_admitted, step.num_accepted, k) {
+            return Err(count_culprit(step, k));
+        }
+        // One read of each feature: every one is checked, and the labeled ones are binned from
+        // the same read (a buffer another thread rewrites meanwhile can fail the call, never
+        // get an unchecked value in). Blocks of whole rows: a vectorized pass locates every
+        // feature of the block, then the labeled ones are added.
         let StepScratch {
             histogram,
             bin_of,
             offset_of,
         } = scratch;
-        let (mut finite, mut valid) = (true, true);
+        let mut finite = true;
         let rows_per_block = (LOCATE_BLOCK / k).max(1);
         for ((block, admitted), accepted) in step
             .features
@@ -161,27 +266,16 @@ impl Common {
             .zip(step.num_accepted.chunks(rows_per_block))
         {
             finite &= binning.locate_all(block, bin_of, offset_of);
-            for (row, (&admitted, &accepted)) in admitted.iter().zip(accepted).enumerate() {
-                valid &= counts_valid(admitted, accepted, k);
-                // The labeled drafts: the accepted ones, then the first rejection. On valid
-                // counts `labeled ≤ k`; `min` keeps the slices in range regardless (a step
-                // with an invalid count fails below, whatever it added here).
-                let (admitted, accepted) = (admitted as usize, accepted as usize);
-                let labeled = num_labeled(admitted, accepted).min(k);
-                let start = row * k;
-                let located = bin_of[start..start + labeled]
-                    .iter()
-                    .zip(&offset_of[start..start + labeled]);
-                for (position, (&bin, &offset)) in located.enumerate() {
-                    histogram.add(position * bins + bin as usize, position < accepted, offset);
-                }
-            }
+            let located = block.len();
+            histogram.add_rows(
+                &bin_of[..located],
+                &offset_of[..located],
+                admitted,
+                accepted,
+            );
         }
         if !finite {
             return Err(self.culprit(step, "features"));
-        }
-        if !valid {
-            return Err(count_culprit(step, k));
         }
         Ok(())
     }
@@ -251,12 +345,6 @@ impl Common {
         }
         Ok(counts)
     }
-}
-
-/// Whether one request's counts are possible: `0 ≤ accepted ≤ admitted ≤ k` (branch-free).
-#[inline(always)]
-fn counts_valid(admitted: i64, accepted: i64, k: usize) -> bool {
-    (0 <= accepted) & (accepted <= admitted) & (admitted <= k as i64)
 }
 
 /// The error of a step with an impossible count: the first bad prediction, else the first bad
@@ -459,5 +547,67 @@ impl AcceptanceEstimator {
             predictions,
         };
         dispatch!(&self.rule, rule => rule.observe(&self.common, step, false)).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_rng::XorShift;
+
+    #[test]
+    fn every_vector_unit_checks_like_one_value_at_a_time() {
+        // The vectorized checks against a plain loop, on every vector unit this CPU has, for
+        // lengths around the vector widths, with one bad value (or none) at every place.
+        let mut rng = XorShift::new(31);
+        let bad_values = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -1e-300,
+            1.0 + 1e-12,
+        ];
+        for level in crate::simd::available() {
+            for len in [0, 1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100] {
+                let good: Vec<f64> = (0..len).map(|_| rng.unit_f64()).collect();
+                for place in 0..=len {
+                    for &bad in &bad_values {
+                        let mut xs = good.clone();
+                        if place < len {
+                            xs[place] = bad;
+                        }
+                        let xs32: Vec<f32> = xs.iter().map(|&x| x as f32).collect();
+                        let finite = |x: f64| x.is_finite();
+                        let unit = |p: f64| (0.0..=1.0).contains(&p);
+                        for ok in [&finite as &dyn Fn(f64) -> bool, &unit] {
+                            let plain = xs.iter().all(|&x| ok(x));
+                            assert_eq!(all_pass_at(level, &xs, ok), plain, "{level:?} {xs:?}");
+                            let plain32 = xs32.iter().all(|&x| ok(f64::from(x)));
+                            assert_eq!(all_pass_at(level, &xs32, ok), plain32, "{level:?}");
+                        }
+                    }
+                }
+                // Counts: every kind of impossible pair at every place.
+                let k = 8usize;
+                let admitted: Vec<i64> = (0..len).map(|_| (rng.next_u64() % 9) as i64).collect();
+                let accepted: Vec<i64> = admitted
+                    .iter()
+                    .map(|&a| (rng.next_u64() % (a as u64 + 1)) as i64)
+                    .collect();
+                assert!(all_counts_valid_at(level, &admitted, &accepted, k));
+                let bad_pairs = [(-1, 0), (3, -1), (2, 3), (9, 1), (i64::MIN, i64::MIN)];
+                for place in 0..len {
+                    for (bad_admitted, bad_accepted) in bad_pairs {
+                        let (mut ad, mut ac) = (admitted.clone(), accepted.clone());
+                        ad[place] = bad_admitted;
+                        ac[place] = bad_accepted;
+                        assert!(
+                            !all_counts_valid_at(level, &ad, &ac, k),
+                            "{level:?} {place}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -224,9 +224,8 @@ proptest! {
 #[test]
 fn a_step_histogram_lists_its_occupied_bins_and_clears_to_empty() {
     // A reused step histogram against the column histograms built draft by draft: the same
-    // sums, the occupied bins in ascending order (the bins with a count, found by a scan
-    // here), and after `clear` nothing left, over layouts whose bins end inside a bitmap word
-    // and on its edge.
+    // sums, the occupied bins each listed once (the bins with a count, found by a scan here),
+    // and after `clear` nothing left, over several layouts (the last bin included).
     let mut rng = XorShift::new(23);
     for (k, bins) in [(1, 1), (3, 7), (2, 64), (8, 64), (5, 113)] {
         let binning = Binning::new(40.0, bins);
@@ -249,7 +248,9 @@ fn a_step_histogram_lists_its_occupied_bins_and_clears_to_empty() {
                 expected.add_observation(&binning, position, x, accepted);
             }
             let scanned: Vec<usize> = (0..k * bins).filter(|&i| expected.count[i] > 0).collect();
-            assert_eq!(step.occupied().collect::<Vec<_>>(), scanned, "{k}x{bins}");
+            let mut listed: Vec<usize> = step.occupied().collect();
+            listed.sort_unstable();
+            assert_eq!(listed, scanned, "{k}x{bins}");
             for &index in &scanned {
                 let sums = [
                     expected.count[index],
@@ -265,4 +266,30 @@ fn a_step_histogram_lists_its_occupied_bins_and_clears_to_empty() {
             assert!((0..k * bins).all(|i| step.sums(i) == [0; 3]), "{k}x{bins}");
         }
     }
+}
+
+#[test]
+fn a_step_refused_at_the_bound_names_its_first_full_bin_whatever_the_order_it_was_built_in() {
+    // Bins 1 and 2 of 4 are full; the step reaches them in descending order (bin 2 first): the
+    // error names bin 1, the first in (k, b) order, and the open round keeps nothing of it.
+    let binning = Binning::new(40.0, 4);
+    let x_of = |bin: usize| -40.0 + 20.0 * bin as f64 + 1.0;
+    let acc = HistogramAccumulator::new(1, 4);
+    let mut full = HistogramStats::new(1, 4);
+    for bin in [1, 2] {
+        full.add_observation(&binning, 0, x_of(bin), false);
+        full.count[bin] = MAX_BIN_COUNT;
+        full.x_sum[bin] *= MAX_BIN_COUNT;
+    }
+    acc.try_add(&full).unwrap();
+    let mut step = StepHistogram::new(1, 4);
+    for bin in [3, 2, 1, 0] {
+        let (b, offset) = binning.locate(x_of(bin));
+        step.add(b, true, offset);
+    }
+    assert_eq!(step.occupied().collect::<Vec<_>>(), [3, 2, 1, 0]);
+    assert_eq!(acc.try_add_step(&step), Err((0, 1)));
+    let mut round = HistogramStats::new(1, 4);
+    acc.drain_into(&mut round);
+    assert_eq!(round, full, "the refused add left something behind");
 }
