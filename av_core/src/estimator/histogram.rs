@@ -467,6 +467,43 @@ impl StepHistogram {
         self.num_touched = num_touched;
     }
 
+    /// [`add_rows`](Self::add_rows) locating each labeled feature of `features` (row-major
+    /// `[R, K]`) where it is read ([`Binning::locate`]); returns whether every one of them is
+    /// finite.
+    #[inline]
+    pub(crate) fn locate_rows<T: Copy + Into<f64>>(
+        &mut self,
+        binning: &Binning,
+        features: &[T],
+        admitted: &[i64],
+        accepted: &[i64],
+    ) -> bool {
+        let (k, bins) = (self.num_positions, self.bins);
+        let (sums, touched) = (&mut self.sums[..], &mut self.touched[..]);
+        let mut num_touched = self.num_touched;
+        let mut finite = true;
+        let rows = admitted.iter().zip(accepted);
+        for ((&admitted, &accepted), row) in rows.zip(features.chunks_exact(k)) {
+            let (admitted, accepted) = (admitted as usize, accepted as usize);
+            let labeled = super::labels::num_labeled(admitted, accepted).min(k);
+            for (position, &x) in row[..labeled].iter().enumerate() {
+                let x: f64 = x.into();
+                finite &= x.is_finite();
+                let (bin, offset) = binning.locate(x);
+                add_draft(
+                    sums,
+                    touched,
+                    &mut num_touched,
+                    position * bins + bin,
+                    position < accepted,
+                    offset,
+                );
+            }
+        }
+        self.num_touched = num_touched;
+        finite
+    }
+
     /// The bins that hold a draft, each once, in the order they were first added to.
     pub(crate) fn occupied(&self) -> impl Iterator<Item = usize> + Clone + '_ {
         self.touched[..self.num_touched]

@@ -158,3 +158,67 @@ fn observing_threads_give_the_serial_map_bits() {
     });
     assert_eq!(parallel.state(), expected);
 }
+
+#[test]
+fn sparse_and_dense_steps_bin_like_one_draft_at_a_time() {
+    // Steps from nearly nothing labeled to everything labeled (either side of the point where
+    // observe stops locating every feature), as f32 and f64, against histograms built one
+    // labeled draft at a time with the scalar rule.
+    let k = 8;
+    let est = manual_map(k);
+    let config = est.config().clone();
+    let binning = Binning::new(config.max_log_odds, config.bins);
+    let mut rng = crate::test_rng::XorShift::new(41);
+    for rows in [1usize, 7, 64, 200] {
+        for most in [0u64, 1, 2, 4, 8] {
+            let features: Vec<f64> = (0..rows * k)
+                .map(|_| (rng.unit_f64() - 0.5) * 100.0)
+                .collect();
+            let admitted: Vec<i64> = (0..rows)
+                .map(|_| (rng.next_u64() % (most + 1)) as i64)
+                .collect();
+            let accepted: Vec<i64> = admitted
+                .iter()
+                .map(|&a| (rng.next_u64() % (a as u64 + 1)) as i64)
+                .collect();
+            let mut expected = crate::estimator::histogram::HistogramStats::new(k, config.bins);
+            for row in 0..rows {
+                for position in 0..k {
+                    let label = crate::estimator::labels::label(
+                        position,
+                        admitted[row] as usize,
+                        accepted[row] as usize,
+                    );
+                    if let Some(label) = label {
+                        let x = features[row * k + position];
+                        expected.add_observation(&binning, position, x, label);
+                    }
+                }
+            }
+            let got = est
+                .step_histogram(view(&features, k), &admitted, &accepted, NO_PREDICTIONS)
+                .unwrap();
+            assert_eq!(got, expected, "{rows} rows, admitted ≤ {most}");
+            let narrow: Vec<f32> = features.iter().map(|&x| x as f32).collect();
+            let mut expected32 = crate::estimator::histogram::HistogramStats::new(k, config.bins);
+            for row in 0..rows {
+                let labeled = admitted[row].min(accepted[row] + 1) as usize;
+                for position in 0..labeled {
+                    let x = f64::from(narrow[row * k + position]);
+                    let label = (position as i64) < accepted[row];
+                    expected32.add_observation(&binning, position, x, label);
+                }
+            }
+            let got = est
+                .step_histogram(view(&narrow, k), &admitted, &accepted, NO_PREDICTIONS)
+                .unwrap();
+            assert_eq!(got, expected32, "f32, {rows} rows, admitted ≤ {most}");
+            // observe adds the same (into an empty round: the round is the step).
+            let fresh = manual_map(k);
+            fresh
+                .observe(view(&features, k), &admitted, &accepted, NO_PREDICTIONS)
+                .unwrap();
+            assert_eq!(fresh.state().update.as_map().unwrap().round, expected);
+        }
+    }
+}
