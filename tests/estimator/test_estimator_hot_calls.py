@@ -4,10 +4,14 @@ array every call."""
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+import sys
 from collections.abc import Callable
 
 import numpy as np
 import pytest
+from child_env import child_env
 
 from av_core import AcceptanceEstimator
 
@@ -94,3 +98,51 @@ def test_a_refused_observe_leaves_no_trace_in_the_next(culprit: str) -> None:
     assert sum(reference.round_counts()) == sum(
         int(np.where(ac < ad, ac + 1, ac).sum()) for _, ad, ac in steps
     )
+
+
+#: A child's workload: steps of the map estimator, sparse and dense (few and many labeled
+#: drafts), f32 and f64 features, refused steps among them; prints a digest of every output.
+_LEVEL_WORKLOAD = """
+import hashlib, numpy as np
+from av_core import AcceptanceEstimator
+rng = np.random.default_rng(5)
+digest = hashlib.sha256()
+for update in ("map", "vllm"):
+    est = AcceptanceEstimator(8, update=update, refit_interval=4)
+    for step in range(24):
+        rows = (1, 7, 64, 300)[step % 4]
+        most = (0, 1, 8)[step % 3]
+        x = rng.normal(1.0, 8.0, size=(rows, 8))
+        x = x.astype(np.float32) if step % 2 else x
+        admitted = rng.integers(0, most + 1, size=rows)
+        accepted = np.minimum(rng.integers(0, 9, size=rows), admitted)
+        p = est.predict(x)
+        digest.update(p.tobytes())
+        if step % 5 == 4:
+            x[-1, -1] = np.inf
+        try:
+            digest.update(bytes([est.observe(x, admitted, accepted, p)]))
+        except ValueError as error:
+            digest.update(str(error).encode())
+    digest.update(est.to_bytes())
+print(digest.hexdigest())
+"""
+
+
+def test_every_simd_level_gives_the_same_bits() -> None:
+    """Predictions, observe's outcomes and errors and the estimator's bytes are the same
+    whichever vector unit runs them (``AV_CORE_SIMD`` caps it; a level this CPU lacks runs the
+    widest it has), and the same as this process's (no cap)."""
+    digests = {}
+    for level in ("baseline", "avx2", "avx512", ""):
+        env = child_env(drop=("AV_CORE_SIMD",), AV_CORE_SIMD=level)
+        run = subprocess.run(
+            [sys.executable, "-c", _LEVEL_WORKLOAD],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        digests[level] = run.stdout.strip()
+    assert len(set(digests.values())) == 1, digests
+    assert len(digests["baseline"]) == len(hashlib.sha256().hexdigest())
