@@ -58,6 +58,27 @@ pub fn env_cap() -> Result<Option<Level>> {
     }
 }
 
+/// Defines a kernel's AVX2 and AVX-512 variants (`pub(super)`, `unsafe` to call: the caller
+/// checks [`level`] first): the same signature and body, compiled once with `avx2` and once
+/// with `avx512f`, `avx512bw`, `avx512vl` (and `avx2`). Generic parameters go in brackets.
+///
+/// ```ignore
+/// wide_variants! {
+///     fn sum_avx2 / sum_avx512 [T: Copy + Into<f64>] (xs: &[T]) -> f64 { sum_baseline(xs) }
+/// }
+/// ```
+macro_rules! wide_variants {
+    ($(fn $avx2:ident / $avx512:ident [$($generics:tt)*] ($($arg:ident: $ty:ty),* $(,)?)
+        -> $ret:ty $body:block)*) => {$(
+        #[target_feature(enable = "avx2")]
+        pub(super) fn $avx2<$($generics)*>($($arg: $ty),*) -> $ret $body
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+        pub(super) fn $avx512<$($generics)*>($($arg: $ty),*) -> $ret $body
+    )*};
+}
+pub(crate) use wide_variants;
+
 /// A vector-unit level, narrowest first.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]
 pub enum Level {

@@ -880,24 +880,15 @@ impl HistogramMemory {
 /// [`Binning::locate_all`] compiled for AVX2 and AVX-512 (the same code, wider vectors).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    #[target_feature(enable = "avx2")]
-    pub(super) fn locate_all_avx2<T: Copy + Into<f64>>(
-        binning: &super::Binning,
-        xs: &[T],
-        bins: &mut [u32],
-        offsets: &mut [u64],
-    ) -> bool {
-        binning.locate_all_baseline(xs, bins, offsets)
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-    pub(super) fn locate_all_avx512<T: Copy + Into<f64>>(
-        binning: &super::Binning,
-        xs: &[T],
-        bins: &mut [u32],
-        offsets: &mut [u64],
-    ) -> bool {
-        binning.locate_all_baseline(xs, bins, offsets)
+    crate::simd::wide_variants! {
+        fn locate_all_avx2 / locate_all_avx512 [T: Copy + Into<f64>] (
+            binning: &super::Binning,
+            xs: &[T],
+            bins: &mut [u32],
+            offsets: &mut [u64],
+        ) -> bool {
+            binning.locate_all_baseline(xs, bins, offsets)
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use super::accumulator::RoundStats;
 use super::batch::{batch_stats, Predictions};
 use super::histogram::{Binning, HistogramStats, StepHistogram};
-use super::labels::{counts_valid, num_labeled, validate_counts};
+use super::labels::{counts_valid, validate_counts};
 use super::update::{dispatch, Step, UpdateRule};
 use super::{AcceptanceEstimator, Common};
 use crate::error::{Error, Result};
@@ -60,9 +60,9 @@ fn all_pass_baseline<T: Copy + Into<f64>>(source: &[T], ok: impl Fn(f64) -> bool
         .fold(true, |all, &value| all & ok(value.into()))
 }
 
-/// The number of labeled drafts of a step ([`num_labeled`] summed over its requests) if every
-/// request's counts are possible ([`counts_valid`]), else `None`: one branch-free pass on the
-/// widest vectors the CPU has (as [`all_pass`]).
+/// The number of labeled drafts of a step ([`num_labeled`](super::labels::num_labeled) summed
+/// over its requests) if every request's counts are possible ([`counts_valid`]), else `None`:
+/// one branch-free pass on the widest vectors the CPU has (as [`all_pass`]).
 #[inline]
 fn count_labels(num_admitted: &[i64], num_accepted: &[i64], k: usize) -> Option<usize> {
     count_labels_at(crate::simd::level(), num_admitted, num_accepted, k)
@@ -112,34 +112,21 @@ fn count_labels_baseline(num_admitted: &[i64], num_accepted: &[i64], k: usize) -
 /// The checks compiled for AVX2 and AVX-512 (the same code, wider vectors).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    #[target_feature(enable = "avx2")]
-    pub(super) fn all_pass_avx2<T: Copy + Into<f64>>(
-        source: &[T],
-        ok: impl Fn(f64) -> bool,
-    ) -> bool {
-        super::all_pass_baseline(source, ok)
-    }
+    crate::simd::wide_variants! {
+        fn all_pass_avx2 / all_pass_avx512 [T: Copy + Into<f64>] (
+            source: &[T],
+            ok: impl Fn(f64) -> bool,
+        ) -> bool {
+            super::all_pass_baseline(source, ok)
+        }
 
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-    pub(super) fn all_pass_avx512<T: Copy + Into<f64>>(
-        source: &[T],
-        ok: impl Fn(f64) -> bool,
-    ) -> bool {
-        super::all_pass_baseline(source, ok)
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub(super) fn count_labels_avx2(admitted: &[i64], accepted: &[i64], k: usize) -> Option<usize> {
-        super::count_labels_baseline(admitted, accepted, k)
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
-    pub(super) fn count_labels_avx512(
-        admitted: &[i64],
-        accepted: &[i64],
-        k: usize,
-    ) -> Option<usize> {
-        super::count_labels_baseline(admitted, accepted, k)
+        fn count_labels_avx2 / count_labels_avx512 [] (
+            admitted: &[i64],
+            accepted: &[i64],
+            k: usize,
+        ) -> Option<usize> {
+            super::count_labels_baseline(admitted, accepted, k)
+        }
     }
 }
 
@@ -582,6 +569,7 @@ impl AcceptanceEstimator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::estimator::labels::num_labeled;
     use crate::test_rng::XorShift;
 
     #[test]

@@ -23,6 +23,9 @@ fn reference_state(k: usize, steps: &[(Vec<f32>, Vec<i64>, Vec<i64>)]) -> Estima
     est.state()
 }
 
+/// A refused step: features, admitted, accepted, predictions, and the argument the error names.
+type Refused<'a> = (&'a [f32], &'a [i64], &'a [i64], Option<&'a [f32]>, &'a str);
+
 #[test]
 fn a_step_that_fails_after_binning_leaves_nothing_for_the_next() {
     let k = 4;
@@ -39,7 +42,7 @@ fn a_step_that_fails_after_binning_leaves_nothing_for_the_next() {
     let bad_predictions = vec![0.5f32; f.len()];
     let mut bad_predictions_last = bad_predictions.clone();
     *bad_predictions_last.last_mut().unwrap() = 1.5;
-    let failures: [(&[f32], &[i64], &[i64], Option<&[f32]>, &str); 4] = [
+    let failures: [Refused<'_>; 4] = [
         (
             nan.as_slice(),
             ad.as_slice(),
@@ -136,27 +139,6 @@ fn a_taken_scratch_is_replaced_by_a_new_one_with_the_same_bits() {
         est.observe(view(f, k), ad, ac, NO_PREDICTIONS).unwrap();
     }
     assert_eq!(est.state(), expected);
-}
-
-#[test]
-fn observing_threads_give_the_serial_map_bits() {
-    let k = 4;
-    let batches: Vec<_> = (0..64).map(|s| workload(s, 16, k)).collect();
-    let expected = reference_state(k, &batches);
-    let parallel = manual_map(k);
-    std::thread::scope(|scope| {
-        for chunk in batches.chunks(8) {
-            let parallel = &parallel;
-            scope.spawn(move || {
-                for (f, ad, ac) in chunk.iter().rev() {
-                    parallel
-                        .observe(view(f, k), ad, ac, NO_PREDICTIONS)
-                        .unwrap();
-                }
-            });
-        }
-    });
-    assert_eq!(parallel.state(), expected);
 }
 
 #[test]
