@@ -9,7 +9,7 @@ mod common;
 mod drift_test;
 mod memory_model;
 mod newton_system;
-mod step_scratch;
+mod hot_paths;
 
 use super::*;
 use crate::error::Result;

@@ -1,6 +1,8 @@
-//! The step scratch the map update keeps between observes: whatever a call leaves in it (a
-//! step that failed after binning part of its rows, a step refused at the bound, a scratch
-//! another thread holds) never reaches a later step's statistics.
+//! The hot paths' reused and stack buffers. Observe's step scratch, which the map update keeps
+//! between calls: whatever a call leaves in it (a step that failed after binning part of its
+//! rows, a step refused at the bound, a scratch another thread holds) never reaches a later
+//! step's statistics, and sparse and dense steps bin alike. Predict's intercept pattern, on the
+//! stack or allocated: every position gets its own intercept.
 
 use super::{map, view, workload, NO_PREDICTIONS};
 use crate::estimator::histogram::{Binning, MAX_BIN_COUNT};
@@ -201,6 +203,32 @@ fn sparse_and_dense_steps_bin_like_one_draft_at_a_time() {
                 .observe(view(&features, k), &admitted, &accepted, NO_PREDICTIONS)
                 .unwrap();
             assert_eq!(fresh.state().update.as_map().unwrap().round, expected);
+        }
+    }
+}
+
+#[test]
+fn predict_gives_each_position_its_intercept_at_every_k() {
+    // Every K (patterns on the stack and, past 64 entries, allocated): each probability is the
+    // scalar logistic of its own position's intercept.
+    let mut rng = crate::test_rng::XorShift::new(43);
+    for k in 1..=EstimatorConfig::MAX_POSITIONS {
+        let mut state = AcceptanceEstimator::new(EstimatorConfig::map(k))
+            .unwrap()
+            .state();
+        state.slope = 0.75;
+        state.intercepts = (0..k).map(|_| rng.unit_f64() * 6.0 - 3.0).collect();
+        let est = AcceptanceEstimator::from_state(&state).unwrap();
+        let rows = 5;
+        let features: Vec<f32> = (0..rows * k)
+            .map(|_| (rng.unit_f64() * 20.0 - 10.0) as f32)
+            .collect();
+        let mut out = vec![0.0f32; rows * k];
+        est.predict(view(&features, k), &mut out).unwrap();
+        for (i, (&x, &p)) in features.iter().zip(&out).enumerate() {
+            let z = 0.75 * f64::from(x) + state.intercepts[i % k];
+            let expected = crate::estimator::logistic::probability(z);
+            assert_eq!(p.to_bits(), expected.to_bits(), "K = {k}, flat index {i}");
         }
     }
 }
