@@ -136,29 +136,38 @@ impl Binning {
         bins: &mut [u32],
         offsets: &mut [u64],
     ) -> bool {
-        let (limit, scale) = (self.limit, self.scale);
-        let last = (self.bins - 1) as f64;
         let mut finite = true;
         for ((&value, bin), offset) in xs.iter().zip(bins).zip(offsets) {
             let x: f64 = value.into();
             finite &= x.is_finite();
-            // `clamp`'s two comparisons, written so that a NaN fails both and takes the lower
-            // bound (one `maxpd` and one `minpd` each, where `f64::max`'s NaN rule costs
-            // three more instructions): `u` is never NaN.
-            let clamped = if x > -limit { x } else { -limit };
-            let u = if clamped < limit { clamped } else { limit } + limit;
-            // `v = u · B / (2L)` is in `[0, B − 1]` after the `min`, and `⌊v⌋` is `locate`'s
-            // `v as usize` (truncation, `v ≥ 0`), taken without a float-to-int conversion
-            // (which does not vectorize): the magic-number rounding gives the nearest integer
-            // `n` (exact below 2^51), less one when `n > v`.
-            let v = u * scale;
-            let v = if v < last { v } else { last };
-            let shifted = v + MAGIC;
-            let nearest = (shifted.to_bits() as i64).wrapping_sub(MAGIC_BITS);
-            *bin = nearest.wrapping_sub(i64::from(shifted - MAGIC > v)) as u32;
-            *offset = ((u * X_SCALE + MAGIC).to_bits() as i64).wrapping_sub(MAGIC_BITS) as u64;
+            (*bin, *offset) = self.locate_branch_free(x);
         }
         finite
+    }
+
+    /// [`locate`](Self::locate) without a branch or a float-to-int conversion, the body of
+    /// [`locate_all`](Self::locate_all) (the same bits for every non-NaN `x`; a NaN is located
+    /// as `−L`: bin 0, offset 0).
+    #[inline(always)]
+    pub(crate) fn locate_branch_free(&self, x: f64) -> (u32, u64) {
+        let (limit, scale) = (self.limit, self.scale);
+        let last = (self.bins - 1) as f64;
+        // `clamp`'s two comparisons, written so that a NaN fails both and takes the lower
+        // bound (one `maxpd` and one `minpd` each, where `f64::max`'s NaN rule costs three
+        // more instructions): `u` is never NaN.
+        let clamped = if x > -limit { x } else { -limit };
+        let u = if clamped < limit { clamped } else { limit } + limit;
+        // `v = u · B / (2L)` is in `[0, B − 1]` after the `min`, and `⌊v⌋` is `locate`'s
+        // `v as usize` (truncation, `v ≥ 0`), taken without a float-to-int conversion (which
+        // does not vectorize): the magic-number rounding gives the nearest integer `n` (exact
+        // below 2^51), less one when `n > v`.
+        let v = u * scale;
+        let v = if v < last { v } else { last };
+        let shifted = v + MAGIC;
+        let nearest = (shifted.to_bits() as i64).wrapping_sub(MAGIC_BITS);
+        let bin = nearest.wrapping_sub(i64::from(shifted - MAGIC > v)) as u32;
+        let offset = ((u * X_SCALE + MAGIC).to_bits() as i64).wrapping_sub(MAGIC_BITS) as u64;
+        (bin, offset)
     }
 
     /// The range `[lo, hi]` of `u = x + L` over bin `bin`, widened by a few ulps (the bounds
@@ -468,8 +477,8 @@ impl StepHistogram {
     }
 
     /// [`add_rows`](Self::add_rows) locating each labeled feature of `features` (row-major
-    /// `[R, K]`) where it is read ([`Binning::locate`]); returns whether every one of them is
-    /// finite.
+    /// `[R, K]`) where it is read (as [`Binning::locate_all`] does); returns whether every one
+    /// of them is finite.
     #[inline]
     pub(crate) fn locate_rows<T: Copy + Into<f64>>(
         &mut self,
@@ -489,12 +498,12 @@ impl StepHistogram {
             for (position, &x) in row[..labeled].iter().enumerate() {
                 let x: f64 = x.into();
                 finite &= x.is_finite();
-                let (bin, offset) = binning.locate(x);
+                let (bin, offset) = binning.locate_branch_free(x);
                 add_draft(
                     sums,
                     touched,
                     &mut num_touched,
-                    position * bins + bin,
+                    position * bins + bin as usize,
                     position < accepted,
                     offset,
                 );

@@ -7,9 +7,9 @@ use super::memory::Memory;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod drift_test;
+mod hot_paths;
 mod memory_model;
 mod newton_system;
-mod hot_paths;
 
 use super::*;
 use crate::error::Result;
