@@ -261,8 +261,8 @@ impl Common {
         if labels.saturating_mul(SPARSE_RATIO) <= features.len() {
             // Few drafts labeled: one vectorized check of every feature, then the labeled ones
             // located one by one (and checked again as they are read, so that no value the
-            // check did not pass is binned). The same bins and offsets as the pass below
-            // (`Binning::locate_all` is `locate` bit for bit).
+            // check did not pass is binned). The same bins and offsets as the pass below: both
+            // locate with `Binning::locate_branch_free`.
             let finite = all_pass(features, f64::is_finite)
                 && histogram.locate_rows(binning, features, step.num_admitted, step.num_accepted);
             if !finite {
