@@ -12,6 +12,7 @@ use std::cell::RefCell;
 
 use super::assignment::{self, AssignBuffers};
 use super::budget::{self, BudgetBuffers};
+use super::counting;
 use super::depth::{self, DepthBuffers, DepthMode, DepthPlan};
 use super::order::Survivals;
 use super::{StepTokens, VerificationPlan};
@@ -450,16 +451,9 @@ fn check_counts(
     }
     out.clear();
     out.extend(counts.iter().map(|&n| n as usize));
-    histogram.clear();
-    histogram.resize(cols + 1, 0);
-    let mut total = 0usize;
-    for &n in out.iter() {
-        if let Some(count) = histogram.get_mut(n) {
-            *count += 1;
-        }
-        total += n;
-    }
-    Ok(total)
+    // Every count is in `0..=cols` now.
+    counting::tally(out, cols + 1, histogram);
+    Ok(out.iter().sum())
 }
 
 /// The error for the first entry of `matrix` outside `[0, 1]` (call only when one was: if a
