@@ -525,7 +525,9 @@ impl VerificationPlanner {
 
     /// Writes the drafted positions' confidences of `slots` (validated by the caller) and the
     /// survivals of the rows they change. With `planned`, the engine holds this call's
-    /// survivals of `confidences` (the same products), which are copied instead of multiplied.
+    /// survivals of `confidences` (the same products), which are copied instead of multiplied,
+    /// and the engine is handed the slots' new rows as gathered (what the next call over the
+    /// same slots would gather).
     fn store<T: Copy + Into<f64>>(
         &mut self,
         slots: &[i64],
@@ -540,7 +542,7 @@ impl VerificationPlanner {
             slots,
             confidences,
             scheduled_drafts,
-            current: planned.then_some(self.engine.survivals()),
+            planned: planned.then(|| self.engine.survivals_and_held()),
         };
         // Common depths get a fixed-width loop (whole rows unrolled).
         match self.num_positions {
@@ -548,6 +550,9 @@ impl VerificationPlanner {
             8 => store_rows::<T, 8>(rows, 8),
             16 => store_rows::<T, 16>(rows, 16),
             k => store_rows::<T, 0>(rows, k),
+        }
+        if planned {
+            self.engine.hold(self.generation, slots);
         }
     }
 

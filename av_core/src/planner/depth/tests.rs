@@ -566,3 +566,67 @@ proptest! {
         prop_assert_eq!(plan.max_depth, *got_depths.iter().max().unwrap());
     }
 }
+
+/// After a plan the planner holds the slots' new remembered rows as gathered; a depth decision
+/// reading them must decide what a copy of the planner (fresh buffers: it gathers the rows
+/// itself) decides, bit for bit, for the same slots and for others, after whole and partial
+/// drafted rows, at depths with a fixed-width store (4, 8) and without (3).
+#[test]
+fn held_rows_decide_as_gathered_rows() {
+    let mut rng = crate::test_rng::XorShift::new(0x5eed_0f_4e1d);
+    for &cols in &[3usize, 4, 8] {
+        let rows = 24usize;
+        let verify: Vec<f64> = (0..=rows * (cols + 1))
+            .map(|t| 6.0 + (t / 16) as f64)
+            .collect();
+        let tables = tables_for(DrafterKind::Autoregressive, cols, rows, verify);
+        for source in [BudgetSource::Previous, BudgetSource::Current] {
+            let mut planner = VerificationPlanner::new(tables.clone(), 40, cols, source).unwrap();
+            planner.set_exploration(Exploration::OFF);
+            let mut slots: Vec<i64> = Vec::new();
+            let mut seen = [0usize; 2];
+            for call in 0..80 {
+                // The same slots as the last call two times in three, else a new window.
+                if slots.is_empty() || rng.next_u64() % 3 == 0 {
+                    let first = rng.next_u64() % 16;
+                    let n = 1 + rng.next_u64() % rows as u64;
+                    slots = (first..first + n).map(|s| s as i64).collect();
+                }
+                let n = slots.len();
+                let caps: Vec<i64> = (0..n)
+                    .map(|_| match rng.next_u64() % 3 {
+                        0 => (rng.next_u64() % (cols as u64 + 1)) as i64,
+                        _ => cols as i64,
+                    })
+                    .collect();
+                let step = StepTokens {
+                    num_non_draft_tokens: n,
+                    num_sampling_requests: n,
+                    max_draft_budget: None,
+                };
+                let mut fresh = planner.clone();
+                let (mut depths, mut fresh_depths) = (vec![0; n], vec![0; n]);
+                let mode = if call % 3 == 0 {
+                    DepthMode::PerRequest
+                } else {
+                    DepthMode::Batch
+                };
+                let plan = planner.choose_draft_depth(&slots, &caps, &step, mode, &mut depths);
+                let fresh_plan =
+                    fresh.choose_draft_depth(&slots, &caps, &step, mode, &mut fresh_depths);
+                assert_eq!(format!("{plan:?}"), format!("{fresh_plan:?}"));
+                assert_eq!(depths, fresh_depths);
+                // The plan drafts what the caps allow, whole rows or partial ones.
+                let scheduled = caps.clone();
+                seen[usize::from(scheduled.iter().any(|&d| (d as usize) < cols))] += 1;
+                let conf: Vec<f64> = (0..n * cols).map(|_| 0.3 + 0.7 * rng.unit_f64()).collect();
+                let view = MatrixView::new("c", &conf, n, cols).unwrap();
+                let mut admitted = vec![0; n];
+                planner
+                    .plan(&slots, view, &scheduled, &step, &mut admitted)
+                    .unwrap();
+            }
+            assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
+        }
+    }
+}
