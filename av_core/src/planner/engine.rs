@@ -98,27 +98,6 @@ impl Engine {
         &self.survivals.values
     }
 
-    /// The survivals of the last successful plan's confidences and the buffer of gathered
-    /// remembered rows, sized for them, for a planner that stores that plan's rows: it writes
-    /// each request's new remembered row there (whole rows, in the order of the plan's slots)
-    /// and then calls [`Self::hold`], so the next depth decision or plan over the same slots
-    /// finds them gathered. Until then no gathered rows are held.
-    pub(crate) fn survivals_and_held(&mut self) -> (&[f64], &mut [f64]) {
-        self.gathered = None;
-        let len = self.survivals.values.len();
-        self.budget_survivals.values.resize(len, 0.0);
-        (&self.survivals.values, &mut self.budget_survivals.values)
-    }
-
-    /// The buffer [`Self::survivals_and_held`] returned holds the remembered rows of `slots` at
-    /// `generation`.
-    pub(crate) fn hold(&mut self, generation: u64, slots: &[i64]) {
-        let mut held_slots = self.gathered.take().map(|(_, s)| s).unwrap_or_default();
-        held_slots.clear();
-        held_slots.extend_from_slice(slots);
-        self.gathered = Some((generation, held_slots));
-    }
-
     /// The drafting cost of a step whose requests draft `depths[r]` positions each
     /// ([`CostTables::step_draft_cost_ms`]), on the engine's buffers.
     pub(crate) fn depth_cost_ms(&mut self, depths: &[i32], tables: &CostTables) -> Result<f64> {

@@ -525,9 +525,7 @@ impl VerificationPlanner {
 
     /// Writes the drafted positions' confidences of `slots` (validated by the caller) and the
     /// survivals of the rows they change. With `planned`, the engine holds this call's
-    /// survivals of `confidences` (the same products), which are copied instead of multiplied,
-    /// and the engine is handed the slots' new rows as gathered (what the next call over the
-    /// same slots would gather).
+    /// survivals of `confidences` (the same products), which are copied instead of multiplied.
     fn store<T: Copy + Into<f64>>(
         &mut self,
         slots: &[i64],
@@ -542,7 +540,7 @@ impl VerificationPlanner {
             slots,
             confidences,
             scheduled_drafts,
-            planned: planned.then(|| self.engine.survivals_and_held()),
+            current: planned.then_some(self.engine.survivals()),
         };
         // Common depths get a fixed-width loop (whole rows unrolled).
         match self.num_positions {
@@ -550,9 +548,6 @@ impl VerificationPlanner {
             8 => store_rows::<T, 8>(rows, 8),
             16 => store_rows::<T, 16>(rows, 16),
             k => store_rows::<T, 0>(rows, k),
-        }
-        if planned {
-            self.engine.hold(self.generation, slots);
         }
     }
 

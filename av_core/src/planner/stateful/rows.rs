@@ -17,9 +17,7 @@ pub(super) struct StoreRows<'a, T> {
     pub(super) slots: &'a [i64],
     pub(super) confidences: MatrixView<'a, T>,
     pub(super) scheduled_drafts: &'a [i64],
-    /// After a plan: its survivals of `confidences`, and where each request's new row of
-    /// remembered survivals is copied too (whole rows, in the order of `slots`).
-    pub(super) planned: Option<(&'a [f64], &'a mut [f64])>,
+    pub(super) current: Option<&'a [f64]>,
 }
 
 /// Stores each slot's drafted positions, rows of `k` entries (`K`, when not 0, is `k` known at
@@ -35,19 +33,14 @@ pub(super) fn store_rows<T: Copy + Into<f64>, const K: usize>(rows: StoreRows<'_
         slots,
         confidences,
         scheduled_drafts,
-        planned,
+        current,
     } = rows;
     let data = confidences.data();
-    if let Some((current, held)) = planned {
-        // After a plan: rows of `k` (of `K`, a length the compiler sees, when not 0), and a
-        // whole drafted row is a conversion and two copies.
-        let rows = data
-            .chunks_exact(k)
-            .zip(current.chunks_exact(k))
-            .zip(held.chunks_exact_mut(k));
-        for (((confidences, current), held), (&slot, &n)) in
-            rows.zip(slots.iter().zip(scheduled_drafts))
-        {
+    if let (true, Some(current)) = (K > 0, current) {
+        // After a plan, at a depth known at compile time: rows of `K` (lengths the compiler
+        // sees), and a whole drafted row is a conversion and a copy.
+        let rows = data.chunks_exact(k).zip(current.chunks_exact(k));
+        for ((confidences, current), (&slot, &n)) in rows.zip(slots.iter().zip(scheduled_drafts)) {
             let at = slot as usize * k;
             let (previous, survivals) = (&mut previous[at..at + k], &mut survivals[at..at + k]);
             if n as usize >= k {
@@ -55,10 +48,8 @@ pub(super) fn store_rows<T: Copy + Into<f64>, const K: usize>(rows: StoreRows<'_
                     *stored = p.into();
                 }
                 survivals.copy_from_slice(current);
-                held.copy_from_slice(current);
             } else {
                 store_row(previous, survivals, confidences, Some(current), n as usize);
-                held.copy_from_slice(survivals);
             }
         }
         return;
@@ -69,6 +60,7 @@ pub(super) fn store_rows<T: Copy + Into<f64>, const K: usize>(rows: StoreRows<'_
             previous: &mut previous[at..at + k],
             survivals: &mut survivals[at..at + k],
             confidences: &data[r * k..r * k + k],
+            current: current.map(|current| &current[r * k..r * k + k]),
         };
         if K > 0 {
             // Fixed-size rows: no bounds checks, an unrolled loop.
@@ -77,11 +69,11 @@ pub(super) fn store_rows<T: Copy + Into<f64>, const K: usize>(rows: StoreRows<'_
                 <&mut [f64; K]>::try_from(&mut *row.survivals),
                 <&[T; K]>::try_from(row.confidences),
             ) {
-                store_row(previous, survivals, confidences, None, n);
+                store_row(previous, survivals, confidences, row.current, n);
                 continue;
             }
         }
-        store_row(row.previous, row.survivals, row.confidences, None, n);
+        store_row(row.previous, row.survivals, row.confidences, row.current, n);
     }
 }
 
@@ -90,12 +82,12 @@ struct Row<'a, T> {
     previous: &'a mut [f64],
     survivals: &'a mut [f64],
     confidences: &'a [T],
+    current: Option<&'a [f64]>,
 }
 
 /// Stores the first `n` confidences of one row and its survivals: this call's survivals
 /// (`current`, the same products) for the drafted positions when the call planned, the
-/// remembered confidences multiplied on from there past them (a whole drafted row after a plan
-/// is [`store_rows`]' copy).
+/// remembered confidences multiplied on from there past them.
 #[inline(always)]
 fn store_row<T: Copy + Into<f64>>(
     previous: &mut [f64],
@@ -105,19 +97,30 @@ fn store_row<T: Copy + Into<f64>>(
     n: usize,
 ) {
     let mut survival = 1.0f64;
-    for (j, ((value, stored), &p)) in survivals
-        .iter_mut()
-        .zip(previous.iter_mut())
-        .zip(confidences)
-        .enumerate()
-    {
-        if j < n {
-            *stored = p.into();
+    match current {
+        Some(current) if n >= survivals.len() => {
+            // A whole drafted row: its survivals are the plan's (separate loops vectorize).
+            for (stored, &p) in previous.iter_mut().zip(confidences) {
+                *stored = p.into();
+            }
+            survivals.copy_from_slice(current);
         }
-        survival = match current {
-            Some(current) if j < n => current[j],
-            _ => survival * (*stored + 0.0),
-        };
-        *value = survival;
+        _ => {
+            for (j, ((value, stored), &p)) in survivals
+                .iter_mut()
+                .zip(previous.iter_mut())
+                .zip(confidences)
+                .enumerate()
+            {
+                if j < n {
+                    *stored = p.into();
+                }
+                survival = match current {
+                    Some(current) if j < n => current[j],
+                    _ => survival * (*stored + 0.0),
+                };
+                *value = survival;
+            }
+        }
     }
 }
