@@ -34,7 +34,6 @@ use super::budget::{
     beats, bounds, bucket_map, exact_scan_of, is_small, may_reach, search, Bounds, Budget,
     BudgetBuffers, Drafts, Histogram, StepCosts,
 };
-use super::counting::tally;
 use super::order::Survivals;
 use super::StepTokens;
 use crate::cost_tables::CostTables;
@@ -123,19 +122,21 @@ struct Slot {
 }
 
 /// The drafts and drafting cost of every depth `0..=deepest` for requests capped at `caps`
-/// (depth `d` drafts `min(d, caps[r])` per request), into `out[d]`. Pass `j` runs over the
+/// (depth `d` drafts `min(d, caps[r])` per request; `cap_counts[n]` requests are capped at `n`),
+/// into `out[d]`. Pass `j` runs over the
 /// `R_j` requests with `caps[r] ≥ j`, so the costs are prefix sums over `j` — the same sums, in
 /// the same order, as [`CostTables::step_draft_cost_ms`] of each depth's counts. Leaves `R_j` in
 /// `rows_at_least[j]` for `1 ≤ j ≤ deepest`.
 fn depth_costs(
-    caps: &[usize],
+    cap_counts: &[usize],
     deepest: usize,
     tables: &CostTables,
     rows_at_least: &mut Vec<usize>,
     out: &mut Vec<(usize, f64)>,
 ) {
-    // No cap exceeds `deepest`.
-    tally(caps, deepest + 2, rows_at_least);
+    rows_at_least.clear();
+    rows_at_least.extend_from_slice(&cap_counts[..=deepest]);
+    rows_at_least.push(0);
     for j in (1..=deepest).rev() {
         rows_at_least[j] += rows_at_least[j + 1];
     }
@@ -161,11 +162,13 @@ fn fill_scheduled(d: usize, caps: &[usize], scheduled: &mut Vec<usize>) {
 }
 
 /// What a drafting-depth decision is asked: rows of `cols` positions, row `r` capped at
-/// `caps[r]` positions, in this step, priced by these tables.
+/// `caps[r]` positions (`cap_counts[n]` rows at `n`, for `n` in `0..=cols`), in this step,
+/// priced by these tables.
 #[derive(Clone, Copy)]
 pub(crate) struct DepthRequest<'a> {
     pub(crate) cols: usize,
     pub(crate) caps: &'a [usize],
+    pub(crate) cap_counts: &'a [usize],
     pub(crate) step: &'a StepTokens,
     pub(crate) tables: &'a CostTables,
 }
@@ -181,6 +184,7 @@ pub(crate) fn batch_depth(
     let DepthRequest {
         cols,
         caps,
+        cap_counts,
         step,
         tables,
     } = request;
@@ -206,7 +210,7 @@ pub(crate) fn batch_depth(
         ranked,
         ..
     } = buffers;
-    depth_costs(caps, deepest, tables, counts, costs_by_depth);
+    depth_costs(cap_counts, deepest, tables, counts, costs_by_depth);
     let limit_of = |drafts: usize| step.max_draft_budget.map_or(drafts, |cap| cap.min(drafts));
     // Keeps the best ratio, and among equal ratios the smallest depth (in whatever order the
     // depths are offered).
@@ -389,6 +393,7 @@ pub(crate) fn per_request_depth(
         caps,
         step,
         tables,
+        ..
     } = request;
     let t = step.num_non_draft_tokens;
     let s = step.num_sampling_requests as f64;

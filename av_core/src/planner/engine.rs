@@ -292,6 +292,7 @@ impl Engine {
         let request = depth::DepthRequest {
             cols,
             caps: &self.scheduled,
+            cap_counts: &self.draft_counts,
             step,
             tables,
         };
