@@ -2,6 +2,7 @@
 --update-readme) replaces the benchmark table in README.md between its markers.
 
     python benches/run.py [--quick] [--update-readme] [--figures-only] [--only GLOB ...]
+                          [--output PATH]
 
 ``--only GLOB`` (repeatable) runs just the rows whose name matches a shell-style pattern, for
 example ``--only "whole step*" --only "VerificationPlanner.plan*"``, and merges them into the
@@ -106,8 +107,10 @@ def _call(function: Any, quick: bool, only: Any) -> list[dict[str, Any]]:
 
 
 def run_all(
-    quick: bool, patterns: list[str] | None = None
+    quick: bool, patterns: list[str] | None = None, tolerant: bool = False
 ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every module's rows and a note per module. ``tolerant``: a module that raises (an older
+    build without an API a benchmark calls) is noted and its rows left out."""
     sys.path.insert(0, str(HERE))
     only = name_filter(patterns)
     rows: list[dict[str, Any]] = []
@@ -122,9 +125,15 @@ def run_all(
         if only is not None and not filters and not only(name):
             continue
         start = time.perf_counter()
-        module_rows = _call(module.run, quick, only if filters else None)
-        if hasattr(module, "scaling"):
-            module_rows = module_rows + _call(module.scaling, quick, only if filters else None)
+        try:
+            module_rows = _call(module.run, quick, only if filters else None)
+            if hasattr(module, "scaling"):
+                module_rows += _call(module.scaling, quick, only if filters else None)
+        except Exception as error:
+            if not tolerant:
+                raise
+            notes.append(f"{name}: failed ({type(error).__name__}: {error})")
+            continue
         rows += [normalize(name, r) for r in module_rows]
         notes.append(f"{name}: {len(module_rows)} rows in {time.perf_counter() - start:.0f} s")
     return rows, notes
@@ -284,12 +293,20 @@ def main() -> None:
         metavar="GLOB",
         help="run only the rows matching this pattern (repeatable); merge into the saved results",
     )
+    parser.add_argument(
+        "--output",
+        metavar="PATH",
+        help="write the rows as JSON to PATH and nothing else (a module that fails is left out)",
+    )
     args = parser.parse_args()
     if args.figures_only:
         update_figures(json.loads((HERE / "results.json").read_text()))
         return
     start = time.perf_counter()
-    rows, notes = run_all(args.quick, args.only)
+    rows, notes = run_all(args.quick, args.only, tolerant=args.output is not None)
+    if args.output:
+        Path(args.output).write_text(json.dumps({"rows": rows, "notes": notes}, default=str))
+        return
     notes.append(f"total {time.perf_counter() - start:.0f} s")
     if args.only:
         rows = merged(json.loads((HERE / "results.json").read_text()), rows)

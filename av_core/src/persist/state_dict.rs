@@ -6,7 +6,7 @@
 //! Format `"av_core.AcceptanceEstimator"`, keys in this order: `format`, `format_version`,
 //! `config` ([`EstimatorConfig`]'s fields), `slope`, `intercepts`, the update's open round
 //! `round_stats`, `steps_since_refit`, `num_refits`, then the rest of the update's part
-//! ([`VllmState`](crate::VllmState): `memory_state`; [`MapState`](crate::MapState):
+//! (`VllmState`: `memory_state`; `MapState`:
 //! `reference`, `fitted_labels`, `memory_state`).
 //!
 //! | `format_version` | written for | `config` holds |
