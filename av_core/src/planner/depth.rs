@@ -242,7 +242,7 @@ pub(crate) fn batch_depth(
             ranked.extend((0..).zip(&row[..cap]).map(|(j, &v)| (v.to_bits(), j)));
         }
         // Survivals are never negative nor NaN: their bit patterns order as their values.
-        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        ranked.sort_unstable_by_key(|&(bits, _)| std::cmp::Reverse(bits));
         for (d, &(drafts, draft_ms)) in (1u32..).zip(&costs_by_depth[1..]) {
             let limit = limit_of(drafts);
             let sorted = ranked
