@@ -47,6 +47,7 @@ MODULES = [
     "bench_vllm",
     "bench_vllm_metrics",
     "bench_stress",
+    "bench_persist",
 ]
 README_START = "<!-- benchmarks:start -->"
 README_END = "<!-- benchmarks:end -->"

@@ -1,5 +1,6 @@
 //! Arbitrary bytes as a saved estimator state: an error or a working estimator, never a panic,
-//! and a state that loads must save back to the same bytes and keep working.
+//! and a state that loads must save back to the same bytes, read back from its `state_dict`
+//! tree to the same bytes, and keep working.
 //!
 //! Random bytes almost never carry a valid CRC, so the first byte picks one of three modes:
 //! the bytes as they are; the bytes as a payload wrapped in a valid header and checksum; or a
@@ -9,9 +10,9 @@
 //! validation must refuse (NaN, ±∞, negative or overflowing counters) rather than on lengths.
 #![no_main]
 
-use av_core::persist::crc32;
+use av_core::persist::{crc32, state_dict};
 use av_core::persist::estimator::{FORMAT_VERSION, MAGIC};
-use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView, Update};
+use av_core::{AcceptanceEstimator, ErrorKind, EstimatorConfig, MatrixView, Update};
 use libfuzzer_sys::fuzz_target;
 
 const HEADER: usize = 8 + 4 + 8;
@@ -86,6 +87,11 @@ fuzz_target!(|input: &[u8]| {
             bytes, data,
             "a loaded state must re-encode to its own bytes"
         );
+        // Its state_dict tree reads back to the same state, bit for bit.
+        let tree = state_dict::encode(&est.state());
+        let state = state_dict::decode(&tree, "state", ErrorKind::Value).expect("its tree reads");
+        let back = AcceptanceEstimator::from_state(&state).expect("its tree's state loads");
+        assert_eq!(back.to_bytes(), data, "the state_dict must round-trip bit for bit");
         let k = est.num_positions();
         let x = vec![0.5f32; 2 * k];
         let mut out = vec![0.0f32; 2 * k];

@@ -95,11 +95,7 @@ impl Walk<'_> {
         // Any other Mapping (a mappingproxy, a collections.abc.Mapping) reads as the dict of its
         // items.
         if let Ok(mapping) = obj.cast::<PyMapping>() {
-            let pairs = mapping.items()?;
-            let pairs = pairs
-                .iter()
-                .map(|pair| pair.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>())
-                .collect::<PyResult<Vec<_>>>()?;
+            let pairs: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)> = mapping.items()?.extract()?;
             return self.entries(pairs.into_iter());
         }
         // Another type: an integer (`__index__`: numpy integers), a sequence (PyO3's sequence
@@ -216,11 +212,5 @@ pub fn to_py<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<'py, PyAny>>
 
 /// A tree that is a dict as a Python `dict` (another tree is a `TypeError`).
 pub fn tree_to_dict<'py>(py: Python<'py>, tree: &Value) -> PyResult<Bound<'py, PyDict>> {
-    match tree {
-        Value::Dict(_) => Ok(to_py(py, tree)?.cast_into::<PyDict>()?),
-        other => Err(PyTypeError::new_err(format!(
-            "expected a dict, got {}",
-            other.type_name()
-        ))),
-    }
+    Ok(to_py(py, tree)?.cast_into::<PyDict>()?)
 }

@@ -198,3 +198,14 @@ def test_a_self_containing_list_is_refused_not_recursed_forever() -> None:
     state["intercepts"] = loop
     with pytest.raises(TypeError, match="intercepts"):
         AcceptanceEstimator.from_state_dict(state)
+
+
+def test_a_state_from_before_the_memory_with_a_huge_k_is_refused_not_allocated() -> None:
+    # A version-1 state without `memory`, `drift_z` and `memory_state` reads with an empty
+    # memory; at K = 2**40 that memory must not be allocated (it aborted the interpreter).
+    state = copy.deepcopy(RECORDS["vllm_default"]["state"])
+    assert state["format_version"] == 1
+    del state["config"]["memory"], state["config"]["drift_z"], state["memory_state"]
+    state["config"]["num_positions"] = 2**40
+    with pytest.raises(ValueError, match=r"^num_positions: .*1099511627776"):
+        AcceptanceEstimator.from_state_dict(state)

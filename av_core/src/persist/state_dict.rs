@@ -134,18 +134,13 @@ pub fn decode(tree: &Value, argument: &'static str, kind: ErrorKind) -> Result<E
     // The update's part: whatever is not the header, the configuration or the shared fields.
     let header_keys = ["format", "format_version", "config"];
     let mut update_part = pick(&|k| !header_keys.contains(&k) && !is_shared(k));
-    if version == 1
-        && version_1_defaults(&mut config_tree, argument, kind)?
-        && tree.get("memory_state").is_none()
-    {
-        let k = config_tree
-            .get("num_positions")
-            .cloned()
-            .unwrap_or(Value::Int(0));
-        let k: usize = from_value_at(&k, &["config", "num_positions"], argument, kind)?;
+    let before_memory = version == 1 && version_1_defaults(&mut config_tree, argument, kind)?;
+    let config: EstimatorConfig = from_value_at(&config_tree, &["config"], argument, kind)?;
+    if before_memory && tree.get("memory_state").is_none() {
+        // An empty memory; a count of positions no estimator has is refused with the state.
+        let k = config.num_positions.min(EstimatorConfig::MAX_POSITIONS);
         update_part.push(("memory_state".into(), to_value(&Memory::new(k))));
     }
-    let config: EstimatorConfig = from_value_at(&config_tree, &["config"], argument, kind)?;
     let shared: Shared = from_value(&Value::Dict(pick(&is_shared)), argument, kind)?;
     let update = UpdateState::from_tree(config.update, &Value::Dict(update_part), argument, kind)?;
     Ok(EstimatorState {

@@ -28,8 +28,10 @@
 //! # Ok::<(), av_core::Error>(())
 //! ```
 
+use serde::de::value::{MapDeserializer, SeqDeserializer};
 use serde::de::{self, DeserializeOwned, IntoDeserializer, Unexpected, Visitor};
 use serde::ser::{self, Impossible, Serialize};
+use serde_path_to_error::Segment::{Enum, Map, Seq, Unknown};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -121,7 +123,7 @@ fn describe(value: Unexpected<'_>) -> String {
 pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Value {
     value.serialize(Writer).unwrap_or_else(|e| Value::Other {
         type_name: "error".into(),
-        text: e.message,
+        text: e.1,
     })
 }
 
@@ -130,7 +132,7 @@ struct Writer;
 
 type Written = std::result::Result<Value, TreeError>;
 type Collecting = std::result::Result<Collect, TreeError>;
-type NoTree = Impossible<Value, TreeError>;
+type NoTree = std::result::Result<Impossible<Value, TreeError>, TreeError>;
 
 /// A list or a struct's dict being written.
 #[derive(Default)]
@@ -139,14 +141,16 @@ struct Collect {
     entries: Vec<(String, Value)>,
 }
 
-fn no_tree<T>(what: &str) -> std::result::Result<T, TreeError> {
+/// The forms a tree has no place for (a map, a variant with fields).
+fn no_tree(what: &str) -> NoTree {
     Err(ser::Error::custom(format!("{what} has no tree")))
 }
 
-macro_rules! write_scalars {
-    ($($method:ident($type:ty) => $variant:ident;)*) => {$(
-        fn $method(self, v: $type) -> Written {
-            Ok(Value::$variant(v.into()))
+/// Methods of [`Writer`], each a one-line body.
+macro_rules! writes {
+    ($($method:ident($($arg:ident: $type:ty),*) -> $out:ty = $value:expr;)*) => {$(
+        fn $method(self, $($arg: $type),*) -> $out {
+            $value
         }
     )*};
 }
@@ -157,52 +161,46 @@ impl ser::Serializer for Writer {
     type SerializeSeq = Collect;
     type SerializeTuple = Collect;
     type SerializeTupleStruct = Collect;
-    type SerializeTupleVariant = NoTree;
-    type SerializeMap = NoTree;
+    type SerializeTupleVariant = Impossible<Value, TreeError>;
+    type SerializeMap = Impossible<Value, TreeError>;
     type SerializeStruct = Collect;
-    type SerializeStructVariant = NoTree;
+    type SerializeStructVariant = Impossible<Value, TreeError>;
 
-    write_scalars! {
-        serialize_bool(bool) => Bool;
-        serialize_i8(i8) => Int;
-        serialize_i16(i16) => Int;
-        serialize_i32(i32) => Int;
-        serialize_i64(i64) => Int;
-        serialize_i128(i128) => Int;
-        serialize_u8(u8) => Int;
-        serialize_u16(u16) => Int;
-        serialize_u32(u32) => Int;
-        serialize_u64(u64) => Int;
-        serialize_f32(f32) => Float;
-        serialize_f64(f64) => Float;
-        serialize_char(char) => Str;
-        serialize_str(&str) => Str;
-    }
-
-    fn serialize_bytes(self, v: &[u8]) -> Written {
-        Ok(Value::List(
-            v.iter().map(|&b| Value::Int(b.into())).collect(),
-        ))
-    }
-
-    fn serialize_none(self) -> Written {
-        Ok(Value::None)
+    writes! {
+        serialize_bool(v: bool) -> Written = Ok(Value::Bool(v));
+        serialize_i8(v: i8) -> Written = Ok(Value::Int(v.into()));
+        serialize_i16(v: i16) -> Written = Ok(Value::Int(v.into()));
+        serialize_i32(v: i32) -> Written = Ok(Value::Int(v.into()));
+        serialize_i64(v: i64) -> Written = Ok(Value::Int(v.into()));
+        serialize_i128(v: i128) -> Written = Ok(Value::Int(v));
+        serialize_u8(v: u8) -> Written = Ok(Value::Int(v.into()));
+        serialize_u16(v: u16) -> Written = Ok(Value::Int(v.into()));
+        serialize_u32(v: u32) -> Written = Ok(Value::Int(v.into()));
+        serialize_u64(v: u64) -> Written = Ok(Value::Int(v.into()));
+        serialize_f32(v: f32) -> Written = Ok(Value::Float(v.into()));
+        serialize_f64(v: f64) -> Written = Ok(Value::Float(v));
+        serialize_char(v: char) -> Written = Ok(Value::Str(v.into()));
+        serialize_str(v: &str) -> Written = Ok(Value::Str(v.into()));
+        serialize_bytes(v: &[u8]) -> Written =
+            Ok(Value::List(v.iter().map(|&b| Value::Int(b.into())).collect()));
+        serialize_none() -> Written = Ok(Value::None);
+        serialize_unit() -> Written = Ok(Value::None);
+        serialize_unit_struct(_n: &'static str) -> Written = Ok(Value::None);
+        serialize_unit_variant(_n: &'static str, _i: u32, v: &'static str) -> Written =
+            Ok(Value::Str(v.into()));
+        serialize_seq(_l: Option<usize>) -> Collecting = Ok(Collect::default());
+        serialize_tuple(_l: usize) -> Collecting = Ok(Collect::default());
+        serialize_tuple_struct(_n: &'static str, _l: usize) -> Collecting = Ok(Collect::default());
+        serialize_struct(_n: &'static str, _l: usize) -> Collecting = Ok(Collect::default());
+        serialize_map(_l: Option<usize>) -> NoTree = no_tree("a map");
+        serialize_tuple_variant(n: &'static str, _i: u32, _v: &'static str, _l: usize) -> NoTree =
+            no_tree(&format!("{n}: a tuple variant"));
+        serialize_struct_variant(n: &'static str, _i: u32, _v: &'static str, _l: usize) -> NoTree =
+            no_tree(&format!("{n}: a struct variant"));
     }
 
     fn serialize_some<T: Serialize + ?Sized>(self, v: &T) -> Written {
         v.serialize(self)
-    }
-
-    fn serialize_unit(self) -> Written {
-        Ok(Value::None)
-    }
-
-    fn serialize_unit_struct(self, _: &'static str) -> Written {
-        Ok(Value::None)
-    }
-
-    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Written {
-        Ok(Value::Str(variant.into()))
     }
 
     fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, v: &T) -> Written {
@@ -217,46 +215,6 @@ impl ser::Serializer for Writer {
         v: &T,
     ) -> Written {
         Ok(Value::Dict(vec![(variant.into(), v.serialize(self)?)]))
-    }
-
-    fn serialize_seq(self, _: Option<usize>) -> Collecting {
-        Ok(Collect::default())
-    }
-
-    fn serialize_tuple(self, _: usize) -> Collecting {
-        Ok(Collect::default())
-    }
-
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Collecting {
-        Ok(Collect::default())
-    }
-
-    fn serialize_struct(self, _: &'static str, _: usize) -> Collecting {
-        Ok(Collect::default())
-    }
-
-    fn serialize_map(self, _: Option<usize>) -> std::result::Result<NoTree, TreeError> {
-        no_tree("a map")
-    }
-
-    fn serialize_tuple_variant(
-        self,
-        name: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> std::result::Result<NoTree, TreeError> {
-        no_tree(&format!("{name}: a tuple variant"))
-    }
-
-    fn serialize_struct_variant(
-        self,
-        name: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> std::result::Result<NoTree, TreeError> {
-        no_tree(&format!("{name}: a struct variant"))
     }
 }
 
@@ -319,56 +277,45 @@ pub fn from_value<T: DeserializeOwned>(
 }
 
 /// [`from_value`] of the value that sits at `path` in what `argument` names (its errors name the
-/// whole path).
+/// whole path). The path inside `tree` is [`serde_path_to_error`]'s, tracked only when a read
+/// fails: the tree is read again to find it.
 pub fn from_value_at<T: DeserializeOwned>(
     tree: &Value,
     path: &[&str],
     argument: &'static str,
     kind: ErrorKind,
 ) -> Result<T> {
-    T::deserialize(At(tree)).map_err(|mut e| {
-        e.path
-            .extend(path.iter().rev().map(|key| format!("[{key:?}]")));
-        let at: String = e.path.iter().rev().map(String::as_str).collect();
-        let message = match at.is_empty() {
-            true => e.message,
-            false => format!("{at} {}", e.message),
-        };
-        Error::new(
-            if e.wrong_type { ErrorKind::Type } else { kind },
-            argument,
-            message,
-        )
-    })
+    let read = T::deserialize(At(tree));
+    read.or_else(|_| serde_path_to_error::deserialize(At(tree)))
+        .map_err(|e| {
+            let mut at: String = path.iter().map(|key| format!("[{key:?}]")).collect();
+            for segment in e.path() {
+                match segment {
+                    Seq { index } => at += &format!("[{index}]"),
+                    Map { key } => at += &format!("[{key:?}]"),
+                    Enum { .. } | Unknown => {}
+                }
+            }
+            let TreeError(wrong_type, message) = e.into_inner();
+            let gap = if at.is_empty() || message.starts_with('[') {
+                ""
+            } else {
+                " "
+            };
+            let kind = if wrong_type { ErrorKind::Type } else { kind };
+            Error::new(kind, argument, format!("{at}{gap}{message}"))
+        })
 }
 
-/// A bad value (read), or a value with no tree (written): what is wrong, and where (the path's
-/// steps `["key"]` or `[index]`, innermost first as the error rises).
+/// A bad value (read), or a value with no tree (written): whether it is of the wrong type, and
+/// what is wrong after its path (`must be a number, got str ("x")`, or `["x"] is missing` from
+/// the struct that lacks the field).
 #[derive(Debug)]
-struct TreeError {
-    wrong_type: bool,
-    message: String,
-    path: Vec<String>,
-}
-
-impl TreeError {
-    fn new(wrong_type: bool, message: String) -> Self {
-        TreeError {
-            wrong_type,
-            message,
-            path: Vec::new(),
-        }
-    }
-
-    fn under(mut self, step: String) -> Self {
-        self.path.push(step);
-        self
-    }
-}
+struct TreeError(bool, String);
 
 impl std::fmt::Display for TreeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(&self.1)
     }
 }
 
@@ -376,33 +323,35 @@ impl std::error::Error for TreeError {}
 
 impl ser::Error for TreeError {
     fn custom<T: std::fmt::Display>(message: T) -> Self {
-        TreeError::new(false, message.to_string())
+        TreeError(false, message.to_string())
     }
 }
 
-/// What `expected` (serde's words for what a visitor takes) is in a message, and the range
-/// of an integer type.
-fn expectation(expected: &dyn de::Expected) -> (String, Option<String>) {
-    let text = expected.to_string();
-    let int = |min: i128, max: u128| ("an integer".into(), Some(format!("{min}..={max}")));
-    match text.as_str() {
-        "f32" | "f64" => ("a number".into(), None),
+/// What `expected` (serde's words for what a visitor takes) is in a message, and with `range`
+/// the range of an integer type.
+fn expectation(expected: &dyn de::Expected, range: bool) -> String {
+    let int = |min: i128, max: u128| match range {
+        true => format!("an integer in {min}..={max}"),
+        false => "an integer".into(),
+    };
+    match expected.to_string().as_str() {
+        "f32" | "f64" => "a number".into(),
         "u8" => int(0, u8::MAX.into()),
         "u16" => int(0, u16::MAX.into()),
         "u32" => int(0, u32::MAX.into()),
         "u64" | "usize" => int(0, u64::MAX.into()),
         "i64" => int(i64::MIN.into(), i64::MAX as u128),
         "i128" => int(i128::MIN, i128::MAX as u128),
-        "a boolean" => ("a bool".into(), None),
-        "a string" | "a borrowed string" | "a character" => ("a string".into(), None),
-        "a sequence" => ("a list".into(), None),
-        _ => (text, None),
+        "a boolean" => "a bool".into(),
+        "a string" | "a borrowed string" | "a character" => "a string".into(),
+        "a sequence" => "a list".into(),
+        other => other.into(),
     }
 }
 
 impl de::Error for TreeError {
     fn custom<T: std::fmt::Display>(message: T) -> Self {
-        TreeError::new(false, message.to_string())
+        TreeError(false, message.to_string())
     }
 
     fn invalid_type(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
@@ -412,32 +361,28 @@ impl de::Error for TreeError {
                 return Self::invalid_value(got, expected);
             }
         }
-        let (what, _) = expectation(expected);
-        TreeError::new(true, format!("must be {what}, got {}", describe(got)))
+        let what = expectation(expected, false);
+        TreeError(true, format!("must be {what}, got {}", describe(got)))
     }
 
     fn invalid_value(got: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
-        let (what, range) = expectation(expected);
         let got = match got {
             Unexpected::Signed(v) => v.to_string(),
             Unexpected::Unsigned(v) => v.to_string(),
+            // serde's text of a wide integer: "integer `N` as i128".
             Unexpected::Other(text) => text
                 .trim_start_matches("integer `")
                 .split('`')
-                .next()
-                .unwrap_or(text)
-                .into(),
+                .take(1)
+                .collect(),
             other => describe(other),
         };
-        let what = match range {
-            Some(range) => format!("{what} in {range}"),
-            None => what,
-        };
-        TreeError::new(false, format!("must be {what}, got {got}"))
+        let what = expectation(expected, true);
+        TreeError(false, format!("must be {what}, got {got}"))
     }
 
     fn missing_field(field: &'static str) -> Self {
-        TreeError::new(false, "is missing".into()).under(format!("[{field:?}]"))
+        TreeError(false, format!("[{field:?}] is missing"))
     }
 
     fn unknown_variant(variant: &str, expected: &'static [&'static str]) -> Self {
@@ -446,12 +391,20 @@ impl de::Error for TreeError {
             Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
             _ => names.concat(),
         };
-        TreeError::new(false, format!("must be {choices}, got {variant:?}"))
+        TreeError(false, format!("must be {choices}, got {variant:?}"))
     }
 }
 
 /// The deserializer of [`from_value`]: one value of the tree.
 struct At<'a>(&'a Value);
+
+impl<'a> IntoDeserializer<'_, TreeError> for &'a Value {
+    type Deserializer = At<'a>;
+
+    fn into_deserializer(self) -> At<'a> {
+        At(self)
+    }
+}
 
 type Read<T> = std::result::Result<T, TreeError>;
 
@@ -474,8 +427,11 @@ impl<'de> de::Deserializer<'de> for At<'_> {
             }
             Value::Float(v) => visitor.visit_f64(*v),
             Value::Str(s) => visitor.visit_str(s),
-            Value::List(items) => visitor.visit_seq(Items(items.iter().enumerate())),
-            Value::Dict(entries) => visitor.visit_map(Entries(entries.iter(), None)),
+            Value::List(items) => visitor.visit_seq(SeqDeserializer::new(items.iter())),
+            Value::Dict(entries) => {
+                let entries = entries.iter().map(|(key, value)| (key.as_str(), value));
+                visitor.visit_map(MapDeserializer::new(entries))
+            }
             Value::Other { type_name, text } => Err(de::Error::invalid_type(
                 Unexpected::Other(&format!("{type_name} ({text})")),
                 &visitor,
@@ -500,16 +456,15 @@ impl<'de> de::Deserializer<'de> for At<'_> {
     ) -> Read<V::Value> {
         let Value::Dict(entries) = self.0 else {
             let got = self.0.type_name();
-            return Err(TreeError::new(true, format!("must be a dict, got {got}")));
+            return Err(TreeError(true, format!("must be a dict, got {got}")));
         };
-        if let Some((key, _)) = entries
-            .iter()
-            .find(|(key, _)| !fields.contains(&key.as_str()))
-        {
-            let message = format!("is not a field (the fields: {})", fields.join(", "));
-            return Err(TreeError::new(false, message).under(format!("[{key:?}]")));
+        let mut keys = entries.iter().map(|(key, _)| key);
+        if let Some(key) = keys.find(|key| !fields.contains(&key.as_str())) {
+            let fields = fields.join(", ");
+            let message = format!("[{key:?}] is not a field (the fields: {fields})");
+            return Err(TreeError(false, message));
         }
-        visitor.visit_map(Entries(entries.iter(), None))
+        self.deserialize_any(visitor)
     }
 
     fn deserialize_enum<V: Visitor<'de>>(
@@ -527,51 +482,6 @@ impl<'de> de::Deserializer<'de> for At<'_> {
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf unit
         unit_struct newtype_struct seq tuple tuple_struct map identifier ignored_any
-    }
-}
-
-/// A list's items being read.
-struct Items<'a>(std::iter::Enumerate<std::slice::Iter<'a, Value>>);
-
-impl<'de> de::SeqAccess<'de> for Items<'_> {
-    type Error = TreeError;
-
-    fn next_element_seed<T: de::DeserializeSeed<'de>>(
-        &mut self,
-        seed: T,
-    ) -> Read<Option<T::Value>> {
-        self.0
-            .next()
-            .map(|(i, item)| {
-                seed.deserialize(At(item))
-                    .map_err(|e| e.under(format!("[{i}]")))
-            })
-            .transpose()
-    }
-}
-
-/// A dict's entries being read (and the one whose value is next).
-struct Entries<'a>(
-    std::slice::Iter<'a, (String, Value)>,
-    Option<&'a (String, Value)>,
-);
-
-impl<'de> de::MapAccess<'de> for Entries<'_> {
-    type Error = TreeError;
-
-    fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Read<Option<K::Value>> {
-        self.1 = self.0.next();
-        self.1
-            .map(|(key, _)| seed.deserialize(key.as_str().into_deserializer()))
-            .transpose()
-    }
-
-    fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Read<V::Value> {
-        let (key, value) = self
-            .1
-            .ok_or_else(|| TreeError::new(false, "a value without its key".into()))?;
-        seed.deserialize(At(value))
-            .map_err(|e| e.under(format!("[{key:?}]")))
     }
 }
 

@@ -279,3 +279,24 @@ fn a_version_1_state_from_before_the_memory_reads_as_memoryless() {
         "state: [\"memory_state\"] is missing"
     );
 }
+
+#[test]
+fn a_version_1_state_from_before_the_memory_with_a_huge_k_is_refused_without_allocating_it() {
+    let mut config = EstimatorConfig::version_1(2);
+    config.memory = 0.0;
+    let mut tree = encode(&observed(config).state());
+    for path in [
+        &["config", "memory"][..],
+        &["config", "drift_z"],
+        &["memory_state"],
+    ] {
+        tree = without(&tree, path);
+    }
+    for k in [65, 1 << 40, u64::MAX as i128] {
+        let tree = with(&tree, &["config", "num_positions"], Value::Int(k));
+        // The memory it reads as is a placeholder; the state is refused for its K.
+        let state = decoded(&tree).unwrap();
+        let err = AcceptanceEstimator::from_state(&state).unwrap_err();
+        assert!(err.to_string().contains("num_positions"), "{err}");
+    }
+}
