@@ -171,6 +171,10 @@ pub struct AcceptanceEstimator {
     rule: Rule,
 }
 
+/// The longest intercept pattern `predict` keeps on the stack (512 bytes; a longer one, for a
+/// K whose least common multiple with the lane count passes it, is allocated).
+const PATTERN_ON_STACK: usize = 64;
+
 impl AcceptanceEstimator {
     /// A cold-started estimator: slope `init_slope`, every intercept `init_intercept`. Fails if
     /// the configuration does not [validate](EstimatorConfig::validate).
@@ -307,12 +311,21 @@ impl AcceptanceEstimator {
         // bindings pass their own copy; the C ABI's callers must not write the buffer meanwhile),
         // so one vectorized check and then the probabilities, both read in place.
         observe::check_features(features.data())?;
-        let mut intercepts = Vec::with_capacity(k);
-        let (slope, _) = self.common.coefficients.read_into(&mut intercepts);
-        let mut pattern = Vec::new();
-        logistic::intercept_pattern(&intercepts, &mut pattern);
+        // The intercepts repeated to a whole number of lanes, on the stack when they fit (every
+        // K up to 8, and K = 16, 32, 64 among others): no allocation per call.
+        let period = logistic::pattern_len(k);
+        let mut on_stack = [0.0f64; PATTERN_ON_STACK];
+        let mut on_heap = Vec::new();
+        let pattern = if period <= PATTERN_ON_STACK {
+            &mut on_stack[..period]
+        } else {
+            on_heap.resize(period, 0.0);
+            &mut on_heap[..]
+        };
+        let (slope, _) = self.common.coefficients.read_into_slice(&mut pattern[..k]);
+        logistic::repeat_intercepts(pattern, k);
         let limit = self.common.config.max_log_odds;
-        logistic::probabilities(features.data(), slope, &pattern, limit, out);
+        logistic::probabilities(features.data(), slope, pattern, limit, out);
         Ok(())
     }
 }

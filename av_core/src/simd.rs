@@ -1,12 +1,13 @@
 //! Which vector unit the hot loops run on: run-time CPU detection for x86-64.
 //!
 //! The wheel is built for the baseline x86-64 target (SSE2, 2 × f64 or 4 × f32 per vector).
-//! Four kernels are also compiled with `#[target_feature]` for AVX2 (+FMA; two of them for
+//! Five kernels are also compiled with `#[target_feature]` for AVX2 (+FMA; four of them for
 //! AVX-512 too) and called through [`level`], which checks the CPU once with
 //! `is_x86_feature_detected!`: the feature kernel ([`crate::features`]), `predict`'s logistic
-//! (`estimator/logistic.rs`), the `map` refit's score and Hessian (`estimator/map.rs`) and the
-//! `map` observe's binning pass (`Binning::locate_all`, `estimator/histogram.rs`). Every
-//! variant runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an
+//! (`estimator/logistic.rs`), the `map` refit's score and Hessian (`estimator/map.rs`), the
+//! `map` observe's binning pass (`Binning::locate_all`, `estimator/histogram.rs`) and the
+//! checks of `predict`'s and `observe`'s inputs (`estimator/observe.rs`, yes-or-no answers).
+//! Every variant runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an
 //! FMA on its own. The logistic, the `map` terms and the binning fuse nothing, so all their
 //! variants give the same bits; the feature
 //! kernel asks for fused multiply-adds in its AVX2 and AVX-512 variants, so those two give the
@@ -56,6 +57,27 @@ pub fn env_cap() -> Result<Option<Level>> {
         Err(std::env::VarError::NotUnicode(text)) => Err(not_a_level(text)),
     }
 }
+
+/// Defines a kernel's AVX2 and AVX-512 variants (`pub(super)`, `unsafe` to call: the caller
+/// checks [`level`] first): the same signature and body, compiled once with `avx2` and once
+/// with `avx512f`, `avx512bw`, `avx512vl` (and `avx2`). Generic parameters go in brackets.
+///
+/// ```ignore
+/// wide_variants! {
+///     fn sum_avx2 / sum_avx512 [T: Copy + Into<f64>] (xs: &[T]) -> f64 { sum_baseline(xs) }
+/// }
+/// ```
+macro_rules! wide_variants {
+    ($(fn $avx2:ident / $avx512:ident [$($generics:tt)*] ($($arg:ident: $ty:ty),* $(,)?)
+        -> $ret:ty $body:block)*) => {$(
+        #[target_feature(enable = "avx2")]
+        pub(super) fn $avx2<$($generics)*>($($arg: $ty),*) -> $ret $body
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+        pub(super) fn $avx512<$($generics)*>($($arg: $ty),*) -> $ret $body
+    )*};
+}
+pub(crate) use wide_variants;
 
 /// A vector-unit level, narrowest first.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]

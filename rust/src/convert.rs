@@ -597,6 +597,14 @@ impl<T: Pooled> Copied<T> {
         Copied(Vec::new())
     }
 
+    /// `values` in a pooled buffer (one pass, no zero-fill first).
+    pub fn collect(values: impl ExactSizeIterator<Item = T>) -> Self {
+        let mut buffer = take_spare();
+        buffer.clear();
+        buffer.extend(values);
+        Copied(buffer)
+    }
+
     /// `len` zeros in a pooled buffer: an output to compute into before the caller's array is
     /// made from it.
     pub fn zeros(len: usize) -> Self
@@ -840,11 +848,7 @@ fn ints_from(converted: &Converted<'_>, argument: &str) -> PyResult<Copied<i64>>
     }
     let widened = |a: &Bound<'_, PyArray1<i32>>| -> PyResult<Copied<i64>> {
         let narrow = Copied::of(a, argument)?;
-        let mut wide = Copied::<i64>::zeros(narrow.len());
-        for (w, &n) in wide.iter_mut().zip(narrow.iter()) {
-            *w = i64::from(n);
-        }
-        Ok(wide)
+        Ok(Copied::collect(narrow.iter().map(|&n| i64::from(n))))
     };
     // The cast that matches is tried first (int32 outputs of the planner come back as
     // arguments): a cast that fails compares the dtypes through numpy's casting tables.

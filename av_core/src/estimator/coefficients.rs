@@ -60,6 +60,13 @@ impl SharedCoefficients {
     /// `(slope, version)`. Reuses the caller's buffer, so a hot loop does not allocate.
     pub fn read_into(&self, intercepts: &mut Vec<f64>) -> (f64, u64) {
         intercepts.resize(self.intercepts.len(), 0.0);
+        self.read_into_slice(intercepts)
+    }
+
+    /// [`read_into`](Self::read_into) into a slice of [`len`](Self::len) entries (a buffer on
+    /// the caller's stack).
+    pub fn read_into_slice(&self, intercepts: &mut [f64]) -> (f64, u64) {
+        debug_assert_eq!(intercepts.len(), self.intercepts.len());
         let mut spins = 0u32;
         loop {
             let before = self.sequence.load(Ordering::Acquire);

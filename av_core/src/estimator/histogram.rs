@@ -111,6 +111,13 @@ impl Binning {
         offsets: &mut [u64],
     ) -> bool {
         #[cfg(target_arch = "x86_64")]
+        if level >= crate::simd::Level::Avx512 {
+            // SAFETY: `locate_all_avx512` only requires the CPU features it is compiled with
+            // (`avx512f`, `avx512bw`, `avx512vl`, `avx2`); `level` is `Avx512` only when
+            // `simd::available` confirmed them on this CPU with `is_x86_feature_detected!`.
+            return unsafe { x86::locate_all_avx512(self, xs, bins, offsets) };
+        }
+        #[cfg(target_arch = "x86_64")]
         if level >= crate::simd::Level::Avx2 {
             // SAFETY: `locate_all_avx2` only requires the CPU features it is compiled with
             // (`avx2`); `level` is `Avx2` or wider only when `simd::available` confirmed AVX2
@@ -129,29 +136,38 @@ impl Binning {
         bins: &mut [u32],
         offsets: &mut [u64],
     ) -> bool {
-        let (limit, scale) = (self.limit, self.scale);
-        let last = (self.bins - 1) as f64;
         let mut finite = true;
         for ((&value, bin), offset) in xs.iter().zip(bins).zip(offsets) {
             let x: f64 = value.into();
             finite &= x.is_finite();
-            // `clamp`'s two comparisons, written so that a NaN fails both and takes the lower
-            // bound (one `maxpd` and one `minpd` each, where `f64::max`'s NaN rule costs
-            // three more instructions): `u` is never NaN.
-            let clamped = if x > -limit { x } else { -limit };
-            let u = if clamped < limit { clamped } else { limit } + limit;
-            // `v = u · B / (2L)` is in `[0, B − 1]` after the `min`, and `⌊v⌋` is `locate`'s
-            // `v as usize` (truncation, `v ≥ 0`), taken without a float-to-int conversion
-            // (which does not vectorize): the magic-number rounding gives the nearest integer
-            // `n` (exact below 2^51), less one when `n > v`.
-            let v = u * scale;
-            let v = if v < last { v } else { last };
-            let shifted = v + MAGIC;
-            let nearest = (shifted.to_bits() as i64).wrapping_sub(MAGIC_BITS);
-            *bin = nearest.wrapping_sub(i64::from(shifted - MAGIC > v)) as u32;
-            *offset = ((u * X_SCALE + MAGIC).to_bits() as i64).wrapping_sub(MAGIC_BITS) as u64;
+            (*bin, *offset) = self.locate_branch_free(x);
         }
         finite
+    }
+
+    /// [`locate`](Self::locate) without a branch or a float-to-int conversion, the body of
+    /// [`locate_all`](Self::locate_all) (the same bits for every non-NaN `x`; a NaN is located
+    /// as `−L`: bin 0, offset 0).
+    #[inline(always)]
+    pub(crate) fn locate_branch_free(&self, x: f64) -> (u32, u64) {
+        let (limit, scale) = (self.limit, self.scale);
+        let last = (self.bins - 1) as f64;
+        // `clamp`'s two comparisons, written so that a NaN fails both and takes the lower
+        // bound (one `maxpd` and one `minpd` each, where `f64::max`'s NaN rule costs three
+        // more instructions): `u` is never NaN.
+        let clamped = if x > -limit { x } else { -limit };
+        let u = if clamped < limit { clamped } else { limit } + limit;
+        // `v = u · B / (2L)` is in `[0, B − 1]` after the `min`, and `⌊v⌋` is `locate`'s
+        // `v as usize` (truncation, `v ≥ 0`), taken without a float-to-int conversion (which
+        // does not vectorize): the magic-number rounding gives the nearest integer `n` (exact
+        // below 2^51), less one when `n > v`.
+        let v = u * scale;
+        let v = if v < last { v } else { last };
+        let shifted = v + MAGIC;
+        let nearest = (shifted.to_bits() as i64).wrapping_sub(MAGIC_BITS);
+        let bin = nearest.wrapping_sub(i64::from(shifted - MAGIC > v)) as u32;
+        let offset = ((u * X_SCALE + MAGIC).to_bits() as i64).wrapping_sub(MAGIC_BITS) as u64;
+        (bin, offset)
     }
 
     /// The range `[lo, hi]` of `u = x + L` over bin `bin`, widened by a few ulps (the bounds
@@ -371,48 +387,6 @@ impl HistogramStats {
     }
 }
 
-/// One step's histograms as observe builds them: per bin (`k·B + b`) its three sums side by
-/// side, `[count, accepted, x_sum]`, so binning a draft touches one place (one bounds check,
-/// one cache line) rather than three columns.
-#[derive(Clone, Debug)]
-pub(crate) struct StepHistogram {
-    num_positions: usize,
-    bins: usize,
-    sums: Vec<[u64; 3]>,
-}
-
-impl StepHistogram {
-    /// Empty histograms.
-    pub(crate) fn new(num_positions: usize, bins: usize) -> Self {
-        StepHistogram {
-            num_positions,
-            bins,
-            sums: vec![[0; 3]; num_positions * bins],
-        }
-    }
-
-    /// Adds one labeled draft to bin `index` (`k·B + b`) with fixed-point offset `offset`
-    /// ([`Binning::locate`]).
-    #[inline(always)]
-    pub(crate) fn add(&mut self, index: usize, accepted: bool, offset: u64) {
-        let sums = &mut self.sums[index];
-        sums[0] += 1;
-        sums[1] += u64::from(accepted);
-        sums[2] = sums[2].wrapping_add(offset);
-    }
-
-    /// The same histograms as columns.
-    pub(crate) fn into_stats(self) -> HistogramStats {
-        let mut stats = HistogramStats::new(self.num_positions, self.bins);
-        for (index, sums) in self.sums.iter().enumerate() {
-            stats.count[index] = sums[0];
-            stats.accepted[index] = sums[1];
-            stats.x_sum[index] = sums[2];
-        }
-        stats
-    }
-}
-
 /// The open round behind [`HistogramAccumulator`]'s lock.
 #[derive(Debug)]
 struct OpenRound {
@@ -490,16 +464,16 @@ impl HistogramAccumulator {
         &self,
         step: &StepHistogram,
     ) -> std::result::Result<(), (usize, usize)> {
-        debug_assert_eq!(step.sums.len(), self.num_positions * self.bins);
-        let touched = (0..step.sums.len()).filter(|&index| step.sums[index][0] != 0);
-        self.try_add_bins(touched, |index| step.sums[index])
+        debug_assert_eq!(step.num_bins(), self.num_positions * self.bins);
+        self.try_add_bins(step.occupied(), |index| step.sums(index))
     }
 
-    /// Adds the bins `touched` (ascending: every occupied bin of the step), whose sums
-    /// `[count, accepted, x_sum]` are `sums(index)`, unless one would pass the bound. One pass:
-    /// each bin is checked and added in turn, and a bin that would pass the bound takes the
-    /// bins added before it back out (all under the lock, so no one sees them), which leaves
-    /// the open round as it was and names the first full bin in `(k, b)` order.
+    /// Adds the bins `touched` (every occupied bin of the step, each once, in any order), whose
+    /// sums `[count, accepted, x_sum]` are `sums(index)`, unless one would pass the bound. One
+    /// pass: each bin is checked and added in turn, and a bin that would pass the bound takes
+    /// the bins added before it back out (all under the lock, so no one sees them), which
+    /// leaves the open round as it was; the error then names the first bin in `(k, b)` order
+    /// that would pass the bound.
     #[inline]
     fn try_add_bins(
         &self,
@@ -508,22 +482,28 @@ impl HistogramAccumulator {
     ) -> std::result::Result<(), (usize, usize)> {
         let mut open = self.lock();
         let open = &mut *open;
+        let fits = |reserved: u64, n: u64| {
+            reserved
+                .checked_add(n)
+                .filter(|&total| total <= MAX_BIN_COUNT)
+        };
         for index in touched.clone() {
             let [n, a, x] = sums(index);
             let reserved = &mut open.reserved[index];
-            match reserved
-                .checked_add(n)
-                .filter(|&total| total <= MAX_BIN_COUNT)
-            {
+            match fits(*reserved, n) {
                 Some(total) => *reserved = total,
                 None => {
-                    for added in touched.take_while(|&added| added != index) {
+                    for added in touched.clone().take_while(|&added| added != index) {
                         let [n, a, x] = sums(added);
                         open.reserved[added] -= n;
                         let negated = [n.wrapping_neg(), a.wrapping_neg(), x.wrapping_neg()];
                         add_bin(&mut open.pending, added, negated);
                     }
-                    return Err((index / self.bins, index % self.bins));
+                    let full = touched
+                        .filter(|&bin| fits(open.reserved[bin], sums(bin)[0]).is_none())
+                        .min()
+                        .unwrap_or(index);
+                    return Err((full / self.bins, full % self.bins));
                 }
             }
             add_bin(&mut open.pending, index, [n, a, x]);
@@ -720,19 +700,23 @@ impl HistogramMemory {
     }
 }
 
-/// [`Binning::locate_all`] compiled for AVX2 (the same code, wider vectors).
+/// [`Binning::locate_all`] compiled for AVX2 and AVX-512 (the same code, wider vectors).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    #[target_feature(enable = "avx2")]
-    pub(super) fn locate_all_avx2<T: Copy + Into<f64>>(
-        binning: &super::Binning,
-        xs: &[T],
-        bins: &mut [u32],
-        offsets: &mut [u64],
-    ) -> bool {
-        binning.locate_all_baseline(xs, bins, offsets)
+    crate::simd::wide_variants! {
+        fn locate_all_avx2 / locate_all_avx512 [T: Copy + Into<f64>] (
+            binning: &super::Binning,
+            xs: &[T],
+            bins: &mut [u32],
+            offsets: &mut [u64],
+        ) -> bool {
+            binning.locate_all_baseline(xs, bins, offsets)
+        }
     }
 }
+
+mod step;
+pub(crate) use step::StepHistogram;
 
 #[cfg(test)]
 mod tests;

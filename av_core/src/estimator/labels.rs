@@ -35,6 +35,13 @@ pub fn num_labeled(admitted: usize, accepted: usize) -> usize {
     }
 }
 
+/// Whether one request's counts are possible: `0 ≤ accepted ≤ admitted ≤ num_positions`
+/// (branch-free; [`validate_counts`] names what is wrong).
+#[inline(always)]
+pub fn counts_valid(admitted: i64, accepted: i64, num_positions: usize) -> bool {
+    (0 <= accepted) & (accepted <= admitted) & (admitted <= num_positions as i64)
+}
+
 /// Checks one request's counts against the draft length `num_positions` and returns them as
 /// `(admitted, accepted)`.
 pub fn validate_counts(

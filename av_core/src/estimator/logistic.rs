@@ -135,18 +135,35 @@ fn probabilities_at<T: Copy + Into<f64>>(level: simd::Level, args: Args<'_, T>) 
 
 /// The intercepts `β_0..β_{K-1}` repeated to the shortest length that is a multiple of both
 /// `K` and [`LANES`], into `pattern`.
+#[cfg_attr(not(test), allow(dead_code))] // predict builds its pattern on the stack
 pub(crate) fn intercept_pattern(intercepts: &[f64], pattern: &mut Vec<f64>) {
     debug_assert!(
         !intercepts.is_empty(),
         "an estimator has at least one position"
     );
-    let k = intercepts.len().max(1);
+    pattern.clear();
+    pattern.resize(pattern_len(intercepts.len()), 0.0);
+    pattern[..intercepts.len()].copy_from_slice(intercepts);
+    repeat_intercepts(pattern, intercepts.len());
+}
+
+/// The length of [`intercept_pattern`]'s pattern for `k` positions: the least common multiple
+/// of `k` and [`LANES`] (at most `8·k`).
+pub(crate) fn pattern_len(k: usize) -> usize {
+    let k = k.max(1);
     let mut period = k;
     while period % LANES != 0 {
         period += k;
     }
-    pattern.clear();
-    pattern.extend(intercepts.iter().copied().cycle().take(period));
+    period
+}
+
+/// Completes a pattern whose first `k` entries are the intercepts: every later entry repeats
+/// the one `k` before it.
+pub(crate) fn repeat_intercepts(pattern: &mut [f64], k: usize) {
+    for i in k.max(1)..pattern.len() {
+        pattern[i] = pattern[i - k];
+    }
 }
 
 /// Arguments of [`probabilities`], passed as one tuple to its variants.

@@ -4,7 +4,7 @@
 use super::accumulator::RoundStats;
 use super::batch::{batch_stats, Predictions};
 use super::histogram::{Binning, HistogramStats, StepHistogram};
-use super::labels::{num_labeled, validate_counts};
+use super::labels::{counts_valid, validate_counts};
 use super::update::{dispatch, Step, UpdateRule};
 use super::{AcceptanceEstimator, Common};
 use crate::error::{Error, Result};
@@ -14,12 +14,120 @@ use crate::matrix::MatrixView;
 /// [`EstimatorConfig::MAX_POSITIONS`](super::EstimatorConfig::MAX_POSITIONS) features).
 const LOCATE_BLOCK: usize = 512;
 
-/// Whether every value of `source` passes `ok`, in one branch-free pass that vectorizes.
+/// A step bins its labeled features one by one when they are at most one in this many of its
+/// features, and else locates every feature in a vectorized pass: the pass costs about 7
+/// instructions a feature on AVX2, locating one feature alone about 25, and checking that a
+/// feature is finite under 1 (so one by one wins below about one labeled feature in four).
+const SPARSE_RATIO: usize = 4;
+
+/// Whether every value of `source` passes `ok`, in one branch-free pass that vectorizes, on
+/// the widest vectors the CPU has ([`crate::simd`]; a yes or no, the same on every variant).
 #[inline]
 fn all_pass<T: Copy + Into<f64>>(source: &[T], ok: impl Fn(f64) -> bool) -> bool {
+    all_pass_at(crate::simd::level(), source, ok)
+}
+
+/// [`all_pass`] on the variant for `level`, which must be one this CPU runs
+/// ([`crate::simd::available`]).
+#[inline]
+fn all_pass_at<T: Copy + Into<f64>>(
+    level: crate::simd::Level,
+    source: &[T],
+    ok: impl Fn(f64) -> bool,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= crate::simd::Level::Avx512 {
+            // SAFETY: `all_pass_avx512` only requires the CPU features it is compiled with
+            // (`avx512f`, `avx512bw`, `avx512vl`, `avx2`); `level` is `Avx512` only when
+            // `simd::available` confirmed them on this CPU with `is_x86_feature_detected!`.
+            return unsafe { x86::all_pass_avx512(source, ok) };
+        }
+        if level >= crate::simd::Level::Avx2 {
+            // SAFETY: as above, for `avx2`, which `level` `Avx2` confirms.
+            return unsafe { x86::all_pass_avx2(source, ok) };
+        }
+    }
+    let _ = level;
+    all_pass_baseline(source, ok)
+}
+
+/// The body of every [`all_pass`] variant.
+#[inline(always)]
+fn all_pass_baseline<T: Copy + Into<f64>>(source: &[T], ok: impl Fn(f64) -> bool) -> bool {
     source
         .iter()
         .fold(true, |all, &value| all & ok(value.into()))
+}
+
+/// The number of labeled drafts of a step ([`num_labeled`](super::labels::num_labeled) summed
+/// over its requests) if every request's counts are possible ([`counts_valid`]), else `None`:
+/// one branch-free pass on the widest vectors the CPU has (as [`all_pass`]).
+#[inline]
+fn count_labels(num_admitted: &[i64], num_accepted: &[i64], k: usize) -> Option<usize> {
+    count_labels_at(crate::simd::level(), num_admitted, num_accepted, k)
+}
+
+/// [`count_labels`] on the variant for `level` (one this CPU runs).
+#[inline]
+fn count_labels_at(
+    level: crate::simd::Level,
+    num_admitted: &[i64],
+    num_accepted: &[i64],
+    k: usize,
+) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= crate::simd::Level::Avx512 {
+            // SAFETY: as in `all_pass_at`.
+            return unsafe { x86::count_labels_avx512(num_admitted, num_accepted, k) };
+        }
+        if level >= crate::simd::Level::Avx2 {
+            // SAFETY: as in `all_pass_at`.
+            return unsafe { x86::count_labels_avx2(num_admitted, num_accepted, k) };
+        }
+    }
+    let _ = level;
+    count_labels_baseline(num_admitted, num_accepted, k)
+}
+
+/// The body of every [`count_labels`] variant.
+#[inline(always)]
+fn count_labels_baseline(num_admitted: &[i64], num_accepted: &[i64], k: usize) -> Option<usize> {
+    // `num_labeled` without a branch: the accepted drafts, and the first rejection if any.
+    // Wrapping: impossible counts give any sum, and `None`.
+    let (valid, labels) = num_admitted.iter().zip(num_accepted).fold(
+        (true, 0u64),
+        |(valid, labels), (&admitted, &accepted)| {
+            let labeled = (accepted as u64).wrapping_add(u64::from(accepted < admitted));
+            (
+                valid & counts_valid(admitted, accepted, k),
+                labels.wrapping_add(labeled),
+            )
+        },
+    );
+    valid.then_some(labels as usize)
+}
+
+/// The checks compiled for AVX2 and AVX-512 (the same code, wider vectors).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    crate::simd::wide_variants! {
+        fn all_pass_avx2 / all_pass_avx512 [T: Copy + Into<f64>] (
+            source: &[T],
+            ok: impl Fn(f64) -> bool,
+        ) -> bool {
+            super::all_pass_baseline(source, ok)
+        }
+
+        fn count_labels_avx2 / count_labels_avx512 [] (
+            admitted: &[i64],
+            accepted: &[i64],
+            k: usize,
+        ) -> Option<usize> {
+            super::count_labels_baseline(admitted, accepted, k)
+        }
+    }
 }
 
 /// Fails on the first given prediction outside `[0, 1]` (or NaN).
@@ -128,58 +236,72 @@ impl Common {
         ))
     }
 
-    /// One step's histograms over `binning`'s bins with the bitmap of the occupied bins, every
-    /// argument checked (`predictions` are checked, and not used: the map fit recomputes every
-    /// probability).
+    /// One step's histograms over `binning`'s bins, every argument checked (`predictions` are
+    /// checked, and not used: the map fit recomputes every probability), built in `scratch`,
+    /// which must be empty ([`StepHistogram::clear`]; the caller clears it after use, on an
+    /// error too).
     pub(super) fn step_bins<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         &self,
         step: Step<'_, T, P>,
         binning: &Binning,
-    ) -> Result<StepHistogram> {
+        scratch: &mut StepScratch,
+    ) -> Result<()> {
         let k = self.config.num_positions;
-        let counts = self.checked_counts(step)?;
+        self.check_shapes(step)?;
         self.check_given_predictions(step)?;
+        let Some(labels) = count_labels(step.num_admitted, step.num_accepted, k) else {
+            return Err(count_culprit(step, k));
+        };
+        let StepScratch {
+            histogram,
+            bin_of,
+            offset_of,
+        } = scratch;
+        let features = step.features.data();
+        if labels.saturating_mul(SPARSE_RATIO) <= features.len() {
+            // Few drafts labeled: one vectorized check of every feature, then the labeled ones
+            // located one by one (and checked again as they are read, so that no value the
+            // check did not pass is binned). The same bins and offsets as the pass below: both
+            // locate with `Binning::locate_branch_free`.
+            let finite = all_pass(features, f64::is_finite)
+                && histogram.locate_rows(binning, features, step.num_admitted, step.num_accepted);
+            if !finite {
+                return Err(self.culprit(step, "features"));
+            }
+            return Ok(());
+        }
         // One read of each feature: every one is checked, and the labeled ones are binned from
         // the same read (a buffer another thread rewrites meanwhile can fail the call, never
         // get an unchecked value in). Blocks of whole rows: a vectorized pass locates every
         // feature of the block, then the labeled ones are added.
-        let bins = binning.bins();
-        let mut histogram = StepHistogram::new(k, bins);
         let mut finite = true;
         let rows_per_block = (LOCATE_BLOCK / k).max(1);
-        let (mut bin_of, mut offset_of) = ([0u32; LOCATE_BLOCK], [0u64; LOCATE_BLOCK]);
-        for (block, block_counts) in step
-            .features
-            .data()
+        for ((block, admitted), accepted) in features
             .chunks(rows_per_block * k)
-            .zip(counts.chunks(rows_per_block))
+            .zip(step.num_admitted.chunks(rows_per_block))
+            .zip(step.num_accepted.chunks(rows_per_block))
         {
-            finite &= binning.locate_all(block, &mut bin_of, &mut offset_of);
-            for (row, &(admitted, accepted)) in block_counts.iter().enumerate() {
-                // The labeled drafts: the accepted ones, then the first rejection. The counts
-                // are valid, so `labeled ≤ k`; `min` keeps the slices in range regardless.
-                let labeled = num_labeled(admitted, accepted).min(k);
-                let start = row * k;
-                let located = bin_of[start..start + labeled]
-                    .iter()
-                    .zip(&offset_of[start..start + labeled]);
-                for (position, (&bin, &offset)) in located.enumerate() {
-                    histogram.add(position * bins + bin as usize, position < accepted, offset);
-                }
-            }
+            finite &= binning.locate_all(block, bin_of, offset_of);
+            let located = block.len();
+            histogram.add_rows(
+                &bin_of[..located],
+                &offset_of[..located],
+                admitted,
+                accepted,
+            );
         }
         if !finite {
             return Err(self.culprit(step, "features"));
         }
-        Ok(histogram)
+        Ok(())
     }
 
-    /// Shapes and counts of one step, validated (the culprit named in the order predictions,
-    /// features, counts when a count is wrong).
-    fn checked_counts<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+    /// The shapes of one step: `features` `[R, K]`, `R` counts each, `predictions` (if given)
+    /// `[R, K]`.
+    fn check_shapes<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         &self,
         step: Step<'_, T, P>,
-    ) -> Result<Vec<(usize, usize)>> {
+    ) -> Result<()> {
         let k = self.config.num_positions;
         let Step {
             features,
@@ -211,26 +333,76 @@ impl Common {
             predictions.expect_cols("predictions", k)?;
             predictions.expect_rows("predictions", rows)?;
         }
+        Ok(())
+    }
+
+    /// Shapes and counts of one step, validated (the culprit named in the order predictions,
+    /// features, counts when a count is wrong).
+    fn checked_counts<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+        &self,
+        step: Step<'_, T, P>,
+    ) -> Result<Vec<(usize, usize)>> {
+        let k = self.config.num_positions;
+        self.check_shapes(step)?;
         // One branch-free pass per input; the searches that name a culprit (in the order:
         // predictions, features, counts) run only on failure.
         let mut valid = true;
-        let counts: Vec<(usize, usize)> = num_admitted
+        let counts: Vec<(usize, usize)> = step
+            .num_admitted
             .iter()
-            .zip(num_accepted)
+            .zip(step.num_accepted)
             .map(|(&admitted, &accepted)| {
-                valid &= (0 <= accepted) & (accepted <= admitted) & (admitted <= k as i64);
+                valid &= counts_valid(admitted, accepted, k);
                 (admitted as usize, accepted as usize)
             })
             .collect();
         if !valid {
-            check_predictions(predictions)?;
-            check_features(features.data())?;
-            for row in 0..rows {
-                validate_counts(row, num_admitted[row], num_accepted[row], k)?;
-            }
-            return Err(changed_while_read("num_admitted"));
+            return Err(count_culprit(step, k));
         }
         Ok(counts)
+    }
+}
+
+/// The error of a step with an impossible count: the first bad prediction, else the first bad
+/// feature, else the first bad count (the order the checks name culprits in), else, when a
+/// second read finds none, that the counts changed while the call read them.
+fn count_culprit<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+    step: Step<'_, T, P>,
+    k: usize,
+) -> Error {
+    let named = check_predictions(step.predictions)
+        .and_then(|()| check_features(step.features.data()))
+        .and_then(|()| {
+            let counts = step.num_admitted.iter().zip(step.num_accepted);
+            for (row, (&admitted, &accepted)) in counts.enumerate() {
+                validate_counts(row, admitted, accepted, k)?;
+            }
+            Ok(())
+        });
+    named
+        .err()
+        .unwrap_or_else(|| changed_while_read("num_admitted"))
+}
+
+/// What observe's binning writes into: the step's histograms, and the bins and offsets of one
+/// block of located features. The map update keeps one between calls, so that a step neither
+/// allocates nor zero-fills the `K × B` bins (about 12 KB at the defaults).
+#[derive(Debug)]
+pub(super) struct StepScratch {
+    /// The step's histograms (empty between uses).
+    pub(super) histogram: StepHistogram,
+    bin_of: Vec<u32>,
+    offset_of: Vec<u64>,
+}
+
+impl StepScratch {
+    /// An empty scratch for `num_positions` positions of `bins` bins.
+    pub(super) fn new(num_positions: usize, bins: usize) -> Self {
+        StepScratch {
+            histogram: StepHistogram::new(num_positions, bins),
+            bin_of: vec![0; LOCATE_BLOCK],
+            offset_of: vec![0; LOCATE_BLOCK],
+        }
     }
 }
 
@@ -303,9 +475,9 @@ impl AcceptanceEstimator {
             predictions,
         };
         let binning = Binning::new(config.max_log_odds, config.bins);
-        self.common
-            .step_bins(step, &binning)
-            .map(StepHistogram::into_stats)
+        let mut scratch = StepScratch::new(config.num_positions, config.bins);
+        self.common.step_bins(step, &binning, &mut scratch)?;
+        Ok(scratch.histogram.into_stats())
     }
 
     /// Folds one decode step of verdicts into the round (see [`step_stats`](Self::step_stats)
@@ -391,5 +563,74 @@ impl AcceptanceEstimator {
             predictions,
         };
         dispatch!(&self.rule, rule => rule.observe(&self.common, step, false)).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::labels::num_labeled;
+    use crate::test_rng::XorShift;
+
+    #[test]
+    fn every_vector_unit_checks_like_one_value_at_a_time() {
+        // The vectorized checks against a plain loop, on every vector unit this CPU has, for
+        // lengths around the vector widths, with one bad value (or none) at every place.
+        let mut rng = XorShift::new(31);
+        let bad_values = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -1e-300,
+            1.0 + 1e-12,
+        ];
+        for level in crate::simd::available() {
+            for len in [0, 1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100] {
+                let good: Vec<f64> = (0..len).map(|_| rng.unit_f64()).collect();
+                for place in 0..=len {
+                    for &bad in &bad_values {
+                        let mut xs = good.clone();
+                        if place < len {
+                            xs[place] = bad;
+                        }
+                        let xs32: Vec<f32> = xs.iter().map(|&x| x as f32).collect();
+                        let finite = |x: f64| x.is_finite();
+                        let unit = |p: f64| (0.0..=1.0).contains(&p);
+                        for ok in [&finite as &dyn Fn(f64) -> bool, &unit] {
+                            let plain = xs.iter().all(|&x| ok(x));
+                            assert_eq!(all_pass_at(level, &xs, ok), plain, "{level:?} {xs:?}");
+                            let plain32 = xs32.iter().all(|&x| ok(f64::from(x)));
+                            assert_eq!(all_pass_at(level, &xs32, ok), plain32, "{level:?}");
+                        }
+                    }
+                }
+                // Counts: every kind of impossible pair at every place.
+                let k = 8usize;
+                let admitted: Vec<i64> = (0..len).map(|_| (rng.next_u64() % 9) as i64).collect();
+                let accepted: Vec<i64> = admitted
+                    .iter()
+                    .map(|&a| (rng.next_u64() % (a as u64 + 1)) as i64)
+                    .collect();
+                let labels: usize = admitted
+                    .iter()
+                    .zip(&accepted)
+                    .map(|(&a, &c)| num_labeled(a as usize, c as usize))
+                    .sum();
+                assert_eq!(
+                    count_labels_at(level, &admitted, &accepted, k),
+                    Some(labels)
+                );
+                let bad_pairs = [(-1, 0), (3, -1), (2, 3), (9, 1), (i64::MIN, i64::MIN)];
+                for place in 0..len {
+                    for (bad_admitted, bad_accepted) in bad_pairs {
+                        let (mut ad, mut ac) = (admitted.clone(), accepted.clone());
+                        ad[place] = bad_admitted;
+                        ac[place] = bad_accepted;
+                        let counted = count_labels_at(level, &ad, &ac, k);
+                        assert_eq!(counted, None, "{level:?} {place}");
+                    }
+                }
+            }
+        }
     }
 }

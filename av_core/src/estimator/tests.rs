@@ -7,6 +7,7 @@ use super::memory::Memory;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod drift_test;
+mod hot_paths;
 mod memory_model;
 mod newton_system;
 
@@ -313,15 +314,27 @@ fn bad_round_stats_are_refused_and_change_nothing() {
 
 #[test]
 fn threads_give_the_serial_bits() {
+    // Both rules; the map rule without scheduled fits, whose coefficients depend on which
+    // steps the round holds when they run (the open round itself does not).
     let k = 4;
     let batches: Vec<_> = (0..64).map(|s| workload(s, 16, k)).collect();
-    let serial =
-        AcceptanceEstimator::new(EstimatorConfig::new(k).with_update(Update::Vllm)).unwrap();
-    for (f, ad, ac) in &batches {
+    let mut map = EstimatorConfig::new(k).with_update(Update::Map);
+    map.refit_interval = None;
+    for config in [EstimatorConfig::new(k).with_update(Update::Vllm), map] {
+        threads_give_the_serial_bits_of(config, &batches);
+    }
+}
+
+fn threads_give_the_serial_bits_of(
+    config: EstimatorConfig,
+    batches: &[(Vec<f32>, Vec<i64>, Vec<i64>)],
+) {
+    let k = config.num_positions;
+    let serial = AcceptanceEstimator::new(config.clone()).unwrap();
+    for (f, ad, ac) in batches {
         serial.observe(view(f, k), ad, ac, NO_PREDICTIONS).unwrap();
     }
-    let parallel =
-        AcceptanceEstimator::new(EstimatorConfig::new(k).with_update(Update::Vllm)).unwrap();
+    let parallel = AcceptanceEstimator::new(config).unwrap();
     std::thread::scope(|scope| {
         for chunk in batches.chunks(16) {
             let parallel = &parallel;

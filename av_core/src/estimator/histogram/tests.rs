@@ -220,3 +220,76 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_step_histogram_lists_its_occupied_bins_and_clears_to_empty() {
+    // A reused step histogram against the column histograms built draft by draft: the same
+    // sums, the occupied bins each listed once (the bins with a count, found by a scan here),
+    // and after `clear` nothing left, over several layouts (the last bin included).
+    let mut rng = XorShift::new(23);
+    for (k, bins) in [(1, 1), (3, 7), (2, 64), (8, 64), (5, 113)] {
+        let binning = Binning::new(40.0, bins);
+        let mut step = StepHistogram::new(k, bins);
+        for round in 0..4 {
+            let mut expected = HistogramStats::new(k, bins);
+            // Sparse and dense rounds, the last bin of the last position included.
+            let drafts = [3, 40, 500, 1][round];
+            for i in 0..drafts {
+                let position = (rng.next_u64() % k as u64) as usize;
+                let x = if i == 0 {
+                    40.0
+                } else {
+                    rng.unit_f64() * 100.0 - 50.0
+                };
+                let position = if i == 0 { k - 1 } else { position };
+                let accepted = rng.next_u64() & 1 == 1;
+                let (bin, offset) = binning.locate(x);
+                step.add(position * bins + bin, accepted, offset);
+                expected.add_observation(&binning, position, x, accepted);
+            }
+            let scanned: Vec<usize> = (0..k * bins).filter(|&i| expected.count[i] > 0).collect();
+            let mut listed: Vec<usize> = step.occupied().collect();
+            listed.sort_unstable();
+            assert_eq!(listed, scanned, "{k}x{bins}");
+            for &index in &scanned {
+                let sums = [
+                    expected.count[index],
+                    expected.accepted[index],
+                    expected.x_sum[index],
+                ];
+                assert_eq!(step.sums(index), sums);
+            }
+            assert_eq!(step.clone().into_stats(), expected);
+            step.clear();
+            assert_eq!(step.occupied().count(), 0, "{k}x{bins}");
+            assert_eq!(step.clone().into_stats(), HistogramStats::new(k, bins));
+            assert!((0..k * bins).all(|i| step.sums(i) == [0; 3]), "{k}x{bins}");
+        }
+    }
+}
+
+#[test]
+fn a_step_refused_at_the_bound_names_its_first_full_bin_whatever_the_order_it_was_built_in() {
+    // Bins 1 and 2 of 4 are full; the step reaches them in descending order (bin 2 first): the
+    // error names bin 1, the first in (k, b) order, and the open round keeps nothing of it.
+    let binning = Binning::new(40.0, 4);
+    let x_of = |bin: usize| -40.0 + 20.0 * bin as f64 + 1.0;
+    let acc = HistogramAccumulator::new(1, 4);
+    let mut full = HistogramStats::new(1, 4);
+    for bin in [1, 2] {
+        full.add_observation(&binning, 0, x_of(bin), false);
+        full.count[bin] = MAX_BIN_COUNT;
+        full.x_sum[bin] *= MAX_BIN_COUNT;
+    }
+    acc.try_add(&full).unwrap();
+    let mut step = StepHistogram::new(1, 4);
+    for bin in [3, 2, 1, 0] {
+        let (b, offset) = binning.locate(x_of(bin));
+        step.add(b, true, offset);
+    }
+    assert_eq!(step.occupied().collect::<Vec<_>>(), [3, 2, 1, 0]);
+    assert_eq!(acc.try_add_step(&step), Err((0, 1)));
+    let mut round = HistogramStats::new(1, 4);
+    acc.drain_into(&mut round);
+    assert_eq!(round, full, "the refused add left something behind");
+}

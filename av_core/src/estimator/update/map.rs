@@ -14,6 +14,7 @@ use crate::estimator::histogram::{
 };
 use crate::estimator::map::{self as fit, FitBins, Prior};
 use crate::estimator::memory::chi_square_quantile;
+use crate::estimator::observe::StepScratch;
 use crate::estimator::refit::NewtonStep;
 use crate::estimator::{Common, EstimatorConfig};
 use crate::sync::{Mutex, MutexGuard};
@@ -27,6 +28,9 @@ pub(in crate::estimator) struct MapUpdate {
     prior: Prior,
     /// What refits change, behind the refit lock.
     fit: Mutex<Fit>,
+    /// Where observe bins a step (empty between calls; a thread that finds it taken bins into
+    /// a new one).
+    scratch: Mutex<StepScratch>,
 }
 
 /// The map update's state under the refit lock.
@@ -277,10 +281,25 @@ impl UpdateRule for MapUpdate {
         step: Step<'_, T, P>,
         count_step: bool,
     ) -> Result<bool> {
-        let histogram = common.step_bins(step, &self.binning)?;
-        self.histogram
-            .try_add_step(&histogram)
-            .map_err(|at| bin_full("num_admitted", at))?;
+        // The kept scratch, or a new one while another thread bins its step in it.
+        let (mut kept, mut own) = (self.scratch.try_lock().ok(), None);
+        let scratch = match kept.as_deref_mut() {
+            Some(scratch) => scratch,
+            None => own.insert(StepScratch::new(
+                common.config.num_positions,
+                common.config.bins,
+            )),
+        };
+        let added = common
+            .step_bins(step, &self.binning, scratch)
+            .and_then(|()| {
+                self.histogram
+                    .try_add_step(&scratch.histogram)
+                    .map_err(|at| bin_full("num_admitted", at))
+            });
+        scratch.histogram.clear();
+        drop(kept);
+        added?;
         Ok(count_step && common.count_step(self))
     }
 
@@ -377,6 +396,12 @@ impl UpdateRule for MapUpdate {
 }
 
 impl MapUpdate {
+    /// The scratch observe bins into (for tests that hold it, as another caller would).
+    #[cfg(test)]
+    pub(in crate::estimator) fn scratch(&self) -> &Mutex<StepScratch> {
+        &self.scratch
+    }
+
     fn assemble(config: &EstimatorConfig, fit: Fit) -> Self {
         let k = config.num_positions;
         MapUpdate {
@@ -389,6 +414,7 @@ impl MapUpdate {
                 config.init_intercept,
             ),
             fit: Mutex::new(fit),
+            scratch: Mutex::new(StepScratch::new(k, config.bins)),
         }
     }
 }
