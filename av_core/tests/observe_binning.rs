@@ -118,6 +118,31 @@ fn counts(rng: &mut Rng, rows: usize, k: usize, pattern: u64) -> (Vec<i64>, Vec<
         .unzip()
 }
 
+/// `features` (`[R, K]`) with counts `step` through `step_histogram`, and through `observe` into
+/// the open round of a fresh estimator of `K` positions and `B` bins over `±L`: both `expected`.
+fn check<T: Copy + Into<f64>>(
+    features: &[T],
+    (k, bins, limit): (usize, usize, f64),
+    (admitted, accepted): (&[i64], &[i64]),
+    expected: &HistogramStats,
+    what: &str,
+) {
+    let est = manual_map(k, bins, limit);
+    let view = MatrixView::new("features", features, features.len() / k, k).unwrap();
+    let got = est
+        .step_histogram(view, admitted, accepted, NO_PREDICTIONS)
+        .unwrap();
+    assert_eq!(&got, expected, "{what}: step_histogram");
+    est.observe(view, admitted, accepted, NO_PREDICTIONS)
+        .unwrap();
+    let state = est.state();
+    assert_eq!(
+        &state.update.as_map().unwrap().round,
+        expected,
+        "{what}: observe"
+    );
+}
+
 #[test]
 fn adversarial_features_bin_as_the_documented_rule_on_every_path() {
     let mut rng = Rng(0x5DEE_CE66_D1CE_5EED);
@@ -139,30 +164,11 @@ fn adversarial_features_bin_as_the_documented_rule_on_every_path() {
                     .collect();
                 let widened: Vec<f64> = narrow.iter().map(|&x| f64::from(x)).collect();
                 let what = format!("K = {k}, B = {bins}, L = {limit}, counts {pattern}");
-                // f64 and f32 features; each through step_histogram and observe's open round.
                 let expected = reference(k, bins, limit, &features, &admitted, &accepted);
-                let est = manual_map(k, bins, limit);
-                let view = MatrixView::new("features", &features, rows, k).unwrap();
-                let got = est
-                    .step_histogram(view, &admitted, &accepted, NO_PREDICTIONS)
-                    .unwrap();
-                assert_eq!(got, expected, "{what}, f64");
-                est.observe(view, &admitted, &accepted, NO_PREDICTIONS)
-                    .unwrap();
-                let round = est.state().update.as_map().unwrap().round.clone();
-                assert_eq!(round, expected, "{what}, f64 observe");
-
+                let (layout, step) = ((k, bins, limit), (&admitted[..], &accepted[..]));
+                check(&features, layout, step, &expected, &format!("{what}, f64"));
                 let expected = reference(k, bins, limit, &widened, &admitted, &accepted);
-                let est = manual_map(k, bins, limit);
-                let view = MatrixView::new("features", &narrow, rows, k).unwrap();
-                let got = est
-                    .step_histogram(view, &admitted, &accepted, NO_PREDICTIONS)
-                    .unwrap();
-                assert_eq!(got, expected, "{what}, f32");
-                est.observe(view, &admitted, &accepted, NO_PREDICTIONS)
-                    .unwrap();
-                let round = est.state().update.as_map().unwrap().round.clone();
-                assert_eq!(round, expected, "{what}, f32 observe");
+                check(&narrow, layout, step, &expected, &format!("{what}, f32"));
             }
         }
     }
