@@ -573,6 +573,30 @@ pub(crate) fn exact_scan(sorted: &[f64], s: f64, draft_ms: f64, verify: &[f64]) 
     best.finish()
 }
 
+/// [`exact_scan`] over the first `verify.len() - 1` values `sorted` yields (descending): the
+/// same sums, in the same order, and the same comparisons as over a slice of them.
+pub(crate) fn exact_scan_of(
+    sorted: impl Iterator<Item = f64>,
+    s: f64,
+    draft_ms: f64,
+    verify: &[f64],
+) -> Budget {
+    let mut best = Best::start(s, draft_ms + verify[0]);
+    let mut cumulative = 0.0f64;
+    for ((b, v), &verify_b) in (1..).zip(sorted).zip(&verify[1..]) {
+        cumulative += v;
+        let e = s + cumulative;
+        let c = draft_ms + verify_b;
+        if beats(e, c, best.e, best.c) {
+            best.budget = b;
+            best.e = e;
+            best.c = c;
+            best.threshold = v;
+        }
+    }
+    best.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

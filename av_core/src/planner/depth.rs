@@ -31,7 +31,7 @@
 //! rule (`av_core.testing` checks the composition exactly).
 
 use super::budget::{
-    beats, best_budget, bounds, bucket_map, is_small, may_reach, search, Bounds, Budget,
+    beats, bounds, bucket_map, exact_scan_of, is_small, may_reach, search, Bounds, Budget,
     BudgetBuffers, Drafts, Histogram, StepCosts,
 };
 use super::order::Survivals;
@@ -99,6 +99,8 @@ pub(crate) struct DepthBuffers {
     costs_by_depth: Vec<(usize, f64)>,
     pass_fractions: Vec<f64>,
     shapes: Vec<Shape>,
+    /// Every capped slot of a small batch decision: its survival's bits and its position.
+    ranked: Vec<(u64, u32)>,
 }
 
 /// A candidate depth of the batch decision: its drafts, largest budget, drafting cost and
@@ -120,21 +122,21 @@ struct Slot {
 }
 
 /// The drafts and drafting cost of every depth `0..=deepest` for requests capped at `caps`
-/// (depth `d` drafts `min(d, caps[r])` per request), into `out[d]`. Pass `j` runs over the
+/// (depth `d` drafts `min(d, caps[r])` per request; `cap_counts[n]` requests are capped at `n`),
+/// into `out[d]`. Pass `j` runs over the
 /// `R_j` requests with `caps[r] ≥ j`, so the costs are prefix sums over `j` — the same sums, in
-/// the same order, as [`CostTables::step_draft_cost_ms`] of each depth's counts.
+/// the same order, as [`CostTables::step_draft_cost_ms`] of each depth's counts. Leaves `R_j` in
+/// `rows_at_least[j]` for `1 ≤ j ≤ deepest`.
 fn depth_costs(
-    caps: &[usize],
+    cap_counts: &[usize],
     deepest: usize,
     tables: &CostTables,
     rows_at_least: &mut Vec<usize>,
     out: &mut Vec<(usize, f64)>,
 ) {
     rows_at_least.clear();
-    rows_at_least.resize(deepest + 2, 0);
-    for &cap in caps {
-        rows_at_least[cap] += 1;
-    }
+    rows_at_least.extend_from_slice(&cap_counts[..=deepest]);
+    rows_at_least.push(0);
     for j in (1..=deepest).rev() {
         rows_at_least[j] += rows_at_least[j + 1];
     }
@@ -160,18 +162,20 @@ fn fill_scheduled(d: usize, caps: &[usize], scheduled: &mut Vec<usize>) {
 }
 
 /// What a drafting-depth decision is asked: rows of `cols` positions, row `r` capped at
-/// `caps[r]` positions, in this step, priced by these tables.
+/// `caps[r]` positions (`cap_counts[n]` rows at `n`, for `n` in `0..=cols`), in this step,
+/// priced by these tables.
 #[derive(Clone, Copy)]
 pub(crate) struct DepthRequest<'a> {
     pub(crate) cols: usize,
     pub(crate) caps: &'a [usize],
+    pub(crate) cap_counts: &'a [usize],
     pub(crate) step: &'a StepTokens,
     pub(crate) tables: &'a CostTables,
 }
 
 /// Batch mode over `survivals` for `request`; writes `depths`.
 pub(crate) fn batch_depth(
-    survivals: &mut Survivals,
+    survivals: &Survivals,
     request: DepthRequest<'_>,
     buffers: &mut DepthBuffers,
     budget_buffers: &mut BudgetBuffers,
@@ -180,6 +184,7 @@ pub(crate) fn batch_depth(
     let DepthRequest {
         cols,
         caps,
+        cap_counts,
         step,
         tables,
     } = request;
@@ -202,9 +207,10 @@ pub(crate) fn batch_depth(
         full_sums,
         costs_by_depth,
         shapes,
+        ranked,
         ..
     } = buffers;
-    depth_costs(caps, deepest, tables, counts, costs_by_depth);
+    depth_costs(cap_counts, deepest, tables, counts, costs_by_depth);
     let limit_of = |drafts: usize| step.max_draft_budget.map_or(drafts, |cap| cap.min(drafts));
     // Keeps the best ratio, and among equal ratios the smallest depth (in whatever order the
     // depths are offered).
@@ -226,26 +232,26 @@ pub(crate) fn batch_depth(
     };
 
     if deepest == 0 || is_small(survivals, survivals.count) {
-        // Few slots: search every depth from scratch.
-        for (d, &(drafts, draft_ms)) in costs_by_depth.iter().enumerate().skip(1) {
-            let limit = limit_of(drafts);
-            fill_scheduled(d, caps, scheduled);
-            survivals.recount(cols, scheduled);
-            let among = Drafts {
-                survivals,
-                cols,
-                scheduled,
-            };
-            let costs = StepCosts {
-                s,
-                draft_ms,
-                verify: &verify[t..=t + limit],
-                verify_nondecreasing: nondecreasing,
-            };
-            let chosen = best_budget(among, costs, budget_buffers);
-            offer(&mut best, d, drafts, draft_ms, chosen);
+        // Few slots, or all equal: every depth is scanned exactly, in descending order. Depth
+        // `d`'s slots are the capped slots at positions `< d`, so one sort of all capped slots
+        // serves every depth: depth `d` scans the sorted slots of position `< d`, the values it
+        // would sort on its own in the same order (equal values are interchangeable: the same
+        // sums, the same first maximum and threshold).
+        ranked.clear();
+        for (row, &cap) in survivals.values.chunks_exact(cols.max(1)).zip(caps.iter()) {
+            ranked.extend((0..).zip(&row[..cap]).map(|(j, &v)| (v.to_bits(), j)));
         }
-        survivals.recount(cols, caps);
+        // Survivals are never negative nor NaN: their bit patterns order as their values.
+        ranked.sort_unstable_by_key(|&(bits, _)| std::cmp::Reverse(bits));
+        for (d, &(drafts, draft_ms)) in (1u32..).zip(&costs_by_depth[1..]) {
+            let limit = limit_of(drafts);
+            let sorted = ranked
+                .iter()
+                .filter(|&&(_, j)| j < d)
+                .map(|&(bits, _)| f64::from_bits(bits));
+            let chosen = exact_scan_of(sorted, s, draft_ms, &verify[t..=t + limit]);
+            offer(&mut best, d as usize, drafts, draft_ms, chosen);
+        }
     } else {
         // One bucket map for every depth and a histogram grown one position at a time
         // (depth `d` adds the slots at `d - 1`), kept per depth. Pass 1: each depth's floor
@@ -278,24 +284,31 @@ pub(crate) fn batch_depth(
             // Column `d - 1`, request by request: slot `r·cols + d - 1`.
             let values = &survivals.values[..];
             debug_assert!(indices.len() == caps.len() * cols && values.len() == indices.len());
-            let mut slot = d - 1;
-            for &cap in caps {
-                if cap >= d {
-                    // SAFETY: `slot = r·cols + d - 1` for the row `r < caps.len()` of this
-                    // iteration and `1 <= d <= deepest <= cols` (no cap exceeds `cols`), so it
-                    // is below `caps.len()·cols`, the length of `indices` (one bucket per slot
-                    // of every row) and of `values` (whole rows). `indices` was just filled by
-                    // `map.indices`, and `map.bucket` returns at most
-                    // `map.len() - 1 == buckets - 1` for any value (values are clamped into the
-                    // map's range), so `b` is in bounds of `hist` and `hist_sums`, both
-                    // `buckets` long.
-                    unsafe {
-                        let b = *indices.get_unchecked(slot) as usize;
-                        *hist.get_unchecked_mut(b) += 1;
-                        *hist_sums.get_unchecked_mut(b) += *values.get_unchecked(slot);
+            let mut add = |slot: usize| {
+                // SAFETY: `add` gets only `slot = r·cols + d - 1` for a row `r < caps.len()`
+                // and `1 <= d <= deepest <= cols` (no cap exceeds `cols`), so it is below
+                // `caps.len()·cols`, the length of `indices` (one bucket per slot of every row)
+                // and of `values` (whole rows). `indices` was just filled by `map.indices`, and
+                // `map.bucket` returns at most `map.len() - 1 == buckets - 1` for any value
+                // (values are clamped into the map's range), so `b` is in bounds of `hist` and
+                // `hist_sums`, both `buckets` long.
+                unsafe {
+                    let b = *indices.get_unchecked(slot) as usize;
+                    *hist.get_unchecked_mut(b) += 1;
+                    *hist_sums.get_unchecked_mut(b) += *values.get_unchecked(slot);
+                }
+            };
+            // `counts[d]` rows draft position `d - 1`: when that is every row, no cap is read.
+            if counts[d] == caps.len() {
+                for r in 0..caps.len() {
+                    add(r * cols + d - 1);
+                }
+            } else {
+                for (r, &cap) in caps.iter().enumerate() {
+                    if cap >= d {
+                        add(r * cols + d - 1);
                     }
                 }
-                slot += cols;
             }
             let (drafts, draft_ms) = costs_by_depth[d];
             let limit = limit_of(drafts);
@@ -380,6 +393,7 @@ pub(crate) fn per_request_depth(
         caps,
         step,
         tables,
+        ..
     } = request;
     let t = step.num_non_draft_tokens;
     let s = step.num_sampling_requests as f64;

@@ -12,6 +12,7 @@ use std::cell::RefCell;
 
 use super::assignment::{self, AssignBuffers};
 use super::budget::{self, BudgetBuffers};
+use super::counting;
 use super::depth::{self, DepthBuffers, DepthMode, DepthPlan};
 use super::order::Survivals;
 use super::{StepTokens, VerificationPlan};
@@ -291,6 +292,7 @@ impl Engine {
         let request = depth::DepthRequest {
             cols,
             caps: &self.scheduled,
+            cap_counts: &self.draft_counts,
             step,
             tables,
         };
@@ -434,15 +436,20 @@ fn check_counts(
             ),
         ));
     }
-    // One branch-free pass finds whether every count is in range (as unsigned, a negative count
-    // is huge); the first one out of range is looked for only when one is.
-    let largest = counts.iter().fold(0u64, |m, &n| m.max(n as u64));
-    if largest > cols as u64 {
+    // One branch-free pass finds whether every count is in range; the first one out of range
+    // is looked for only when one is. For `0 <= n <= cols`, `n - (cols + 1)` wraps (its top bit
+    // is set) and so is the top bit of `!n`; a larger `n` clears the first, a negative `n` the
+    // second. (Plain additions and masks: no 64-bit compare, which baseline x86-64 lacks.)
+    let bound = cols as u64 + 1;
+    let in_range = counts.iter().fold(u64::MAX, |all, &n| {
+        all & (n as u64).wrapping_sub(bound) & !(n as u64)
+    });
+    if in_range >> 63 == 0 {
         let (r, n) = counts
             .iter()
             .enumerate()
             .find(|&(_, &n)| n < 0 || n as u64 > cols as u64)
-            .map_or((0, largest as i64), |(r, &n)| (r, n));
+            .map_or((0, 0), |(r, &n)| (r, n));
         return Err(Error::value(
             argument,
             format!("[{r}] = {n} is outside 0..={cols} (confidences has {cols} positions)"),
@@ -450,16 +457,9 @@ fn check_counts(
     }
     out.clear();
     out.extend(counts.iter().map(|&n| n as usize));
-    histogram.clear();
-    histogram.resize(cols + 1, 0);
-    let mut total = 0usize;
-    for &n in out.iter() {
-        if let Some(count) = histogram.get_mut(n) {
-            *count += 1;
-        }
-        total += n;
-    }
-    Ok(total)
+    // Every count is in `0..=cols` now.
+    counting::tally(out, cols + 1, histogram);
+    Ok(out.iter().sum())
 }
 
 /// The error for the first entry of `matrix` outside `[0, 1]` (call only when one was: if a

@@ -393,3 +393,41 @@ fn a_bad_value_gone_when_read_again_is_a_buffer_changed_error() {
         crate::ErrorKind::Value
     );
 }
+
+/// Every scheduled count in `0..=K` passes the range check and every other one, at either end
+/// of `i64`, is named in the error, wherever it sits among valid counts.
+#[test]
+fn counts_outside_zero_to_k_are_refused_by_value() {
+    let t = tables(vec![0.0; 5], vec![1.0; 64]);
+    let conf = [0.5; 12];
+    let edges = [
+        i64::MIN,
+        i64::MIN + 1,
+        -2,
+        -1,
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        i64::MAX - 1,
+        i64::MAX,
+    ];
+    for n in edges {
+        for at in 0..4 {
+            let mut counts = [3i64; 4];
+            counts[at] = n;
+            let got = choose_draft_budget(view(&conf, 4, 3), &counts, &step(4, 4), &t);
+            if (0..=3).contains(&n) {
+                assert!(got.is_ok(), "{n} at {at}: {got:?}");
+            } else {
+                let err = got.unwrap_err();
+                assert_eq!(err.argument, "scheduled_drafts");
+                assert!(err
+                    .to_string()
+                    .contains(&format!("[{at}] = {n} is outside 0..=3")));
+            }
+        }
+    }
+}

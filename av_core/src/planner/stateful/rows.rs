@@ -36,6 +36,24 @@ pub(super) fn store_rows<T: Copy + Into<f64>, const K: usize>(rows: StoreRows<'_
         current,
     } = rows;
     let data = confidences.data();
+    if let (true, Some(current)) = (K > 0, current) {
+        // After a plan, at a depth known at compile time: rows of `K` (lengths the compiler
+        // sees), and a whole drafted row is a conversion and a copy.
+        let rows = data.chunks_exact(k).zip(current.chunks_exact(k));
+        for ((confidences, current), (&slot, &n)) in rows.zip(slots.iter().zip(scheduled_drafts)) {
+            let at = slot as usize * k;
+            let (previous, survivals) = (&mut previous[at..at + k], &mut survivals[at..at + k]);
+            if n as usize >= k {
+                for (stored, &p) in previous.iter_mut().zip(confidences) {
+                    *stored = p.into();
+                }
+                survivals.copy_from_slice(current);
+            } else {
+                store_row(previous, survivals, confidences, Some(current), n as usize);
+            }
+        }
+        return;
+    }
     for (r, (&slot, &n)) in slots.iter().zip(scheduled_drafts).enumerate() {
         let (at, n) = (slot as usize * k, n as usize);
         let row = Row {
