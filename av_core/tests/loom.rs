@@ -197,3 +197,45 @@ fn contended_observes_keep_the_serial_map_schedule() {
         );
     });
 }
+
+/// One map step of one request at `x`: its only draft labeled, accepted or not.
+fn one_draft(estimator: &AcceptanceEstimator, x: f32, accepted: bool) {
+    let features = MatrixView::new("features", std::slice::from_ref(&x), 1, 1).unwrap();
+    estimator
+        .observe(
+            features,
+            &[1],
+            &[i64::from(accepted)],
+            None::<MatrixView<'_, f32>>,
+        )
+        .unwrap();
+}
+
+#[test]
+fn racing_map_observes_bin_in_the_kept_scratch_or_their_own() {
+    // map observe bins into the scratch the estimator keeps, or into a new one while another
+    // caller holds it: under every interleaving both steps land whole, and the kept scratch is
+    // left empty (a later step adds exactly its own draft).
+    model(|| {
+        let mut config = EstimatorConfig::map(1);
+        config.bins = 2;
+        config.refit_interval = None;
+        let estimator = Arc::new(AcceptanceEstimator::new(config).unwrap());
+        let other = {
+            let estimator = Arc::clone(&estimator);
+            thread::spawn(move || one_draft(&estimator, -1.0, true))
+        };
+        one_draft(&estimator, 1.0, false);
+        other.join().unwrap();
+        one_draft(&estimator, 2.0, true);
+        // Two bins over ±40: x < 0 in bin 0, x ≥ 0 in bin 1.
+        let state = estimator.state();
+        let round = &state.update.as_map().unwrap().round;
+        assert_eq!(
+            (round.count.as_slice(), round.accepted.as_slice()),
+            (&[1, 2][..], &[1, 1][..])
+        );
+        // Offsets `(x + 40) · 2^16`: 39 in bin 0, 41 + 42 in bin 1.
+        assert_eq!(round.x_sum, [39 << 16, 83 << 16]);
+    });
+}
