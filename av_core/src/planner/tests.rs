@@ -216,7 +216,13 @@ fn slots_checked_once_still_reject_every_bad_list() {
     let mut admitted = [0; 2];
     let mut plan = |planner: &mut VerificationPlanner, slots: &[i64]| {
         planner
-            .plan(slots, view(&conf, 2, 2), &[2, 2], &step(2, 2), &mut admitted)
+            .plan(
+                slots,
+                view(&conf, 2, 2),
+                &[2, 2],
+                &step(2, 2),
+                &mut admitted,
+            )
             .map(|_| ())
             .map_err(|e| (e.argument, e.to_string()))
     };
