@@ -85,6 +85,10 @@ pub struct VerificationPlanner {
     /// `marks[slot] == epoch`: the slot was seen in the current call's `slots`.
     marks: Vec<u32>,
     epoch: u32,
+    /// The `slots` of the last call whose check passed (distinct and in range): a call with
+    /// the same slots, such as the plan after the depth decision of its step, is not checked
+    /// again (`num_slots` never changes, so they stay valid).
+    checked: Vec<i64>,
     stamp: u64,
     engine: Engine,
     exploration: Exploration,
@@ -145,6 +149,7 @@ impl VerificationPlanner {
             slot_keys: slot_keys(num_slots),
             marks: vec![0; num_slots],
             epoch: 0,
+            checked: Vec::new(),
             stamp: 0,
             engine: Engine::default(),
             exploration: Exploration::DEFAULT,
@@ -658,8 +663,20 @@ impl VerificationPlanner {
     }
 
     /// Checks that `slots` are distinct and in range, marking each with this call's epoch (so
-    /// a rejected call leaves no trace: the next call counts from a new epoch).
+    /// a rejected call leaves no trace: the next call counts from a new epoch). The slots of
+    /// the last call that passed are kept: the same slots again pass after one comparison.
     fn check_slots(&mut self, slots: &[i64]) -> Result<()> {
+        if self.checked[..] == *slots {
+            return Ok(());
+        }
+        self.check_new_slots(slots)?;
+        self.checked.clear();
+        self.checked.extend_from_slice(slots);
+        Ok(())
+    }
+
+    /// [`Self::check_slots`] for slots not checked before.
+    fn check_new_slots(&mut self, slots: &[i64]) -> Result<()> {
         let num_slots = self.marks.len();
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
@@ -799,6 +816,7 @@ impl Clone for VerificationPlanner {
             slot_keys: self.slot_keys.clone(),
             marks: vec![0; self.marks.len()],
             epoch: 0,
+            checked: Vec::new(),
             // The step count drives the exploration draws, so a copy continues the same sequence.
             stamp: self.stamp,
             engine: Engine::default(),

@@ -206,6 +206,77 @@ fn stateful_planner_remembers_and_rejects_cleanly() {
     );
 }
 
+/// Slots that passed the check pass again after one comparison: every other list of slots is
+/// checked in full, whatever passed before, and a list that failed fails again.
+#[test]
+fn slots_checked_once_still_reject_every_bad_list() {
+    let t = tables(vec![0.0; 5], vec![1.0; 20]);
+    let mut planner = VerificationPlanner::new(t, 4, 2, BudgetSource::Previous).unwrap();
+    let conf = [0.5, 0.25, 0.75, 1.0];
+    let mut admitted = [0; 2];
+    let mut plan = |planner: &mut VerificationPlanner, slots: &[i64]| {
+        planner
+            .plan(
+                slots,
+                view(&conf, 2, 2),
+                &[2, 2],
+                &step(2, 2),
+                &mut admitted,
+            )
+            .map(|_| ())
+            .map_err(|e| (e.argument, e.to_string()))
+    };
+    plan(&mut planner, &[0, 1]).unwrap();
+    plan(&mut planner, &[0, 1]).unwrap();
+    for (bad, message) in [
+        (vec![1i64, 1], "slots: [1] = 1 appears twice"),
+        (vec![0, 4], "slots: [1] = 4 is outside 0..4"),
+        (vec![-1, 0], "slots: [0] = -1 is outside 0..4"),
+    ] {
+        // The same bad list twice in a row (a failed check is not kept), then the good one.
+        for _ in 0..2 {
+            assert_eq!(
+                plan(&mut planner, &bad),
+                Err(("slots", message.to_owned())),
+                "{bad:?}"
+            );
+        }
+        plan(&mut planner, &[0, 1]).unwrap();
+    }
+    // Other slots of the same length pass, and the earlier ones pass again after them.
+    plan(&mut planner, &[3, 2]).unwrap();
+    plan(&mut planner, &[0, 1]).unwrap();
+    // The depth decision shares the check: bad slots after good ones, good after bad.
+    let tables = CostTables::new(vec![0.0, 1.0, 1.0, 1.0, 1.0], vec![1.0; 20])
+        .unwrap()
+        .with_drafter(crate::cost_tables::DrafterKind::Autoregressive, 2)
+        .unwrap();
+    let mut planner = VerificationPlanner::new(tables, 4, 2, BudgetSource::Previous).unwrap();
+    let mut depths = [0; 2];
+    let mut depth = |planner: &mut VerificationPlanner, slots: &[i64]| {
+        planner
+            .choose_draft_depth(slots, &[2, 2], &step(2, 2), DepthMode::Batch, &mut depths)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    depth(&mut planner, &[2, 3]).unwrap();
+    assert_eq!(
+        depth(&mut planner, &[3, 3]),
+        Err("slots: [1] = 3 appears twice".to_owned())
+    );
+    assert_eq!(
+        depth(&mut planner, &[3, 3]),
+        Err("slots: [1] = 3 appears twice".to_owned())
+    );
+    depth(&mut planner, &[2, 3]).unwrap();
+    // A copy checks its own slots.
+    let mut copy = planner.clone();
+    assert_eq!(
+        depth(&mut copy, &[2, 2]),
+        Err("slots: [1] = 2 appears twice".to_owned())
+    );
+}
+
 #[test]
 fn stateful_budget_reads_the_previous_step() {
     // Flat costs: the budget is every draft with a positive sizing survival.
