@@ -493,8 +493,19 @@ pub(crate) struct Bounds {
     pub(crate) ceiling: (f64, f64),
 }
 
-/// [`Bounds`] of the slots counted in `counts` and `sums`, priced with `costs`.
-pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Bounds {
+/// [`Bounds`] of the slots counted in `counts` and `sums`, priced with `costs`; with a
+/// `target` pair, `None` as soon as no budget of them can reach it: then every budget's ratio is
+/// below the target by more than twice [`BOUND_SLACK`], so the ceiling the whole sweep would
+/// give fails [`may_reach`] against the target and against any pair at least as good, and the
+/// floor, below that ceiling, does not beat the target either. The sweep stops early (with
+/// costs that never fall) once the ceiling so far and every later bucket (`E` at most the
+/// largest, costs at least the current bucket's cheapest) fall short.
+pub(crate) fn bounds(
+    counts: &[u32],
+    sums: &[f64],
+    costs: StepCosts<'_>,
+    target: Option<(f64, f64)>,
+) -> Option<Bounds> {
     let StepCosts {
         s,
         draft_ms,
@@ -506,6 +517,18 @@ pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Boun
     let (mut floor, mut ceiling) = (zero, zero);
     let (mut start, mut prefix) = (0usize, 0.0f64);
     let top_e = verify_nondecreasing.then(|| largest_e(s, sums));
+    // Whether a ratio falls short of the target with the slack taken twice.
+    let short = |(e, c): (f64, f64)| {
+        target.is_some_and(|bar| !may_reach((e * (1.0 + BOUND_SLACK), c), bar))
+    };
+    let mut ceiling_short = short(ceiling);
+    if ceiling_short {
+        match top_e {
+            Some(top) if limit > 0 && short((top, draft_ms + verify[1])) => return None,
+            _ if limit == 0 => return None,
+            _ => {}
+        }
+    }
     for (&count, &sum) in counts.iter().zip(sums) {
         if start >= limit {
             break;
@@ -523,11 +546,16 @@ pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Boun
             let c = draft_ms + cheapest;
             if e * ceiling.1 > ceiling.0 * c {
                 ceiling = (e, c);
-            } else if top_e
-                .is_some_and(|top| !may_reach((top, c), ceiling) && !may_reach((top, c), floor))
-            {
-                // No later bucket (E at most `top`, costs at least `c`) raises either bound.
-                break;
+                ceiling_short = short(ceiling);
+            } else if let Some(top) = top_e {
+                if ceiling_short && short((top, c)) {
+                    // Neither the ceiling so far nor any later bucket reaches the target.
+                    return None;
+                }
+                if !may_reach((top, c), ceiling) && !may_reach((top, c), floor) {
+                    // No later bucket (E at most `top`, costs at least `c`) raises either bound.
+                    break;
+                }
             }
             if end <= limit {
                 let c = draft_ms + verify[end];
@@ -538,7 +566,10 @@ pub(crate) fn bounds(counts: &[u32], sums: &[f64], costs: StepCosts<'_>) -> Boun
         }
         start = end;
     }
-    Bounds { floor, ceiling }
+    if ceiling_short {
+        return None;
+    }
+    Some(Bounds { floor, ceiling })
 }
 
 /// An upper bound on `E` at every budget of a histogram: `s` plus the sum of its bucket sums,
@@ -672,6 +703,7 @@ mod tests {
             sloped in any::<bool>(),
             dip in any::<bool>(),
             cap_seed in 0usize..2000,
+            target_scale in prop_oneof![Just(1.0f64), Just(1.0 + 1e-9), Just(1.0 - 1e-9), 0.5f64..2.0],
         ) {
             let conf: Vec<f64> = (0..rows * cols)
                 .map(|i| f64::from(numerators[i % numerators.len()]) / 16.0)
@@ -713,8 +745,24 @@ mod tests {
                 let map = bucket_map(&surv);
                 let (mut indices, mut counts, mut sums) = (Vec::new(), Vec::new(), Vec::new());
                 map.count_and_sum(&surv, cols, &sched, &mut indices, &mut counts, &mut sums);
-                let (e, c) = bounds(&counts, &sums, costs).floor;
+                let whole = bounds(&counts, &sums, costs, None).unwrap();
+                let (e, c) = whole.floor;
                 prop_assert_eq!((e / c).to_bits(), floor_ratio(&counts, &sums, costs).to_bits());
+                // Against a target near the best ratio: the bounds the whole sweep gives, or
+                // `None` only where every budget's ratio falls short of the target.
+                let mut sorted = Vec::new();
+                surv.gather(cols, &sched, &mut sorted);
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                let full = exact_scan(&sorted[..limit], s, f64::from(draft), &verify);
+                let best = full.expected_tokens / (f64::from(draft) + verify[full.budget]);
+                let target = (best * target_scale, 1.0);
+                match bounds(&counts, &sums, costs, Some(target)) {
+                    Some(found) => {
+                        prop_assert_eq!(found.floor, whole.floor);
+                        prop_assert_eq!(found.ceiling, whole.ceiling);
+                    }
+                    None => prop_assert!(best < target.0 * (1.0 - 2e-9), "{best} vs {target:?}"),
+                }
             }
             let mut sorted = Vec::new();
             surv.gather(cols, &sched, &mut sorted);

@@ -112,6 +112,8 @@ struct Shape {
     limit: usize,
     draft_ms: f64,
     bounds: Bounds,
+    /// Where its histogram starts in the depth buffers.
+    histogram: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -253,34 +255,33 @@ pub(crate) fn batch_depth(
             offer(&mut best, d as usize, drafts, draft_ms, chosen);
         }
     } else {
-        // One bucket map for every depth and a histogram grown one position at a time
-        // (depth `d` adds the slots at `d - 1`), kept per depth. Pass 1: each depth's floor
-        // (its best ratio at a bucket boundary, attained by some budget) and ceiling (a bound
-        // no budget of it exceeds), in one O(buckets) sweep. Pass 2: only depths whose ceiling
-        // reaches the best floor (and then the best ratio found) are searched exactly; a
-        // depth it skips is below the answer by more than the bounds' slack, so which depths
-        // it skips cannot change the answer, only the time.
+        // One bucket map for every depth and one histogram grown one position at a time
+        // (depth `d` adds the slots at `d - 1`, slot by slot in row order: each bucket's sum is
+        // formed by the same adds in the same order as a histogram built for depth `d` alone).
+        // Pass 1: each depth's floor (its best ratio at a bucket boundary, attained by some
+        // budget) and ceiling (a bound no budget of it exceeds), in one O(buckets) sweep of the
+        // running histogram, which stops as soon as the depth provably cannot reach the best
+        // floor so far (the target): such a depth is not kept, and its histogram is not
+        // copied. Pass 2: only depths whose ceiling reaches the best floor (and then the best
+        // ratio found) are searched exactly; a depth it skips is below the answer by more than
+        // the bounds' slack, so which depths it skips cannot change the answer, only the time.
         let map = bucket_map(survivals);
         let indices = &mut budget_buffers.indices;
         map.indices(survivals, indices);
         let buckets = map.len();
-        // Every depth's histogram is written below (the first zeroed, each next one copied
-        // from the one before), so the buffers keep their old contents.
-        full_counts.resize(buckets * deepest, 0);
-        full_sums.resize(buckets * deepest, 0.0);
+        // The running histogram sits in the first `buckets` entries, the kept depths'
+        // histograms after it (each written whole when its depth is kept); only the running
+        // one is zeroed here.
+        if full_counts.len() < buckets {
+            full_counts.resize(buckets, 0);
+            full_sums.resize(buckets, 0.0);
+        }
+        full_counts[..buckets].fill(0);
+        full_sums[..buckets].fill(0.0);
         let mut target = (s, verify[t]);
         shapes.clear();
         for d in 1..=deepest {
-            let (done, rest) = full_counts.split_at_mut((d - 1) * buckets);
-            let (done_sums, rest_sums) = full_sums.split_at_mut((d - 1) * buckets);
-            let (hist, hist_sums) = (&mut rest[..buckets], &mut rest_sums[..buckets]);
-            if d > 1 {
-                hist.copy_from_slice(&done[(d - 2) * buckets..]);
-                hist_sums.copy_from_slice(&done_sums[(d - 2) * buckets..]);
-            } else {
-                hist.fill(0);
-                hist_sums.fill(0.0);
-            }
+            let (hist, hist_sums) = (&mut full_counts[..buckets], &mut full_sums[..buckets]);
             // Column `d - 1`, request by request: slot `r·cols + d - 1`.
             let values = &survivals.values[..];
             debug_assert!(indices.len() == caps.len() * cols && values.len() == indices.len());
@@ -318,16 +319,27 @@ pub(crate) fn batch_depth(
                 verify: &verify[t..=t + limit],
                 verify_nondecreasing: nondecreasing,
             };
-            let found = bounds(hist, hist_sums, costs);
+            let Some(found) = bounds(hist, hist_sums, costs, Some(target)) else {
+                continue;
+            };
             if beats(found.floor.0, found.floor.1, target.0, target.1) {
                 target = found.floor;
             }
+            // Kept: its histogram goes to the next free place after the running one.
+            let kept = (shapes.len() + 1) * buckets;
+            full_counts.resize(full_counts.len().max(kept + buckets), 0);
+            full_sums.resize(full_sums.len().max(kept + buckets), 0.0);
+            let (running, rest) = full_counts.split_at_mut(buckets);
+            rest[kept - buckets..kept].copy_from_slice(running);
+            let (running, rest) = full_sums.split_at_mut(buckets);
+            rest[kept - buckets..kept].copy_from_slice(running);
             shapes.push(Shape {
                 depth: d,
                 drafts,
                 limit,
                 draft_ms,
                 bounds: found,
+                histogram: kept,
             });
         }
         // Most promising first: the first exact searches raise the bar the others must reach.
@@ -342,6 +354,7 @@ pub(crate) fn batch_depth(
                 limit,
                 draft_ms,
                 bounds: found,
+                ..
             } = *shape;
             let best_pair = (best.expected_accepted_tokens, best.predicted_cost_ms);
             let bar = if best_pair.0 * target.1 > target.0 * best_pair.1 {
@@ -352,7 +365,7 @@ pub(crate) fn batch_depth(
             if limit == 0 || !may_reach(found.ceiling, bar) {
                 continue;
             }
-            let range = (d - 1) * buckets..d * buckets;
+            let range = shape.histogram..shape.histogram + buckets;
             let costs = StepCosts {
                 s,
                 draft_ms,
