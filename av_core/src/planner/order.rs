@@ -285,33 +285,41 @@ mod wide {
         let block = 4 * cols;
         let mut done = 0;
         for (rows, out) in data.chunks_exact(block).zip(values.chunks_exact_mut(block)) {
+            // The four rows, each cut into columns of four (chunks of exactly 4).
+            let (a, rest) = rows.split_at(cols);
+            let (b, rest) = rest.split_at(cols);
+            let (c, d) = rest.split_at(cols);
+            let ins = (a.chunks_exact(4).zip(b.chunks_exact(4)))
+                .zip(c.chunks_exact(4).zip(d.chunks_exact(4)));
+            let (oa, rest) = out.split_at_mut(cols);
+            let (ob, rest) = rest.split_at_mut(cols);
+            let (oc, od) = rest.split_at_mut(cols);
+            let outs = (oa.chunks_exact_mut(4).zip(ob.chunks_exact_mut(4)))
+                .zip(oc.chunks_exact_mut(4).zip(od.chunks_exact_mut(4)));
             // SAFETY: arithmetic and shuffles need AVX, which this function is compiled with
             // and whose callers run only where it was detected; each load reads the four
-            // `f64`s of a `[f64; 4]`, each store writes a slice of exactly four `f64`s
-            // (`out[at..at + 4]`, bounds-checked).
+            // `f64`s of a `[f64; 4]`, each store writes a chunk of exactly four `f64`s.
             #[allow(unused_unsafe)]
             unsafe {
                 let zero = _mm256_setzero_pd();
                 let mut survival = _mm256_set1_pd(1.0);
-                for column in (0..cols).step_by(4) {
+                for (((a, b), (c, d)), ((oa, ob), (oc, od))) in ins.zip(outs) {
                     let mut lanes = [zero; 4];
-                    for (l, lane) in lanes.iter_mut().enumerate() {
-                        let at = l * cols + column;
+                    for (lane, row) in lanes.iter_mut().zip([a, b, c, d]) {
                         let mut four = [0.0f64; 4];
-                        for (x, &p) in four.iter_mut().zip(&rows[at..at + 4]) {
+                        for (x, &p) in four.iter_mut().zip(row) {
                             *x = p.into();
                         }
                         // `+ 0.0` folds a `-0.0` confidence onto `+0.0`.
                         *lane = _mm256_add_pd(_mm256_loadu_pd(four.as_ptr()), zero);
                     }
                     let mut columns = transpose(lanes);
-                    for c in columns.iter_mut() {
-                        survival = _mm256_mul_pd(survival, *c);
-                        *c = survival;
+                    for column in columns.iter_mut() {
+                        survival = _mm256_mul_pd(survival, *column);
+                        *column = survival;
                     }
-                    for (l, lane) in transpose(columns).into_iter().enumerate() {
-                        let at = l * cols + column;
-                        _mm256_storeu_pd(out[at..at + 4].as_mut_ptr(), lane);
+                    for (lane, out) in transpose(columns).into_iter().zip([oa, ob, oc, od]) {
+                        _mm256_storeu_pd(out.as_mut_ptr(), lane);
                     }
                 }
             }
