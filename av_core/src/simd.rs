@@ -76,6 +76,15 @@ macro_rules! wide_variants {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
         pub(super) fn $avx512<$($generics)*>($($arg: $ty),*) -> $ret $body
     )*};
+    // Kernels that return nothing.
+    ($(fn $avx2:ident / $avx512:ident [$($generics:tt)*] ($($arg:ident: $ty:ty),* $(,)?)
+        $body:block)*) => {$(
+        #[target_feature(enable = "avx2")]
+        pub(super) fn $avx2<$($generics)*>($($arg: $ty),*) $body
+
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+        pub(super) fn $avx512<$($generics)*>($($arg: $ty),*) $body
+    )*};
 }
 pub(crate) use wide_variants;
 

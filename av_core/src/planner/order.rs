@@ -58,27 +58,11 @@ impl Survivals {
         if cols == 0 {
             return true;
         }
-        let data = confidences.data();
-        // A separate, vectorized pass: fused into the multiply chain below it costs more. (The
-        // slice cannot change under us: the bindings hand the core their own copy of a
-        // caller's buffer, and Rust's `&[T]` promises no writer.)
-        let in_range = data.iter().fold(true, |ok, &p| ok & probability(p.into()));
-        let rows = (data, &mut self.values[..]);
-        // Common depths get a loop the compiler unrolls (independent rows then overlap).
-        match cols {
-            1 => fill_rows::<T, 1>(rows),
-            2 => fill_rows::<T, 2>(rows),
-            3 => fill_rows::<T, 3>(rows),
-            4 => fill_rows::<T, 4>(rows),
-            5 => fill_rows::<T, 5>(rows),
-            6 => fill_rows::<T, 6>(rows),
-            7 => fill_rows::<T, 7>(rows),
-            8 => fill_rows::<T, 8>(rows),
-            10 => fill_rows::<T, 10>(rows),
-            12 => fill_rows::<T, 12>(rows),
-            16 => fill_rows::<T, 16>(rows),
-            _ => fill_rows_any(cols, rows),
-        };
+        let in_range = multiply_at(
+            crate::simd::level(),
+            cols,
+            (confidences.data(), &mut self.values[..]),
+        );
         let values = &self.values[..];
         // Rows are sorted: the extremes are among the heads and the last scheduled entries.
         let (mut max, mut min, mut count) = (0.0f64, 1.0f64, 0usize);
@@ -191,7 +175,162 @@ fn probability(p: f64) -> bool {
     (0.0..=1.0).contains(&p)
 }
 
+/// Survivals of rows of `cols` confidences (`data` and `values` of the same length, a
+/// multiple of `cols > 0`) and whether every confidence is a probability, on the variant for
+/// `level`, which must be one this CPU runs ([`crate::simd::available`]). Every variant
+/// multiplies each row left to right from 1.0 with the same operations, so all give the same
+/// bits.
+#[inline]
+fn multiply_at<T: Copy + Into<f64>>(
+    level: crate::simd::Level,
+    cols: usize,
+    rows: Rows<'_, T>,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= crate::simd::Level::Avx512 {
+            // SAFETY: `multiply_avx512` only requires the CPU features it is compiled with
+            // (`avx512f`, `avx512bw`, `avx512vl`, `avx2`); `level` is `Avx512` only when
+            // `simd::available` confirmed them on this CPU with `is_x86_feature_detected!`.
+            return unsafe { wide::multiply_avx512(cols, rows) };
+        }
+        if level >= crate::simd::Level::Avx2 {
+            // SAFETY: as above, for `avx2`, which `level` `Avx2` confirms.
+            return unsafe { wide::multiply_avx2(cols, rows) };
+        }
+    }
+    let _ = level;
+    let in_range = in_range(rows.0);
+    multiply_rows(cols, rows);
+    in_range
+}
+
+/// Whether every confidence is a probability: a separate, vectorized pass (fused into the
+/// multiply chain it costs more). The slice cannot change under us: the bindings hand the
+/// core their own copy of a caller's buffer, and Rust's `&[T]` promises no writer.
+#[inline(always)]
+fn in_range<T: Copy + Into<f64>>(data: &[T]) -> bool {
+    data.iter().fold(true, |ok, &p| ok & probability(p.into()))
+}
+
+/// The baseline's survivals of rows of `cols` confidences.
+#[inline(always)]
+fn multiply_rows<T: Copy + Into<f64>>(cols: usize, rows: Rows<'_, T>) {
+    // Common depths get a loop the compiler unrolls (independent rows then overlap).
+    match cols {
+        1 => fill_rows::<T, 1>(rows),
+        2 => fill_rows::<T, 2>(rows),
+        3 => fill_rows::<T, 3>(rows),
+        4 => fill_rows::<T, 4>(rows),
+        5 => fill_rows::<T, 5>(rows),
+        6 => fill_rows::<T, 6>(rows),
+        7 => fill_rows::<T, 7>(rows),
+        8 => fill_rows::<T, 8>(rows),
+        10 => fill_rows::<T, 10>(rows),
+        12 => fill_rows::<T, 12>(rows),
+        16 => fill_rows::<T, 16>(rows),
+        _ => fill_rows_any(cols, rows),
+    }
+}
+
+/// The survivals compiled for AVX2 and AVX-512: four rows at a time, one row a lane.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use super::Rows;
+    use std::arch::x86_64::{
+        __m256d, _mm256_add_pd, _mm256_loadu_pd, _mm256_mul_pd, _mm256_permute2f128_pd,
+        _mm256_set1_pd, _mm256_setzero_pd, _mm256_storeu_pd, _mm256_unpackhi_pd,
+        _mm256_unpacklo_pd,
+    };
+
+    crate::simd::wide_variants! {
+        fn multiply_avx2 / multiply_avx512 [T: Copy + Into<f64>] (
+            cols: usize,
+            rows: Rows<'_, T>,
+        ) -> bool {
+            let in_range = super::in_range(rows.0);
+            let (data, values) = rows;
+            let done = if cols % 4 == 0 { four_rows_avx2(cols, (data, values)) } else { 0 };
+            let at = done * cols;
+            super::multiply_rows(cols, (&data[at..], &mut values[at..]));
+            in_range
+        }
+    }
+
+    /// The 4 × 4 transpose: `[a, b, c, d]` (rows) into their columns (and back).
+    #[target_feature(enable = "avx2")]
+    fn transpose([a, b, c, d]: [__m256d; 4]) -> [__m256d; 4] {
+        // SAFETY: register shuffles only, which need AVX, which this function is compiled
+        // with and whose callers (compiled with it too) run only where it was detected.
+        #[allow(unused_unsafe)]
+        unsafe {
+            let (ab_even, ab_odd) = (_mm256_unpacklo_pd(a, b), _mm256_unpackhi_pd(a, b));
+            let (cd_even, cd_odd) = (_mm256_unpacklo_pd(c, d), _mm256_unpackhi_pd(c, d));
+            [
+                _mm256_permute2f128_pd::<0x20>(ab_even, cd_even),
+                _mm256_permute2f128_pd::<0x20>(ab_odd, cd_odd),
+                _mm256_permute2f128_pd::<0x31>(ab_even, cd_even),
+                _mm256_permute2f128_pd::<0x31>(ab_odd, cd_odd),
+            ]
+        }
+    }
+
+    /// Survivals of the first `4 · ⌊rows / 4⌋` rows of `cols` (a multiple of 4) confidences,
+    /// four rows at a time: each row's product runs in one lane, left to right from 1.0 with
+    /// `+ 0.0` on each confidence, the baseline's operations in the baseline's order. Returns
+    /// the number of rows done.
+    #[target_feature(enable = "avx2")]
+    fn four_rows_avx2<T: Copy + Into<f64>>(cols: usize, (data, values): Rows<'_, T>) -> usize {
+        debug_assert!(cols > 0 && cols % 4 == 0 && data.len() == values.len());
+        let block = 4 * cols;
+        let mut done = 0;
+        for (rows, out) in data.chunks_exact(block).zip(values.chunks_exact_mut(block)) {
+            // The four rows, each cut into columns of four (chunks of exactly 4).
+            let (a, rest) = rows.split_at(cols);
+            let (b, rest) = rest.split_at(cols);
+            let (c, d) = rest.split_at(cols);
+            let ins = (a.chunks_exact(4).zip(b.chunks_exact(4)))
+                .zip(c.chunks_exact(4).zip(d.chunks_exact(4)));
+            let (oa, rest) = out.split_at_mut(cols);
+            let (ob, rest) = rest.split_at_mut(cols);
+            let (oc, od) = rest.split_at_mut(cols);
+            let outs = (oa.chunks_exact_mut(4).zip(ob.chunks_exact_mut(4)))
+                .zip(oc.chunks_exact_mut(4).zip(od.chunks_exact_mut(4)));
+            // SAFETY: arithmetic and shuffles need AVX, which this function is compiled with
+            // and whose callers run only where it was detected; each load reads the four
+            // `f64`s of a `[f64; 4]`, each store writes a chunk of exactly four `f64`s.
+            #[allow(unused_unsafe)]
+            unsafe {
+                let zero = _mm256_setzero_pd();
+                let mut survival = _mm256_set1_pd(1.0);
+                for (((a, b), (c, d)), ((oa, ob), (oc, od))) in ins.zip(outs) {
+                    let mut lanes = [zero; 4];
+                    for (lane, row) in lanes.iter_mut().zip([a, b, c, d]) {
+                        let mut four = [0.0f64; 4];
+                        for (x, &p) in four.iter_mut().zip(row) {
+                            *x = p.into();
+                        }
+                        // `+ 0.0` folds a `-0.0` confidence onto `+0.0`.
+                        *lane = _mm256_add_pd(_mm256_loadu_pd(four.as_ptr()), zero);
+                    }
+                    let mut columns = transpose(lanes);
+                    for column in columns.iter_mut() {
+                        survival = _mm256_mul_pd(survival, *column);
+                        *column = survival;
+                    }
+                    for (lane, out) in transpose(columns).into_iter().zip([oa, ob, oc, od]) {
+                        _mm256_storeu_pd(out.as_mut_ptr(), lane);
+                    }
+                }
+            }
+            done += 4;
+        }
+        done
+    }
+}
+
 /// Survivals of rows of `K` confidences.
+#[inline(always)]
 fn fill_rows<T: Copy + Into<f64>, const K: usize>((data, values): Rows<'_, T>) {
     for (row, out) in data.chunks_exact(K).zip(values.chunks_exact_mut(K)) {
         let mut survival = 1.0f64;
@@ -204,6 +343,7 @@ fn fill_rows<T: Copy + Into<f64>, const K: usize>((data, values): Rows<'_, T>) {
 }
 
 /// [`fill_rows`] for any row length.
+#[inline(always)]
 fn fill_rows_any<T: Copy + Into<f64>>(cols: usize, (data, values): Rows<'_, T>) {
     for (row, out) in data.chunks_exact(cols).zip(values.chunks_exact_mut(cols)) {
         let mut survival = 1.0f64;
@@ -484,6 +624,84 @@ mod tests {
         let s = survivals(&[-0.0, 0.5], 1, 2, &[2]);
         assert_eq!(s.values[0].to_bits(), 0);
         assert_eq!(s.values[1].to_bits(), 0);
+    }
+
+    /// Every level's survivals against the definition (each row multiplied left to right
+    /// from 1.0, `-0.0` read as `+0.0`), bit for bit, and its range check against a plain
+    /// test of every confidence: both element types, rows that fill the four-row blocks and
+    /// rows left over, depths that are and are not multiples of 4, and subnormal, zero,
+    /// negative-zero and out-of-range confidences.
+    #[test]
+    fn every_level_multiplies_as_the_definition() {
+        fn check<T: Copy + Into<f64> + std::fmt::Debug>(data: &[T], rows: usize, cols: usize) {
+            let mut expected = Vec::with_capacity(data.len());
+            for row in data.chunks_exact(cols) {
+                let mut survival = 1.0f64;
+                for &p in row {
+                    let p: f64 = p.into();
+                    survival *= if p == 0.0 { 0.0 } else { p };
+                    expected.push(survival);
+                }
+            }
+            let valid = data.iter().all(|&p| (0.0..=1.0).contains(&p.into()));
+            for level in crate::simd::available() {
+                let mut values = vec![f64::NAN; rows * cols];
+                let ok = multiply_at(level, cols, (data, &mut values[..]));
+                assert_eq!(ok, valid, "{level:?} {rows}x{cols} {data:?}");
+                let (got, want): (Vec<u64>, Vec<u64>) = (
+                    values.iter().map(|v| v.to_bits()).collect(),
+                    expected.iter().map(|v| v.to_bits()).collect(),
+                );
+                assert_eq!(got, want, "{level:?} {rows}x{cols} {data:?}");
+            }
+        }
+        let special = [
+            0.0,
+            -0.0,
+            1.0,
+            0.5,
+            f64::MIN_POSITIVE,
+            f64::MIN_POSITIVE / 3.0,
+            1e-300,
+            0.999_999_999_999,
+            0.3,
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for cols in 1..=17 {
+            for rows in 0..=9 {
+                for trial in 0..4 {
+                    let data: Vec<f64> = (0..rows * cols)
+                        .map(|_| {
+                            let r = next();
+                            if r % 5 == 0 {
+                                special[(r / 5) as usize % special.len()]
+                            } else {
+                                (r >> 11) as f64 / (1u64 << 53) as f64
+                            }
+                        })
+                        .collect();
+                    check(&data, rows, cols);
+                    let narrow: Vec<f32> = data.iter().map(|&p| p as f32).collect();
+                    check(&narrow, rows, cols);
+                    if rows > 0 && trial == 3 {
+                        for bad in [f64::NAN, 1.5, -0.25, f64::INFINITY] {
+                            let mut spoiled = data.clone();
+                            let at = (next() as usize) % spoiled.len();
+                            spoiled[at] = bad;
+                            check(&spoiled, rows, cols);
+                            let narrow: Vec<f32> = spoiled.iter().map(|&p| p as f32).collect();
+                            check(&narrow, rows, cols);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::persist::Persistent;
 
 mod rows;
 
-use rows::{slot_keys, store_rows, StoreRows};
+use rows::{slot_keys, store_at, StoreRows};
 
 /// Most `num_slots × num_positions` entries of remembered confidences.
 const MAX_STATE_ENTRIES: usize = 1 << 26;
@@ -547,13 +547,7 @@ impl VerificationPlanner {
             scheduled_drafts,
             current: planned.then_some(self.engine.survivals()),
         };
-        // Common depths get a fixed-width loop (whole rows unrolled).
-        match self.num_positions {
-            4 => store_rows::<T, 4>(rows, 4),
-            8 => store_rows::<T, 8>(rows, 8),
-            16 => store_rows::<T, 16>(rows, 16),
-            k => store_rows::<T, 0>(rows, k),
-        }
+        store_at(crate::simd::level(), rows, self.num_positions);
     }
 
     /// How many positions each request in `slots` should draft at the coming step, from the

@@ -20,12 +20,62 @@ pub(super) struct StoreRows<'a, T> {
     pub(super) current: Option<&'a [f64]>,
 }
 
+/// Stores each slot's drafted positions, rows of `k` entries, on the variant for `level`,
+/// which must be one this CPU runs ([`crate::simd::available`]): conversions, copies and the
+/// baseline's multiplications in the baseline's order, so every variant stores the same bits.
+#[inline]
+pub(super) fn store_at<T: Copy + Into<f64>>(
+    level: crate::simd::Level,
+    rows: StoreRows<'_, T>,
+    k: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level >= crate::simd::Level::Avx512 {
+            // SAFETY: `store_avx512` only requires the CPU features it is compiled with
+            // (`avx512f`, `avx512bw`, `avx512vl`, `avx2`); `level` is `Avx512` only when
+            // `simd::available` confirmed them on this CPU with `is_x86_feature_detected!`.
+            return unsafe { x86::store_avx512(rows, k) };
+        }
+        if level >= crate::simd::Level::Avx2 {
+            // SAFETY: as above, for `avx2`, which `level` `Avx2` confirms.
+            return unsafe { x86::store_avx2(rows, k) };
+        }
+    }
+    let _ = level;
+    store_any(rows, k);
+}
+
+/// The stores compiled for AVX2 and AVX-512 (the same code, wider vectors).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::StoreRows;
+
+    crate::simd::wide_variants! {
+        fn store_avx2 / store_avx512 [T: Copy + Into<f64>] (rows: StoreRows<'_, T>, k: usize) {
+            super::store_any(rows, k)
+        }
+    }
+}
+
+/// The body of every [`store_at`] variant: common depths get a fixed-width loop (whole rows
+/// unrolled).
+#[inline(always)]
+fn store_any<T: Copy + Into<f64>>(rows: StoreRows<'_, T>, k: usize) {
+    match k {
+        4 => store_rows::<T, 4>(rows, 4),
+        8 => store_rows::<T, 8>(rows, 8),
+        16 => store_rows::<T, 16>(rows, 16),
+        k => store_rows::<T, 0>(rows, k),
+    }
+}
+
 /// Stores each slot's drafted positions, rows of `k` entries (`K`, when not 0, is `k` known at
 /// compile time). Only drafted positions carry news: past a request's scheduled drafts (a
 /// shallower drafting depth, a request near its end) the remembered values stay, and the
 /// survivals past them are multiplied on from the new ones.
 #[inline(always)]
-pub(super) fn store_rows<T: Copy + Into<f64>, const K: usize>(rows: StoreRows<'_, T>, k: usize) {
+fn store_rows<T: Copy + Into<f64>, const K: usize>(rows: StoreRows<'_, T>, k: usize) {
     let k = if K > 0 { K } else { k };
     let StoreRows {
         previous,
@@ -120,6 +170,75 @@ fn store_row<T: Copy + Into<f64>>(
                     _ => survival * (*stored + 0.0),
                 };
                 *value = survival;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every level stores the baseline's bits: remembered confidences and survivals, after a
+    /// plan and after a bare remember, for whole, partial and empty drafted rows, at the
+    /// depths with a fixed-width loop and others.
+    #[test]
+    fn every_level_stores_the_baselines_bits() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for k in [1, 3, 4, 5, 8, 12, 16] {
+            let num_slots = 11;
+            let slots: Vec<i64> = vec![7, 0, 3, 10, 5, 1, 9];
+            let rows = slots.len();
+            let confidences: Vec<f32> = (0..rows * k)
+                .map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32)
+                .collect();
+            let drafts: Vec<i64> = (0..rows)
+                .map(|r| {
+                    if r % 3 == 0 {
+                        k as i64
+                    } else {
+                        (next() % (k as u64 + 1)) as i64
+                    }
+                })
+                .collect();
+            // The plan's survivals of these rows (any values: the store copies them).
+            let current: Vec<f64> = (0..rows * k)
+                .map(|_| (next() >> 11) as f64 / 9e15)
+                .collect();
+            let old: Vec<f64> = (0..num_slots * k)
+                .map(|_| (next() >> 11) as f64 / 9e15)
+                .collect();
+            for planned in [true, false] {
+                let store = |level| {
+                    let (mut previous, mut survivals) = (old.clone(), old.clone());
+                    let view = MatrixView::new("c", &confidences[..], rows, k).unwrap();
+                    let rows = StoreRows {
+                        previous: &mut previous,
+                        survivals: &mut survivals,
+                        slots: &slots,
+                        confidences: view,
+                        scheduled_drafts: &drafts,
+                        current: planned.then_some(&current[..]),
+                    };
+                    store_at(level, rows, k);
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    (bits(&previous), bits(&survivals))
+                };
+                let baseline = store(crate::simd::Level::Baseline);
+                // The store writes something: the drafted slots' remembered confidences change.
+                assert_ne!(
+                    baseline.0,
+                    old.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                );
+                for level in crate::simd::available() {
+                    assert_eq!(store(level), baseline, "{level:?} k={k} planned={planned}");
+                }
             }
         }
     }
