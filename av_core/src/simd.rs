@@ -88,6 +88,32 @@ macro_rules! wide_variants {
 }
 pub(crate) use wide_variants;
 
+/// Runs the widest variant of a kernel that `level` allows: `avx512` at [`Level::Avx512`],
+/// `avx2` at [`Level::Avx2`], `baseline` otherwise and off x86-64. `level` must be one this CPU
+/// runs: [`level`] and [`available`] give only those.
+///
+/// ```ignore
+/// simd::dispatch!(level,
+///     avx512: x86::sum_avx512(xs), avx2: x86::sum_avx2(xs), baseline: sum_baseline(xs))
+/// ```
+macro_rules! dispatch {
+    ($level:expr, avx512: $avx512:expr, avx2: $avx2:expr, baseline: $baseline:expr $(,)?) => {
+        match $level {
+            // SAFETY: a variant requires only the CPU features it is compiled with (`Avx512`:
+            // `avx512f`, `avx512bw`, `avx512vl`, `avx2` and, for some, `fma`; `Avx2`: `avx2`
+            // and, for some, `fma`), and a level from `simd::level` or `simd::available` is one
+            // whose features `is_x86_feature_detected!` confirmed on this CPU.
+            #[cfg(target_arch = "x86_64")]
+            $crate::simd::Level::Avx512 => unsafe { $avx512 },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            $crate::simd::Level::Avx2 => unsafe { $avx2 },
+            _ => $baseline,
+        }
+    };
+}
+pub(crate) use dispatch;
+
 /// A vector-unit level, narrowest first.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, PartialOrd, Ord)]
 pub enum Level {

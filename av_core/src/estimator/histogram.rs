@@ -110,22 +110,12 @@ impl Binning {
         bins: &mut [u32],
         offsets: &mut [u64],
     ) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if level >= crate::simd::Level::Avx512 {
-            // SAFETY: `locate_all_avx512` only requires the CPU features it is compiled with
-            // (`avx512f`, `avx512bw`, `avx512vl`, `avx2`); `level` is `Avx512` only when
-            // `simd::available` confirmed them on this CPU with `is_x86_feature_detected!`.
-            return unsafe { x86::locate_all_avx512(self, xs, bins, offsets) };
-        }
-        #[cfg(target_arch = "x86_64")]
-        if level >= crate::simd::Level::Avx2 {
-            // SAFETY: `locate_all_avx2` only requires the CPU features it is compiled with
-            // (`avx2`); `level` is `Avx2` or wider only when `simd::available` confirmed AVX2
-            // (and FMA) on this CPU with `is_x86_feature_detected!`.
-            return unsafe { x86::locate_all_avx2(self, xs, bins, offsets) };
-        }
-        let _ = level;
-        self.locate_all_baseline(xs, bins, offsets)
+        crate::simd::dispatch!(
+            level,
+            avx512: x86::locate_all_avx512(self, xs, bins, offsets),
+            avx2: x86::locate_all_avx2(self, xs, bins, offsets),
+            baseline: self.locate_all_baseline(xs, bins, offsets),
+        )
     }
 
     /// The body of every [`locate_all`](Self::locate_all) variant.

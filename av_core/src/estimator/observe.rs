@@ -35,21 +35,12 @@ fn all_pass_at<T: Copy + Into<f64>>(
     source: &[T],
     ok: impl Fn(f64) -> bool,
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= crate::simd::Level::Avx512 {
-            // SAFETY: `all_pass_avx512` only requires the CPU features it is compiled with
-            // (`avx512f`, `avx512bw`, `avx512vl`, `avx2`); `level` is `Avx512` only when
-            // `simd::available` confirmed them on this CPU with `is_x86_feature_detected!`.
-            return unsafe { x86::all_pass_avx512(source, ok) };
-        }
-        if level >= crate::simd::Level::Avx2 {
-            // SAFETY: as above, for `avx2`, which `level` `Avx2` confirms.
-            return unsafe { x86::all_pass_avx2(source, ok) };
-        }
-    }
-    let _ = level;
-    all_pass_baseline(source, ok)
+    crate::simd::dispatch!(
+        level,
+        avx512: x86::all_pass_avx512(source, ok),
+        avx2: x86::all_pass_avx2(source, ok),
+        baseline: all_pass_baseline(source, ok),
+    )
 }
 
 /// The body of every [`all_pass`] variant.
@@ -76,19 +67,12 @@ fn count_labels_at(
     num_accepted: &[i64],
     k: usize,
 ) -> Option<usize> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= crate::simd::Level::Avx512 {
-            // SAFETY: as in `all_pass_at`.
-            return unsafe { x86::count_labels_avx512(num_admitted, num_accepted, k) };
-        }
-        if level >= crate::simd::Level::Avx2 {
-            // SAFETY: as in `all_pass_at`.
-            return unsafe { x86::count_labels_avx2(num_admitted, num_accepted, k) };
-        }
-    }
-    let _ = level;
-    count_labels_baseline(num_admitted, num_accepted, k)
+    crate::simd::dispatch!(
+        level,
+        avx512: x86::count_labels_avx512(num_admitted, num_accepted, k),
+        avx2: x86::count_labels_avx2(num_admitted, num_accepted, k),
+        baseline: count_labels_baseline(num_admitted, num_accepted, k),
+    )
 }
 
 /// The body of every [`count_labels`] variant.

@@ -186,23 +186,16 @@ fn multiply_at<T: Copy + Into<f64>>(
     cols: usize,
     rows: Rows<'_, T>,
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= crate::simd::Level::Avx512 {
-            // SAFETY: `multiply_avx512` only requires the CPU features it is compiled with
-            // (`avx512f`, `avx512bw`, `avx512vl`, `avx2`); `level` is `Avx512` only when
-            // `simd::available` confirmed them on this CPU with `is_x86_feature_detected!`.
-            return unsafe { wide::multiply_avx512(cols, rows) };
-        }
-        if level >= crate::simd::Level::Avx2 {
-            // SAFETY: as above, for `avx2`, which `level` `Avx2` confirms.
-            return unsafe { wide::multiply_avx2(cols, rows) };
-        }
-    }
-    let _ = level;
-    let in_range = in_range(rows.0);
-    multiply_rows(cols, rows);
-    in_range
+    crate::simd::dispatch!(
+        level,
+        avx512: wide::multiply_avx512(cols, rows),
+        avx2: wide::multiply_avx2(cols, rows),
+        baseline: {
+            let in_range = in_range(rows.0);
+            multiply_rows(cols, rows);
+            in_range
+        },
+    )
 }
 
 /// Whether every confidence is a probability: a separate, vectorized pass (fused into the

@@ -29,21 +29,12 @@ pub(super) fn store_at<T: Copy + Into<f64>>(
     rows: StoreRows<'_, T>,
     k: usize,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if level >= crate::simd::Level::Avx512 {
-            // SAFETY: `store_avx512` only requires the CPU features it is compiled with
-            // (`avx512f`, `avx512bw`, `avx512vl`, `avx2`); `level` is `Avx512` only when
-            // `simd::available` confirmed them on this CPU with `is_x86_feature_detected!`.
-            return unsafe { x86::store_avx512(rows, k) };
-        }
-        if level >= crate::simd::Level::Avx2 {
-            // SAFETY: as above, for `avx2`, which `level` `Avx2` confirms.
-            return unsafe { x86::store_avx2(rows, k) };
-        }
-    }
-    let _ = level;
-    store_any(rows, k);
+    crate::simd::dispatch!(
+        level,
+        avx512: x86::store_avx512(rows, k),
+        avx2: x86::store_avx2(rows, k),
+        baseline: store_any(rows, k),
+    );
 }
 
 /// The stores compiled for AVX2 and AVX-512 (the same code, wider vectors).
