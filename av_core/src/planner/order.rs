@@ -424,21 +424,26 @@ impl BucketMap {
     }
 
     /// Bucket indices of every slot, scheduled or not: one vector pass (clamp, subtract,
-    /// shift, narrow), on AVX2 where the CPU has it (integer arithmetic and exact clamps: the
-    /// same indices on every level). The scatter that follows is cheaper without the index
+    /// shift, narrow), on AVX2 or AVX-512 where the CPU has it (integer arithmetic and exact
+    /// clamps: the same indices on every level). The scatter that follows is cheaper without the index
     /// arithmetic in its loop.
     pub(crate) fn indices(&self, survivals: &Survivals, out: &mut Vec<Bucket>) {
         let values = &survivals.values;
         // Every entry is written below, so the buffer keeps its old contents.
         out.resize(values.len(), 0);
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::level() >= crate::simd::Level::Avx2 {
-            // SAFETY: `indices_avx2` only requires AVX2, which `simd::level` reports only after
-            // `is_x86_feature_detected!("avx2")` confirmed it on this CPU.
-            unsafe { x86::indices_avx2(self, values, out) };
-            return;
-        }
-        self.fill_indices(values, out);
+        self.indices_at(crate::simd::level(), values, out);
+    }
+
+    /// The bucket of every value into `out` (of the same length), on the variant for `level`,
+    /// which must be one this CPU runs ([`crate::simd::available`]).
+    #[inline]
+    fn indices_at(&self, level: crate::simd::Level, values: &[f64], out: &mut [Bucket]) {
+        crate::simd::dispatch!(
+            level,
+            avx512: x86::indices_avx512(self, values, out),
+            avx2: x86::indices_avx2(self, values, out),
+            baseline: self.fill_indices(values, out),
+        );
     }
 
     /// The loop of [`Self::indices`], inlined into each target's variant.
@@ -523,14 +528,16 @@ impl BucketMap {
     }
 }
 
-/// The bucket-index pass compiled for AVX2 (the same code, wider vectors).
+/// The bucket-index pass compiled for AVX2 and AVX-512 (the same code, wider vectors; AVX-512
+/// narrows the 64-bit indices to 16 bits in one instruction).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Bucket, BucketMap};
 
-    #[target_feature(enable = "avx2")]
-    pub(super) fn indices_avx2(map: &BucketMap, values: &[f64], out: &mut [Bucket]) {
-        map.fill_indices(values, out);
+    crate::simd::wide_variants! {
+        fn indices_avx2 / indices_avx512 [] (map: &BucketMap, values: &[f64], out: &mut [Bucket]) {
+            map.fill_indices(values, out);
+        }
     }
 }
 
@@ -617,6 +624,52 @@ mod tests {
         let s = survivals(&[-0.0, 0.5], 1, 2, &[2]);
         assert_eq!(s.values[0].to_bits(), 0);
         assert_eq!(s.values[1].to_bits(), 0);
+    }
+
+    /// Every level's bucket indices against [`BucketMap::bucket`] one value at a time: maps
+    /// over spreads from one value to many binades (values clamped at the floor), lengths that
+    /// fill the vectors and lengths left over, zeros and subnormals.
+    #[test]
+    fn every_level_buckets_as_the_scalar_map() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for len in [1usize, 3, 4, 7, 8, 9, 15, 16, 17, 31, 64, 100, 257, 2048] {
+            for spread in [0u32, 1, 8, 60, 300, 1100] {
+                let values: Vec<f64> = (0..len)
+                    .map(|_| {
+                        let r = next();
+                        match r % 11 {
+                            0 => 0.0,
+                            1 => f64::MIN_POSITIVE / 7.0,
+                            _ => {
+                                let unit = (r >> 11) as f64 / (1u64 << 53) as f64;
+                                unit * 2f64.powi(-((next() % (spread as u64 + 1)) as i32))
+                            }
+                        }
+                    })
+                    .collect();
+                // Every fifth row unscheduled: its value may lie above the map's ceiling.
+                let sched: Vec<usize> = (0..len).map(|i| usize::from(i % 5 != 0)).collect();
+                let s = survivals(&values.iter().map(|&v| v.min(1.0)).collect::<Vec<_>>(), len, 1, &sched);
+                if s.count == 0 {
+                    continue;
+                }
+                let map = BucketMap::new(&s, 4);
+                let expected: Vec<Bucket> =
+                    s.values.iter().map(|&v| map.bucket(v) as Bucket).collect();
+                assert!(expected.iter().all(|&b| (b as usize) < map.len()));
+                for level in crate::simd::available() {
+                    let mut got = vec![Bucket::MAX; len];
+                    map.indices_at(level, &s.values, &mut got);
+                    assert_eq!(got, expected, "{level:?} len {len} spread {spread}");
+                }
+            }
+        }
     }
 
     /// Every level's survivals against the definition (each row multiplied left to right
