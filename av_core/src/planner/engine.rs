@@ -457,7 +457,19 @@ fn check_counts(
     }
     out.clear();
     out.extend(counts.iter().map(|&n| n as usize));
-    // Every count is in `0..=cols` now.
+    // Every count is in `0..=cols` now. Most calls give every request the same count (a batch
+    // depth, every request capped at `K`): then the histogram has one entry, found by a
+    // branch-free pass instead of a tally, whose every increment would hit that one entry.
+    let first = counts.first().map_or(0, |&n| n as u64);
+    let differ = counts.iter().fold(0u64, |differ, &n| differ | (n as u64 ^ first));
+    if differ == 0 {
+        histogram.clear();
+        histogram.resize(cols + 1, 0);
+        if rows > 0 {
+            histogram[first as usize] = rows;
+        }
+        return Ok(rows * first as usize);
+    }
     counting::tally(out, cols + 1, histogram);
     Ok(out.iter().sum())
 }
@@ -540,4 +552,50 @@ fn check_step(
         ));
     }
     Ok(limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_counts;
+
+    /// The counts, their histogram and their sum against a plain count, for batches whose
+    /// counts are all equal (the one-entry histogram) and batches where one differs, at every
+    /// position of the difference, of lengths below and above the tally's four-lane cut-off.
+    #[test]
+    fn counts_histogram_and_sum_match_a_plain_count() {
+        let cols = 8usize;
+        for rows in [0usize, 1, 2, 31, 32, 33, 256] {
+            for base in 0..=cols as i64 {
+                let mut cases = vec![vec![base; rows]];
+                for at in [0, rows / 2, rows.saturating_sub(1)] {
+                    if rows > 0 {
+                        let mut one_off = vec![base; rows];
+                        one_off[at] = (base + 1) % (cols as i64 + 1);
+                        cases.push(one_off);
+                    }
+                }
+                for counts in cases {
+                    let (mut out, mut histogram) = (vec![99usize; 3], vec![99usize; 2]);
+                    let total =
+                        check_counts(cols, rows, "max_depths", &counts, (&mut out, &mut histogram))
+                            .unwrap();
+                    let expected: Vec<usize> = (0..=cols as i64)
+                        .map(|n| counts.iter().filter(|&&c| c == n).count())
+                        .collect();
+                    assert_eq!(histogram, expected, "{counts:?}");
+                    assert_eq!(total, counts.iter().sum::<i64>() as usize, "{counts:?}");
+                    let as_usize: Vec<usize> = counts.iter().map(|&c| c as usize).collect();
+                    assert_eq!(out, as_usize);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        let mut histogram = Vec::new();
+        for bad in [-1i64, 9, i64::MIN, i64::MAX] {
+            let err = check_counts(8, 3, "max_depths", &[8, bad, 8], (&mut out, &mut histogram))
+                .unwrap_err();
+            assert_eq!(err.argument, "max_depths");
+            assert!(err.message.contains(&format!("[1] = {bad}")), "{err}");
+        }
+    }
 }
