@@ -101,6 +101,8 @@ pub(crate) struct DepthBuffers {
     shapes: Vec<Shape>,
     /// Every capped slot of a small batch decision: its survival's bits and its position.
     ranked: Vec<(u64, u32)>,
+    /// The column scatter's scratch ([`scatter::add_column`]).
+    listed: Vec<f64>,
 }
 
 /// A candidate depth of the batch decision: its drafts, largest budget, drafting cost and
@@ -210,6 +212,7 @@ pub(crate) fn batch_depth(
         costs_by_depth,
         shapes,
         ranked,
+        listed,
         ..
     } = buffers;
     depth_costs(cap_counts, deepest, tables, counts, costs_by_depth);
@@ -269,19 +272,20 @@ pub(crate) fn batch_depth(
         let indices = &mut budget_buffers.indices;
         map.indices(survivals, indices);
         let buckets = map.len();
-        // The running histogram sits in the first `buckets` entries, the kept depths'
-        // histograms after it (each written whole when its depth is kept); only the running
-        // one is zeroed here.
-        if full_counts.len() < buckets {
-            full_counts.resize(buckets, 0);
-            full_sums.resize(buckets, 0.0);
+        // The running histogram sits in the first `buckets` entries, followed by the scatter's
+        // scratch, and the kept depths' histograms after it, `stride` apart (each written whole
+        // when its depth is kept); only the running one and its scratch are zeroed here.
+        let stride = buckets + scatter::SCRATCH;
+        if full_counts.len() < stride {
+            full_counts.resize(stride, 0);
+            full_sums.resize(stride, 0.0);
         }
-        full_counts[..buckets].fill(0);
-        full_sums[..buckets].fill(0.0);
+        full_counts[..stride].fill(0);
+        full_sums[..stride].fill(0.0);
         let mut target = (s, verify[t]);
         shapes.clear();
         for d in 1..=deepest {
-            let (hist, hist_sums) = (&mut full_counts[..buckets], &mut full_sums[..buckets]);
+            let (hist, hist_sums) = (&mut full_counts[..stride], &mut full_sums[..stride]);
             // Column `d - 1`, request by request: slot `r·cols + d - 1`.
             let values = &survivals.values[..];
             debug_assert!(indices.len() == caps.len() * cols && values.len() == indices.len());
@@ -292,7 +296,7 @@ pub(crate) fn batch_depth(
                 // and of `values` (whole rows). `indices` was just filled by `map.indices`, and
                 // `map.bucket` returns at most `map.len() - 1 == buckets - 1` for any value
                 // (values are clamped into the map's range), so `b` is in bounds of `hist` and
-                // `hist_sums`, both `buckets` long.
+                // `hist_sums`, both `stride > buckets` long.
                 unsafe {
                     let b = *indices.get_unchecked(slot) as usize;
                     *hist.get_unchecked_mut(b) += 1;
@@ -301,9 +305,17 @@ pub(crate) fn batch_depth(
             };
             // `counts[d]` rows draft position `d - 1`: when that is every row, no cap is read.
             if counts[d] == caps.len() {
-                for r in 0..caps.len() {
-                    add(r * cols + d - 1);
-                }
+                let column = scatter::Column {
+                    indices,
+                    values,
+                    cols,
+                    col: d - 1,
+                    rows: caps.len(),
+                };
+                // SAFETY: `hist` and `hist_sums` are both `stride = buckets + SCRATCH` long;
+                // the column's slots `r·cols + d - 1` for `r < caps.len()` lie inside `indices`
+                // and `values` and their buckets are below `buckets`, as argued in `add`.
+                unsafe { scatter::add_column(column, hist, hist_sums, listed) };
             } else {
                 for (r, &cap) in caps.iter().enumerate() {
                     if cap >= d {
@@ -319,20 +331,21 @@ pub(crate) fn batch_depth(
                 verify: &verify[t..=t + limit],
                 verify_nondecreasing: nondecreasing,
             };
-            let Some(found) = bounds(hist, hist_sums, costs, Some(target)) else {
+            let Some(found) = bounds(&hist[..buckets], &hist_sums[..buckets], costs, Some(target))
+            else {
                 continue;
             };
             if beats(found.floor.0, found.floor.1, target.0, target.1) {
                 target = found.floor;
             }
             // Kept: its histogram goes to the next free place after the running one.
-            let kept = (shapes.len() + 1) * buckets;
+            let kept = (shapes.len() + 1) * stride;
             full_counts.resize(full_counts.len().max(kept + buckets), 0);
             full_sums.resize(full_sums.len().max(kept + buckets), 0.0);
-            let (running, rest) = full_counts.split_at_mut(buckets);
-            rest[kept - buckets..kept].copy_from_slice(running);
-            let (running, rest) = full_sums.split_at_mut(buckets);
-            rest[kept - buckets..kept].copy_from_slice(running);
+            let (running, rest) = full_counts.split_at_mut(stride);
+            rest[kept - stride..kept - stride + buckets].copy_from_slice(&running[..buckets]);
+            let (running, rest) = full_sums.split_at_mut(stride);
+            rest[kept - stride..kept - stride + buckets].copy_from_slice(&running[..buckets]);
             shapes.push(Shape {
                 depth: d,
                 drafts,
@@ -485,6 +498,8 @@ pub(crate) fn per_request_depth(
         predicted_cost_ms: best_c,
     }
 }
+
+mod scatter;
 
 #[cfg(test)]
 mod tests;
