@@ -73,6 +73,9 @@ fn crowded(column: Column<'_>) -> Option<(usize, usize)> {
 /// `counts` and `sums` have the same length, `buckets + SCRATCH`; every slot
 /// `r·cols + col` with `r < rows` lies inside `indices` and `values`; and each such slot's
 /// bucket is below `buckets`.
+// Not inlined: the loop gets the registers to itself (inlined into the depth decision it
+// spills its invariants).
+#[inline(never)]
 pub(super) unsafe fn add_column(
     column: Column<'_>,
     counts: &mut [u32],
@@ -99,27 +102,39 @@ pub(super) unsafe fn add_column(
         listed.resize(2 * rows, 0.0);
     }
     let (first, second) = listed.split_at_mut(rows);
+    let (first_bucket16, second_bucket16) = (first_bucket as u16, second_bucket as u16);
     let (mut n1, mut n2) = (0usize, 0usize);
-    for slot in (col..rows * cols).step_by(cols.max(1)) {
-        // SAFETY: `slot` is a slot of a row below `rows`, inside `indices` and `values` (the
-        // caller's promise), and its bucket `b` is below `buckets`, so `to` (either `b` or
+    let (counts_at, sums_at) = (counts.as_mut_ptr(), sums.as_mut_ptr());
+    let (list1, list2) = (first.as_mut_ptr(), second.as_mut_ptr());
+    let mut slot = col;
+    for _ in 0..rows {
+        // SAFETY: `slot = r·cols + col` for a row `r < rows`, inside `indices` and `values`
+        // (the caller's promise), and its bucket `b` is below `buckets`, so `to` (either `b` or
         // `buckets + (n1 + n2) % SCRATCH`) is below `buckets + SCRATCH`, the length of
         // `counts` and `sums`. `n1` and `n2` count earlier rows, so they are below `rows`, the
         // length of `first` and at most that of `second` (`listed` holds at least `2·rows`).
+        // The four pointers come from four distinct slices.
         unsafe {
-            let b = *indices.get_unchecked(slot) as usize;
+            let b = *indices.get_unchecked(slot);
             let v = *values.get_unchecked(slot);
-            *first.get_unchecked_mut(n1) = v;
-            *second.get_unchecked_mut(n2) = v;
+            *list1.add(n1) = v;
+            *list2.add(n2) = v;
             // Consecutive crowded slots take consecutive scratch entries.
             let scratch = buckets + (n1 + n2) % SCRATCH;
-            let (in_first, in_second) = (b == first_bucket, b == second_bucket);
+            // `first_bucket16` and `second_bucket16` are the buckets themselves (below `2^15`)
+            // or, for `NONE`, `u16::MAX`, which no bucket is.
+            let (in_first, in_second) = (b == first_bucket16, b == second_bucket16);
             n1 += usize::from(in_first);
             n2 += usize::from(in_second);
-            let to = if in_first | in_second { scratch } else { b };
-            *counts.get_unchecked_mut(to) += 1;
-            *sums.get_unchecked_mut(to) += v;
+            let to = if in_first | in_second {
+                scratch
+            } else {
+                b as usize
+            };
+            *counts_at.add(to) += 1;
+            *sums_at.add(to) += v;
         }
+        slot += cols;
     }
     // The crowded buckets' sums, each continued in row order, the two chains side by side.
     let mut sum1 = sums[first_bucket];
