@@ -159,6 +159,13 @@ fn depth_costs(
     }
 }
 
+/// The largest cap (0 for no rows), read from the caps' histogram (`cap_counts[n]` rows capped
+/// at `n`): a maximum over the rows' 64-bit caps costs a compare each, which baseline x86-64
+/// emulates.
+fn deepest_cap(cap_counts: &[usize]) -> usize {
+    cap_counts.iter().rposition(|&rows| rows > 0).unwrap_or(0)
+}
+
 /// Fills `scheduled` with depth `d`'s counts, `min(d, caps[r])`.
 fn fill_scheduled(d: usize, caps: &[usize], scheduled: &mut Vec<usize>) {
     scheduled.clear();
@@ -196,7 +203,7 @@ pub(crate) fn batch_depth(
     let s = step.num_sampling_requests as f64;
     let verify = tables.verify_ms();
     let nondecreasing = tables.verify_is_nondecreasing();
-    let deepest = caps.iter().copied().max().unwrap_or(0);
+    let deepest = deepest_cap(cap_counts);
     let mut best = DepthPlan {
         max_depth: 0,
         drafts: 0,
@@ -417,9 +424,9 @@ pub(crate) fn per_request_depth(
     let DepthRequest {
         cols,
         caps,
+        cap_counts,
         step,
         tables,
-        ..
     } = request;
     let t = step.num_non_draft_tokens;
     let s = step.num_sampling_requests as f64;
@@ -431,7 +438,7 @@ pub(crate) fn per_request_depth(
         pass_fractions,
         ..
     } = buffers;
-    let deepest = caps.iter().copied().max().unwrap_or(0);
+    let deepest = deepest_cap(cap_counts);
     // Higher survival first, then shallower, then lower request: the verification planner's
     // admission order, under which every request's taken slots are a prefix. Listing the
     // slots shallow first, request by request, and sorting stably by survival alone gives
