@@ -573,18 +573,20 @@ pub(crate) fn bounds(
 }
 
 /// An upper bound on `E` at every budget of a histogram: `s` plus the sum of its bucket sums,
-/// summed in four lanes (another order than the prefix sums, so widened by [`BOUND_SLACK`],
-/// far above the difference).
+/// summed in eight lanes (another order than the prefix sums, so widened by [`BOUND_SLACK`],
+/// far above the difference; eight independent chains, since the bound is taken once per
+/// depth and per search and one chain would wait on every add).
 fn largest_e(s: f64, sums: &[f64]) -> f64 {
-    let mut lanes = [0.0f64; 4];
-    let mut chunks = sums.chunks_exact(4);
+    let mut lanes = [0.0f64; 8];
+    let mut chunks = sums.chunks_exact(8);
     for chunk in &mut chunks {
         for (lane, &v) in lanes.iter_mut().zip(chunk) {
             *lane += v;
         }
     }
     let rest: f64 = chunks.remainder().iter().sum();
-    (s + (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + rest) * (1.0 + BOUND_SLACK)
+    let [a, b, c, d, e, f, g, h] = lanes;
+    (s + (((a + b) + (c + d)) + ((e + f) + (g + h))) + rest) * (1.0 + BOUND_SLACK)
 }
 
 /// Whether a ratio `e / c` may reach the ratio `bar` (pairs), with [`BOUND_SLACK`] on both
