@@ -166,10 +166,22 @@ fn deepest_cap(cap_counts: &[usize]) -> usize {
     cap_counts.iter().rposition(|&rows| rows > 0).unwrap_or(0)
 }
 
-/// Fills `scheduled` with depth `d`'s counts, `min(d, caps[r])`.
-fn fill_scheduled(d: usize, caps: &[usize], scheduled: &mut Vec<usize>) {
+/// Fills `scheduled` with depth `d`'s counts, `min(d, caps[r])`, for caps whose histogram is
+/// `cap_counts` and whose largest is `deepest`: when every row is capped at `deepest` (the
+/// usual case), one value for every row, with no 64-bit minimum per row (which baseline
+/// x86-64 emulates).
+fn fill_scheduled(
+    d: usize,
+    caps: &[usize],
+    (cap_counts, deepest): (&[usize], usize),
+    scheduled: &mut Vec<usize>,
+) {
     scheduled.clear();
-    scheduled.extend(caps.iter().map(|&c| c.min(d)));
+    if cap_counts[deepest] == caps.len() {
+        scheduled.resize(caps.len(), deepest.min(d));
+    } else {
+        scheduled.extend(caps.iter().map(|&c| c.min(d)));
+    }
 }
 
 /// What a drafting-depth decision is asked: rows of `cols` positions, row `r` capped at
@@ -392,7 +404,7 @@ pub(crate) fn batch_depth(
                 verify: &verify[t..=t + limit],
                 verify_nondecreasing: nondecreasing,
             };
-            fill_scheduled(d, caps, scheduled);
+            fill_scheduled(d, caps, (cap_counts, deepest), scheduled);
             let among = Drafts {
                 survivals,
                 cols,
