@@ -103,6 +103,10 @@ pub(crate) struct DepthBuffers {
     ranked: Vec<(u64, u32)>,
     /// The column scatter's scratch ([`scatter::add_column`]).
     listed: Vec<f64>,
+    /// The running histogram before its last column, then the deeper depths' dominating
+    /// histogram ([`deeper_fall_short`]).
+    before_counts: Vec<u32>,
+    before_sums: Vec<f64>,
 }
 
 /// A candidate depth of the batch decision: its drafts, largest budget, drafting cost and
@@ -164,6 +168,41 @@ fn depth_costs(
 /// emulates.
 fn deepest_cap(cap_counts: &[usize]) -> usize {
     cap_counts.iter().rposition(|&rows| rows > 0).unwrap_or(0)
+}
+
+/// Whether every depth past `d` falls short of `target` (by more than twice the bounds' slack,
+/// as [`bounds`] proves it), from the running histogram of depth `d` and that of depth
+/// `d - 1` (`before`, overwritten).
+///
+/// A deeper depth adds positions `d..` of some rows, and a row's survival at any of them is at
+/// most its survival at `d - 1` (rows never increase). So the deeper depth's slots are
+/// dominated, one by one, by depth `d`'s slots plus `copies = deepest - d` copies of column
+/// `d - 1`'s: its `b`-th largest survival, and so its `E` at every budget, is at most theirs.
+/// Its cost at budget `b` is at least `deeper.draft_ms` (the cheapest deeper drafting cost)
+/// plus `verify_ms[T + b]`, over budgets up to the deepest depth's limit. If even that
+/// dominating histogram, priced so, cannot reach the target, no deeper depth can; such a depth
+/// would neither raise the target nor win (the answer is at least the target), so leaving it
+/// out changes the time, never the answer. The column's sums are differences of running sums
+/// (rounded: off by far less than the slack, relative to `E`).
+fn deeper_fall_short(
+    (counts, sums): (&[u32], &[f64]),
+    (before_counts, before_sums): (&mut Vec<u32>, &mut Vec<f64>),
+    copies: u32,
+    deeper: StepCosts<'_>,
+    target: (f64, f64),
+) -> bool {
+    let copies_f = f64::from(copies);
+    for ((dominating, &count), (dominating_sum, &sum)) in before_counts
+        .iter_mut()
+        .zip(counts)
+        .zip(before_sums.iter_mut().zip(sums))
+    {
+        // `count ≥ *dominating`: the running counts only grow. The caller checked that the
+        // slots counted `copies + 1` times fit in `u32`.
+        *dominating = count + copies * (count - *dominating);
+        *dominating_sum = sum + copies_f * (sum - *dominating_sum);
+    }
+    bounds(before_counts, before_sums, deeper, Some(target)).is_none()
 }
 
 /// Fills `scheduled` with depth `d`'s counts, `min(d, caps[r])`, for caps whose histogram is
@@ -232,6 +271,8 @@ pub(crate) fn batch_depth(
         shapes,
         ranked,
         listed,
+        before_counts,
+        before_sums,
         ..
     } = buffers;
     depth_costs(cap_counts, deepest, tables, counts, costs_by_depth);
@@ -303,8 +344,17 @@ pub(crate) fn batch_depth(
         full_sums[..stride].fill(0.0);
         let mut target = (s, verify[t]);
         shapes.clear();
+        // Whether the counts of the dominating histogram below fit in `u32` (each slot counted
+        // at most `deepest` times).
+        let dominating_fits = survivals.count.saturating_mul(deepest.max(1)) <= u32::MAX as usize;
         for d in 1..=deepest {
             let (hist, hist_sums) = (&mut full_counts[..stride], &mut full_sums[..stride]);
+            if dominating_fits && d < deepest {
+                before_counts.clear();
+                before_counts.extend_from_slice(&hist[..buckets]);
+                before_sums.clear();
+                before_sums.extend_from_slice(&hist_sums[..buckets]);
+            }
             // Column `d - 1`, request by request: slot `r·cols + d - 1`.
             let values = &survivals.values[..];
             debug_assert!(indices.len() == caps.len() * cols && values.len() == indices.len());
@@ -352,6 +402,25 @@ pub(crate) fn batch_depth(
             };
             let Some(found) = bounds(&hist[..buckets], &hist_sums[..buckets], costs, Some(target))
             else {
+                // Not kept. If no deeper depth can reach the target either, their columns are
+                // not added at all.
+                if dominating_fits && d < deepest {
+                    let deeper_draft_ms = costs_by_depth[d + 1..=deepest]
+                        .iter()
+                        .fold(f64::INFINITY, |m, &(_, ms)| m.min(ms));
+                    let deeper = StepCosts {
+                        s,
+                        draft_ms: deeper_draft_ms,
+                        verify: &verify[t..=t + limit_of(costs_by_depth[deepest].0)],
+                        verify_nondecreasing: nondecreasing,
+                    };
+                    let running = (&hist[..buckets], &hist_sums[..buckets]);
+                    let copies = (deepest - d) as u32;
+                    let before = (&mut *before_counts, &mut *before_sums);
+                    if deeper_fall_short(running, before, copies, deeper, target) {
+                        break;
+                    }
+                }
                 continue;
             };
             if beats(found.floor.0, found.floor.1, target.0, target.1) {

@@ -510,6 +510,67 @@ proptest! {
         prop_assert_eq!(depths, expected);
     }
 
+    /// Batch mode where deep depths are priced out (verification flat up to a knee, then
+    /// steep or one step up; drafting dearer with depth), so the decision stops adding columns once no
+    /// deeper depth can reach the best depth so far: still brute force's depth and ratio,
+    /// bit for bit on dyadic inputs. Confident first positions and fading later ones, as
+    /// an estimator's predictions give, over more than the small-batch cut-off of slots.
+    #[test]
+    fn batch_mode_that_stops_early_equals_brute_force(
+        rows in 65usize..160,
+        cols in 3usize..9,
+        numerators in prop::collection::vec(0u32..=8, 300),
+        first_numerators in prop::collection::vec(5u32..=8, 300),
+        knee in 0usize..3,
+        steep in 1u32..64,
+        draft_step in 0u32..8,
+        cap_seed in 0usize..100,
+        capped in any::<bool>(),
+        step_shape in any::<bool>(),
+    ) {
+        let conf: Vec<f64> = (0..rows * cols)
+            .map(|i| {
+                let n = if i % cols < 2 { first_numerators[i % 300] } else { numerators[i % 300] };
+                f64::from(n) / 8.0
+            })
+            .collect();
+        let caps: Vec<usize> = (0..rows)
+            .map(|r| if capped && r % 7 == 3 { (r + cap_seed) % (cols + 1) } else { cols })
+            .collect();
+        let caps_i: Vec<i64> = caps.iter().map(|&c| c as i64).collect();
+        let flat = (knee + 1) * rows;
+        // Steep past the knee, or one step there and flat after it (where a deeper depth
+        // can beat a shallower one that pays the step for little).
+        let verify: Vec<f64> = (0..=rows * (cols + 2))
+            .map(|t| match (step_shape, t > flat) {
+                (_, false) => 6.0,
+                (true, true) => 6.0 + f64::from(steep) / 4.0,
+                (false, true) => 6.0 + (t - flat) as f64 * f64::from(steep) / 256.0,
+            })
+            .collect();
+        let draft: Vec<f64> = (0..=rows).map(|r| 1.0 + r as f64 / 64.0).collect();
+        let depth_ms: Vec<f64> =
+            (0..=cols).map(|d| d as f64 * (1.0 + f64::from(draft_step) / 4.0)).collect();
+        let tables = CostTables::new(draft, verify)
+            .unwrap()
+            .with_draft_depth(depth_ms)
+            .unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: rows,
+            num_sampling_requests: rows - cap_seed % 2,
+            max_draft_budget: (cap_seed % 5 == 0).then_some(rows * (1 + cap_seed % 3)),
+        };
+        let mut depths = vec![0; rows];
+        let view = MatrixView::new("c", &conf, rows, cols).unwrap();
+        let plan = choose_draft_depth(view, &caps_i, &step, &tables, DepthMode::Batch, &mut depths)
+            .unwrap();
+        let (d, ratio) = brute_batch(&conf, cols, &caps, &step, &tables);
+        let got = plan.expected_accepted_tokens / plan.predicted_cost_ms;
+        prop_assert!((got - ratio).abs() <= 1e-12 * ratio, "{got} vs {ratio}");
+        let expected: Vec<i32> = caps.iter().map(|&c| c.min(d) as i32).collect();
+        prop_assert_eq!(depths, expected);
+    }
+
     /// Per-request mode: its ratio is the best over the survival-ordered prefixes of the
     /// slots above each depth (each prefix's cost recomputed from scratch).
     #[test]
