@@ -88,19 +88,11 @@ impl Survivals {
         scheduled: &[usize],
     ) {
         self.values.resize(slots.len() * cols, 0.0);
-        let rows = (remembered, slots, &mut self.values[..]);
-        // Common depths copy fixed-size rows (moves, not a `memcpy` call per row).
-        match cols {
-            4 => copy_rows::<4>(rows),
-            8 => copy_rows::<8>(rows),
-            16 => copy_rows::<16>(rows),
-            _ => {
-                for (out, &slot) in self.values.chunks_exact_mut(cols.max(1)).zip(slots) {
-                    let start = slot as usize * cols;
-                    out.copy_from_slice(&remembered[start..start + cols]);
-                }
-            }
-        }
+        gather_at(
+            crate::simd::level(),
+            cols,
+            (remembered, slots, &mut self.values[..]),
+        );
         self.recount(cols, scheduled);
     }
 
@@ -157,8 +149,40 @@ impl Survivals {
     }
 }
 
+/// [`gather_any`] on the variant for `level`, which must be one this CPU runs
+/// ([`crate::simd::available`]).
+#[inline]
+fn gather_at(level: crate::simd::Level, cols: usize, rows: (&[f64], &[i64], &mut [f64])) {
+    crate::simd::dispatch!(
+        level,
+        avx512: x86::gather_avx512(cols, rows),
+        avx2: x86::gather_avx2(cols, rows),
+        baseline: gather_any(cols, rows),
+    );
+}
+
+/// Rows of `cols` values of `source` (row `slot` at `slot · cols`), in the order of `slots`,
+/// into `out`: common depths copy fixed-size rows (moves, not a `memcpy` call per row; one
+/// vector a row of 8 on AVX-512).
+#[inline(always)]
+fn gather_any(cols: usize, rows: (&[f64], &[i64], &mut [f64])) {
+    match cols {
+        4 => copy_rows::<4>(rows),
+        8 => copy_rows::<8>(rows),
+        16 => copy_rows::<16>(rows),
+        _ => {
+            let (source, slots, out) = rows;
+            for (out, &slot) in out.chunks_exact_mut(cols.max(1)).zip(slots) {
+                let start = slot as usize * cols;
+                out.copy_from_slice(&source[start..start + cols]);
+            }
+        }
+    }
+}
+
 /// Rows of `K` values of `source` (row `slot` at `slot · K`), in the order of `slots`, into
 /// `out`.
+#[inline(always)]
 fn copy_rows<const K: usize>((source, slots, out): (&[f64], &[i64], &mut [f64])) {
     for (out, &slot) in out.chunks_exact_mut(K).zip(slots) {
         let start = slot as usize * K;
@@ -528,8 +552,9 @@ impl BucketMap {
     }
 }
 
-/// The bucket-index pass compiled for AVX2 and AVX-512 (the same code, wider vectors; AVX-512
-/// narrows the 64-bit indices to 16 bits in one instruction).
+/// The bucket-index pass and the rows' gather compiled for AVX2 and AVX-512 (the same code,
+/// wider vectors; AVX-512 narrows the 64-bit indices to 16 bits in one instruction and moves a
+/// row of 8 survivals in one).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Bucket, BucketMap};
@@ -537,6 +562,9 @@ mod x86 {
     crate::simd::wide_variants! {
         fn indices_avx2 / indices_avx512 [] (map: &BucketMap, values: &[f64], out: &mut [Bucket]) {
             map.fill_indices(values, out);
+        }
+        fn gather_avx2 / gather_avx512 [] (cols: usize, rows: (&[f64], &[i64], &mut [f64])) {
+            super::gather_any(cols, rows);
         }
     }
 }
@@ -667,6 +695,27 @@ mod tests {
                     let mut got = vec![Bucket::MAX; len];
                     map.indices_at(level, &s.values, &mut got);
                     assert_eq!(got, expected, "{level:?} len {len} spread {spread}");
+                }
+            }
+        }
+    }
+
+    /// Every level's gather of remembered rows against a plain copy, for depths with and
+    /// without a fixed-size copy, slots in any order and repeated.
+    #[test]
+    fn every_level_gathers_the_slots_rows() {
+        for cols in [1usize, 2, 3, 4, 5, 8, 12, 16, 17] {
+            let num_slots = 11;
+            let source: Vec<f64> = (0..num_slots * cols).map(|i| i as f64 / 7.0).collect();
+            for slots in [vec![], vec![3i64], vec![10, 0, 5, 5, 2, 9, 1, 7]] {
+                let expected: Vec<f64> = slots
+                    .iter()
+                    .flat_map(|&s| source[s as usize * cols..(s as usize + 1) * cols].to_vec())
+                    .collect();
+                for level in crate::simd::available() {
+                    let mut out = vec![f64::NAN; slots.len() * cols];
+                    gather_at(level, cols, (&source, &slots, &mut out));
+                    assert_eq!(out, expected, "{level:?} {cols} {slots:?}");
                 }
             }
         }
