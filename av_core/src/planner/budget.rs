@@ -572,11 +572,12 @@ pub(crate) fn bounds(
     Some(Bounds { floor, ceiling })
 }
 
-/// An upper bound on `E` at every budget of a histogram: `s` plus the sum of its bucket sums,
+/// An upper bound on `E` at every budget of a histogram: `s` plus the sum of its bucket sums
+/// (or of any survivals that include every slot counted),
 /// summed in eight lanes (another order than the prefix sums, so widened by [`BOUND_SLACK`],
 /// far above the difference; eight independent chains, since the bound is taken once per
 /// depth and per search and one chain would wait on every add).
-fn largest_e(s: f64, sums: &[f64]) -> f64 {
+pub(crate) fn largest_e(s: f64, sums: &[f64]) -> f64 {
     let mut lanes = [0.0f64; 8];
     let mut chunks = sums.chunks_exact(8);
     for chunk in &mut chunks {
@@ -587,6 +588,21 @@ fn largest_e(s: f64, sums: &[f64]) -> f64 {
     let rest: f64 = chunks.remainder().iter().sum();
     let [a, b, c, d, e, f, g, h] = lanes;
     (s + (((a + b) + (c + d)) + ((e + f) + (g + h))) + rest) * (1.0 + BOUND_SLACK)
+}
+
+/// How many budgets `0..` may reach the ratio `bar` when `E` is at most `top` at every budget
+/// and budget `b` costs `draft_ms + verify[b]`, for costs that never fall: [`may_reach`] holds
+/// for those and fails for every later one (the need grows with the cost). All of `verify`
+/// when a product would not be finite (then [`may_reach`] is not monotone in the cost).
+pub(crate) fn reachable_budgets(top: f64, draft_ms: f64, verify: &[f64], bar: (f64, f64)) -> usize {
+    let (bar_e, bar_c) = bar;
+    let dearest = draft_ms + verify.last().copied().unwrap_or(0.0);
+    let reach = top * bar_c * (1.0 + BOUND_SLACK);
+    let need = bar_e * dearest * (1.0 - BOUND_SLACK);
+    if !reach.is_finite() || !need.is_finite() {
+        return verify.len();
+    }
+    verify.partition_point(|&v| may_reach((top, draft_ms + v), bar))
 }
 
 /// Whether a ratio `e / c` may reach the ratio `bar` (pairs), with [`BOUND_SLACK`] on both
@@ -635,6 +651,41 @@ mod tests {
     use super::*;
     use crate::matrix::MatrixView;
     use proptest::prelude::*;
+
+    /// The budgets that may reach a bar, against testing each one: every budget before the
+    /// count may reach it and none after, on costs that never fall (flat runs, steps, a bar
+    /// reached by every budget or by none), and all of them when a product overflows.
+    #[test]
+    fn reachable_budgets_are_those_that_may_reach() {
+        let mut state = 0x51_7cc1_b727_220au64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for trial in 0..400 {
+            let len = 1 + (next() % 300) as usize;
+            let mut cost = (next() % 100) as f64 / 8.0;
+            let verify: Vec<f64> = (0..len)
+                .map(|_| {
+                    if next() % 3 == 0 {
+                        cost += (next() % 50) as f64 / 16.0;
+                    }
+                    cost
+                })
+                .collect();
+            let top = (next() % 4000) as f64 / 7.0;
+            let draft_ms = (next() % 20) as f64 / 4.0;
+            let bar = ((next() % 2000) as f64 / 3.0, 1.0 + (next() % 40) as f64);
+            let n = reachable_budgets(top, draft_ms, &verify, bar);
+            for (b, &v) in verify.iter().enumerate() {
+                assert_eq!(may_reach((top, draft_ms + v), bar), b < n, "trial {trial} b {b}");
+            }
+        }
+        let huge = [1.0, 2.0, f64::MAX];
+        assert_eq!(reachable_budgets(1e300, 0.0, &huge, (1e300, 1.0)), 3);
+    }
 
     /// numpy's recipe written out: cumsum, quotients, first maximum.
     fn reference(values: &[f64], s: f64, draft: f64, verify: &[f64]) -> usize {

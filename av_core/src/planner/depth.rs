@@ -31,8 +31,8 @@
 //! rule (`av_core.testing` checks the composition exactly).
 
 use super::budget::{
-    beats, bounds, bucket_map, exact_scan_of, is_small, may_reach, search, Bounds, Budget,
-    BudgetBuffers, Drafts, Histogram, StepCosts,
+    beats, bounds, bucket_map, exact_scan_of, is_small, largest_e, may_reach, reachable_budgets,
+    search, Bounds, Budget, BudgetBuffers, Drafts, Histogram, StepCosts,
 };
 use super::order::Survivals;
 use super::StepTokens;
@@ -179,7 +179,8 @@ fn deepest_cap(cap_counts: &[usize]) -> usize {
 /// dominated, one by one, by depth `d`'s slots plus `copies = deepest - d` copies of column
 /// `d - 1`'s: its `b`-th largest survival, and so its `E` at every budget, is at most theirs.
 /// Its cost at budget `b` is at least `deeper.draft_ms` (the cheapest deeper drafting cost)
-/// plus `verify_ms[T + b]`, over budgets up to the deepest depth's limit. If even that
+/// plus `verify_ms[T + b]`, over the budgets `deeper.verify` prices (up to the deepest
+/// depth's limit, or fewer when the caller proved the dearer ones out of reach). If even that
 /// dominating histogram, priced so, cannot reach the target, no deeper depth can; such a depth
 /// would neither raise the target nor win (the answer is at least the target), so leaving it
 /// out changes the time, never the answer. The column's sums are differences of running sums
@@ -347,6 +348,9 @@ pub(crate) fn batch_depth(
         // Whether the counts of the dominating histogram below fit in `u32` (each slot counted
         // at most `deepest` times).
         let dominating_fits = survivals.count.saturating_mul(deepest.max(1)) <= u32::MAX as usize;
+        // `s` plus every survival, scheduled or not: no depth's `E` exceeds it (taken once,
+        // when first needed).
+        let mut every_survival = None;
         for d in 1..=deepest {
             let (hist, hist_sums) = (&mut full_counts[..stride], &mut full_sums[..stride]);
             if dominating_fits && d < deepest {
@@ -408,16 +412,28 @@ pub(crate) fn batch_depth(
                     let deeper_draft_ms = costs_by_depth[d + 1..=deepest]
                         .iter()
                         .fold(f64::INFINITY, |m, &(_, ms)| m.min(ms));
+                    let deeper_verify = &verify[t..=t + limit_of(costs_by_depth[deepest].0)];
+                    // With costs that never fall, budgets too dear for even the largest `E`
+                    // are out of every deeper depth's reach; the dominating histogram need
+                    // only answer for the cheaper ones.
+                    let reachable = if nondecreasing {
+                        let top = *every_survival
+                            .get_or_insert_with(|| largest_e(s, &survivals.values));
+                        reachable_budgets(top, deeper_draft_ms, deeper_verify, target)
+                    } else {
+                        deeper_verify.len()
+                    };
                     let deeper = StepCosts {
                         s,
                         draft_ms: deeper_draft_ms,
-                        verify: &verify[t..=t + limit_of(costs_by_depth[deepest].0)],
+                        verify: &deeper_verify[..reachable.max(1)],
                         verify_nondecreasing: nondecreasing,
                     };
                     let running = (&hist[..buckets], &hist_sums[..buckets]);
                     let copies = (deepest - d) as u32;
                     let before = (&mut *before_counts, &mut *before_sums);
-                    if deeper_fall_short(running, before, copies, deeper, target) {
+                    if reachable == 0 || deeper_fall_short(running, before, copies, deeper, target)
+                    {
                         break;
                     }
                 }
