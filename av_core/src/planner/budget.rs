@@ -590,6 +590,65 @@ pub(crate) fn largest_e(s: f64, sums: &[f64]) -> f64 {
     (s + (((a + b) + (c + d)) + ((e + f) + (g + h))) + rest) * (1.0 + BOUND_SLACK)
 }
 
+/// Whether every budget over the slots counted in `counts` and `sums` (bucketed by `map`, none
+/// above `max`) falls short of `bar`, priced with `costs`: budget 0 by [`may_reach`], then every
+/// rank of every bucket by the hull's per-rank test (`E` at most the bucket's start plus `t`
+/// times its largest value, and at most its end, against the rank's exact cost; blocks of ranks
+/// skipped whole with costs that never fall), stopping once even the largest `E` over a
+/// bucket's cheapest cost falls short (then so does every later bucket, with costs that never
+/// fall). `true` proves every budget's ratio below `bar` by more than twice [`BOUND_SLACK`].
+pub(crate) fn all_fall_short(
+    (counts, sums): (&[u32], &[f64]),
+    map: &BucketMap,
+    max: f64,
+    costs: StepCosts<'_>,
+    bar: (f64, f64),
+) -> bool {
+    let StepCosts {
+        s,
+        draft_ms,
+        verify,
+        verify_nondecreasing,
+    } = costs;
+    let limit = costs.limit();
+    if may_reach((s, draft_ms + verify[0]), bar) {
+        return false;
+    }
+    let top_e = verify_nondecreasing.then(|| largest_e(s, sums));
+    let (mut start, mut prefix) = (0usize, 0.0f64);
+    for (b, (&count, &sum)) in counts.iter().zip(sums).enumerate() {
+        if start >= limit {
+            break;
+        }
+        if count > 0 {
+            let end = (start + count as usize).min(limit);
+            let costs = &verify[start + 1..=end];
+            if top_e.is_some_and(|top| !may_reach((top, draft_ms + costs[0]), bar)) {
+                break;
+            }
+            let ranks = RankTest {
+                base: s + prefix,
+                top: map.upper_bound(b).min(max),
+                e_max: s + (prefix + sum),
+                draft_ms,
+                floor: bar,
+                first: 1.0,
+            };
+            let reaches = if verify_nondecreasing {
+                ranks.any_reaches_nondecreasing(costs)
+            } else {
+                ranks.any_reaches(costs)
+            };
+            if reaches {
+                return false;
+            }
+        }
+        prefix += sum;
+        start += count as usize;
+    }
+    true
+}
+
 /// How many budgets `0..` may reach the ratio `bar` when `E` is at most `top` at every budget
 /// and budget `b` costs `draft_ms + verify[b]`, for costs that never fall: [`may_reach`] holds
 /// for those and fails for every later one (the need grows with the cost). All of `verify`

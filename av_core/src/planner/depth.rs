@@ -31,10 +31,10 @@
 //! rule (`av_core.testing` checks the composition exactly).
 
 use super::budget::{
-    beats, bounds, bucket_map, exact_scan_of, is_small, largest_e, may_reach, reachable_budgets,
-    search, Bounds, Budget, BudgetBuffers, Drafts, Histogram, StepCosts,
+    all_fall_short, beats, bounds, bucket_map, exact_scan_of, is_small, largest_e, may_reach,
+    reachable_budgets, search, Bounds, Budget, BudgetBuffers, Drafts, Histogram, StepCosts,
 };
-use super::order::Survivals;
+use super::order::{BucketMap, Survivals};
 use super::StepTokens;
 use crate::cost_tables::CostTables;
 use crate::error::{Error, Result};
@@ -171,8 +171,9 @@ fn deepest_cap(cap_counts: &[usize]) -> usize {
 }
 
 /// Whether every depth past `d` falls short of `target` (by more than twice the bounds' slack,
-/// as [`bounds`] proves it), from the running histogram of depth `d` and that of depth
-/// `d - 1` (`before`, overwritten).
+/// as [`all_fall_short`] proves it, rank by rank), from the running histogram of depth `d` and
+/// that of depth `d - 1` (`before`, overwritten), bucketed by `map` (no scheduled survival above
+/// `max`).
 ///
 /// A deeper depth adds positions `d..` of some rows, and a row's survival at any of them is at
 /// most its survival at `d - 1` (rows never increase). So the deeper depth's slots are
@@ -189,6 +190,7 @@ fn deeper_fall_short(
     (counts, sums): (&[u32], &[f64]),
     (before_counts, before_sums): (&mut Vec<u32>, &mut Vec<f64>),
     copies: u32,
+    (map, max): (&BucketMap, f64),
     deeper: StepCosts<'_>,
     target: (f64, f64),
 ) -> bool {
@@ -203,7 +205,7 @@ fn deeper_fall_short(
         *dominating = count + copies * (count - *dominating);
         *dominating_sum = sum + copies_f * (sum - *dominating_sum);
     }
-    bounds(before_counts, before_sums, deeper, Some(target)).is_none()
+    all_fall_short((before_counts, before_sums), map, max, deeper, target)
 }
 
 /// Fills `scheduled` with depth `d`'s counts, `min(d, caps[r])`, for caps whose histogram is
@@ -432,7 +434,9 @@ pub(crate) fn batch_depth(
                     let running = (&hist[..buckets], &hist_sums[..buckets]);
                     let copies = (deepest - d) as u32;
                     let before = (&mut *before_counts, &mut *before_sums);
-                    if reachable == 0 || deeper_fall_short(running, before, copies, deeper, target)
+                    let dominated = (&map, survivals.max);
+                    if reachable == 0
+                        || deeper_fall_short(running, before, copies, dominated, deeper, target)
                     {
                         break;
                     }
