@@ -739,7 +739,11 @@ mod tests {
             let bar = ((next() % 2000) as f64 / 3.0, 1.0 + (next() % 40) as f64);
             let n = reachable_budgets(top, draft_ms, &verify, bar);
             for (b, &v) in verify.iter().enumerate() {
-                assert_eq!(may_reach((top, draft_ms + v), bar), b < n, "trial {trial} b {b}");
+                assert_eq!(
+                    may_reach((top, draft_ms + v), bar),
+                    b < n,
+                    "trial {trial} b {b}"
+                );
             }
         }
         let huge = [1.0, 2.0, f64::MAX];

@@ -419,8 +419,8 @@ pub(crate) fn batch_depth(
                     // are out of every deeper depth's reach; the dominating histogram need
                     // only answer for the cheaper ones.
                     let reachable = if nondecreasing {
-                        let top = *every_survival
-                            .get_or_insert_with(|| largest_e(s, &survivals.values));
+                        let top =
+                            *every_survival.get_or_insert_with(|| largest_e(s, &survivals.values));
                         reachable_budgets(top, deeper_draft_ms, deeper_verify, target)
                     } else {
                         deeper_verify.len()

@@ -461,7 +461,9 @@ fn check_counts(
     // depth, every request capped at `K`): then the histogram has one entry, found by a
     // branch-free pass instead of a tally, whose every increment would hit that one entry.
     let first = counts.first().map_or(0, |&n| n as u64);
-    let differ = counts.iter().fold(0u64, |differ, &n| differ | (n as u64 ^ first));
+    let differ = counts
+        .iter()
+        .fold(0u64, |differ, &n| differ | (n as u64 ^ first));
     if differ == 0 {
         histogram.clear();
         histogram.resize(cols + 1, 0);
@@ -576,9 +578,14 @@ mod tests {
                 }
                 for counts in cases {
                     let (mut out, mut histogram) = (vec![99usize; 3], vec![99usize; 2]);
-                    let total =
-                        check_counts(cols, rows, "max_depths", &counts, (&mut out, &mut histogram))
-                            .unwrap();
+                    let total = check_counts(
+                        cols,
+                        rows,
+                        "max_depths",
+                        &counts,
+                        (&mut out, &mut histogram),
+                    )
+                    .unwrap();
                     let expected: Vec<usize> = (0..=cols as i64)
                         .map(|n| counts.iter().filter(|&&c| c == n).count())
                         .collect();

@@ -683,7 +683,12 @@ mod tests {
                     .collect();
                 // Every fifth row unscheduled: its value may lie above the map's ceiling.
                 let sched: Vec<usize> = (0..len).map(|i| usize::from(i % 5 != 0)).collect();
-                let s = survivals(&values.iter().map(|&v| v.min(1.0)).collect::<Vec<_>>(), len, 1, &sched);
+                let s = survivals(
+                    &values.iter().map(|&v| v.min(1.0)).collect::<Vec<_>>(),
+                    len,
+                    1,
+                    &sched,
+                );
                 if s.count == 0 {
                     continue;
                 }

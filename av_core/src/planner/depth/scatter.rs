@@ -59,8 +59,15 @@ fn crowded(column: Column<'_>) -> Option<(usize, usize)> {
         *b = indices[(2 * i + 1) * rows / (2 * SAMPLES) * cols + col] as usize;
     }
     let first = sampled[SAMPLES / 2];
-    let second = sampled.iter().copied().find(|&b| b != first).unwrap_or(NONE);
-    let inside = sampled.iter().filter(|&&b| b == first || b == second).count();
+    let second = sampled
+        .iter()
+        .copied()
+        .find(|&b| b != first)
+        .unwrap_or(NONE);
+    let inside = sampled
+        .iter()
+        .filter(|&&b| b == first || b == second)
+        .count();
     (inside >= CROWDED_SAMPLES).then_some((first, second))
 }
 
@@ -224,7 +231,11 @@ mod tests {
                         .map(|_| {
                             let r = next();
                             // Mostly the first `spread` buckets, sometimes any.
-                            (if r % 7 == 0 { r % buckets as u64 } else { 7 + r % spread }) as Bucket
+                            (if r % 7 == 0 {
+                                r % buckets as u64
+                            } else {
+                                7 + r % spread
+                            }) as Bucket
                         })
                         .collect();
                     let values: Vec<f64> = (0..n)
@@ -262,12 +273,19 @@ mod tests {
                         unsafe { add_column(column, &mut counts, &mut sums, &mut listed) };
                         assert_eq!(counts[..buckets], want_counts[..], "{rows}x{cols} {col}");
                         let bits = |s: &[f64]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(&sums[..buckets]), bits(&want_sums), "{rows}x{cols} {col}");
+                        assert_eq!(
+                            bits(&sums[..buckets]),
+                            bits(&want_sums),
+                            "{rows}x{cols} {col}"
+                        );
                     }
                 }
             }
         }
-        assert!(crowded_seen > 50, "the crowded path ran {crowded_seen} times");
+        assert!(
+            crowded_seen > 50,
+            "the crowded path ran {crowded_seen} times"
+        );
     }
 
     #[test]
