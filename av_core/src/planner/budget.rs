@@ -716,13 +716,7 @@ mod tests {
     /// reached by every budget or by none), and all of them when a product overflows.
     #[test]
     fn reachable_budgets_are_those_that_may_reach() {
-        let mut state = 0x51_7cc1_b727_220au64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::planner::tests::xorshift(0x51_7cc1_b727_220au64);
         for trial in 0..400 {
             let len = 1 + (next() % 300) as usize;
             let mut cost = (next() % 100) as f64 / 8.0;

@@ -94,7 +94,8 @@ pub(crate) fn for_each_run(
         if cols == 8 {
             // The common depth: one vector a row, in a loop of its own.
             for (r, (row, &n)) in indices.chunks_exact(8).zip(scheduled).enumerate() {
-                let (before, after) = sse2::below_and_above_8(row, first, last);
+                // `below_and_above` inlined on a chunk of 8: one vector, no inner loop.
+                let (before, after) = sse2::below_and_above(row, first, last);
                 f(r, before.min(n), (8 - after).min(n));
             }
             return;
@@ -163,29 +164,6 @@ mod sse2 {
                 counts = _mm_sub_epi8(counts, flags); // +1 per flag, at most 255 in all
             }
             let sums = _mm_sad_epu8(counts, zero); // one sum per 8-byte half
-            (
-                _mm_cvtsi128_si32(sums) as usize,
-                _mm_extract_epi16::<4>(sums) as usize,
-            )
-        }
-    }
-
-    /// [`below_and_above`] over a row of exactly 8 bucket indices.
-    #[inline(always)]
-    pub(super) fn below_and_above_8(row: &[Bucket], first: i16, last: i16) -> (usize, usize) {
-        debug_assert!(row.len() == 8);
-        debug_assert!(row.iter().all(|&b| b < 1 << 15) && first >= 0 && last >= 0);
-        // SAFETY: SSE2 only, as above; the load reads 16 bytes from `row`, a `&[u16]` of
-        // length 8 (the caller's chunks of exactly 8).
-        unsafe {
-            let lanes = _mm_loadu_si128(row.as_ptr().cast::<__m128i>());
-            // Bytes 0..8 flag `b < first`, bytes 8..16 flag `b > last` (0xFF or 0).
-            let flags = _mm_packs_epi16(
-                _mm_cmpgt_epi16(_mm_set1_epi16(first), lanes),
-                _mm_cmpgt_epi16(lanes, _mm_set1_epi16(last)),
-            );
-            let zero = _mm_setzero_si128();
-            let sums = _mm_sad_epu8(_mm_sub_epi8(zero, flags), zero); // one sum per half
             (
                 _mm_cvtsi128_si32(sums) as usize,
                 _mm_extract_epi16::<4>(sums) as usize,

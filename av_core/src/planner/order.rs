@@ -659,13 +659,7 @@ mod tests {
     /// fill the vectors and lengths left over, zeros and subnormals.
     #[test]
     fn every_level_buckets_as_the_scalar_map() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::planner::tests::xorshift(0x2545_f491_4f6c_dd1du64);
         for len in [1usize, 3, 4, 7, 8, 9, 15, 16, 17, 31, 64, 100, 257, 2048] {
             for spread in [0u32, 1, 8, 60, 300, 1100] {
                 let values: Vec<f64> = (0..len)
@@ -766,13 +760,7 @@ mod tests {
             0.999_999_999_999,
             0.3,
         ];
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::planner::tests::xorshift(0x9e37_79b9_7f4a_7c15u64);
         for cols in 1..=17 {
             for rows in 0..=9 {
                 for trial in 0..4 {

@@ -5,6 +5,17 @@ use proptest::prelude::*;
 
 use super::*;
 
+/// A xorshift64 stream from `seed` (non-zero): the planner's unit tests' cheap, reproducible
+/// draws.
+pub(crate) fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 fn tables(draft_ms: Vec<f64>, verify_ms: Vec<f64>) -> CostTables {
     CostTables::new(draft_ms, verify_ms).unwrap()
 }

@@ -213,13 +213,7 @@ mod tests {
     /// holding earlier columns: every count and every sum's bits match the reference.
     #[test]
     fn every_column_adds_as_the_plain_scatter() {
-        let mut state = 0x853c_49e6_748f_ea9bu64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::planner::tests::xorshift(0x853c_49e6_748f_ea9bu64);
         let mut listed = Vec::new();
         let mut crowded_seen = 0;
         for rows in [0usize, 1, 5, 31, 32, 33, 64, 100, 256, 1000] {

@@ -66,6 +66,33 @@ fn brute_batch(
     (d, per_depth[d].0 / per_depth[d].1)
 }
 
+/// Batch mode over rows of `cols` confidences against [`brute_batch`]: the same ratio, the
+/// deepest depth drafted, and each request's depth.
+fn batch_matches_brute_force(
+    conf: &[f64],
+    cols: usize,
+    caps: &[usize],
+    step: &StepTokens,
+    tables: &CostTables,
+) -> Result<(), TestCaseError> {
+    let rows = caps.len();
+    let caps_i: Vec<i64> = caps.iter().map(|&c| c as i64).collect();
+    let mut depths = vec![0; rows];
+    let view = MatrixView::new("c", conf, rows, cols).unwrap();
+    let plan =
+        choose_draft_depth(view, &caps_i, step, tables, DepthMode::Batch, &mut depths).unwrap();
+    let (d, ratio) = brute_batch(conf, cols, caps, step, tables);
+    let got = plan.expected_accepted_tokens / plan.predicted_cost_ms;
+    prop_assert!((got - ratio).abs() <= 1e-12 * ratio, "{got} vs {ratio}");
+    prop_assert_eq!(
+        plan.max_depth,
+        depths.iter().copied().max().unwrap_or(0) as usize
+    );
+    let expected: Vec<i32> = caps.iter().map(|&c| c.min(d) as i32).collect();
+    prop_assert_eq!(depths, expected);
+    Ok(())
+}
+
 fn tables_for(kind: DrafterKind, cols: usize, rows: usize, verify: Vec<f64>) -> CostTables {
     let draft: Vec<f64> = (0..=rows).map(|r| 1.0 + r as f64 / 4.0).collect();
     CostTables::new(draft, verify)
@@ -487,7 +514,6 @@ proptest! {
         let conf: Vec<f64> =
             (0..rows * cols).map(|i| f64::from(numerators[i % 200]) / 8.0).collect();
         let caps: Vec<usize> = (0..rows).map(|r| caps_seed[r] % (cols + 1)).collect();
-        let caps_i: Vec<i64> = caps.iter().map(|&c| c as i64).collect();
         let verify: Vec<f64> = (0..=rows * (cols + 1))
             .map(|t| 4.0 + t.saturating_sub(knee) as f64 * f64::from(slope) / 16.0)
             .collect();
@@ -498,16 +524,7 @@ proptest! {
             num_sampling_requests: rows - cap_seed % 2,
             max_draft_budget: (cap_seed % 3 == 0).then_some(cap_seed % 17),
         };
-        let mut depths = vec![0; rows];
-        let view = MatrixView::new("c", &conf, rows, cols).unwrap();
-        let plan = choose_draft_depth(view, &caps_i, &step, &tables, DepthMode::Batch, &mut depths)
-            .unwrap();
-        let (d, ratio) = brute_batch(&conf, cols, &caps, &step, &tables);
-        let got = plan.expected_accepted_tokens / plan.predicted_cost_ms;
-        prop_assert!((got - ratio).abs() <= 1e-12 * ratio, "{got} vs {ratio}");
-        prop_assert_eq!(plan.max_depth, depths.iter().copied().max().unwrap_or(0) as usize);
-        let expected: Vec<i32> = caps.iter().map(|&c| c.min(d) as i32).collect();
-        prop_assert_eq!(depths, expected);
+        batch_matches_brute_force(&conf, cols, &caps, &step, &tables)?;
     }
 
     /// Batch mode where deep depths are priced out (verification flat up to a knee, then
@@ -537,7 +554,6 @@ proptest! {
         let caps: Vec<usize> = (0..rows)
             .map(|r| if capped && r % 7 == 3 { (r + cap_seed) % (cols + 1) } else { cols })
             .collect();
-        let caps_i: Vec<i64> = caps.iter().map(|&c| c as i64).collect();
         let flat = (knee + 1) * rows;
         // Steep past the knee, or one step there and flat after it (where a deeper depth
         // can beat a shallower one that pays the step for little).
@@ -560,15 +576,7 @@ proptest! {
             num_sampling_requests: rows - cap_seed % 2,
             max_draft_budget: (cap_seed % 5 == 0).then_some(rows * (1 + cap_seed % 3)),
         };
-        let mut depths = vec![0; rows];
-        let view = MatrixView::new("c", &conf, rows, cols).unwrap();
-        let plan = choose_draft_depth(view, &caps_i, &step, &tables, DepthMode::Batch, &mut depths)
-            .unwrap();
-        let (d, ratio) = brute_batch(&conf, cols, &caps, &step, &tables);
-        let got = plan.expected_accepted_tokens / plan.predicted_cost_ms;
-        prop_assert!((got - ratio).abs() <= 1e-12 * ratio, "{got} vs {ratio}");
-        let expected: Vec<i32> = caps.iter().map(|&c| c.min(d) as i32).collect();
-        prop_assert_eq!(depths, expected);
+        batch_matches_brute_force(&conf, cols, &caps, &step, &tables)?;
     }
 
     /// Per-request mode: its ratio is the best over the survival-ordered prefixes of the

@@ -175,13 +175,7 @@ mod tests {
     /// depths with a fixed-width loop and others.
     #[test]
     fn every_level_stores_the_baselines_bits() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::planner::tests::xorshift(0x2545_f491_4f6c_dd1du64);
         for k in [1, 3, 4, 5, 8, 12, 16] {
             let num_slots = 11;
             let slots: Vec<i64> = vec![7, 0, 3, 10, 5, 1, 9];
