@@ -287,3 +287,33 @@ def test_another_number_of_dimensions_is_refused_in_every_spelling(shape: tuple[
         for spelling, value in spellings(a).items():
             if spelling != "list":  # a list of the wrong depth is numpy's to read
                 assert run({"ints": ints, "floats": floats, name: value}) == expected, spelling
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64, 300])
+def test_results_in_reused_memory_hold_only_this_calls_values(rows: int) -> None:
+    """Results freed with values no call writes (NaN, -7) leave their memory to later results:
+    each later result is still exactly this call's answer (the formula, the first call's
+    depths and plan), whatever it reuses."""
+    x, slots, caps, _ = step_arrays(rows, 5)
+    est = AcceptanceEstimator(K)
+    planner = VerificationPlanner(wide_tables(max(rows, 2)), K, num_slots=rows)
+    step: dict[str, Any] = {"num_non_draft_tokens": rows, "num_sampling_requests": rows}
+    expected_p = 1 / (1 + np.exp(-(0.5 * x.astype(np.float64) - 0.2)))
+    expected_depths = planner.choose_draft_depth(slots, caps, **step).depths.copy()
+    expected_admitted = planner.copy().plan(slots, est.predict(x), caps, **step).admitted.copy()
+    for size in (rows, 2 * rows, 1):
+        freed = [est.predict(np.zeros((size, K), np.float32)) for _ in range(5)]
+        n = min(size, rows)
+        few = {"num_non_draft_tokens": n, "num_sampling_requests": n}
+        freed += [planner.choose_draft_depth(slots[:n], caps[:n], **few).depths]
+        for a in freed:
+            a[...] = np.nan if a.dtype.kind == "f" else -7
+        del freed, a
+        p = est.predict(x)
+        np.testing.assert_allclose(p, expected_p, rtol=1e-5)
+        np.testing.assert_array_equal(
+            planner.choose_draft_depth(slots, caps, **step).depths, expected_depths
+        )
+        np.testing.assert_array_equal(
+            planner.copy().plan(slots, p, caps, **step).admitted, expected_admitted
+        )
