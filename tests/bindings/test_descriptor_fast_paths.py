@@ -1,11 +1,11 @@
 """The bindings' direct paths for the common arrays, against their general conversion.
 
-The hot calls recognise an argument that is a C-contiguous numpy array with numpy's own int64,
-int32, float32 or float64 descriptor (the same object, compared by address) and copy it
-without numpy's comparison of dtypes; every other spelling of the same values (a copy of the
-descriptor, ``longlong``, a subclass, another byte order, other integer widths, a list) goes
-through the general conversion. Every spelling must give the same outcome: the same results,
-bit for bit, the same state afterwards, or the same error with the same message.
+The hot calls recognise an argument that is a numpy array (a subclass included) with numpy's
+own int64, int32, float32 or float64 descriptor (the same object, compared by address) and copy
+it without numpy's comparison of dtypes; the other spellings of the same values (a copy of the
+descriptor, ``longlong``, another byte order, other integer widths, a list) go through the
+general conversion. Every spelling must give the same outcome: the same results, bit for bit,
+the same state afterwards, or the same error with the same message.
 
 The per-request outputs and ``predict``'s probabilities are written by the core straight into a
 new numpy array: each result is a C-contiguous, aligned, writeable array of its own (no memory
