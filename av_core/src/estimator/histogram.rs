@@ -706,7 +706,7 @@ mod x86 {
 }
 
 mod step;
-pub(crate) use step::StepHistogram;
+pub(crate) use step::{Gather, StepHistogram};
 
 #[cfg(test)]
 mod tests;
