@@ -706,7 +706,7 @@ mod x86 {
 }
 
 mod step;
-pub(crate) use step::{Gather, StepHistogram};
+pub(crate) use step::StepHistogram;
 
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,7 @@
 
 use super::accumulator::RoundStats;
 use super::batch::{batch_stats, Predictions};
-use super::histogram::{Binning, Gather, HistogramStats, StepHistogram};
+use super::histogram::{Binning, HistogramStats, StepHistogram};
 use super::labels::{counts_valid, validate_counts};
 use super::update::{dispatch, Step, UpdateRule};
 use super::{AcceptanceEstimator, Common};
@@ -240,24 +240,15 @@ impl Common {
             histogram,
             bin_of,
             offset_of,
-            gathered,
-            accepted_of,
         } = scratch;
         let features = step.features.data();
         if labels.saturating_mul(SPARSE_RATIO) <= features.len() {
             // Few drafts labeled: one vectorized check of every feature, then the labeled ones
-            // gathered position by position and located in a vectorized pass (checked again
-            // there, so that no value the check did not pass is binned). The same bins and
-            // offsets as the pass below: both locate with `Binning::locate_all`.
-            let gather = Gather {
-                features: gathered,
-                accepted: accepted_of,
-                bins: bin_of,
-                offsets: offset_of,
-            };
-            let counts = (step.num_admitted, step.num_accepted);
+            // located one by one (and checked again as they are read, so that no value the
+            // check did not pass is binned). The same bins and offsets as the pass below: both
+            // locate with `Binning::locate_branch_free`.
             let finite = all_pass(features, f64::is_finite)
-                && histogram.locate_labeled(binning, features, counts, gather);
+                && histogram.locate_rows(binning, features, step.num_admitted, step.num_accepted);
             if !finite {
                 return Err(self.culprit(step, "features"));
             }
@@ -386,10 +377,6 @@ pub(super) struct StepScratch {
     pub(super) histogram: StepHistogram,
     bin_of: Vec<u32>,
     offset_of: Vec<u64>,
-    /// One position's labeled features of a block of rows, gathered (the sparse path).
-    gathered: Vec<f64>,
-    /// Whether each gathered feature was accepted.
-    accepted_of: Vec<bool>,
 }
 
 impl StepScratch {
@@ -399,8 +386,6 @@ impl StepScratch {
             histogram: StepHistogram::new(num_positions, bins),
             bin_of: vec![0; LOCATE_BLOCK],
             offset_of: vec![0; LOCATE_BLOCK],
-            gathered: vec![0.0; LOCATE_BLOCK],
-            accepted_of: vec![false; LOCATE_BLOCK],
         }
     }
 }

@@ -92,66 +92,37 @@ impl StepHistogram {
         self.num_touched = num_touched;
     }
 
-    /// [`add_rows`](Self::add_rows) for a step with few labeled drafts: position by position,
-    /// the rows' labeled features at that position are gathered (a branch-free pass over the
-    /// rows), located in one vectorized pass ([`Binning::locate_all`]: the bits of
-    /// [`Binning::locate`]) and added. Returns whether every gathered feature is finite.
-    /// `features` is row-major `[R, K]`; the counts are the caller's to check, as for
-    /// `add_rows`. The drafts land in another order than row by row, which no sum sees (integer
-    /// sums) and only the order of the occupied list does.
+    /// [`add_rows`](Self::add_rows) locating each labeled feature of `features` (row-major
+    /// `[R, K]`) where it is read (as [`Binning::locate_all`] does); returns whether every one
+    /// of them is finite.
     #[inline]
-    pub(crate) fn locate_labeled<T: Copy + Into<f64>>(
+    pub(crate) fn locate_rows<T: Copy + Into<f64>>(
         &mut self,
         binning: &Binning,
         features: &[T],
-        (admitted, accepted): (&[i64], &[i64]),
-        gather: Gather<'_>,
+        admitted: &[i64],
+        accepted: &[i64],
     ) -> bool {
         let (k, bins) = (self.num_positions, self.bins);
-        let Gather {
-            features: xs,
-            accepted: accepted_of,
-            bins: bin_of,
-            offsets: offset_of,
-        } = gather;
-        let block_rows = xs.len().min(accepted_of.len());
         let (sums, touched) = (&mut self.sums[..], &mut self.touched[..]);
         let mut num_touched = self.num_touched;
         let mut finite = true;
-        let blocks = features
-            .chunks(block_rows.max(1) * k)
-            .zip(admitted.chunks(block_rows.max(1)))
-            .zip(accepted.chunks(block_rows.max(1)));
-        for ((block, admitted), accepted) in blocks {
-            // `num_labeled` without a branch, capped at K as in `add_rows`.
-            let labeled = |admitted: i64, accepted: i64| {
-                (accepted as u64)
-                    .wrapping_add(u64::from(accepted < admitted))
-                    .min(k as u64) as usize
-            };
-            let deepest = admitted
-                .iter()
-                .zip(accepted)
-                .fold(0, |deepest, (&a, &c)| deepest.max(labeled(a, c)));
-            for position in 0..deepest {
-                // Every row writes its feature at the end of the list, which grows over it
-                // when the row is labeled there (`n ≤` the row's index `< block_rows`).
-                let mut n = 0usize;
-                let rows = block.chunks_exact(k).zip(admitted).zip(accepted);
-                for ((row, &a), &c) in rows {
-                    if let (Some(x), Some(yes)) = (xs.get_mut(n), accepted_of.get_mut(n)) {
-                        *x = row[position].into();
-                        *yes = (position as u64) < c as u64;
-                    }
-                    n += usize::from(position < labeled(a, c));
-                }
-                let n = n.min(block_rows).min(bin_of.len()).min(offset_of.len());
-                finite &= binning.locate_all(&xs[..n], &mut bin_of[..n], &mut offset_of[..n]);
-                let located = bin_of[..n].iter().zip(&offset_of[..n]);
-                for ((&bin, &offset), &yes) in located.zip(&accepted_of[..n]) {
-                    let index = position * bins + bin as usize;
-                    add_draft(sums, touched, &mut num_touched, index, yes, offset);
-                }
+        let rows = admitted.iter().zip(accepted);
+        for ((&admitted, &accepted), row) in rows.zip(features.chunks_exact(k)) {
+            let (admitted, accepted) = (admitted as usize, accepted as usize);
+            let labeled = crate::estimator::labels::num_labeled(admitted, accepted).min(k);
+            for (position, &x) in row[..labeled].iter().enumerate() {
+                let x: f64 = x.into();
+                finite &= x.is_finite();
+                let (bin, offset) = binning.locate_branch_free(x);
+                add_draft(
+                    sums,
+                    touched,
+                    &mut num_touched,
+                    position * bins + bin as usize,
+                    position < accepted,
+                    offset,
+                );
             }
         }
         self.num_touched = num_touched;
@@ -197,20 +168,6 @@ impl StepHistogram {
         }
         stats
     }
-}
-
-/// Where [`StepHistogram::locate_labeled`] gathers one position's labeled drafts of a block
-/// of rows (at most as many rows as the shortest of `features` and `accepted`; `bins` and
-/// `offsets` at least as long).
-pub(crate) struct Gather<'a> {
-    /// The gathered features.
-    pub(crate) features: &'a mut [f64],
-    /// Whether each was accepted.
-    pub(crate) accepted: &'a mut [bool],
-    /// Their bins ([`Binning::locate_all`]).
-    pub(crate) bins: &'a mut [u32],
-    /// Their fixed-point offsets.
-    pub(crate) offsets: &'a mut [u64],
 }
 
 /// Adds one labeled draft to bin `index` of a [`StepHistogram`]'s sums, listing the bin in
