@@ -196,26 +196,28 @@ def main(argv: list[str]) -> None:
         else:  # no requests: the engine runs a dummy batch
             worker.execute_dummy_batch()
         trajectory.append(bits(est))
-    json.dump(
-        {
-            "after_load": after_load,
-            "trajectory": trajectory,
-            "refits": est.num_refits,
-            "dummy_proposes": sum(spec.proposed),
-            "steps_since_refit": est.steps_since_refit,
-        },
-        open(out, "w"),
-    )
+    with open(out, "w") as handle:
+        json.dump(
+            {
+                "after_load": after_load,
+                "trajectory": trajectory,
+                "refits": est.num_refits,
+                "dummy_proposes": sum(spec.proposed),
+                "steps_since_refit": est.steps_since_refit,
+            },
+            handle,
+        )
     for warm_save in list(getattr(est, "_refit_listeners", [])):
         owner = getattr(warm_save, "__self__", None)
         if owner is not None and hasattr(owner, "close"):
             owner.close()
-    # Both ranks done with every collective before either tears its group down: a rank that
-    # destroyed its gloo group while the other still held the connection aborted ("terminate
-    # called without an active exception") in about one run in five.
+    # Both ranks done with every collective before either ends; the process then ends without
+    # tearing its gloo group down (distributed_scenarios.exit_now).
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
+    from distributed_scenarios import exit_now
+
     main(sys.argv)
+    exit_now()
