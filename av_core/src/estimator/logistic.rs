@@ -271,6 +271,19 @@ fn logit<T: Copy + Into<f64>>(x: T, slope: f64, limit: f64, beta: f64) -> f64 {
     slope * x.into().clamp(-limit, limit) + beta
 }
 
+/// The last `< L` entries of a batch, one by one by the definition; `pattern` starts at the
+/// first one's intercept.
+#[inline(always)]
+fn one_by_one<T: Copy + Into<f64>>(
+    features: &[T],
+    (slope, pattern, limit): (f64, &[f64], f64),
+    out: &mut [f32],
+) {
+    for ((&x, p), &beta) in features.iter().zip(out).zip(pattern) {
+        *p = probability(logit(x, slope, limit, beta));
+    }
+}
+
 /// The batch in groups of `L` lanes, by the definition ([`probability`]): the SSE2 baseline's
 /// kernel, with `L = 4` (the polynomial keeps about a dozen values live, two registers each;
 /// with 8 it spilled and ran slower than libm).
@@ -301,14 +314,11 @@ fn probabilities_generic<T: Copy + Into<f64>, const L: usize>(
             at = 0;
         }
     }
-    for ((&x, p), &beta) in xs
-        .remainder()
-        .iter()
-        .zip(ps.into_remainder())
-        .zip(&pattern[at..])
-    {
-        *p = probability(logit(x, slope, limit, beta));
-    }
+    one_by_one(
+        xs.remainder(),
+        (slope, &pattern[at..], limit),
+        ps.into_remainder(),
+    );
 }
 
 /// The batch in blocks of [`BLOCK`] lanes, then groups of [`LANES`], then one by one, each
@@ -327,14 +337,11 @@ fn probabilities_fused<T: Copy + Into<f64>>((features, slope, pattern, limit, ou
     for (x, p) in (&mut xs).zip(&mut ps) {
         fused_block::<T, LANES>(as_lanes(x), (slope, pattern, limit), &mut at, p);
     }
-    for ((&x, p), &beta) in xs
-        .remainder()
-        .iter()
-        .zip(ps.into_remainder())
-        .zip(&pattern[at..])
-    {
-        *p = probability(logit(x, slope, limit, beta));
-    }
+    one_by_one(
+        xs.remainder(),
+        (slope, &pattern[at..], limit),
+        ps.into_remainder(),
+    );
 }
 
 /// `N` lanes (a multiple of [`LANES`]) of [`probabilities`] into `p`: the fused `σ` rounded to
