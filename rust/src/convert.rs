@@ -16,6 +16,12 @@
 //!   caller's buffer again after the check (a NaN reached `predict`'s output under a racing
 //!   writer). Only the big feature kernels (`features.rs`) read their contiguous logits in
 //!   place; a race there can only change that row's feature, never break a check.
+//! * an array whose descriptor is numpy's own int64, int32, float32 or float64 one (the common
+//!   case) is recognised by the descriptor's address, without numpy's comparison of dtypes; any
+//!   other descriptor takes the general conversion, which copies the same values.
+//!
+//! Results: the per-request arrays and `predict`'s probabilities are new numpy arrays the core
+//! computes into directly ([`computed_into`]), never seen by Python half-written.
 //!
 //! Scalars: integer and float arguments arrive as [`Int`] and [`Float`], which never fail to
 //! convert, so that the function body can refuse them with an error naming the argument: a bool
@@ -24,304 +30,23 @@
 //!
 //! Every failure names the argument.
 
-use std::borrow::Cow;
-
 use av_core::MatrixView;
+use numpy::ndarray::{Dimension, Ix1, Ix2};
 use numpy::{
-    Element, PyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray,
-    PyUntypedArrayMethods,
+    Element, PyArray, PyArray1, PyArray2, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods,
+    PyUntypedArray, PyUntypedArrayMethods, PY_ARRAY_API,
 };
-use pyo3::exceptions::{PyException, PyOverflowError};
+use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyByteArray, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyList, PyTuple};
 
 use crate::error::out_of_memory;
 pub use crate::error::{to_py_err, type_error, value_error};
 
-// --- scalars ---------------------------------------------------------------------------------
+mod scalars;
 
-/// The longest rendering of a rejected value kept in a message.
-const MAX_VALUE_CHARS: usize = 80;
-
-/// `repr(obj)` for a message, shortened past [`MAX_VALUE_CHARS`].
-pub fn short_repr(obj: &Bound<'_, PyAny>) -> String {
-    let text = obj
-        .repr()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| "?".to_owned());
-    if text.chars().count() <= MAX_VALUE_CHARS {
-        return text;
-    }
-    let head: String = text.chars().take(MAX_VALUE_CHARS).collect();
-    format!("{head}... ({} characters)", text.chars().count())
-}
-
-/// An integer argument as the caller passed it; [`Int::to_usize`] and friends check it with the
-/// argument's name.
-#[derive(Clone, Debug)]
-pub struct Int(IntValue);
-
-#[derive(Clone, Debug)]
-enum IntValue {
-    /// An int (or an object with `__index__`, such as a numpy integer) that fits in `i128`.
-    Value(i128),
-    /// An int too large in magnitude for `i128`, as its (shortened) repr.
-    Huge(String),
-    /// A bool, which is not accepted as an int.
-    Bool(bool),
-    /// Not an integer at all: its type and repr.
-    Other(String, String),
-}
-
-impl Int {
-    /// A default value.
-    pub const fn new(value: i128) -> Self {
-        Int(IntValue::Value(value))
-    }
-
-    /// The value within `min..=max`, or an error naming `argument` (`TypeError` for a bool or a
-    /// non-integer, `ValueError` with the value for one out of range).
-    pub fn in_range(&self, argument: &str, min: i128, max: i128) -> PyResult<i128> {
-        let range = || format!("must be an integer in {min}..={max}");
-        match &self.0 {
-            IntValue::Value(v) if (min..=max).contains(v) => Ok(*v),
-            IntValue::Value(v) => Err(value_error(argument, format!("{}, got {v}", range()))),
-            IntValue::Huge(text) => Err(value_error(argument, format!("{}, got {text}", range()))),
-            IntValue::Bool(b) => Err(type_error(
-                argument,
-                format!(
-                    "must be an integer, got bool ({})",
-                    if *b { "True" } else { "False" }
-                ),
-            )),
-            IntValue::Other(kind, text) => Err(type_error(
-                argument,
-                format!("must be an integer, got {kind} ({text})"),
-            )),
-        }
-    }
-
-    /// The value as a non-negative `usize`.
-    pub fn to_usize(&self, argument: &str) -> PyResult<usize> {
-        // `usize` is at most 64 bits on every supported platform, so the cast is exact.
-        self.in_range(argument, 0, usize::MAX as i128)
-            .map(|v| v as usize)
-    }
-
-    /// The value as a `u64`.
-    pub fn to_u64(&self, argument: &str) -> PyResult<u64> {
-        self.in_range(argument, 0, i128::from(u64::MAX))
-            .map(|v| v as u64)
-    }
-}
-
-impl<'a, 'py> FromPyObject<'a, 'py> for Int {
-    type Error = PyErr;
-
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        let obj = obj.to_owned();
-        if let Ok(flag) = obj.cast::<PyBool>() {
-            return Ok(Int(IntValue::Bool(flag.is_true())));
-        }
-        match obj.extract::<i64>() {
-            Ok(v) => return Ok(Int(IntValue::Value(i128::from(v)))),
-            Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {}
-            Err(e) if e.is_instance_of::<PyException>(obj.py()) => {
-                return Ok(Int(IntValue::Other(type_name(&obj), short_repr(&obj))));
-            }
-            Err(e) => return Err(e),
-        }
-        // Beyond i64: a 128-bit value, or something only its repr can show.
-        Ok(match obj.extract::<i128>() {
-            Ok(v) => Int(IntValue::Value(v)),
-            Err(_) => Int(IntValue::Huge(short_repr(&obj))),
-        })
-    }
-}
-
-/// A float argument as the caller passed it; [`Float::value`] checks it with the argument's
-/// name.
-#[derive(Clone, Debug)]
-pub struct Float(FloatValue);
-
-#[derive(Clone, Debug)]
-enum FloatValue {
-    Value(f64),
-    /// An int too large for a float, as its repr.
-    Huge(String),
-    Bool(bool),
-    Other(String, String),
-}
-
-impl Float {
-    /// A default value.
-    pub const fn new(value: f64) -> Self {
-        Float(FloatValue::Value(value))
-    }
-
-    /// The value, or an error naming `argument` (`TypeError` for a bool or a non-number,
-    /// `ValueError` for an int beyond float range). The value's own range is the core's to
-    /// check.
-    pub fn value(&self, argument: &str) -> PyResult<f64> {
-        match &self.0 {
-            FloatValue::Value(v) => Ok(*v),
-            FloatValue::Huge(text) => Err(value_error(
-                argument,
-                format!("{text} is too large for a float"),
-            )),
-            FloatValue::Bool(b) => Err(type_error(
-                argument,
-                format!(
-                    "must be a number, got bool ({})",
-                    if *b { "True" } else { "False" }
-                ),
-            )),
-            FloatValue::Other(kind, text) => Err(type_error(
-                argument,
-                format!("must be a number, got {kind} ({text})"),
-            )),
-        }
-    }
-}
-
-impl<'a, 'py> FromPyObject<'a, 'py> for Float {
-    type Error = PyErr;
-
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        let obj = obj.to_owned();
-        if let Ok(float) = obj.cast::<PyFloat>() {
-            return Ok(Float(FloatValue::Value(float.value())));
-        }
-        if let Ok(flag) = obj.cast::<PyBool>() {
-            return Ok(Float(FloatValue::Bool(flag.is_true())));
-        }
-        // A numpy bool is a bool too, not the 0.0 or 1.0 its `__float__` gives (PyO3's `bool`
-        // takes Python's and numpy's bools only).
-        if obj.cast::<PyInt>().is_err() {
-            if let Ok(flag) = obj.extract::<bool>() {
-                return Ok(Float(FloatValue::Bool(flag)));
-            }
-        }
-        match obj.extract::<f64>() {
-            Ok(v) => Ok(Float(FloatValue::Value(v))),
-            Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
-                Ok(Float(FloatValue::Huge(short_repr(&obj))))
-            }
-            Err(e) if e.is_instance_of::<PyException>(obj.py()) => {
-                Ok(Float(FloatValue::Other(type_name(&obj), short_repr(&obj))))
-            }
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// An argument as the caller passed it: its value, or (when it was not of the expected type)
-/// its type and repr, kept for the error that names the argument.
-#[derive(Clone, Debug)]
-enum Given<T> {
-    Value(T),
-    Other(String, String),
-}
-
-impl<T> Given<T> {
-    fn other(obj: &Bound<'_, PyAny>) -> Self {
-        Given::Other(type_name(obj), short_repr(obj))
-    }
-
-    /// The value, or a `TypeError` naming `argument`, what it must be and what was passed.
-    fn checked(&self, argument: &str, expected: &str) -> PyResult<&T> {
-        match self {
-            Given::Value(v) => Ok(v),
-            Given::Other(kind, text) => Err(type_error(
-                argument,
-                format!("must be {expected}, got {kind} ({text})"),
-            )),
-        }
-    }
-}
-
-/// A boolean argument as the caller passed it; [`Flag::value`] checks it with the argument's
-/// name (Python's and numpy's bools are bools; anything else, an int included, a `TypeError`).
-#[derive(Clone, Debug)]
-pub struct Flag(Given<bool>);
-
-impl Flag {
-    /// A default value.
-    pub const fn new(value: bool) -> Self {
-        Flag(Given::Value(value))
-    }
-
-    /// The value, or a `TypeError` naming `argument` and what was passed.
-    pub fn value(&self, argument: &str) -> PyResult<bool> {
-        self.0.checked(argument, "a bool").copied()
-    }
-}
-
-impl<'a, 'py> FromPyObject<'a, 'py> for Flag {
-    type Error = PyErr;
-
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        let obj = obj.to_owned();
-        Ok(Flag(match obj.extract::<bool>() {
-            Ok(flag) => Given::Value(flag),
-            Err(_) => Given::other(&obj),
-        }))
-    }
-}
-
-/// The bytes of a bytes-like argument (`bytes`, `bytearray`, a `memoryview` or any other buffer
-/// of bytes, such as a uint8 numpy array), copied; anything else is a `TypeError` naming
-/// `argument`.
-pub fn byte_string(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Vec<u8>> {
-    if let Ok(bytes) = obj.cast::<PyBytes>() {
-        return Ok(bytes.as_bytes().to_vec());
-    }
-    if let Ok(bytes) = obj.cast::<PyByteArray>() {
-        return Ok(bytes.to_vec());
-    }
-    match pyo3::buffer::PyBuffer::<u8>::get(obj) {
-        Ok(buffer) => buffer.to_vec(obj.py()),
-        Err(_) => Err(type_error(
-            argument,
-            format!(
-                "expected bytes (or a bytearray, memoryview or other buffer of bytes), got {} ({})",
-                type_name(obj),
-                short_repr(obj)
-            ),
-        )),
-    }
-}
-
-/// A string argument as the caller passed it; [`Text::value`] checks it with the argument's
-/// name (a `str` subclass is a string; anything else a `TypeError`).
-#[derive(Clone, Debug)]
-pub struct Text(Given<Cow<'static, str>>);
-
-impl Text {
-    /// A default value (borrowed: a default costs no allocation per call).
-    pub const fn new(value: &'static str) -> Self {
-        Text(Given::Value(Cow::Borrowed(value)))
-    }
-
-    /// The string, or a `TypeError` naming `argument` and what was passed.
-    pub fn value(&self, argument: &str) -> PyResult<&str> {
-        self.0.checked(argument, "a string").map(|text| &**text)
-    }
-}
-
-impl<'a, 'py> FromPyObject<'a, 'py> for Text {
-    type Error = PyErr;
-
-    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
-        let obj = obj.to_owned();
-        Ok(Text(match obj.cast::<PyString>() {
-            // Lone surrogates (no UTF-8) shown replaced: no valid name has them.
-            Ok(text) => Given::Value(Cow::Owned(text.to_string_lossy().into_owned())),
-            Err(_) => Given::other(&obj),
-        }))
-    }
-}
+pub use scalars::{byte_string, short_repr, Flag, Float, Int, Text};
 
 // --- arrays ----------------------------------------------------------------------------------
 
@@ -467,24 +192,13 @@ fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
     out: &mut Vec<T>,
 ) -> PyResult<()> {
     out.clear();
-    // A view can imply far more elements than its memory holds (numpy.broadcast_to): a copy
-    // that does not fit is a ValueError naming the argument, never an abort.
-    let too_large = || {
-        out_of_memory(
-            argument,
-            format!(
-                "cannot copy an array of shape {:?} ({} elements): out of memory",
-                array.shape(),
-                array.len()
-            ),
-        )
-    };
     let data = array.data();
     if array.is_c_contiguous() && data.is_aligned() {
         // No numpy borrow flag is taken: the copy goes through the raw pointer, never a
         // reference, so there is no Rust borrow for a writer to conflict with.
         let len = array.len();
-        out.try_reserve_exact(len).map_err(|_| too_large())?;
+        out.try_reserve_exact(len)
+            .map_err(|_| no_memory_for_copy(array.as_untyped(), argument))?;
         // One memcpy from numpy's pointer, never through a `&[T]`: other threads may write the
         // buffer meanwhile (numpy and torch release the GIL), and a shared reference would let
         // the compiler assume it does not change and read it again later.
@@ -506,7 +220,7 @@ fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
     let copy = match array.call_method1(pyo3::intern!(py, "copy"), (pyo3::intern!(py, "C"),)) {
         Ok(copy) => copy,
         Err(e) if e.is_instance_of::<pyo3::exceptions::PyMemoryError>(py) => {
-            return Err(too_large())
+            return Err(no_memory_for_copy(array.as_untyped(), argument))
         }
         Err(e) => return Err(e),
     };
@@ -516,9 +230,65 @@ fn row_major_into<T: Element + Copy, D: numpy::ndarray::Dimension>(
         .as_slice()
         .map_err(|_| value_error(argument, "numpy's C-order copy is not contiguous"))?;
     out.try_reserve_exact(slice.len())
-        .map_err(|_| too_large())?;
+        .map_err(|_| no_memory_for_copy(array.as_untyped(), argument))?;
     out.extend_from_slice(slice);
     Ok(())
+}
+
+/// The error for a copy of `array` that does not fit in memory: a view can imply far more
+/// elements than its memory holds (numpy.broadcast_to), and such a copy is a ValueError naming
+/// the argument, never an abort.
+fn no_memory_for_copy(array: &Bound<'_, PyUntypedArray>, argument: &str) -> PyErr {
+    out_of_memory(
+        argument,
+        format!(
+            "cannot copy an array of shape {:?} ({} elements): out of memory",
+            array.shape(),
+            array.len()
+        ),
+    )
+}
+
+/// numpy's own descriptors of the four element types the copies read directly, held for the
+/// life of the process.
+struct Descriptors {
+    i32: Py<PyArrayDescr>,
+    i64: Py<PyArrayDescr>,
+    f32: Py<PyArrayDescr>,
+    f64: Py<PyArrayDescr>,
+}
+
+fn descriptors(py: Python<'_>) -> &Descriptors {
+    static DESCRIPTORS: PyOnceLock<Descriptors> = PyOnceLock::new();
+    DESCRIPTORS.get_or_init(py, || Descriptors {
+        i32: numpy::dtype::<i32>(py).unbind(),
+        i64: numpy::dtype::<i64>(py).unbind(),
+        f32: numpy::dtype::<f32>(py).unbind(),
+        f64: numpy::dtype::<f64>(py).unbind(),
+    })
+}
+
+/// `array` as a `PyArray<T, D>` when its descriptor is `descr` itself (numpy's own descriptor
+/// of `T`, compared by address) and it has `D`'s number of dimensions: the common case, told
+/// apart without numpy's comparison of dtypes. `None` says nothing about the array: the general
+/// conversion then decides.
+fn exactly<'a, 'py, T: Element, D: Dimension>(
+    array: &'a Bound<'py, PyUntypedArray>,
+    descr: &Py<PyArrayDescr>,
+) -> Option<&'a Bound<'py, PyArray<T, D>>> {
+    // SAFETY: `array` is a numpy array (its type was checked when it became a
+    // `PyUntypedArray`), so its object is a `PyArrayObject` whose `descr` field numpy always
+    // sets; the field is read, not dereferenced.
+    let same = unsafe { (*array.as_array_ptr()).descr } == descr.as_ptr().cast();
+    if !same || Some(array.ndim()) != D::NDIM {
+        return None;
+    }
+    // SAFETY: `PyArray<T, D>`'s own type check accepts exactly a numpy array whose number of
+    // dimensions is `D::NDIM` and whose descriptor is equivalent to `T`'s; this one is a numpy
+    // array with that number of dimensions, and its descriptor is `T`'s (the caller passes
+    // `T`'s descriptor as `descr`, the same object), the first case numpy's equivalence
+    // accepts.
+    Some(unsafe { array.cast_unchecked::<PyArray<T, D>>() })
 }
 
 /// Element types whose copies come from a per-thread pool of buffers.
@@ -638,6 +408,96 @@ impl<T: Pooled> Drop for Copied<T> {
     }
 }
 
+/// Element types of the arrays the calls return, for which all-zero bytes are a valid value.
+///
+/// # Safety
+///
+/// An implementor must be a plain number type whose all-zero bit pattern is a valid value.
+pub unsafe trait Output: Element + Copy + Default {}
+
+// SAFETY: all-zero bytes are `0` and `0.0`.
+unsafe impl Output for i32 {}
+// SAFETY: as for `i32`.
+unsafe impl Output for f32 {}
+
+/// A new C-ordered numpy array of shape `dims`, zero-filled, with `fill` computing into its
+/// elements before any other code can see it: one allocation, no copy. On an error of
+/// `fill` the array is dropped unseen (a failed call returns no half-written array); with no
+/// memory for the array, `no_memory()` is the error.
+pub fn computed_into<'py, T: Output, D: Dimension, R>(
+    py: Python<'py>,
+    dims: D,
+    no_memory: impl Fn() -> PyErr,
+    fill: impl FnOnce(&mut [T]) -> PyResult<R>,
+) -> PyResult<(R, Bound<'py, PyArray<T, D>>)> {
+    let mut dims = dims;
+    let ndim = std::ffi::c_int::try_from(dims.ndim()).map_err(|_| no_memory())?;
+    // SAFETY: `PyArray_NewFromDescr` reads `ndim` extents from the pointer (`dims` holds
+    // `ndim` `usize`, the layout of numpy's `npy_intp`; an extent beyond `isize::MAX` reads as
+    // negative, which numpy refuses with an exception), takes no strides, no data and no base
+    // object (NULL: numpy allocates a C-ordered buffer for the shape), steals the reference to
+    // the descriptor that `into_dtype_ptr` hands over, and returns a new reference or NULL with
+    // an exception set. The GIL is held (`py`).
+    let raw = unsafe {
+        PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            numpy::npyffi::get_type_object(py, numpy::npyffi::NpyTypes::PyArray_Type),
+            T::get_dtype(py).into_dtype_ptr(),
+            ndim,
+            dims.slice_mut().as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    // SAFETY: `raw` is a new reference or NULL with a Python exception set (above).
+    let array = match unsafe { Bound::from_owned_ptr_or_err(py, raw) } {
+        Ok(array) => array,
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyMemoryError>(py) => {
+            return Err(no_memory())
+        }
+        Err(e) => return Err(e),
+    };
+    // SAFETY: `PyArray_NewFromDescr` made an ndarray of `ndim` dimensions with `T`'s
+    // descriptor, which is exactly what `PyArray<T, D>`'s type check accepts.
+    let array = unsafe { array.cast_into_unchecked::<PyArray<T, D>>() };
+    let len = array.len();
+    let data = array.data();
+    if len == 0 || !data.is_aligned() {
+        // Nothing to write, or a buffer from a user-set numpy allocator that is not aligned
+        // for `T`: computed into our own buffer, then copied byte by byte.
+        let mut own = Vec::new();
+        own.try_reserve_exact(len).map_err(|_| no_memory())?;
+        own.resize(len, T::default());
+        let result = fill(&mut own)?;
+        // SAFETY: `data` has room for `len` elements of `T` (numpy allocated the array's
+        // buffer for its shape and dtype); bytes need no alignment; `own` is a separate
+        // allocation, so the ranges do not overlap; nothing else can see the new array.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                own.as_ptr().cast::<u8>(),
+                data.cast::<u8>(),
+                std::mem::size_of_val(own.as_slice()),
+            );
+        }
+        return Ok((result, array));
+    }
+    // SAFETY: `data` points to the new array's buffer of `len` elements of `T`, aligned
+    // (checked above). The array was made here and is referenced only by `array`, which is not
+    // handed out before the slice's last use, so no other code (Python or another thread, with
+    // or without the GIL) can read or write the buffer meanwhile, and `array` keeps it alive.
+    // The buffer is first written whole with zero bytes through the raw pointer (numpy's
+    // allocation is not initialised), and all-zero bytes are a valid `T` (`Output`), so the
+    // slice made next covers `len` valid values.
+    let out = unsafe {
+        std::ptr::write_bytes(data, 0, len);
+        std::slice::from_raw_parts_mut(data, len)
+    };
+    let result = fill(out)?;
+    Ok((result, array))
+}
+
 /// Batches of fewer elements than this are computed with the GIL held.
 ///
 /// Releasing the GIL and taking it back costs a few hundred nanoseconds uncontended, and
@@ -743,6 +603,15 @@ fn matrix<'py>(
 }
 
 fn matrix_from<'py>(array: &Bound<'py, PyUntypedArray>, argument: &str) -> PyResult<FloatMatrix> {
+    let own = descriptors(array.py());
+    if let Some(a) = exactly::<f32, Ix2>(array, &own.f32) {
+        let (rows, cols) = (a.shape()[0], a.shape()[1]);
+        return Ok(FloatMatrix::F32(Copied::of(a, argument)?, rows, cols));
+    }
+    if let Some(a) = exactly::<f64, Ix2>(array, &own.f64) {
+        let (rows, cols) = (a.shape()[0], a.shape()[1]);
+        return Ok(FloatMatrix::F64(Copied::of(a, argument)?, rows, cols));
+    }
     if array.ndim() != 2 {
         return Err(value_error(
             argument,
@@ -750,12 +619,8 @@ fn matrix_from<'py>(array: &Bound<'py, PyUntypedArray>, argument: &str) -> PyRes
         ));
     }
     let (rows, cols) = (array.shape()[0], array.shape()[1]);
-    // The cast that matches first (a cast that fails compares dtypes through numpy's tables).
-    if array.dtype().itemsize() == 8 {
-        if let Ok(a) = array.cast::<PyArray2<f64>>() {
-            return Ok(FloatMatrix::F64(Copied::of(a, argument)?, rows, cols));
-        }
-    }
+    // A float32 or float64 descriptor that is not numpy's own (a copy of one, a byte order
+    // spelled out): numpy's comparison of dtypes decides.
     if let Ok(a) = array.cast::<PyArray2<f32>>() {
         return Ok(FloatMatrix::F32(Copied::of(a, argument)?, rows, cols));
     }
@@ -840,28 +705,26 @@ pub fn int_vector(obj: &Bound<'_, PyAny>, argument: &str) -> PyResult<Copied<i64
 
 fn ints_from(converted: &Converted<'_>, argument: &str) -> PyResult<Copied<i64>> {
     let array = &converted.array;
+    let own = descriptors(array.py());
+    if let Some(a) = exactly::<i64, Ix1>(array, &own.i64) {
+        return Copied::of(a, argument);
+    }
+    // int32: what the planner's per-request outputs are, passed back as arguments.
+    if let Some(a) = exactly::<i32, Ix1>(array, &own.i32) {
+        return widened(a, argument);
+    }
     if array.ndim() != 1 {
         return Err(value_error(
             argument,
             format!("expected a 1-D array [R], got shape {:?}", array.shape()),
         ));
     }
-    let widened = |a: &Bound<'_, PyArray1<i32>>| -> PyResult<Copied<i64>> {
-        let narrow = Copied::of(a, argument)?;
-        Ok(Copied::collect(narrow.iter().map(|&n| i64::from(n))))
-    };
-    // The cast that matches is tried first (int32 outputs of the planner come back as
-    // arguments): a cast that fails compares the dtypes through numpy's casting tables.
-    if array.dtype().itemsize() == 4 {
-        if let Ok(a) = array.cast::<PyArray1<i32>>() {
-            return widened(a);
-        }
-    }
+    // An int64 or int32 descriptor that is not numpy's own: numpy's comparison decides.
     if let Ok(a) = array.cast::<PyArray1<i64>>() {
         return Copied::of(a, argument);
     }
     if let Ok(a) = array.cast::<PyArray1<i32>>() {
-        return widened(a);
+        return widened(a, argument);
     }
     if converted.inferred_empty() {
         return Ok(Copied::empty());
@@ -887,4 +750,35 @@ fn ints_from(converted: &Converted<'_>, argument: &str) -> PyResult<Copied<i64>>
             dtype_name(array)
         ),
     ))
+}
+
+/// An int32 vector as `i64`, in a buffer of the thread's pool.
+fn widened(array: &Bound<'_, PyArray1<i32>>, argument: &str) -> PyResult<Copied<i64>> {
+    let data = array.data();
+    if !(array.is_c_contiguous() && data.is_aligned()) {
+        let narrow = Copied::of(array, argument)?;
+        return Ok(Copied::collect(narrow.iter().map(|&n| i64::from(n))));
+    }
+    // One pass from numpy's buffer into ours: each element read once through the raw pointer
+    // (no `&[i32]` of a buffer other threads may write; see `row_major_into`).
+    let len = array.len();
+    let mut wide = Copied::<i64>(take_spare());
+    wide.0.clear();
+    wide.0
+        .try_reserve_exact(len)
+        .map_err(|_| no_memory_for_copy(array.as_untyped(), argument))?;
+    let to = wide.0.as_mut_ptr();
+    // SAFETY: `data` points to `len` aligned `i32` of a C-contiguous array (checked above) that
+    // `array` keeps alive for the call, and `to` to room for `len` `i64` (reserved above) in
+    // our own allocation, which does not overlap numpy's buffer; every `i < len` is in bounds
+    // of both. Every bit pattern is a valid `i32`, so a value another thread writes meanwhile
+    // is still an `i32`, and the core validates our copy, not numpy's buffer. The `len` values
+    // are written before the length covers them.
+    unsafe {
+        for i in 0..len {
+            to.add(i).write(i64::from(data.add(i).read()));
+        }
+        wide.0.set_len(len);
+    }
+    Ok(wide)
 }

@@ -6,7 +6,7 @@
 use av_core::persist::state_dict;
 use av_core::persist::tree::Value;
 use av_core::{AcceptanceEstimator, ErrorKind, EstimatorConfig, MatrixView, Update};
-use numpy::ndarray::Array2;
+use numpy::ndarray::Ix2;
 use numpy::{IntoPyArray, PyArray1, PyArray2};
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
@@ -14,8 +14,8 @@ use pyo3::types::{PyBytes, PyCFunction, PyDict, PyString, PyTuple, PyType};
 use std::path::PathBuf;
 
 use crate::convert::{
-    byte_string, detach_if, float_matrix, int_vector, to_py_err, value_error, Flag, Float,
-    FloatMatrix, FloatView, Int, Text,
+    byte_string, computed_into, detach_if, float_matrix, int_vector, to_py_err, value_error, Flag,
+    Float, FloatMatrix, FloatView, Int, Text,
 };
 use crate::files::{atomic_write, read_file};
 use crate::tree::{from_py, to_py, tree_to_dict};
@@ -117,22 +117,15 @@ impl PyAcceptanceEstimator {
         let (rows, cols) = (matrix.rows(), matrix.cols());
         let view = matrix.view("features")?;
         let len = view_len(view);
-        let out = detach_if(py, len, || {
-            let mut out = Vec::new();
-            out.try_reserve_exact(len).map_err(|_| {
-                av_core::Error::value("features", format!("no memory for {len} probabilities"))
-            })?;
-            out.resize(len, 0.0f32);
-            match view {
-                FloatView::F32(v) => inner.predict(v, &mut out),
-                FloatView::F64(v) => inner.predict(v, &mut out),
-            }
-            .map(|()| out)
-        })
-        .map_err(to_py_err)?;
-        let array = Array2::from_shape_vec((rows, cols), out)
-            .map_err(|e| value_error("features", format!("shape [{rows}, {cols}]: {e}")))?;
-        Ok(array.into_pyarray(py))
+        let no_memory = || value_error("features", format!("no memory for {len} probabilities"));
+        let ((), probabilities) = computed_into(py, Ix2(rows, cols), no_memory, |out| {
+            detach_if(py, len, || match view {
+                FloatView::F32(v) => inner.predict(v, out),
+                FloatView::F64(v) => inner.predict(v, out),
+            })
+            .map_err(to_py_err)
+        })?;
+        Ok(probabilities)
     }
 
     /// Folds one decode step of verdicts into the round; True when it refitted (vllm: it

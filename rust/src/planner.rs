@@ -12,14 +12,17 @@
 use av_core::cost_tables::CostTables;
 use av_core::planner::{self, DepthMode, DepthPlan, StepTokens, VerificationPlan};
 use av_core::MatrixView;
+use numpy::ndarray::Ix1;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::convert::{
-    detach_if, float_matrix, int_vector, to_py_err, Copied, FloatMatrix, FloatView, Int, Text,
+    computed_into, detach_if, float_matrix, int_vector, to_py_err, FloatMatrix, FloatView, Int,
+    Text,
 };
 use crate::cost_tables::PyCostTables;
+use crate::error::out_of_memory;
 
 mod stateful;
 
@@ -90,19 +93,22 @@ macro_rules! on_view {
 }
 pub(crate) use on_view;
 
-/// Runs a decision that writes one `int32` per request (`rows` of them) over a batch of
-/// `elements` confidences: with the GIL held for small batches, released for large ones
-/// (`convert::detach_if`). Returns the decision's result and the per-request array; on error
-/// no array is made.
+/// Runs a decision that writes one `int32` per request (`rows` of them, the array `output`)
+/// over a batch of `elements` confidences: with the GIL held for small batches, released for
+/// large ones (`convert::detach_if`). Returns the decision's result and the per-request array,
+/// which the decision writes directly (`convert::computed_into`); on error no array is
+/// returned.
 pub(crate) fn per_request<'py, P: Send>(
     py: Python<'py>,
+    output: &str,
     rows: usize,
     elements: usize,
     decide: impl FnOnce(&mut [i32]) -> av_core::Result<P> + Send,
 ) -> PyResult<(P, Bound<'py, PyArray1<i32>>)> {
-    let mut out = Copied::<i32>::zeros(rows);
-    let decided = detach_if(py, elements, || decide(&mut out)).map_err(to_py_err)?;
-    Ok((decided, PyArray1::from_slice(py, &out)))
+    let no_memory = || out_of_memory(output, format!("no memory for {rows} results"));
+    computed_into(py, Ix1(rows), no_memory, |out| {
+        detach_if(py, elements, || decide(out)).map_err(to_py_err)
+    })
 }
 
 /// How deep to draft this step: depths per request and what the decision anticipates.
@@ -183,7 +189,7 @@ fn choose_draft_depth(
     let caps = int_vector(max_depths, "max_depths")?;
     let view = matrix.view("confidences")?;
     let tables = &cost_tables.inner;
-    let (plan, depths) = per_request(py, matrix.rows(), elements(&matrix), |depths| {
+    let (plan, depths) = per_request(py, "depths", matrix.rows(), elements(&matrix), |depths| {
         on_view!(view, |v| planner::choose_draft_depth(
             v, &caps, &step, tables, mode, depths
         ))
@@ -293,11 +299,17 @@ fn assign_draft_budget<'py>(
     let matrix = float_matrix(confidences, "confidences", 0)?;
     let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
     let view = matrix.view("confidences")?;
-    let ((), admitted) = per_request(py, matrix.rows(), elements(&matrix), |admitted| {
-        on_view!(view, |v| planner::assign_draft_budget(
-            v, &scheduled, budget, admitted
-        ))
-    })?;
+    let ((), admitted) = per_request(
+        py,
+        "admitted",
+        matrix.rows(),
+        elements(&matrix),
+        |admitted| {
+            on_view!(view, |v| planner::assign_draft_budget(
+                v, &scheduled, budget, admitted
+            ))
+        },
+    )?;
     Ok(admitted)
 }
 
@@ -371,7 +383,7 @@ fn plan_verification(
         .map(|b| b.view("budget_confidences"))
         .transpose()?;
     let tables = &cost_tables.inner;
-    let (plan, admitted) = per_request(py, rows, elements(&matrix), |admitted| {
+    let (plan, admitted) = per_request(py, "admitted", rows, elements(&matrix), |admitted| {
         plan_views(view, budget_view, &scheduled, &step, tables, admitted)
     })?;
     Ok(PyVerificationPlan::wrap(plan, admitted))

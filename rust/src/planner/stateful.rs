@@ -185,11 +185,17 @@ impl PyVerificationPlanner {
         let matrix = float_matrix(confidences, "confidences", self.num_positions)?;
         let scheduled = int_vector(scheduled_drafts, "scheduled_drafts")?;
         let view = matrix.view("confidences")?;
-        let (plan, admitted) = per_request(py, matrix.rows(), elements(&matrix), |admitted| {
-            let mut planner = self.lock();
-            on_view!(view, |v| planner
-                .plan(&slots, v, &scheduled, &step, admitted))
-        })?;
+        let (plan, admitted) = per_request(
+            py,
+            "admitted",
+            matrix.rows(),
+            elements(&matrix),
+            |admitted| {
+                let mut planner = self.lock();
+                on_view!(view, |v| planner
+                    .plan(&slots, v, &scheduled, &step, admitted))
+            },
+        )?;
         Ok(PyVerificationPlan::wrap(plan, admitted))
     }
 
@@ -218,7 +224,7 @@ impl PyVerificationPlanner {
         let slots = int_vector(slots, "slots")?;
         let caps = int_vector(max_depths, "max_depths")?;
         let work = slots.len().saturating_mul(self.num_positions);
-        let (plan, depths) = per_request(py, slots.len(), work, |depths| {
+        let (plan, depths) = per_request(py, "depths", slots.len(), work, |depths| {
             self.lock()
                 .choose_draft_depth(&slots, &caps, &step, mode, depths)
         })?;
