@@ -1,15 +1,17 @@
 //! Which vector unit the hot loops run on: run-time CPU detection for x86-64.
 //!
 //! The wheel is built for the baseline x86-64 target (SSE2, 2 × f64 or 4 × f32 per vector).
-//! Five kernels are also compiled with `#[target_feature]` for AVX2 (+FMA; four of them for
+//! Six kernels are also compiled with `#[target_feature]` for AVX2 (+FMA; five of them for
 //! AVX-512 too) and called through [`level`], which checks the CPU once with
 //! `is_x86_feature_detected!`: the feature kernel ([`crate::features`]), `predict`'s logistic
 //! (`estimator/logistic.rs`), the `map` refit's score and Hessian (`estimator/map.rs`), the
-//! `map` observe's binning pass (`Binning::locate_all`, `estimator/histogram.rs`) and the
-//! checks of `predict`'s and `observe`'s inputs (`estimator/observe.rs`, yes-or-no answers).
+//! `map` observe's binning pass and its labeled-rows loop (`Binning::locate_all`,
+//! `StepHistogram::locate_rows`, `estimator/histogram.rs`) and the checks of `predict`'s and
+//! `observe`'s inputs (`estimator/observe.rs`, yes-or-no answers).
 //! Every variant runs the same source with explicit lanes, and Rust never contracts `a * b + c` into an
-//! FMA on its own. The logistic, the `map` terms and the binning fuse nothing, so all their
-//! variants give the same bits; the feature
+//! FMA on its own. The `map` terms and the binning fuse nothing, so all their variants give
+//! the same bits; the logistic's AVX2 and AVX-512 variants fuse, and keep the baseline's
+//! float32 bits by checking every lane's rounding (`rounds_alike`); the feature
 //! kernel asks for fused multiply-adds in its AVX2 and AVX-512 variants, so those two give the
 //! same bits and the SSE2 baseline the bits of the separately rounded source (a build whose
 //! target has FMA instructions, such as aarch64 or `-C target-feature=+fma`, fuses in its

@@ -95,6 +95,9 @@ impl StepHistogram {
     /// [`add_rows`](Self::add_rows) locating each labeled feature of `features` (row-major
     /// `[R, K]`) where it is read (as [`Binning::locate_all`] does); returns whether every one
     /// of them is finite.
+    /// Runs on the widest vectors the CPU has ([`crate::simd`]): the loop is scalar, but the
+    /// wider instruction sets' three-operand forms and (AVX-512) 32 registers keep its values
+    /// in registers. The same bits on every variant (nothing is fused).
     #[inline]
     pub(crate) fn locate_rows<T: Copy + Into<f64>>(
         &mut self,
@@ -102,6 +105,40 @@ impl StepHistogram {
         features: &[T],
         admitted: &[i64],
         accepted: &[i64],
+    ) -> bool {
+        self.locate_rows_at(
+            crate::simd::level(),
+            binning,
+            features,
+            (admitted, accepted),
+        )
+    }
+
+    /// [`locate_rows`](Self::locate_rows) on the variant for `level`, which must be one this
+    /// CPU runs ([`crate::simd::available`]).
+    #[inline]
+    pub(crate) fn locate_rows_at<T: Copy + Into<f64>>(
+        &mut self,
+        level: crate::simd::Level,
+        binning: &Binning,
+        features: &[T],
+        counts: (&[i64], &[i64]),
+    ) -> bool {
+        crate::simd::dispatch!(
+            level,
+            avx512: x86::locate_rows_avx512(self, binning, features, counts),
+            avx2: x86::locate_rows_avx2(self, binning, features, counts),
+            baseline: self.locate_rows_baseline(binning, features, counts),
+        )
+    }
+
+    /// The body of every [`locate_rows`](Self::locate_rows) variant.
+    #[inline(always)]
+    fn locate_rows_baseline<T: Copy + Into<f64>>(
+        &mut self,
+        binning: &Binning,
+        features: &[T],
+        (admitted, accepted): (&[i64], &[i64]),
     ) -> bool {
         let (k, bins) = (self.num_positions, self.bins);
         let (sums, touched) = (&mut self.sums[..], &mut self.touched[..]);
@@ -167,6 +204,21 @@ impl StepHistogram {
             stats.x_sum[index] = x;
         }
         stats
+    }
+}
+
+/// [`StepHistogram::locate_rows`] compiled for AVX2 and AVX-512 (the same code).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    crate::simd::wide_variants! {
+        fn locate_rows_avx2 / locate_rows_avx512 [T: Copy + Into<f64>] (
+            histogram: &mut super::StepHistogram,
+            binning: &super::Binning,
+            features: &[T],
+            counts: (&[i64], &[i64]),
+        ) -> bool {
+            histogram.locate_rows_baseline(binning, features, counts)
+        }
     }
 }
 

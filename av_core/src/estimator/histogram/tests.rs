@@ -293,3 +293,83 @@ fn a_step_refused_at_the_bound_names_its_first_full_bin_whatever_the_order_it_wa
     acc.drain_into(&mut round);
     assert_eq!(round, full, "the refused add left something behind");
 }
+
+#[test]
+fn every_vector_unit_locates_labeled_rows_like_one_draft_at_a_time() {
+    // `locate_rows` on every variant this CPU runs against the column histograms built draft
+    // by draft with `locate`: float32 and float64 features (the clamp's edges and beyond
+    // included), rows with nothing, some and every position labeled, and a non-finite feature
+    // at a labeled place (reported) and at an unlabeled one (not read).
+    let mut rng = XorShift::new(59);
+    for (k, bins) in [(1, 1), (3, 7), (8, 64), (5, 113)] {
+        let binning = Binning::new(40.0, bins);
+        let rows = 37;
+        let features: Vec<f64> = (0..rows * k)
+            .map(|i| match i % 11 {
+                0 => 40.0,
+                1 => -40.0,
+                2 => 1e6,
+                _ => rng.unit_f64() * 100.0 - 50.0,
+            })
+            .collect();
+        let admitted: Vec<i64> = (0..rows)
+            .map(|_| (rng.next_u64() % (k as u64 + 1)) as i64)
+            .collect();
+        let accepted: Vec<i64> = admitted
+            .iter()
+            .map(|&a| (rng.next_u64() % (a as u64 + 1)) as i64)
+            .collect();
+        let mut expected = HistogramStats::new(k, bins);
+        for row in 0..rows {
+            let (a, c) = (admitted[row] as usize, accepted[row] as usize);
+            for position in 0..k {
+                if let Some(label) = crate::estimator::labels::label(position, a, c) {
+                    let x = features[row * k + position];
+                    expected.add_observation(&binning, position, x, label);
+                }
+            }
+        }
+        let narrow: Vec<f32> = features.iter().map(|&x| x as f32).collect();
+        let mut expected32 = HistogramStats::new(k, bins);
+        for row in 0..rows {
+            let (a, c) = (admitted[row] as usize, accepted[row] as usize);
+            for position in 0..k {
+                if let Some(label) = crate::estimator::labels::label(position, a, c) {
+                    let x = f64::from(narrow[row * k + position]);
+                    expected32.add_observation(&binning, position, x, label);
+                }
+            }
+        }
+        for level in crate::simd::available() {
+            let counts = (&admitted[..], &accepted[..]);
+            let mut step = StepHistogram::new(k, bins);
+            assert!(step.locate_rows_at(level, &binning, &features, counts));
+            assert_eq!(step.clone().into_stats(), expected, "{level:?} {k}x{bins}");
+            step.clear();
+            assert!(step.locate_rows_at(level, &binning, &narrow, counts));
+            assert_eq!(step.into_stats(), expected32, "{level:?} f32 {k}x{bins}");
+            // A NaN where a row is labeled fails the pass; where none is, it is never read.
+            let labeled_row = (0..rows).find(|&r| admitted[r].min(accepted[r] + 1) > 0);
+            let unlabeled_row = (0..rows).find(|&r| admitted[r] == 0);
+            if let Some(row) = labeled_row {
+                let mut bad = features.clone();
+                bad[row * k] = f64::NAN;
+                let mut step = StepHistogram::new(k, bins);
+                assert!(
+                    !step.locate_rows_at(level, &binning, &bad, counts),
+                    "{level:?}"
+                );
+            }
+            if let Some(row) = unlabeled_row {
+                let mut bad = features.clone();
+                bad[row * k] = f64::INFINITY;
+                let mut step = StepHistogram::new(k, bins);
+                assert!(
+                    step.locate_rows_at(level, &binning, &bad, counts),
+                    "{level:?}"
+                );
+                assert_eq!(step.into_stats(), expected, "{level:?} {k}x{bins}");
+            }
+        }
+    }
+}
