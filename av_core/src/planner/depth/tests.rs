@@ -579,6 +579,81 @@ proptest! {
         batch_matches_brute_force(&conf, cols, &caps, &step, &tables)?;
     }
 
+    /// Batch mode under uneven prices, where a depth that is not kept can be followed by one
+    /// that wins: drafting costs by depth that jump (up to 64 ms at one depth) and then stay
+    /// flat, verification costs that dip (not monotone), step or climb steeply, drafting by
+    /// request count that is free or dear, caps that differ by row, and budget caps. Dyadic
+    /// inputs (exact sums): brute force's depth and ratio.
+    #[test]
+    fn batch_mode_under_uneven_prices_equals_brute_force(
+        rows in 65usize..200,
+        cols in 2usize..13,
+        numerators in prop::collection::vec(0u32..=8, 300),
+        depth_steps in prop::collection::vec(0usize..5, 12),
+        verify_shape in 0u32..4,
+        verify_seed in prop::collection::vec(0u32..64, 16),
+        draft_unit in 0u32..3,
+        caps_seed in prop::collection::vec(0usize..16, 200),
+        caps_shape in 0u32..3,
+        budget_seed in 0usize..1000,
+    ) {
+        let conf: Vec<f64> = (0..rows * cols)
+            .map(|i| {
+                let n = numerators[i % 300];
+                // The first position confident, as an estimator's predictions usually are.
+                f64::from(if i % cols == 0 { n.max(6) } else { n }) / 8.0
+            })
+            .collect();
+        let caps: Vec<usize> = (0..rows)
+            .map(|r| match caps_shape {
+                0 => cols,
+                1 => caps_seed[r] % (cols + 1),
+                _ => if r % 5 == 0 { caps_seed[r] % (cols + 1) } else { cols },
+            })
+            .collect();
+        let tokens = rows * (cols + 2) + 1;
+        let verify: Vec<f64> = (0..tokens)
+            .map(|t| {
+                let base = 6.0 + f64::from(verify_seed[0] % 8) / 4.0;
+                match verify_shape {
+                    // Dips every few tokens: not monotone.
+                    0 => base + (t % 40) as f64 / 16.0 - f64::from(verify_seed[t % 16] % 4) / 4.0,
+                    // Steps at powers of two (captured sizes).
+                    1 => base + f64::from(t.max(1).ilog2()) * f64::from(verify_seed[1] % 16) / 4.0,
+                    // Steep from the start.
+                    2 => base + t as f64 * f64::from(1 + verify_seed[2] % 32) / 8.0,
+                    // Flat.
+                    _ => base,
+                }
+            })
+            .collect();
+        let draft: Vec<f64> = (0..=rows)
+            .map(|r| f64::from(draft_unit) * (1.0 + r as f64 / 64.0))
+            .collect();
+        let mut level = 0.0;
+        let depth_ms: Vec<f64> = std::iter::once(0.0)
+            .chain((0..cols).map(|d| {
+                level += [0.0, 0.25, 1.0, 4.0, 64.0][depth_steps[d]];
+                level
+            }))
+            .collect();
+        let tables = CostTables::new(draft, verify)
+            .unwrap()
+            .with_draft_depth(depth_ms)
+            .unwrap();
+        let step = StepTokens {
+            num_non_draft_tokens: rows,
+            num_sampling_requests: rows - budget_seed % 2,
+            max_draft_budget: match budget_seed % 4 {
+                0 => None,
+                1 => Some(budget_seed % 40),
+                2 => Some(rows + budget_seed % rows),
+                _ => Some(usize::MAX),
+            },
+        };
+        batch_matches_brute_force(&conf, cols, &caps, &step, &tables)?;
+    }
+
     /// Per-request mode: its ratio is the best over the survival-ordered prefixes of the
     /// slots above each depth (each prefix's cost recomputed from scratch).
     #[test]
