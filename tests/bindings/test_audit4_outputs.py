@@ -23,12 +23,19 @@ SLOTS = 8
 
 def planner() -> VerificationPlanner:
     tables = CostTables(np.linspace(0.5, 1.5, 40), 5 + 0.01 * np.arange(400))
-    out = VerificationPlanner(tables.with_draft_depth("autoregressive", max_depth=K), K, num_slots=SLOTS)
+    out = VerificationPlanner(
+        tables.with_draft_depth("autoregressive", max_depth=K), K, num_slots=SLOTS
+    )
     for slot in range(SLOTS):
         out.add_request(slot)
     rng = np.random.default_rng(3)
-    out.plan(np.arange(SLOTS), rng.uniform(0.2, 1, (SLOTS, K)), np.full(SLOTS, K),
-             num_non_draft_tokens=SLOTS, num_sampling_requests=SLOTS)
+    out.plan(
+        np.arange(SLOTS),
+        rng.uniform(0.2, 1, (SLOTS, K)),
+        np.full(SLOTS, K),
+        num_non_draft_tokens=SLOTS,
+        num_sampling_requests=SLOTS,
+    )
     return out
 
 
@@ -93,8 +100,16 @@ def test_results_are_arrays_of_their_own() -> None:
     first = est.predict(x)
     second = est.predict(x)
     p = planner()
-    plan = p.plan(np.arange(3), x[:3].clip(0, 1), np.full(3, K), num_non_draft_tokens=3, num_sampling_requests=3)
-    depth = p.choose_draft_depth(np.arange(5), np.full(5, K), num_non_draft_tokens=5, num_sampling_requests=5)
+    plan = p.plan(
+        np.arange(3),
+        x[:3].clip(0, 1),
+        np.full(3, K),
+        num_non_draft_tokens=3,
+        num_sampling_requests=3,
+    )
+    depth = p.choose_draft_depth(
+        np.arange(5), np.full(5, K), num_non_draft_tokens=5, num_sampling_requests=5
+    )
     for result, dtype, shape in (
         (first, np.float32, (37, K)),
         (second, np.float32, (37, K)),
@@ -111,9 +126,16 @@ def test_results_are_arrays_of_their_own() -> None:
     np.testing.assert_array_equal(second, keep)
     empty = est.predict(np.zeros((0, K)))
     assert empty.shape == (0, K) and empty.dtype == np.float32
-    tables = CostTables(np.linspace(0.5, 1.5, 4), 5 + 0.01 * np.arange(40)).with_draft_depth("parallel", max_depth=K)
-    none = choose_draft_depth(np.zeros((0, K)), np.zeros(0, np.int64), num_non_draft_tokens=0,
-                              num_sampling_requests=0, cost_tables=tables)
+    tables = CostTables(np.linspace(0.5, 1.5, 4), 5 + 0.01 * np.arange(40)).with_draft_depth(
+        "parallel", max_depth=K
+    )
+    none = choose_draft_depth(
+        np.zeros((0, K)),
+        np.zeros(0, np.int64),
+        num_non_draft_tokens=0,
+        num_sampling_requests=0,
+        cost_tables=tables,
+    )
     assert none.depths.shape == (0,) and none.depths.dtype == np.int32 and none.max_depth == 0
 
 
@@ -124,10 +146,20 @@ def test_a_refused_predict_returns_nothing_and_changes_nothing() -> None:
     before = est.to_bytes()
     good = np.random.default_rng(4).normal(0, 2, (5, K))
     want = est.predict(good)
-    for bad in (np.ones((5, K + 1)), np.ones(K), np.ones((1, 5, K)), np.ones((5, K), complex),
-                np.array([["a"] * K]), np.ones((5, K), np.int64), np.ones((5, K), bool)):
-        for spelled in (bad, np.asfortranarray(bad), bad.astype(bad.dtype.newbyteorder(">"))
-                        if bad.dtype.kind in "fci" else bad):
+    for bad in (
+        np.ones((5, K + 1)),
+        np.ones(K),
+        np.ones((1, 5, K)),
+        np.ones((5, K), complex),
+        np.array([["a"] * K]),
+        np.ones((5, K), np.int64),
+        np.ones((5, K), bool),
+    ):
+        for spelled in (
+            bad,
+            np.asfortranarray(bad),
+            bad.astype(bad.dtype.newbyteorder(">")) if bad.dtype.kind in "fci" else bad,
+        ):
             with pytest.raises((ValueError, TypeError)) as error:
                 est.predict(spelled)
             assert "features" in str(error.value), error.value
@@ -159,8 +191,13 @@ def test_int32_counts_read_once_under_a_racing_writer() -> None:
         outcomes = set()
         for _ in range(60):
             try:
-                plan = plan_verification(conf, counts, num_non_draft_tokens=rows,
-                                         num_sampling_requests=rows, cost_tables=tables)
+                plan = plan_verification(
+                    conf,
+                    counts,
+                    num_non_draft_tokens=rows,
+                    num_sampling_requests=rows,
+                    cost_tables=tables,
+                )
             except ValueError as error:
                 assert "scheduled_drafts" in str(error), error
                 outcomes.add("refused")

@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 from child_env import child_env
 
 from av_core import AcceptanceEstimator
@@ -92,27 +94,31 @@ def batches() -> list[np.ndarray]:
 _LEVEL_WORKLOAD = """
 import hashlib, sys
 import numpy as np
-sys.path.insert(0, {here!r})
 from test_audit4_predict import batches
 from av_core import AcceptanceEstimator
 digest = hashlib.sha256()
 for x in batches():
     est = AcceptanceEstimator(x.shape[1], init_slope=1.0, init_intercept=0.0, max_log_odds=100.0)
     for features in (x, x.astype(np.float32), np.asfortranarray(x), x.astype(">f8")):
-        digest.update(est.predict(features).tobytes())
+        try:
+            digest.update(est.predict(features).tobytes())
+        except ValueError as error:
+            digest.update(str(error).encode())
 print(digest.hexdigest())
 """
 
 
 def test_every_level_gives_the_baselines_bits_near_midpoints() -> None:
     """Every SIMD level's probabilities equal the baseline's bit for bit on lanes next to
-    float32 rounding midpoints, in the subnormal band and at NaN/±inf, at every place."""
-    here = str(__import__("pathlib").Path(__file__).parent)
+    float32 rounding midpoints, in the subnormal band and past the clamp (and the same refusal
+    of non-finite features), at every place."""
+    here = Path(__file__).parent
+    support = here.parent / "support"
     digests = {}
     for level in ("baseline", "avx2", "avx512", ""):
         run = subprocess.run(
-            [sys.executable, "-c", _LEVEL_WORKLOAD.format(here=here)],
-            env=child_env(drop=("AV_CORE_SIMD",), AV_CORE_SIMD=level),
+            [sys.executable, "-c", _LEVEL_WORKLOAD],
+            env=child_env(here, support, drop=("AV_CORE_SIMD",), AV_CORE_SIMD=level),
             capture_output=True,
             text=True,
             check=True,
@@ -145,7 +151,7 @@ def test_hard_lanes_match_the_float64_logistic_at_every_place() -> None:
 
 def test_baseline_is_the_float64_logistic_rounded_once() -> None:
     """The definition against an independent float64 logistic: within one float32 ulp
-    everywhere, NaN for NaN, 0/1 beyond the float32 range, and equal wherever the float64
+    everywhere, clamped past ±100, and equal wherever the float64
     value is not within 2^-40 (relative) of a float32 rounding midpoint."""
     rng = np.random.default_rng(7)
     z = np.concatenate([midpoint_logits(rng, 20_000), rng.uniform(-100, 100, 20_000)])
@@ -163,7 +169,14 @@ def test_baseline_is_the_float64_logistic_rounded_once() -> None:
     far = np.abs(exact - midpoint) > exact * 2.0**-40
     assert far.sum() > len(z) // 3
     np.testing.assert_array_equal(got[far], rounded[far])
-    special = est.predict(np.array([[np.nan], [np.inf], [-np.inf], [-100.0]]))[:, 0]
-    assert np.isnan(special[0])
-    assert special[1] == 1.0 and special[2] == np.float32(1 / (1 + np.exp(100.0)))
-    assert special[3] == np.float32(1 / (1 + np.exp(100.0)))
+    # Past the clamp (100): σ(±100), float32 1 and a float32 subnormal.
+    clamped = est.predict(np.array([[1e300], [-1e300], [-100.0], [5e-324]]))[:, 0]
+    assert clamped[0] == 1.0 and clamped[1] == np.float32(1 / (1 + np.exp(100.0))) == clamped[2]
+    assert clamped[3] == np.float32(0.5)
+    # Non-finite features are refused, naming the argument, at every place of a block.
+    for bad in (np.nan, np.inf, -np.inf):
+        for place in (0, 63, 64, 71, 76):
+            x = np.full((77, 1), 0.25)
+            x[place, 0] = bad
+            with pytest.raises(ValueError, match="features"):
+                est.predict(x)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from child_env import child_env
 
-from av_core import CostTables, choose_draft_depth, plan_verification
+from av_core import CostTables, choose_draft_depth
 
 
 def survivals(conf: np.ndarray) -> np.ndarray:
@@ -33,7 +33,9 @@ def drafting_ms(draft_ms: np.ndarray, depth_ms: np.ndarray, depths: np.ndarray) 
     """Pass j runs over the R_j requests drafting at least j positions and costs
     draft_ms[R_j] * (f(j) - f(j-1)), f(j) = depth_ms[j] / depth_ms[K] (0 when that is 0)."""
     full = float(depth_ms[-1])
-    fraction = [0.0 if full <= 0 or j == 0 else float(depth_ms[j]) / full for j in range(len(depth_ms))]
+    fraction = [
+        0.0 if full <= 0 or j == 0 else float(depth_ms[j]) / full for j in range(len(depth_ms))
+    ]
     cost = 0.0
     for j in range(1, int(depths.max(initial=0)) + 1):
         rows = int((depths >= j).sum())
@@ -100,8 +102,16 @@ def make_case(seed: int) -> dict:
     if depth_ms[-1] <= 0:
         depth_ms[-1] = 1.0
     budget_cap = [None, int(rng.integers(0, 40)), int(rows + rng.integers(0, rows))][seed % 3]
-    return dict(conf=conf, caps=caps, t=t, s=s, verify=verify, draft=draft, depth_ms=depth_ms,
-                budget_cap=budget_cap)
+    return dict(
+        conf=conf,
+        caps=caps,
+        t=t,
+        s=s,
+        verify=verify,
+        draft=draft,
+        depth_ms=depth_ms,
+        budget_cap=budget_cap,
+    )
 
 
 def decide(case: dict, conf: np.ndarray | None = None):
@@ -137,12 +147,18 @@ def test_batch_depth_on_the_histogram_path_matches_brute_force(seed: int) -> Non
     assert plan.drafts == int(plan.depths.sum())
     # What it anticipates is priced by the documented rule.
     cost = drafting_ms(case["draft"], case["depth_ms"], plan.depths.astype(np.int64))
-    assert plan.predicted_cost_ms == pytest.approx(cost + case["verify"][case["t"] + plan.budget], rel=1e-12)
-    values = np.sort(np.concatenate([survivals(case["conf"])[r, :n] for r, n in enumerate(plan.depths)]))[::-1]
+    assert plan.predicted_cost_ms == pytest.approx(
+        cost + case["verify"][case["t"] + plan.budget], rel=1e-12
+    )
+    values = np.sort(
+        np.concatenate([survivals(case["conf"])[r, :n] for r, n in enumerate(plan.depths)])
+    )[::-1]
     assert plan.budget <= len(values)
     if case["budget_cap"] is not None:
         assert plan.budget <= case["budget_cap"]
-    assert plan.expected_accepted_tokens == pytest.approx(case["s"] + values[: plan.budget].sum(), rel=1e-12)
+    assert plan.expected_accepted_tokens == pytest.approx(
+        case["s"] + values[: plan.budget].sum(), rel=1e-12
+    )
 
 
 def test_the_cases_take_the_early_stop() -> None:
@@ -160,28 +176,27 @@ def test_the_cases_take_the_early_stop() -> None:
 
 
 _LEVEL_WORKLOAD = """
-import hashlib, sys
+import hashlib
 import numpy as np
-sys.path.insert(0, {here!r})
-from test_audit4_depth import make_case, decide
-from av_core import CostTables, plan_verification
+from test_audit4_depth import make_case
+from av_core import CostTables, choose_draft_depth, plan_verification
 digest = hashlib.sha256()
 for seed in range(400):
     case = make_case(seed)
+    tables = CostTables(case["draft"], case["verify"]).with_draft_depth(case["depth_ms"])
+    step = dict(num_non_draft_tokens=case["t"], num_sampling_requests=case["s"],
+                cost_tables=tables, max_draft_budget=case["budget_cap"])
     for conf in (case["conf"], case["conf"].astype(np.float32)):
         for mode in ("batch", "per_request"):
-            tables = CostTables(case["draft"], case["verify"]).with_draft_depth(case["depth_ms"])
-            from av_core import choose_draft_depth
-            p = choose_draft_depth(conf, case["caps"], num_non_draft_tokens=case["t"],
-                num_sampling_requests=case["s"], cost_tables=tables,
-                max_draft_budget=case["budget_cap"], mode=mode)
+            p = choose_draft_depth(conf, case["caps"], mode=mode, **step)
             digest.update(p.depths.tobytes())
-            digest.update(repr((p.max_depth, p.drafts, p.budget, p.expected_accepted_tokens.hex(),
+            digest.update(repr((p.max_depth, p.drafts, p.budget,
+                                p.expected_accepted_tokens.hex(),
                                 p.predicted_cost_ms.hex())).encode())
-        v = plan_verification(conf, case["caps"], num_non_draft_tokens=case["t"],
-            num_sampling_requests=case["s"], cost_tables=tables, max_draft_budget=case["budget_cap"])
+        v = plan_verification(conf, case["caps"], **step)
         digest.update(v.admitted.tobytes())
-        digest.update(repr((v.budget, v.expected_accepted_tokens.hex(), v.predicted_cost_ms.hex())).encode())
+        digest.update(repr((v.budget, v.expected_accepted_tokens.hex(),
+                            v.predicted_cost_ms.hex())).encode())
 print(digest.hexdigest())
 """
 
@@ -189,12 +204,13 @@ print(digest.hexdigest())
 def test_every_level_decides_the_same_bits() -> None:
     """Depths, budgets, admitted counts, expected tokens and costs, float32 and float64
     confidences, both modes, on every SIMD level."""
-    here = str(Path(__file__).parent)
+    here = Path(__file__).parent
+    support = here.parent / "support"
     digests = {}
     for level in ("baseline", "avx2", "avx512", ""):
         run = subprocess.run(
-            [sys.executable, "-c", _LEVEL_WORKLOAD.format(here=here)],
-            env=child_env(drop=("AV_CORE_SIMD",), AV_CORE_SIMD=level),
+            [sys.executable, "-c", _LEVEL_WORKLOAD],
+            env=child_env(here, support, drop=("AV_CORE_SIMD",), AV_CORE_SIMD=level),
             capture_output=True,
             text=True,
             check=True,
