@@ -13,13 +13,11 @@ away from midpoints).
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from child_env import child_env
+from level_digests import level_digests
 
 from av_core import AcceptanceEstimator
 
@@ -112,18 +110,7 @@ def test_every_level_gives_the_baselines_bits_near_midpoints() -> None:
     """Every SIMD level's probabilities equal the baseline's bit for bit on lanes next to
     float32 rounding midpoints, in the subnormal band and past the clamp (and the same refusal
     of non-finite features), at every place."""
-    here = Path(__file__).parent
-    support = here.parent / "support"
-    digests = {}
-    for level in ("baseline", "avx2", "avx512", ""):
-        run = subprocess.run(
-            [sys.executable, "-c", _LEVEL_WORKLOAD],
-            env=child_env(here, support, drop=("AV_CORE_SIMD",), AV_CORE_SIMD=level),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        digests[level] = run.stdout.strip()
+    digests = level_digests(_LEVEL_WORKLOAD, Path(__file__).parent)
     assert len(set(digests.values())) == 1, digests
     assert len(digests["baseline"]) == len(hashlib.sha256().hexdigest())
 

@@ -14,13 +14,11 @@ sorted sums, the documented drafting price), and every SIMD level must give the 
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from child_env import child_env
+from level_digests import level_digests
 
 from av_core import CostTables, choose_draft_depth
 
@@ -204,17 +202,6 @@ print(digest.hexdigest())
 def test_every_level_decides_the_same_bits() -> None:
     """Depths, budgets, admitted counts, expected tokens and costs, float32 and float64
     confidences, both modes, on every SIMD level."""
-    here = Path(__file__).parent
-    support = here.parent / "support"
-    digests = {}
-    for level in ("baseline", "avx2", "avx512", ""):
-        run = subprocess.run(
-            [sys.executable, "-c", _LEVEL_WORKLOAD],
-            env=child_env(here, support, drop=("AV_CORE_SIMD",), AV_CORE_SIMD=level),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        digests[level] = run.stdout.strip()
+    digests = level_digests(_LEVEL_WORKLOAD, Path(__file__).parent)
     assert len(set(digests.values())) == 1, digests
     assert len(digests["baseline"]) == len(hashlib.sha256().hexdigest())
