@@ -92,7 +92,7 @@ def batches() -> list[np.ndarray]:
 _LEVEL_WORKLOAD = """
 import hashlib, sys
 import numpy as np
-from test_audit4_predict import batches
+from test_predict_rounding_levels import batches
 from av_core import AcceptanceEstimator
 digest = hashlib.sha256()
 for x in batches():

@@ -176,7 +176,7 @@ def test_the_cases_take_the_early_stop() -> None:
 _LEVEL_WORKLOAD = """
 import hashlib
 import numpy as np
-from test_audit4_depth import make_case
+from test_depth_brute_force_stop import make_case
 from av_core import CostTables, choose_draft_depth, plan_verification
 digest = hashlib.sha256()
 for seed in range(400):
