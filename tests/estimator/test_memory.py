@@ -143,3 +143,24 @@ def test_the_default_memory_beats_the_memoryless_update_on_every_real_trace(
 def test_bad_memory_settings_are_refused(kwargs: dict[str, float], text: str) -> None:
     with pytest.raises(ValueError, match=text):
         AcceptanceEstimator(4, **kwargs)
+
+
+def test_a_fold_that_would_overflow_drops_the_memory_and_the_state_still_reloads() -> None:
+    # An l2 and a slope at the edge of f64 (a loaded state may hold them): the round's fold
+    # l2 * slope overflows. The memory is dropped (one reset), the coefficients stay, and the
+    # estimator's own bytes load again.
+    est = AcceptanceEstimator(1, update="vllm", memory=0.8, refit_interval=2)
+    state = est.state_dict()
+    state["config"]["l2"] = 4e175
+    state["config"]["max_slope"] = 5e175
+    state["slope"] = 4e175
+    est = AcceptanceEstimator.from_state_dict(state)
+    est.observe(np.zeros((2, 1), np.float32), [1, 0], [0, 0])
+    est.refit()
+    memory = est.state_dict()["memory_state"]
+    assert memory["resets"] == 1
+    assert memory["a"] == memory["total"] == 0.0
+    assert memory["rhs"] == [0.0, 0.0]
+    assert est.slope == 4e175
+    again = AcceptanceEstimator.from_bytes(est.to_bytes())
+    assert again.to_bytes() == est.to_bytes()

@@ -208,6 +208,17 @@ impl Memory {
         Ok(())
     }
 
+    /// Whether every value of the memory is finite.
+    fn is_finite(&self) -> bool {
+        let mut columns = self
+            .b
+            .iter()
+            .chain(&self.c)
+            .chain(&self.rhs)
+            .chain(&self.counts);
+        self.a.is_finite() && self.total.is_finite() && columns.all(|v| v.is_finite())
+    }
+
     fn decay(&mut self, gamma: f64) {
         self.a *= gamma;
         self.total *= gamma;
@@ -260,6 +271,15 @@ impl Memory {
         self.rhs[0] += rhs0;
         self.a += round.a;
         self.total += round.total;
+        if !self.is_finite() {
+            // Coefficients and an `l2` at the edge of f64 (a loaded state may hold them) can
+            // overflow the fold: the memory is dropped (counted as a reset) and this round gives
+            // no step, so the state stays one that saves and loads.
+            let resets = (self.resets + 1).min(MAX_COUNT);
+            *self = Memory::new(intercepts.len());
+            self.resets = resets;
+            return None;
+        }
 
         // The gradient of the memory's quadratic at the current coefficients: b − A θ.
         let mut g0 = self.rhs[0] - self.a * slope;
