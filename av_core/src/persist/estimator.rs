@@ -5,6 +5,7 @@
 //! | payload version | payload | written by |
 //! |---|---|---|
 //! | 3 | the state's serde declaration in [postcard]'s wire format: [`EstimatorConfig`], `slope`, `intercepts`, `steps_since_refit`, `num_refits`, then the update's part ([`VllmState`] or [`MapState`], as the configuration's `update` names it) | this build |
+//! | 3 | the `state_dict` tree in a self-describing binary (`value_tree.rs`), read when a payload is not this build's layout and starts as the tree's | the builds between the state's serde declaration and postcard |
 //! | 2 | version 1's fields, then the update, bins, prior widths and the map state, by position | builds with the map update |
 //! | 1 | config, coefficients, fixed-point round, counters, memory of past rounds, by position (before the memory existed: without `memory`, `drift_z` and the memory) | the first builds |
 //!
@@ -13,8 +14,8 @@
 //! width ([`fixed`](super::fixed)), so the length depends on the configuration only (`K`, the
 //! update, `bins`, a manual `refit_interval`), never on the values ([`encoded_len`]), and each
 //! state has one encoding: bytes that decode to a state but are not its encoding (an overlong
-//! varint) are refused. Versions 1 and 2 are read, never written: every state an earlier
-//! release saved loads bit for bit.
+//! varint) are refused. Versions 1 and 2, and the value tree's version 3, are read, never
+//! written: every state an earlier release saved loads bit for bit.
 //!
 //! Decoding checks magic, version, length and checksum before it reads a field, then validates
 //! the state like any other input
@@ -45,9 +46,9 @@ pub const FORMAT_VERSION: u32 = 3;
 pub const FORMAT_VERSION_1: u32 = 1;
 
 /// A bound on any estimator state's length, of this build or an earlier one (`K = 64`, `map`
-/// with the most bins: 48 bytes per bin and position, the rest within 32 KiB): a reader never
-/// needs more bytes.
-pub const MAX_ENCODED_LEN: usize = 48 * EstimatorConfig::MAX_POSITIONS * MAX_BINS + 32 * 1024;
+/// with the most bins: 48 bytes per bin and position in this build's layout, 78 in the value
+/// tree's, the rest within 32 KiB): a reader never needs more bytes.
+pub const MAX_ENCODED_LEN: usize = 78 * EstimatorConfig::MAX_POSITIONS * MAX_BINS + 32 * 1024;
 
 /// Version 3's fields before the update's part.
 #[derive(Serialize, Deserialize)]
@@ -135,23 +136,24 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     let mut r = Reader {
         bytes: read.payload,
     };
-    let state = match read.version {
-        FORMAT_VERSION => decode_declared(&mut r)?,
-        version => decode_by_position(&mut r, version)?,
-    };
-    r.finish()?;
-    if read.version == FORMAT_VERSION && encode(&state) != bytes {
-        return Err(broken(
-            "not the state's encoding (a length or tag written in more bytes than it takes)",
-        ));
+    if read.version == FORMAT_VERSION {
+        // A payload this build's layout refuses may be the value tree's version 3.
+        return decode_declared(&mut r, bytes).or_else(|err| {
+            match value_tree::holds(read.payload) {
+                true => value_tree::decode(read.payload),
+                false => Err(err),
+            }
+        });
     }
+    let state = decode_by_position(&mut r, read.version)?;
+    r.finish()?;
     Ok(state)
 }
 
-/// A payload of version 3 (module docs).
-fn decode_declared(r: &mut Reader<'_>) -> Result<EstimatorState> {
+/// A payload of version 3 (module docs), which must be the state's one encoding (`bytes`).
+fn decode_declared(r: &mut Reader<'_>, bytes: &[u8]) -> Result<EstimatorState> {
     let head: Head<'_> = take(r)?;
-    Ok(EstimatorState {
+    let state = EstimatorState {
         update: match head.config.update {
             Update::Vllm => UpdateState::Vllm(take(r)?),
             Update::Map => UpdateState::Map(take(r)?),
@@ -161,7 +163,14 @@ fn decode_declared(r: &mut Reader<'_>) -> Result<EstimatorState> {
         intercepts: head.intercepts.into_owned(),
         steps_since_refit: head.steps_since_refit,
         num_refits: head.num_refits,
-    })
+    };
+    r.finish()?;
+    if encode(&state) != bytes {
+        return Err(broken(
+            "not the state's encoding (a length or tag written in more bytes than it takes)",
+        ));
+    }
+    Ok(state)
 }
 
 /// A `T` from the front of what `r` has left.
@@ -304,6 +313,8 @@ fn check_bits(bits: u32, ours: u32) -> Result<()> {
         ))),
     }
 }
+
+mod value_tree;
 
 #[cfg(test)]
 mod tests;

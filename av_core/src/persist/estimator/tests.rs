@@ -1,4 +1,5 @@
 use super::*;
+use crate::persist::tree::Value;
 use crate::persist::{crc32, frame, FRAME_LEN};
 use crate::ErrorKind;
 use crate::MatrixView;
@@ -105,10 +106,122 @@ fn the_longest_state_is_within_the_bound() {
     config.bins = MAX_BINS;
     let len = encoded_len(&config).unwrap();
     assert!(len <= MAX_ENCODED_LEN, "{len} > {MAX_ENCODED_LEN}");
+    // The value tree's version 3 of the same state is the longest an earlier build wrote.
+    let state = AcceptanceEstimator::new(config).unwrap().state();
+    let tree_len = value_tree_bytes(&state).len();
+    assert!(tree_len > len && tree_len <= MAX_ENCODED_LEN, "{tree_len}");
     assert!(
-        len > MAX_ENCODED_LEN - 32 * 1024,
-        "{len} is far below {MAX_ENCODED_LEN}"
+        tree_len > MAX_ENCODED_LEN - 32 * 1024,
+        "{tree_len} is far below {MAX_ENCODED_LEN}"
     );
+}
+
+/// `tree` in the value tree's binary (`value_tree.rs`), as the builds that wrote it did.
+fn put_tree(tree: &Value, out: &mut Vec<u8>) {
+    fn text(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+    fn list(out: &mut Vec<u8>, items: impl ExactSizeIterator<Item = Value>) {
+        out.push(6);
+        out.extend((items.len() as u64).to_le_bytes());
+        items.for_each(|item| put_tree(&item, out));
+    }
+    match tree {
+        Value::None => out.push(0),
+        Value::Bool(b) => out.push(1 + u8::from(*b)),
+        Value::Int(v) => {
+            out.push(3);
+            out.extend(v.to_le_bytes());
+        }
+        Value::Float(v) => {
+            out.push(4);
+            out.extend(v.to_le_bytes());
+        }
+        Value::Str(s) => {
+            out.push(5);
+            text(out, s);
+        }
+        Value::List(items) => list(out, items.iter().cloned()),
+        Value::Floats(items) => list(out, items.iter().map(|&v| Value::Float(v))),
+        Value::Ints(items) => list(out, items.iter().map(|&v| Value::Int(v))),
+        Value::Dict(entries) => {
+            out.push(7);
+            out.extend((entries.len() as u64).to_le_bytes());
+            for (key, value) in entries {
+                text(out, key);
+                put_tree(value, out);
+            }
+        }
+        Value::BigInt { text: t, .. } => {
+            out.push(8);
+            text(out, t);
+        }
+        Value::Other { type_name, text: t } => {
+            out.push(9);
+            text(out, type_name);
+            text(out, t);
+        }
+    }
+}
+
+/// `state` framed as the value tree's version 3.
+fn value_tree_bytes(state: &EstimatorState) -> Vec<u8> {
+    let mut payload = Vec::new();
+    put_tree(&crate::persist::state_dict::encode(state), &mut payload);
+    framed(FORMAT_VERSION, &payload)
+}
+
+#[test]
+fn the_value_trees_version_3_reads_as_its_state() {
+    for config in configs() {
+        let state = sample_state(config);
+        let bytes = value_tree_bytes(&state);
+        assert_eq!(&bytes[8..12], &3u32.to_le_bytes());
+        assert_eq!(decode(&bytes).unwrap(), state);
+        // Written again in this build's layout.
+        assert_eq!(decode(&encode(&state)).unwrap(), state);
+        assert_ne!(encode(&state), bytes);
+    }
+}
+
+#[test]
+fn a_broken_value_tree_is_refused_by_what_breaks_it() {
+    let state = sample_state(EstimatorConfig::new(3));
+    let payload = |bytes: &[u8]| bytes[FRAME_LEN - 4..bytes.len() - 4].to_vec();
+    let good = payload(&value_tree_bytes(&state));
+    type Edit<'a> = &'a dyn Fn(&mut Vec<u8>);
+    let cases: [(Edit<'_>, &str); 4] = [
+        (
+            &|p| p.extend([0; 8]),
+            "8 unexpected bytes after the last field",
+        ),
+        (
+            &|p| p.truncate(p.len() - 3),
+            "truncated while reading an int",
+        ),
+        (&|p| p[8] = 1, "exceeds the data"),
+        (
+            &|p| {
+                // The format's value, "av_core.AcceptanceEstimator", renamed.
+                let at = 23 + 1 + 8;
+                p[at] = b'x';
+            },
+            "format",
+        ),
+    ];
+    for (edit, message) in cases {
+        let mut p = good.clone();
+        edit(&mut p);
+        let err = decode(&framed(FORMAT_VERSION, &p)).unwrap_err();
+        assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
+        assert!(err.message.contains(message), "{err}");
+    }
+    // A payload that starts otherwise keeps this build's layout's error.
+    let mut p = payload(&encode(&state));
+    p.push(0);
+    let err = decode(&framed(FORMAT_VERSION, &p)).unwrap_err();
+    assert!(err.message.contains("1 unexpected bytes"), "{err}");
 }
 
 #[test]
