@@ -1,18 +1,27 @@
 """Every state an earlier release wrote still loads bit for bit and continues as that release
 continued it.
 
-``tests/data/legacy/<build>.json`` holds what three builds wrote (the bytes and the
-``state_dict`` of several estimators: vLLM's update and the map update, several K and bins,
-memory on and off, manual refits, mid-round and after refits), with what each build did next
-from there: its predictions, and after one more step and a refit its coefficients, counters and
-``state_dict`` (``make_legacy_states.py``, run against each build's own extension):
+``tests/data/legacy/<build>.json`` holds what seven builds wrote (the bytes, the ``state_dict``
+and the pickles of several estimators: vLLM's update and the map update, several K and bins,
+memory on and off, manual refits, mid-round and after refits, and the pickled configuration
+where the build pickles it), with what each build did next from there: its predictions, and
+after one more step and a refit its coefficients, counters and ``state_dict``
+(``make_legacy_states.py``, run against each build's own extension):
 
 - ``c56ee9b``: the first build that saved states (format version 1 before the memory of past
   rounds existed: no ``memory``, ``drift_z`` or ``memory_state``; the current layout of
   version 1 came later without a version bump, so this build's states had stopped loading);
+- ``7a95997`` and ``0434a0a``: format 1 with the memory (off, then on by default), before the
+  update was an option; pickles through ``from_state_dict``;
 - ``7556d47``: the last build before the map update became the default (format 1 for vLLM's
   update at the default map settings, format 2 for every other state);
-- ``889c5ec``: the build before the state's declaration moved to serde.
+- ``889c5ec``: the build before the state's declaration moved to serde (configurations
+  pickle);
+- ``e96aef9``: format 3 as the value tree's binary, which this build's format 3 (postcard)
+  replaced under the same version number; its vLLM warm-restart files
+  (``make_warm_files.py``) hold the same bytes;
+- ``a1dffe7``: the first build of format 3 in postcard, whose bytes this build writes again
+  byte for byte.
 
 The map update's Newton step has been solved by its structure since ``7556d47``: a refit from
 that build's state may differ from its record by rounding (``REFITTED_SINCE``); everything
@@ -25,6 +34,7 @@ import base64
 import copy
 import importlib.util
 import json
+import pickle
 import zlib
 from pathlib import Path
 from typing import Any
@@ -33,7 +43,7 @@ import numpy as np
 import pytest
 from trees import exact, with_later_fields
 
-from av_core import AcceptanceEstimator
+from av_core import AcceptanceEstimator, EstimatorConfig
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "legacy"
 
@@ -49,23 +59,54 @@ def _load_generator() -> Any:
 
 
 GENERATOR = _load_generator()
-BUILDS = ("c56ee9b", "7556d47", "889c5ec")
+BUILDS = ("c56ee9b", "7a95997", "0434a0a", "7556d47", "889c5ec", "e96aef9", "a1dffe7")
+#: The builds before the update rule was an option (vLLM's update only).
+FIRST_BUILDS = {
+    "c56ee9b": ["first_k1", "first_k4_refits", "first_k8_unbounded"],
+    "7a95997": ["first_k1", "first_k3_memory", "first_k4_refits", "first_k8_unbounded"],
+    "0434a0a": ["first_k1", "first_k3_memory", "first_k4_refits", "first_k8_unbounded"],
+}
 RECORDS = {build: json.loads((DATA / f"{build}.json").read_text()) for build in BUILDS}
 CASES = [(build, name) for build, record in RECORDS.items() for name in sorted(record["scenarios"])]
+#: Builds whose bytes are in this build's format (version 3 in postcard).
+WRITTEN_AS_THIS_BUILD_WRITES = {"a1dffe7"}
 #: Builds whose map refits may differ from this build's by rounding (module docs).
 REFITTED_SINCE = {"7556d47": 1e-12}
 
 
 def test_every_build_is_recorded_with_the_scenarios_it_supports() -> None:
-    assert sorted(RECORDS["c56ee9b"]["scenarios"]) == [
-        "first_k1",
-        "first_k4_refits",
-        "first_k8_unbounded",
-    ]
-    for build in ("7556d47", "889c5ec"):
+    for build, scenarios in FIRST_BUILDS.items():
+        assert sorted(RECORDS[build]["scenarios"]) == scenarios
+    for build in set(BUILDS) - set(FIRST_BUILDS):
         assert sorted(RECORDS[build]["scenarios"]) == sorted(
             name for name in GENERATOR.SCENARIOS if not name.startswith("first")
         )
+
+
+def test_each_build_wrote_the_byte_format_it_is_recorded_for() -> None:
+    """The estimator's bytes: version 1 (before and after the memory), 2, and the value tree's
+    version 3 (``e96aef9``), which this build's version 3 (postcard) replaced without a new
+    version number."""
+    versions = {
+        build: {
+            int.from_bytes(base64.b64decode(record["bytes"])[8:12], "little")
+            for record in RECORDS[build]["scenarios"].values()
+        }
+        for build in BUILDS
+    }
+    assert versions == {
+        "c56ee9b": {1},
+        "7a95997": {1},
+        "0434a0a": {1},
+        "7556d47": {1, 2},
+        "889c5ec": {1, 2},
+        "e96aef9": {3},
+        "a1dffe7": {3},
+    }
+    tree_payload = base64.b64decode(RECORDS["e96aef9"]["scenarios"]["map_k4"]["bytes"])[20:]
+    assert tree_payload[0] == 7 and tree_payload[9:23] == b"\x06\0\0\0\0\0\0\0format"
+    postcard_payload = base64.b64decode(RECORDS["a1dffe7"]["scenarios"]["map_k4"]["bytes"])[20:]
+    assert postcard_payload[0] == 4  # K, postcard's first field
 
 
 def completed(saved: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +158,8 @@ def test_the_bytes_of_an_earlier_build_load_and_continue_bit_for_bit(build: str,
     data = base64.b64decode(RECORDS[build]["scenarios"][name]["bytes"])
     est = AcceptanceEstimator.from_bytes(data)
     continues_as_recorded(est, build, name)
+    if build in WRITTEN_AS_THIS_BUILD_WRITES:
+        assert AcceptanceEstimator.from_bytes(data).to_bytes() == data
     # This build writes the state in its own format, which reads back to the same state.
     again = AcceptanceEstimator.from_bytes(AcceptanceEstimator.from_bytes(data).to_bytes())
     exact(again.state_dict(), AcceptanceEstimator.from_bytes(data).state_dict())
@@ -128,6 +171,44 @@ def test_the_state_dict_of_an_earlier_build_loads_and_continues_bit_for_bit(
 ) -> None:
     saved = copy.deepcopy(RECORDS[build]["scenarios"][name]["state_dict"])
     continues_as_recorded(AcceptanceEstimator.from_state_dict(saved), build, name)
+
+
+PICKLED = [(b, n) for b, n in CASES if RECORDS[b]["scenarios"][n].get("pickles")]
+
+
+def test_the_recorded_builds_pickled_their_estimators() -> None:
+    assert {b for b, _ in PICKLED} == set(BUILDS)
+
+
+@pytest.mark.parametrize(("build", "name"), PICKLED)
+def test_a_pickle_of_an_earlier_build_loads_and_continues_bit_for_bit(
+    build: str, name: str
+) -> None:
+    record = RECORDS[build]["scenarios"][name]
+    for protocol, data in record["pickles"].items():
+        est = pickle.loads(base64.b64decode(data))
+        assert isinstance(est, AcceptanceEstimator), protocol
+        continues_as_recorded(est, build, name)
+
+
+CONFIGS = [(b, n) for b, n in CASES if RECORDS[b]["scenarios"][n].get("config_pickles")]
+
+
+def test_the_builds_since_configurations_pickle_are_recorded_with_them() -> None:
+    assert {b for b, _ in CONFIGS} == {"889c5ec", "e96aef9", "a1dffe7"}
+
+
+@pytest.mark.parametrize(("build", "name"), CONFIGS)
+def test_a_pickled_configuration_of_an_earlier_build_loads(build: str, name: str) -> None:
+    """The configuration's pickle reads as the configuration of the state saved with it (which
+    the tests above hold to what the build wrote)."""
+    record = RECORDS[build]["scenarios"][name]
+    saved = AcceptanceEstimator.from_state_dict(copy.deepcopy(record["state_dict"])).config
+    for protocol, data in record["config_pickles"].items():
+        config = pickle.loads(base64.b64decode(data))
+        assert isinstance(config, EstimatorConfig), protocol
+        assert config == saved, f"{build} {name} config pickle {protocol}"
+        exact(config.to_dict(), saved.to_dict(), f"{build} {name} config pickle {protocol}")
 
 
 @pytest.mark.parametrize(("build", "name"), CASES)
@@ -163,3 +244,36 @@ def test_a_warm_restart_file_of_the_previous_release_loads(tmp_path: Path, updat
     legacy.unlink()
     assert WarmStart(tmp_path, key).load(fresh) is True  # from the core's bytes now
     exact(fresh.state_dict(), expected)
+
+
+@pytest.mark.parametrize("update", ["vllm", "map"])
+def test_the_core_bytes_of_an_earlier_warm_restart_load(update: str) -> None:
+    """The ``.avcore`` file ``e96aef9``'s warm restart wrote (the value tree's format 3, with
+    the drop-in's counters in the state's; ``make_warm_files.py``, from a real drop-in's
+    ``state_dict``) loads as that state."""
+    data = (DATA / f"warm_{update}_e96aef9.avcore").read_bytes()
+    assert data[:12] == b"AVCORE\0E" + (3).to_bytes(4, "little")
+    dropin = json.loads((DATA / f"warm_{update}_889c5ec.expected.json").read_text())
+    state = dict(dropin["estimator"])
+    state["steps_since_refit"], state["num_refits"] = dropin["steps_since_refit"], dropin["refits"]
+    exact(AcceptanceEstimator.from_bytes(data).state_dict(), with_later_fields(state))
+
+
+@pytest.mark.parametrize("update", ["vllm", "map"])
+def test_a_warm_restart_of_the_core_bytes_era_loads(tmp_path: Path, update: str) -> None:
+    """``e96aef9``'s two warm-restart files (the state's bytes and its key) restore the drop-in
+    whose state they hold."""
+    torch = pytest.importorskip("torch")
+    from av_core.vllm import OnlineAcceptanceEstimator
+    from av_core.vllm.state import StateKey, WarmStart
+
+    key = StateKey("org/target-8b", "org/draft-1b", "eagle3", 4, "dp0-rank0")
+    (tmp_path / key.filename()).write_bytes((DATA / f"warm_{update}_e96aef9.avcore").read_bytes())
+    (tmp_path / key.key_filename()).write_bytes(
+        (DATA / f"warm_{update}_e96aef9.key.json").read_bytes()
+    )
+    expected = json.loads((DATA / f"warm_{update}_889c5ec.expected.json").read_text())
+    expected["estimator"] = with_later_fields(expected["estimator"])
+    est = OnlineAcceptanceEstimator(8, 4, torch.device("cpu"), update=update)
+    assert WarmStart(tmp_path, key).load(est) is True
+    exact(est.state_dict(), expected)

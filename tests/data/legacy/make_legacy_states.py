@@ -10,7 +10,8 @@ built into its ``python/av_core/``), e.g.::
     PYTHONPATH=/tmp/old/python python tests/data/legacy/make_legacy_states.py c56ee9b
 
 Each scenario drives one estimator through a fixed workload and records its bytes
-(``to_bytes``), its ``state_dict``, its predictions on a probe, and, after one more step and a
+(``to_bytes``), its ``state_dict``, its pickles and its configuration's (where the build
+pickles them), its predictions on a probe, and, after one more step and a
 refit, its coefficients, counters and ``state_dict``: what a later build must reproduce from
 the saved state. Only the options the build knows are used (the first builds had no memory,
 no update and no manual refits).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import json
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ SCENARIOS: dict[str, tuple[int, dict[str, Any], int]] = {
         {"refit_interval": 4, "max_step": np.inf, "max_slope": np.inf, "max_intercept": np.inf},
         9,
     ),
+    "first_k3_memory": (3, {"refit_interval": 2, "memory": 0.6, "max_step": np.inf}, 8),
     "vllm_memory": (4, {"update": "vllm", "refit_interval": 3, "memory": 0.8}, 8),
     "vllm_memoryless": (3, {"update": "vllm", "refit_interval": 2, "memory": 0.0}, 5),
     "vllm_bins16": (4, {"update": "vllm", "refit_interval": 3, "bins": 16}, 7),
@@ -109,15 +112,29 @@ def continuation(est: AcceptanceEstimator, k: int) -> dict[str, Any]:
     }
 
 
+def pickles(obj: Any) -> dict[str, str]:
+    """``obj``'s pickles at protocols 2 and 5, or none where the build cannot pickle it."""
+    out = {}
+    for protocol in (2, 5):
+        try:
+            out[str(protocol)] = base64.b64encode(pickle.dumps(obj, protocol=protocol)).decode()
+        except (TypeError, pickle.PicklingError):
+            return {}
+    return out
+
+
 def record(k: int, options: dict[str, Any], steps: int) -> dict[str, Any]:
     est = drive(k, options, steps)
     saved = est.to_bytes()
+    config = getattr(est, "config", None)
     return {
         "k": k,
         "options": {name: value for name, value in options.items()},
         "steps": steps,
         "bytes": base64.b64encode(saved).decode(),
         "state_dict": est.state_dict(),
+        "pickles": pickles(est),
+        "config_pickles": {} if config is None else pickles(config),
         "probe": bits(est.predict(np.resize(PROBE, (4, k)))),
         "next": continuation(est, k),
     }
