@@ -217,6 +217,19 @@ fn a_broken_value_tree_is_refused_by_what_breaks_it() {
         assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
         assert!(err.message.contains(message), "{err}");
     }
+    // Every cut and bit flip of the payload, framed again, is refused or read, never a panic;
+    // a cut short of the whole is always refused.
+    for cut in 23..good.len() {
+        assert!(
+            decode(&framed(FORMAT_VERSION, &good[..cut])).is_err(),
+            "cut {cut}"
+        );
+    }
+    for i in (0..good.len()).step_by(3) {
+        let mut p = good.clone();
+        p[i] ^= 0x41;
+        let _ = decode(&framed(FORMAT_VERSION, &p));
+    }
     // A payload that starts otherwise keeps this build's layout's error.
     let mut p = payload(&encode(&state));
     p.push(0);
