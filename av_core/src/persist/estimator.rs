@@ -9,12 +9,12 @@
 //! | 2 | version 1's fields, then the update, bins, prior widths and the map state, by position | builds with the map update |
 //! | 1 | config, coefficients, fixed-point round, counters, memory of past rounds, by position (before the memory existed: without `memory`, `drift_z` and the memory) | the first builds |
 //!
-//! Version 3 follows the types' declaration, so a field added to the state or the
-//! configuration needs no new layout. Counters and integer columns are written at a fixed
-//! width ([`fixed`](super::fixed)), so the length depends on the configuration only (`K`, the
-//! update, `bins`, a manual `refit_interval`), never on the values ([`encoded_len`]), and each
-//! state has one encoding: bytes that decode to a state but are not its encoding (an overlong
-//! varint) are refused. Versions 1 and 2, and the value tree's version 3, are read, never
+//! Version 3 follows the types' declaration by position (postcard writes no field names), so
+//! a field added to the state or the configuration changes the layout and needs a new version.
+//! Counters and integer columns are written at a fixed width ([`fixed`](super::fixed)), so the
+//! length depends on the configuration only (`K`, the update, `bins`, a manual
+//! `refit_interval`), never on the values ([`encoded_len`]), and each state has one encoding:
+//! bytes that decode to a state but are not its encoding (an overlong varint) are refused. Versions 1 and 2, and the value tree's version 3, are read, never
 //! written: every state an earlier release saved loads bit for bit.
 //!
 //! Decoding checks magic, version, length and checksum before it reads a field, then validates
