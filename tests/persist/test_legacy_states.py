@@ -12,7 +12,8 @@ after one more step and a refit its coefficients, counters and ``state_dict``
   rounds existed: no ``memory``, ``drift_z`` or ``memory_state``; the current layout of
   version 1 came later without a version bump, so this build's states had stopped loading);
 - ``7a95997`` and ``0434a0a``: format 1 with the memory (off, then on by default), before the
-  update was an option; pickles through ``from_state_dict``;
+  update was an option; pickles through ``from_state_dict``; ``0434a0a``'s vLLM warm-restart
+  JSON file (``make_warm_json.py``), whose native estimator refits every 2**40 steps;
 - ``7556d47``: the last build before the map update became the default (format 1 for vLLM's
   update at the default map settings, format 2 for every other state);
 - ``889c5ec``: the build before the state's declaration moved to serde (configurations
@@ -35,6 +36,7 @@ import copy
 import importlib.util
 import json
 import pickle
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -277,3 +279,52 @@ def test_a_warm_restart_of_the_core_bytes_era_loads(tmp_path: Path, update: str)
     est = OnlineAcceptanceEstimator(8, 4, torch.device("cpu"), update=update)
     assert WarmStart(tmp_path, key).load(est) is True
     exact(est.state_dict(), expected)
+
+
+def _warm_state_module() -> Any:
+    """``av_core/vllm/state.py`` itself, without the package's import of torch (the warm
+    restart's file handling needs none)."""
+    import av_core
+
+    path = Path(av_core.__file__).parent / "vllm" / "state.py"
+    spec = importlib.util.spec_from_file_location("legacy_av_core_vllm_state", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class RunningDropIn:
+    """The vLLM drop-in as a warm restart sees it: its configuration (a real drop-in's, from
+    ``warm_vllm_889c5ec.expected.json``, which the test above holds the drop-in to) and what it
+    is given to load."""
+
+    def __init__(self) -> None:
+        dropin = json.loads((DATA / "warm_vllm_889c5ec.expected.json").read_text())
+        self.config = dropin["estimator"]["config"]
+        self.loaded: list[dict[str, Any]] = []
+
+    def state_dict(self, flush: bool = True) -> dict[str, Any]:
+        return {"estimator": {"config": self.config}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded.append(state)
+
+    @property
+    def num_refits(self) -> int:
+        return int(self.loaded[-1]["refits"])
+
+
+def test_a_warm_restart_file_saved_before_the_manual_refits_loads(tmp_path: Path) -> None:
+    """``0434a0a``'s JSON file (``make_warm_json.py``): its native estimator was configured
+    with ``refit_interval`` 2**40 (never), which the drop-in loads as its manual schedule, the
+    same estimator; the warm restart must not cold-start it as another configuration."""
+    warm = _warm_state_module()
+    key = warm.StateKey("org/target-8b", "org/draft-1b", "eagle3", 4, "dp0-rank0")
+    (tmp_path / key.legacy_filename()).write_text((DATA / "warm_vllm_0434a0a.file").read_text())
+    expected = json.loads((DATA / "warm_vllm_0434a0a.expected.json").read_text())
+    assert expected["estimator"]["config"]["refit_interval"] == 1 << 40
+    dropin = RunningDropIn()
+    assert warm.WarmStart(tmp_path, key).load(dropin) is True
+    assert dropin.loaded == [expected]

@@ -288,6 +288,9 @@ class WarmStart:
         """Why a state of an estimator configured as ``saved_config`` is not ``estimator``'s,
         or None."""
         config = estimator.state_dict(flush=False)["estimator"]["config"]
+        # The native estimator's refit_interval is the drop-in's own: it loads any saved one
+        # (2**40 before its manual refits) as its manual schedule, the same estimator.
+        saved_config = {**saved_config, "refit_interval": config.get("refit_interval")}
         for name in sorted(set(config) | set(saved_config)):
             if saved_config.get(name) != config.get(name):
                 return (
