@@ -168,6 +168,16 @@ def test_the_bytes_of_an_earlier_build_load_and_continue_bit_for_bit(build: str,
 
 
 @pytest.mark.parametrize(("build", "name"), CASES)
+def test_an_earlier_build_saved_to_a_file_loads_and_continues_bit_for_bit(
+    tmp_path: Path, build: str, name: str
+) -> None:
+    """``save`` (and the C ABI's ``avc_estimator_save``) wrote the same bytes as ``to_bytes``."""
+    path = tmp_path / "estimator.avcore"
+    path.write_bytes(base64.b64decode(RECORDS[build]["scenarios"][name]["bytes"]))
+    continues_as_recorded(AcceptanceEstimator.load(path), build, name)
+
+
+@pytest.mark.parametrize(("build", "name"), CASES)
 def test_the_state_dict_of_an_earlier_build_loads_and_continues_bit_for_bit(
     build: str, name: str
 ) -> None:
