@@ -196,8 +196,8 @@ def test_state_written_by_0_1_0_still_loads() -> None:
     estimator = AcceptanceEstimator.load(DATA / "estimator_v1.bin")
     old = AcceptanceEstimator.from_bytes((DATA / "estimator_v1.bin").read_bytes())
     assert estimator.state_dict() == old.state_dict()
-    # Saved again it is this release's format (version 3), which reads back to the same state.
-    assert estimator.to_bytes()[8:12] == (3).to_bytes(4, "little")
+    # Saved again it is this release's format (version 4), which reads back to the same state.
+    assert estimator.to_bytes()[8:12] == (4).to_bytes(4, "little")
     assert AcceptanceEstimator.from_bytes(estimator.to_bytes()).state_dict() == old.state_dict()
     # Version 1 is vLLM's update (the default when it was written; map is now): it loads as a
     # vllm estimator, and it refits as vLLM's update does.

@@ -79,7 +79,10 @@ impl std::str::FromStr for Update {
 /// keywords' in the bindings, the saved state's fields derive from them (serde), and
 /// [`EstimatorConfig::FIELD_DOCS`] gives each its line in the bindings. A field that applies to
 /// one update only (`damping`, `bins`, the prior widths) is kept, and saved, under the other
-/// too, so that moving a state between updates keeps it.
+/// too, so that moving a state between updates keeps it. A field added later carries
+/// `#[serde(default = ...)]` with the behaviour from before it: every earlier state (bytes of
+/// format 1 to 4, `state_dict` of version 1 or 2) then reads as that default, with no new
+/// format version.
 ///
 /// # Example
 ///

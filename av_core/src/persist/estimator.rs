@@ -4,18 +4,22 @@
 //!
 //! | payload version | payload | written by |
 //! |---|---|---|
-//! | 3 | the state's serde declaration in [postcard]'s wire format: [`EstimatorConfig`], `slope`, `intercepts`, `steps_since_refit`, `num_refits`, then the update's part ([`VllmState`] or [`MapState`], as the configuration's `update` names it) | this build |
-//! | 3 | the `state_dict` tree in a self-describing binary (`value_tree.rs`), read when a payload is not this build's layout and starts as the tree's | the builds between the state's serde declaration and postcard |
+//! | 4 | the configuration ([`EstimatorConfig`]) by field name, as a value tree in a self-describing binary (`value_tree.rs`); then, in [postcard]'s wire format, `slope`, `intercepts`, `steps_since_refit`, `num_refits` and the update's part ([`VllmState`] or [`MapState`], as the configuration's `update` names it) | this build |
+//! | 3 | the same fields in postcard, the configuration's by position as they were declared then | builds from postcard to version 4 |
+//! | 3 | the `state_dict` tree in the self-describing binary, read when a payload is not postcard's layout and starts as the tree's | the builds between the state's serde declaration and postcard |
 //! | 2 | version 1's fields, then the update, bins, prior widths and the map state, by position | builds with the map update |
 //! | 1 | config, coefficients, fixed-point round, counters, memory of past rounds, by position (before the memory existed: without `memory`, `drift_z` and the memory) | the first builds |
 //!
-//! Version 3 follows the types' declaration by position (postcard writes no field names), so
-//! a field added to the state or the configuration changes the layout and needs a new version.
-//! Counters and integer columns are written at a fixed width ([`fixed`](super::fixed)), so the
-//! length depends on the configuration only (`K`, the update, `bins`, a manual
-//! `refit_interval`), never on the values ([`encoded_len`]), and each state has one encoding:
-//! bytes that decode to a state but are not its encoding (an overlong varint) are refused. Versions 1 and 2, and the value tree's version 3, are read, never
-//! written: every state an earlier release saved loads bit for bit.
+//! Everything in version 4 follows the types' declaration (serde). The configuration is read
+//! by name, so a configuration field added with a serde default (the behaviour from before it
+//! existed) reads from earlier bytes as that default and needs no new version; the statistics
+//! after it are read by position, so a field added to them needs one. Counters and integer
+//! columns are written at a fixed width ([`fixed`](super::fixed)), so the length depends on
+//! the configuration only (`K`, the update, `bins`, a manual `refit_interval`), never on the
+//! values ([`encoded_len`]), and each state has one encoding: bytes that decode to a state but
+//! are not its encoding (an overlong varint, a configuration's field out of order or of another
+//! type) are refused. Versions 1 to 3 are read, never written: every state an earlier release
+//! saved loads bit for bit.
 //!
 //! Decoding checks magic, version, length and checksum before it reads a field, then validates
 //! the state like any other input
@@ -29,9 +33,10 @@ use std::borrow::Cow;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::frame::{broken, frame_with};
+use super::frame::{broken, frame_with, DATA};
+use super::tree::{from_value, to_value, Value};
 use super::{unframe, Kind, Reader};
-use crate::error::Result;
+use crate::error::{ErrorKind, Result};
 use crate::estimator::{
     HistogramMemory, HistogramStats, MapState, Memory, Reference, RoundStats, UpdateState,
     VllmState, FRACTION_BITS, MAX_BINS, X_FRACTION_BITS,
@@ -41,25 +46,51 @@ use crate::{AcceptanceEstimator, EstimatorConfig, EstimatorState, Update};
 /// First bytes of an encoded estimator state.
 pub const MAGIC: &[u8; 8] = &Kind::Estimator.magic();
 /// The version this build writes; it reads it and every earlier one.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
+/// The version whose configuration is written by position, read only.
+pub const FORMAT_VERSION_3: u32 = 3;
 /// The first version, which this build still reads.
 pub const FORMAT_VERSION_1: u32 = 1;
 
 /// A bound on any estimator state's length, of this build or an earlier one (`K = 64`, `map`
-/// with the most bins: 48 bytes per bin and position in this build's layout, 78 in the value
+/// with the most bins: 48 bytes per bin and position in postcard's layout, 78 in the value
 /// tree's, the rest within 32 KiB): a reader never needs more bytes.
 pub const MAX_ENCODED_LEN: usize = 78 * EstimatorConfig::MAX_POSITIONS * MAX_BINS + 32 * 1024;
 
-/// Version 3's fields before the update's part.
+/// The fields between the configuration and the update's part (versions 3 and 4).
 #[derive(Serialize, Deserialize)]
-struct Head<'a> {
-    config: Cow<'a, EstimatorConfig>,
+struct Coefficients<'a> {
     slope: f64,
     intercepts: Cow<'a, [f64]>,
     #[serde(with = "super::fixed")]
     steps_since_refit: u64,
     #[serde(with = "super::fixed")]
     num_refits: u64,
+}
+
+/// Version 3's configuration: [`EstimatorConfig`]'s fields as they were declared when that
+/// version was written, in postcard by position. A field declared since takes its serde
+/// default.
+#[derive(Serialize, Deserialize)]
+struct ConfigV3 {
+    num_positions: usize,
+    refit_interval: Option<u64>,
+    damping: f64,
+    l2: f64,
+    init_slope: f64,
+    init_intercept: f64,
+    max_log_odds: f64,
+    max_step: f64,
+    max_slope: f64,
+    max_intercept: f64,
+    memory: f64,
+    drift_z: f64,
+    update: Update,
+    bins: usize,
+    prior_slope_sd: f64,
+    prior_level_sd: f64,
+    prior_trend_sd: f64,
+    prior_spread_sd: f64,
 }
 
 /// Encodes `state`. The last four bytes are the CRC-32 of everything before them.
@@ -78,8 +109,7 @@ struct Head<'a> {
 /// # Ok::<(), av_core::Error>(())
 /// ```
 pub fn encode(state: &EstimatorState) -> Vec<u8> {
-    let head = Head {
-        config: Cow::Borrowed(&state.config),
+    let coefficients = Coefficients {
         slope: state.slope,
         intercepts: Cow::Borrowed(&state.intercepts),
         steps_since_refit: state.steps_since_refit,
@@ -87,11 +117,22 @@ pub fn encode(state: &EstimatorState) -> Vec<u8> {
     };
     // Room for the update's columns (48 bytes per map bin), which dominate the length.
     let bins = state.update.as_map().map_or(0, |map| map.round.count.len());
-    frame_with(Kind::Estimator, FORMAT_VERSION, 1024 + 48 * bins, |out| {
-        // Writing to a vector fails only for a sequence of unknown length, which no field is.
-        let out = postcard::to_extend(&head, out).expect("the state's fields serialize");
-        postcard::to_extend(&state.update, out).expect("the update's part serializes")
+    frame_with(Kind::Estimator, FORMAT_VERSION, 2048 + 48 * bins, |out| {
+        payload(&to_value(&state.config), &coefficients, &state.update, out)
     })
+}
+
+/// Version 4's payload after `out`: the configuration's tree, then the rest in postcard.
+fn payload(
+    config: &Value,
+    coefficients: &Coefficients<'_>,
+    update: &UpdateState,
+    mut out: Vec<u8>,
+) -> Vec<u8> {
+    value_tree::write(config, &mut out);
+    // Writing to a vector fails only for a sequence of unknown length, which no field is.
+    let out = postcard::to_extend(coefficients, out).expect("the state's fields serialize");
+    postcard::to_extend(update, out).expect("the update's part serializes")
 }
 
 /// The length of every encoded state of an estimator with `config` (it depends on nothing
@@ -136,41 +177,85 @@ pub fn decode(bytes: &[u8]) -> Result<EstimatorState> {
     let mut r = Reader {
         bytes: read.payload,
     };
-    if read.version == FORMAT_VERSION {
-        // A payload this build's layout refuses may be the value tree's version 3.
-        return decode_declared(&mut r, bytes).or_else(|err| {
-            match value_tree::holds(read.payload) {
+    match read.version {
+        FORMAT_VERSION => decode_declared(&mut r),
+        // A payload postcard's layout refuses may be the value tree's version 3.
+        FORMAT_VERSION_3 => {
+            decode_v3(&mut r).or_else(|err| match value_tree::holds(read.payload) {
                 true => value_tree::decode(read.payload),
                 false => Err(err),
-            }
-        });
+            })
+        }
+        version => {
+            let state = decode_by_position(&mut r, version)?;
+            r.finish()?;
+            Ok(state)
+        }
     }
-    let state = decode_by_position(&mut r, read.version)?;
-    r.finish()?;
-    Ok(state)
 }
 
-/// A payload of version 3 (module docs), which must be the state's one encoding (`bytes`).
-fn decode_declared(r: &mut Reader<'_>, bytes: &[u8]) -> Result<EstimatorState> {
-    let head: Head<'_> = take(r)?;
-    let state = EstimatorState {
-        update: match head.config.update {
-            Update::Vllm => UpdateState::Vllm(take(r)?),
-            Update::Map => UpdateState::Map(take(r)?),
-        },
-        config: head.config.into_owned(),
-        slope: head.slope,
-        intercepts: head.intercepts.into_owned(),
-        steps_since_refit: head.steps_since_refit,
-        num_refits: head.num_refits,
-    };
+/// A payload of version 4 (module docs), which must be the state's one encoding.
+fn decode_declared(r: &mut Reader<'_>) -> Result<EstimatorState> {
+    let all = r.bytes;
+    let tree = value_tree::read(r, 0)?;
+    let config: EstimatorConfig = from_value(&tree, DATA, ErrorKind::State)?;
+    let coefficients: Coefficients<'_> = take(r)?;
+    let update = take_update(r, config.update)?;
     r.finish()?;
-    if encode(&state) != bytes {
-        return Err(broken(
-            "not the state's encoding (a length or tag written in more bytes than it takes)",
-        ));
+    // The fields it holds as this build writes them (a field it lacks took its default).
+    let mut written = match to_value(&config) {
+        Value::Dict(entries) => entries,
+        _ => Vec::new(), // a struct's tree is a dict
+    };
+    written.retain(|(key, _)| tree.get(key).is_some());
+    if payload(&Value::Dict(written), &coefficients, &update, Vec::new()) != all {
+        return Err(not_its_encoding());
     }
-    Ok(state)
+    Ok(state(config, coefficients, update))
+}
+
+/// A payload of version 3 in postcard (module docs), which must be the state's one encoding.
+fn decode_v3(r: &mut Reader<'_>) -> Result<EstimatorState> {
+    let all = r.bytes;
+    let config: ConfigV3 = take(r)?;
+    let coefficients: Coefficients<'_> = take(r)?;
+    let update = take_update(r, config.update)?;
+    r.finish()?;
+    let again = postcard::to_allocvec(&(&config, &coefficients, &update));
+    if again.ok().as_deref() != Some(all) {
+        return Err(not_its_encoding());
+    }
+    let config = from_value(&to_value(&config), DATA, ErrorKind::State)?;
+    Ok(state(config, coefficients, update))
+}
+
+/// The update's part named by `update`, from the front of what `r` has left.
+fn take_update(r: &mut Reader<'_>, update: Update) -> Result<UpdateState> {
+    Ok(match update {
+        Update::Vllm => UpdateState::Vllm(take(r)?),
+        Update::Map => UpdateState::Map(take(r)?),
+    })
+}
+
+/// The state of a version 3 or 4 payload's parts.
+fn state(
+    config: EstimatorConfig,
+    coefficients: Coefficients<'_>,
+    update: UpdateState,
+) -> EstimatorState {
+    EstimatorState {
+        config,
+        slope: coefficients.slope,
+        intercepts: coefficients.intercepts.into_owned(),
+        steps_since_refit: coefficients.steps_since_refit,
+        num_refits: coefficients.num_refits,
+        update,
+    }
+}
+
+/// The error for bytes that decode to a state but are not its encoding.
+fn not_its_encoding() -> crate::Error {
+    broken("not the state's encoding (a length or tag written in more bytes than it takes, or a field out of order)")
 }
 
 /// A `T` from the front of what `r` has left.

@@ -84,8 +84,8 @@ fn the_length_depends_on_the_configuration_only() {
         assert_eq!(encode(&sample_state(config.clone())).len(), fresh.len());
         assert_eq!(encoded_len(&config).unwrap(), fresh.len());
     }
-    // A map state's length grows with its bins; vLLM's update keeps none (only `bins` itself,
-    // a varint, takes a second byte from 128 on).
+    // A map state's length grows with its bins; vLLM's update keeps none (`bins` itself is a
+    // fixed-width int of the configuration's tree).
     let lengths = [16, 64, 256].map(|bins| {
         let mut map = EstimatorConfig::map(4);
         map.bins = bins;
@@ -94,10 +94,10 @@ fn the_length_depends_on_the_configuration_only() {
         (encoded_len(&map).unwrap(), encoded_len(&vllm).unwrap())
     });
     assert!(lengths[0].0 < lengths[1].0 && lengths[1].0 < lengths[2].0);
-    assert!(lengths[0].1 == lengths[1].1 && lengths[2].1 == lengths[1].1 + 1);
+    assert!(lengths[0].1 == lengths[1].1 && lengths[2].1 == lengths[1].1);
     // 48 bytes per bin and position: three integer and three float columns of 8 bytes; and
-    // `bins`, in the configuration and in the round, takes a second varint byte at 256.
-    assert_eq!(lengths[2].0 - lengths[1].0, 48 * 4 * (256 - 64) + 2);
+    // the round's `bins`, a varint, takes a second byte at 256.
+    assert_eq!(lengths[2].0 - lengths[1].0, 48 * 4 * (256 - 64) + 1);
 }
 
 #[test]
@@ -116,60 +116,11 @@ fn the_longest_state_is_within_the_bound() {
     );
 }
 
-/// `tree` in the value tree's binary (`value_tree.rs`), as the builds that wrote it did.
-fn put_tree(tree: &Value, out: &mut Vec<u8>) {
-    fn text(out: &mut Vec<u8>, s: &str) {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
-    }
-    fn list(out: &mut Vec<u8>, items: impl ExactSizeIterator<Item = Value>) {
-        out.push(6);
-        out.extend((items.len() as u64).to_le_bytes());
-        items.for_each(|item| put_tree(&item, out));
-    }
-    match tree {
-        Value::None => out.push(0),
-        Value::Bool(b) => out.push(1 + u8::from(*b)),
-        Value::Int(v) => {
-            out.push(3);
-            out.extend(v.to_le_bytes());
-        }
-        Value::Float(v) => {
-            out.push(4);
-            out.extend(v.to_le_bytes());
-        }
-        Value::Str(s) => {
-            out.push(5);
-            text(out, s);
-        }
-        Value::List(items) => list(out, items.iter().cloned()),
-        Value::Floats(items) => list(out, items.iter().map(|&v| Value::Float(v))),
-        Value::Ints(items) => list(out, items.iter().map(|&v| Value::Int(v))),
-        Value::Dict(entries) => {
-            out.push(7);
-            out.extend((entries.len() as u64).to_le_bytes());
-            for (key, value) in entries {
-                text(out, key);
-                put_tree(value, out);
-            }
-        }
-        Value::BigInt { text: t, .. } => {
-            out.push(8);
-            text(out, t);
-        }
-        Value::Other { type_name, text: t } => {
-            out.push(9);
-            text(out, type_name);
-            text(out, t);
-        }
-    }
-}
-
 /// `state` framed as the value tree's version 3.
 fn value_tree_bytes(state: &EstimatorState) -> Vec<u8> {
     let mut payload = Vec::new();
-    put_tree(&crate::persist::state_dict::encode(state), &mut payload);
-    framed(FORMAT_VERSION, &payload)
+    value_tree::write(&crate::persist::state_dict::encode(state), &mut payload);
+    framed(FORMAT_VERSION_3, &payload)
 }
 
 #[test]
@@ -213,7 +164,7 @@ fn a_broken_value_tree_is_refused_by_what_breaks_it() {
     for (edit, message) in cases {
         let mut p = good.clone();
         edit(&mut p);
-        let err = decode(&framed(FORMAT_VERSION, &p)).unwrap_err();
+        let err = decode(&framed(FORMAT_VERSION_3, &p)).unwrap_err();
         assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
         assert!(err.message.contains(message), "{err}");
     }
@@ -221,36 +172,28 @@ fn a_broken_value_tree_is_refused_by_what_breaks_it() {
     // a cut short of the whole is always refused.
     for cut in 23..good.len() {
         assert!(
-            decode(&framed(FORMAT_VERSION, &good[..cut])).is_err(),
+            decode(&framed(FORMAT_VERSION_3, &good[..cut])).is_err(),
             "cut {cut}"
         );
     }
     for i in (0..good.len()).step_by(3) {
         let mut p = good.clone();
         p[i] ^= 0x41;
-        let _ = decode(&framed(FORMAT_VERSION, &p));
+        let _ = decode(&framed(FORMAT_VERSION_3, &p));
     }
-    // A payload that starts otherwise keeps this build's layout's error.
-    let mut p = payload(&encode(&state));
+    // A payload that starts otherwise keeps postcard's layout's error.
+    let mut p = payload(&v3_bytes(&state));
     p.push(0);
-    let err = decode(&framed(FORMAT_VERSION, &p)).unwrap_err();
+    let err = decode(&framed(FORMAT_VERSION_3, &p)).unwrap_err();
     assert!(err.message.contains("1 unexpected bytes"), "{err}");
 }
 
 #[test]
 fn future_versions_are_refused_by_name() {
     let mut bytes = encode(&sample_state(EstimatorConfig::new(3)));
-    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&5u32.to_le_bytes());
     let err = decode(&bytes).unwrap_err();
-    assert!(err.message.contains("format version 4"), "{err}");
-}
-
-/// `state`'s format-3 payload with `edit` applied, framed with a valid checksum.
-fn edited_payload(state: &EstimatorState, edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-    let bytes = encode(state);
-    let mut payload = bytes[FRAME_LEN - 4..bytes.len() - 4].to_vec();
-    edit(&mut payload);
-    framed(FORMAT_VERSION, &payload)
+    assert!(err.message.contains("format version 5"), "{err}");
 }
 
 #[test]
@@ -258,8 +201,17 @@ fn the_payload_is_the_declared_fields_in_order() {
     let state = sample_state(EstimatorConfig::new(3));
     let bytes = encode(&state);
     let payload = &bytes[FRAME_LEN - 4..bytes.len() - 4];
-    // The configuration first: num_positions as a varint.
-    assert_eq!(payload[0], 3);
+    // The configuration first, by field name in the declaration's order, then the slope.
+    let mut r = Reader { bytes: payload };
+    let tree = value_tree::read(&mut r, 0).unwrap();
+    let Value::Dict(entries) = &tree else {
+        panic!("{tree:?}")
+    };
+    let names: Vec<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(names[..3], ["num_positions", "refit_interval", "damping"]);
+    assert_eq!(names.len(), 18);
+    assert_eq!(tree.get("l2"), Some(&Value::Float(state.config.l2)));
+    assert_eq!(r.bytes[..8], state.slope.to_le_bytes());
     // The update's part last: the map state's memory ends with its drift resets, 8 bytes
     // behind their length.
     let map = state.update.as_map().unwrap();
@@ -273,14 +225,120 @@ fn the_payload_is_the_declared_fields_in_order() {
     assert_eq!(decode(&encode(&counted)).unwrap(), counted);
 }
 
+/// The configuration's tree of `state`'s version-4 payload, and the bytes after it.
+fn split_payload(state: &EstimatorState) -> (Vec<(String, Value)>, Vec<u8>) {
+    let bytes = encode(state);
+    let mut r = Reader {
+        bytes: &bytes[FRAME_LEN - 4..bytes.len() - 4],
+    };
+    match value_tree::read(&mut r, 0).unwrap() {
+        Value::Dict(entries) => (entries, r.bytes.to_vec()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A version-4 payload of `config`'s tree and `rest`, framed.
+fn joined(config: Vec<(String, Value)>, rest: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    value_tree::write(&Value::Dict(config), &mut payload);
+    payload.extend(rest);
+    framed(FORMAT_VERSION, &payload)
+}
+
 #[test]
 fn an_encoding_that_is_not_the_states_own_is_refused() {
     let state = sample_state(EstimatorConfig::new(3));
-    // num_positions = 3 as a two-byte varint: the same state, in bytes it never writes.
-    let overlong = edited_payload(&state, |p| p.splice(0..1, [0x83, 0x00]).for_each(drop));
-    let err = decode(&overlong).unwrap_err();
-    assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
+    let (config, rest) = split_payload(&state);
+    assert_eq!(decode(&joined(config.clone(), &rest)).unwrap(), state);
+    // The intercepts' length, 3, as a two-byte varint; two fields of the configuration
+    // swapped; an integer where the configuration writes a float: the same state, in bytes it
+    // never writes.
+    let mut overlong = rest.clone();
+    overlong.splice(8..9, [0x83, 0x00]).for_each(drop);
+    let mut swapped = config.clone();
+    swapped.swap(2, 3);
+    let mut as_int = config.clone();
+    as_int[2].1 = Value::Int(50); // damping, 50.0
+    for bytes in [
+        joined(config.clone(), &overlong),
+        joined(swapped, &rest),
+        joined(as_int, &rest),
+    ] {
+        let err = decode(&bytes).unwrap_err();
+        assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
+        assert!(err.message.contains("not the state's encoding"), "{err}");
+    }
+    // Version 3's configuration by position: num_positions = 3 as a two-byte varint.
+    let mut payload = v3_bytes(&state)[FRAME_LEN - 4..].to_vec();
+    payload.truncate(payload.len() - 4);
+    payload.splice(0..1, [0x83, 0x00]).for_each(drop);
+    let err = decode(&framed(FORMAT_VERSION_3, &payload)).unwrap_err();
     assert!(err.message.contains("not the state's encoding"), "{err}");
+}
+
+#[test]
+fn the_configuration_is_read_by_name() {
+    let state = sample_state(EstimatorConfig::new(3));
+    let (config, rest) = split_payload(&state);
+    // A field a later build declares is refused by name (this build cannot honour it); a
+    // field this build requires that the bytes lack is refused by name.
+    let mut later = config.clone();
+    later.push(("future_option".into(), Value::Float(1.0)));
+    let err = decode(&joined(later, &rest)).unwrap_err();
+    assert_eq!((err.kind, err.argument), (ErrorKind::State, "data"));
+    assert!(
+        err.message.contains("[\"future_option\"] is not a field"),
+        "{err}"
+    );
+    let lacking: Vec<_> = config.into_iter().filter(|(k, _)| k != "drift_z").collect();
+    let err = decode(&joined(lacking, &rest)).unwrap_err();
+    assert!(err.message.contains("[\"drift_z\"] is missing"), "{err}");
+}
+
+/// `state` as version 3 in postcard, as the builds between postcard and version 4 wrote it.
+fn v3_bytes(state: &EstimatorState) -> Vec<u8> {
+    let c = &state.config;
+    let config = ConfigV3 {
+        num_positions: c.num_positions,
+        refit_interval: c.refit_interval,
+        damping: c.damping,
+        l2: c.l2,
+        init_slope: c.init_slope,
+        init_intercept: c.init_intercept,
+        max_log_odds: c.max_log_odds,
+        max_step: c.max_step,
+        max_slope: c.max_slope,
+        max_intercept: c.max_intercept,
+        memory: c.memory,
+        drift_z: c.drift_z,
+        update: c.update,
+        bins: c.bins,
+        prior_slope_sd: c.prior_slope_sd,
+        prior_level_sd: c.prior_level_sd,
+        prior_trend_sd: c.prior_trend_sd,
+        prior_spread_sd: c.prior_spread_sd,
+    };
+    let coefficients = Coefficients {
+        slope: state.slope,
+        intercepts: Cow::Borrowed(&state.intercepts),
+        steps_since_refit: state.steps_since_refit,
+        num_refits: state.num_refits,
+    };
+    let payload = postcard::to_allocvec(&(&config, &coefficients, &state.update)).unwrap();
+    framed(FORMAT_VERSION_3, &payload)
+}
+
+#[test]
+fn version_3_in_postcard_reads_as_its_state() {
+    for config in configs() {
+        let state = sample_state(config);
+        let bytes = v3_bytes(&state);
+        assert_eq!(decode(&bytes).unwrap(), state);
+        // Written again as version 4, which reads back to the same state.
+        let again = encode(&state);
+        assert_eq!(again[8..12], 4u32.to_le_bytes());
+        assert_eq!(decode(&again).unwrap(), state);
+    }
 }
 
 #[test]
@@ -304,7 +362,7 @@ proptest! {
 
     #[test]
     fn arbitrary_payloads_behind_a_valid_header_never_panic(
-        version in 1u32..=3,
+        version in 1u32..=4,
         payload in proptest::collection::vec(any::<u8>(), 0..600),
     ) {
         let mut bytes = MAGIC.to_vec();
