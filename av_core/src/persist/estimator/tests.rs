@@ -208,8 +208,12 @@ fn the_payload_is_the_declared_fields_in_order() {
         panic!("{tree:?}")
     };
     let names: Vec<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
+    let declared: Vec<&str> = EstimatorConfig::FIELD_DOCS
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
     assert_eq!(names[..3], ["num_positions", "refit_interval", "damping"]);
-    assert_eq!(names.len(), 18);
+    assert_eq!(names, declared);
     assert_eq!(tree.get("l2"), Some(&Value::Float(state.config.l2)));
     assert_eq!(r.bytes[..8], state.slope.to_le_bytes());
     // The update's part last: the map state's memory ends with its drift resets, 8 bytes
