@@ -694,9 +694,9 @@ impl HistogramMemory {
 
 /// [`Binning::locate_all`] compiled for AVX2 (the same code, wider vectors), which AVX-512 CPUs
 /// run too: the pass's 512-bit multiplies lower the core's clock for the code that follows, by
-/// more than the wider vectors gain (on an Intel Xeon, the `map` refit a round's last observe
-/// precedes ran 5–12% slower at K = 4 to 32: 4.5 against 4.2 µs at K = 4, γ = 0.8; observe
-/// itself within 3%).
+/// more than the wider vectors gain (on an Intel Xeon, the `map` refit that follows a round's
+/// last observe ran 6–12% slower at K = 4 to 32, 4.74 against 4.22 µs at K = 4, γ = 0.8, with
+/// the same instructions; observe itself gains at most 5%, at R = 1,024).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     #[target_feature(enable = "avx2")]
