@@ -1,7 +1,7 @@
 //! Which vector unit the hot loops run on: run-time CPU detection for x86-64.
 //!
 //! The wheel is built for the baseline x86-64 target (SSE2, 2 × f64 or 4 × f32 per vector).
-//! Six kernels are also compiled with `#[target_feature]` for AVX2 (+FMA; five of them for
+//! Six kernels are also compiled with `#[target_feature]` for AVX2 (+FMA; four of them for
 //! AVX-512 too) and called through [`level`], which checks the CPU once with
 //! `is_x86_feature_detected!`: the feature kernel ([`crate::features`]), `predict`'s logistic
 //! (`estimator/logistic.rs`), the `map` refit's score and Hessian (`estimator/map.rs`), the
@@ -19,7 +19,9 @@
 //! between an AVX2 host and an SSE2-only one; `AV_CORE_SIMD=baseline` pins a mixed x86-64 fleet
 //! to one result. The statistics kernel of `observe` under vLLM's update stays on the baseline
 //! build: with the wider vectors it runs slower on the development machine (5.9 µs against
-//! 5.3 µs at R = 256, K = 8).
+//! 5.3 µs at R = 256, K = 8). Neither does the `map` binning pass go past AVX2: its 512-bit
+//! multiplies lower the core's clock for the code after it (the refit that follows a round's
+//! last observe), by more than the wider vectors gain.
 //!
 //! `AV_CORE_SIMD=baseline|avx2|avx512` caps the level (for benchmarks, bisecting and pinning a
 //! fleet's bits; any case, surrounding spaces ignored, empty or unset for no cap). Any other

@@ -54,8 +54,9 @@ impl StepHistogram {
     /// `num_labeled(admitted[r], accepted[r])` positions are labeled, the first `accepted[r]`
     /// of them accepted (`K` = the histograms' positions). The counts are the caller's to
     /// check (`0 ≤ accepted ≤ admitted ≤ K`); impossible ones add at most `K` drafts a row,
-    /// in range.
-    #[inline(always)]
+    /// in range. Out of line: inlined into observe's body, the loop runs out of registers and
+    /// shuffles and reloads some on every draft.
+    #[inline(never)]
     pub(crate) fn add_rows(
         &mut self,
         bin_of: &[u32],
