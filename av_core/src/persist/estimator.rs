@@ -202,12 +202,18 @@ fn decode_declared(r: &mut Reader<'_>) -> Result<EstimatorState> {
     let coefficients: Coefficients<'_> = take(r)?;
     let update = take_update(r, config.update)?;
     r.finish()?;
-    // The fields it holds as this build writes them (a field it lacks took its default).
+    // The fields it holds as this build writes them, in its order (a field it lacks took its
+    // default; one out of order is left out, so the comparison below refuses it).
     let mut written = match to_value(&config) {
         Value::Dict(entries) => entries,
         _ => Vec::new(), // a struct's tree is a dict
     };
-    written.retain(|(key, _)| tree.get(key).is_some());
+    let held: &[(String, Value)] = match &tree {
+        Value::Dict(entries) => entries,
+        _ => &[],
+    };
+    let mut held = held.iter().map(|(key, _)| key).peekable();
+    written.retain(|(key, _)| held.next_if(|held| *held == key).is_some());
     if payload(&Value::Dict(written), &coefficients, &update, Vec::new()) != all {
         return Err(not_its_encoding());
     }
