@@ -32,30 +32,17 @@ from __future__ import annotations
 
 import base64
 import gzip
-import importlib.util
 import json
 import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
+from legacy_data import DATA, generator
 
 from av_core import CostTables, VerificationPlanner, choose_draft_depth, plan_verification
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "legacy"
-
-
-def _load_generator() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "make_planner_states", DATA / "make_planner_states.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _load_generator()
+GEN = generator("make_planner_states")
 #: Each build and the kinds of state it wrote (module docs).
 BUILDS = {
     "7a95997": {"planner_version": 1, "depth": False, "table_bytes": False, "pickled": False},

@@ -43,24 +43,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from legacy_data import DATA, generator
 from trees import exact, with_later_fields
 
 from av_core import AcceptanceEstimator, EstimatorConfig
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "legacy"
-
-
-def _load_generator() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "make_legacy_states", DATA / "make_legacy_states.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GENERATOR = _load_generator()
+GENERATOR = generator("make_legacy_states")
 BUILDS = ("c56ee9b", "7a95997", "0434a0a", "7556d47", "889c5ec", "e96aef9", "a1dffe7")
 #: The builds before the update rule was an option (vLLM's update only).
 FIRST_BUILDS = {
