@@ -165,9 +165,27 @@ def _fmt(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
+def _cpu() -> str:
+    """The processor's model name and its widest vector extension (the CPU decides the figures:
+    a different model gives different ratios), from ``/proc/cpuinfo`` where there is one."""
+    try:
+        info = open("/proc/cpuinfo", encoding="utf-8").read()
+    except OSError:
+        return platform.machine()
+    first = info.split("\n\n", 1)[0]  # the first processor's block
+    fields = {
+        key.strip(): value.strip()
+        for key, value in (line.split(":", 1) for line in first.splitlines() if ":" in line)
+    }
+    model = fields.get("model name") or platform.machine()
+    flags = fields.get("flags", "").split()
+    vectors = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{model}, {vectors}"
+
+
 def markdown(rows: list[dict[str, Any]], notes: list[str]) -> str:
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} "
+        f"Measured {time.strftime('%Y-%m-%d')} on {_cpu()} "
         f"({os.cpu_count()} CPUs), Python {platform.python_version()}; "
         "medians of interleaved repeats, IQR in brackets.",
         "",
