@@ -13,13 +13,14 @@
 //!
 //! | kind | payload | version written | versions read |
 //! |---|---|---|---|
-//! | [`Kind::Estimator`] | [`estimator`] (the declared state in postcard) | 3 | 1, 2, 3 |
+//! | [`Kind::Estimator`] | [`estimator`] (the declared state: the configuration by name, the statistics in postcard) | 4 | 1 to 4 |
 //! | [`Kind::Planner`] | [`planner`] (embeds the cost tables' payload) | 2 | 1, 2 |
 //! | [`Kind::CostTables`] | [`cost_tables`] | 1 | 1 |
 //!
 //! The estimator's state is declared once (serde derives on its types): its bytes are that
-//! declaration in postcard's wire format, and [`state_dict`] is the same declaration as a tree
-//! of plain values ([`tree`], which each binding converts to its own values).
+//! declaration (the configuration as its tree, by field name, then the rest in postcard's wire
+//! format), and [`state_dict`] is the same declaration as a tree of plain values ([`tree`],
+//! which each binding converts to its own values).
 //!
 //! Cost tables also read and write the JSON text of earlier releases
 //! ([`CostTables::to_json`](crate::cost_tables::CostTables::to_json)).
