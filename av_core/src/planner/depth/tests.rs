@@ -101,6 +101,14 @@ fn tables_for(kind: DrafterKind, cols: usize, rows: usize, verify: Vec<f64>) -> 
         .unwrap()
 }
 
+/// Tables of these drafting, verification and drafting-by-depth costs.
+fn priced_by_depth(draft: Vec<f64>, verify: Vec<f64>, depth_ms: Vec<f64>) -> CostTables {
+    CostTables::new(draft, verify)
+        .unwrap()
+        .with_draft_depth(depth_ms)
+        .unwrap()
+}
+
 #[test]
 fn depth_zero_full_and_in_between() {
     // Autoregressive, 1 ms per position at full depth 4 for 2 requests; flat verification.
@@ -567,10 +575,7 @@ proptest! {
         let draft: Vec<f64> = (0..=rows).map(|r| 1.0 + r as f64 / 64.0).collect();
         let depth_ms: Vec<f64> =
             (0..=cols).map(|d| d as f64 * (1.0 + f64::from(draft_step) / 4.0)).collect();
-        let tables = CostTables::new(draft, verify)
-            .unwrap()
-            .with_draft_depth(depth_ms)
-            .unwrap();
+        let tables = priced_by_depth(draft, verify, depth_ms);
         let step = StepTokens {
             num_non_draft_tokens: rows,
             num_sampling_requests: rows - cap_seed % 2,
@@ -637,10 +642,7 @@ proptest! {
                 level
             }))
             .collect();
-        let tables = CostTables::new(draft, verify)
-            .unwrap()
-            .with_draft_depth(depth_ms)
-            .unwrap();
+        let tables = priced_by_depth(draft, verify, depth_ms);
         let step = StepTokens {
             num_non_draft_tokens: rows,
             num_sampling_requests: rows - budget_seed % 2,
