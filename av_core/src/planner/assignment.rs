@@ -16,10 +16,8 @@
 //! bucket holding rank `budget`; every slot in a higher bucket wins, and only that bucket's few
 //! slots (one contiguous run per row) are sorted to pick the remainder.
 
-use std::cmp::Ordering;
-
 use super::counting::{count_above, for_each_run, Bucket};
-use super::order::{BucketMap, Survivals};
+use super::order::{most_buckets, reserve_len, BucketMap, Ranked, Survivals};
 
 /// Batches of at most this many scheduled slots are ranked outright.
 const SMALL: usize = 64;
@@ -31,24 +29,18 @@ const COARSENESS: u32 = 3;
 pub(crate) struct AssignBuffers {
     indices: Vec<Bucket>,
     counts: Vec<u32>,
-    members: Vec<Slot>,
+    members: Vec<Ranked>,
     tied_rows: Vec<usize>,
 }
 
-/// One draft slot, for ranking.
-#[derive(Clone, Copy)]
-struct Slot {
-    survival: f64,
-    depth: u32,
-    row: u32,
-}
-
-/// Higher survival first, then shallower, then lower request.
-fn rank_order(a: &Slot, b: &Slot) -> Ordering {
-    b.survival
-        .total_cmp(&a.survival)
-        .then(a.depth.cmp(&b.depth))
-        .then(a.row.cmp(&b.row))
+impl AssignBuffers {
+    /// Room to assign among up to `slots` survivals of `rows` requests without allocating.
+    pub(crate) fn reserve(&mut self, rows: usize, slots: usize) {
+        reserve_len(&mut self.indices, slots);
+        reserve_len(&mut self.counts, most_buckets(slots, COARSENESS));
+        reserve_len(&mut self.members, slots);
+        reserve_len(&mut self.tied_rows, rows);
+    }
 }
 
 /// Writes the admitted count of each request into `admitted`. `threshold` is the `budget`-th
@@ -157,16 +149,14 @@ fn by_selection(
     for_each_run(indices, cols, scheduled, bucket, bucket, |r, from, to| {
         admitted[r] = from as i32;
         for depth in from..to {
-            members.push(Slot {
-                survival: survivals.values[r * cols + depth],
-                depth: depth as u32,
-                row: r as u32,
-            });
+            let survival = survivals.values[r * cols + depth];
+            members.push(Ranked::new(survival, depth as u32, r as u32));
         }
     });
     let needed = budget - before;
-    members.select_nth_unstable_by(needed - 1, rank_order);
+    // Higher survival first, then shallower, then lower request.
+    members.select_nth_unstable(needed - 1);
     for slot in &members[..needed] {
-        admitted[slot.row as usize] += 1;
+        admitted[slot.row() as usize] += 1;
     }
 }

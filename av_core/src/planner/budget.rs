@@ -20,7 +20,7 @@
 //! agree with vLLM's except where two budgets' ratios tie to within about `1e-15` relative.
 
 use super::counting::{for_each_run, Bucket};
-use super::order::{sort_descending, BucketMap, SortBuffers, Survivals};
+use super::order::{most_buckets, reserve_len, sort_descending, BucketMap, SortBuffers, Survivals};
 
 /// Products closer than this relative margin fall back to comparing rounded quotients.
 const LOW: f64 = 1.0 - 1.0 / (1u64 << 48) as f64;
@@ -152,6 +152,22 @@ pub(crate) struct BudgetBuffers {
 pub(crate) struct SearchBuffers {
     members: Vec<f64>,
     sort: SortBuffers,
+}
+
+impl BudgetBuffers {
+    /// Room for budgets over up to `slots` survivals, so that no call of that size allocates.
+    pub(crate) fn reserve(&mut self, slots: usize) {
+        reserve_len(&mut self.indices, slots);
+        reserve_len(&mut self.counts, most_budget_buckets(slots));
+        reserve_len(&mut self.sums, most_budget_buckets(slots));
+        reserve_len(&mut self.search.members, slots);
+        self.search.sort.reserve(slots);
+    }
+}
+
+/// The most buckets [`bucket_map`] has over at most `slots` survivals.
+pub(crate) fn most_budget_buckets(slots: usize) -> usize {
+    most_buckets(slots, COARSENESS)
 }
 
 /// The first `b` in `0..=costs.limit()` maximising `E(b) / C(b)` over `drafts`.

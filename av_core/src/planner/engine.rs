@@ -14,7 +14,7 @@ use super::assignment::{self, AssignBuffers};
 use super::budget::{self, BudgetBuffers};
 use super::counting;
 use super::depth::{self, DepthBuffers, DepthMode, DepthPlan};
-use super::order::Survivals;
+use super::order::{reserve_len, Survivals};
 use super::{StepTokens, VerificationPlan};
 use crate::cost_tables::CostTables;
 use crate::error::{Error, ErrorKind, Result};
@@ -76,6 +76,8 @@ pub(crate) struct Engine {
     assign_buffers: AssignBuffers,
     depth_buffers: DepthBuffers,
     draft_counts: Vec<usize>,
+    /// The most requests and positions the buffers have room for ([`Engine::reserve`]).
+    reserved: (usize, usize),
 }
 
 thread_local! {
@@ -96,6 +98,27 @@ impl Engine {
     /// The survivals of the last successful plan's confidences (whole rows, row-major).
     pub(crate) fn survivals(&self) -> &[f64] {
         &self.survivals.values
+    }
+
+    /// Gives every buffer room for calls of up to `rows` requests of `cols` positions (and of
+    /// any earlier size), so that no call that fits allocates: a buffer grown only as far as
+    /// one call's data (a hull's members, a kept depth's histogram) would grow again at a
+    /// later step whose data reach further. Runs after a call's arguments are validated, so
+    /// `rows · cols` is the size of a caller's array.
+    fn reserve(&mut self, rows: usize, cols: usize) {
+        if rows <= self.reserved.0 && cols <= self.reserved.1 {
+            return;
+        }
+        let (rows, cols) = (rows.max(self.reserved.0), cols.max(self.reserved.1));
+        self.reserved = (rows, cols);
+        let slots = rows.saturating_mul(cols);
+        reserve_len(&mut self.scheduled, rows);
+        reserve_len(&mut self.draft_counts, cols + 1);
+        self.survivals.reserve(slots);
+        self.budget_survivals.reserve(slots);
+        self.budget_buffers.reserve(slots);
+        self.assign_buffers.reserve(rows, slots);
+        self.depth_buffers.reserve(rows, cols);
     }
 
     /// The drafting cost of a step whose requests draft `depths[r]` positions each
@@ -141,6 +164,7 @@ impl Engine {
             (&mut self.scheduled, &mut self.draft_counts),
         )?;
         check_len("admitted", admitted.len(), confidences.rows())?;
+        self.reserve(confidences.rows(), confidences.cols());
         if !self.survivals.compute(confidences, &self.scheduled) {
             return Err(probability_error("confidences", confidences));
         }
@@ -267,6 +291,7 @@ impl Engine {
             ));
         }
         check_step(step, num_rows, total, tables)?;
+        self.reserve(num_rows, cols);
         // Remembered rows go where a following plan's budget looks for them.
         let survivals = match rows {
             Rows::Confidences(_) => {
@@ -330,6 +355,7 @@ impl Engine {
         )?;
         check_depth_table(tables, cols)?;
         let limit = check_step(step, confidences.rows(), total, tables)?;
+        self.reserve(confidences.rows(), cols);
         if !self.survivals.compute(confidences, &self.scheduled) {
             return Err(probability_error("confidences", confidences));
         }

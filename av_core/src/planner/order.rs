@@ -77,6 +77,11 @@ impl Survivals {
         in_range
     }
 
+    /// Room for `slots` survivals.
+    pub(crate) fn reserve(&mut self, slots: usize) {
+        reserve_len(&mut self.values, slots);
+    }
+
     /// The survivals `remembered` holds for `slots` (slot-major, `cols` per slot), as whole
     /// rows in the order of `slots`, with the extremes and count of the scheduled ones: what
     /// [`Self::compute`] gives for the confidences those survivals were multiplied from.
@@ -377,6 +382,26 @@ const MAX_SPAN_BINADES: u64 = 40;
 
 /// Bucket index of a survival: equal-width buckets in bit-pattern space below the largest
 /// scheduled survival, bucket 0 holding the largest.
+/// `log2` of the most buckets a [`BucketMap`] over `n` values at `coarseness` has (at least
+/// 6, at most 15).
+fn bucket_bits(n: usize, coarseness: u32) -> u32 {
+    (usize::BITS - n.leading_zeros())
+        .saturating_sub(coarseness)
+        .clamp(6, 15)
+}
+
+/// The most buckets a [`BucketMap`] over at most `slots` values at `coarseness` has: the
+/// capacity that buffers of one entry per bucket reserve.
+pub(crate) fn most_buckets(slots: usize, coarseness: u32) -> usize {
+    1 << bucket_bits(slots, coarseness)
+}
+
+/// Grows `buffer`'s capacity to at least `len` (its contents stay), so that filling it up to
+/// `len` later allocates nothing.
+pub(crate) fn reserve_len<T>(buffer: &mut Vec<T>, len: usize) {
+    buffer.reserve(len.saturating_sub(buffer.len()));
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BucketMap {
     top: u64,
@@ -394,12 +419,9 @@ impl BucketMap {
     /// [`Bucket`] and a signed 16-bit lane) over the survivals' range. Requires at least one
     /// scheduled slot.
     pub(crate) fn new(survivals: &Survivals, coarseness: u32) -> Self {
-        let n = survivals.count;
         let top = survivals.max.to_bits();
         let span = (top - survivals.min.to_bits()).min(MAX_SPAN_BINADES << 52);
-        let bucket_bits = (usize::BITS - n.leading_zeros())
-            .saturating_sub(coarseness)
-            .clamp(6, 15);
+        let bucket_bits = bucket_bits(survivals.count, coarseness);
         let span_bits = u64::BITS - span.leading_zeros();
         let shift = span_bits.saturating_sub(bucket_bits);
         BucketMap {
@@ -569,11 +591,53 @@ mod x86 {
     }
 }
 
+/// A draft slot's place in the admission order, as one integer: the survival's bits inverted
+/// in the high half (survivals are never negative, NaN nor `-0.0`, so their bit patterns order
+/// as their values, and inverted bits order them descending), then the position, then the
+/// request. Ascending keys are the order the verification planner admits slots in (higher
+/// survival, then shallower, then lower request); keys are distinct, so an unstable sort or
+/// selection of them (in place, no buffer) gives that order exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Ranked(u128);
+
+impl Ranked {
+    /// The key of the slot at position `depth` of request `row`.
+    #[inline]
+    pub(crate) fn new(survival: f64, depth: u32, row: u32) -> Self {
+        let order = u128::from(!survival.to_bits()) << 64;
+        Ranked(order | u128::from(depth) << 32 | u128::from(row))
+    }
+
+    #[inline]
+    pub(crate) fn survival(self) -> f64 {
+        f64::from_bits(!((self.0 >> 64) as u64))
+    }
+
+    #[inline]
+    pub(crate) fn depth(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    #[inline]
+    pub(crate) fn row(self) -> u32 {
+        self.0 as u32
+    }
+}
+
 /// Buffers reused by [`sort_descending`].
 #[derive(Default)]
 pub(crate) struct SortBuffers {
     counts: Vec<u32>,
     spill: Vec<f64>,
+}
+
+impl SortBuffers {
+    /// Room to sort up to `slots` values without allocating: one count per bucket (at most
+    /// `2^min(bits(n), 15) + 1` of them, and `+ 1` for the prefix sums) and the spill.
+    pub(crate) fn reserve(&mut self, slots: usize) {
+        reserve_len(&mut self.counts, most_buckets(slots, 0) + 2);
+        reserve_len(&mut self.spill, slots);
+    }
 }
 
 /// Up to this many values are sorted by insertion alone.
