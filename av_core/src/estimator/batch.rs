@@ -37,7 +37,9 @@ fn sigmoid(z: f64) -> f64 {
 }
 
 /// The statistics of one batch: `features` `[R, K]` (clamped to `±limit` here), `counts[r] =
-/// (admitted, accepted)`, predictions from `predictions`.
+/// (admitted, accepted)`, predictions from `predictions` (the tests' form of
+/// [`batch_stats_into`]).
+#[cfg(test)]
 pub fn batch_stats<T: Copy + Into<f64>, P: Copy + Into<f64>>(
     num_positions: usize,
     features: &[T],
@@ -45,11 +47,37 @@ pub fn batch_stats<T: Copy + Into<f64>, P: Copy + Into<f64>>(
     predictions: Predictions<'_, P>,
     limit: f64,
 ) -> RoundStats {
+    let mut stats = RoundStats::new(num_positions);
+    batch_stats_into(
+        num_positions,
+        features,
+        counts,
+        predictions,
+        limit,
+        &mut stats,
+    );
+    stats
+}
+
+/// [`batch_stats`] into `stats`, which is emptied first (its buffer stays: a caller that keeps
+/// it between steps does not allocate).
+pub fn batch_stats_into<T: Copy + Into<f64>, P: Copy + Into<f64>>(
+    num_positions: usize,
+    features: &[T],
+    counts: &[(usize, usize)],
+    predictions: Predictions<'_, P>,
+    limit: f64,
+    stats: &mut RoundStats,
+) {
+    stats.positions.clear();
+    stats
+        .positions
+        .resize(num_positions, PositionSums::default());
     macro_rules! dispatch {
         ($($k:literal)*) => {
             match num_positions {
-                $($k => fixed::<$k, T, P>(features, counts, predictions, limit),)*
-                _ => dynamic(num_positions, features, counts, predictions, limit),
+                $($k => fixed::<$k, T, P>(features, counts, predictions, limit, stats),)*
+                _ => dynamic(num_positions, features, counts, predictions, limit, stats),
             }
         };
     }
@@ -61,8 +89,8 @@ fn fixed<const K: usize, T: Copy + Into<f64>, P: Copy + Into<f64>>(
     counts: &[(usize, usize)],
     predictions: Predictions<'_, P>,
     limit: f64,
-) -> RoundStats {
-    let mut stats = RoundStats::new(K);
+    stats: &mut RoundStats,
+) {
     let rows = counts.len();
     // PREFIX[l][i] = 1 when i < l: the labeled mask and the label of a row are table rows, so
     // the inner loop is pure arithmetic on fixed-size arrays.
@@ -126,7 +154,6 @@ fn fixed<const K: usize, T: Copy + Into<f64>, P: Copy + Into<f64>>(
             });
         }
     }
-    stats
 }
 
 fn dynamic<T: Copy + Into<f64>, P: Copy + Into<f64>>(
@@ -135,8 +162,8 @@ fn dynamic<T: Copy + Into<f64>, P: Copy + Into<f64>>(
     counts: &[(usize, usize)],
     predictions: Predictions<'_, P>,
     limit: f64,
-) -> RoundStats {
-    let mut stats = RoundStats::new(k);
+    stats: &mut RoundStats,
+) {
     for (row, &(admitted, accepted)) in counts.iter().enumerate() {
         let labeled = num_labeled(admitted, accepted);
         for (position, sums) in stats.positions[..labeled].iter_mut().enumerate() {
@@ -151,7 +178,6 @@ fn dynamic<T: Copy + Into<f64>, P: Copy + Into<f64>>(
             sums.add_observation(x, p, position < accepted);
         }
     }
-    stats
 }
 
 #[cfg(test)]
@@ -159,6 +185,14 @@ mod tests {
     use super::*;
     use crate::test_rng::XorShift;
     use proptest::prelude::*;
+
+    /// `features` (`k` per row) with one more column of 1.5 per row.
+    fn features_wider(features: &[f32], k: usize) -> Vec<f32> {
+        features
+            .chunks_exact(k)
+            .flat_map(|row| row.iter().copied().chain([1.5]))
+            .collect()
+    }
 
     proptest! {
         #[test]
@@ -186,8 +220,15 @@ mod tests {
                 Predictions::Current { slope: 0.7, intercepts: &intercepts }
             };
             let fast = batch_stats(k, &features, &counts, predictions, 40.0);
-            let slow = dynamic(k, &features, &counts, predictions, 40.0);
-            prop_assert_eq!(fast, slow);
+            let mut slow = RoundStats::new(k);
+            dynamic(k, &features, &counts, predictions, 40.0, &mut slow);
+            prop_assert_eq!(&fast, &slow);
+            // A kept scratch (observe's) holds the last step's sums, of another width: it is
+            // emptied before the step is added.
+            let other: Predictions<'_, f64> = Predictions::Current { slope: 0.3, intercepts: &[0.1; 17][..=k] };
+            let mut kept = batch_stats(k + 1, &features_wider(&features, k), &counts, other, 40.0);
+            batch_stats_into(k, &features, &counts, predictions, 40.0, &mut kept);
+            prop_assert_eq!(kept, fast);
         }
     }
 }

@@ -2,7 +2,7 @@
 //! moments or histograms), which the update rule adds to its open round.
 
 use super::accumulator::RoundStats;
-use super::batch::{batch_stats, Predictions};
+use super::batch::{batch_stats_into, Predictions};
 use super::histogram::{Binning, HistogramStats, StepHistogram};
 use super::labels::{counts_valid, validate_counts};
 use super::update::{dispatch, Step, UpdateRule};
@@ -186,16 +186,22 @@ impl Common {
         }
     }
 
-    /// [`AcceptanceEstimator::step_stats`] of `step`: its IRLS moments at the given
-    /// predictions (at the current coefficients' without them), every argument checked.
+    /// [`AcceptanceEstimator::step_stats`] of `step` into `scratch.stats`: its IRLS moments at
+    /// the given predictions (at the current coefficients' without them), every argument
+    /// checked. On an error `scratch.stats` holds nothing meaningful.
     pub(super) fn step_stats<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         &self,
         step: Step<'_, T, P>,
-    ) -> Result<RoundStats> {
+        scratch: &mut StatsScratch,
+    ) -> Result<()> {
         let k = self.config.num_positions;
-        let counts = self.checked_counts(step)?;
-        let mut intercepts = Vec::with_capacity(k);
-        let (slope, _) = self.coefficients.read_into(&mut intercepts);
+        let StatsScratch {
+            counts,
+            intercepts,
+            stats,
+        } = scratch;
+        self.checked_counts(step, counts)?;
+        let (slope, _) = self.coefficients.read_into(intercepts);
         // Features and predictions are checked in one vectorized pass each and summed in place:
         // they are shared borrows, which cannot change during the call (the Python bindings
         // pass their own copies; the C ABI's callers must not write the buffers meanwhile).
@@ -203,21 +209,20 @@ impl Common {
         self.check_given_predictions(step)?;
         let given = match &step.predictions {
             Some(given) => Predictions::Given(given.data()),
-            None => Predictions::Current {
-                slope,
-                intercepts: &intercepts,
-            },
+            None => Predictions::Current { slope, intercepts },
         };
         if !features_ok {
             return Err(self.culprit(step, "features"));
         }
-        Ok(batch_stats(
+        batch_stats_into(
             k,
             step.features.data(),
-            &counts,
+            counts,
             given,
             self.config.max_log_odds,
-        ))
+            stats,
+        );
+        Ok(())
     }
 
     /// One step's histograms over `binning`'s bins, every argument checked (`predictions` are
@@ -325,25 +330,24 @@ impl Common {
     fn checked_counts<T: Copy + Into<f64>, P: Copy + Into<f64>>(
         &self,
         step: Step<'_, T, P>,
-    ) -> Result<Vec<(usize, usize)>> {
+        counts: &mut Vec<(usize, usize)>,
+    ) -> Result<()> {
         let k = self.config.num_positions;
         self.check_shapes(step)?;
         // One branch-free pass per input; the searches that name a culprit (in the order:
         // predictions, features, counts) run only on failure.
         let mut valid = true;
-        let counts: Vec<(usize, usize)> = step
-            .num_admitted
-            .iter()
-            .zip(step.num_accepted)
-            .map(|(&admitted, &accepted)| {
+        counts.clear();
+        counts.extend(step.num_admitted.iter().zip(step.num_accepted).map(
+            |(&admitted, &accepted)| {
                 valid &= counts_valid(admitted, accepted, k);
                 (admitted as usize, accepted as usize)
-            })
-            .collect();
+            },
+        ));
         if !valid {
             return Err(count_culprit(step, k));
         }
-        Ok(counts)
+        Ok(())
     }
 }
 
@@ -390,6 +394,28 @@ impl StepScratch {
     }
 }
 
+/// What the `vllm` update's observe computes into: the step's checked counts, the current
+/// intercepts and the step's statistics. The update keeps one between calls, so that a step
+/// does not allocate.
+#[derive(Debug)]
+pub(super) struct StatsScratch {
+    counts: Vec<(usize, usize)>,
+    intercepts: Vec<f64>,
+    /// The last step's statistics (after a successful [`Common::step_stats`]).
+    pub(super) stats: RoundStats,
+}
+
+impl StatsScratch {
+    /// An empty scratch for `num_positions` positions.
+    pub(super) fn new(num_positions: usize) -> Self {
+        StatsScratch {
+            counts: Vec::new(),
+            intercepts: Vec::with_capacity(num_positions),
+            stats: RoundStats::new(num_positions),
+        }
+    }
+}
+
 impl AcceptanceEstimator {
     /// One decode step's statistics without adding them anywhere: validates every argument and
     /// returns the IRLS moments [`observe`](Self::observe) accumulates under `vllm`.
@@ -419,12 +445,15 @@ impl AcceptanceEstimator {
         num_accepted: &[i64],
         predictions: Option<MatrixView<'_, P>>,
     ) -> Result<RoundStats> {
-        self.common.step_stats(Step {
+        let mut scratch = StatsScratch::new(self.common.config.num_positions);
+        let step = Step {
             features,
             num_admitted,
             num_accepted,
             predictions,
-        })
+        };
+        self.common.step_stats(step, &mut scratch)?;
+        Ok(scratch.stats)
     }
 
     /// One decode step's histograms without adding them anywhere: validates every argument

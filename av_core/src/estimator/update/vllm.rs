@@ -7,6 +7,7 @@ use super::{RefitReport, Step, UpdateRule};
 use crate::error::{Error, Result};
 use crate::estimator::accumulator::{Accumulator, RoundStats, MAX_COUNT};
 use crate::estimator::memory::Memory;
+use crate::estimator::observe::StatsScratch;
 use crate::estimator::refit::{newton_step, NewtonStep};
 use crate::estimator::{Common, EstimatorConfig};
 use crate::sync::{Mutex, MutexGuard};
@@ -18,6 +19,8 @@ pub(in crate::estimator) struct VllmUpdate {
     accumulator: Accumulator,
     /// The memory of past rounds, behind the refit lock.
     memory: Mutex<Memory>,
+    /// What observe computes a step's statistics into, kept between calls.
+    scratch: Mutex<StatsScratch>,
 }
 
 /// vLLM's update's part of an [`EstimatorState`](crate::EstimatorState) (saved as
@@ -85,6 +88,7 @@ impl UpdateRule for VllmUpdate {
         VllmUpdate {
             accumulator: Accumulator::new(k),
             memory: Mutex::new(Memory::new(k)),
+            scratch: Mutex::new(StatsScratch::new(k)),
         }
     }
 
@@ -107,6 +111,7 @@ impl UpdateRule for VllmUpdate {
         let update = VllmUpdate {
             accumulator: Accumulator::new(k),
             memory: Mutex::new(state.memory.clone()),
+            scratch: Mutex::new(StatsScratch::new(k)),
         };
         update.accumulator.add(&state.round);
         Ok(update)
@@ -129,8 +134,17 @@ impl UpdateRule for VllmUpdate {
         step: Step<'_, T, P>,
         count_step: bool,
     ) -> Result<bool> {
-        let stats = common.step_stats(step)?;
-        self.add_valid("num_admitted", &stats)?;
+        // The kept scratch, or a new one while another thread computes its step in it.
+        let (mut kept, mut own) = (self.scratch.try_lock().ok(), None);
+        let scratch = match kept.as_deref_mut() {
+            Some(scratch) => scratch,
+            None => own.insert(StatsScratch::new(common.config.num_positions)),
+        };
+        let added = common
+            .step_stats(step, scratch)
+            .and_then(|()| self.add_valid("num_admitted", &scratch.stats));
+        drop(kept);
+        added?;
         Ok(count_step && common.count_step(self))
     }
 
