@@ -1,8 +1,9 @@
-//! The decode step's four calls allocate nothing once their buffers have grown: after warm-up
-//! steps at a batch's largest size, `choose_draft_depth`, `predict`, `plan` and `observe` run
-//! on the buffers the planner and the estimator already own, at that size and every smaller
-//! one. The exception is an `observe` that refits (once a round, and under `map` at the
-//! round's 1st, 2nd, 4th, ... steps), whose fit builds its own vectors.
+//! The decode step's four calls allocate nothing once their buffers have grown: after one step
+//! at a batch's largest size, `choose_draft_depth`, `predict`, `plan` and `observe` run on the
+//! buffers the planner and the estimator already own, at that size and every smaller one, and
+//! so do `predict`, `plan` and `observe` of an engine that drafts its own depth (no depth
+//! decision first). The exception is an `observe` that refits (once a round, and under `map`
+//! at the round's 1st, 2nd, 4th, ... steps), whose fit builds its own vectors.
 //!
 //! A counting global allocator counts the allocations (and reallocations) of the test's own
 //! thread; other test threads in this binary do not disturb the count.
@@ -13,6 +14,9 @@ use std::cell::Cell;
 use av_core::cost_tables::{CostTables, DrafterKind};
 use av_core::planner::{BudgetSource, DepthMode, Exploration, StepTokens, VerificationPlanner};
 use av_core::{AcceptanceEstimator, EstimatorConfig, MatrixView};
+
+mod common;
+use common::Rng;
 
 struct Counting;
 
@@ -61,18 +65,6 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-/// A deterministic stream of uniform draws in `[0, 1)` (xorshift).
-struct Draws(u64);
-
-impl Draws {
-    fn next(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// Tables in the shape of a captured profile: a step up past the captured sizes, drafting cost
 /// growing with the batch, an autoregressive drafter of `k` passes.
 fn tables(max_rows: usize, k: usize) -> CostTables {
@@ -91,8 +83,9 @@ struct Engine {
     k: usize,
     planner: VerificationPlanner,
     estimator: AcceptanceEstimator,
-    mode: DepthMode,
-    draws: Draws,
+    /// The depth decision's mode; `None`: the engine plans without it.
+    mode: Option<DepthMode>,
+    draws: Rng,
     features: Vec<f32>,
     probabilities: Vec<f32>,
     slots: Vec<i64>,
@@ -109,7 +102,7 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(max_rows: usize, k: usize, config: EstimatorConfig, mode: DepthMode) -> Self {
+    fn new(max_rows: usize, k: usize, config: EstimatorConfig, mode: Option<DepthMode>) -> Self {
         let mut planner =
             VerificationPlanner::new(tables(max_rows, k), max_rows, k, BudgetSource::Previous)
                 .expect("planner");
@@ -119,7 +112,7 @@ impl Engine {
             planner,
             estimator: AcceptanceEstimator::new(config).expect("estimator"),
             mode,
-            draws: Draws(0x9E37_79B9_7F4A_7C15),
+            draws: Rng::new(0x9E37_79B9_7F4A_7C15),
             features: vec![0.0; max_rows * k],
             probabilities: vec![0.0; max_rows * k],
             slots: Vec::with_capacity(max_rows),
@@ -143,11 +136,11 @@ impl Engine {
         self.slots.extend((offset..offset + rows).map(|s| s as i64));
         self.caps.clear();
         for _ in 0..rows {
-            let cap = (self.draws.next() * (k + 1) as f64) as i64;
+            let cap = (self.draws.unit() * (k + 1) as f64) as i64;
             self.caps.push(cap.max(1));
         }
         for x in &mut self.features[..rows * k] {
-            *x = (self.draws.next() * 8.0 - 2.0) as f32;
+            *x = (self.draws.unit() * 8.0 - 2.0) as f32;
         }
         let step = StepTokens {
             num_non_draft_tokens: rows,
@@ -160,15 +153,25 @@ impl Engine {
             by_call[call] += now - at;
             at = now;
         };
-        self.planner
-            .choose_draft_depth(
-                &self.slots,
-                &self.caps,
-                &step,
-                self.mode,
-                &mut self.depths[..rows],
-            )
-            .expect("depth");
+        match self.mode {
+            Some(mode) => {
+                self.planner
+                    .choose_draft_depth(
+                        &self.slots,
+                        &self.caps,
+                        &step,
+                        mode,
+                        &mut self.depths[..rows],
+                    )
+                    .expect("depth");
+            }
+            // An engine that drafts its own depth: every request drafts its cap.
+            None => {
+                for (depth, &cap) in self.depths.iter_mut().zip(&self.caps) {
+                    *depth = cap as i32;
+                }
+            }
+        }
         mark(0, &mut self.by_call);
         let features = MatrixView::new("features", &self.features[..rows * k], rows, k)
             .expect("features view");
@@ -196,7 +199,7 @@ impl Engine {
         for r in 0..rows {
             let a = i64::from(self.admitted[r]);
             self.admitted_i64[r] = a;
-            self.accepted[r] = ((self.draws.next() * (a + 1) as f64) as i64).min(a);
+            self.accepted[r] = ((self.draws.unit() * (a + 1) as f64) as i64).min(a);
         }
         let at = allocations();
         let refitted = self
@@ -222,7 +225,7 @@ fn allocations_after_warm_up(
     max_rows: usize,
     k: usize,
     config: EstimatorConfig,
-    mode: DepthMode,
+    mode: Option<DepthMode>,
 ) -> ([u64; 4], u64) {
     let mut engine = Engine::new(max_rows, k, config, mode);
     engine.step(max_rows, 0);
@@ -244,7 +247,7 @@ fn allocations_after_warm_up(
 fn the_counter_sees_an_allocation() {
     // The check below can fail: a fresh planner's first calls grow its buffers.
     let before = allocations();
-    let mut engine = Engine::new(256, 8, EstimatorConfig::map(8), DepthMode::Batch);
+    let mut engine = Engine::new(256, 8, EstimatorConfig::map(8), Some(DepthMode::Batch));
     engine.step(256, 0);
     let made: u64 = engine.by_call.iter().sum();
     assert!(
@@ -259,7 +262,7 @@ fn steady_steps_allocate_nothing() {
     let mut found = Vec::new();
     for k in [4, 8, 16] {
         for max_rows in [1, 8, 64, 256, 1024] {
-            for mode in [DepthMode::Batch, DepthMode::PerRequest] {
+            for mode in [Some(DepthMode::Batch), Some(DepthMode::PerRequest), None] {
                 for (name, config) in [
                     ("map", EstimatorConfig::map(k)),
                     ("vllm", EstimatorConfig::vllm(k)),
