@@ -34,6 +34,7 @@ mod depth;
 mod engine;
 mod exploration;
 mod order;
+mod ranked;
 mod stateful;
 
 pub use depth::{DepthMode, DepthPlan};

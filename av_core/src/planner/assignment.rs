@@ -17,7 +17,8 @@
 //! slots (one contiguous run per row) are sorted to pick the remainder.
 
 use super::counting::{count_above, for_each_run, Bucket};
-use super::order::{most_buckets, reserve_len, BucketMap, Ranked, Survivals};
+use super::order::{most_buckets, reserve_len, BucketMap, Survivals};
+use super::ranked::Ranked;
 
 /// Batches of at most this many scheduled slots are ranked outright.
 const SMALL: usize = 64;

@@ -31,8 +31,8 @@ const TINY: f64 = 1e-290;
 const BOUND_SLACK: f64 = 1e-9;
 /// Batches of at most this many scheduled slots are sorted and scanned outright.
 const SMALL: usize = 64;
-/// Buckets hold about `2^COARSENESS` survivals on average.
-const COARSENESS: u32 = 4;
+/// Buckets hold about `2^COARSENESS` survivals on average (in [`bucket_map`]).
+pub(crate) const COARSENESS: u32 = 4;
 
 /// The chosen budget, its expected token count `E(budget)`, and the `budget`-th largest
 /// survival (the assignment's threshold; meaningless for `budget = 0`).
@@ -158,16 +158,11 @@ impl BudgetBuffers {
     /// Room for budgets over up to `slots` survivals, so that no call of that size allocates.
     pub(crate) fn reserve(&mut self, slots: usize) {
         reserve_len(&mut self.indices, slots);
-        reserve_len(&mut self.counts, most_budget_buckets(slots));
-        reserve_len(&mut self.sums, most_budget_buckets(slots));
+        reserve_len(&mut self.counts, most_buckets(slots, COARSENESS));
+        reserve_len(&mut self.sums, most_buckets(slots, COARSENESS));
         reserve_len(&mut self.search.members, slots);
         self.search.sort.reserve(slots);
     }
-}
-
-/// The most buckets [`bucket_map`] has over at most `slots` survivals.
-pub(crate) fn most_budget_buckets(slots: usize) -> usize {
-    most_buckets(slots, COARSENESS)
 }
 
 /// The first `b` in `0..=costs.limit()` maximising `E(b) / C(b)` over `drafts`.

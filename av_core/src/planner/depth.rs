@@ -32,10 +32,11 @@
 
 use super::budget::{
     all_fall_short, beats, bounds, bucket_map, exact_scan_of, is_small, largest_e, may_reach,
-    most_budget_buckets, reachable_budgets, search, Bounds, Budget, BudgetBuffers, Drafts,
-    Histogram, StepCosts,
+    reachable_budgets, search, Bounds, Budget, BudgetBuffers, Drafts, Histogram, StepCosts,
+    COARSENESS,
 };
-use super::order::{reserve_len, BucketMap, Ranked, Survivals};
+use super::order::{most_buckets, reserve_len, BucketMap, Survivals};
+use super::ranked::Ranked;
 use super::StepTokens;
 use crate::cost_tables::CostTables;
 use crate::error::{Error, Result};
@@ -116,7 +117,7 @@ impl DepthBuffers {
     /// `buckets + SCRATCH` long.
     pub(crate) fn reserve(&mut self, rows: usize, cols: usize) {
         let slots = rows.saturating_mul(cols);
-        let buckets = most_budget_buckets(slots);
+        let buckets = most_buckets(slots, COARSENESS);
         let histograms = (cols + 1).saturating_mul(buckets + scatter::SCRATCH);
         reserve_len(&mut self.scheduled, rows);
         reserve_len(&mut self.counts, cols + 2);
