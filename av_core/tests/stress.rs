@@ -3,7 +3,7 @@
 //! up, and no prediction may mix two coefficient vectors.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use av_core::estimator::RoundStats;
@@ -35,9 +35,18 @@ fn batch(seed: u64) -> Batch {
 
 type Batch = (Vec<f32>, Vec<f32>, Vec<i64>, Vec<i64>);
 
-/// Producer `t`'s share of the calls: `calls` observes of the batches from `t · calls` on.
-fn produce(estimator: &AcceptanceEstimator, batches: &[Batch], t: usize, calls: usize) {
+/// Producer `t`'s share of the calls: `calls` observes of the batches from `t · calls` on, with
+/// `halfway` called before the second half.
+fn produce(
+    estimator: &AcceptanceEstimator,
+    batches: &[Batch],
+    (t, calls): (usize, usize),
+    halfway: impl Fn(),
+) {
     for i in 0..calls {
+        if i == calls / 2 {
+            halfway();
+        }
         let (f, p, ad, ac) = &batches[(t * calls + i) % batches.len()];
         estimator
             .observe(
@@ -94,18 +103,28 @@ fn eight_producers_a_predictor_and_a_refitter() {
 
     let done = AtomicBool::new(false);
     let rounds = Mutex::new(Vec::new());
+    // Rounds the refitter has ended: each producer waits halfway until two have ended, so
+    // refits interleave with the observes however the threads are scheduled (on two cores the
+    // producers could otherwise finish before the refitter first runs).
+    let ended = AtomicUsize::new(0);
     let published = Mutex::new(BTreeMap::new());
     let seen = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         let producers: Vec<_> = (0..PRODUCERS)
             .map(|t| {
-                let (estimator, batches) = (&estimator, &batches);
-                scope.spawn(move || produce(estimator, batches, t, calls_per_producer))
+                let (estimator, batches, ended) = (&estimator, &batches, &ended);
+                let halfway = move || {
+                    while ended.load(Ordering::Acquire) < 2 {
+                        std::thread::yield_now();
+                    }
+                };
+                scope.spawn(move || produce(estimator, batches, (t, calls_per_producer), halfway))
             })
             .collect();
         scope.spawn(|| {
             while !done.load(Ordering::Acquire) {
                 let report = estimator.refit();
+                ended.fetch_add(1, Ordering::Release);
                 let c = estimator.coefficients();
                 published.lock().unwrap().insert(c.version, c);
                 rounds
@@ -221,7 +240,7 @@ fn eight_producers_and_a_refitter_lose_no_label_under_map() {
         let producers: Vec<_> = (0..PRODUCERS)
             .map(|t| {
                 let (estimator, batches) = (&estimator, &batches);
-                scope.spawn(move || produce(estimator, batches, t, calls_per_producer))
+                scope.spawn(move || produce(estimator, batches, (t, calls_per_producer), || {}))
             })
             .collect();
         scope.spawn(|| {
