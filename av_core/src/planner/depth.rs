@@ -13,8 +13,13 @@
 //!   with the highest ratio. `D = 0` is "run the step without the drafter": `s / verify_ms[T]`.
 //!   Cost: one bucket map serves every depth, with a histogram grown one position at a time;
 //!   each depth's best ratio at bucket boundaries (attained by some budget) takes `O(buckets)`,
-//!   and only depths whose bucket bound reaches the best of those get the budget planner's
-//!   exact search. Depths within a bucket's width of each other are all searched.
+//!   and only depths whose bound reaches the best of those get the budget planner's exact
+//!   search. The bound is the buckets' (`E` at a bucket's end over its cheapest cost), then,
+//!   for the buckets where that reaches, rank by rank (`E` at most the bucket's start plus the
+//!   ranks times its largest value): survivals crowded into a few buckets (a position whose
+//!   predictions lie close together) make each such bucket span hundreds of budgets, where the
+//!   buckets' bound alone is loose by all of them. Depths within a bucket's width of each other
+//!   are all searched.
 //! - **per-request** mode drafts a prefix per request: for each number of drafter passes `D`,
 //!   the slots at positions `< D` are taken in survival order (the order the verification
 //!   planner admits them, so each request's slots form a prefix), and after `n` slots the step
@@ -346,9 +351,10 @@ pub(crate) fn batch_depth(
         // budget) and ceiling (a bound no budget of it exceeds), in one O(buckets) sweep of the
         // running histogram, which stops as soon as the depth provably cannot reach the best
         // floor so far (the target): such a depth is not kept, and its histogram is not
-        // copied. Pass 2: only depths whose ceiling reaches the best floor (and then the best
-        // ratio found) are searched exactly; a depth it skips is below the answer by more than
-        // the bounds' slack, so which depths it skips cannot change the answer, only the time.
+        // copied. Pass 2: only depths whose ceiling, and then whose ranks, reach the best floor
+        // (and then the best ratio found) are searched exactly; a depth it skips is below the
+        // answer by more than the bounds' slack, so which depths it skips cannot change the
+        // answer, only the time.
         let map = bucket_map(survivals);
         let indices = &mut budget_buffers.indices;
         map.indices(survivals, indices);
@@ -424,8 +430,15 @@ pub(crate) fn batch_depth(
                 verify: &verify[t..=t + limit],
                 verify_nondecreasing: nondecreasing,
             };
-            let Some(found) = bounds(&hist[..buckets], &hist_sums[..buckets], costs, Some(target))
-            else {
+            // Kept only if it may reach the target: by its bucket bounds, and, where its floor
+            // does not, rank by rank (a bucket of many close survivals spans many budgets, and
+            // its bound is loose by all of them).
+            let running = (&hist[..buckets], &hist_sums[..buckets]);
+            let kept = bounds(running.0, running.1, costs, Some(target)).filter(|found| {
+                may_reach(found.floor, target)
+                    || !all_fall_short(running, &map, survivals.max, costs, target)
+            });
+            let Some(found) = kept else {
                 // Not kept. If no deeper depth can reach the target either, their columns are
                 // not added at all.
                 if dominating_fits && d < deepest {
@@ -449,7 +462,6 @@ pub(crate) fn batch_depth(
                         verify: &deeper_verify[..reachable.max(1)],
                         verify_nondecreasing: nondecreasing,
                     };
-                    let running = (&hist[..buckets], &hist_sums[..buckets]);
                     let copies = (deepest - d) as u32;
                     let before = (&mut *before_counts, &mut *before_sums);
                     let dominated = (&map, survivals.max);
@@ -511,6 +523,12 @@ pub(crate) fn batch_depth(
                 verify: &verify[t..=t + limit],
                 verify_nondecreasing: nondecreasing,
             };
+            let kept = (&full_counts[range.clone()], &full_sums[range.clone()]);
+            // A floor that may reach the bar is a budget that does: no proof to look for.
+            if !may_reach(found.floor, bar) && all_fall_short(kept, &map, survivals.max, costs, bar)
+            {
+                continue;
+            }
             fill_scheduled(d, caps, (cap_counts, deepest), scheduled);
             let among = Drafts {
                 survivals,

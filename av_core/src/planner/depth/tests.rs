@@ -656,6 +656,51 @@ proptest! {
         batch_matches_brute_force(&conf, cols, &caps, &step, &tables)?;
     }
 
+    /// Batch mode over survivals crowded into a few buckets, as an estimator's predictions
+    /// are when a position's predictions lie close together: each position's confidences
+    /// within `width` of its own centre, and the positions past `remembered` at 1.0 (a slot
+    /// whose deeper positions were never drafted keeps its first confidences), so one bucket
+    /// spans hundreds of budgets. Rows up to a few hundred, K up to 16, verification flat up to
+    /// a knee and then climbing: brute force's depth and ratio (not dyadic: the ratio to 1e-12).
+    #[test]
+    fn batch_mode_over_crowded_survivals_equals_brute_force(
+        rows in 65usize..400,
+        cols in 2usize..17,
+        centres in prop::collection::vec(0.5f64..0.995, 16),
+        width_exp in 2i32..6,
+        remembered in 1usize..17,
+        knee in 0usize..800,
+        slope in 1u32..64,
+        depth_unit in 0u32..16,
+        seed in any::<u64>(),
+    ) {
+        let mut next = crate::planner::tests::xorshift(seed | 1);
+        let width = 10f64.powi(-width_exp);
+        let conf: Vec<f64> = (0..rows * cols)
+            .map(|i| {
+                let j = i % cols;
+                if j >= remembered {
+                    return 1.0;
+                }
+                let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
+                (centres[j] + (u - 0.5) * width).min(1.0)
+            })
+            .collect();
+        let verify: Vec<f64> = (0..=rows * (cols + 2))
+            .map(|t| 6.0 + t.saturating_sub(knee) as f64 * f64::from(slope) / 256.0)
+            .collect();
+        let draft: Vec<f64> = (0..=rows).map(|r| 1.0 + r as f64 / 64.0).collect();
+        let depth_ms: Vec<f64> =
+            (0..=cols).map(|d| d as f64 * f64::from(depth_unit) / 4.0).collect();
+        let tables = priced_by_depth(draft, verify, depth_ms);
+        let step = StepTokens {
+            num_non_draft_tokens: rows,
+            num_sampling_requests: rows,
+            max_draft_budget: None,
+        };
+        batch_matches_brute_force(&conf, cols, &vec![cols; rows], &step, &tables)?;
+    }
+
     /// Per-request mode: its ratio is the best over the survival-ordered prefixes of the
     /// slots above each depth (each prefix's cost recomputed from scratch).
     #[test]
