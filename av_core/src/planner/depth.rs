@@ -25,9 +25,11 @@
 //!   planner admits them, so each request's slots form a prefix), and after `n` slots the step
 //!   costs the drafting of exactly those prefixes (requests that stop leave the drafter's
 //!   batch, [`CostTables::step_draft_cost_ms`]) plus `verify_ms[T + n]`; the first `(D, n)`
-//!   with the highest ratio wins, and each request drafts its taken slots. Bounding `D` keeps
-//!   one confident request from buying a deep pass for everyone's order; it is still a greedy
-//!   over survival order, not a search over every depth vector. With a non-decreasing
+//!   with the highest ratio wins, and each request drafts its taken slots (with costs that
+//!   never fall, a depth's scan stops once all of its survivals over the next slot's cost
+//!   cannot reach the best so far). Bounding `D` keeps one confident request from buying a
+//!   deep pass for everyone's order; it is still a greedy over survival order, not a search
+//!   over every depth vector. With a non-decreasing
 //!   `draft_ms` it is never worse than batch mode under the same cost model: batch mode's best
 //!   `(D, b)` is one of its candidates, at a drafting cost no higher.
 //!
@@ -105,6 +107,8 @@ pub(crate) struct DepthBuffers {
     full_sums: Vec<f64>,
     costs_by_depth: Vec<(usize, f64)>,
     pass_fractions: Vec<f64>,
+    /// Per-request mode: the survivals of each position, summed over the requests.
+    column_sums: Vec<f64>,
     shapes: Vec<Shape>,
     /// Every capped slot of a small batch decision: its survival's bits and its position.
     ranked: Vec<(u64, u32)>,
@@ -131,6 +135,7 @@ impl DepthBuffers {
         reserve_len(&mut self.full_sums, histograms);
         reserve_len(&mut self.costs_by_depth, cols + 1);
         reserve_len(&mut self.pass_fractions, cols + 1);
+        reserve_len(&mut self.column_sums, cols);
         reserve_len(&mut self.shapes, cols);
         reserve_len(&mut self.ranked, slots);
         reserve_len(&mut self.listed, 2 * rows);
@@ -551,6 +556,9 @@ pub(crate) fn batch_depth(
     best
 }
 
+/// How often (in slots taken) per-request mode tests whether a depth's scan can stop.
+const STOP_EVERY: usize = 16;
+
 /// Per-request mode; writes `depths`.
 pub(crate) fn per_request_depth(
     survivals: &Survivals,
@@ -573,6 +581,7 @@ pub(crate) fn per_request_depth(
         counts,
         slots,
         pass_fractions,
+        column_sums,
         ..
     } = buffers;
     let deepest = deepest_cap(cap_counts);
@@ -581,13 +590,17 @@ pub(crate) fn per_request_depth(
     // distinct, so the unstable sort (in place: no allocation per call) gives that order
     // exactly.
     slots.clear();
+    column_sums.clear();
     for depth in 0..deepest {
+        let mut sum = 0.0;
         for (r, &n) in caps.iter().enumerate() {
             if depth < n {
                 let survival = survivals.values[r * cols + depth];
+                sum += survival;
                 slots.push(Ranked::new(survival, depth as u32, r as u32));
             }
         }
+        column_sums.push(sum);
     }
     slots.sort_unstable();
     // Pass `j`'s share of the full drafting cost, once per call (each is two divisions).
@@ -598,14 +611,36 @@ pub(crate) fn per_request_depth(
     // For each number of drafter passes `D`, the survival-ordered prefixes of the slots at
     // positions `< D`: the first (D, n) with the best ratio wins.
     let (mut best_d, mut best_n, mut best_e, mut best_c) = (0usize, 0usize, s, verify[t]);
-    let mut best_max_depth = 0usize;
+    // With costs that never fall as slots are taken (verification, drafting by request count,
+    // every pass's share), a depth's scan stops once even all of its survivals (`every`, a
+    // bound on its `E`) over the next slot's cheapest cost cannot reach the best so far: no
+    // later prefix of that depth can win.
+    let monotone = tables.verify_is_nondecreasing()
+        && pass_fractions.iter().all(|&f| f >= 0.0)
+        && draft_table[..=caps.len()].windows(2).all(|w| w[0] <= w[1]);
+    let mut every = s;
+    // Tested every `STOP_EVERY` slots (a later test stops no less than an earlier one), and at
+    // the budget cap.
+    let cap = step.max_draft_budget.unwrap_or(usize::MAX);
+    let stride = if monotone { STOP_EVERY } else { usize::MAX };
     for d in 1..=deepest {
+        every += column_sums[d - 1];
         counts.clear();
         counts.resize(d + 1, 0); // counts[j]: requests drafting at least j positions
-        let (mut e, mut draft_ms, mut n, mut max_depth) = (s, 0.0f64, 0usize, 0usize);
+        let (mut e, mut draft_ms, mut n) = (s, 0.0f64, 0usize);
+        // The next `n` at which to test the budget cap and whether the scan can stop.
+        let mut check_at = cap.min(stride);
         for slot in slots.iter().filter(|slot| (slot.depth() as usize) < d) {
-            if step.max_draft_budget.is_some_and(|cap| n >= cap) {
-                break;
+            if n == check_at {
+                // Every later prefix of this depth has `E ≤ every` and costs at least the
+                // next slot's cost with the drafting so far.
+                let next = verify
+                    .get(t + n + 1)
+                    .map_or(f64::INFINITY, |&v| draft_ms + v);
+                if n >= cap || !may_reach((every, next), (best_e, best_c)) {
+                    break;
+                }
+                check_at = cap.min(n.saturating_add(stride));
             }
             let j = slot.depth() as usize + 1;
             let before = counts[j];
@@ -615,23 +650,25 @@ pub(crate) fn per_request_depth(
             draft_ms += (draft_table[before + 1] - was) * pass;
             e += slot.survival();
             n += 1;
-            max_depth = max_depth.max(j);
             let c = draft_ms + verify[t + n];
             if beats(e, c, best_e, best_c) {
-                (best_d, best_n, best_e, best_c, best_max_depth) = (d, n, e, c, max_depth);
+                (best_d, best_n, best_e, best_c) = (d, n, e, c);
             }
         }
     }
     depths.fill(0);
+    // The deepest request drafts the deepest slot taken: its prefix reaches that position.
+    let mut max_depth = 0usize;
     for slot in slots
         .iter()
         .filter(|slot| (slot.depth() as usize) < best_d)
         .take(best_n)
     {
         depths[slot.row() as usize] += 1;
+        max_depth = max_depth.max(slot.depth() as usize + 1);
     }
     DepthPlan {
-        max_depth: best_max_depth,
+        max_depth,
         drafts: best_n,
         budget: best_n,
         expected_accepted_tokens: best_e,

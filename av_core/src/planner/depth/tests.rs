@@ -702,7 +702,8 @@ proptest! {
     }
 
     /// Per-request mode: its ratio is the best over the survival-ordered prefixes of the
-    /// slots above each depth (each prefix's cost recomputed from scratch).
+    /// slots above each depth (each prefix's cost recomputed from scratch), under costs that
+    /// climb and under costs that also fall.
     #[test]
     fn per_request_mode_is_the_best_survival_prefix(
         rows in 1usize..16,
@@ -710,11 +711,17 @@ proptest! {
         numerators in prop::collection::vec(0u32..=8, 100),
         parallel in any::<bool>(),
         knee in 0usize..30,
+        dips in any::<bool>(),
     ) {
         let conf: Vec<f64> =
             (0..rows * cols).map(|i| f64::from(numerators[i % 100]) / 8.0).collect();
-        let verify: Vec<f64> =
-            (0..=rows * (cols + 1)).map(|t| 4.0 + t.saturating_sub(knee) as f64 / 8.0).collect();
+        // Climbing past a knee, or also dipping every seventh token (costs that fall).
+        let verify: Vec<f64> = (0..=rows * (cols + 1))
+            .map(|t| {
+                let dip = if dips && t % 7 == 3 { 3.0 } else { 0.0 };
+                4.0 + t.saturating_sub(knee) as f64 / 8.0 - dip
+            })
+            .collect();
         let kind = if parallel { DrafterKind::Parallel } else { DrafterKind::Autoregressive };
         let tables = tables_for(kind, cols, rows, verify);
         let step = StepTokens {
