@@ -3,7 +3,7 @@
 //! up, and no prediction may mix two coefficient vectors.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use av_core::estimator::RoundStats;
@@ -102,19 +102,18 @@ fn eight_producers_a_predictor_and_a_refitter() {
     }
 
     let done = AtomicBool::new(false);
-    let rounds = Mutex::new(Vec::new());
-    // Rounds the refitter has ended: each producer waits halfway until two have ended, so
+    // The rounds the refitter has ended: each producer waits halfway until there are two, so
     // refits interleave with the observes however the threads are scheduled (on two cores the
     // producers could otherwise finish before the refitter first runs).
-    let ended = AtomicUsize::new(0);
+    let rounds = Mutex::new(Vec::new());
     let published = Mutex::new(BTreeMap::new());
     let seen = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         let producers: Vec<_> = (0..PRODUCERS)
             .map(|t| {
-                let (estimator, batches, ended) = (&estimator, &batches, &ended);
+                let (estimator, batches, rounds) = (&estimator, &batches, &rounds);
                 let halfway = move || {
-                    while ended.load(Ordering::Acquire) < 2 {
+                    while rounds.lock().unwrap().len() < 2 {
                         std::thread::yield_now();
                     }
                 };
@@ -124,7 +123,6 @@ fn eight_producers_a_predictor_and_a_refitter() {
         scope.spawn(|| {
             while !done.load(Ordering::Acquire) {
                 let report = estimator.refit();
-                ended.fetch_add(1, Ordering::Release);
                 let c = estimator.coefficients();
                 published.lock().unwrap().insert(c.version, c);
                 rounds
